@@ -1,0 +1,119 @@
+"""The `analytic` profile: seed 2 (`finetuning-vram-calculator.md`), term by term.
+
+    weights      = P × bytes per weight        4 FP32 · 2 BF16 · 0.5 NF4 (QLoRA base)
+    gradients    = T × bytes per gradient      2 BF16 · 4 FP32
+    optimizer    = T × bytes per state         8 AdamW · 2 AdamW 8-bit · 12 with FP32 master copy
+    activations  = L × s × b × h × k           k = 2 with checkpointing, 34 without
+    logits       = s × b × V × 8               FP32 logits for the loss plus their gradient
+    total        = (sum) × 1.1                 CUDA context, cuBLAS workspace, fragmentation
+
+T is P for full fine-tuning and the adapter for LoRA/QLoRA, counted from the model's own
+module shapes (r × (in + out) per targeted module). `modules_to_save` trains those modules in
+full: the seed charges them 10 bytes each (gradient + optimizer), and so does this profile.
+
+Where the seed is silent, this follows what PyTorch and PEFT allocate (each noted below);
+known deviations of the seed from real frameworks are for the `trace` profile to close.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from controller.estimator.architecture import ModelShape
+from controller.estimator.result import Estimate
+from controller.estimator.settings import (
+    Checkpointing,
+    Method,
+    Optimizer,
+    Precision,
+    TrainingSettings,
+)
+
+USABLE_FRACTION = Fraction(92, 100)  # seed 2: 92 % of each card is usable under FSDP
+OVERHEAD = Fraction(11, 10)
+K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
+K_FULL = 34  # Korthikanti et al. 2022, per layer, FlashAttention (no s² term)
+LOGITS_BYTES = 8  # FP32 logits plus their gradient
+
+_WEIGHT_BYTES = {
+    Precision.FP32: Fraction(4),
+    Precision.BF16: Fraction(2),
+    Precision.FP16: Fraction(2),
+}
+_NF4_BYTES = Fraction(1, 2)
+
+# Optimizer state bytes per trainable parameter. The seed gives adamw (two FP32 moments),
+# adamw-8bit (two 1-byte moments) and adamw-fp32-master (moments + FP32 master weight).
+# The seed is silent on the others, so they follow the libraries:
+#   paged-adamw-32bit: bitsandbytes keeps the same two FP32 moments; paging only evicts them
+#     to host memory under pressure, which is not something to plan on.
+#   sgd: torch.optim.SGD as Hugging Face's Trainer builds it has no momentum, hence no state.
+#   adamw-torch: torch.optim.AdamW keeps its moments in the parameter's dtype: FP32 for PEFT
+#     adapters (PEFT casts adapter weights to FP32 by default, autocast_adapter_dtype=True)
+#     and the training precision for full fine-tuning (4 bytes per bf16 parameter).
+_OPTIMIZER_BYTES = {
+    Optimizer.ADAMW: 8,
+    Optimizer.ADAMW_8BIT: 2,
+    Optimizer.ADAMW_FP32_MASTER: 12,
+    Optimizer.PAGED_ADAMW_32BIT: 8,
+    Optimizer.SGD: 0,
+}
+
+
+def optimizer_bytes_per_param(settings: TrainingSettings) -> int:
+    if settings.optimizer is Optimizer.ADAMW_TORCH:
+        if settings.is_adapter:
+            return 8
+        return 2 * int(_WEIGHT_BYTES[settings.precision])
+    return _OPTIMIZER_BYTES[settings.optimizer]
+
+
+def trainable_params(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) -> int:
+    if not settings.is_adapter:
+        return shape.total_params
+    saved = 0
+    for module in settings.modules_to_save:
+        if module == "lm_head" and shape.lm_head_params == 0:
+            continue  # tied to embed_tokens: one tensor, already trainable or counted once
+        saved += shape.dims.vocab_size * shape.dims.hidden_size
+    return (settings.rank or 0) * lora_per_rank + saved
+
+
+def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) -> Estimate:
+    """Seed 2's estimate. `lora_per_rank` is the adapter size at rank 1 on the chosen targets."""
+    p = shape.total_params
+    t = trainable_params(shape, settings, lora_per_rank)
+    nf4 = settings.method is Method.QLORA or (
+        settings.method is Method.LORA
+        and shape.quantization is not None
+        and shape.quantization.load_in_4bit
+    )
+    weights = int(p * (_NF4_BYTES if nf4 else _WEIGHT_BYTES[settings.precision]))
+    gradients = t * int(_WEIGHT_BYTES[settings.precision])
+    optimizer = t * optimizer_bytes_per_param(settings)
+
+    # k assumes 16-bit activations; FP32 training keeps 4-byte hidden states.
+    width = int(_WEIGHT_BYTES[settings.precision]) // 2
+    k = K_FULL if settings.gradient_checkpointing is Checkpointing.OFF else K_CHECKPOINTED
+    tokens = settings.seq_len * settings.batch
+    activations = shape.num_layers * tokens * shape.hidden_size * k * width
+    logits = 0 if settings.fused_loss else tokens * shape.vocab_size * LOGITS_BYTES
+
+    subtotal = weights + gradients + optimizer + activations + logits
+    overhead = int(subtotal * OVERHEAD) - subtotal
+    return Estimate(
+        profile="analytic",
+        components={
+            "weights": weights,
+            "gradients": gradients,
+            "optimizer": optimizer,
+            "activations": activations,
+            "logits": logits,
+            "overhead": overhead,
+        },
+        total_params=p,
+        trainable_params=t,
+        sharded_bytes=weights + gradients + optimizer,
+        replicated_bytes=activations + logits,
+        usable_fraction=USABLE_FRACTION,
+    )

@@ -1,0 +1,643 @@
+"""Model architecture from a Hugging Face `config.json`: every tensor the model owns, by layer.
+
+The estimator needs two views of a model. The exact one (`Layer.linears` and `other_params`)
+counts every parameter the real checkpoint holds, so `total_params` equals the count a model
+card publishes; it feeds the `analytic` profile and LoRA counts. The config-level one
+(`ArchDims`) keeps the raw dimensions the `unsloth` profile's calibrated formula is written in.
+
+Families differ in ways a generic reader would get wrong: Qwen2 has q/k/v biases, Gemma has
+four norms per layer, Phi-3 fuses q/k/v and gate/up, Mixtral names its experts w1/w2/w3,
+DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention sinks.
+`_FAMILIES` records those differences as data; an unknown `model_type` is read as Llama-style.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
+from importlib import resources
+from typing import Any
+
+from controller.estimator.errors import SpecError
+
+# PEFT's names of the seven projections of a Llama-style block, the `all-linear` default.
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+# Other names users write for the same modules, mapped to the canonical names above.
+MODULE_ALIASES = {
+    "w1": "gate_proj",
+    "w3": "up_proj",
+    "w2": "down_proj",
+    "qkv_proj": "qkv_proj",
+    "gate_up_proj": "gate_up_proj",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """One weight matrix (or `copies` identical ones, the experts of an MoE layer)."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool = False
+    copies: int = 1
+    expert: bool = False
+
+    @property
+    def params(self) -> int:
+        return (self.in_features * self.out_features + (self.out_features if self.bias else 0)) * (
+            self.copies
+        )
+
+    @property
+    def weight_params(self) -> int:
+        return self.in_features * self.out_features * self.copies
+
+    def lora_params(self, rank: int) -> int:
+        """A LoRA adapter of rank r on in x out adds r x (in + out) (PEFT, no bias)."""
+        return rank * (self.in_features + self.out_features) * self.copies
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A decoder block: its linear modules plus norms, sinks and router biases."""
+
+    linears: tuple[Linear, ...]
+    other_params: int
+    attention_type: str = "full_attention"
+    moe: bool = False
+
+    @property
+    def params(self) -> int:
+        return sum(lin.params for lin in self.linears) + self.other_params
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    """What a pre-quantised checkpoint's `quantization_config` says about its 4-bit base."""
+
+    method: str
+    load_in_4bit: bool
+    double_quant: bool
+    skip_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArchDims:
+    """The config-level dimensions, as the config states them (for formula profiles)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    num_experts: int
+    experts_per_token: int
+    moe_intermediate_size: int | None
+    n_shared_experts: int
+    shared_expert_intermediate_size: int | None
+    dense_layers: tuple[int, ...]
+    moe_has_dense_mlp: bool
+    q_lora_rank: int | None
+    kv_lora_rank: int | None
+    qk_nope_head_dim: int | None
+    qk_rope_head_dim: int | None
+    v_head_dim: int | None
+    global_head_dim: int | None
+    num_global_kv_heads: int | None
+    attention_k_eq_v: bool
+    layer_types: tuple[str, ...] | None
+    num_kv_shared_layers: int
+    use_double_wide_mlp: bool
+    vocab_size_per_layer_input: int
+    hidden_size_per_layer_input: int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A parsed model: exact tensors per layer plus the config-level dimensions."""
+
+    model_type: str
+    dims: ArchDims
+    layers: tuple[Layer, ...]
+    embedding_params: int
+    lm_head_params: int
+    final_norm_params: int
+    max_position_embeddings: int | None
+    quantization: Quantization | None
+    # Derived values computed once per parsed model (LoRA counts per target set, profile
+    # views): estimates run thousands of times a second on the same few shapes.
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def total_params(self) -> int:
+        return (
+            sum(layer.params for layer in self.layers)
+            + self.embedding_params
+            + self.lm_head_params
+            + self.final_norm_params
+        )
+
+    @property
+    def hidden_size(self) -> int:
+        return self.dims.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.dims.num_layers
+
+    @property
+    def vocab_size(self) -> int:
+        return self.dims.vocab_size
+
+    @cached_property
+    def module_names(self) -> frozenset[str]:
+        return frozenset(lin.name for layer in self.layers for lin in layer.linears)
+
+    def lora_params_per_rank(self, targets: tuple[str, ...]) -> int:
+        """Adapter parameters at rank 1 on the named modules (linear in the rank).
+
+        `targets` holds canonical module names; `all-linear` selects every linear module
+        of every block, as PEFT does (the LM head excluded).
+        """
+        key = ("lora", targets)
+        cached = self.memo.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        wanted = set(targets)
+        every = "all-linear" in wanted
+        total = sum(
+            lin.lora_params(1)
+            for layer in self.layers
+            for lin in layer.linears
+            if every or lin.name in wanted
+        )
+        self.memo[key] = total
+        return total
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one `model_type` lays out its block beyond the Llama default."""
+
+    qkv_bias: bool | None = None  # None: read `attention_bias`
+    o_bias: bool | None = None
+    norms_per_layer: int = 2
+    qk_norm: str | None = None  # "head": q/k norm over head_dim; "full": over the projection
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    layernorm_bias: bool = False
+    attention_sinks: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    fused_expert_gate_up: bool = False
+    router_correction_bias: bool = False
+    tie_default: bool = False
+
+
+_FAMILIES: dict[str, _Family] = {
+    "llama": _Family(),
+    "mistral": _Family(),
+    "mixtral": _Family(),
+    "qwen2": _Family(qkv_bias=True, o_bias=False),
+    "qwen2_moe": _Family(qkv_bias=True, o_bias=False),
+    "qwen3": _Family(qk_norm="head"),
+    "qwen3_moe": _Family(qk_norm="head"),
+    "gemma": _Family(tie_default=True),
+    "gemma2": _Family(norms_per_layer=4, tie_default=True),
+    "gemma3_text": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
+    "gemma3": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
+    "phi3": _Family(fused_qkv=True, fused_gate_up=True),
+    "olmo2": _Family(qk_norm="full"),
+    "deepseek_v3": _Family(router_correction_bias=True),
+    "deepseek_v2": _Family(),
+    "gpt_oss": _Family(
+        attention_sinks=True, router_bias=True, expert_bias=True, fused_expert_gate_up=True
+    ),
+}
+
+_EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOP_K_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk")
+
+
+class _Reader:
+    """Typed access to config fields with one-line errors naming the field."""
+
+    def __init__(self, config: Mapping[str, Any], prefix: str) -> None:
+        self.config = config
+        self.prefix = prefix
+
+    def path(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def has(self, name: str) -> bool:
+        return self.config.get(name) is not None
+
+    def int(self, *names: str, default: int | None = None, minimum: int = 1) -> int | None:
+        for name in names:
+            value = self.config.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(self.path(name), f"must be an integer, got {value!r}")
+            if value < minimum:
+                raise SpecError(
+                    self.path(name), f"must be greater than or equal to {minimum}, got {value}"
+                )
+            return value
+        return default
+
+    def required_int(self, *names: str) -> int:
+        value = self.int(*names)
+        if value is None:
+            raise SpecError(self.path(names[0]), "is required in a model config")
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.config.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise SpecError(self.path(name), f"must be true or false, got {value!r}")
+        return value
+
+
+@cache
+def _class_defaults() -> dict[str, dict[str, Any]]:
+    text = resources.files("controller.estimator").joinpath("model_defaults.json").read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def _text_config(config: Mapping[str, Any], prefix: str) -> tuple[Mapping[str, Any], str]:
+    """The language model's fields, with the config class's defaults filled in.
+
+    Multimodal configs nest the language model under `text_config` (Gemma 3, Llava...);
+    fields the nested config omits fall back to the outer one (e.g. tie_word_embeddings),
+    then to the defaults of its `model_type`'s config class.
+    """
+    text = config.get("text_config")
+    if text is None:
+        merged, path = dict(config), prefix
+    elif not isinstance(text, Mapping):
+        raise SpecError(f"{prefix}.text_config" if prefix else "text_config", "must be an object")
+    else:
+        merged = {k: v for k, v in config.items() if k != "text_config"} | dict(text)
+        path = f"{prefix}.text_config" if prefix else "text_config"
+    defaults = _class_defaults().get(str(merged.get("model_type", "")), {})
+    return defaults | merged, path
+
+
+def _quantization(
+    config: Mapping[str, Any], text: Mapping[str, Any], prefix: str
+) -> Quantization | None:
+    qc = config.get("quantization_config") or text.get("quantization_config")
+    if qc is None:
+        return None
+    path = f"{prefix}.quantization_config" if prefix else "quantization_config"
+    if not isinstance(qc, Mapping):
+        raise SpecError(path, "must be an object")
+    skip = qc.get("llm_int8_skip_modules") or ()
+    if not isinstance(skip, list | tuple) or not all(isinstance(s, str) for s in skip):
+        raise SpecError(f"{path}.llm_int8_skip_modules", "must be a list of module names")
+    method = str(qc.get("quant_method", "bitsandbytes"))
+    return Quantization(
+        method=method,
+        load_in_4bit=bool(qc.get("load_in_4bit", False)),
+        double_quant=bool(qc.get("bnb_4bit_use_double_quant", False)),
+        skip_modules=tuple(skip),
+    )
+
+
+def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple[int, ...]:
+    """Which layers of an MoE model keep a dense MLP. Position matters (DeepSeek, Qwen-MoE)."""
+    if num_experts <= 1:
+        return ()
+    mlp_types = r.config.get("mlp_layer_types")
+    if mlp_types:
+        if not isinstance(mlp_types, list) or len(mlp_types) != num_layers:
+            raise SpecError(
+                r.path("mlp_layer_types"),
+                f"must list one entry per layer ({num_layers})",
+            )
+        return tuple(i for i, t in enumerate(mlp_types) if str(t).lower() == "dense")
+    first_k = r.int("first_k_dense_replace", minimum=0)
+    if first_k is not None:
+        if first_k > num_layers:
+            raise SpecError(
+                r.path("first_k_dense_replace"),
+                f"must not exceed num_hidden_layers ({num_layers}), got {first_k}",
+            )
+        freq = r.int("moe_layer_freq", default=1) or 1
+        return tuple(i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0)
+    step = r.int("decoder_sparse_step", minimum=0)
+    only = r.config.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        raise SpecError(r.path("mlp_only_layers"), "must be a list of layer indices")
+    if any(i < 0 or i >= num_layers for i in only):
+        raise SpecError(r.path("mlp_only_layers"), f"indices must be in [0, {num_layers})")
+    if step:
+        return tuple(i for i in range(num_layers) if i in set(only) or (i + 1) % step != 0)
+    return tuple(sorted(set(only)))
+
+
+def _read_dims(r: _Reader) -> ArchDims:
+    hidden = r.required_int("hidden_size", "n_embd", "d_model")
+    layers = r.required_int("num_hidden_layers", "n_layer", "num_layers")
+    heads = r.required_int("num_attention_heads", "n_head")
+    kv_heads = r.int("num_key_value_heads", "num_kv_heads", default=heads) or heads
+    if heads % kv_heads:
+        raise SpecError(
+            r.path("num_key_value_heads"),
+            f"must divide num_attention_heads ({heads}), got {kv_heads}",
+        )
+    head_dim = r.int("head_dim")
+    if head_dim is None and not r.has("kv_lora_rank") and hidden % heads:
+        raise SpecError(
+            r.path("head_dim"),
+            f"is required when hidden_size ({hidden}) is not a multiple of "
+            f"num_attention_heads ({heads})",
+        )
+    inter_raw = r.config.get("intermediate_size")
+    if isinstance(inter_raw, list):
+        if not inter_raw or any(not isinstance(x, int) or x < 1 for x in inter_raw):
+            raise SpecError(r.path("intermediate_size"), "must be positive integers")
+        intermediate = inter_raw[0]
+    else:
+        intermediate = r.int("intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    vocab = r.required_int("vocab_size")
+
+    num_experts = r.int(*_EXPERT_COUNT_FIELDS, default=1, minimum=0) or 1
+    top_k = r.int(*_TOP_K_FIELDS, default=1 if num_experts == 1 else 2) or 1
+    if num_experts > 1 and top_k > num_experts:
+        raise SpecError(
+            r.path("num_experts_per_tok"),
+            f"must not exceed the number of experts ({num_experts}), got {top_k}",
+        )
+    shared_size = r.int("shared_expert_intermediate_size")
+    n_shared = r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0) or 0
+    if shared_size and n_shared == 0:
+        n_shared = 1
+
+    layer_types = r.config.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise SpecError(r.path("layer_types"), "must be a list of strings")
+        if len(layer_types) != layers:
+            raise SpecError(
+                r.path("layer_types"),
+                f"must list one type per layer ({layers}), got {len(layer_types)}",
+            )
+    kv_shared = r.int("num_kv_shared_layers", default=0, minimum=0) or 0
+    if kv_shared >= layers and kv_shared:
+        raise SpecError(
+            r.path("num_kv_shared_layers"),
+            f"must be less than num_hidden_layers ({layers}), got {kv_shared}",
+        )
+    kv_lora = r.int("kv_lora_rank")
+    if kv_lora is not None:
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            r.required_int(name)
+
+    return ArchDims(
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        tie_word_embeddings=False,  # resolved by the caller (family default)
+        num_experts=num_experts,
+        experts_per_token=top_k,
+        moe_intermediate_size=r.int("moe_intermediate_size"),
+        n_shared_experts=n_shared,
+        shared_expert_intermediate_size=shared_size,
+        dense_layers=_dense_layer_indices(r, layers, num_experts),
+        moe_has_dense_mlp=r.bool("enable_moe_block", False),
+        q_lora_rank=r.int("q_lora_rank"),
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=r.int("qk_nope_head_dim"),
+        qk_rope_head_dim=r.int("qk_rope_head_dim"),
+        v_head_dim=r.int("v_head_dim"),
+        global_head_dim=r.int("global_head_dim"),
+        num_global_kv_heads=r.int("num_global_key_value_heads"),
+        attention_k_eq_v=r.bool("attention_k_eq_v", False),
+        layer_types=tuple(layer_types) if layer_types is not None else None,
+        num_kv_shared_layers=kv_shared,
+        use_double_wide_mlp=r.bool("use_double_wide_mlp", False),
+        vocab_size_per_layer_input=r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0,
+        hidden_size_per_layer_input=r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0,
+    )
+
+
+def is_kv_shared_layer(dims: ArchDims, index: int) -> bool:
+    """The last `num_kv_shared_layers` layers reuse an earlier layer's k/v (Gemma 3n/4)."""
+    first_shared = dims.num_layers - dims.num_kv_shared_layers
+    return dims.num_kv_shared_layers > 0 and index >= first_shared > 0
+
+
+def layer_attention_dims(dims: ArchDims, index: int) -> tuple[int, int, bool, bool]:
+    """(q width, k/v width, has k_proj, has v_proj) of one layer, from the per-layer fields."""
+    attention_type = dims.layer_types[index] if dims.layer_types else "full_attention"
+    sliding = attention_type == "sliding_attention"
+    base_head = dims.head_dim or dims.hidden_size // dims.num_heads
+    head_dim = dims.global_head_dim if (not sliding and dims.global_head_dim) else base_head
+    k_eq_v = dims.attention_k_eq_v and not sliding
+    kv_heads = dims.num_global_kv_heads if (k_eq_v and dims.num_global_kv_heads) else None
+    kv_heads = kv_heads or dims.num_kv_heads
+    has_k = not is_kv_shared_layer(dims, index)
+    return dims.num_heads * head_dim, kv_heads * head_dim, has_k, has_k and not k_eq_v
+
+
+def layer_mlp_size(dims: ArchDims, index: int) -> int:
+    """Dense MLP width of one layer: doubled on kv-shared layers with `use_double_wide_mlp`."""
+    if dims.use_double_wide_mlp and is_kv_shared_layer(dims, index):
+        return dims.intermediate_size * 2
+    return dims.intermediate_size
+
+
+def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], int]:
+    """DeepSeek multi-head latent attention: low-rank q and compressed k/v with their norms."""
+    h, nh = dims.hidden_size, dims.num_heads
+    nope, rope, v = dims.qk_nope_head_dim or 0, dims.qk_rope_head_dim or 0, dims.v_head_dim or 0
+    kv_rank = dims.kv_lora_rank or 0
+    linears: list[Linear] = []
+    norms = kv_rank
+    if dims.q_lora_rank:
+        linears += [
+            Linear("q_a_proj", h, dims.q_lora_rank, bias),
+            Linear("q_b_proj", dims.q_lora_rank, nh * (nope + rope)),
+        ]
+        norms += dims.q_lora_rank
+    else:
+        linears.append(Linear("q_proj", h, nh * (nope + rope)))
+    linears += [
+        Linear("kv_a_proj_with_mqa", h, kv_rank + rope, bias),
+        Linear("kv_b_proj", kv_rank, nh * (nope + v)),
+        Linear("o_proj", nh * v, h, bias),
+    ]
+    return linears, norms
+
+
+def _attention(dims: ArchDims, fam: _Family, r: _Reader, index: int) -> tuple[list[Linear], int]:
+    if dims.kv_lora_rank is not None:
+        return _mla_linears(dims, r.bool("attention_bias", False))
+    h = dims.hidden_size
+    q_width, kv_width, has_k, has_v = layer_attention_dims(dims, index)
+    attention_bias = r.bool("attention_bias", False)
+    qkv_bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
+    o_bias = fam.o_bias if fam.o_bias is not None else attention_bias
+    if fam.fused_qkv:
+        linears = [Linear("qkv_proj", h, q_width + 2 * kv_width, qkv_bias)]
+    else:
+        linears = [Linear("q_proj", h, q_width, qkv_bias)]
+        if has_k:
+            linears.append(Linear("k_proj", h, kv_width, qkv_bias))
+        if has_v:
+            linears.append(Linear("v_proj", h, kv_width, qkv_bias))
+    linears.append(Linear("o_proj", q_width, h, o_bias))
+    head_dim = q_width // dims.num_heads
+    other = 0
+    if fam.qk_norm == "head":
+        other += 2 * head_dim
+    elif fam.qk_norm == "full":
+        other += q_width + kv_width
+    if fam.attention_sinks:
+        other += dims.num_heads
+    return linears, other
+
+
+def _dense_mlp(h: int, inter: int, fam: _Family, bias: bool, copies: int = 1) -> list[Linear]:
+    expert = copies > 1
+    if fam.fused_gate_up:
+        return [
+            Linear("gate_up_proj", h, 2 * inter, bias, copies, expert),
+            Linear("down_proj", inter, h, bias, copies, expert),
+        ]
+    return [
+        Linear("gate_proj", h, inter, bias, copies, expert),
+        Linear("up_proj", h, inter, bias, copies, expert),
+        Linear("down_proj", inter, h, bias, copies, expert),
+    ]
+
+
+def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], int]:
+    h, e = dims.hidden_size, dims.num_experts
+    expert_inter = dims.moe_intermediate_size or dims.intermediate_size
+    if fam.fused_expert_gate_up:
+        linears = [
+            Linear("gate_up_proj", h, 2 * expert_inter, fam.expert_bias, e, True),
+            Linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
+        ]
+    else:
+        linears = [
+            Linear("gate_proj", h, expert_inter, fam.expert_bias, e, True),
+            Linear("up_proj", h, expert_inter, fam.expert_bias, e, True),
+            Linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
+        ]
+    linears.append(Linear("router", h, e, fam.router_bias))
+    other = e if fam.router_correction_bias else 0
+    if dims.n_shared_experts:
+        if dims.shared_expert_intermediate_size:
+            # Qwen-MoE: one shared expert of its own width, gated by a h -> 1 linear.
+            linears += _dense_mlp(h, dims.shared_expert_intermediate_size, fam, False)
+            linears.append(Linear("shared_expert_gate", h, 1))
+        else:
+            # DeepSeek: the shared experts run as one MLP n_shared times as wide.
+            linears += _dense_mlp(h, expert_inter * dims.n_shared_experts, fam, False)
+    return linears, other
+
+
+def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
+    """Read a Hugging Face config.json (as a dict) into a `ModelShape`.
+
+    `prefix` is the field path of the config in the caller's spec (e.g. `spec.model.config`),
+    so errors point at the field the user wrote. Raises `SpecError` on missing or
+    contradictory fields.
+    """
+    if not isinstance(config, Mapping):
+        raise SpecError(prefix or "config", "must be a JSON object (a Hugging Face config.json)")
+    text, text_prefix = _text_config(config, prefix)
+    r = _Reader(text, text_prefix)
+    model_type = str(text.get("model_type") or config.get("model_type") or "llama")
+    fam = _FAMILIES.get(model_type, _Family())
+    dims = _read_dims(r)
+    tie = r.bool("tie_word_embeddings", fam.tie_default)
+    dims = replace(dims, tie_word_embeddings=tie)
+    mlp_bias = r.bool("mlp_bias", False)
+    h = dims.hidden_size
+    norm = 2 * h if fam.layernorm_bias else h
+
+    layers: list[Layer] = []
+    for index in range(dims.num_layers):
+        linears, other = _attention(dims, fam, r, index)
+        other += fam.norms_per_layer * norm
+        moe = dims.num_experts > 1 and index not in dims.dense_layers
+        if moe:
+            moe_linears, moe_other = _moe_mlp(dims, fam)
+            linears += moe_linears
+            other += moe_other
+            if dims.moe_has_dense_mlp:
+                linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
+        else:
+            linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
+        if dims.hidden_size_per_layer_input:
+            pli = dims.hidden_size_per_layer_input
+            linears += [
+                Linear("per_layer_input_gate", h, pli),
+                Linear("per_layer_projection", pli, h),
+            ]
+            other += h  # post_per_layer_input_norm
+        attention_type = dims.layer_types[index] if dims.layer_types else "full_attention"
+        layers.append(Layer(tuple(linears), other, attention_type, moe))
+
+    embedding = dims.vocab_size * h
+    if dims.hidden_size_per_layer_input:
+        pli, n = dims.hidden_size_per_layer_input, dims.num_layers
+        embedding += dims.vocab_size_per_layer_input * pli * n  # embed_tokens_per_layer
+        embedding += h * n * pli + pli  # per_layer_model_projection + its norm
+    max_pos = r.int("max_position_embeddings", "n_positions", "max_sequence_length")
+    return ModelShape(
+        model_type=model_type,
+        dims=dims,
+        layers=tuple(layers),
+        embedding_params=embedding,
+        lm_head_params=0 if tie else dims.vocab_size * h,
+        final_norm_params=norm,
+        max_position_embeddings=max_pos,
+        quantization=_quantization(config, text, prefix),
+    )
+
+
+def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> tuple[str, ...]:
+    """Map user-written LoRA target names to the model's module names; reject unknown ones.
+
+    Accepts `all-linear` (PEFT's spelling, also `all_linear`), PEFT module names, and the
+    Mixtral aliases w1/w2/w3. On Phi-3's fused modules, q/k/v select `qkv_proj` and gate/up
+    select `gate_up_proj`, which is where PEFT would put those adapters.
+    """
+    out: list[str] = []
+    for raw in targets:
+        name = raw.strip().lower().replace("_", "-") if "all" in raw.lower() else raw.strip()
+        if name == "all-linear":
+            return ("all-linear",)
+        name = MODULE_ALIASES.get(name, name)
+        if name not in shape.module_names:
+            if name in ("q_proj", "k_proj", "v_proj") and "qkv_proj" in shape.module_names:
+                name = "qkv_proj"
+            elif name in ("gate_proj", "up_proj") and "gate_up_proj" in shape.module_names:
+                name = "gate_up_proj"
+            else:
+                allowed = ", ".join(["all-linear", *sorted(shape.module_names)])
+                raise SpecError(path, f"unknown module {raw!r} for this model; allowed: {allowed}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise SpecError(path, "must name at least one module (or all-linear)")
+    return tuple(sorted(out))

@@ -1,0 +1,32 @@
+"""Errors a user can cause, classified by what happens next.
+
+A `SpecError` is permanent: the same spec fails the same way however often it is retried, so
+the operator records it (condition reason `InvalidSpec`) instead of retrying, the webhook
+refuses it, and the CLI exits 2. Its text is one line that names the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """One invalid field: `field` is its path (e.g. `spec.lora.rank`), `message` what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class SpecErrors(SpecError):
+    """Several invalid fields at once, so a user fixes all of them in one round trip."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        if not errors:
+            raise ValueError("SpecErrors needs at least one error")
+        self.errors = errors
+        first = errors[0]
+        super().__init__(first.field, first.message)
+        self.args = ("; ".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return "; ".join(str(e) for e in self.errors)

@@ -1,0 +1,266 @@
+"""What a fine-tuning run does, as the estimator needs it, and the one validator for it.
+
+The same `validate_settings` serves the CLI (exit 2), the admission webhook (refusal) and the
+operator (`InvalidSpec`), so a bad value gets the same one-line message everywhere. It returns
+*every* error with its field path, because fixing one field per round trip is slow.
+
+Field paths are the FineTuneJob's (`training.microBatchSize`); the CLI maps them to its flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from controller.estimator.errors import SpecError
+
+
+def _key(text: str) -> str:
+    return text.lower().replace("-", "").replace("_", "").replace(" ", "")
+
+
+class _Choice(StrEnum):
+    """An enum parsed case- and punctuation-insensitively: `QLoRA`, `qlora`, `q_lora`."""
+
+    @classmethod
+    def parse(cls, value: str | _Choice, path: str) -> _Choice:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            wanted = _key(value)
+            for member in cls:
+                if _key(member.value) == wanted or _key(member.name) == wanted:
+                    return member
+            for alias, member_value in _ALIASES.get(cls.__name__, {}).items():
+                if _key(alias) == wanted:
+                    return cls(member_value)
+        allowed = ", ".join(m.value for m in cls)
+        raise SpecError(path, f"unsupported value {value!r}; allowed: {allowed}")
+
+
+class Method(_Choice):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Checkpointing(_Choice):
+    OFF = "off"
+    ON = "on"
+    UNSLOTH = "unsloth"
+
+
+class Optimizer(_Choice):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw-8bit"
+    ADAMW_FP32_MASTER = "adamw-fp32-master"
+    ADAMW_TORCH = "adamw-torch"
+    PAGED_ADAMW_32BIT = "paged-adamw-32bit"
+    SGD = "sgd"
+
+
+class Attention(_Choice):
+    FLASH_ATTENTION_2 = "flash_attention_2"
+    SDPA = "sdpa"
+    FLEX_ATTENTION = "flex_attention"
+    EAGER = "eager"
+
+
+class Precision(_Choice):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Profile(_Choice):
+    ANALYTIC = "analytic"
+    UNSLOTH = "unsloth"
+
+
+class Parallelism(_Choice):
+    DDP = "ddp"
+    FSDP = "fsdp"
+    DEVICE_MAP = "device-map"
+
+
+_ALIASES: dict[str, dict[str, str]] = {
+    "Checkpointing": {"true": "on", "false": "off", "none": "off", "enabled": "on"},
+    "Optimizer": {
+        "adamw_8bit": "adamw-8bit",
+        "adamw_bnb_8bit": "adamw-8bit",
+        "paged_adamw_8bit": "adamw-8bit",
+        "adamw_torch_fused": "adamw-torch",
+        "adamw32bit": "adamw",
+    },
+    "Attention": {"flash": "flash_attention_2", "flashattention2": "flash_attention_2"},
+    "Parallelism": {"zero3": "fsdp", "deepspeedzero3": "fsdp", "devicemap": "device-map"},
+    "Method": {"fullfinetuning": "full"},
+}
+
+MAX_LORA_RANK = 65_536
+MAX_SEQUENCE_LENGTH = 16_777_216
+MAX_BATCH = 1_000_000
+
+#: Module names PEFT can save in full beside the adapter (`modules_to_save`).
+SAVABLE_MODULES = ("embed_tokens", "lm_head")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSettings:
+    """One micro-step of training on one data-parallel rank, and how it is set up.
+
+    Defaults are those of the seed's worked example (QLoRA-ready, r=16 on all linear
+    layers, 2,048 tokens, batch 1, checkpointing on, 32-bit AdamW, bf16, flash attention),
+    so a bare estimate reproduces a figure people can check.
+    """
+
+    method: Method = Method.QLORA
+    rank: int | None = 16
+    targets: tuple[str, ...] = ("all-linear",)
+    modules_to_save: tuple[str, ...] = ()
+    batch: int = 1
+    seq_len: int = 2048
+    gradient_checkpointing: Checkpointing = Checkpointing.ON
+    optimizer: Optimizer = Optimizer.ADAMW
+    attention: Attention = Attention.FLASH_ATTENTION_2
+    fused_loss: bool = False
+    precision: Precision = Precision.BF16
+    profile: Profile = Profile.ANALYTIC
+    gradient_accumulation: int = 1
+    extras: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.method in (Method.LORA, Method.QLORA)
+
+
+# Field paths of each setting in a FineTuneJob spec.
+PATHS = {
+    "method": "method",
+    "rank": "lora.rank",
+    "targets": "lora.targetModules",
+    "modules_to_save": "lora.modulesToSave",
+    "batch": "training.microBatchSize",
+    "seq_len": "training.sequenceLength",
+    "gradient_checkpointing": "training.gradientCheckpointing",
+    "optimizer": "training.optimizer",
+    "attention": "training.attention",
+    "fused_loss": "training.fusedLoss",
+    "precision": "training.precision",
+    "profile": "estimator.profile",
+    "gradient_accumulation": "training.gradientAccumulationSteps",
+}
+
+
+def _int_in_range(value: object, path: str, low: int, high: int) -> SpecError | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return SpecError(path, f"must be an integer, got {value!r}")
+    if value < low:
+        return SpecError(path, f"must be greater than or equal to {low}, got {value}")
+    if value > high:
+        return SpecError(path, f"must be less than or equal to {high}, got {value}")
+    return None
+
+
+def build_settings(
+    values: dict[str, object], paths: dict[str, str] | None = None
+) -> tuple[TrainingSettings | None, list[SpecError]]:
+    """Build settings from loosely typed values (CLI flags, a CRD spec); collect every error.
+
+    `values` uses the TrainingSettings field names; missing keys take the defaults.
+    `paths` overrides the field path shown in errors (the CLI passes its flag names).
+    """
+    where = PATHS | (paths or {})
+    errors: list[SpecError] = []
+    parsed: dict[str, object] = {}
+    choices: dict[str, type[_Choice]] = {
+        "method": Method,
+        "gradient_checkpointing": Checkpointing,
+        "optimizer": Optimizer,
+        "attention": Attention,
+        "precision": Precision,
+        "profile": Profile,
+    }
+    for name, enum in choices.items():
+        if values.get(name) is None:
+            continue
+        try:
+            parsed[name] = enum.parse(values[name], where[name])  # type: ignore[arg-type]
+        except SpecError as error:
+            errors.append(error)
+
+    limits = {
+        "batch": (1, MAX_BATCH),
+        "seq_len": (1, MAX_SEQUENCE_LENGTH),
+        "gradient_accumulation": (1, MAX_BATCH),
+    }
+    for name, (low, high) in limits.items():
+        if values.get(name) is None:
+            continue
+        error = _int_in_range(values[name], where[name], low, high)
+        if error:
+            errors.append(error)
+        else:
+            parsed[name] = values[name]
+
+    method = parsed.get("method", TrainingSettings.method)
+    adapter = method in (Method.LORA, Method.QLORA)
+    rank = values.get("rank", TrainingSettings.rank)
+    if adapter:
+        if rank is None:
+            errors.append(SpecError(where["rank"], "is required when method is lora or qlora"))
+        else:
+            error = _int_in_range(rank, where["rank"], 1, MAX_LORA_RANK)
+            if error:
+                errors.append(error)
+            else:
+                parsed["rank"] = rank
+    else:
+        parsed["rank"] = None
+
+    for name in ("targets", "modules_to_save"):
+        raw = values.get(name)
+        if raw is None:
+            continue
+        names = _name_list(raw)
+        if names is None:
+            errors.append(SpecError(where[name], "must be a list of module names"))
+            continue
+        if name == "targets" and not names:
+            errors.append(SpecError(where[name], "must name at least one module (or all-linear)"))
+            continue
+        if name == "modules_to_save":
+            unknown = [n for n in names if n not in SAVABLE_MODULES]
+            if unknown:
+                errors.append(
+                    SpecError(
+                        where[name],
+                        f"unsupported module {unknown[0]!r}; allowed: "
+                        + ", ".join(SAVABLE_MODULES),
+                    )
+                )
+                continue
+            if not adapter:
+                errors.append(SpecError(where[name], "applies only when method is lora or qlora"))
+                continue
+        parsed[name] = tuple(names)
+
+    fused = values.get("fused_loss")
+    if fused is not None:
+        if not isinstance(fused, bool):
+            errors.append(SpecError(where["fused_loss"], f"must be true or false, got {fused!r}"))
+        else:
+            parsed["fused_loss"] = fused
+
+    if errors:
+        return None, errors
+    return TrainingSettings(**parsed), []  # type: ignore[arg-type]
+
+
+def _name_list(raw: object) -> list[str] | None:
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, Iterable) and all(isinstance(x, str) for x in raw):  # type: ignore[union-attr]
+        return [x.strip() for x in raw if x.strip()]  # type: ignore[union-attr]
+    return None

@@ -1,0 +1,414 @@
+"""The `unsloth` profile: seed 1 (`unsloth-vram-estimation.md`), term by term.
+
+    Total = Weights + LoRA adapters + Optimizer + Gradients + Activations + CUDA overhead
+
+This is a calibrated formula, not a tensor count, and it is reproduced exactly, including
+its approximations: weights count two norms per layer and no biases or final norm; attention
+is `(H + K + K + H) · H` unless the config carries per-layer shape fields (`layer_types`,
+`head_dim`, `global_head_dim`, ...), in which case each layer's own q/k/v widths are used;
+MLA (DeepSeek) uses its low-rank projection shapes. Byte figures agree with the reference
+implementation exactly; fractions are floored once per component, as it does.
+
+Where seed 1 is silent this profile extends it, each noted where it happens: the optimizer
+names outside its table, and `modules_to_save`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from controller.estimator.architecture import (
+    ArchDims,
+    ModelShape,
+    layer_attention_dims,
+    layer_mlp_size,
+)
+from controller.estimator.result import Estimate
+from controller.estimator.settings import (
+    Attention,
+    Checkpointing,
+    Method,
+    Optimizer,
+    TrainingSettings,
+)
+from controller.units import GIB
+
+NF4_FACTOR = Fraction(16, 5)  # 3.2: BNB NF4 blockwise scales
+NF4_DOUBLE_QUANT_FACTOR = Fraction(18, 5)  # 3.6 with bnb_4bit_use_double_quant
+CUDA_OVERHEAD_BYTES = int(Fraction(14, 10) * GIB)  # "1.4 GB", calibrated on an RTX 5070 Ti
+ACTIVATION_FACTOR = Fraction(5, 4)
+NON_FLASH_FACTOR = 12
+GRADIENT_FLOOR = Fraction(15, 100)
+USABLE_FRACTION = Fraction(1)  # the CUDA overhead is inside the estimate already
+LINEAR_MEMORY_ATTENTION = (Attention.FLASH_ATTENTION_2, Attention.SDPA, Attention.FLEX_ATTENTION)
+
+# Seed 1's calibrated table (bytes per trainable parameter). It has no plain 32-bit AdamW and
+# no master-weight variant; those two are extensions: `adamw` holds the same full FP32 states
+# as paged_adamw_32bit, and `adamw-fp32-master` adds seed 2's 4-byte FP32 master copy.
+OPTIMIZER_BYTES = {
+    Optimizer.ADAMW_8BIT: 4,
+    Optimizer.ADAMW_TORCH: 6,
+    Optimizer.PAGED_ADAMW_32BIT: 8,
+    Optimizer.SGD: 4,
+    Optimizer.ADAMW: 8,
+    Optimizer.ADAMW_FP32_MASTER: 12,
+}
+
+# Layers whose activations are live at once, (full fine-tuning, LoRA); None means all layers.
+GC_LAYERS: dict[Checkpointing, tuple[Fraction, Fraction] | None] = {
+    Checkpointing.OFF: None,
+    Checkpointing.ON: (Fraction(2), Fraction(1)),
+    Checkpointing.UNSLOTH: (Fraction(3, 2), Fraction(1)),
+}
+
+SEVEN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_ATTENTION = frozenset(SEVEN_MODULES[:4])
+_MLP = frozenset(SEVEN_MODULES[4:])
+# Model-specific module names and the table row each one is charged as.
+_TABLE_NAME = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "q_b_proj": ("q_proj",),
+    "kv_a_proj_with_mqa": ("k_proj",),
+    "kv_b_proj": ("v_proj",),
+}
+_TEXT_ROOTS = (
+    "model.language_model.model.",
+    "model.language_model.",
+    "language_model.model.",
+    "model.model.",
+    "language_model.",
+    "model.",
+)
+
+
+@dataclass(frozen=True)
+class _View:
+    """Everything about one model this profile needs, computed once per parsed model."""
+
+    quantizable: int
+    non_quantizable: int
+    skipped: int
+    layer_sizes: tuple[tuple[int, int], ...]  # per layer: (q+k+v width, MLP width)
+    module_elements: dict[str, int]
+
+
+def _structured(d: ArchDims) -> bool:
+    if d.q_lora_rank is not None:
+        return False
+    return bool(
+        d.layer_types
+        or d.head_dim is not None
+        or d.global_head_dim is not None
+        or d.num_global_kv_heads is not None
+        or d.attention_k_eq_v
+        or d.num_kv_shared_layers > 0
+        or d.use_double_wide_mlp
+    )
+
+
+def _kv(d: ArchDims) -> int:
+    return (d.hidden_size // d.num_heads) * d.num_kv_heads
+
+
+def _routed_size(d: ArchDims) -> int:
+    return d.moe_intermediate_size if d.moe_intermediate_size is not None else d.intermediate_size
+
+
+def _shared_size(d: ArchDims) -> int:
+    return d.shared_expert_intermediate_size or _routed_size(d)
+
+
+def _is_moe_layer(d: ArchDims, i: int) -> bool:
+    return d.num_experts > 1 and i not in d.dense_layers
+
+
+def _linear_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of the seven projections of layer i, as the formula sees them."""
+    h = d.hidden_size
+    if _structured(d):
+        q, kv, has_k, has_v = layer_attention_dims(d, i)
+        mlp = layer_mlp_size(d, i)
+    else:
+        q, kv, has_k, has_v, mlp = h, _kv(d), True, True, _routed_size(d)
+    dims = {"q_proj": (h, q), "o_proj": (q, h)}
+    if has_k:
+        dims["k_proj"] = (h, kv)
+    if has_v:
+        dims["v_proj"] = (h, kv)
+    dims |= {"gate_proj": (h, mlp), "up_proj": (h, mlp), "down_proj": (mlp, h)}
+    return dims
+
+
+def _mla_attention_elements(d: ArchDims) -> int:
+    h, nh = d.hidden_size, d.num_heads
+    nope, rope, v = d.qk_nope_head_dim or 0, d.qk_rope_head_dim or 0, d.v_head_dim or 0
+    q_rank, kv_rank = d.q_lora_rank or 0, d.kv_lora_rank or 0
+    return (
+        h * q_rank
+        + q_rank * nh * (nope + rope)
+        + h * (kv_rank + rope)
+        + kv_rank * nh * (nope + v)
+        + nh * v * h
+        + q_rank
+        + kv_rank
+    )
+
+
+def _moe_elements(d: ArchDims) -> int:
+    h, e = d.hidden_size, d.num_experts
+    total = h * _routed_size(d) * 3 * e + e * h
+    if d.n_shared_experts:
+        total += h * _shared_size(d) * 3 * d.n_shared_experts + d.n_shared_experts * h
+    return total
+
+
+def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
+    """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`)."""
+    dims = _linear_dims(d, i)
+    modules: dict[str, int] = {}
+    if d.q_lora_rank is not None:
+        modules["self_attn"] = _mla_attention_elements(d)
+    elif not _structured(d):
+        kv = _kv(d)
+        h = d.hidden_size
+        modules |= {"self_attn.q_proj": h * h, "self_attn.k_proj": h * kv}
+        modules |= {"self_attn.v_proj": h * kv, "self_attn.o_proj": h * h}
+    else:
+        modules |= {f"self_attn.{n}": a * b for n, (a, b) in dims.items() if n in _ATTENTION}
+    dense = {f"mlp.{n}": a * b for n, (a, b) in dims.items() if n in _MLP}
+    if not _structured(d):
+        inter = d.intermediate_size
+        h = d.hidden_size
+        dense = {"mlp.gate_proj": h * inter, "mlp.up_proj": h * inter, "mlp.down_proj": inter * h}
+    if _is_moe_layer(d, i):
+        modules["mlp.experts"] = _moe_elements(d)
+        if d.moe_has_dense_mlp:
+            modules |= dense
+    else:
+        modules |= dense
+    if d.hidden_size_per_layer_input:
+        pli = d.hidden_size_per_layer_input
+        modules["per_layer_input_gate"] = d.hidden_size * pli
+        modules["per_layer_projection"] = pli * d.hidden_size
+    return modules
+
+
+def _view(shape: ModelShape) -> _View:
+    cached = shape.memo.get("unsloth")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    d = shape.dims
+    h, n = d.hidden_size, d.num_layers
+    elements: dict[str, int] = {}
+    quantizable = 0
+    for i in range(n):
+        modules = _layer_modules(d, i)
+        quantizable += sum(modules.values())
+        elements[f"layers.{i}"] = sum(modules.values())
+        for group in ("self_attn", "mlp"):
+            elements[f"layers.{i}.{group}"] = sum(
+                v for k, v in modules.items() if k == group or k.startswith(group + ".")
+            )
+        elements |= {f"layers.{i}.{k}": v for k, v in modules.items()}
+    pli = d.hidden_size_per_layer_input
+    if pli:
+        elements["per_layer_model_projection"] = h * n * pli
+        quantizable += h * n * pli
+    embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
+    lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
+    non_quantizable = 2 * h * n + embed + lm_head
+    skipped = _skipped_elements(shape, elements)
+    view = _View(
+        quantizable=quantizable,
+        non_quantizable=non_quantizable,
+        skipped=min(skipped, quantizable),
+        layer_sizes=tuple(_activation_sizes(d, i) for i in range(n)),
+        module_elements=elements,
+    )
+    shape.memo["unsloth"] = view
+    return view
+
+
+def _skipped_elements(shape: ModelShape, elements: dict[str, int]) -> int:
+    """Quantizable elements that `llm_int8_skip_modules` keeps in 16-bit.
+
+    Names may carry a text-model root (`model.`, `language_model.model.`, ...); other roots
+    (vision towers) and non-quantizable names (embeddings) match nothing. A module inside
+    another matched module counts once.
+    """
+    if shape.quantization is None or not shape.quantization.skip_modules:
+        return 0
+    matched: set[str] = set()
+    for raw in shape.quantization.skip_modules:
+        name = raw.strip(".")
+        candidates = [name] + [name[len(root) :] for root in _TEXT_ROOTS if name.startswith(root)]
+        matched |= {c for c in candidates if c in elements}
+    outermost = {m for m in matched if not any(m.startswith(p + ".") for p in matched if p != m)}
+    return sum(elements[m] for m in outermost)
+
+
+def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
+    if _structured(d):
+        q, kv, has_k, has_v = layer_attention_dims(d, i)
+        qkv = q + (kv if has_k else 0) + (kv if has_v else 0)
+        if _is_moe_layer(d, i):
+            mlp = _routed_size(d) + (layer_mlp_size(d, i) if d.moe_has_dense_mlp else 0)
+        else:
+            mlp = layer_mlp_size(d, i)
+        return qkv, mlp
+    mlp = _routed_size(d)
+    if _is_moe_layer(d, i) and d.moe_has_dense_mlp:
+        mlp += d.intermediate_size
+    return d.hidden_size + 2 * _kv(d), mlp
+
+
+def _table_rows(targets: tuple[str, ...]) -> frozenset[str]:
+    if "all-linear" in targets:
+        return frozenset(SEVEN_MODULES)
+    rows: set[str] = set()
+    for name in targets:
+        rows |= set(_TABLE_NAME.get(name, (name,)))
+    return frozenset(rows) & frozenset(SEVEN_MODULES)
+
+
+def _lora_mlp(h: int, size: int, rows: frozenset[str], copies: int) -> int:
+    per = {"gate_proj": h + size, "up_proj": h + size, "down_proj": size + h}
+    return sum(v for k, v in per.items() if k in rows) * copies
+
+
+def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
+    """Seed 1's LoRA table at rank 1: A (in × r) + B (r × out) per selected module per layer."""
+    key = ("unsloth-lora", targets)
+    cached = shape.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    d = shape.dims
+    rows = _table_rows(targets)
+    h, n = d.hidden_size, d.num_layers
+    moe = d.num_experts > 1
+    n_moe = n - len(d.dense_layers) if moe else 0
+    moe_mlp = 0
+    if moe:
+        moe_mlp = _lora_mlp(h, _routed_size(d), rows, d.num_experts) + _lora_mlp(
+            h, _shared_size(d), rows, d.n_shared_experts
+        )
+    if _structured(d):
+        attention = 0
+        dense_per_layer = []
+        for i in range(n):
+            dims = _linear_dims(d, i)
+            attention += sum(a + b for k, (a, b) in dims.items() if k in rows and k in _ATTENTION)
+            dense_per_layer.append(sum(a + b for k, (a, b) in dims.items() if k in rows & _MLP))
+        if not moe:
+            mlp = sum(dense_per_layer)
+        elif d.moe_has_dense_mlp:
+            mlp = sum(dense_per_layer) + moe_mlp * n_moe
+        else:
+            mlp = moe_mlp * n_moe + sum(
+                v for i, v in enumerate(dense_per_layer) if i in d.dense_layers
+            )
+    else:
+        attention = _lora_attention(d, rows) * n
+        dense = _lora_mlp(h, d.intermediate_size, rows, 1)
+        if not moe:
+            mlp = dense * n
+        else:
+            mlp = moe_mlp * n_moe + dense * (n if d.moe_has_dense_mlp else len(d.dense_layers))
+    total = attention + mlp
+    pli = d.hidden_size_per_layer_input
+    if pli and "all-linear" in targets:
+        total += h + n * pli + (h + pli) * n + (pli + h) * n
+    shape.memo[key] = total
+    return total
+
+
+def _lora_attention(d: ArchDims, rows: frozenset[str]) -> int:
+    h = d.hidden_size
+    if d.q_lora_rank is not None:
+        nh = d.num_heads
+        nope, rope, v = d.qk_nope_head_dim or 0, d.qk_rope_head_dim or 0, d.v_head_dim or 0
+        kv_rank = d.kv_lora_rank or 0
+        dims = {
+            "q_proj": (d.q_lora_rank, nh * (nope + rope)),
+            "k_proj": (h, kv_rank + rope),
+            "v_proj": (kv_rank, nh * (nope + v)),
+            "o_proj": (nh * v, h),
+        }
+    else:
+        kv = _kv(d)
+        dims = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h)}
+    return sum(a + b for k, (a, b) in dims.items() if k in rows)
+
+
+def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
+    tokens = s.seq_len * s.batch
+    per_layer = [
+        int((tokens * qkv + tokens * 2 + tokens * 2 * mlp) * 2 * ACTIVATION_FACTOR)
+        for qkv, mlp in view.layer_sizes
+    ]
+    multipliers = GC_LAYERS[s.gradient_checkpointing]
+    if multipliers is None:
+        effective: Fraction = Fraction(shape.num_layers)
+        linear = sum(per_layer)
+    else:
+        effective = multipliers[1] if s.is_adapter else multipliers[0]
+        linear = int(max(per_layer) * effective)
+    if s.attention in LINEAR_MEMORY_ATTENTION:
+        return linear
+    scores = s.batch * shape.dims.num_heads * s.seq_len * s.seq_len
+    return max(linear, int(scores * 2 * NON_FLASH_FACTOR * effective))
+
+
+def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+    """Seed 1's estimate; `targets` must already be canonical (see `canonical_targets`)."""
+    view = _view(shape)
+    quant = shape.quantization
+    if settings.method is Method.QLORA:
+        factor = NF4_DOUBLE_QUANT_FACTOR if quant and quant.double_quant else NF4_FACTOR
+        weights = int(
+            (view.quantizable - view.skipped) * 2 / factor
+            + view.skipped * 2
+            + view.non_quantizable * 2
+        )
+    else:
+        weights = (view.quantizable + view.non_quantizable) * 2
+
+    if settings.is_adapter:
+        lora = (settings.rank or 0) * lora_params_per_rank(shape, settings.targets)
+        # Extension: modules_to_save train a full copy of the embeddings / LM head (PEFT),
+        # charged like adapter parameters.
+        for module in settings.modules_to_save:
+            if module == "embed_tokens" or not shape.dims.tie_word_embeddings:
+                lora += shape.dims.vocab_size * shape.dims.hidden_size
+        trainable = lora
+        lora_bytes = lora * 2
+    else:
+        trainable = view.quantizable + view.non_quantizable
+        lora_bytes = 0
+
+    optimizer = trainable * OPTIMIZER_BYTES[settings.optimizer]
+    activations = _activations(shape, view, settings)
+    gradient_floor = int(weights * GRADIENT_FLOOR)
+    if settings.is_adapter:
+        gradient_floor = min(gradient_floor, max(activations, optimizer))
+    gradients = max(trainable * 2, gradient_floor)
+
+    components = {
+        "weights": weights,
+        "lora_adapters": lora_bytes,
+        "optimizer": optimizer,
+        "gradients": gradients,
+        "activations": activations,
+        "cuda_overhead": CUDA_OVERHEAD_BYTES,
+    }
+    return Estimate(
+        profile="unsloth",
+        components=components,
+        total_params=view.quantizable + view.non_quantizable,
+        trainable_params=trainable,
+        sharded_bytes=weights + lora_bytes + optimizer + gradients,
+        replicated_bytes=activations + CUDA_OVERHEAD_BYTES,
+        usable_fraction=USABLE_FRACTION,
+    )

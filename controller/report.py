@@ -1,0 +1,137 @@
+"""How an estimate reads: a breakdown for people, one JSON object for scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from controller.estimator import Estimate, Fit, Parallelism, TrainingSettings
+from controller.units import GIB
+
+_LABELS = {
+    "weights": "weights",
+    "lora_adapters": "LoRA adapters",
+    "gradients": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "logits": "logits",
+    "overhead": "overhead (x1.1)",
+    "cuda_overhead": "CUDA overhead",
+}
+_BAR = 30
+
+
+def estimate_json(
+    model: str,
+    settings: TrainingSettings,
+    est: Estimate,
+    n_gpus: int,
+    parallelism: Parallelism,
+    result: Fit | None,
+) -> dict[str, Any]:
+    """The `--json` object; `components` sums to `total_bytes` exactly."""
+    out: dict[str, Any] = {
+        "model": model,
+        "profile": est.profile,
+        "method": settings.method.value,
+        "settings": {
+            "rank": settings.rank,
+            "targets": list(settings.targets) if settings.is_adapter else None,
+            "modules_to_save": list(settings.modules_to_save),
+            "batch": settings.batch,
+            "seq_len": settings.seq_len,
+            "gradient_checkpointing": settings.gradient_checkpointing.value,
+            "optimizer": settings.optimizer.value,
+            "attention": settings.attention.value,
+            "fused_loss": settings.fused_loss,
+            "precision": settings.precision.value,
+            "gradient_accumulation": settings.gradient_accumulation,
+        },
+        "total_bytes": est.total_bytes,
+        "total_params": est.total_params,
+        "trainable_params": est.trainable_params,
+        "components": dict(est.components),
+        "parallelism": parallelism.value,
+        "gpus": n_gpus,
+        "per_gpu_bytes": _per_gpu(est, n_gpus, parallelism),
+    }
+    if result is not None:
+        out["fit"] = {
+            "fits": result.fits,
+            "min_gpus": result.min_gpus,
+            "per_gpu_bytes": result.per_gpu_bytes,
+            "gpus": list(result.gpus),
+            "usable_bytes": result.usable_bytes,
+            "reason": result.reason,
+        }
+    return out
+
+
+def _per_gpu(est: Estimate, n: int, parallelism: Parallelism) -> int:
+    if n <= 1:
+        return est.total_bytes
+    return est.per_gpu_bytes(1 if parallelism is Parallelism.DDP else n)
+
+
+def fit_sentence(result: Fit, card: str, parallelism: Parallelism) -> str:
+    """The fit answer in words: "fits one 24 GiB GPU", "needs 2 x 80GB with FSDP", ..."""
+    mode = {"ddp": "DDP", "fsdp": "FSDP", "device-map": "a device map"}[parallelism.value]
+    if result.fits and result.min_gpus == 1:
+        return f"fits one {card} GPU ({result.per_gpu_bytes / GIB:.2f} GiB needed)"
+    if result.fits:
+        return (
+            f"needs {result.min_gpus} x {card} with {mode} "
+            f"({(result.per_gpu_bytes or 0) / GIB:.2f} GiB per GPU)"
+        )
+    if result.reason.startswith("no number of GPUs fits"):
+        return result.reason.replace("no number of GPUs fits", f"no number of {card} GPUs fits")
+    return f"does not fit {card} GPUs with {mode}: {result.reason}"
+
+
+def render(
+    console: Console,
+    model: str,
+    settings: TrainingSettings,
+    est: Estimate,
+    n_gpus: int,
+    parallelism: Parallelism,
+    result: Fit | None,
+    card: str | None,
+) -> None:
+    total = est.total_bytes
+    title = (
+        f"{model} · {settings.method.value}"
+        + (f" r={settings.rank}" if settings.is_adapter else "")
+        + f" · {settings.seq_len} tokens x batch {settings.batch}"
+        + f" · profile {est.profile}"
+    )
+    console.print(title)
+    table = Table(show_edge=False)
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("", no_wrap=True)
+    for name, n_bytes in est.components.items():
+        share = n_bytes / total if total else 0.0
+        table.add_row(
+            _LABELS.get(name, name),
+            f"{n_bytes / GIB:.2f}",
+            f"{share:5.1%}",
+            "█" * round(share * _BAR),
+        )
+    table.add_section()
+    table.add_row("total", f"{total / GIB:.2f}", "100.0%", "")
+    console.print(table)
+    pct = est.trainable_params / est.total_params if est.total_params else 0.0
+    console.print(
+        f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable ({pct:.2%})"
+    )
+    if n_gpus > 1:
+        console.print(
+            f"per GPU on {n_gpus} GPUs with {parallelism.value}: "
+            f"{_per_gpu(est, n_gpus, parallelism) / GIB:.2f} GiB"
+        )
+    if result is not None and card is not None:
+        console.print(fit_sentence(result, card, parallelism))

@@ -1,0 +1,51 @@
+"""Shared model configs for the estimator tests (as a config.json would hold them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+GIB = 2**30
+
+LLAMA_31_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+}
+
+QWEN25_05B: dict[str, Any] = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+
+# The original LLaMA-65B (the QLoRA paper's headline run), not a bundled preset.
+LLAMA_65B: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 2048,
+}
+
+
+@pytest.fixture
+def llama8b() -> dict[str, Any]:
+    return dict(LLAMA_31_8B)
