@@ -98,6 +98,8 @@ _ALIASES: dict[str, dict[str, str]] = {
     "Method": {"fullfinetuning": "full"},
 }
 
+DEFAULT_METHOD = Method.QLORA
+DEFAULT_RANK = 16
 MAX_LORA_RANK = 65_536
 MAX_SEQUENCE_LENGTH = 16_777_216
 MAX_BATCH = 1_000_000
@@ -115,8 +117,8 @@ class TrainingSettings:
     so a bare estimate reproduces a figure people can check.
     """
 
-    method: Method = Method.QLORA
-    rank: int | None = 16
+    method: Method = DEFAULT_METHOD
+    rank: int | None = DEFAULT_RANK
     targets: tuple[str, ...] = ("all-linear",)
     modules_to_save: tuple[str, ...] = ()
     batch: int = 1
@@ -204,9 +206,9 @@ def build_settings(
         else:
             parsed[name] = values[name]
 
-    method = parsed.get("method", TrainingSettings.method)
+    method = parsed.get("method", DEFAULT_METHOD)
     adapter = method in (Method.LORA, Method.QLORA)
-    rank = values.get("rank", TrainingSettings.rank)
+    rank = values.get("rank", DEFAULT_RANK)
     if adapter:
         if rank is None:
             errors.append(SpecError(where["rank"], "is required when method is lora or qlora"))

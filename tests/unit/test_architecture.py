@@ -1,0 +1,147 @@
+"""config.json parsing: nesting, family layouts, MoE, MLA, and one-line errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.estimator import SpecError, parse_config
+from controller.estimator.architecture import canonical_targets
+from tests.unit.conftest import LLAMA_31_8B
+
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 100,
+}
+
+
+def test_text_config_nesting_reads_the_language_model() -> None:
+    nested = {"model_type": "llava", "text_config": LLAMA_31_8B, "vision_config": {"x": 1}}
+    assert parse_config(nested).total_params == parse_config(LLAMA_31_8B).total_params
+
+
+def test_nested_config_falls_back_to_outer_tie_flag() -> None:
+    text = {k: v for k, v in LLAMA_31_8B.items() if k != "tie_word_embeddings"}
+    tied = parse_config({"tie_word_embeddings": True, "text_config": text})
+    assert tied.lm_head_params == 0
+    assert parse_config(LLAMA_31_8B).lm_head_params == 128256 * 4096
+
+
+def test_gqa_head_dim_and_biases() -> None:
+    plain = parse_config(BASE | {"num_key_value_heads": 2})
+    attn = {lin.name: lin for lin in plain.layers[0].linears}
+    assert (attn["k_proj"].in_features, attn["k_proj"].out_features) == (64, 32)
+    wide = parse_config(BASE | {"head_dim": 32})
+    q = next(lin for lin in wide.layers[0].linears if lin.name == "q_proj")
+    assert q.out_features == 128  # heads x head_dim, not hidden_size
+    biased = parse_config(BASE | {"attention_bias": True})
+    assert biased.total_params - parse_config(BASE).total_params == 2 * (64 * 4)
+    qwen = parse_config(BASE | {"model_type": "qwen2", "num_key_value_heads": 4})
+    assert qwen.total_params - parse_config(BASE).total_params == 2 * (64 * 3)  # q/k/v only
+
+
+def test_moe_counts_experts_router_and_dense_layers() -> None:
+    moe = BASE | {"num_local_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3}
+    shape = parse_config(moe)
+    dense = parse_config(BASE | {"num_hidden_layers": 3})
+    mlp = 3 * 64 * 128
+    assert shape.total_params - dense.total_params == 3 * (3 * mlp + 64 * 4)
+    deepseek_like = moe | {"first_k_dense_replace": 1, "moe_intermediate_size": 32}
+    shape = parse_config(deepseek_like)
+    assert [layer.moe for layer in shape.layers] == [False, True, True]
+    qwen_like = moe | {"decoder_sparse_step": 1, "mlp_only_layers": [2]}
+    assert [layer.moe for layer in parse_config(qwen_like).layers] == [True, True, False]
+
+
+def test_shared_experts_deepseek_and_qwen_styles() -> None:
+    moe = BASE | {"n_routed_experts": 4, "moe_intermediate_size": 32, "num_experts_per_tok": 2}
+    base = parse_config(moe).total_params
+    deepseek = parse_config(moe | {"n_shared_experts": 2}).total_params
+    assert deepseek - base == 2 * 3 * 64 * 64  # one MLP 2 x 32 wide per layer
+    qwen = parse_config(moe | {"shared_expert_intermediate_size": 48}).total_params
+    assert qwen - base == 2 * (3 * 64 * 48 + 64)  # shared expert plus its h -> 1 gate
+
+
+def test_mla_projections() -> None:
+    mla = BASE | {
+        "model_type": "deepseek_v3",
+        "q_lora_rank": 16,
+        "kv_lora_rank": 8,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+    }
+    names = [lin.name for lin in parse_config(mla).layers[0].linears]
+    assert names[:5] == ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    q_b = parse_config(mla).layers[0].linears[1]
+    assert (q_b.in_features, q_b.out_features) == (16, 4 * 12)
+
+
+def test_phi3_fused_modules_and_target_mapping() -> None:
+    shape = parse_config(BASE | {"model_type": "phi3", "num_key_value_heads": 2})
+    assert {"qkv_proj", "gate_up_proj", "down_proj", "o_proj"} == shape.module_names
+    assert canonical_targets(["q_proj", "v_proj"], shape, "t") == ("qkv_proj",)
+
+
+def test_quantization_config() -> None:
+    qc = {
+        "load_in_4bit": True,
+        "bnb_4bit_use_double_quant": True,
+        "llm_int8_skip_modules": ["lm_head"],
+    }
+    shape = parse_config(LLAMA_31_8B | {"quantization_config": qc})
+    assert shape.quantization is not None
+    assert shape.quantization.double_quant and shape.quantization.skip_modules == ("lm_head",)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"hidden_size": None}, "hidden_size", "is required"),
+        ({"vocab_size": None}, "vocab_size", "is required"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers", "greater than or equal to 1"),
+        ({"hidden_size": "4096"}, "hidden_size", "must be an integer"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads", "must divide"),
+        ({"hidden_size": 66}, "head_dim", "is required when hidden_size"),
+        ({"layer_types": ["full_attention"]}, "layer_types", "one type per layer"),
+        ({"num_local_experts": 2, "num_experts_per_tok": 3}, "num_experts_per_tok", "exceed"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings", "true or false"),
+        ({"num_local_experts": 4, "first_k_dense_replace": 9}, "first_k_dense_replace", "exceed"),
+        ({"kv_lora_rank": 8}, "qk_nope_head_dim", "is required"),
+        ({"num_kv_shared_layers": 2}, "num_kv_shared_layers", "less than"),
+        ({"quantization_config": {"llm_int8_skip_modules": "x"}}, "llm_int8_skip", "list"),
+    ],
+)
+def test_bad_configs_name_the_field(change: dict[str, Any], field: str, words: str) -> None:
+    config = {k: v for k, v in (BASE | change).items() if v is not None}
+    with pytest.raises(SpecError) as error:
+        parse_config(config, prefix="spec.model.config")
+    text = str(error.value)
+    assert text.startswith("spec.model.config.") and field in error.value.field
+    assert words in text and "\n" not in text
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(SpecError, match="must be a JSON object"):
+        parse_config([1, 2], prefix="config")  # type: ignore[arg-type]
+
+
+def test_unknown_lora_target_lists_the_modules() -> None:
+    shape = parse_config(LLAMA_31_8B)
+    with pytest.raises(SpecError) as error:
+        canonical_targets(["qkv"], shape, "lora.targetModules")
+    assert "lora.targetModules: unknown module 'qkv'" in str(error.value)
+    assert "q_proj" in str(error.value)
+    assert canonical_targets(["w1", "q_proj"], shape, "t") == ("gate_proj", "q_proj")
+    assert canonical_targets(["ALL_LINEAR"], shape, "t") == ("all-linear",)
+
+
+def test_class_defaults_fill_fields_a_config_omits() -> None:
+    gemma3_text = {"model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 34}
+    shape = parse_config({"model_type": "gemma3", "text_config": gemma3_text})
+    assert shape.dims.num_heads == 8 and shape.dims.head_dim == 256
+    assert shape.vocab_size == 262208
