@@ -80,7 +80,7 @@ def test_eager_attention_adds_the_quadratic_term() -> None:
 
 
 def test_cuda_overhead_is_1_4_gib() -> None:
-    assert CUDA_OVERHEAD_BYTES == int(1.4 * GIB)
+    assert int(1.4 * GIB) == CUDA_OVERHEAD_BYTES
 
 
 def test_gpu_selection_picks_two_with_20_5_gib_usable() -> None:

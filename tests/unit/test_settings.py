@@ -86,7 +86,7 @@ def test_model_dependent_checks() -> None:
         "training.sequenceLength: must be less than or equal to the model's context "
         "length (131072), got 200000"
     )
-    with pytest.raises(SpecErrors, match="lora.targetModules: unknown module 'nope'"):
+    with pytest.raises(SpecErrors, match=r"lora\.targetModules: unknown module 'nope'"):
         estimate(shape, TrainingSettings(targets=("nope",)))
     four_bit = parse_config(LLAMA_31_8B | {"quantization_config": {"load_in_4bit": True}})
     with pytest.raises(SpecErrors, match="method: full fine-tuning needs a 16-bit checkpoint"):
