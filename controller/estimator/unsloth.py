@@ -15,6 +15,7 @@ names outside its table, and `modules_to_save`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -90,7 +91,8 @@ class _View:
     quantizable: int
     non_quantizable: int
     skipped: int
-    layer_sizes: tuple[tuple[int, int], ...]  # per layer: (q+k+v width, MLP width)
+    # Distinct per-layer (q+k+v width, MLP width) pairs and how many layers have each.
+    layer_size_counts: tuple[tuple[tuple[int, int], int], ...]
     module_elements: dict[str, int]
 
 
@@ -224,7 +226,7 @@ def _view(shape: ModelShape) -> _View:
         quantizable=quantizable,
         non_quantizable=non_quantizable,
         skipped=min(skipped, quantizable),
-        layer_sizes=tuple(_activation_sizes(d, i) for i in range(n)),
+        layer_size_counts=tuple(Counter(_activation_sizes(d, i) for i in range(n)).items()),
         module_elements=elements,
     )
     shape.memo["unsloth"] = view
@@ -343,37 +345,52 @@ def _lora_attention(d: ArchDims, rows: frozenset[str]) -> int:
 
 
 def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
+    """Seed 1's activation term. Layers of equal shape are computed once (same floors)."""
     tokens = s.seq_len * s.batch
-    per_layer = [
-        int((tokens * qkv + tokens * 2 + tokens * 2 * mlp) * 2 * ACTIVATION_FACTOR)
-        for qkv, mlp in view.layer_sizes
+    # (S·B·qkv + S·B·2 + S·B·2·mlp) × 2 × 1.25, floored per layer.
+    per_shape = [
+        (
+            (tokens * (qkv + 2 + 2 * mlp) * 2 * ACTIVATION_FACTOR.numerator)
+            // ACTIVATION_FACTOR.denominator,
+            count,
+        )
+        for (qkv, mlp), count in view.layer_size_counts
     ]
     multipliers = GC_LAYERS[s.gradient_checkpointing]
     if multipliers is None:
-        effective: Fraction = Fraction(shape.num_layers)
-        linear = sum(per_layer)
+        effective = Fraction(shape.num_layers)
+        linear = sum(n_bytes * count for n_bytes, count in per_shape)
     else:
         effective = multipliers[1] if s.is_adapter else multipliers[0]
-        linear = int(max(per_layer) * effective)
+        largest = max(n_bytes for n_bytes, _ in per_shape)
+        linear = largest * effective.numerator // effective.denominator
     if s.attention in LINEAR_MEMORY_ATTENTION:
         return linear
-    scores = s.batch * shape.dims.num_heads * s.seq_len * s.seq_len
-    return max(linear, int(scores * 2 * NON_FLASH_FACTOR * effective))
+    scores = s.batch * shape.dims.num_heads * s.seq_len * s.seq_len * 2 * NON_FLASH_FACTOR
+    return max(linear, scores * effective.numerator // effective.denominator)
+
+
+def _weights(shape: ModelShape, view: _View, method: Method) -> int:
+    key = ("unsloth-weights", method)
+    cached = shape.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    if method is Method.QLORA:
+        quant = shape.quantization
+        factor = NF4_DOUBLE_QUANT_FACTOR if quant and quant.double_quant else NF4_FACTOR
+        sixteen_bit = (view.skipped + view.non_quantizable) * 2
+        quantized = Fraction((view.quantizable - view.skipped) * 2) / factor
+        weights = int(quantized + sixteen_bit)
+    else:
+        weights = (view.quantizable + view.non_quantizable) * 2
+    shape.memo[key] = weights
+    return weights
 
 
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     """Seed 1's estimate; `targets` must already be canonical (see `canonical_targets`)."""
     view = _view(shape)
-    quant = shape.quantization
-    if settings.method is Method.QLORA:
-        factor = NF4_DOUBLE_QUANT_FACTOR if quant and quant.double_quant else NF4_FACTOR
-        weights = int(
-            (view.quantizable - view.skipped) * 2 / factor
-            + view.skipped * 2
-            + view.non_quantizable * 2
-        )
-    else:
-        weights = (view.quantizable + view.non_quantizable) * 2
+    weights = _weights(shape, view, settings.method)
 
     if settings.is_adapter:
         lora = (settings.rank or 0) * lora_params_per_rank(shape, settings.targets)
@@ -390,7 +407,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
 
     optimizer = trainable * OPTIMIZER_BYTES[settings.optimizer]
     activations = _activations(shape, view, settings)
-    gradient_floor = int(weights * GRADIENT_FLOOR)
+    gradient_floor = weights * GRADIENT_FLOOR.numerator // GRADIENT_FLOOR.denominator
     if settings.is_adapter:
         gradient_floor = min(gradient_floor, max(activations, optimizer))
     gradients = max(trainable * 2, gradient_floor)

@@ -1,0 +1,32 @@
+# Every target installs what it needs, so each works on a fresh machine.
+PYTHON ?= python3
+
+.PHONY: install test unit integration lint binaries bench cluster-up cluster-down
+
+install:  ## the package, its test tools, in editable mode
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+lint: install  ## ruff, and the import contract that keeps the core pure
+	$(PYTHON) -m ruff check controller tests e2e benchmarks
+	lint-imports
+
+unit: install
+	$(PYTHON) -m pytest tests/unit
+
+binaries:  ## etcd, kube-*, kwok, helm, kubectl from the Go module proxy (cached)
+	$(PYTHON) -m e2e.build
+
+integration: install binaries
+	$(PYTHON) -m pytest tests/integration
+
+test: install lint binaries  ## the whole suite: unit and integration against a real API server
+	$(PYTHON) -m pytest tests
+
+bench: install
+	$(PYTHON) -m benchmarks.bench_estimator
+
+cluster-up: install binaries
+	$(PYTHON) -m e2e.cluster up
+
+cluster-down:
+	$(PYTHON) -m e2e.cluster down

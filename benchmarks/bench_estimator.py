@@ -1,0 +1,75 @@
+"""Estimates per second on one core: from a preset (parsed once) and from a raw config.
+
+    python -m benchmarks.bench_estimator [--seconds 3]
+
+The design's target is >= 20,000 estimates/s from a preset on one core. The process pins
+itself to one CPU so the figure does not depend on how many cores the machine has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+
+from controller.estimator import (
+    Method,
+    Profile,
+    TrainingSettings,
+    estimate,
+    load_shape,
+    parse_config,
+)
+from controller.estimator.presets import load_preset
+
+CASES = {
+    "llama-3.1-8b qlora analytic": ("llama-3.1-8b", TrainingSettings()),
+    "llama-3.1-8b full analytic": ("llama-3.1-8b", TrainingSettings(method=Method.FULL, rank=None)),
+    "llama-3.1-8b qlora unsloth": ("llama-3.1-8b", TrainingSettings(profile=Profile.UNSLOTH)),
+    "deepseek-v3 lora unsloth": (
+        "deepseek-v3",
+        TrainingSettings(method=Method.LORA, profile=Profile.UNSLOTH),
+    ),
+}
+
+
+def rate(fn: Callable[[], object], seconds: float) -> float:
+    """Calls per second of fn over about `seconds`, after a warm-up."""
+    for _ in range(100):
+        fn()
+    n, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for _ in range(200):
+            fn()
+        n += 200
+        now = time.perf_counter()
+        if now >= deadline:
+            return n / (now - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    results = {}
+    for label, (preset, settings) in CASES.items():
+        shape = load_shape(preset)
+        results[f"preset: {label}"] = rate(lambda: estimate(shape, settings), args.seconds)
+        config = load_preset(preset).config_dict()
+        results[f"raw config: {label}"] = rate(
+            lambda: estimate(parse_config(config), settings), args.seconds
+        )
+    print(f"python {platform.python_version()} on {platform.machine()}, one core")
+    for label, value in results.items():
+        print(f"{label:45s} {value:12,.0f} estimates/s")
+    print(json.dumps({k: round(v) for k, v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
