@@ -554,6 +554,33 @@ def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], int]:
     return linears, other
 
 
+def _layer(
+    dims: ArchDims,
+    fam: _Family,
+    r: _Reader,
+    index: int,
+    attention_type: str,
+    moe: bool,
+    mlp_bias: bool,
+) -> Layer:
+    h = dims.hidden_size
+    linears, other = _attention(dims, fam, r, index)
+    other += fam.norms_per_layer * (2 * h if fam.layernorm_bias else h)
+    if moe:
+        moe_linears, moe_other = _moe_mlp(dims, fam)
+        linears += moe_linears
+        other += moe_other
+        if dims.moe_has_dense_mlp:
+            linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
+    else:
+        linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
+    if dims.hidden_size_per_layer_input:
+        pli = dims.hidden_size_per_layer_input
+        linears += [Linear("per_layer_input_gate", h, pli), Linear("per_layer_projection", pli, h)]
+        other += h  # post_per_layer_input_norm
+    return Layer(tuple(linears), other, attention_type, moe)
+
+
 def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     """Read a Hugging Face config.json (as a dict) into a `ModelShape`.
 
@@ -574,28 +601,17 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     h = dims.hidden_size
     norm = 2 * h if fam.layernorm_bias else h
 
+    # Most layers are identical; build each distinct one once (parsing is on the hot path
+    # of raw-config estimates).
+    built: dict[tuple[object, ...], Layer] = {}
     layers: list[Layer] = []
     for index in range(dims.num_layers):
-        linears, other = _attention(dims, fam, r, index)
-        other += fam.norms_per_layer * norm
-        moe = dims.num_experts > 1 and index not in dims.dense_layers
-        if moe:
-            moe_linears, moe_other = _moe_mlp(dims, fam)
-            linears += moe_linears
-            other += moe_other
-            if dims.moe_has_dense_mlp:
-                linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
-        else:
-            linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
-        if dims.hidden_size_per_layer_input:
-            pli = dims.hidden_size_per_layer_input
-            linears += [
-                Linear("per_layer_input_gate", h, pli),
-                Linear("per_layer_projection", pli, h),
-            ]
-            other += h  # post_per_layer_input_norm
         attention_type = dims.layer_types[index] if dims.layer_types else "full_attention"
-        layers.append(Layer(tuple(linears), other, attention_type, moe))
+        moe = dims.num_experts > 1 and index not in dims.dense_layers
+        key = (attention_type, is_kv_shared_layer(dims, index), moe)
+        if key not in built:
+            built[key] = _layer(dims, fam, r, index, attention_type, moe, mlp_bias)
+        layers.append(built[key])
 
     embedding = dims.vocab_size * h
     if dims.hidden_size_per_layer_input:

@@ -22,6 +22,7 @@ from fractions import Fraction
 from controller.estimator.architecture import (
     ArchDims,
     ModelShape,
+    is_kv_shared_layer,
     layer_attention_dims,
     layer_mlp_size,
 )
@@ -93,7 +94,6 @@ class _View:
     skipped: int
     # Distinct per-layer (q+k+v width, MLP width) pairs and how many layers have each.
     layer_size_counts: tuple[tuple[tuple[int, int], int], ...]
-    module_elements: dict[str, int]
 
 
 def _structured(d: ArchDims) -> bool:
@@ -197,53 +197,70 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
     return modules
 
 
+def _layer_key(d: ArchDims, i: int) -> tuple[object, ...]:
+    """What makes one layer's shapes differ from another's; equal keys, equal layers."""
+    layer_type = d.layer_types[i] if d.layer_types else None
+    return (layer_type, is_kv_shared_layer(d, i), _is_moe_layer(d, i))
+
+
 def _view(shape: ModelShape) -> _View:
     cached = shape.memo.get("unsloth")
     if cached is not None:
         return cached  # type: ignore[return-value]
     d = shape.dims
     h, n = d.hidden_size, d.num_layers
-    elements: dict[str, int] = {}
-    quantizable = 0
+    by_key: dict[tuple[object, ...], dict[str, int]] = {}
+    layers = []
     for i in range(n):
-        modules = _layer_modules(d, i)
-        quantizable += sum(modules.values())
+        key = _layer_key(d, i)
+        if key not in by_key:
+            by_key[key] = _layer_modules(d, i)
+        layers.append(by_key[key])
+    quantizable = sum(sum(modules.values()) for modules in layers)
+    pli = d.hidden_size_per_layer_input
+    if pli:
+        quantizable += h * n * pli
+    embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
+    lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
+    skip = shape.quantization.skip_modules if shape.quantization else ()
+    view = _View(
+        quantizable=quantizable,
+        non_quantizable=2 * h * n + embed + lm_head,
+        skipped=min(_skipped_elements(skip, _module_elements(d, layers)), quantizable)
+        if skip
+        else 0,
+        layer_size_counts=tuple(Counter(_activation_sizes(d, i) for i in range(n)).items()),
+    )
+    shape.memo["unsloth"] = view
+    return view
+
+
+def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int]:
+    """Elements by module path, with per-layer and per-block aggregates, for skip matching."""
+    elements: dict[str, int] = {}
+    for i, modules in enumerate(layers):
         elements[f"layers.{i}"] = sum(modules.values())
         for group in ("self_attn", "mlp"):
             elements[f"layers.{i}.{group}"] = sum(
                 v for k, v in modules.items() if k == group or k.startswith(group + ".")
             )
         elements |= {f"layers.{i}.{k}": v for k, v in modules.items()}
-    pli = d.hidden_size_per_layer_input
-    if pli:
-        elements["per_layer_model_projection"] = h * n * pli
-        quantizable += h * n * pli
-    embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
-    lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
-    non_quantizable = 2 * h * n + embed + lm_head
-    skipped = _skipped_elements(shape, elements)
-    view = _View(
-        quantizable=quantizable,
-        non_quantizable=non_quantizable,
-        skipped=min(skipped, quantizable),
-        layer_size_counts=tuple(Counter(_activation_sizes(d, i) for i in range(n)).items()),
-        module_elements=elements,
-    )
-    shape.memo["unsloth"] = view
-    return view
+    if d.hidden_size_per_layer_input:
+        elements["per_layer_model_projection"] = (
+            d.hidden_size * d.num_layers * d.hidden_size_per_layer_input
+        )
+    return elements
 
 
-def _skipped_elements(shape: ModelShape, elements: dict[str, int]) -> int:
+def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -> int:
     """Quantizable elements that `llm_int8_skip_modules` keeps in 16-bit.
 
     Names may carry a text-model root (`model.`, `language_model.model.`, ...); other roots
     (vision towers) and non-quantizable names (embeddings) match nothing. A module inside
     another matched module counts once.
     """
-    if shape.quantization is None or not shape.quantization.skip_modules:
-        return 0
     matched: set[str] = set()
-    for raw in shape.quantization.skip_modules:
+    for raw in skip_modules:
         name = raw.strip(".")
         candidates = [name] + [name[len(root) :] for root in _TEXT_ROOTS if name.startswith(root)]
         matched |= {c for c in candidates if c in elements}

@@ -1,0 +1,35 @@
+"""Sizes as people write them: vendors' decimal GB, NVML's binary GiB, plain bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.units import GIB, format_gib, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("80GB", 80 * 10**9),
+        ("80 GB", 80 * 10**9),
+        ("80GiB", 80 * GIB),
+        ("24G", 24 * 10**9),
+        ("24gib", 24 * GIB),
+        ("1.5GiB", 3 * GIB // 2),
+        ("81559MiB", 81559 * 2**20),
+        ("17179869184", 16 * GIB),
+        ("1TB", 10**12),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "80XB", "-1GB", "0", "GB"])
+def test_parse_size_rejects_with_the_allowed_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_format() -> None:
+    assert format_gib(7_780_056_064) == "7.25 GiB"
