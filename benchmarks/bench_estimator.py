@@ -60,10 +60,12 @@ def main() -> None:
     results = {}
     for label, (preset, settings) in CASES.items():
         shape = load_shape(preset)
-        results[f"preset: {label}"] = rate(lambda: estimate(shape, settings), args.seconds)
         config = load_preset(preset).config_dict()
+        results[f"preset: {label}"] = rate(
+            lambda shape=shape, s=settings: estimate(shape, s), args.seconds
+        )
         results[f"raw config: {label}"] = rate(
-            lambda: estimate(parse_config(config), settings), args.seconds
+            lambda config=config, s=settings: estimate(parse_config(config), s), args.seconds
         )
     print(f"python {platform.python_version()} on {platform.machine()}, one core")
     for label, value in results.items():

@@ -1,0 +1,22 @@
+"""The base of every API model: camelCase field names, unknown fields refused."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+GROUP = "vramgate.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ApiModel(BaseModel):
+    """Python names in snake_case, wire names in camelCase (`micro_batch_size` is
+    `microBatchSize`); extra keys are errors, as the API server prunes them."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @classmethod
+    def wire_names(cls) -> list[str]:
+        """The camelCase field names, in declaration order."""
+        return [field.alias or name for name, field in cls.model_fields.items()]

@@ -1,0 +1,163 @@
+"""Conditions in the `metav1.Condition` shape: their types, reasons, and the one way to set them.
+
+Types and reasons are named constants so that the operator, the webhook, tests and docs
+cannot drift apart by a typo. Each reason's comment says what it indicates and why.
+
+`set_condition` is the only writer: it keeps `lastTransitionTime` while the status stays the
+same (as `meta.SetStatusCondition` does in Go), so re-reconciling an unchanged job, or
+restarting the operator, records nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from controller.api.enums import ConditionStatus
+
+# -- condition types ------------------------------------------------------------------------
+
+#: Estimated indicates whether status.estimate holds the VRAM estimate of the current spec.
+ESTIMATED = "Estimated"
+#: Admitted indicates whether the job's workload was created on GPUs that hold its estimate.
+ADMITTED = "Admitted"
+
+# -- reasons --------------------------------------------------------------------------------
+
+#: Estimated indicates that status.estimate is up to date because the spec was valid and the
+#: estimator computed it for the current generation.
+REASON_ESTIMATED = "Estimated"
+#: InvalidSpec indicates that the job cannot be estimated or admitted because its spec is
+#: invalid; the message names every invalid field. Permanent until the spec changes.
+REASON_INVALID_SPEC = "InvalidSpec"
+#: ConfigMapUnavailable indicates that the job is not estimated yet because the ConfigMap named
+#: in spec.model.configMapRef (or its key) could not be read; the operator retries.
+REASON_CONFIGMAP_UNAVAILABLE = "ConfigMapUnavailable"
+#: EstimationFailed indicates that the estimator raised an unexpected error for a spec that
+#: passed validation; this is a vramgate bug, and the operator log has the traceback.
+REASON_ESTIMATION_FAILED = "EstimationFailed"
+#: Pending indicates that no admission decision exists yet because the job was estimated but
+#: admission has not evaluated it.
+REASON_PENDING = "Pending"
+#: Fits indicates that the job was admitted as requested because its estimate fits the free
+#: VRAM of the GPUs it asked for.
+REASON_FITS = "Fits"
+#: Resized indicates that the job was admitted with a different GPU count because its
+#: admissionPolicy is Resize and the requested count did not match the count that fits.
+REASON_RESIZED = "Resized"
+#: WaitingForVRAM indicates that the job is queued because it fits the cluster when empty but
+#: not the VRAM free now.
+REASON_WAITING_FOR_VRAM = "WaitingForVRAM"
+#: InsufficientVRAM indicates that the job was rejected because no GPUs in the cluster hold its
+#: estimate even when empty.
+REASON_INSUFFICIENT_VRAM = "InsufficientVRAM"
+#: NoMatchingGPU indicates that the job was rejected because no GPU matches its
+#: spec.resources.gpuSelector.
+REASON_NO_MATCHING_GPU = "NoMatchingGPU"
+
+
+class Condition(BaseModel):
+    """One condition, as `metav1.Condition`."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        description="type of the condition in CamelCase, e.g. Estimated or Admitted.",
+    )
+    status: ConditionStatus = Field(
+        description="status of the condition: True, False or Unknown.",
+    )
+    observed_generation: int | None = Field(
+        None,
+        ge=0,
+        description="observedGeneration is the metadata.generation the condition was set for; "
+        "older than the job's generation means the condition is out of date.",
+    )
+    last_transition_time: datetime = Field(
+        description="lastTransitionTime is when the status last changed (RFC 3339, seconds).",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="reason is a CamelCase word for the last transition, e.g. InvalidSpec.",
+    )
+    message: str = Field(
+        max_length=32768,
+        description="message says what happened in one line, naming fields and numbers.",
+    )
+
+    def as_status(self) -> dict[str, Any]:
+        """The condition as stored in status (camelCase keys, RFC 3339 time with `Z`)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def now_utc() -> datetime:
+    """Wall-clock time truncated to seconds, the precision of `metav1.Time`."""
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def set_condition(
+    conditions: Iterable[Mapping[str, Any]],
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The conditions with `type_` set; the others are kept as they are, in order.
+
+    `lastTransitionTime` changes only when the status changes, so that it tells when the job
+    entered its state, not when the operator last looked at it.
+    """
+    out: list[dict[str, Any]] = []
+    found = False
+    for existing in conditions:
+        if existing.get("type") != type_:
+            out.append(dict(existing))
+            continue
+        found = True
+        same = existing.get("status") == status.value and existing.get("lastTransitionTime")
+        since = existing["lastTransitionTime"] if same else _rfc3339(now)
+        out.append(_condition(type_, status, reason, message, generation, since))
+    if not found:
+        out.append(_condition(type_, status, reason, message, generation, _rfc3339(now)))
+    return out
+
+
+def find_condition(conditions: Iterable[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def _condition(
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    since: str,
+) -> dict[str, Any]:
+    condition = Condition(
+        type=type_,
+        status=status,
+        observed_generation=generation,
+        last_transition_time=datetime.fromisoformat(since),
+        reason=reason,
+        message=message,
+    ).as_status()
+    # The recorded string itself, not a re-formatting of it: a kept time must compare equal.
+    condition["lastTransitionTime"] = since
+    return condition
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,357 @@
+"""FineTuneJob (vramgate.dev/v1alpha1): one fine-tuning run whose VRAM vramgate estimates.
+
+These models are the single source of the CRD schema (`vramgate crds` renders them) and of
+the field names the spec validator (`controller.jobspec`) accepts. Bounds come from the
+estimator's own constants, so the schema and the validator cannot disagree on a limit.
+
+Descriptions start with the field's name and state bounds and defaults: `kubectl explain
+ftj.spec.training` shows them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+from pydantic.config import JsonDict
+
+from controller.api.base import ApiModel
+from controller.api.conditions import Condition
+from controller.api.enums import (
+    AdmissionPolicy,
+    AttentionImpl,
+    CheckpointingMode,
+    EstimatorProfile,
+    OptimizerName,
+    ParallelismMode,
+    PrecisionName,
+    SavableModule,
+    TrainingMethod,
+)
+from controller.estimator.settings import (
+    DEFAULT_RANK,
+    MAX_BATCH,
+    MAX_LORA_RANK,
+    MAX_SEQUENCE_LENGTH,
+)
+
+KIND = "FineTuneJob"
+PLURAL = "finetunejobs"
+SINGULAR = "finetunejob"
+SHORT_NAMES = ("ftj",)
+
+#: The most GPUs one job may request: far above any single job today, low enough to keep the
+#: packing search bounded.
+MAX_GPUS = 4096
+DEFAULT_CONFIG_KEY = "config.json"
+FRAMEWORK_MAX_LENGTH = 63
+MODEL_SOURCES = ("preset", "config", "configMapRef")
+
+PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+# CEL, so that the API server refuses an ambiguous model even when the webhook is not running.
+EXACTLY_ONE_MODEL: JsonDict = {
+    "x-kubernetes-validations": [
+        {
+            "rule": " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in MODEL_SOURCES) + " == 1",
+            "message": "must set exactly one of " + ", ".join(MODEL_SOURCES),
+        }
+    ]
+}
+
+
+# -- spec -----------------------------------------------------------------------------------
+
+
+class ConfigMapRef(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="name of the ConfigMap, in the job's namespace, that holds the model's "
+        "config.json. Required.",
+    )
+    key: str = Field(
+        DEFAULT_CONFIG_KEY,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="key of the ConfigMap entry that holds the config.json text. "
+        "Default config.json.",
+    )
+
+
+class ModelSource(ApiModel):
+    model_config = ConfigDict(**ApiModel.model_config, json_schema_extra=EXACTLY_ONE_MODEL)
+
+    preset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="preset names a model bundled with vramgate (e.g. llama-3.1-8b; its "
+        "Hugging Face repo id also works; `vramgate presets` lists them). Exactly one of "
+        "preset, config and configMapRef.",
+    )
+    config: dict[str, Any] | None = Field(
+        None,
+        description="config is the model's Hugging Face config.json, inline. Exactly one of "
+        "preset, config and configMapRef.",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+    config_map_ref: ConfigMapRef | None = Field(
+        None,
+        description="configMapRef names a ConfigMap entry holding the model's config.json, "
+        "for configs too large to inline. Exactly one of preset, config and configMapRef.",
+    )
+
+
+class LoraSpec(ApiModel):
+    rank: int = Field(
+        DEFAULT_RANK,
+        ge=1,
+        le=MAX_LORA_RANK,
+        description=f"rank is the LoRA rank r. Between 1 and {MAX_LORA_RANK}; "
+        f"default {DEFAULT_RANK}. Used when method is LoRA or QLoRA.",
+    )
+    target_modules: list[str] = Field(
+        ["all-linear"],
+        min_length=1,
+        description="targetModules are the modules that get adapters: all-linear (every "
+        "linear layer of every block, as PEFT) or module names such as q_proj, v_proj. "
+        "Default [all-linear].",
+    )
+    modules_to_save: list[SavableModule] | None = Field(
+        None,
+        description="modulesToSave are modules trained in full beside the adapter: "
+        "embed_tokens, lm_head. Default none.",
+    )
+
+
+class TrainingSpec(ApiModel):
+    framework: str | None = Field(
+        None,
+        max_length=FRAMEWORK_MAX_LENGTH,
+        description="framework is the training framework, for people and metrics (e.g. "
+        "transformers, unsloth, axolotl); it does not change the estimate. Optional.",
+    )
+    micro_batch_size: int = Field(
+        1,
+        ge=1,
+        le=MAX_BATCH,
+        description=f"microBatchSize is the number of sequences each GPU processes per "
+        f"forward pass. Between 1 and {MAX_BATCH}; default 1.",
+    )
+    sequence_length: int = Field(
+        2048,
+        ge=1,
+        le=MAX_SEQUENCE_LENGTH,
+        description=f"sequenceLength is the number of tokens per sequence. Between 1 and "
+        f"{MAX_SEQUENCE_LENGTH}, and at most the model's context length; default 2048.",
+    )
+    gradient_checkpointing: CheckpointingMode = Field(
+        CheckpointingMode.ON,
+        description="gradientCheckpointing is how activations are kept for the backward "
+        "pass: On (recomputed per layer), Off (all stored), Unsloth (offloaded to CPU). "
+        "Default On.",
+    )
+    optimizer: OptimizerName = Field(
+        OptimizerName.ADAMW,
+        description="optimizer is the optimizer and how it stores its states: AdamW, "
+        "AdamW8bit, AdamWFp32Master, AdamWTorch, PagedAdamW32bit, SGD. Default AdamW.",
+    )
+    attention: AttentionImpl = Field(
+        AttentionImpl.FLASH_ATTENTION_2,
+        description="attention is the attention implementation: FlashAttention2, SDPA, "
+        "FlexAttention, Eager (Eager stores the quadratic score matrix). "
+        "Default FlashAttention2.",
+    )
+    precision: PrecisionName = Field(
+        PrecisionName.BF16,
+        description="precision is the compute dtype of weights and activations: BF16, "
+        "FP16, FP32. Default BF16.",
+    )
+    fused_loss: bool = Field(
+        False,
+        description="fusedLoss says the loss is computed by a fused or chunked cross-entropy "
+        "kernel, which never materialises the full logits tensor. Default false.",
+    )
+    gradient_accumulation_steps: int = Field(
+        1,
+        ge=1,
+        le=MAX_BATCH,
+        description=f"gradientAccumulationSteps is the number of micro-batches per optimizer "
+        f"step; it changes no memory. Between 1 and {MAX_BATCH}; default 1.",
+    )
+
+
+class EstimatorSpec(ApiModel):
+    profile: EstimatorProfile = Field(
+        EstimatorProfile.ANALYTIC,
+        description="profile is the estimation method: Analytic (exact tensor count x 1.1) "
+        "or Unsloth (Unsloth's calibrated formula, for jobs trained with Unsloth). "
+        "Default Analytic.",
+    )
+
+
+class ResourcesSpec(ApiModel):
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        description=f"gpus is the number of GPUs requested. Between 1 and {MAX_GPUS}; "
+        "default 1. With admissionPolicy Resize, admission may change it.",
+    )
+    gpu_selector: dict[str, str] | None = Field(
+        None,
+        description="gpuSelector restricts placement to nodes with these labels, e.g. "
+        "nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3. Default any GPU node.",
+    )
+
+
+class FineTuneJobSpec(ApiModel):
+    model: ModelSource = Field(
+        description="model is the model being fine-tuned: exactly one of preset, config "
+        "(inline config.json) and configMapRef. Required.",
+    )
+    method: TrainingMethod = Field(
+        description="method is how the model is trained: Full (every weight), LoRA "
+        "(adapters on a 16-bit base), QLoRA (adapters on a 4-bit NF4 base). Required.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="lora configures the adapters when method is LoRA or QLoRA; when "
+        "omitted, rank 16 on all-linear.",
+    )
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="training holds the settings of one training step that decide its "
+        "memory. Every field has a default.",
+        json_schema_extra={"default": {}},
+    )
+    estimator: EstimatorSpec = Field(
+        default_factory=EstimatorSpec,
+        description="estimator selects how the VRAM is estimated. Default profile Analytic.",
+        json_schema_extra={"default": {}},
+    )
+    parallelism: ParallelismMode = Field(
+        ParallelismMode.FSDP,
+        description="parallelism is how memory spreads over GPUs: DDP (each GPU holds the "
+        "whole job), FSDP (weights, gradients and optimizer states sharded; ZeRO-3 alike), "
+        "DeviceMap (layers split over the GPUs of one node). Default FSDP.",
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="resources are the GPUs requested. Default 1 GPU of any product.",
+        json_schema_extra={"default": {}},
+    )
+    admission_policy: AdmissionPolicy = Field(
+        AdmissionPolicy.ENFORCE,
+        description="admissionPolicy is what admission does when the requested GPU count is "
+        "not the count that fits: Enforce (admit as asked or reject), Resize (admit with "
+        "the count that fits), Advise (admit as asked and warn). Default Enforce.",
+    )
+    suspend: bool = Field(
+        False,
+        description="suspend keeps the job from being admitted while true; it is still "
+        "estimated. Default false.",
+    )
+    template: dict[str, Any] | None = Field(
+        None,
+        description="template is the PodTemplateSpec of the trainer; the workload vramgate "
+        "creates on admission runs it. Optional.",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+class EstimateStatus(ApiModel):
+    model: str = Field(
+        description="model is what was estimated: the preset name, inline, or "
+        "configmaps/<name>[<key>].",
+    )
+    profile: str = Field(description="profile is the estimator profile used: analytic, unsloth.")
+    components: dict[str, int] = Field(
+        description="components maps each part of the estimate (weights, gradients, "
+        "optimizer, activations, logits, overhead, ...) to bytes; they sum to totalBytes.",
+    )
+    total_bytes: int = Field(
+        ge=0, description="totalBytes is the training memory of one replica, in bytes."
+    )
+    per_gpu_bytes: int = Field(
+        ge=0,
+        description="perGpuBytes is the memory each GPU needs with the job's parallelism "
+        "on `gpus` GPUs, in bytes.",
+    )
+    gpus: int = Field(ge=1, description="gpus is the GPU count perGpuBytes is for.")
+    parallelism: ParallelismMode = Field(
+        description="parallelism is the parallelism perGpuBytes assumes."
+    )
+    total_params: int = Field(ge=0, description="totalParams is the model's parameter count.")
+    trainable_params: int = Field(
+        ge=0, description="trainableParams is the number of parameters that get gradients."
+    )
+    total_gib: str = Field(
+        alias="totalGiB", description="totalGiB is totalBytes in GiB, for display (7.25 GiB)."
+    )
+    per_gpu_gib: str = Field(
+        alias="perGpuGiB", description="perGpuGiB is perGpuBytes in GiB, for display."
+    )
+
+
+class Placement(ApiModel):
+    node: str | None = Field(None, description="node is the node the workload was placed on.")
+    gpu_indices: list[int] | None = Field(
+        None, description="gpuIndices are the NVML indices of the GPUs reserved on the node."
+    )
+    gpu_uuids: list[str] | None = Field(
+        None,
+        alias="gpuUUIDs",
+        description="gpuUUIDs are the UUIDs of the GPUs reserved on the node.",
+    )
+    requested_gpus: int | None = Field(
+        None,
+        ge=1,
+        alias="requestedGPUs",
+        description="requestedGPUs is spec.resources.gpus at admission.",
+    )
+    admitted_gpus: int | None = Field(
+        None,
+        ge=1,
+        alias="admittedGPUs",
+        description="admittedGPUs is the GPU count admitted; differs from requestedGPUs "
+        "only with admissionPolicy Resize.",
+    )
+
+
+class WorkloadRef(ApiModel):
+    api_version: str = Field(description="apiVersion of the workload, e.g. batch/v1.")
+    kind: str = Field(description="kind of the workload, e.g. Job.")
+    name: str = Field(description="name of the workload, in the job's namespace.")
+    uid: str | None = Field(None, description="uid of the workload.")
+
+
+class FineTuneJobStatus(ApiModel):
+    estimate: EstimateStatus | None = Field(
+        None,
+        description="estimate is the VRAM estimate of the spec at observedGeneration; absent "
+        "while the spec is invalid.",
+    )
+    placement: Placement | None = Field(
+        None, description="placement is where admission put the job's workload."
+    )
+    conditions: list[Condition] | None = Field(
+        None,
+        description="conditions are Estimated and Admitted, as metav1.Condition.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    observed_generation: int | None = Field(
+        None,
+        ge=0,
+        description="observedGeneration is the metadata.generation status was computed for.",
+    )
+    workload_ref: WorkloadRef | None = Field(
+        None, description="workloadRef names the workload created when the job was admitted."
+    )

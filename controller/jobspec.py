@@ -1,0 +1,403 @@
+"""A FineTuneJob spec -> what the estimator needs, with every error at its `spec.` path.
+
+One validator for three callers: the admission webhook refuses what it reports, the operator
+records it as `Estimated=False, reason InvalidSpec`, and both show the same one line per
+field (`spec.lora.rank: must be greater than or equal to 1, got 0`). It collects *every*
+error, because fixing one field per round trip is slow.
+
+Pure: the spec arrives as a plain mapping, and a model named by `configMapRef` arrives already
+read (`config_map_config`); the operator shell does that read. Without it (the webhook) the
+model's own checks are skipped and only the rest of the spec is validated.
+
+The CRD schema already refuses most type and range errors at the API server; this validator
+still checks them, because it also serves inputs that never went through the API server
+(tests, the CLI, a webhook that runs before schema defaulting is guaranteed).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from controller.api.base import ApiModel
+from controller.api.enums import (
+    AdmissionPolicy,
+    AttentionImpl,
+    CheckpointingMode,
+    EstimatorProfile,
+    OptimizerName,
+    ParallelismMode,
+    PrecisionName,
+    TrainingMethod,
+    allowed,
+)
+from controller.api.finetunejob import (
+    DEFAULT_CONFIG_KEY,
+    FRAMEWORK_MAX_LENGTH,
+    MAX_GPUS,
+    MODEL_SOURCES,
+    ConfigMapRef,
+    EstimatorSpec,
+    FineTuneJobSpec,
+    LoraSpec,
+    ModelSource,
+    ResourcesSpec,
+    TrainingSpec,
+)
+from controller.estimator import (
+    Estimate,
+    ModelShape,
+    Parallelism,
+    SpecError,
+    TrainingSettings,
+    build_settings,
+    check_against_model,
+    estimate,
+    load_shape,
+    parse_config,
+)
+from controller.estimator.presets import load_preset
+from controller.estimator.settings import (
+    PATHS,
+    Attention,
+    Checkpointing,
+    Method,
+    Optimizer,
+    Precision,
+    Profile,
+)
+
+E = TypeVar("E", bound=StrEnum)
+
+#: Field paths of the estimator's settings in a FineTuneJob, as errors name them.
+SPEC_PATHS = {name: f"spec.{path}" for name, path in PATHS.items()}
+
+# Settings parsed from an enum: the API enum (allowed values, as messages list them) and the
+# estimator enum the value becomes.
+_ENUMS: dict[str, tuple[type[StrEnum], Any]] = {
+    "method": (TrainingMethod, Method),
+    "gradient_checkpointing": (CheckpointingMode, Checkpointing),
+    "optimizer": (OptimizerName, Optimizer),
+    "attention": (AttentionImpl, Attention),
+    "precision": (PrecisionName, Precision),
+    "profile": (EstimatorProfile, Profile),
+}
+
+# Every object in a spec, and the model that knows its field names.
+_OBJECTS: dict[str, type[ApiModel]] = {
+    "spec": FineTuneJobSpec,
+    "spec.model": ModelSource,
+    "spec.model.configMapRef": ConfigMapRef,
+    "spec.lora": LoraSpec,
+    "spec.training": TrainingSpec,
+    "spec.estimator": EstimatorSpec,
+    "spec.resources": ResourcesSpec,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMapKey:
+    """The ConfigMap entry that holds a job's config.json."""
+
+    name: str
+    key: str = DEFAULT_CONFIG_KEY
+
+    @property
+    def label(self) -> str:
+        """`configmaps/<name>[<key>]`: how messages and status name the model."""
+        return f"configmaps/{self.name}[{self.key}]"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A valid spec, read: what to estimate and how the job asks to be placed.
+
+    `shape` is None only when the model comes from a ConfigMap that was not read (the
+    webhook's case); the operator always passes the ConfigMap's content.
+    """
+
+    model: str
+    shape: ModelShape | None = field(repr=False)
+    settings: TrainingSettings
+    parallelism: Parallelism
+    gpus: int
+    admission_policy: AdmissionPolicy
+    suspend: bool
+    gpu_selector: dict[str, str] = field(default_factory=dict)
+
+
+def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
+    """The ConfigMap entry the spec's model names, if it names a well-formed one."""
+    model = spec.get("model") if isinstance(spec, Mapping) else None
+    ref = model.get("configMapRef") if isinstance(model, Mapping) else None
+    if not isinstance(ref, Mapping):
+        return None
+    name, key = ref.get("name"), ref.get("key", DEFAULT_CONFIG_KEY)
+    if isinstance(name, str) and name and isinstance(key, str) and key:
+        return ConfigMapKey(name, key)
+    return None
+
+
+def validate_spec(spec: Mapping[str, Any]) -> list[SpecError]:
+    """Every error in `spec`, without reading a ConfigMap (the webhook's check)."""
+    return translate(spec)[1]
+
+
+def translate(
+    spec: object, config_map_config: Mapping[str, Any] | None = None
+) -> tuple[JobPlan | None, list[SpecError]]:
+    """Read a FineTuneJob spec; returns the plan, or None and every error (`spec.` paths)."""
+    if not isinstance(spec, Mapping):
+        return None, [SpecError("spec", "must be an object")]
+    errors: list[SpecError] = []
+    objects = _objects(spec, errors)
+
+    model_name, shape = _model(spec, objects, config_map_config, errors)
+    settings = _settings(objects, shape, errors)
+    placement = _placement(spec, objects, errors)
+
+    if errors or settings is None or model_name is None:
+        return None, _in_spec_order(errors)
+    return JobPlan(model=model_name, shape=shape, settings=settings, **placement), []
+
+
+def api_value(api_enum: type[E], member: StrEnum) -> E:
+    """The API spelling of an estimator enum member: `api_value(TrainingMethod, Method.QLORA)`
+    is `TrainingMethod.QLORA` ("QLoRA")."""
+    parse = type(member).parse  # type: ignore[attr-defined]
+    for value in api_enum:
+        if parse(value.value, "") is member:
+            return value
+    raise LookupError(f"{api_enum.__name__} has no value for {member!r}")
+
+
+def estimate_plan(plan: JobPlan) -> Estimate:
+    """The estimate of a plan whose model is known (raises SpecErrors otherwise)."""
+    if plan.shape is None:
+        raise SpecError("spec.model.configMapRef", "the ConfigMap's config.json was not read")
+    return estimate(plan.shape, plan.settings)
+
+
+def per_gpu_bytes(est: Estimate, gpus: int, parallelism: Parallelism) -> int:
+    """Bytes each of `gpus` GPUs needs: DDP replicates the job, FSDP and a device map split
+    the shardable part. One GPU holds the whole estimate, margin included (as the CLI)."""
+    if gpus <= 1:
+        return est.total_bytes
+    return est.per_gpu_bytes(1 if parallelism is Parallelism.DDP else gpus)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _objects(spec: Mapping[str, Any], errors: list[SpecError]) -> dict[str, Mapping[str, Any]]:
+    """Each nested object of the spec ({} when absent or not an object), checking its keys."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for path, model in _OBJECTS.items():
+        parent, _, leaf = path.rpartition(".")
+        value = out[parent].get(leaf) if parent else spec
+        if value is None:
+            out[path] = {}
+            continue
+        if not isinstance(value, Mapping):
+            errors.append(SpecError(path, "must be an object"))
+            out[path] = {}
+            continue
+        known = model.wire_names()
+        for key in value:
+            if key not in known:
+                errors.append(_unknown_field(f"{path}.{key}", str(key), known))
+        out[path] = value
+    return out
+
+
+def _model(
+    spec: Mapping[str, Any],
+    objects: dict[str, Mapping[str, Any]],
+    config_map_config: Mapping[str, Any] | None,
+    errors: list[SpecError],
+) -> tuple[str | None, ModelShape | None]:
+    """The model's display name and shape (None when unknown or not read)."""
+    if spec.get("model") is None:
+        errors.append(
+            SpecError("spec.model", "is required; set one of " + ", ".join(MODEL_SOURCES))
+        )
+        return None, None
+    if not isinstance(spec["model"], Mapping):
+        return None, None  # reported with the objects
+    model = objects["spec.model"]
+    present = [name for name in MODEL_SOURCES if model.get(name) is not None]
+    if len(present) != 1:
+        got = f", got {' and '.join(present)}" if present else ""
+        errors.append(
+            SpecError("spec.model", "must set exactly one of " + ", ".join(MODEL_SOURCES) + got)
+        )
+        return None, None
+    try:
+        if present[0] == "preset":
+            preset = model["preset"]
+            if not isinstance(preset, str):
+                raise SpecError("model.preset", f"must be a preset name, got {preset!r}")
+            name = load_preset(preset).name
+            return name, load_shape(name)
+        if present[0] == "config":
+            if not isinstance(model["config"], Mapping):
+                raise SpecError("model.config", "must be an object (a Hugging Face config.json)")
+            return "inline", parse_config(model["config"], prefix="model.config")
+        ref = config_map_ref(spec)
+        if ref is None:
+            raise SpecError("model.configMapRef.name", "is required: the ConfigMap's name")
+        if config_map_config is None:
+            return ref.label, None
+        return ref.label, parse_config(config_map_config, prefix=ref.label)
+    except SpecError as error:
+        field_path = error.field if error.field.startswith("configmaps/") else f"spec.{error.field}"
+        errors.append(SpecError(field_path, error.message))
+        return None, None
+
+
+def _settings(
+    objects: dict[str, Mapping[str, Any]], shape: ModelShape | None, errors: list[SpecError]
+) -> TrainingSettings | None:
+    """The estimator's settings, through its own validator (`build_settings`); enum values
+    are parsed first so that messages list the API's CamelCase spellings."""
+    values: dict[str, object] = {}
+    for name, path in SPEC_PATHS.items():
+        parent, _, leaf = path.rpartition(".")
+        if leaf in objects[parent]:
+            values[name] = objects[parent][leaf]
+    if "method" not in values:
+        errors.append(SpecError("spec.method", f"is required; allowed: {allowed(TrainingMethod)}"))
+    for name, (api_enum, estimator_enum) in _ENUMS.items():
+        if name in values and values[name] is not None:
+            try:
+                member = estimator_enum.parse(values[name], SPEC_PATHS[name])
+                api_value(api_enum, member)  # an estimator value the API does not offer
+                values[name] = member
+            except (SpecError, LookupError):
+                errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), api_enum))
+    settings, setting_errors = build_settings(values, SPEC_PATHS)
+    errors += setting_errors
+    if shape is not None and settings is not None:
+        settings, model_errors = check_against_model(shape, settings, SPEC_PATHS)
+        errors += model_errors
+    elif shape is not None:
+        errors += _model_errors_despite(shape, values, setting_errors)
+    framework = objects["spec.training"].get("framework")
+    if framework is not None and (
+        not isinstance(framework, str) or len(framework) > FRAMEWORK_MAX_LENGTH
+    ):
+        errors.append(
+            SpecError(
+                "spec.training.framework",
+                f"must be a string of at most {FRAMEWORK_MAX_LENGTH} characters, got {framework!r}",
+            )
+        )
+    return settings
+
+
+def _placement(
+    spec: Mapping[str, Any], objects: dict[str, Mapping[str, Any]], errors: list[SpecError]
+) -> dict[str, Any]:
+    """The JobPlan fields that say how the job asks to be placed and admitted."""
+    parallelism = _choice(spec, "parallelism", ParallelismMode.FSDP, ParallelismMode, errors)
+    policy = _choice(spec, "admissionPolicy", AdmissionPolicy.ENFORCE, AdmissionPolicy, errors)
+    resources = objects["spec.resources"]
+    gpus = _integer(resources.get("gpus", 1), "spec.resources.gpus", 1, MAX_GPUS, errors)
+    selector = resources.get("gpuSelector") or {}
+    if not isinstance(selector, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+    ):
+        errors.append(
+            SpecError("spec.resources.gpuSelector", "must be a map of node label names to strings")
+        )
+        selector = {}
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        errors.append(SpecError("spec.suspend", f"must be true or false, got {suspend!r}"))
+    template = spec.get("template")
+    if template is not None and not isinstance(template, Mapping):
+        errors.append(SpecError("spec.template", "must be an object (a PodTemplateSpec)"))
+    return {
+        "parallelism": Parallelism.parse(parallelism.value, "spec.parallelism"),
+        "gpus": gpus,
+        "admission_policy": AdmissionPolicy(policy),
+        "suspend": suspend is True,
+        "gpu_selector": dict(selector),
+    }
+
+
+def _model_errors_despite(
+    shape: ModelShape, values: dict[str, object], setting_errors: list[SpecError]
+) -> list[SpecError]:
+    """The checks that need the model (context length, target modules) while other settings
+    are invalid: those are left at their defaults for the check, so that a bad rank does not
+    hide a sequence length beyond the model's context."""
+    bad = {error.field for error in setting_errors}
+    valid = {k: v for k, v in values.items() if SPEC_PATHS[k] not in bad}
+    settings, _ = build_settings(valid, SPEC_PATHS)
+    if settings is None:
+        return []
+    return [e for e in check_against_model(shape, settings, SPEC_PATHS)[1] if e.field not in bad]
+
+
+def _unsupported(path: str, value: object, api_enum: type[StrEnum]) -> SpecError:
+    return SpecError(path, f"unsupported value {value!r}; allowed: {allowed(api_enum)}")
+
+
+def _unknown_field(path: str, key: str, known: list[str]) -> SpecError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return SpecError(path, f"unknown field{hint}; allowed: {', '.join(known)}")
+
+
+def _normal(text: str) -> str:
+    return text.lower().replace("-", "").replace("_", "")
+
+
+def _choice(
+    spec: Mapping[str, Any],
+    key: str,
+    default: StrEnum,
+    enum: type[StrEnum],
+    errors: list[SpecError],
+) -> StrEnum:
+    value = spec.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        for member in enum:
+            if _normal(member.value) == _normal(value):
+                return member
+    errors.append(_unsupported(f"spec.{key}", value, enum))
+    return default
+
+
+def _integer(value: object, path: str, low: int, high: int, errors: list[SpecError]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(SpecError(path, f"must be an integer, got {value!r}"))
+        return low
+    if not low <= value <= high:
+        bound = (
+            f"greater than or equal to {low}" if value < low else f"less than or equal to {high}"
+        )
+        errors.append(SpecError(path, f"must be {bound}, got {value}"))
+        return low
+    return value
+
+
+_SPEC_ORDER = {name: index for index, name in enumerate(FineTuneJobSpec.wire_names())}
+
+
+def _in_spec_order(errors: list[SpecError]) -> list[SpecError]:
+    """Errors in the order of the spec's fields (stable within a field), so that messages do
+    not reorder between runs or between the webhook and the operator."""
+
+    def rank(error: SpecError) -> int:
+        parts = error.field.split(".")
+        top = parts[1] if parts[0] == "spec" and len(parts) > 1 else "model"
+        return _SPEC_ORDER.get(top, len(_SPEC_ORDER))
+
+    return sorted(errors, key=rank)

@@ -1,0 +1,176 @@
+"""What a FineTuneJob's status should say after a reconcile: pure, given the current status.
+
+Each function returns the status keys to patch (only those that differ from the current
+status) and the Event to post (only when something changed). An unchanged job therefore
+yields an empty patch and no Event: re-reconciling or restarting the operator writes nothing,
+and the conditions' `lastTransitionTime` keeps the moment the job entered its state.
+
+Admission owns the `Admitted` condition once it decides; before that (and while the spec is
+invalid) this module sets it, so that `kubectl get ftj` shows a reason from the first
+reconcile on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.api import conditions as cond
+from controller.api.enums import ConditionStatus, ParallelismMode, TrainingMethod
+from controller.api.finetunejob import EstimateStatus
+from controller.estimator import Estimate, SpecError, SpecErrors
+from controller.jobspec import JobPlan, api_value, per_gpu_bytes
+from controller.units import format_gib
+
+#: Longest condition message we write; the API allows 32768 and people read one line.
+MAX_MESSAGE = 4096
+NORMAL, WARNING = "Normal", "Warning"
+# Admitted reasons this module may overwrite; any other reason is an admission decision.
+_PRE_ADMISSION = {cond.REASON_PENDING, cond.REASON_INVALID_SPEC}
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """Status keys to merge-patch (None deletes) and the Event that reports the change."""
+
+    patch: dict[str, Any] = field(default_factory=dict)
+    event: Event | None = None
+
+
+def estimate_status(plan: JobPlan, est: Estimate) -> dict[str, Any]:
+    """`status.estimate` of a plan and its estimate, as stored."""
+    per_gpu = per_gpu_bytes(est, plan.gpus, plan.parallelism)
+    return EstimateStatus(
+        model=plan.model,
+        profile=est.profile,
+        components=dict(est.components),
+        total_bytes=est.total_bytes,
+        per_gpu_bytes=per_gpu,
+        gpus=plan.gpus,
+        parallelism=api_value(ParallelismMode, plan.parallelism),
+        total_params=est.total_params,
+        trainable_params=est.trainable_params,
+        total_gib=format_gib(est.total_bytes),
+        per_gpu_gib=format_gib(per_gpu),
+    ).model_dump(mode="json", by_alias=True)
+
+
+def estimated(
+    plan: JobPlan, est: Estimate, generation: int, status: Mapping[str, Any], now: datetime
+) -> StatusUpdate:
+    """The job was estimated: Estimated=True with the figures, Admitted pending."""
+    estimate = estimate_status(plan, est)
+    gpus = plan.gpus
+    message = (
+        f"{estimate['totalGiB']} in total, {estimate['perGpuGiB']} per GPU on {gpus} "
+        f"GPU{'s' if gpus > 1 else ''} with {estimate['parallelism']}"
+    )
+    conditions = cond.set_condition(
+        _conditions(status),
+        cond.ESTIMATED,
+        ConditionStatus.TRUE,
+        cond.REASON_ESTIMATED,
+        message,
+        generation,
+        now,
+    )
+    conditions = _admission_pending(conditions, generation, now)
+    settings = plan.settings
+    method = api_value(TrainingMethod, settings.method).value
+    rank = f" r={settings.rank}" if settings.is_adapter else ""
+    detail = (
+        f"{plan.model}, {method}{rank}, {settings.seq_len} tokens x batch {settings.batch}, "
+        f"profile {est.profile}"
+    )
+    return _update(
+        status,
+        {"estimate": estimate, "observedGeneration": generation, "conditions": conditions},
+        Event(NORMAL, cond.REASON_ESTIMATED, f"{message} ({detail})"),
+    )
+
+
+def invalid(
+    errors: Sequence[SpecError], generation: int, status: Mapping[str, Any], now: datetime
+) -> StatusUpdate:
+    """The spec is invalid: Estimated=False and Admitted=False, both InvalidSpec."""
+    message = _one_line(str(SpecErrors(list(errors))))
+    conditions = _conditions(status)
+    for type_ in (cond.ESTIMATED, cond.ADMITTED):
+        conditions = cond.set_condition(
+            conditions,
+            type_,
+            ConditionStatus.FALSE,
+            cond.REASON_INVALID_SPEC,
+            message,
+            generation,
+            now,
+        )
+    return _update(
+        status,
+        {"estimate": None, "observedGeneration": generation, "conditions": conditions},
+        Event(WARNING, cond.REASON_INVALID_SPEC, message),
+    )
+
+
+def not_estimated(
+    reason: str, message: str, generation: int, status: Mapping[str, Any], now: datetime
+) -> StatusUpdate:
+    """No estimate for a reason other than the spec (ConfigMap unreadable, estimator bug)."""
+    message = _one_line(message)
+    conditions = cond.set_condition(
+        _conditions(status),
+        cond.ESTIMATED,
+        ConditionStatus.FALSE,
+        reason,
+        message,
+        generation,
+        now,
+    )
+    conditions = _admission_pending(conditions, generation, now)
+    return _update(
+        status,
+        {"estimate": None, "observedGeneration": generation, "conditions": conditions},
+        Event(WARNING, reason, message),
+    )
+
+
+def _admission_pending(
+    conditions: list[dict[str, Any]], generation: int, now: datetime
+) -> list[dict[str, Any]]:
+    admitted = cond.find_condition(conditions, cond.ADMITTED)
+    if admitted is not None and admitted.get("reason") not in _PRE_ADMISSION:
+        return conditions
+    return cond.set_condition(
+        conditions,
+        cond.ADMITTED,
+        ConditionStatus.UNKNOWN,
+        cond.REASON_PENDING,
+        "not evaluated by admission yet",
+        generation,
+        now,
+    )
+
+
+def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(c) for c in status.get("conditions") or []]
+
+
+def _update(status: Mapping[str, Any], desired: dict[str, Any], event: Event) -> StatusUpdate:
+    patch = {key: value for key, value in desired.items() if status.get(key) != value}
+    return StatusUpdate(patch, event if patch else None)
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."

@@ -1,0 +1,1 @@
+"""Admission webhooks: the FineTuneJob validator, and the TLS it is served with."""

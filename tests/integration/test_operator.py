@@ -1,0 +1,474 @@
+"""The operator and its webhook against a real API server (the local control plane).
+
+The operator runs as `vramgate operator` in a subprocess, as it would in a pod: real kopf,
+real watches, the API server calling the webhook over TLS with the CA the operator generated.
+Restarts are real process restarts. Every wait is a poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from controller.api.base import GROUP, VERSION
+from controller.estimator.presets import load_preset
+from controller.jobspec import estimate_plan, translate
+from e2e.cluster import Cluster
+from e2e.wait import wait_until
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO / "charts" / "vramgate" / "crds"
+PLURAL = "finetunejobs"
+WEBHOOK_CONFIG = "vramgate-integration.vramgate.dev"
+WEBHOOK_NAME = f"validate-finetunejob.{WEBHOOK_CONFIG}"
+LLAMA_QLORA_BYTES = 7_780_056_064
+STATUS_DEADLINE_S = 10.0
+
+
+# -- the operator process -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """`vramgate operator` in a subprocess, with its log in a file."""
+
+    def __init__(self, cluster: Cluster, api: client.ApiClient, workdir: Path) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.workdir = workdir
+        self.log_path = workdir / "operator.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.log_offset = 0
+
+    def start(self, *, webhook: bool) -> None:
+        assert self.proc is None, "already running"
+        liveness = _free_port()
+        argv = [
+            sys.executable, "-m", "controller.cli", "operator",
+            "--webhook", "managed" if webhook else "off",
+            "--webhook-addr", "127.0.0.1",
+            "--webhook-port", str(_free_port()),
+            "--webhook-config-name", WEBHOOK_CONFIG,
+            "--cert-dir", str(self.workdir / "certs"),
+            "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+            "--configmap-retry-seconds", "1",
+        ]  # fmt: skip
+        self.starts += 1
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            log.write(f"=== start {self.starts} (webhook={webhook}) ===\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env={**self.cluster.env(), "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait(lambda: _http_ok(f"http://127.0.0.1:{liveness}/healthz"), "liveness")
+        if webhook:
+            self._wait(self._webhook_refuses, "the webhook to refuse an invalid job")
+
+    def stop(self) -> None:
+        """SIGTERM, as Kubernetes stops a pod; kopf then unregisters its webhook."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, *, webhook: bool) -> None:
+        self.stop()
+        self.start(webhook=webhook)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_since_start(self) -> str:
+        """What the running process has logged (not its predecessors)."""
+        return self.log_path.read_bytes()[self.log_offset :].decode(errors="replace")
+
+    def _wait(self, ready: Any, what: str, timeout: float = 60) -> None:
+        def check() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited:\n{self.log()[-4000:]}")
+            return bool(ready())
+
+        wait_until(check, timeout=timeout, what=f"the operator's {what}", interval=0.2)
+
+    def _webhook_refuses(self) -> bool:
+        """The API server has picked up the webhook configuration and reaches the server."""
+        body = finetunejob("probe", model={"preset": "no-such-model"})
+        try:
+            _objects(self.api).create_namespaced_custom_object(
+                GROUP, VERSION, "default", PLURAL, body, dry_run="All"
+            )
+        except ApiException as error:
+            return WEBHOOK_NAME in (error.body or "")
+        return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Cluster) -> None:
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
+    assert applied.returncode == 0, applied.stderr
+    names = [f"crd/{p.name.removesuffix('.yaml')}" for p in sorted(CRD_DIR.glob("*.yaml"))]
+    established = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    assert established.returncode == 0, established.stderr
+    # kubectl resolves `ftj` through discovery, which lags a moment behind Established.
+    wait_until(
+        lambda: cluster.kubectl("get", "ftj", "-A").returncode == 0,
+        timeout=30,
+        what="FineTuneJobs in discovery",
+    )
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    crds: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster, api_client, tmp_path_factory.mktemp("operator"))
+    process.start(webhook=True)
+    try:
+        yield process
+    finally:
+        process.stop()
+        admission = client.AdmissionregistrationV1Api(api_client)
+        for delete in (
+            admission.delete_validating_webhook_configuration,
+            admission.delete_mutating_webhook_configuration,
+        ):
+            try:
+                delete(WEBHOOK_CONFIG)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+# -- objects and polling ---------------------------------------------------------------------
+
+
+def _objects(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def finetunejob(name: str, **spec: Any) -> dict[str, Any]:
+    """The reference job (llama-3.1-8b, QLoRA r=16, 2048 tokens, batch 1, analytic)."""
+    base: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "method": "QLoRA",
+        "lora": {"rank": 16},
+        "training": {"sequenceLength": 2048, "microBatchSize": 1},
+        "estimator": {"profile": "Analytic"},
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {**base, **spec},
+    }
+
+
+def create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        _objects(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    )
+
+
+def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(_objects(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+
+
+def patch_spec(api: client.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    _objects(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
+    )
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conditions = obj.get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == type_), None)
+
+
+def expect_condition(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    type_: str,
+    status: str,
+    reason: str | None = None,
+    timeout: float = STATUS_DEADLINE_S,
+) -> dict[str, Any]:
+    """Wait until the job's `type_` condition has `status` (and `reason`) for its current
+    generation; returns the object."""
+
+    def met() -> dict[str, Any] | None:
+        obj = get(api, namespace, name)
+        found = condition(obj, type_)
+        current = found and found.get("observedGeneration") == obj["metadata"]["generation"]
+        if current and found["status"] == status and reason in (None, found["reason"]):
+            return obj
+        return None
+
+    want = f"{type_}={status}" + (f" ({reason})" if reason else "")
+    return wait_until(met, timeout=timeout, what=f"{namespace}/{name} {want}")
+
+
+def events_for(api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    listed = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    return list(listed.items)
+
+
+def expected_bytes(**spec: Any) -> int:
+    plan, errors = translate(finetunejob("x", **spec)["spec"])
+    assert plan is not None, errors
+    return estimate_plan(plan).total_bytes
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_a_job_is_estimated_within_ten_seconds(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    created = time.monotonic()
+    create(api_client, namespace, finetunejob("llama"))
+    obj = expect_condition(api_client, namespace, "llama", "Estimated", "True", "Estimated")
+    assert time.monotonic() - created < STATUS_DEADLINE_S
+    status = obj["status"]
+    assert status["estimate"]["totalBytes"] == LLAMA_QLORA_BYTES
+    assert status["estimate"]["totalGiB"] == status["estimate"]["perGpuGiB"] == "7.25 GiB"
+    assert status["estimate"]["model"] == "llama-3.1-8b"
+    assert status["observedGeneration"] == obj["metadata"]["generation"] == 1
+    estimated = condition(obj, "Estimated")
+    assert estimated is not None
+    assert estimated["message"] == "7.25 GiB in total, 7.25 GiB per GPU on 1 GPU with FSDP"
+    admitted = condition(obj, "Admitted")
+    assert admitted is not None and (admitted["status"], admitted["reason"]) == (
+        "Unknown",
+        "Pending",
+    )
+    event = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "llama") if e.reason == "Estimated"],
+        timeout=STATUS_DEADLINE_S,
+        what="the Estimated event",
+    )[0]
+    assert event.type == "Normal" and event.message.startswith("7.25 GiB in total")
+
+
+def test_the_printer_columns_show_the_estimate(
+    operator: OperatorProcess, cluster: Cluster, api_client: client.ApiClient, namespace: str
+) -> None:
+    create(api_client, namespace, finetunejob("shown"))
+    expect_condition(api_client, namespace, "shown", "Estimated", "True")
+    listed = cluster.kubectl("get", "ftj", "shown", "-n", namespace)
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:7] == [
+        "NAME",
+        "METHOD",
+        "MODEL",
+        "GPUS",
+        "VRAM/GPU",
+        "ADMITTED",
+        "REASON",
+    ]
+    shown = ["shown", "QLoRA", "llama-3.1-8b", "1", "7.25", "GiB", "Unknown", "Pending"]
+    assert row.split()[:8] == shown
+
+
+def test_a_spec_change_is_followed(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    create(api_client, namespace, finetunejob("grows"))
+    before = expect_condition(api_client, namespace, "grows", "Estimated", "True")
+    patch_spec(api_client, namespace, "grows", {"training": {"sequenceLength": 4096}})
+    after = expect_condition(api_client, namespace, "grows", "Estimated", "True")
+    assert after["metadata"]["generation"] == after["status"]["observedGeneration"] == 2
+    total = after["status"]["estimate"]["totalBytes"]
+    assert total == expected_bytes(training={"sequenceLength": 4096, "microBatchSize": 1})
+    assert total > LLAMA_QLORA_BYTES
+    was, now = condition(before, "Estimated"), condition(after, "Estimated")
+    assert was is not None and now is not None
+    assert now["lastTransitionTime"] == was["lastTransitionTime"], "status stayed True"
+
+
+def test_the_webhook_refuses_invalid_specs_through_kubectl(
+    operator: OperatorProcess, cluster: Cluster, namespace: str
+) -> None:
+    manifest = textwrap.dedent(
+        """\
+        apiVersion: vramgate.dev/v1alpha1
+        kind: FineTuneJob
+        metadata:
+          name: too-long
+        spec:
+          model:
+            preset: llama-3.1-8b
+          method: QLoRA
+          lora:
+            targetModules: [q_proj, attn]
+          training:
+            sequenceLength: 200000
+        """
+    )
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+    assert applied.returncode != 0
+    assert f'admission webhook "{WEBHOOK_NAME}" denied the request: ' in applied.stderr
+    assert (
+        "spec.lora.targetModules: unknown module 'attn' for this model; allowed: all-linear"
+        in applied.stderr
+    )
+    assert (
+        "; spec.training.sequenceLength: must be less than or equal to the model's context "
+        "length (131072), got 200000" in applied.stderr
+    )
+    assert cluster.kubectl("get", "ftj", "too-long", "-n", namespace).returncode != 0
+
+
+def test_the_webhook_refuses_invalid_specs_through_the_python_client(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    with pytest.raises(ApiException) as caught:
+        create(api_client, namespace, finetunejob("typo", model={"preset": "llama-8b"}))
+    assert caught.value.status == 422
+    message = json.loads(caught.value.body)["message"]
+    assert message.startswith(f'admission webhook "{WEBHOOK_NAME}" denied the request: ')
+    assert message.endswith(
+        "spec.model.preset: unknown preset 'llama-8b'; closest: llama-3.1-8b, llama-3.2-3b, "
+        "llama-3.2-1b, llama-3.3-70b, llama-3.1-70b (see `vramgate presets`)"
+    )
+
+
+def test_the_schema_refuses_an_ambiguous_model_without_the_webhook(
+    crds: None, cluster: Cluster, namespace: str
+) -> None:
+    body = finetunejob("ambiguous", model={"preset": "llama-3.1-8b", "configMapRef": {"name": "c"}})
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+    assert applied.returncode != 0
+    assert "spec.model: Invalid value" in applied.stderr
+    assert "must set exactly one of preset, config, configMapRef" in applied.stderr
+
+
+def test_without_the_webhook_an_invalid_job_is_marked_invalid(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    operator.restart(webhook=False)
+    try:
+        create(api_client, namespace, finetunejob("typo", model={"preset": "llama-8b"}))
+        obj = expect_condition(api_client, namespace, "typo", "Estimated", "False", "InvalidSpec")
+    finally:
+        operator.restart(webhook=True)
+    message = (
+        "spec.model.preset: unknown preset 'llama-8b'; closest: llama-3.1-8b, llama-3.2-3b, "
+        "llama-3.2-1b, llama-3.3-70b, llama-3.1-70b (see `vramgate presets`)"
+    )
+    estimated, admitted = condition(obj, "Estimated"), condition(obj, "Admitted")
+    assert estimated is not None and estimated["message"] == message
+    assert admitted is not None and (admitted["status"], admitted["reason"]) == (
+        "False",
+        "InvalidSpec",
+    )
+    assert "estimate" not in obj["status"]
+    warnings = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "typo") if e.type == "Warning"],
+        timeout=STATUS_DEADLINE_S,
+        what="the InvalidSpec event",
+    )
+    assert warnings[0].reason == "InvalidSpec" and warnings[0].message == message
+
+    # With the webhook back: metadata of the invalid object can still change, its spec
+    # only to a valid one.
+    _objects(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "typo", {"metadata": {"labels": {"team": "a"}}}
+    )
+    with pytest.raises(ApiException, match=r"spec\.model\.preset: unknown preset 'llama-8b'"):
+        patch_spec(api_client, namespace, "typo", {"training": {"sequenceLength": 4096}})
+    patch_spec(api_client, namespace, "typo", {"model": {"preset": "llama-3.1-8b"}})
+    fixed = expect_condition(api_client, namespace, "typo", "Estimated", "True", "Estimated")
+    assert fixed["status"]["estimate"]["totalBytes"] == LLAMA_QLORA_BYTES
+
+
+def test_a_restart_changes_nothing_already_recorded(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    create(api_client, namespace, finetunejob("steady"))
+    create(api_client, namespace, finetunejob("edited"))
+    before = expect_condition(api_client, namespace, "steady", "Estimated", "True")
+    expect_condition(api_client, namespace, "edited", "Estimated", "True")
+
+    operator.stop()
+    patch_spec(api_client, namespace, "edited", {"training": {"microBatchSize": 2}})
+    operator.start(webhook=True)
+
+    edited = expect_condition(api_client, namespace, "edited", "Estimated", "True")
+    assert edited["status"]["observedGeneration"] == 2, "a change made while down is picked up"
+    wait_until(
+        lambda: f"[{namespace}/steady] Resuming is processed" in operator.log_since_start(),
+        timeout=STATUS_DEADLINE_S,
+        what="the restarted operator to resume the unchanged job",
+    )
+    after = get(api_client, namespace, "steady")
+    assert after["status"] == before["status"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], (
+        "nothing at all was written"
+    )
+
+
+def test_a_model_from_a_configmap_is_estimated_once_the_configmap_exists(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    spec = {"model": {"configMapRef": {"name": "qwen"}}, "method": "LoRA"}
+    create(api_client, namespace, finetunejob("from-configmap", **spec))
+    waiting = expect_condition(
+        api_client, namespace, "from-configmap", "Estimated", "False", "ConfigMapUnavailable"
+    )
+    message = condition(waiting, "Estimated")["message"]  # type: ignore[index]
+    assert message == f"spec.model.configMapRef.name: ConfigMap {namespace}/qwen not found"
+
+    config = json.dumps(load_preset("qwen2.5-0.5b").config_dict())
+    client.CoreV1Api(api_client).create_namespaced_config_map(
+        namespace, {"metadata": {"name": "qwen"}, "data": {"config.json": config}}
+    )
+    obj = expect_condition(api_client, namespace, "from-configmap", "Estimated", "True")
+    estimate = obj["status"]["estimate"]
+    assert estimate["model"] == "configmaps/qwen[config.json]"
+    assert estimate["totalBytes"] == expected_bytes(**{**spec, "model": {"preset": "qwen2.5-0.5b"}})

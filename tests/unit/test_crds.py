@@ -1,0 +1,190 @@
+"""The CRDs are generated from the models, structural, self-describing, and committed as is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel, Field
+
+from controller.api import crds
+from controller.api.schema import SchemaError, structural_schema
+from controller.cli import main
+from controller.estimator import TrainingSettings, build_settings
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "charts" / "vramgate" / "crds"
+# Structural schemas forbid these (or they have no meaning for the API server).
+FORBIDDEN = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "uniqueItems"}
+
+
+def _schema(info: crds.CrdInfo) -> dict[str, Any]:
+    manifest = crds.crd_manifest(info)
+    return manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if "items" in schema:
+        yield from _nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+@pytest.mark.parametrize("info", crds.CRDS, ids=lambda i: i.kind)
+def test_the_schema_is_structural(info: crds.CrdInfo) -> None:
+    for path, node in _nodes(_schema(info)):
+        assert not FORBIDDEN & node.keys(), path
+        assert "type" in node, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        assert node["type"] != "number", f"{path}: no floats in the API"
+        if node["type"] == "integer":
+            assert node["format"] == "int64", path
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            assert node["type"] == "object" and "properties" not in node, path
+
+
+@pytest.mark.parametrize("info", crds.CRDS, ids=lambda i: i.kind)
+def test_every_field_is_described_starting_with_its_name(info: crds.CrdInfo) -> None:
+    for path, node in _nodes(_schema(info)):
+        name = path.rsplit(".", 1)[-1]
+        if not path or name == "metadata" or name.endswith(("[]", "}")):
+            continue
+        assert node.get("description", "").startswith(name + " "), path
+
+
+def test_the_committed_manifests_are_the_generated_ones() -> None:
+    assert crds.drift(COMMITTED) == [], "run `vramgate crds` and commit the result"
+
+
+def test_printer_columns_point_at_fields_that_exist() -> None:
+    for info in crds.CRDS:
+        schema = _schema(info)
+        paths = {path for path, _ in _nodes(schema)}
+        for column in info.printer_columns:
+            json_path = column["jsonPath"].split("[?", 1)[0]
+            if json_path == ".metadata.creationTimestamp":
+                continue
+            assert json_path in paths, (info.kind, column)
+
+
+def test_finetunejob_printer_columns_are_the_documented_ones() -> None:
+    shown = [c["name"] for c in crds.FINETUNEJOB.printer_columns if "priority" not in c]
+    assert shown == ["Method", "Model", "GPUs", "VRAM/GPU", "Admitted", "Reason", "Age"]
+
+
+def test_finetunejob_names_and_scope() -> None:
+    spec = crds.crd_manifest(crds.FINETUNEJOB)["spec"]
+    assert spec["group"] == "vramgate.dev"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["shortNames"] == ["ftj"]
+    assert spec["versions"][0]["name"] == "v1alpha1"
+    assert spec["versions"][0]["subresources"] == {"status": {}}
+    assert crds.crd_manifest(crds.GPUNODE)["spec"]["scope"] == "Cluster"
+
+
+def test_schema_defaults_are_the_estimators_defaults() -> None:
+    """A spec defaulted by the API server estimates like a bare TrainingSettings()."""
+    spec = _schema(crds.FINETUNEJOB)["properties"]["spec"]["properties"]
+    training = {k: v.get("default") for k, v in spec["training"]["properties"].items()}
+    lora = {k: v.get("default") for k, v in spec["lora"]["properties"].items()}
+    values = {
+        "method": "QLoRA",
+        "rank": lora["rank"],
+        "targets": lora["targetModules"],
+        "batch": training["microBatchSize"],
+        "seq_len": training["sequenceLength"],
+        "gradient_checkpointing": training["gradientCheckpointing"],
+        "optimizer": training["optimizer"],
+        "attention": training["attention"],
+        "precision": training["precision"],
+        "fused_loss": training["fusedLoss"],
+        "gradient_accumulation": training["gradientAccumulationSteps"],
+        "profile": spec["estimator"]["properties"]["profile"]["default"],
+    }
+    settings, errors = build_settings(values)
+    assert errors == []
+    assert settings == TrainingSettings()
+
+
+def test_the_model_source_is_exactly_one_of_three() -> None:
+    model = _schema(crds.FINETUNEJOB)["properties"]["spec"]["properties"]["model"]
+    (rule,) = model["x-kubernetes-validations"]
+    assert rule["message"] == "must set exactly one of preset, config, configMapRef"
+    assert model["properties"]["config"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_conditions_are_a_map_keyed_by_type() -> None:
+    status = _schema(crds.FINETUNEJOB)["properties"]["status"]["properties"]
+    conditions = status["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert conditions["items"]["required"] == [
+        "type",
+        "status",
+        "lastTransitionTime",
+        "reason",
+        "message",
+    ]
+    assert status["estimate"]["properties"]["components"]["additionalProperties"] == {
+        "type": "integer",
+        "format": "int64",
+    }
+
+
+def test_a_union_of_types_is_refused() -> None:
+    class Loose(BaseModel):
+        value: int | str = Field(description="value is anything")
+
+    with pytest.raises(SchemaError, match="anyOf of several types"):
+        structural_schema(Loose)
+
+
+def test_a_free_form_object_needs_preserve_unknown_fields() -> None:
+    class Free(BaseModel):
+        value: dict[str, Any] = Field(description="value is anything")
+
+    with pytest.raises(SchemaError, match="x-kubernetes-preserve-unknown-fields"):
+        structural_schema(Free)
+
+
+# -- the CLI -----------------------------------------------------------------------------
+
+
+def test_crds_writes_then_check_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crds", "--dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "finetunejobs.vramgate.dev.yaml",
+        "gpunodes.vramgate.dev.yaml",
+    ]
+    assert main(["crds", "--dir", str(tmp_path), "--check"]) == 0
+    capsys.readouterr()
+    assert main(["crds", "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "", "an unchanged file is not rewritten"
+
+
+def test_crds_check_fails_on_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["crds", "--dir", str(tmp_path)])
+    edited = tmp_path / "finetunejobs.vramgate.dev.yaml"
+    edited.write_text(edited.read_text().replace("rank is the LoRA rank", "rank is a rank"))
+    (tmp_path / "gpunodes.vramgate.dev.yaml").unlink()
+    capsys.readouterr()
+    assert main(["crds", "--dir", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "finetunejobs.vramgate.dev.yaml: differs from the models" in err[0]
+    assert "gpunodes.vramgate.dev.yaml: missing" in err[1]
+
+
+def test_crds_stdout_prints_both_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crds", "--stdout"]) == 0
+    documents = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["metadata"]["name"] for d in documents] == [
+        "finetunejobs.vramgate.dev",
+        "gpunodes.vramgate.dev",
+    ]

@@ -1,0 +1,331 @@
+"""FineTuneJob spec -> estimator input: every bad input gets one line at its `spec.` path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.api.finetunejob import FineTuneJobSpec
+from controller.estimator import Method, Optimizer, Parallelism, Profile
+from controller.estimator.presets import load_preset
+from controller.jobspec import (
+    ConfigMapKey,
+    config_map_ref,
+    estimate_plan,
+    per_gpu_bytes,
+    translate,
+    validate_spec,
+)
+from tests.unit.conftest import LLAMA_31_8B, QWEN25_05B
+
+LLAMA_QLORA_BYTES = 7_780_056_064  # seed 2's worked example: 7.25 GiB
+
+
+def job(**changes: Any) -> dict[str, Any]:
+    """The reference job (llama-3.1-8b, QLoRA r=16, 2048 x 1, analytic), with `changes`
+    merged in one level deep (`training={"optimizer": "SGD"}` keeps the other keys); a
+    `model` replaces the preset."""
+    spec: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "method": "QLoRA",
+        "lora": {"rank": 16},
+        "training": {"sequenceLength": 2048, "microBatchSize": 1},
+        "estimator": {"profile": "Analytic"},
+    }
+    for key, value in changes.items():
+        if key != "model" and isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def messages(spec: object, config: dict[str, Any] | None = None) -> list[str]:
+    plan, errors = translate(spec, config)
+    assert (plan is None) == bool(errors)
+    return [str(e) for e in errors]
+
+
+def test_the_reference_job_estimates_7_25_gib() -> None:
+    plan, errors = translate(job())
+    assert errors == [] and plan is not None
+    assert plan.model == "llama-3.1-8b"
+    assert plan.settings.method is Method.QLORA
+    assert plan.settings.profile is Profile.ANALYTIC
+    assert plan.parallelism is Parallelism.FSDP and plan.gpus == 1
+    est = estimate_plan(plan)
+    assert est.total_bytes == LLAMA_QLORA_BYTES
+    assert per_gpu_bytes(est, plan.gpus, plan.parallelism) == LLAMA_QLORA_BYTES
+
+
+def test_camel_case_values_reach_the_estimator() -> None:
+    plan, _ = translate(
+        job(
+            training={
+                "optimizer": "AdamW8bit",
+                "attention": "SDPA",
+                "gradientCheckpointing": "Off",
+            },
+            estimator={"profile": "Unsloth"},
+            parallelism="DeviceMap",
+            resources={"gpus": 2, "gpuSelector": {"nvidia.com/gpu.product": "H100"}},
+            admissionPolicy="Resize",
+        )
+    )
+    assert plan is not None
+    assert plan.settings.optimizer is Optimizer.ADAMW_8BIT
+    assert plan.settings.profile is Profile.UNSLOTH
+    assert plan.parallelism is Parallelism.DEVICE_MAP
+    assert plan.gpus == 2 and plan.gpu_selector == {"nvidia.com/gpu.product": "H100"}
+    assert plan.admission_policy == "Resize"
+
+
+def test_a_preset_may_be_named_by_its_repo() -> None:
+    plan, _ = translate(job(model={"preset": "meta-llama/Llama-3.1-8B"}))
+    assert plan is not None and plan.model == "llama-3.1-8b"
+
+
+def test_an_inline_config_estimates_like_its_preset() -> None:
+    config = load_preset("llama-3.1-8b").config_dict()
+    plan, _ = translate(job(model={"config": config}))
+    assert plan is not None and plan.model == "inline"
+    assert estimate_plan(plan).total_bytes == LLAMA_QLORA_BYTES
+
+
+def test_gpus_split_the_estimate_per_parallelism() -> None:
+    fsdp, _ = translate(job(resources={"gpus": 4}))
+    ddp, _ = translate(job(resources={"gpus": 4}, parallelism="DDP"))
+    assert fsdp is not None and ddp is not None
+    est = estimate_plan(fsdp)
+    assert per_gpu_bytes(est, 4, fsdp.parallelism) == est.per_gpu_bytes(4)
+    assert per_gpu_bytes(est, 4, ddp.parallelism) == est.per_gpu_bytes(1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (job(lora={"rank": 0}), "spec.lora.rank: must be greater than or equal to 1, got 0"),
+        (job(lora={"rank": "16"}), "spec.lora.rank: must be an integer, got '16'"),
+        (
+            job(model={"preset": "llama-8b"}),
+            "spec.model.preset: unknown preset 'llama-8b'; closest: llama-3.1-8b",
+        ),
+        (job(model={"preset": 8}), "spec.model.preset: must be a preset name, got 8"),
+        (
+            job(training={"sequenceLength": 200_000}),
+            "spec.training.sequenceLength: must be less than or equal to the model's context "
+            "length (131072), got 200000",
+        ),
+        (
+            job(training={"optimizer": "Lion"}),
+            "spec.training.optimizer: unsupported value 'Lion'; allowed: AdamW, AdamW8bit, "
+            "AdamWFp32Master, AdamWTorch, PagedAdamW32bit, SGD",
+        ),
+        (job(method="DoRA"), "spec.method: unsupported value 'DoRA'; allowed: Full, LoRA, QLoRA"),
+        (
+            job(training={"attention": "xformers"}),
+            "spec.training.attention: unsupported value 'xformers'; allowed: FlashAttention2, "
+            "SDPA, FlexAttention, Eager",
+        ),
+        (
+            job(training={"gradientCheckpointing": "Maybe"}),
+            "spec.training.gradientCheckpointing: unsupported value 'Maybe'; "
+            "allowed: On, Off, Unsloth",
+        ),
+        (
+            job(training={"precision": "INT8"}),
+            "spec.training.precision: unsupported value 'INT8'; allowed: BF16, FP16, FP32",
+        ),
+        (
+            job(estimator={"profile": "Magic"}),
+            "spec.estimator.profile: unsupported value 'Magic'; allowed: Analytic, Unsloth",
+        ),
+        (
+            job(estimator={"profile": "trace"}),
+            "spec.estimator.profile: unsupported value 'trace'; allowed: Analytic, Unsloth",
+        ),
+        (
+            job(training={"microBatchSize": 0}),
+            "spec.training.microBatchSize: must be greater than or equal to 1, got 0",
+        ),
+        (
+            job(training={"gradientAccumulationSteps": -1}),
+            "spec.training.gradientAccumulationSteps: must be greater than or equal to 1",
+        ),
+        (job(training={"fusedLoss": "yes"}), "spec.training.fusedLoss: must be true or false"),
+        (
+            job(training={"framework": "x" * 64}),
+            "spec.training.framework: must be a string of at most 63 characters",
+        ),
+        (
+            job(lora={"targetModules": ["q_proj", "attn"]}),
+            "spec.lora.targetModules: unknown module 'attn' for this model; allowed: all-linear",
+        ),
+        (job(lora={"targetModules": []}), "spec.lora.targetModules: must name at least one"),
+        (
+            job(lora={"modulesToSave": ["norm"]}),
+            "spec.lora.modulesToSave: unsupported module 'norm'; allowed: embed_tokens, lm_head",
+        ),
+        (
+            job(method="Full", lora={"modulesToSave": ["lm_head"]}),
+            "spec.lora.modulesToSave: applies only when method is lora or qlora",
+        ),
+        (
+            job(parallelism="TensorParallel"),
+            "spec.parallelism: unsupported value 'TensorParallel'; allowed: DDP, FSDP, DeviceMap",
+        ),
+        (job(resources={"gpus": 0}), "spec.resources.gpus: must be greater than or equal to 1"),
+        (
+            job(resources={"gpus": 10_000}),
+            "spec.resources.gpus: must be less than or equal to 4096",
+        ),
+        (job(resources={"gpus": 1.5}), "spec.resources.gpus: must be an integer, got 1.5"),
+        (
+            job(resources={"gpuSelector": {"nvidia.com/gpu.count": 8}}),
+            "spec.resources.gpuSelector: must be a map of node label names to strings",
+        ),
+        (
+            job(admissionPolicy="Always"),
+            "spec.admissionPolicy: unsupported value 'Always'; allowed: Enforce, Resize, Advise",
+        ),
+        (job(suspend="no"), "spec.suspend: must be true or false, got 'no'"),
+        (job(template=["pod"]), "spec.template: must be an object (a PodTemplateSpec)"),
+        (job(training="fast"), "spec.training: must be an object"),
+        (
+            job(training={"seqLen": 4096}),
+            "spec.training.seqLen: unknown field (did you mean sequenceLength?); allowed: "
+            "framework, microBatchSize, sequenceLength",
+        ),
+        (job(priority=3), "spec.priority: unknown field; allowed: model, method, lora"),
+        (
+            job(model={"config": {"hidden_size": "big"}}),
+            "spec.model.config.hidden_size: must be an integer, got 'big'",
+        ),
+        (
+            job(model={"config": "llama"}),
+            "spec.model.config: must be an object (a Hugging Face config.json)",
+        ),
+        (job(model={}), "spec.model: must set exactly one of preset, config, configMapRef"),
+        (
+            job(model={"preset": "llama-3.1-8b", "config": {}}),
+            "spec.model: must set exactly one of preset, config, configMapRef, got preset and "
+            "config",
+        ),
+        (job(model={"configMapRef": {}}), "spec.model.configMapRef.name: is required"),
+        ({"method": "QLoRA"}, "spec.model: is required; set one of preset, config, configMapRef"),
+        ({"model": {"preset": "llama-3.1-8b"}}, "spec.method: is required; allowed: Full"),
+        ("QLoRA please", "spec: must be an object"),
+    ],
+)
+def test_each_bad_input_names_its_field(spec: object, expected: str) -> None:
+    found = messages(spec)
+    assert len(found) == 1, found
+    assert found[0].startswith(expected)
+    assert "\n" not in found[0]
+
+
+def test_every_error_is_reported_at_once_in_spec_order() -> None:
+    spec = job(
+        resources={"gpus": 0},
+        lora={"rank": 0, "targetModules": ["bogus"]},
+        training={"sequenceLength": 10**6, "optimizer": "Lion"},
+        method="QLoRA",
+    )
+    fields = [m.split(":", 1)[0] for m in messages(spec)]
+    assert fields == [
+        "spec.lora.rank",
+        "spec.lora.targetModules",
+        "spec.training.optimizer",
+        "spec.training.sequenceLength",
+        "spec.resources.gpus",
+    ]
+
+
+def test_a_configmap_model_is_checked_once_read() -> None:
+    spec = job(model={"configMapRef": {"name": "qwen"}}, method="LoRA")
+    assert config_map_ref(spec) == ConfigMapKey("qwen", "config.json")
+    plan, errors = translate(spec)
+    assert errors == [] and plan is not None and plan.shape is None
+    assert plan.model == "configmaps/qwen[config.json]"
+    plan, errors = translate(spec, QWEN25_05B)
+    assert errors == [] and plan is not None and plan.shape is not None
+    assert estimate_plan(plan).total_params == plan.shape.total_params
+    bad = {**QWEN25_05B, "num_hidden_layers": 0}
+    (message,) = messages(spec, bad)
+    assert message.startswith("configmaps/qwen[config.json].num_hidden_layers: must be")
+    long = job(
+        model={"configMapRef": {"name": "q", "key": "c"}}, training={"sequenceLength": 10**5}
+    )
+    assert messages(long, QWEN25_05B) == [
+        "spec.training.sequenceLength: must be less than or equal to the model's context "
+        "length (32768), got 100000"
+    ]
+
+
+def test_the_webhook_check_skips_only_the_configmap_model() -> None:
+    spec = job(model={"configMapRef": {"name": "x"}}, lora={"rank": 0})
+    assert [str(e) for e in validate_spec(spec)] == [
+        "spec.lora.rank: must be greater than or equal to 1, got 0"
+    ]
+
+
+def test_translation_does_not_modify_the_spec() -> None:
+    spec = job(model={"config": dict(LLAMA_31_8B)}, lora={"targetModules": ["Q_PROJ".lower()]})
+    before = copy.deepcopy(spec)
+    translate(spec)
+    assert spec == before
+
+
+# -- the validator agrees with the CRD schema ----------------------------------------------
+
+VALID_SPECS = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from([{"preset": "llama-3.1-8b"}, {"preset": "qwen2.5-0.5b"}]),
+        "method": st.sampled_from(["Full", "LoRA", "QLoRA"]),
+    },
+    optional={
+        "lora": st.fixed_dictionaries(
+            {}, optional={"rank": st.integers(1, 512), "targetModules": st.just(["all-linear"])}
+        ),
+        "training": st.fixed_dictionaries(
+            {},
+            optional={
+                "microBatchSize": st.integers(1, 64),
+                "sequenceLength": st.integers(1, 32768),
+                "optimizer": st.sampled_from(["AdamW", "AdamW8bit", "SGD"]),
+                "attention": st.sampled_from(["FlashAttention2", "SDPA", "Eager"]),
+                "fusedLoss": st.booleans(),
+            },
+        ),
+        "parallelism": st.sampled_from(["DDP", "FSDP", "DeviceMap"]),
+        "resources": st.fixed_dictionaries({}, optional={"gpus": st.integers(1, 64)}),
+        "admissionPolicy": st.sampled_from(["Enforce", "Resize", "Advise"]),
+        "suspend": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(VALID_SPECS)
+def test_specs_the_schema_accepts_translate(spec: dict[str, Any]) -> None:
+    FineTuneJobSpec.model_validate(spec)
+    plan, errors = translate(spec)
+    assert errors == [], errors
+    assert plan is not None and estimate_plan(plan).total_bytes > 0
+
+
+def test_the_pure_modules_import_no_kubernetes_client() -> None:
+    code = (
+        "import sys, json, controller.jobspec, controller.api.crds, controller.operator.status;"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kopf', 'kubernetes', 'aiohttp'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

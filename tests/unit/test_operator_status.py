@@ -1,0 +1,139 @@
+"""What the operator records: only changes, each with one Event; nothing when nothing changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controller.api import conditions as cond
+from controller.jobspec import estimate_plan, translate
+from controller.operator import status as rules
+
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+LATER = T0 + timedelta(hours=1)
+SPEC = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"}
+
+
+def _estimated(status: dict[str, Any], generation: int = 1, now: datetime = T0, **spec: Any):
+    plan, errors = translate({**SPEC, **spec})
+    assert plan is not None, errors
+    return rules.estimated(plan, estimate_plan(plan), generation, status, now)
+
+
+def _invalid(status: dict[str, Any], generation: int = 1, now: datetime = T0):
+    _, errors = translate({**SPEC, "lora": {"rank": 0}, "training": {"optimizer": "Lion"}})
+    return rules.invalid(errors, generation, status, now)
+
+
+def _by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_first_estimate_sets_status_conditions_and_an_event() -> None:
+    update = _estimated({})
+    estimate = update.patch["estimate"]
+    assert estimate["totalBytes"] == 7_780_056_064
+    assert estimate["perGpuBytes"] == 7_780_056_064
+    assert estimate["totalGiB"] == estimate["perGpuGiB"] == "7.25 GiB"
+    assert estimate["components"]["weights"] == 4_015_130_624
+    assert sum(estimate["components"].values()) == estimate["totalBytes"]
+    assert estimate["model"] == "llama-3.1-8b" and estimate["profile"] == "analytic"
+    assert (estimate["totalParams"], estimate["trainableParams"]) == (8_030_261_248, 41_943_040)
+    assert update.patch["observedGeneration"] == 1
+    conditions = _by_type(update.patch)
+    assert conditions["Estimated"]["status"] == "True"
+    assert conditions["Estimated"]["message"] == (
+        "7.25 GiB in total, 7.25 GiB per GPU on 1 GPU with FSDP"
+    )
+    assert conditions["Admitted"]["status"] == "Unknown"
+    assert conditions["Admitted"]["reason"] == cond.REASON_PENDING
+    assert update.event is not None and update.event.type == "Normal"
+    assert update.event.message.startswith("7.25 GiB in total")
+    assert "QLoRA r=16, 2048 tokens x batch 1" in update.event.message
+
+
+def test_the_same_job_again_changes_nothing() -> None:
+    status = _estimated({}).patch
+    again = _estimated(status, now=LATER)
+    assert again.patch == {} and again.event is None
+
+
+def test_a_new_generation_moves_the_figures_but_not_the_transition_time() -> None:
+    status = _estimated({}).patch
+    update = _estimated(status, generation=2, now=LATER, training={"sequenceLength": 4096})
+    assert update.patch["observedGeneration"] == 2
+    assert update.patch["estimate"]["totalBytes"] > status["estimate"]["totalBytes"]
+    estimated = _by_type(update.patch)["Estimated"]
+    assert estimated["observedGeneration"] == 2
+    assert estimated["lastTransitionTime"] == "2025-03-01T12:00:00Z"
+
+
+def test_an_invalid_spec_fails_both_conditions_and_drops_the_estimate() -> None:
+    status = _estimated({}).patch
+    update = _invalid(status, generation=2, now=LATER)
+    assert update.patch["estimate"] is None
+    message = (
+        "spec.lora.rank: must be greater than or equal to 1, got 0; "
+        "spec.training.optimizer: unsupported value 'Lion'; allowed: AdamW, AdamW8bit, "
+        "AdamWFp32Master, AdamWTorch, PagedAdamW32bit, SGD"
+    )
+    for condition in update.patch["conditions"]:
+        assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
+        assert condition["message"] == message
+        assert condition["lastTransitionTime"] == "2025-03-01T13:00:00Z"
+    assert update.event is not None and update.event.type == "Warning"
+    assert update.event.message == message
+
+
+def test_an_invalid_spec_seen_twice_changes_nothing() -> None:
+    status = _invalid({}).patch
+    assert _invalid(status, now=LATER).patch == {}
+
+
+def test_fixing_the_spec_returns_admission_to_pending() -> None:
+    status = _invalid({}).patch
+    update = _estimated(status, generation=2, now=LATER)
+    admitted = _by_type(update.patch)["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("Unknown", "Pending")
+    assert admitted["lastTransitionTime"] == "2025-03-01T13:00:00Z"
+
+
+def test_an_admission_decision_is_left_alone() -> None:
+    status = _estimated({}).patch
+    admitted = {
+        "type": "Admitted",
+        "status": "True",
+        "reason": cond.REASON_FITS,
+        "message": "admitted on gpu-node-0",
+        "observedGeneration": 1,
+        "lastTransitionTime": "2025-03-01T12:00:30Z",
+    }
+    status = {**status, "conditions": [status["conditions"][0], admitted]}
+    update = _estimated(status, generation=2, now=LATER, training={"sequenceLength": 1024})
+    assert _by_type(update.patch)["Admitted"] == admitted
+
+
+def test_not_estimated_keeps_admission_pending_and_says_why() -> None:
+    update = rules.not_estimated(
+        cond.REASON_CONFIGMAP_UNAVAILABLE, "spec.model.configMapRef.name: not found", 1, {}, T0
+    )
+    conditions = _by_type(update.patch)
+    assert conditions["Estimated"]["reason"] == "ConfigMapUnavailable"
+    assert conditions["Admitted"]["reason"] == "Pending"
+    assert "estimate" not in update.patch, "nothing to remove"
+    assert update.event is not None and update.event.type == "Warning"
+
+
+def test_messages_are_one_bounded_line() -> None:
+    update = rules.not_estimated(cond.REASON_ESTIMATION_FAILED, "a\nb " + "x" * 10_000, 1, {}, T0)
+    message = _by_type(update.patch)["Estimated"]["message"]
+    assert "\n" not in message and len(message) == rules.MAX_MESSAGE
+    assert message.startswith("a b x") and message.endswith("...")
+
+
+def test_per_gpu_figures_follow_the_gpu_count() -> None:
+    update = _estimated({}, resources={"gpus": 4})
+    estimate = update.patch["estimate"]
+    assert estimate["gpus"] == 4 and estimate["parallelism"] == "FSDP"
+    assert estimate["perGpuBytes"] < estimate["totalBytes"]
+    assert "per GPU on 4 GPUs with FSDP" in _by_type(update.patch)["Estimated"]["message"]
