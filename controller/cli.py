@@ -16,9 +16,11 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from controller.estimator import (
+    ModelShape,
     Parallelism,
     SpecError,
     SpecErrors,
+    TrainingSettings,
     build_settings,
     check_against_model,
     estimate,
@@ -62,20 +64,14 @@ def _choices(enum: type) -> str:
     return "|".join(m.value for m in enum)
 
 
-def _add_estimate(sub: Any) -> None:
-    p = sub.add_parser(
-        "estimate",
-        help="estimate the training VRAM of a fine-tuning job",
-        description="Estimate the GPU memory a fine-tuning run needs, component by component, "
-        "and whether it fits a given GPU.",
-    )
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    """The model and training options `estimate` and `trace` share."""
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument(
         "--model", metavar="PRESET", help="a bundled preset (see `vramgate presets`)"
     )
     model.add_argument("--config", metavar="FILE", help="a Hugging Face config.json")
     p.add_argument("--method", default="qlora", help=f"{_choices(Method)} (default qlora)")
-    p.add_argument("--profile", default="analytic", help=f"{_choices(Profile)} (default analytic)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
     p.add_argument(
         "--targets",
@@ -96,12 +92,41 @@ def _add_estimate(sub: Any) -> None:
     )
     p.add_argument("--fused-loss", action="store_true", help="fused/chunked cross-entropy")
     p.add_argument("--precision", default="bf16", help="bf16|fp16|fp32 (default bf16)")
-    p.add_argument("--gradient-accumulation", type=int, default=1, help="steps (changes no memory)")
+    p.add_argument("--gradient-accumulation", type=int, default=1, help="steps (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_estimate(sub: Any) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="estimate the training VRAM of a fine-tuning job",
+        description="Estimate the GPU memory a fine-tuning run needs, component by component, "
+        "and whether it fits a given GPU.",
+    )
+    _add_job_options(p)
+    p.add_argument("--profile", default="analytic", help=f"{_choices(Profile)} (default analytic)")
     p.add_argument("--gpus", type=int, help="number of GPUs (default 1, or 8 with --gpu-memory)")
     p.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU: 80GB, 80GiB, 24G")
     p.add_argument("--parallelism", default="fsdp", help=f"{_choices(Parallelism)} (default fsdp)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run_estimate)
+
+
+def _add_trace(sub: Any) -> None:
+    p = sub.add_parser(
+        "trace",
+        help="trace one training step on fake tensors: the exact peak, by phase and category",
+        description="Run the real model's forward, backward and optimizer steps on PyTorch "
+        "fake tensors (no GPU, no weights) and count every tensor storage. Needs the `trace` "
+        "extra.",
+    )
+    _add_job_options(p)
+    p.add_argument(
+        "--trace-layers",
+        default="auto",
+        help="auto (whole model up to 9 layers, else extrapolated from 4 and 5), full, "
+        "or N >= 4 to extrapolate from N and N+1 layers (default auto)",
+    )
+    p.set_defaults(run=_run_trace)
 
 
 def _add_presets(sub: Any) -> None:
@@ -124,7 +149,8 @@ def _read_config(path: str) -> dict[str, Any]:
     return data
 
 
-def _run_estimate(args: argparse.Namespace, console: Console) -> int:
+def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, TrainingSettings]:
+    """The model and validated settings from the shared job options."""
     if args.config:
         model_name = Path(args.config).name
         shape = parse_config(_read_config(args.config), prefix="config")
@@ -136,7 +162,7 @@ def _run_estimate(args: argparse.Namespace, console: Console) -> int:
             raise SpecError("--model", error.message) from None
     values = {
         "method": args.method,
-        "profile": args.profile,
+        "profile": profile,
         "rank": args.rank,
         "targets": args.targets,
         "modules_to_save": args.modules_to_save or None,
@@ -155,6 +181,11 @@ def _run_estimate(args: argparse.Namespace, console: Console) -> int:
     settings, errors = check_against_model(shape, settings, FLAG_PATHS)
     if errors:
         raise SpecErrors(errors)
+    return model_name, shape, settings
+
+
+def _run_estimate(args: argparse.Namespace, console: Console) -> int:
+    model_name, shape, settings = _job(args, args.profile)
     parallelism = Parallelism.parse(args.parallelism, "--parallelism")
     if args.gpus is not None and args.gpus < 1:
         raise UsageError(f"--gpus: must be greater than or equal to 1, got {args.gpus}")
@@ -173,6 +204,29 @@ def _run_estimate(args: argparse.Namespace, console: Console) -> int:
     else:
         shown_gpus = args.gpus or 1  # a per-GPU line only when the user named a count
         render(console, model_name, settings, est, shown_gpus, parallelism, result, args.gpu_memory)
+    return 0
+
+
+def _run_trace(args: argparse.Namespace, console: Console) -> int:
+    layers = args.trace_layers
+    if layers not in ("auto", "full") and not (layers.isdigit() and int(layers) >= 4):
+        raise UsageError(f"--trace-layers: must be auto, full or an integer >= 4, got {layers!r}")
+    model_name, shape, settings = _job(args, "trace")
+    try:
+        from controller.trace import TraceUnsupported, trace
+        from controller.trace.report import render_trace, trace_json
+    except ImportError as error:
+        raise UsageError(
+            f"trace needs the `trace` extra (pip install 'vramgate[trace]'): {error}"
+        ) from None
+    try:
+        report = trace(shape.source or {}, settings, layers)
+    except TraceUnsupported as error:
+        raise UsageError(f"trace: {error}") from None
+    if args.json:
+        print(json.dumps(trace_json(model_name, settings, report)))
+    else:
+        render_trace(console, model_name, settings, report)
     return 0
 
 
@@ -206,6 +260,174 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _add_crds(sub: Any) -> None:
+    p = sub.add_parser(
+        "crds",
+        help="write the CRD manifests generated from the API models",
+        description="Render the FineTuneJob and GPUNode CustomResourceDefinitions from the "
+        "pydantic models in controller/api and write them to the chart.",
+    )
+    p.add_argument(
+        "--dir",
+        default="charts/vramgate/crds",
+        help="where the manifests live (default charts/vramgate/crds)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--stdout", action="store_true", help="print them instead of writing")
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 if the files differ from the models"
+    )
+    p.set_defaults(run=_run_crds)
+
+
+def _run_crds(args: argparse.Namespace, console: Console) -> int:
+    from controller.api import crds
+
+    directory = Path(args.dir)
+    if args.stdout:
+        print("---\n".join(crds.rendered().values()), end="")
+        return 0
+    if args.check:
+        problems = crds.drift(directory)
+        for line in problems:
+            print(f"vramgate crds: {line}; run `vramgate crds` to regenerate", file=sys.stderr)
+        return 1 if problems else 0
+    for path in crds.write(directory):
+        print(f"wrote {path}")
+    return 0
+
+
+def _add_operator(sub: Any) -> None:
+    from controller.operator.options import (
+        DEFAULT_CERT_DIR,
+        DEFAULT_SERVICE_DNS,
+        DEFAULT_WEBHOOK_CONFIG,
+        DEFAULT_WEBHOOK_PORT,
+        WebhookMode,
+    )
+
+    p = sub.add_parser(
+        "operator",
+        help="run the operator and its admission webhook",
+        description="Watch FineTuneJobs, estimate their VRAM into status, and serve the "
+        "validating webhook. Credentials: in-cluster, else $KUBECONFIG.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeat)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    p.add_argument(
+        "--webhook",
+        default=WebhookMode.MANAGED.value,
+        choices=[m.value for m in WebhookMode],
+        help="managed: serve and register it; serve: serve only (the chart registers it); "
+        "off: no webhook (default managed)",
+    )
+    p.add_argument("--webhook-addr", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument(
+        "--webhook-port",
+        type=int,
+        default=DEFAULT_WEBHOOK_PORT,
+        help=f"listen port (default {DEFAULT_WEBHOOK_PORT})",
+    )
+    p.add_argument(
+        "--webhook-host", help="host in the registered webhook URL (default: the listen address)"
+    )
+    p.add_argument(
+        "--webhook-config-name",
+        default=DEFAULT_WEBHOOK_CONFIG,
+        help=f"ValidatingWebhookConfiguration managed in managed mode "
+        f"(default {DEFAULT_WEBHOOK_CONFIG})",
+    )
+    p.add_argument(
+        "--cert-dir",
+        default=str(DEFAULT_CERT_DIR),
+        help="tls.crt, tls.key and ca.crt of the webhook; generated when absent "
+        f"(default {DEFAULT_CERT_DIR})",
+    )
+    p.add_argument(
+        "--cert-host",
+        action="append",
+        default=[],
+        help="a DNS name or IP a generated certificate covers besides 127.0.0.1 and "
+        f"localhost (repeat; default {', '.join(DEFAULT_SERVICE_DNS)})",
+    )
+    p.add_argument(
+        "--configmap-retry-seconds",
+        type=float,
+        default=30.0,
+        help="retry interval while a job's ConfigMap cannot be read (default 30)",
+    )
+    p.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p.add_argument("--debug", action="store_true", help="log everything kopf does")
+    p.set_defaults(run=_run_operator)
+
+
+def _run_operator(args: argparse.Namespace, console: Console) -> int:
+    from controller.operator.options import (
+        DEFAULT_SERVICE_DNS,
+        OperatorOptions,
+        StartupError,
+        WebhookMode,
+    )
+    from controller.operator.run import run
+
+    if not 0 < args.webhook_port < 65536:
+        raise UsageError(f"--webhook-port: must be between 1 and 65535, got {args.webhook_port}")
+    if not args.configmap_retry_seconds > 0:
+        raise UsageError(
+            f"--configmap-retry-seconds: must be greater than 0, got {args.configmap_retry_seconds}"
+        )
+    options = OperatorOptions(
+        namespaces=tuple(args.namespace),
+        webhook=WebhookMode(args.webhook),
+        webhook_addr=args.webhook_addr,
+        webhook_port=args.webhook_port,
+        webhook_host=args.webhook_host,
+        webhook_config=args.webhook_config_name,
+        cert_dir=Path(args.cert_dir),
+        cert_hosts=tuple(args.cert_host) or DEFAULT_SERVICE_DNS,
+        configmap_retry_s=args.configmap_retry_seconds,
+        liveness=args.liveness,
+        verbose=args.verbose,
+        debug=args.debug,
+    )
+    try:
+        return run(options)
+    except StartupError as error:
+        print(f"vramgate operator: {error}", file=sys.stderr)
+        return 1
+
+
+def _add_agent(sub: Any) -> None:
+    from controller.agent.settings import add_arguments
+
+    p = sub.add_parser(
+        "agent",
+        help="run the node agent: measured GPU memory into the node's GPUNode and Prometheus",
+        description="Read this node's GPUs (NVML, dcgm-exporter or a static file), keep the "
+        "node's GPUNode status up to date and serve Prometheus metrics. Each setting is a "
+        "flag, an environment variable or a config-file key; flags win over the environment, "
+        "which wins over the file.",
+    )
+    add_arguments(p)
+    p.set_defaults(run=_run_agent)
+
+
+def _run_agent(args: argparse.Namespace, console: Console) -> int:
+    from controller.agent.command import run_agent
+    from controller.agent.settings import SettingsError
+
+    try:
+        return run_agent(args)
+    except SettingsError as error:
+        raise UsageError(f"agent: {error}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vramgate",
@@ -213,7 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_estimate(sub)
+    _add_trace(sub)
     _add_presets(sub)
+    _add_crds(sub)
+    _add_operator(sub)
+    _add_agent(sub)
     return parser
 
 

@@ -1,0 +1,26 @@
+"""Byte sizes in agent settings and static files: integers, or strings such as ``256MiB``.
+
+Why not ``controller.units.parse_size`` alone: it refuses zero (no GPU has zero memory), but
+zero is a real value here: an idle GPU uses ``0GiB``, and a change threshold of 0 writes
+every change.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+from controller.units import parse_size
+
+_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
+
+
+def _to_bytes(value: Any) -> Any:
+    if isinstance(value, str):
+        return 0 if _ZERO.match(value) else parse_size(value)
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(_to_bytes), Field(ge=0)]
