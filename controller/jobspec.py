@@ -181,14 +181,6 @@ def estimate_plan(plan: JobPlan) -> Estimate:
     return estimate(plan.shape, plan.settings)
 
 
-def per_gpu_bytes(est: Estimate, gpus: int, parallelism: Parallelism) -> int:
-    """Bytes each of `gpus` GPUs needs: DDP replicates the job, FSDP and a device map split
-    the shardable part. One GPU holds the whole estimate, margin included (as the CLI)."""
-    if gpus <= 1:
-        return est.total_bytes
-    return est.per_gpu_bytes(1 if parallelism is Parallelism.DDP else gpus)
-
-
 # -- helpers --------------------------------------------------------------------------------
 
 

@@ -55,7 +55,7 @@ def estimate_json(
         "components": dict(est.components),
         "parallelism": parallelism.value,
         "gpus": n_gpus,
-        "per_gpu_bytes": _per_gpu(est, n_gpus, parallelism),
+        "per_gpu_bytes": est.bytes_per_gpu(n_gpus, parallelism),
     }
     if result is not None:
         out["fit"] = {
@@ -67,12 +67,6 @@ def estimate_json(
             "reason": result.reason,
         }
     return out
-
-
-def _per_gpu(est: Estimate, n: int, parallelism: Parallelism) -> int:
-    if n <= 1:
-        return est.total_bytes
-    return est.per_gpu_bytes(1 if parallelism is Parallelism.DDP else n)
 
 
 def fit_sentence(result: Fit, card: str, parallelism: Parallelism) -> str:
@@ -131,7 +125,7 @@ def render(
     if n_gpus > 1:
         console.print(
             f"per GPU on {n_gpus} GPUs with {parallelism.value}: "
-            f"{_per_gpu(est, n_gpus, parallelism) / GIB:.2f} GiB"
+            f"{est.bytes_per_gpu(n_gpus, parallelism) / GIB:.2f} GiB"
         )
     if result is not None and card is not None:
         console.print(fit_sentence(result, card, parallelism))

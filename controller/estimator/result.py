@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from controller.estimator.settings import Parallelism
+
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
@@ -34,6 +36,13 @@ class Estimate:
     def per_gpu_bytes(self, n_gpus: int) -> int:
         """Bytes each of n GPUs needs when the shardable part is split evenly."""
         return self.sharded_bytes // max(n_gpus, 1) + self.replicated_bytes
+
+    def bytes_per_gpu(self, gpus: int, parallelism: Parallelism) -> int:
+        """What each of `gpus` GPUs holds: DDP replicates the job, FSDP and a device map split
+        the shardable part. One GPU holds the whole estimate, its margin included."""
+        if gpus <= 1:
+            return self.total_bytes
+        return self.per_gpu_bytes(1 if parallelism is Parallelism.DDP else gpus)
 
     @property
     def pooled_bytes(self) -> int:

@@ -21,7 +21,7 @@ from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus, ParallelismMode, TrainingMethod
 from controller.api.finetunejob import EstimateStatus
 from controller.estimator import Estimate, SpecError, SpecErrors
-from controller.jobspec import JobPlan, api_value, per_gpu_bytes
+from controller.jobspec import JobPlan, api_value
 from controller.units import format_gib
 
 #: Longest condition message we write; the API allows 32768 and people read one line.
@@ -50,7 +50,7 @@ class StatusUpdate:
 
 def estimate_status(plan: JobPlan, est: Estimate) -> dict[str, Any]:
     """`status.estimate` of a plan and its estimate, as stored."""
-    per_gpu = per_gpu_bytes(est, plan.gpus, plan.parallelism)
+    per_gpu = est.bytes_per_gpu(plan.gpus, plan.parallelism)
     return EstimateStatus(
         model=plan.model,
         profile=est.profile,
