@@ -262,6 +262,8 @@ def _settings(
             values[name] = objects[parent][leaf]
     if "method" not in values:
         errors.append(SpecError("spec.method", f"is required; allowed: {allowed(TrainingMethod)}"))
+    if "rank" not in values and "method" in values:
+        values["rank"] = None  # no default rank: a LoRA or QLoRA job must choose one
     for name, (api_enum, estimator_enum) in _ENUMS.items():
         if name in values and values[name] is not None:
             try:

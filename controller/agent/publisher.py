@@ -1,10 +1,12 @@
 """Keeps this node's GPUNode in the API: created once, owned by the Node, status applied.
 
-Why server-side apply for the status: the agent owns ``status.gpus[]``' measured fields, the
-summary columns, ``heartbeatTime`` and the ``Ready`` condition, while the operator may own
-other fields of the same object (``reservedBytes`` of a GPU, conditions of its own). Both
-lists are list-maps in the CRD, so an apply by field manager ``vramgate-agent`` changes only
-what the agent owns; a merge patch would replace whole lists and wipe the operator's fields.
+Why server-side apply for the status: the agent owns ``status.gpus[]``' measured fields
+(memory, ``driverReservedBytes``, ``mig``, ``pods``), the summary columns, ``heartbeatTime``
+and the ``Ready`` condition, while the operator may own other fields of the same object
+(``reservedBytes`` of a GPU, conditions of its own). The lists are list-maps in the CRD
+(GPUs keyed by ``uuid``, pods by ``uid``, conditions by ``type``), so an apply by field
+manager ``vramgate-agent`` changes only what the agent owns; a merge patch would replace
+whole lists and wipe the operator's fields.
 
 Why the Node as owner: deleting a Node (scale-down, replacement) garbage-collects its GPUNode,
 so the controller never packs onto a node that is gone. No ``blockOwnerDeletion``: setting it
@@ -22,9 +24,9 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.agent.status import READY, Observation, build_status
+from controller.agent.status import Observation, build_status
 from controller.api.base import API_VERSION, GROUP, VERSION
-from controller.api.conditions import find_condition
+from controller.api.conditions import READY, find_condition
 from controller.api.gpunode import KIND, PLURAL
 
 FIELD_MANAGER = "vramgate-agent"

@@ -49,7 +49,9 @@ class GpuReading:
     ``index`` is the NVML index of the physical GPU, so MIG devices share their parent's
     index and are told apart by ``uuid`` and ``mig``. Memory fields are None exactly when
     ``memory_info_supported`` is False, and ``reserved_bytes`` is also None where the driver
-    only offers the v1 memory call (which counts reserved memory as used).
+    only offers the v1 memory call (which counts reserved memory as used). ``reserved_bytes``
+    is the driver's own reservation, published as ``driverReservedBytes``; the GPUNode's
+    ``reservedBytes`` is the operator's and never comes from a reading.
     """
 
     index: int

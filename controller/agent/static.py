@@ -3,7 +3,9 @@
 Why: simulated nodes (kwok), demos and tests need an agent that publishes believable GPUs
 without a GPU; editing the file while the agent runs changes what it publishes, and a
 missing or broken file is a backend failure like NVML failing to initialise. Sizes are bytes
-(integers) or size strings such as ``80GiB`` or ``81559MiB``::
+(integers) or size strings such as ``80GiB`` or ``81559MiB``. The file describes what a
+backend reads, so it can describe everything NVML can: MIG devices, unified-memory parts and
+processes with their pods::
 
     gpus:
       - index: 0
@@ -11,10 +13,26 @@ missing or broken file is a backend failure like NVML failing to initialise. Siz
         product: NVIDIA H100 80GB HBM3
         totalBytes: 81559MiB
         usedBytes: 20GiB
-        reservedBytes: 475MiB        # optional; freeBytes defaults to total - used - reserved
-        processes:                    # optional
+        driverReservedBytes: 475MiB  # optional; freeBytes defaults to total - used - reserved
+        processes:                    # optional; published per pod as status.gpus[].pods
           - {pid: 4242, usedBytes: 19GiB, podUID: 0f4c4a5e-8a3a-4b7e-9a51-3c1d2e3f4a5b}
+          - {pid: 17, usedBytes: 1GiB}   # no podUID: looked up in --proc-root, else no pod
       - {index: 1, uuid: GPU-..., product: NVIDIA GB10, memoryInfoSupported: false}
+      - index: 2                      # a MIG device: its parent's index, its own UUID
+        uuid: MIG-5c4d5d2a-0000-5a3e-9f1b-000000000000
+        product: NVIDIA A100-SXM4-40GB MIG 3g.20gb
+        totalBytes: 20096MiB
+        usedBytes: 0
+        mig: {parentUUID: GPU-..., gpuInstanceId: 1, computeInstanceId: 0}
+
+Fields per GPU: ``index`` (NVML index, 0 or more; MIG devices repeat their parent's),
+``uuid`` (unique in the file, at most 128 characters), ``product``, ``memoryInfoSupported``
+(default true; when false the memory fields must be left out), ``totalBytes`` and
+``usedBytes`` (required otherwise), ``freeBytes`` (optional), ``driverReservedBytes``
+(optional: the driver's own reservation, NVML v2 ``reserved``; ``reservedBytes`` is the older
+spelling of the same and still accepted), ``mig`` (optional: ``parentUUID``,
+``gpuInstanceId``, optional ``computeInstanceId``) and ``processes`` (optional: ``pid``,
+optional ``usedBytes``, optional ``podUID``, a pod's metadata.uid of at most 36 characters).
 """
 
 from __future__ import annotations
@@ -22,10 +40,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.agent.readings import BackendError, GpuProcess, GpuReading, MigInstance
 from controller.agent.sizes import ByteSize
+from controller.api.gpunode import MAX_POD_UID, MAX_UUID
 
 
 class _Model(BaseModel):
@@ -35,30 +54,50 @@ class _Model(BaseModel):
 class _Process(_Model):
     pid: int = Field(ge=0)
     usedBytes: ByteSize | None = None
-    podUID: str | None = None
+    podUID: str | None = Field(None, min_length=1, max_length=MAX_POD_UID)
 
 
 class _Mig(_Model):
-    parentUUID: str
+    parentUUID: str = Field(min_length=1, max_length=MAX_UUID)
     gpuInstanceId: int = Field(ge=0)
-    computeInstanceId: int | None = None
+    computeInstanceId: int | None = Field(None, ge=0)
 
 
 class _Gpu(_Model):
     index: int = Field(ge=0)
-    uuid: str = Field(min_length=1)
+    uuid: str = Field(min_length=1, max_length=MAX_UUID)
     product: str
     memoryInfoSupported: bool = True
     totalBytes: ByteSize | None = None
     usedBytes: ByteSize | None = None
-    reservedBytes: ByteSize | None = None
+    driverReservedBytes: ByteSize | None = None
+    reservedBytes: ByteSize | None = None  # the older spelling of driverReservedBytes
     freeBytes: ByteSize | None = None
     mig: _Mig | None = None
     processes: list[_Process] = []
 
+    @model_validator(mode="after")
+    def _one_spelling(self) -> _Gpu:
+        if self.reservedBytes is not None:
+            if self.driverReservedBytes is not None:
+                raise ValueError("set driverReservedBytes or reservedBytes (its older "
+                                 "spelling), not both")
+            self.driverReservedBytes = self.reservedBytes
+        return self
+
 
 class _File(_Model):
     gpus: list[_Gpu]
+
+
+def _check_unique(gpus: list[_Gpu]) -> None:
+    """GPUNode status.gpus is keyed by uuid: a repeated one would be refused by the API."""
+    seen: dict[str, int] = {}
+    for i, gpu in enumerate(gpus):
+        if gpu.uuid in seen:
+            raise ValueError(f"gpus[{i}].uuid: {gpu.uuid} is also gpus[{seen[gpu.uuid]}]'s; "
+                             "every GPU and MIG device needs a UUID of its own")
+        seen[gpu.uuid] = i
 
 
 def _reading(gpu: _Gpu) -> GpuReading:
@@ -66,6 +105,10 @@ def _reading(gpu: _Gpu) -> GpuReading:
            if gpu.mig else None)
     processes = tuple(GpuProcess(p.pid, p.usedBytes, p.podUID) for p in gpu.processes)
     if not gpu.memoryInfoSupported:
+        if any(v is not None for v in (gpu.totalBytes, gpu.usedBytes, gpu.freeBytes,
+                                       gpu.driverReservedBytes)):
+            raise ValueError(f"GPU {gpu.uuid}: memoryInfoSupported is false, so totalBytes, "
+                             "usedBytes, freeBytes and driverReservedBytes must be left out")
         return GpuReading(gpu.index, gpu.uuid, gpu.product, None, None, None, None,
                           memory_info_supported=False, mig=mig, processes=processes)
     if gpu.totalBytes is None or gpu.usedBytes is None:
@@ -73,11 +116,11 @@ def _reading(gpu: _Gpu) -> GpuReading:
                          "unless memoryInfoSupported is false")
     free = gpu.freeBytes
     if free is None:
-        free = gpu.totalBytes - gpu.usedBytes - (gpu.reservedBytes or 0)
+        free = gpu.totalBytes - gpu.usedBytes - (gpu.driverReservedBytes or 0)
     if free < 0:
-        raise ValueError(f"GPU {gpu.uuid}: usedBytes + reservedBytes exceed totalBytes")
+        raise ValueError(f"GPU {gpu.uuid}: usedBytes + driverReservedBytes exceed totalBytes")
     return GpuReading(gpu.index, gpu.uuid, gpu.product, gpu.totalBytes, free, gpu.usedBytes,
-                      gpu.reservedBytes, mig=mig, processes=processes)
+                      gpu.driverReservedBytes, mig=mig, processes=processes)
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -95,6 +138,7 @@ def parse_static(text: str, source: str) -> list[GpuReading]:
         raise BackendError(f"static: {source} is not valid YAML or JSON: {error}") from None
     try:
         parsed = _File.model_validate(data)
+        _check_unique(parsed.gpus)
         return [_reading(gpu) for gpu in parsed.gpus]
     except ValidationError as error:
         first = error.errors()[0]

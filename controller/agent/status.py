@@ -7,23 +7,27 @@ declare is a test failure here rather than a value the API server silently prune
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from controller.agent.readings import GpuReading
-from controller.api.conditions import set_condition
+from controller.api.conditions import (
+    READY,
+    REASON_BACKEND_FAILED,
+    REASON_GPUS_READ,
+    set_condition,
+)
 from controller.api.enums import ConditionStatus
-from controller.api.gpunode import GPUNodeStatus, GPUStatus
+from controller.api.gpunode import (
+    MAX_UUID,
+    GPUNodeStatus,
+    GPUStatus,
+    MIGStatus,
+    PodUsageStatus,
+)
 from controller.units import format_gib
-
-#: Ready indicates whether status.gpus holds what the agent's backend read at heartbeatTime.
-READY = "Ready"
-#: GPUsRead indicates that status.gpus is current because the backend answered on this poll.
-REASON_GPUS_READ = "GPUsRead"
-#: BackendFailed indicates that status.gpus may be stale because the backend (NVML, dcgm, the
-#: static file) failed; the message holds its error and what to do. The agent retries.
-REASON_BACKEND_FAILED = "BackendFailed"
 
 MAX_MESSAGE = 1024  # a condition message is one line for `kubectl describe`, not a log
 
@@ -54,39 +58,67 @@ def pod_usage(reading: GpuReading) -> dict[str, int | None]:
     return usage
 
 
-def left_out_reason(reading: GpuReading) -> str | None:
-    """Why the GPUNode CRD cannot hold this reading yet, or None when it can.
+def left_out_reason(reading: GpuReading, published: Collection[str]) -> str | None:
+    """Why ``status.gpus`` cannot hold this reading, or None when it can.
 
-    The CRD's ``status.gpus`` requires total / free / used bytes and is keyed by ``index``, so
-    a part without memory info and MIG devices (which share their parent's index) are left
-    out and named in the Ready message instead of being published as zero free memory.
+    ``status.gpus`` is a list-map keyed by ``uuid``: a reading without a UUID, with one the
+    CRD refuses, or with the UUID of a reading already published (``published``) would make
+    the API server refuse the whole write, every poll. Such a reading is left out and named
+    in the Ready message instead. MIG devices (which share their parent's index) and parts
+    without memory info are published like any GPU.
     """
-    if not reading.memory_info_supported:
-        return "memory info not supported (unified memory)"
-    if reading.mig is not None:
-        return f"MIG device on GPU {reading.index}"
+    if not reading.uuid:
+        return "no UUID"
+    if len(reading.uuid) > MAX_UUID:
+        return f"UUID longer than {MAX_UUID} characters"
+    if reading.uuid in published:
+        return f"duplicate UUID (index {reading.index})"
     return None
 
 
+def pod_entries(reading: GpuReading) -> list[PodUsageStatus] | None:
+    """The pods using this GPU, by UID; None when no pod's process is seen on it."""
+    usage = pod_usage(reading)
+    if not usage:
+        return None
+    return [PodUsageStatus(uid=uid, used_bytes=used) for uid, used in sorted(usage.items())]
+
+
+def gpu_entry(reading: GpuReading) -> GPUStatus:
+    """One ``status.gpus`` entry; memory figures absent (never zero) when the part has none."""
+    supported = reading.memory_info_supported
+    mig = reading.mig
+    return GPUStatus(
+        uuid=reading.uuid,
+        index=reading.index,
+        product=reading.product,
+        memory_info_supported=supported,
+        total_bytes=reading.total_bytes if supported else None,
+        free_bytes=reading.free_bytes if supported else None,
+        used_bytes=reading.used_bytes if supported else None,
+        driver_reserved_bytes=reading.reserved_bytes if supported else None,
+        reserved_bytes=None,  # the operator's reservation: the agent leaves it alone
+        mig=None if mig is None else MIGStatus(
+            parent_uuid=mig.parent_uuid,
+            gpu_instance_id=mig.gpu_instance_id,
+            compute_instance_id=mig.compute_instance_id,
+        ),
+        pods=pod_entries(reading),
+    )
+
+
 def gpu_entries(readings: tuple[GpuReading, ...]) -> tuple[list[GPUStatus], list[str]]:
+    """The ``status.gpus`` entries, and the readings left out, each named with its reason."""
     entries: list[GPUStatus] = []
     left_out: list[str] = []
+    published: set[str] = set()
     for reading in readings:
-        why = left_out_reason(reading)
+        why = left_out_reason(reading, published)
         if why is not None:
-            left_out.append(f"{reading.uuid}: {why}")
+            left_out.append(f"{reading.uuid or f'GPU {reading.index}'}: {why}")
             continue
-        assert reading.total_bytes is not None and reading.free_bytes is not None
-        assert reading.used_bytes is not None
-        entries.append(GPUStatus(
-            index=reading.index,
-            uuid=reading.uuid,
-            product=reading.product,
-            total_bytes=reading.total_bytes,
-            free_bytes=reading.free_bytes,
-            used_bytes=reading.used_bytes,
-            reserved_bytes=None,  # the operator's field: the agent leaves it alone
-        ))
+        published.add(reading.uuid)
+        entries.append(gpu_entry(reading))
     return entries, left_out
 
 
@@ -113,7 +145,7 @@ def build_status(
     its status stays the same.
     """
     entries, left_out = gpu_entries(observation.readings)
-    free = sum(entry.free_bytes for entry in entries)
+    free = sum(entry.free_bytes or 0 for entry in entries)
     products = sorted({entry.product for entry in entries})
     status = GPUNodeStatus.model_validate({
         "gpus": entries,

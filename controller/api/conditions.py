@@ -1,7 +1,8 @@
 """Conditions in the `metav1.Condition` shape: their types, reasons, and the one way to set them.
 
-Types and reasons are named constants so that the operator, the webhook, tests and docs
-cannot drift apart by a typo. Each reason's comment says what it indicates and why.
+Types and reasons are named constants so that the operator, the webhook, the node agent,
+tests and docs cannot drift apart by a typo. Each reason's comment says what it indicates and
+why. FineTuneJob's come first, then GPUNode's (written by the node agent).
 
 `set_condition` is the only writer: it keeps `lastTransitionTime` while the status stays the
 same (as `meta.SetStatusCondition` does in Go), so re-reconciling an unchanged job, or
@@ -58,6 +59,22 @@ REASON_INSUFFICIENT_VRAM = "InsufficientVRAM"
 #: NoMatchingGPU indicates that the job was rejected because no GPU matches its
 #: spec.resources.gpuSelector.
 REASON_NO_MATCHING_GPU = "NoMatchingGPU"
+
+# -- GPUNode condition types ----------------------------------------------------------------
+
+#: Ready indicates whether the GPUNode's status.gpus holds what the node agent's backend read
+#: at status.heartbeatTime.
+READY = "Ready"
+
+# -- GPUNode reasons ------------------------------------------------------------------------
+
+#: GPUsRead indicates that the GPUNode's status.gpus is current because the agent's backend
+#: answered on its last poll; the message says how many GPUs it read and through which backend.
+REASON_GPUS_READ = "GPUsRead"
+#: BackendFailed indicates that the GPUNode's status.gpus may be stale because the agent's
+#: backend (NVML, dcgm-exporter, the static file) failed; the message holds its error and what
+#: to do. The agent keeps the last readings and retries with backoff.
+REASON_BACKEND_FAILED = "BackendFailed"
 
 
 class Condition(BaseModel):

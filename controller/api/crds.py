@@ -72,7 +72,7 @@ FINETUNEJOB = CrdInfo(
         {"name": "Method", "type": "string", "jsonPath": ".spec.method"},
         {"name": "Model", "type": "string", "jsonPath": ".status.estimate.model"},
         {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
-        {"name": "VRAM/GPU", "type": "string", "jsonPath": ".status.estimate.perGpuGiB"},
+        {"name": "VRAM/GPU", "type": "string", "jsonPath": ".status.estimate.perGpu"},
         {"name": "Admitted", "type": "string", "jsonPath": _admitted("status")},
         {"name": "Reason", "type": "string", "jsonPath": _admitted("reason")},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -86,7 +86,7 @@ FINETUNEJOB = CrdInfo(
             "name": "Total",
             "type": "string",
             "priority": 1,
-            "jsonPath": ".status.estimate.totalGiB",
+            "jsonPath": ".status.estimate.total",
         },
     ],
 )

@@ -29,7 +29,6 @@ from controller.api.enums import (
     TrainingMethod,
 )
 from controller.estimator.settings import (
-    DEFAULT_RANK,
     MAX_BATCH,
     MAX_LORA_RANK,
     MAX_SEQUENCE_LENGTH,
@@ -54,6 +53,16 @@ EXACTLY_ONE_MODEL: JsonDict = {
         {
             "rule": " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in MODEL_SOURCES) + " == 1",
             "message": "must set exactly one of " + ", ".join(MODEL_SOURCES),
+        }
+    ]
+}
+
+# CEL, so that the API server refuses a LoRA job without a rank even when the webhook is down.
+RANK_FOR_ADAPTERS: JsonDict = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "self.method == 'Full' || (has(self.lora) && has(self.lora.rank))",
+            "message": "lora.rank is required when method is LoRA or QLoRA",
         }
     ]
 }
@@ -104,12 +113,12 @@ class ModelSource(ApiModel):
 
 
 class LoraSpec(ApiModel):
-    rank: int = Field(
-        DEFAULT_RANK,
+    rank: int | None = Field(
+        None,
         ge=1,
         le=MAX_LORA_RANK,
-        description=f"rank is the LoRA rank r. Between 1 and {MAX_LORA_RANK}; "
-        f"default {DEFAULT_RANK}. Used when method is LoRA or QLoRA.",
+        description=f"rank is the LoRA rank r, between 1 and {MAX_LORA_RANK} (16 is a common "
+        "choice). Required when method is LoRA or QLoRA; it sets the adapter's size.",
     )
     target_modules: list[str] = Field(
         ["all-linear"],
@@ -207,6 +216,8 @@ class ResourcesSpec(ApiModel):
 
 
 class FineTuneJobSpec(ApiModel):
+    model_config = ConfigDict(**ApiModel.model_config, json_schema_extra=RANK_FOR_ADAPTERS)
+
     model: ModelSource = Field(
         description="model is the model being fine-tuned: exactly one of preset, config "
         "(inline config.json) and configMapRef. Required.",
@@ -217,8 +228,8 @@ class FineTuneJobSpec(ApiModel):
     )
     lora: LoraSpec | None = Field(
         None,
-        description="lora configures the adapters when method is LoRA or QLoRA; when "
-        "omitted, rank 16 on all-linear.",
+        description="lora configures the adapters; required when method is LoRA or QLoRA "
+        "(its rank has no default).",
     )
     training: TrainingSpec = Field(
         default_factory=TrainingSpec,
@@ -291,10 +302,10 @@ class EstimateStatus(ApiModel):
         ge=0, description="trainableParams is the number of parameters that get gradients."
     )
     total_gib: str = Field(
-        alias="totalGiB", description="totalGiB is totalBytes in GiB, for display (7.25 GiB)."
+        alias="total", description="total is totalBytes in GiB, for people (7.25 GiB)."
     )
     per_gpu_gib: str = Field(
-        alias="perGpuGiB", description="perGpuGiB is perGpuBytes in GiB, for display."
+        alias="perGpu", description="perGpu is perGpuBytes in GiB, for people."
     )
 
 

@@ -211,7 +211,7 @@ def build_settings(
     rank = values.get("rank", DEFAULT_RANK)
     if adapter:
         if rank is None:
-            errors.append(SpecError(where["rank"], "is required when method is lora or qlora"))
+            errors.append(SpecError(where["rank"], "is required when method is LoRA or QLoRA"))
         else:
             error = _int_in_range(rank, where["rank"], 1, MAX_LORA_RANK)
             if error:

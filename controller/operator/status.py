@@ -73,7 +73,7 @@ def estimated(
     estimate = estimate_status(plan, est)
     gpus = plan.gpus
     message = (
-        f"{estimate['totalGiB']} in total, {estimate['perGpuGiB']} per GPU on {gpus} "
+        f"{estimate['total']} in total, {estimate['perGpu']} per GPU on {gpus} "
         f"GPU{'s' if gpus > 1 else ''} with {estimate['parallelism']}"
     )
     conditions = cond.set_condition(

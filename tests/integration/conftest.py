@@ -79,8 +79,9 @@ def namespace(api_client: client.ApiClient) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     core.create_namespace({"metadata": {"name": name}})
     wait_until(
-        lambda: any(sa.metadata.name == "default"
-                    for sa in core.list_namespaced_service_account(name).items),
+        lambda: any(
+            sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items
+        ),
         timeout=30,
         what=f"the default ServiceAccount in {name}",
     )

@@ -96,11 +96,17 @@ def test_annotated_job_pod_keeps_running_for_its_delay(
     core = client.CoreV1Api(api_client)
     batch.create_namespaced_job(namespace, _gpu_job("long", {RUN_FOR_ANNOTATION: "3s"}))
 
-    wait_until(lambda: _job_pod_phase(core, namespace, "long") == "Running", timeout=60,
-               what="the pod of Job long to run")
+    wait_until(
+        lambda: _job_pod_phase(core, namespace, "long") == "Running",
+        timeout=60,
+        what="the pod of Job long to run",
+    )
     running_since = time.monotonic()
-    wait_until(lambda: _job_pod_phase(core, namespace, "long") == "Succeeded", timeout=60,
-               what="the pod of Job long to succeed")
+    wait_until(
+        lambda: _job_pod_phase(core, namespace, "long") == "Succeeded",
+        timeout=60,
+        what="the pod of Job long to succeed",
+    )
     # Generous lower bound: kwok counts the delay from its own observation of Running.
     assert time.monotonic() - running_since >= 1.5
 
@@ -111,7 +117,10 @@ def test_deleting_an_owner_garbage_collects_its_dependent(
     core = client.CoreV1Api(api_client)
     owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
     reference = {
-        "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid,
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner.metadata.uid,
     }
     core.create_namespaced_config_map(
         namespace, {"metadata": {"name": "dependent", "ownerReferences": [reference]}}
@@ -155,15 +164,13 @@ def test_kubectl_apply_validates_and_patches_with_openapi(
         manifest.write_text(DEPLOYMENT.format(replicas=replicas))
         # --validate=strict checks fields against the server's OpenAPI schema, and the
         # second apply computes its strategic-merge patch from that schema.
-        result = cluster.kubectl("apply", "--validate=strict", "-n", namespace, "-f",
-                                 str(manifest))
+        result = cluster.kubectl("apply", "--validate=strict", "-n", namespace, "-f", str(manifest))
         assert result.returncode == 0, result.stderr
     deployment = client.AppsV1Api(api_client).read_namespaced_deployment("web", namespace)
     assert deployment.spec.replicas == 3
 
     manifest.write_text(DEPLOYMENT.format(replicas=1).replace("replicas:", "replicaz:"))
-    rejected = cluster.kubectl("apply", "--validate=strict", "-n", namespace, "-f",
-                               str(manifest))
+    rejected = cluster.kubectl("apply", "--validate=strict", "-n", namespace, "-f", str(manifest))
     assert rejected.returncode != 0
     assert "replicaz" in rejected.stderr
 

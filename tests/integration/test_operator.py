@@ -276,7 +276,7 @@ def test_a_job_is_estimated_within_ten_seconds(
     assert time.monotonic() - created < STATUS_DEADLINE_S
     status = obj["status"]
     assert status["estimate"]["totalBytes"] == LLAMA_QLORA_BYTES
-    assert status["estimate"]["totalGiB"] == status["estimate"]["perGpuGiB"] == "7.25 GiB"
+    assert status["estimate"]["total"] == status["estimate"]["perGpu"] == "7.25 GiB"
     assert status["estimate"]["model"] == "llama-3.1-8b"
     assert status["observedGeneration"] == obj["metadata"]["generation"] == 1
     estimated = condition(obj, "Estimated")
@@ -345,6 +345,7 @@ def test_the_webhook_refuses_invalid_specs_through_kubectl(
             preset: llama-3.1-8b
           method: QLoRA
           lora:
+            rank: 16
             targetModules: [q_proj, attn]
           training:
             sequenceLength: 200000
@@ -362,6 +363,26 @@ def test_the_webhook_refuses_invalid_specs_through_kubectl(
         "length (131072), got 200000" in applied.stderr
     )
     assert cluster.kubectl("get", "ftj", "too-long", "-n", namespace).returncode != 0
+
+
+def test_a_lora_job_without_a_rank_is_refused_at_apply(cluster: Cluster, namespace: str) -> None:
+    """The CRD's own rule refuses it, so this holds even when the webhook is not running."""
+    manifest = textwrap.dedent(
+        """\
+        apiVersion: vramgate.dev/v1alpha1
+        kind: FineTuneJob
+        metadata:
+          name: no-rank
+        spec:
+          model:
+            preset: llama-3.1-8b
+          method: LoRA
+        """
+    )
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=manifest)
+    assert applied.returncode != 0
+    assert "lora.rank is required when method is LoRA or QLoRA" in applied.stderr
+    assert cluster.kubectl("get", "ftj", "no-rank", "-n", namespace).returncode != 0
 
 
 def test_the_webhook_refuses_invalid_specs_through_the_python_client(
@@ -456,7 +477,7 @@ def test_a_restart_changes_nothing_already_recorded(
 def test_a_model_from_a_configmap_is_estimated_once_the_configmap_exists(
     operator: OperatorProcess, api_client: client.ApiClient, namespace: str
 ) -> None:
-    spec = {"model": {"configMapRef": {"name": "qwen"}}, "method": "LoRA"}
+    spec = {"model": {"configMapRef": {"name": "qwen"}}, "method": "LoRA", "lora": {"rank": 8}}
     create(api_client, namespace, finetunejob("from-configmap", **spec))
     waiting = expect_condition(
         api_client, namespace, "from-configmap", "Estimated", "False", "ConfigMapUnavailable"

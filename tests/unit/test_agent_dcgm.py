@@ -25,9 +25,7 @@ def test_h100_node_in_bytes_with_reserved_and_total_from_the_three_gauges() -> N
     idle, busy = gpus
     assert idle.uuid == "GPU-6a7ad8f1-22b4-4c4e-9d1a-5e3f0b1c2d40"
     assert idle.product == "NVIDIA H100 80GB HBM3"
-    assert (idle.free_bytes, idle.used_bytes, idle.reserved_bytes) == (
-        81034 * MIB, 0, 525 * MIB
-    )
+    assert (idle.free_bytes, idle.used_bytes, idle.reserved_bytes) == (81034 * MIB, 0, 525 * MIB)
     assert idle.total_bytes == 81559 * MIB  # free + used + reserved: H100's NVML total
     assert (busy.free_bytes, busy.used_bytes) == (40074 * MIB, 40960 * MIB)
     assert busy.processes == ()  # the exporter lists no processes
@@ -50,7 +48,8 @@ def test_lowercase_hostname_and_mig_instances_replace_their_parent() -> None:
     assert [g.mig for g in gpus] == [MigInstance(parent, 1), MigInstance(parent, 2)]
     assert [g.uuid for g in gpus] == [f"{parent}/gi/1", f"{parent}/gi/2"]
     assert [(g.free_bytes, g.used_bytes) for g in gpus] == [
-        (9856 * MIB, 9856 * MIB), (19712 * MIB, 0)
+        (9856 * MIB, 9856 * MIB),
+        (19712 * MIB, 0),
     ]
     assert all(g.reserved_bytes is None for g in gpus)  # not exported: unknown, not zero
     assert gpus[0].total_bytes == 19712 * MIB
@@ -58,9 +57,11 @@ def test_lowercase_hostname_and_mig_instances_replace_their_parent() -> None:
 
 def test_series_of_other_hosts_are_dropped() -> None:
     other_host = "\n".join(
-        line.replace('gpu="0"', 'gpu="7"').replace("2d40", "9999").replace(
-            'Hostname="gpu-node-0"', 'Hostname="gpu-node-9"')
-        for line in H100.splitlines() if line.startswith("DCGM_FI_DEV_FB")
+        line.replace('gpu="0"', 'gpu="7"')
+        .replace("2d40", "9999")
+        .replace('Hostname="gpu-node-0"', 'Hostname="gpu-node-9"')
+        for line in H100.splitlines()
+        if line.startswith("DCGM_FI_DEV_FB")
     )
     gpus = parse_dcgm_metrics(H100 + other_host + "\n", host="gpu-node-0")
     assert [g.index for g in gpus] == [0, 1]
@@ -78,7 +79,7 @@ def test_missing_framebuffer_gauges_and_garbage_are_backend_errors() -> None:
     with pytest.raises(BackendError, match="DCGM_FI_DEV_FB_FREE and DCGM_FI_DEV_FB_USED"):
         parse_dcgm_metrics(no_fb, host="gpu-node-0")
     with pytest.raises(BackendError, match="not valid"):
-        parse_dcgm_metrics("DCGM_FI_DEV_FB_FREE{gpu=\"0\" 1\n", host=None)
+        parse_dcgm_metrics('DCGM_FI_DEV_FB_FREE{gpu="0" 1\n', host=None)
 
 
 @pytest.fixture

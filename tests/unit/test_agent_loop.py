@@ -21,14 +21,24 @@ MIB = 2**20
 GIB = 2**30
 TOTAL = 81559 * MIB
 TIMING = LoopTiming(
-    poll_interval_s=5, heartbeat_interval_s=30, change_threshold_bytes=256 * MIB,
-    backoff_initial_s=1, backoff_max_s=60,
+    poll_interval_s=5,
+    heartbeat_interval_s=30,
+    change_threshold_bytes=256 * MIB,
+    backoff_initial_s=1,
+    backoff_max_s=60,
 )
 
 
 def gpu(index: int, used: int, processes: tuple[GpuProcess, ...] = ()) -> GpuReading:
-    return GpuReading(index, f"GPU-{index}", "NVIDIA H100 80GB HBM3", TOTAL, TOTAL - used, used,
-                      processes=processes)
+    return GpuReading(
+        index,
+        f"GPU-{index}",
+        "NVIDIA H100 80GB HBM3",
+        TOTAL,
+        TOTAL - used,
+        used,
+        processes=processes,
+    )
 
 
 class ScriptedBackend:
@@ -59,12 +69,11 @@ class RecordingPublisher:
         self.written.append((observation, now))
 
 
-def make_agent(gpus: list[GpuReading], timing: LoopTiming = TIMING) -> tuple[
-    Agent, ScriptedBackend, RecordingPublisher, FakeClock
-]:
+def make_agent(
+    gpus: list[GpuReading], timing: LoopTiming = TIMING
+) -> tuple[Agent, ScriptedBackend, RecordingPublisher, FakeClock]:
     backend, publisher, clock = ScriptedBackend(gpus), RecordingPublisher(), FakeClock()
-    agent = Agent(backend, PodResolver(), publisher, AgentMetrics("n", backend.name), timing,
-                  clock)
+    agent = Agent(backend, PodResolver(), publisher, AgentMetrics("n", backend.name), timing, clock)
     agent.read_backoff.rand = agent.write_backoff.rand = lambda: 1.0  # no jitter in tests
     return agent, backend, publisher, clock
 
@@ -192,9 +201,7 @@ def simulate(hours: float, jobs_per_hour: int, seed: int = 7) -> int:
             target[index] = 0 if target[index] else rng.randrange(30, 70) * GIB
         for i in range(8):
             used[i] += max(-4 * GIB, min(4 * GIB, target[i] - used[i]))  # ramps over ~1 min
-        backend.gpus = [
-            gpu(i, max(0, used[i] + rng.randrange(-64, 65) * MIB)) for i in range(8)
-        ]
+        backend.gpus = [gpu(i, max(0, used[i] + rng.randrange(-64, 65) * MIB)) for i in range(8)]
         agent.step()
         clock.advance(TIMING.poll_interval_s)
     return len(publisher.written)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pynvml
@@ -21,7 +22,10 @@ from controller.agent.fake_nvml import (
     h100,
 )
 from controller.agent.nvml import NvmlBackend
+from controller.agent.pods import PodResolver
 from controller.agent.readings import BackendError, GpuProcess, MigInstance
+from controller.agent.status import Observation, build_status
+from controller.api.gpunode import GPUNodeStatus
 
 
 def test_fake_answers_like_pynvml_before_init() -> None:
@@ -64,8 +68,14 @@ def test_reads_every_gpu_with_the_v2_memory_call() -> None:
 
 
 def test_falls_back_to_v1_on_drivers_without_the_v2_call_and_remembers() -> None:
-    old = [FakeGpu("GPU-a", "Tesla V100-SXM2-32GB", FakeMemory(32 * GIB, 2 * GIB, 300 * MIB),
-                   v2_memory=False)]
+    old = [
+        FakeGpu(
+            "GPU-a",
+            "Tesla V100-SXM2-32GB",
+            FakeMemory(32 * GIB, 2 * GIB, 300 * MIB),
+            v2_memory=False,
+        )
+    ]
     lib = FakeNvml(old)
     backend = NvmlBackend(lib)
     (gpu,) = backend.read()
@@ -88,15 +98,27 @@ def test_unified_memory_part_is_reported_as_unsupported_not_as_zero() -> None:
 
 def test_mig_devices_are_entries_of_their_own_and_the_parent_is_not() -> None:
     parent = FakeGpu(
-        "GPU-a100", "NVIDIA A100-SXM4-40GB", FakeMemory(40 * GIB, 10 * GIB),
+        "GPU-a100",
+        "NVIDIA A100-SXM4-40GB",
+        FakeMemory(40 * GIB, 10 * GIB),
         mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
         mig_devices=[
-            FakeMigDevice(0, "MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                          FakeMemory(20 * GIB, 9 * GIB), gpu_instance_id=1,
-                          processes=[FakeProcess(4242, None)]),
+            FakeMigDevice(
+                0,
+                "MIG-1111",
+                "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                FakeMemory(20 * GIB, 9 * GIB),
+                gpu_instance_id=1,
+                processes=[FakeProcess(4242, None)],
+            ),
             # slot 1 empty: slots need not be filled in order
-            FakeMigDevice(2, "MIG-2222", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                          FakeMemory(20 * GIB, 0), gpu_instance_id=2),
+            FakeMigDevice(
+                2,
+                "MIG-2222",
+                "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                FakeMemory(20 * GIB, 0),
+                gpu_instance_id=2,
+            ),
         ],
     )
     whole = FakeGpu("GPU-b", "NVIDIA A100-SXM4-40GB", FakeMemory(40 * GIB, 0), mig_mode=0)
@@ -109,9 +131,48 @@ def test_mig_devices_are_entries_of_their_own_and_the_parent_is_not() -> None:
     assert gpus[2].mig is None
 
 
+def test_what_nvml_reads_reaches_the_gpunode_status(tmp_path: Path) -> None:
+    """NVML -> cgroup pod mapping -> status: MIG devices, a unified-memory part, the driver's
+    reservation and per-pod bytes are all published, valid for the CRD's model."""
+    pod = "0f4c4a5e-8a3a-4b7e-9a51-3c1d2e3f4a5b"
+    for pid in (4242, 101):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-pod{pod.replace('-', '_')}.slice/cri-containerd-1.scope\n"
+        )
+    a100 = FakeGpu(
+        "GPU-a100", "NVIDIA A100-SXM4-40GB", FakeMemory(40 * GIB, 10 * GIB),
+        mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
+        mig_devices=[
+            FakeMigDevice(0, "MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                          FakeMemory(20 * GIB, 9 * GIB), gpu_instance_id=1,
+                          processes=[FakeProcess(4242, None)]),
+            FakeMigDevice(1, "MIG-2222", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                          FakeMemory(20 * GIB, 0), gpu_instance_id=2),
+        ],
+    )
+    gb10 = FakeGpu("GPU-gb10", "NVIDIA GB10", None)
+    busy = h100(2, used=20 * GIB, processes=[FakeProcess(101, 12 * GIB), FakeProcess(7, GIB)])
+    readings = PodResolver(tmp_path).attribute(NvmlBackend(FakeNvml([a100, gb10, busy])).read())
+    body = build_status(Observation("nvml", tuple(readings)), datetime.now(UTC), [], None)
+    GPUNodeStatus.model_validate(body)
+    gpus = {g["uuid"]: g for g in body["gpus"]}
+    assert [(g["uuid"], g["index"]) for g in body["gpus"]] == [
+        ("MIG-1111", 0), ("MIG-2222", 0), ("GPU-gb10", 1), (busy.uuid, 2)]
+    assert gpus["MIG-1111"]["mig"] == {"parentUUID": "GPU-a100", "gpuInstanceId": 1,
+                                       "computeInstanceId": 0}
+    assert gpus["MIG-1111"]["pods"] == [{"uid": pod}]  # MIG: per-process bytes unknown
+    assert gpus["GPU-gb10"] == {"uuid": "GPU-gb10", "index": 1, "product": "NVIDIA GB10",
+                                "memoryInfoSupported": False}
+    assert gpus[busy.uuid]["driverReservedBytes"] == 475 * MIB
+    assert gpus[busy.uuid]["pods"] == [{"uid": pod, "usedBytes": 12 * GIB}]
+    assert body["conditions"][0]["message"] == "read 4 GPU(s) through nvml"
+
+
 def test_compute_processes_with_their_memory() -> None:
-    lib = FakeNvml([h100(0, used=20 * GIB, processes=[FakeProcess(101, 12 * GIB),
-                                                       FakeProcess(202, 8 * GIB)])])
+    lib = FakeNvml(
+        [h100(0, used=20 * GIB, processes=[FakeProcess(101, 12 * GIB), FakeProcess(202, 8 * GIB)])]
+    )
     (gpu,) = NvmlBackend(lib).read()
     assert gpu.processes == (GpuProcess(101, 12 * GIB), GpuProcess(202, 8 * GIB))
 
@@ -177,8 +238,13 @@ def test_uninitialised_mid_read_is_a_backend_error() -> None:
 def test_the_gpu_check_script_runs_against_the_fake() -> None:
     """scripts/nvml_check.py is for GPU machines; here it must at least run and print JSON."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "nvml_check.py"
-    result = subprocess.run([sys.executable, str(script), "--fake"], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, str(script), "--fake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["memory_call"] == "v2"

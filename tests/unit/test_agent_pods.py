@@ -40,10 +40,24 @@ STATIC_POD = "0::/kubepods/burstable/pod6b1f4e0c9d8a7b6c5d4e3f2a1b0c9d8e/abc\n"
 
 @pytest.mark.parametrize(
     "text",
-    [V2_SYSTEMD, V2_SYSTEMD_GUARANTEED, V2_CGROUPFS, V1_CGROUPFS, V1_SYSTEMD,
-     V1_GUARANTEED_CGROUPFS, V2_NAMESPACED],
-    ids=["v2-systemd", "v2-systemd-guaranteed", "v2-cgroupfs", "v1-cgroupfs", "v1-systemd",
-         "v1-cgroupfs-guaranteed", "v2-cgroup-namespace"],
+    [
+        V2_SYSTEMD,
+        V2_SYSTEMD_GUARANTEED,
+        V2_CGROUPFS,
+        V1_CGROUPFS,
+        V1_SYSTEMD,
+        V1_GUARANTEED_CGROUPFS,
+        V2_NAMESPACED,
+    ],
+    ids=[
+        "v2-systemd",
+        "v2-systemd-guaranteed",
+        "v2-cgroupfs",
+        "v1-cgroupfs",
+        "v1-systemd",
+        "v1-cgroupfs-guaranteed",
+        "v2-cgroup-namespace",
+    ],
 )
 def test_pod_uid_in_every_kubelet_layout(text: str) -> None:
     assert pod_uid_from_cgroup(text) == UID
@@ -79,7 +93,12 @@ def test_resolver_reads_the_injected_proc_root(tmp_path: Path) -> None:
     assert resolver.pod_uid(99999) is None  # exited, or hidden without hostPID
 
     reading = GpuReading(
-        0, "GPU-0", "H100", 1, 1, 0,
+        0,
+        "GPU-0",
+        "H100",
+        1,
+        1,
+        0,
         processes=(GpuProcess(4242, 10), GpuProcess(77, 5), GpuProcess(1, 3, pod_uid="given")),
     )
     (attributed,) = resolver.attribute([reading])

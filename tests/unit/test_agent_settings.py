@@ -37,16 +37,22 @@ def test_defaults_and_their_types() -> None:
 
 def test_flag_beats_env_beats_file_beats_default(tmp_path: Path) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text("nodeName: from-file\npollIntervalSeconds: 7\nheartbeatIntervalSeconds: 60\n"
-                      "changeThresholdBytes: 1GiB\n")
+    config.write_text(
+        "nodeName: from-file\npollIntervalSeconds: 7\nheartbeatIntervalSeconds: 60\n"
+        "changeThresholdBytes: 1GiB\n"
+    )
     env = {"VRAMGATE_AGENT_POLL_INTERVAL_SECONDS": "3", "VRAMGATE_AGENT_NODE_NAME": "from-env"}
     s = load_settings(parse("--config", str(config), "--node-name", "from-flag"), environ=env)
     assert s.node_name == "from-flag"
     assert s.poll_interval_seconds == 3.0  # env over file
     assert s.heartbeat_interval_seconds == 60.0  # file over default
     assert s.change_threshold_bytes == 2**30
-    assert load_settings(parse("--node-name", "n", "--change-threshold-bytes", "0MiB"),
-                         environ={}).change_threshold_bytes == 0
+    assert (
+        load_settings(
+            parse("--node-name", "n", "--change-threshold-bytes", "0MiB"), environ={}
+        ).change_threshold_bytes
+        == 0
+    )
     assert s.metrics_port == 9402  # default
     # The config file may also come from the environment.
     s = load_settings(parse(), environ={"VRAMGATE_AGENT_CONFIG": str(config)})
@@ -56,21 +62,45 @@ def test_flag_beats_env_beats_file_beats_default(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        ((), {}, "--node-name is required (or VRAMGATE_AGENT_NODE_NAME, or nodeName in the "
-                 "config file)"),
-        (("--node-name", "n", "--poll-interval-seconds", "0"), {},
-         "--poll-interval-seconds: must be greater than 0, got '0'"),
-        (("--node-name", "n",), {"VRAMGATE_AGENT_METRICS_PORT": "http"},
-         "VRAMGATE_AGENT_METRICS_PORT: must be a valid integer, unable to parse string as an "
-         "integer, got 'http'"),
-        (("--node-name", "n", "--backend", "rocm"), {},
-         "--backend: must be 'nvml', 'dcgm' or 'static', got 'rocm'"),
-        (("--node-name", "n", "--backend", "static"), {},
-         "--static-file is required with --backend static"),
-        (("--node-name", "n", "--heartbeat-interval-seconds", "1"), {},
-         "heartbeatIntervalSeconds must not be less than pollIntervalSeconds"),
-        (("--node-name", "n", "--change-threshold-bytes", "lots"), {},
-         "--change-threshold-bytes: invalid size 'lots'"),
+        (
+            (),
+            {},
+            "--node-name is required (or VRAMGATE_AGENT_NODE_NAME, or nodeName in the config file)",
+        ),
+        (
+            ("--node-name", "n", "--poll-interval-seconds", "0"),
+            {},
+            "--poll-interval-seconds: must be greater than 0, got '0'",
+        ),
+        (
+            (
+                "--node-name",
+                "n",
+            ),
+            {"VRAMGATE_AGENT_METRICS_PORT": "http"},
+            "VRAMGATE_AGENT_METRICS_PORT: must be a valid integer, unable to parse string as an "
+            "integer, got 'http'",
+        ),
+        (
+            ("--node-name", "n", "--backend", "rocm"),
+            {},
+            "--backend: must be 'nvml', 'dcgm' or 'static', got 'rocm'",
+        ),
+        (
+            ("--node-name", "n", "--backend", "static"),
+            {},
+            "--static-file is required with --backend static",
+        ),
+        (
+            ("--node-name", "n", "--heartbeat-interval-seconds", "1"),
+            {},
+            "heartbeatIntervalSeconds must not be less than pollIntervalSeconds",
+        ),
+        (
+            ("--node-name", "n", "--change-threshold-bytes", "lots"),
+            {},
+            "--change-threshold-bytes: invalid size 'lots'",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_naming_their_source(

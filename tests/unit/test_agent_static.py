@@ -28,6 +28,8 @@ gpus:
   - {index: 2, uuid: GPU-2, product: NVIDIA GB10, memoryInfoSupported: false}
   - {index: 3, uuid: MIG-3, product: A100 MIG 3g.20gb, totalBytes: 20GiB, usedBytes: 0,
      mig: {parentUUID: GPU-3, gpuInstanceId: 1}}
+  - {index: 3, uuid: MIG-3b, product: A100 MIG 3g.20gb, totalBytes: 20GiB, usedBytes: 1GiB,
+     driverReservedBytes: 0, mig: {parentUUID: GPU-3, gpuInstanceId: 2, computeInstanceId: 0}}
 """
 
 
@@ -46,27 +48,55 @@ def test_sizes_defaults_processes_and_special_parts() -> None:
     assert gpus[1].used_bytes == 0  # an idle GPU: zero is a size here
     assert not gpus[2].memory_info_supported and gpus[2].free_bytes is None
     assert gpus[3].mig == MigInstance("GPU-3", 1)
+    # MIG devices repeat their parent's index; driverReservedBytes is the newer spelling.
+    assert gpus[4].index == 3 and gpus[4].mig == MigInstance("GPU-3", 2, 0)
+    assert (gpus[4].reserved_bytes, gpus[4].free_bytes) == (0, 19 * GIB)
 
 
 def test_json_is_accepted() -> None:
-    text = '{"gpus": [{"index": 0, "uuid": "GPU-0", "product": "L4", ' \
-           '"totalBytes": 1000, "usedBytes": 10}]}'
+    text = (
+        '{"gpus": [{"index": 0, "uuid": "GPU-0", "product": "L4", '
+        '"totalBytes": 1000, "usedBytes": 10}]}'
+    )
     assert parse_static(text, "node.json")[0].free_bytes == 990
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB, usedBytes: 2GiB}]",
-         "exceed totalBytes"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB}]",
-         "totalBytes and usedBytes are required"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 12XB, usedBytes: 0}]",
-         r"gpus\[0\].totalBytes: invalid size '12XB'"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, colour: red}]",
-         r"gpus\[0\].colour: unknown field"),
-        ("gpus: [{index: -1, uuid: GPU-0, product: X}]",
-         r"gpus\[0\].index: must be greater than or equal to 0"),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB, usedBytes: 2GiB}]",
+            "exceed totalBytes",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB}]",
+            "totalBytes and usedBytes are required",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 12XB, usedBytes: 0}]",
+            r"gpus\[0\].totalBytes: invalid size '12XB'",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, colour: red}]",
+            r"gpus\[0\].colour: unknown field",
+        ),
+        (
+            "gpus: [{index: -1, uuid: GPU-0, product: X}]",
+            r"gpus\[0\].index: must be greater than or equal to 0",
+        ),
+        ("gpus: [{index: 0, uuid: GPU-0, product: X}, {index: 1, uuid: GPU-0, product: X}]",
+         r"gpus\[1\].uuid: GPU-0 is also gpus\[0\]'s"),
+        ("gpus: [{index: 0, uuid: GPU-0, product: X, memoryInfoSupported: false, "
+         "totalBytes: 1GiB}]", "memoryInfoSupported is false, so totalBytes"),
+        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 2GiB, usedBytes: 0, "
+         "reservedBytes: 1MiB, driverReservedBytes: 1MiB}]",
+         r"gpus\[0\]: set driverReservedBytes or reservedBytes"),
+        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
+         "processes: [{pid: 1, podUID: " + "a" * 37 + "}]}]",
+         r"gpus\[0\].processes\[0\].podUID: String should have at most 36 characters"),
+        ("gpus: [{index: 0, uuid: MIG-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
+         "mig: {parentUUID: GPU-0, gpuInstanceId: 1, computeInstanceId: -1}}]",
+         r"gpus\[0\].mig.computeInstanceId: must be greater than or equal to 0"),
         ("{gpus: [", "not valid YAML or JSON"),
         ("- just a list", "node.yaml: the file: must be a mapping with a gpus list"),
     ],
@@ -82,6 +112,6 @@ def test_backend_rereads_the_file_on_every_read(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=f"static: cannot read {path}: No such file"):
         backend.read()
     path.write_text(NODE)
-    assert len(backend.read()) == 4
+    assert len(backend.read()) == 5
     path.write_text(NODE.replace("usedBytes: 20GiB", "usedBytes: 30GiB"))
     assert backend.read()[0].used_bytes == 30 * GIB

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,6 +94,38 @@ def test_reasons_must_be_camel_case_words(reason: str) -> None:
 
 def test_every_reason_constant_is_a_valid_reason() -> None:
     reasons = [v for k, v in vars(cond).items() if k.startswith("REASON_")]
-    assert len(reasons) == 10
+    assert len(reasons) == 12
     for reason in reasons:
         _set([], ConditionStatus.FALSE, reason)
+
+
+def test_the_agents_condition_and_reasons_are_the_shared_constants() -> None:
+    assert (cond.READY, cond.REASON_GPUS_READ, cond.REASON_BACKEND_FAILED) == (
+        "Ready", "GPUsRead", "BackendFailed")
+
+
+def _documented_constants() -> dict[str, str]:
+    """Each upper-case string constant of conditions.py -> the `#:` comment above it."""
+    lines = Path(cond.__file__).read_text(encoding="utf-8").splitlines()
+    out: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        match = re.match(r'^([A-Z_]+) = "', line)
+        if not match:
+            continue
+        comment: list[str] = []
+        j = i - 1
+        while j >= 0 and lines[j].startswith("#:"):
+            comment.insert(0, lines[j][2:].strip())
+            j -= 1
+        out[match.group(1)] = " ".join(comment)
+    return out
+
+
+def test_every_type_and_reason_is_documented_with_what_it_indicates() -> None:
+    documented = _documented_constants()
+    assert {"READY", "REASON_GPUS_READ", "REASON_BACKEND_FAILED"} <= documented.keys()
+    for name, comment in documented.items():
+        value = getattr(cond, name)
+        assert comment.startswith(f"{value} indicates "), name
+    for name in ("REASON_GPUS_READ", "REASON_BACKEND_FAILED"):
+        assert " because " in documented[name], name

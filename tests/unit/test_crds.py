@@ -93,9 +93,10 @@ def test_schema_defaults_are_the_estimators_defaults() -> None:
     spec = _schema(crds.FINETUNEJOB)["properties"]["spec"]["properties"]
     training = {k: v.get("default") for k, v in spec["training"]["properties"].items()}
     lora = {k: v.get("default") for k, v in spec["lora"]["properties"].items()}
+    assert lora["rank"] is None
     values = {
         "method": "QLoRA",
-        "rank": lora["rank"],
+        "rank": 16,  # no API default: a LoRA or QLoRA job must choose its rank
         "targets": lora["targetModules"],
         "batch": training["microBatchSize"],
         "seq_len": training["sequenceLength"],
@@ -110,6 +111,12 @@ def test_schema_defaults_are_the_estimators_defaults() -> None:
     settings, errors = build_settings(values)
     assert errors == []
     assert settings == TrainingSettings()
+
+
+def test_adapters_need_a_rank() -> None:
+    spec = _schema(crds.FINETUNEJOB)["properties"]["spec"]
+    (rule,) = spec["x-kubernetes-validations"]
+    assert rule["message"] == "lora.rank is required when method is LoRA or QLoRA"
 
 
 def test_the_model_source_is_exactly_one_of_three() -> None:
@@ -135,6 +142,40 @@ def test_conditions_are_a_map_keyed_by_type() -> None:
         "type": "integer",
         "format": "int64",
     }
+
+
+def test_gpunode_gpus_are_keyed_by_uuid_and_pods_by_uid() -> None:
+    """MIG devices share their parent's index: only the UUID tells devices apart."""
+    gpus = _schema(crds.GPUNODE)["properties"]["status"]["properties"]["gpus"]
+    assert gpus["x-kubernetes-list-type"] == "map"
+    assert gpus["x-kubernetes-list-map-keys"] == ["uuid"]
+    item = gpus["items"]
+    assert item["required"] == ["uuid", "index", "product"]  # a map key must be required
+    fields = item["properties"]
+    pods = fields["pods"]
+    assert pods["x-kubernetes-list-type"] == "map"
+    assert pods["x-kubernetes-list-map-keys"] == ["uid"]
+    assert pods["items"]["required"] == ["uid"]
+    assert pods["items"]["properties"]["usedBytes"]["minimum"] == 0
+    assert fields["mig"]["required"] == ["parentUUID", "gpuInstanceId"]
+    assert set(fields["mig"]["properties"]) == {"parentUUID", "gpuInstanceId",
+                                                "computeInstanceId"}
+
+
+def test_gpunode_memory_figures_are_optional_and_the_two_reservations_distinct() -> None:
+    fields = _schema(crds.GPUNODE)["properties"]["status"]["properties"]["gpus"]["items"][
+        "properties"]
+    assert fields["memoryInfoSupported"] == {
+        "description": fields["memoryInfoSupported"]["description"],
+        "type": "boolean",
+        "default": True,
+    }
+    for name in ("totalBytes", "freeBytes", "usedBytes", "driverReservedBytes",
+                 "reservedBytes"):
+        assert fields[name]["type"] == "integer" and fields[name]["minimum"] == 0, name
+        assert "in bytes" in fields[name]["description"], name
+    assert "operator" in fields["reservedBytes"]["description"]
+    assert "driver" in fields["driverReservedBytes"]["description"]
 
 
 def test_a_union_of_types_is_refused() -> None:

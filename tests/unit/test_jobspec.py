@@ -218,7 +218,11 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
             "config",
         ),
         (job(model={"configMapRef": {}}), "spec.model.configMapRef.name: is required"),
-        ({"method": "QLoRA"}, "spec.model: is required; set one of preset, config, configMapRef"),
+        (
+            {"method": "QLoRA", "lora": {"rank": 16}},
+            "spec.model: is required; set one of preset, config, configMapRef",
+        ),
+        (job(lora={"rank": None}), "spec.lora.rank: is required when method is LoRA or QLoRA"),
         ({"model": {"preset": "llama-3.1-8b"}}, "spec.method: is required; allowed: Full"),
         ("QLoRA please", "spec: must be an object"),
     ],
@@ -288,11 +292,11 @@ VALID_SPECS = st.fixed_dictionaries(
     {
         "model": st.sampled_from([{"preset": "llama-3.1-8b"}, {"preset": "qwen2.5-0.5b"}]),
         "method": st.sampled_from(["Full", "LoRA", "QLoRA"]),
+        "lora": st.fixed_dictionaries(
+            {"rank": st.integers(1, 512)}, optional={"targetModules": st.just(["all-linear"])}
+        ),
     },
     optional={
-        "lora": st.fixed_dictionaries(
-            {}, optional={"rank": st.integers(1, 512), "targetModules": st.just(["all-linear"])}
-        ),
         "training": st.fixed_dictionaries(
             {},
             optional={

@@ -86,7 +86,9 @@ def _condition(patch: kopf.Patch, type_: str) -> dict[str, Any]:
 
 
 def test_a_valid_job_is_estimated(events: list[tuple[str, str, str]]) -> None:
-    patch = _reconcile({"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"})
+    patch = _reconcile(
+        {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+    )
     assert patch["status"]["estimate"]["totalBytes"] == 7_780_056_064
     assert patch["status"]["observedGeneration"] == 3
     assert _condition(patch, "Estimated")["observedGeneration"] == 3
@@ -94,13 +96,13 @@ def test_a_valid_job_is_estimated(events: list[tuple[str, str, str]]) -> None:
 
 
 def test_an_invalid_spec_is_recorded_not_raised(events: list[tuple[str, str, str]]) -> None:
-    patch = _reconcile({"model": {"preset": "nope"}, "method": "QLoRA"})
+    patch = _reconcile({"model": {"preset": "nope"}, "method": "QLoRA", "lora": {"rank": 16}})
     assert _condition(patch, "Estimated")["reason"] == "InvalidSpec"
     assert events[0][:2] == ("Warning", "InvalidSpec")
 
 
 def test_an_unchanged_job_writes_nothing(events: list[tuple[str, str, str]]) -> None:
-    spec = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"}
+    spec = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
     status = _reconcile(spec)["status"]
     events.clear()
     assert _reconcile(spec, status=status) == {}
@@ -134,7 +136,11 @@ def test_the_status_is_patched_before_the_retry(
 
 def test_a_configmap_model_is_read_and_estimated(events: list[tuple[str, str, str]]) -> None:
     maps = FakeConfigMaps({"cfg": {"model.json": json.dumps(QWEN25_05B)}})
-    spec = {"model": {"configMapRef": {"name": "cfg", "key": "model.json"}}, "method": "LoRA"}
+    spec = {
+        "model": {"configMapRef": {"name": "cfg", "key": "model.json"}},
+        "method": "LoRA",
+        "lora": {"rank": 8},
+    }
     patch = _reconcile(spec, maps)
     assert patch["status"]["estimate"]["model"] == "configmaps/cfg[model.json]"
     assert maps.reads == 1
@@ -147,7 +153,9 @@ def test_an_estimator_bug_is_recorded_once_not_retried(
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(handlers, "estimate_plan", broken)
-    patch = _reconcile({"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"})
+    patch = _reconcile(
+        {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+    )
     estimated = _condition(patch, "Estimated")
     assert estimated["reason"] == "EstimationFailed"
     assert estimated["message"] == "the estimator failed: ZeroDivisionError: division by zero"

@@ -11,7 +11,7 @@ from controller.operator import status as rules
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 LATER = T0 + timedelta(hours=1)
-SPEC = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"}
+SPEC = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 
 
 def _estimated(status: dict[str, Any], generation: int = 1, now: datetime = T0, **spec: Any):
@@ -34,7 +34,7 @@ def test_first_estimate_sets_status_conditions_and_an_event() -> None:
     estimate = update.patch["estimate"]
     assert estimate["totalBytes"] == 7_780_056_064
     assert estimate["perGpuBytes"] == 7_780_056_064
-    assert estimate["totalGiB"] == estimate["perGpuGiB"] == "7.25 GiB"
+    assert estimate["total"] == estimate["perGpu"] == "7.25 GiB"
     assert estimate["components"]["weights"] == 4_015_130_624
     assert sum(estimate["components"].values()) == estimate["totalBytes"]
     assert estimate["model"] == "llama-3.1-8b" and estimate["profile"] == "analytic"

@@ -21,7 +21,7 @@ from tests.unit.conftest import LLAMA_31_8B
     ("values", "message"),
     [
         ({"method": "dora"}, "method: unsupported value 'dora'; allowed: full, lora, qlora"),
-        ({"rank": None}, "lora.rank: is required when method is lora or qlora"),
+        ({"rank": None}, "lora.rank: is required when method is LoRA or QLoRA"),
         ({"rank": 0}, "lora.rank: must be greater than or equal to 1, got 0"),
         ({"rank": 10**9}, "lora.rank: must be less than or equal to 65536"),
         ({"rank": 1.5}, "lora.rank: must be an integer, got 1.5"),

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from controller.webhook import certs
 from controller.webhook.validating import INVALID, validate_finetunejob
 
-VALID = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA"}
+VALID = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 INVALID_SPEC = {"model": {"preset": "llama-8b"}, "method": "QLoRA", "lora": {"rank": 0}}
 
 
