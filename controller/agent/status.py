@@ -152,7 +152,7 @@ def build_status(
         "gpuCount": len(entries),
         "product": ", ".join(products) or None,
         "freeBytes": free,
-        "freeGiB": format_gib(free),
+        "free": format_gib(free),
         "heartbeatTime": heartbeat.replace(microsecond=0),
     })
     body = status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -106,7 +106,7 @@ GPUNODE = CrdInfo(
     printer_columns=[
         {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpuCount"},
         {"name": "Product", "type": "string", "jsonPath": ".status.product"},
-        {"name": "Free", "type": "string", "jsonPath": ".status.freeGiB"},
+        {"name": "Free", "type": "string", "jsonPath": ".status.free"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
     spec_required=False,

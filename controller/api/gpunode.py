@@ -177,7 +177,7 @@ class GPUNodeStatus(ApiModel):
         "with memoryInfoSupported false add nothing.",
     )
     free_gib: str | None = Field(
-        None, alias="freeGiB", description="freeGiB is freeBytes in GiB, for display."
+        None, alias="free", description="free is freeBytes in GiB, for people (612.50 GiB)."
     )
     heartbeat_time: datetime | None = Field(
         None,

@@ -33,7 +33,7 @@ def test_status_validates_against_the_api_model_and_sums_free_memory() -> None:
     assert body["gpuCount"] == 2
     assert body["product"] == "NVIDIA H100 80GB HBM3"
     assert body["freeBytes"] == 150 * GIB
-    assert body["freeGiB"] == "150.00 GiB"
+    assert body["free"] == "150.00 GiB"
     assert body["heartbeatTime"] == "2025-01-01T12:00:00Z"
     assert body["gpus"][0] == {
         "uuid": "GPU-0",
