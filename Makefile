@@ -3,8 +3,8 @@ PYTHON ?= python3
 
 .PHONY: install test unit integration lint binaries bench cluster-up cluster-down
 
-install:  ## the package, its test tools, in editable mode
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+install:  ## the package, its test tools and the trace extra (torch), in editable mode
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test,trace]'
 
 lint: install  ## ruff, and the import contract that keeps the core pure
 	$(PYTHON) -m ruff check controller tests e2e benchmarks

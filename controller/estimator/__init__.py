@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.estimator import analytic, unsloth
+from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.architecture import ModelShape, canonical_targets, parse_config
 from controller.estimator.errors import SpecError, SpecErrors
 from controller.estimator.fit import Fit, fit, select_device_map
@@ -113,5 +113,27 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         raise SpecErrors(errors)
     if settings.profile is Profile.UNSLOTH:
         return unsloth.estimate(shape, settings)
+    if settings.profile is Profile.CALIBRATED:
+        return calibrated.estimate(shape, settings)
+    if settings.profile is Profile.TRACE:
+        return _trace(shape, settings)
     per_rank = shape.lora_params_per_rank(settings.targets) if settings.is_adapter else 0
     return analytic.estimate(shape, settings, per_rank)
+
+
+def _trace(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+    """The `trace` profile, imported only when asked for: it needs torch (the `trace` extra)."""
+    try:
+        from controller.trace import TraceUnsupported
+        from controller.trace import estimate as trace_estimate
+    except ImportError as error:
+        raise SpecError(
+            PATHS["profile"],
+            f"trace needs the `trace` extra (pip install 'vramgate[trace]'): {error}",
+        ) from None
+    if shape.source is None:
+        raise SpecError(PATHS["profile"], "trace needs the model's config.json")
+    try:
+        return trace_estimate(shape.source, settings)
+    except TraceUnsupported as error:
+        raise SpecError(PATHS["profile"], f"trace: {error}") from None

@@ -131,6 +131,8 @@ class ModelShape:
     final_norm_params: int
     max_position_embeddings: int | None
     quantization: Quantization | None
+    # The config.json this shape was parsed from: the `trace` profile builds the real model.
+    source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # Derived values computed once per parsed model (LoRA counts per target set, profile
     # views): estimates run thousands of times a second on the same few shapes.
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
@@ -628,6 +630,7 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         final_norm_params=norm,
         max_position_embeddings=max_pos,
         quantization=_quantization(config, text, prefix),
+        source=config,
     )
 
 

@@ -76,6 +76,8 @@ class Precision(_Choice):
 class Profile(_Choice):
     ANALYTIC = "analytic"
     UNSLOTH = "unsloth"
+    TRACE = "trace"  # a real training step on fake tensors (needs the `trace` extra)
+    CALIBRATED = "calibrated"  # a formula fitted to traces (calibration.json)
 
 
 class Parallelism(_Choice):

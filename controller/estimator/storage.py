@@ -1,0 +1,209 @@
+"""Exact resident bytes of a training job: weights, adapters, gradients, optimizer state.
+
+These are the tensors whose shapes the config fixes, counted tensor by tensor the way the
+`trace` profile sees them allocated (each rounded up to the CUDA caching allocator's
+512-byte block), so the `calibrated` profile only has to fit what depends on the step's
+data flow (activations, temporaries). Pure: no torch.
+
+What each setting allocates (the trace's modelling, see controller/trace):
+* weights in the training precision; QLoRA: every decoder linear as bitsandbytes NF4
+  (packed 4-bit, per-64 absmax, double-quantised unless the checkpoint says otherwise),
+  embeddings, norms and LM head 16-bit; PEFT LoRA adapters A (r x in) and B (out x r) in
+  fp32; `modules_to_save` as trainable 16-bit copies beside the frozen originals.
+* gradients: one per trainable tensor, in its dtype.
+* optimizer state per trainable tensor of n elements, e bytes each (see trace/optim.py):
+  torch AdamW 2 moments in the tensor's dtype + a step scalar; fp32-master AdamW an fp32
+  master, two fp32 moments and a step; bitsandbytes 8-bit 2 x n uint8 + 2 fp32 absmax per
+  256 (n >= 4096, else 2 fp32 moments) and two 256-entry maps; bitsandbytes 32-bit 2 fp32
+  moments; SGD nothing.
+* optimizer scratch during `step()`: foreach AdamW a parameter-sized list (sqrt of the
+  second moments); fp32-master the fp32 gradient copies plus that list over the masters;
+  fused AdamW, SGD and bitsandbytes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.estimator.architecture import ModelShape
+from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
+
+BLOCK = 512
+NF4_BLOCK = 64
+NESTED_BLOCK = 256
+MIN_8BIT_SIZE = 4096
+BLOCKWISE_8BIT = 256
+_DTYPE_BYTES = {Precision.BF16: 2, Precision.FP16: 2, Precision.FP32: 4}
+_FP32 = 4
+
+
+def block(nbytes: int) -> int:
+    """Bytes the caching allocator charges for `nbytes`."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def nf4_bytes(numel: int, double_quant: bool = True) -> int:
+    """Resident bytes of one NF4 weight of `numel` elements (see trace/qlora.py), rounded."""
+    blocks = _ceil(numel, NF4_BLOCK)
+    total = block(_ceil(numel, 2)) + block(16 * _FP32)  # packed codes + NF4 code book
+    if double_quant:
+        total += block(blocks) + block(_ceil(blocks, NESTED_BLOCK) * _FP32)
+        total += block(256 * _FP32) + block(_FP32)  # nested code book + offset
+    else:
+        total += block(blocks * _FP32)
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Static:
+    """Resident bytes (and the counts the activation fit uses) of one job."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    optimizer_scratch: int
+    total_params: int
+    trainable_params: int
+    lora_inputs: int  # sum of in_features over adapted linears (all layers)
+    lora_ranks: int  # rank x number of adapted linears (all layers)
+    dequantized: int  # bytes of the largest dequantised 4-bit weight (QLoRA), else 0
+    layer_gradients: int  # gradient bytes of the largest decoder layer
+    head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
+    embed_gradients: int  # an untied trainable embedding: computed last in backward
+
+
+def _quantized(shape: ModelShape, settings: TrainingSettings) -> tuple[bool, bool]:
+    quant = shape.quantization
+    pre = quant is not None and quant.load_in_4bit
+    on = settings.method is Method.QLORA or (settings.method is Method.LORA and pre)
+    double = quant.double_quant if (pre and quant is not None) else True
+    return on, double
+
+
+def _state_bytes(numel: int, elem: int, optimizer: Optimizer) -> int:
+    if optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_TORCH):
+        return 2 * block(numel * elem) + BLOCK
+    if optimizer is Optimizer.ADAMW_FP32_MASTER:
+        return 3 * block(numel * _FP32) + BLOCK
+    if optimizer is Optimizer.ADAMW_8BIT and numel >= MIN_8BIT_SIZE:
+        return 2 * block(numel) + 2 * block(_ceil(numel, BLOCKWISE_8BIT) * _FP32)
+    if optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT):
+        return 2 * block(numel * _FP32)
+    return 0
+
+
+def _scratch_bytes(numel: int, elem: int, optimizer: Optimizer) -> int:
+    if optimizer is Optimizer.ADAMW:
+        return block(numel * elem)
+    if optimizer is Optimizer.ADAMW_FP32_MASTER:
+        return 2 * block(numel * _FP32)
+    return 0
+
+
+def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
+    """Weights, gradients, optimizer state and step scratch of the job, exactly."""
+    key = (
+        "static",
+        settings.method,
+        settings.rank,
+        settings.targets,
+        settings.modules_to_save,
+        settings.precision,
+        settings.optimizer,
+    )
+    cached = shape.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    elem = _DTYPE_BYTES[settings.precision]
+    quantized, double = _quantized(shape, settings)
+    adapter = settings.is_adapter
+    wanted = set(settings.targets)
+    every = "all-linear" in wanted
+    rank = settings.rank or 0
+    h, vocab = shape.hidden_size, shape.vocab_size
+
+    weights = 0
+    trainable: list[tuple[int, int]] = []  # (numel, bytes per element)
+    lora_inputs = lora_ranks = dequantized = layer_grads = 0
+    for layer in shape.layers:
+        grads_here = 0
+        for lin in layer.linears:
+            numel = lin.in_features * lin.out_features * lin.copies
+            bias = lin.out_features * lin.copies if lin.bias else 0
+            weights += nf4_bytes(numel, double) if quantized else block(numel * elem)
+            weights += block(bias * elem) if bias else 0
+            if quantized:
+                dequantized = max(dequantized, block(numel * elem))
+            if not adapter:
+                trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
+                grads_here += block(numel * elem) + (block(bias * elem) if bias else 0)
+            elif every or lin.name in wanted:
+                a, b = rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies
+                weights += block(a * _FP32) + block(b * _FP32)
+                trainable += [(a, _FP32), (b, _FP32)]
+                grads_here += block(a * _FP32) + block(b * _FP32)
+                lora_inputs += lin.in_features * lin.copies
+                lora_ranks += rank * lin.copies
+        for numel in _norm_tensors(layer.other_params, h):
+            weights += block(numel * elem)
+            if not adapter:
+                trainable.append((numel, elem))
+                grads_here += block(numel * elem)
+        layer_grads = max(layer_grads, grads_here)
+
+    tied = not shape.lm_head_params
+    outer = [shape.embedding_params, shape.final_norm_params]
+    if not tied:
+        outer.append(shape.lm_head_params)
+    for numel in outer:
+        weights += block(numel * elem)
+        if not adapter:
+            trainable.append((numel, elem))
+    head_grads = embed_grads = 0
+    if not adapter:
+        head_grads = block(shape.final_norm_params * elem)
+        head_grads += block((shape.embedding_params if tied else shape.lm_head_params) * elem)
+        embed_grads = 0 if tied else block(shape.embedding_params * elem)
+    for module in settings.modules_to_save if adapter else ():
+        if module == "lm_head" and tied:
+            continue
+        weights += block(vocab * h * elem)
+        trainable.append((vocab * h, elem))
+        if module == "lm_head" or tied:
+            head_grads += block(vocab * h * elem)
+        else:
+            embed_grads += block(vocab * h * elem)
+
+    gradients = sum(block(n * e) for n, e in trainable)
+    optimizer = sum(_state_bytes(n, e, settings.optimizer) for n, e in trainable)
+    if settings.optimizer is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in trainable):
+        optimizer += 2 * block(256 * _FP32)
+    scratch = sum(_scratch_bytes(n, e, settings.optimizer) for n, e in trainable)
+    trainable_params = sum(n for n, _ in trainable)
+    result = Static(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        optimizer_scratch=scratch,
+        # Adapters and saved copies are parameters beside the base model's.
+        total_params=shape.total_params + (trainable_params if adapter else 0),
+        trainable_params=trainable_params,
+        lora_inputs=lora_inputs,
+        lora_ranks=lora_ranks,
+        dequantized=dequantized,
+        layer_gradients=layer_grads,
+        head_gradients=head_grads,
+        embed_gradients=embed_grads,
+    )
+    shape.memo[key] = result
+    return result
+
+
+def _norm_tensors(other_params: int, hidden: int) -> list[int]:
+    """A layer's non-linear parameters (norm weights, sinks...) as hidden-sized tensors."""
+    full, rest = divmod(other_params, hidden)
+    return [hidden] * full + ([rest] if rest else [])

@@ -1,0 +1,108 @@
+"""The `trace` profile: a real training step on fake tensors, counted storage by storage.
+
+    report = trace(config_json, TrainingSettings(method=Method.LORA))
+    report.peak_bytes, report.breakdown, report.phases, report.extras
+
+Needs the `trace` extra (torch, transformers, peft); the pure estimator imports this package
+only when a job asks for this profile. See `run.py` for what a step is, `build.py` for how the
+model is set up, `qlora.py` and `optim.py` for what is modelled rather than run, `tracker.py`
+for how bytes are counted and `overheads.py` for what is added on top of the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from controller.estimator import overheads
+from controller.estimator.result import Estimate
+from controller.estimator.settings import TrainingSettings
+from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
+from controller.trace.extrapolate import MIN_LAYERS, extend
+from controller.trace.run import RunResult, SegmentPeak, trace_run
+from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
+
+__all__ = ["TraceReport", "TraceUnsupported", "estimate", "trace"]
+
+#: Models up to this depth are traced whole by default; deeper ones from two shallow traces.
+FULL_TRACE_MAX_LAYERS = 2 * MIN_LAYERS + 1
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    """A traced step: the peak of tensor bytes, where it happened, and what was live."""
+
+    peak_bytes: int
+    breakdown: dict[str, int]
+    phases: dict[str, SegmentPeak]
+    peak_at: SegmentPeak
+    extras: dict[str, int]
+    total_params: int
+    trainable_params: int
+    layers: int
+    traced_layers: tuple[int, ...]
+    attention_traced_as: str
+    seconds: float
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peak_bytes + sum(self.extras.values())
+
+
+def trace(
+    config: Mapping[str, Any], settings: TrainingSettings, layers: int | str = "auto"
+) -> TraceReport:
+    """Trace the job. `layers`: "auto" (whole model when shallow, else extrapolated),
+    "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1."""
+    depth = int(text_config(config)["num_hidden_layers"])
+    if layers == "full" or (layers == "auto" and depth <= FULL_TRACE_MAX_LAYERS):
+        result = trace_run(config, settings)
+        traced: tuple[int, ...] = (depth,)
+    else:
+        n = MIN_LAYERS if layers == "auto" else int(layers)
+        if n < MIN_LAYERS or n + 1 >= depth:
+            result = trace_run(config, settings)
+            traced = (depth,)
+        else:
+            small, large = trace_run(config, settings, n), trace_run(config, settings, n + 1)
+            result = extend(small, large, depth)
+            traced = (n, n + 1)
+    return _report(result, settings, traced)
+
+
+def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ...]) -> TraceReport:
+    peak_at = max(result.segments, key=lambda s: s.peak)
+    extras = overheads.extras(result.peak)
+    return TraceReport(
+        peak_bytes=result.peak,
+        breakdown=dict(result.breakdown),
+        phases=dict(result.phase_peaks),
+        peak_at=peak_at,
+        extras=extras,
+        total_params=result.total_params,
+        trainable_params=result.trainable_params,
+        layers=result.layers,
+        traced_layers=traced,
+        attention_traced_as=TRACED_ATTENTION[settings.attention],
+        seconds=result.seconds,
+    )
+
+
+def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
+    """The trace as an `Estimate`: the peak's categories plus the constants, each a line."""
+    report = trace(config, settings)
+    components = dict(report.breakdown) | report.extras
+    replicated = (
+        report.breakdown[ACTIVATIONS] + report.breakdown[TEMPORARIES] + sum(report.extras.values())
+    )
+    return Estimate(
+        profile="trace",
+        components=components,
+        total_params=report.total_params,
+        trainable_params=report.trainable_params,
+        sharded_bytes=sum(components.values()) - replicated,
+        replicated_bytes=replicated,
+        usable_fraction=Fraction(1),
+    )

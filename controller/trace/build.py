@@ -1,0 +1,252 @@
+"""The real Hugging Face model, built on fake tensors, set up the way a fine-tuning job runs it.
+
+* Built from `config.json` with `from_config` on the meta device (no initialisation cost),
+  then given fake CPU storage under the trace's `FakeTensorMode`: CPU, not faked CUDA,
+  because a CPU build of torch cannot run a faked-CUDA backward. Memory is device-agnostic
+  at the aten level: the same ops save the same tensors.
+* `use_cache=False` and train mode, as a trainer sets them.
+* The attention implementation: `eager` and `sdpa` as asked. `flash_attention_2` and
+  `flex_attention` do not exist on CPU; they are traced as `sdpa`, whose CPU kernel
+  (`_scaled_dot_product_flash_attention_for_cpu`) is itself a flash kernel: it saves the
+  output and a log-sum-exp, no s x s matrix, exactly what flash-attention 2 saves.
+* Gradient checkpointing through transformers' own switch (non-reentrant, the default).
+  `unsloth` checkpointing (which offloads the checkpoints to host memory) is traced as `on`:
+  the offload is not modelled, so the checkpoints (L x tokens x hidden x 2 bytes) are
+  counted on the GPU, an over-estimate of that much.
+* QLoRA: every linear of the decoder blocks is replaced by `qlora.Linear4bitStorage` (the
+  storage model of bitsandbytes' `Linear4bit`); embeddings, norms and the LM head stay 16-bit,
+  as transformers' bitsandbytes integration leaves them (`llm_int8_skip_modules` honoured).
+* LoRA / QLoRA: PEFT's `get_peft_model` with the job's rank and targets. Under fake mode
+  PEFT's `module.to(...)` would try `torch.utils.swap_tensors` on fake parameters and fail;
+  `_no_swap` makes conversion assign new parameters instead, which is what it does for real
+  tensors anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from controller.estimator.settings import Attention, Checkpointing, Method, Precision
+from controller.estimator.settings import TrainingSettings as Settings
+from controller.trace import qlora
+
+DTYPES = {
+    Precision.BF16: torch.bfloat16,
+    Precision.FP16: torch.float16,
+    Precision.FP32: torch.float32,
+}
+# Attention implementations that exist on a CPU build of torch, and what each job setting
+# traces as (see the module docstring for why flash/flex are traced as sdpa).
+TRACED_ATTENTION = {
+    Attention.EAGER: "eager",
+    Attention.SDPA: "sdpa",
+    Attention.FLASH_ATTENTION_2: "sdpa",
+    Attention.FLEX_ATTENTION: "sdpa",
+}
+# Per-layer list fields that must shrink with num_hidden_layers in a few-layer trace.
+_PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types")
+
+
+class TraceUnsupported(ValueError):
+    """The model or setting cannot be traced (a one-line reason for the user)."""
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def text_config(config: Mapping[str, Any], layers: int | None = None) -> dict[str, Any]:
+    """The language model's config.json as a plain dict, optionally cut to `layers` layers.
+
+    Multimodal configs are traced as their text model (the estimator's scope: text
+    fine-tuning); their vision tower is not part of the estimate.
+    """
+    raw = _thaw(config)
+    text = raw.get("text_config")
+    if isinstance(text, dict):
+        outer = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config")}
+        raw = outer | text
+        raw.pop("architectures", None)
+    raw.pop("quantization_config", None)  # QLoRA storage is modelled, not loaded
+    if layers is not None:
+        raw["num_hidden_layers"] = layers
+        for name in _PER_LAYER_FIELDS:
+            if isinstance(raw.get(name), list):
+                raw[name] = raw[name][:layers]
+    return raw
+
+
+def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | None = None) -> Any:
+    from transformers import AutoConfig
+
+    raw = text_config(config, layers)
+    model_type = raw.pop("model_type", None) or "llama"
+    try:
+        cfg = AutoConfig.for_model(model_type, **raw)
+    except (KeyError, ValueError) as error:
+        raise TraceUnsupported(f"transformers cannot build model_type {model_type!r}") from error
+    cfg._attn_implementation = TRACED_ATTENTION[attention]
+    cfg.use_cache = False
+    return cfg
+
+
+def is_moe(cfg: Any) -> bool:
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if (getattr(cfg, name, None) or 0) > 1:
+            return True
+    return False
+
+
+def _materialize(model: nn.Module) -> nn.Module:
+    """Give every meta parameter and buffer fake CPU storage (ties kept: one tensor each)."""
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in made:
+                data = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+                made[id(param)] = nn.Parameter(data, requires_grad=param.requires_grad)
+            module._parameters[name] = made[id(param)]
+        for name, buf in list(module._buffers.items()):
+            if buf is not None:
+                if id(buf) not in made:
+                    made[id(buf)] = torch.empty(buf.shape, dtype=buf.dtype, device="cpu")
+                module._buffers[name] = made[id(buf)]
+    return model
+
+
+@contextlib.contextmanager
+def _no_swap() -> Iterator[None]:
+    """`module.to()` assigns converted parameters instead of swapping fake tensors."""
+    original = nn.Module._apply
+
+    def apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        if recurse:
+            for child in self.children():
+                apply(child, fn)
+        for key, param in list(self._parameters.items()):
+            if param is None:
+                continue
+            with torch.no_grad():
+                new = fn(param)
+            if new is not param:
+                self._parameters[key] = nn.Parameter(new, requires_grad=param.requires_grad)
+        for key, buf in list(self._buffers.items()):
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    nn.Module._apply = apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
+
+
+def build_model(config: Mapping[str, Any], settings: Settings, layers: int | None = None) -> Any:
+    """The model as the job trains it; call inside the trace's FakeTensorMode."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if settings.fused_loss:
+        raise TraceUnsupported(
+            "a fused / chunked cross-entropy is not traced (it replaces the model's loss); "
+            "use --profile calibrated or analytic"
+        )
+    cfg = hf_config(config, settings.attention, layers)
+    if is_moe(cfg):
+        raise TraceUnsupported(
+            "mixture-of-experts models route tokens by value, which fake tensors do not have; "
+            "use --profile calibrated or analytic"
+        )
+    hf_logging.set_verbosity_error()
+    model = _from_config(AutoModelForCausalLM, cfg, DTYPES[settings.precision])
+    model = _materialize(model)
+    model.config.use_cache = False
+    model.train()
+    quantized = settings.method is Method.QLORA or (
+        settings.method is Method.LORA and qlora.is_prequantized(config)
+    )
+    if quantized:
+        skip, double = qlora.skip_modules(config), qlora.double_quant(config)
+        qlora.quantize_linears(model, skip, DTYPES[settings.precision], double)
+    if settings.is_adapter:
+        for param in model.parameters():
+            param.requires_grad_(False)
+    if settings.gradient_checkpointing is not Checkpointing.OFF:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable()
+    if settings.is_adapter:
+        model = _apply_lora(model, settings, quantized)
+    return model
+
+
+_FLASH_LIKE = "vramgate_uncapped"  # no "sdpa" in the name: transformers would check it
+
+
+def _register_flash_like() -> None:
+    """sdpa without soft-capping, as an attention implementation of its own.
+
+    Gemma 2 caps its attention scores; its class refuses PyTorch's sdpa for that, but the job
+    runs flash-attention 2, which applies the cap inside the kernel and saves what sdpa saves
+    (output and log-sum-exp). Dropping the cap keeps every tensor the same size.
+    """
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def attention(module: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("softcap", None)
+        return sdpa_attention_forward(module, *args, **kwargs)
+
+    AttentionInterface.register(_FLASH_LIKE, attention)
+    AttentionMaskInterface.register(_FLASH_LIKE, sdpa_mask)
+
+
+def _from_config(auto: Any, cfg: Any, dtype: torch.dtype) -> Any:
+    """`from_config` on the meta device; sdpa through `_register_flash_like` for models that
+    refuse it (see there)."""
+    try:
+        with torch.device("meta"):
+            return auto.from_config(cfg, dtype=dtype)
+    except ValueError as error:
+        if cfg._attn_implementation != "sdpa" or "does not support" not in str(error):
+            raise
+    _register_flash_like()
+    cfg._attn_implementation = _FLASH_LIKE
+    with torch.device("meta"):
+        return auto.from_config(cfg, dtype=dtype, attn_implementation=_FLASH_LIKE)
+
+
+def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    targets: str | list[str] = (
+        "all-linear" if "all-linear" in settings.targets else list(settings.targets)
+    )
+    lora = LoraConfig(
+        r=settings.rank or 16,
+        lora_alpha=settings.rank or 16,
+        lora_dropout=0.0,  # PEFT's default; dropout > 0 would save a masked input copy
+        target_modules=targets,
+        modules_to_save=list(settings.modules_to_save) or None,
+        task_type="CAUSAL_LM",
+    )
+    with _no_swap(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(model, lora)
+    if quantized:
+        qlora.use_bnb_lora_forward(model)
+    return model

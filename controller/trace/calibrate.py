@@ -1,0 +1,354 @@
+"""Regenerate `controller/estimator/calibration.json`: fit the calibrated profile to traces.
+
+    python -m controller.trace.calibrate [--samples 24] [--workers N] [--out PATH]
+
+For every dense architecture family among the bundled presets, and every method
+(full / LoRA / QLoRA), checkpointing (on / off) and attention (sdpa / eager), it traces
+`--samples` shrunk variants of the family's smallest preset: 2-3 layers, 128-512 tokens,
+batch 1-2, LoRA rank 8/16/32, tied or untied embeddings, and random widths in the
+proportions of real models (4 or 8 heads of 64 or 128, k/v heads dividing them, hidden
+512-1024, MLP 2.5-4x hidden, vocabulary 4-16x hidden). The proportions matter: which op of a
+layer holds the most memory depends on them (an MLP narrower than the hidden size peaks
+elsewhere), and the fit is linear only within one such regime. Fake tensors make a trace
+cost the same at any width; shallow depth and short sequences keep the run to minutes.
+
+Each variant is traced at 2 and 3 layers (one optimizer step each). For each moment of the
+step (`calibrated.py`), the difference between the two is what one layer adds: its
+coefficients are fitted by least squares against `calibrated.LAYER_FEATURES`; what is left
+at 0 layers is fitted against `LOCAL_FEATURES`. One pair per family x method x
+checkpointing x attention x moment; the data file records the library versions, each
+class's worst relative error over its samples, and the scope.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from controller.estimator.architecture import parse_config
+from controller.estimator.calibrated import (
+    DATA_FILE,
+    LAYER_FEATURES,
+    LOCAL_FEATURES,
+    OPTIMIZER_KEY,
+    dynamic_bytes,
+    features,
+)
+from controller.estimator.presets import load_preset
+from controller.estimator.settings import (
+    Attention,
+    Checkpointing,
+    Method,
+    TrainingSettings,
+)
+from controller.estimator.storage import static_bytes
+
+#: The smallest bundled preset of each dense family: the template of its shrunk variants.
+FAMILY_PRESETS = {
+    "llama": "llama-3.2-1b",
+    "mistral": "mistral-7b-v0.1",
+    "qwen2": "qwen2.5-0.5b",
+    "qwen3": "qwen3-0.6b",
+    "gemma2": "gemma-2-2b",
+    "gemma3_text": "gemma-3-1b",
+    "phi3": "phi-3-mini-4k",
+    "olmo2": "olmo-2-7b",
+}
+METHODS = (Method.FULL, Method.LORA, Method.QLORA)
+CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
+ATTENTIONS = (Attention.SDPA, Attention.EAGER)
+# Fields dropped from a shrunk variant: token ids must fit the smaller vocabulary, RoPE
+# scaling tables are sized for the original head dimension (neither changes memory).
+_DROPPED = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_scaling", "layer_types")
+
+
+def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
+    """A random small config of `family` (see the module docstring for the ranges)."""
+    config = load_preset(FAMILY_PRESETS[family]).config_dict()
+    for name in _DROPPED:
+        config.pop(name, None)
+    config["pad_token_id"] = 0  # class defaults may exceed the smaller vocabulary
+    heads = rng.choice((4, 8))
+    head_dim = rng.choice((64, 128))
+    if "head_dim" in config:  # the family states head_dim: hidden is free
+        hidden = rng.choice((512, 768, 1024))
+        config["head_dim"] = head_dim
+        config["query_pre_attn_scalar"] = head_dim
+    else:
+        hidden = heads * head_dim
+    kv = rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0])
+    config.update(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=_round(hidden * rng.uniform(2.5, 4.0)),
+        vocab_size=_round(hidden * rng.uniform(4.0, 16.0)),
+        num_hidden_layers=layers,
+        tie_word_embeddings=rng.random() < 0.5,
+        max_position_embeddings=4096,
+    )
+    if config.get("sliding_window"):
+        config["sliding_window"] = 4096
+    return config
+
+
+def _round(value: float, multiple: int = 128) -> int:
+    return max(multiple, round(value / multiple) * multiple)
+
+
+def moments(result: Any) -> dict[str, int]:
+    """The fitted moments of a one-step run (`calibrated.py`): each one's largest peak."""
+    out: dict[str, int] = {}
+    for seg in result.segments:
+        if seg.phase == "optimizer":
+            key = OPTIMIZER_KEY
+        else:
+            place = _place(seg.region, result.layers)
+            if place is None:
+                continue
+            key = f"{seg.phase}/{place}"
+        out[key] = max(out.get(key, 0), seg.peak)
+    return out
+
+
+def _place(region: str, layers: int) -> str | None:
+    if region.startswith("tail"):
+        return region
+    if not region.startswith("layer "):
+        return None
+    layer, _, part = region.partition("/")
+    index = int(layer.split()[1])
+    name = "last" if index == layers - 1 else "first" if index == 0 else None
+    if name is None:
+        return None
+    return f"{name}/{part}" if part else name
+
+
+def _measure(config: dict[str, Any], settings: TrainingSettings) -> dict[str, Any]:
+    """One single-step trace: each moment's dynamic bytes, the static part, the peak."""
+    from controller.trace.run import trace_run
+
+    # One step: its forward and backward run without optimizer state, which the calibrated
+    # profile adds exactly (the steady step allocates the same plus the state).
+    result = trace_run(config, settings, steps=1, breakdowns=False)
+    static = static_bytes(parse_config(config), settings)
+    step = static.weights + static.gradients + static.optimizer + static.optimizer_scratch
+    dynamic = {
+        key: peak - (step if key == OPTIMIZER_KEY else static.weights)
+        for key, peak in moments(result).items()
+    }
+    return {
+        "dynamic": dynamic,
+        "base": static.weights + static.optimizer,
+        "static_step": step,
+        # The steady step's peak: the same segments, with the optimizer state held throughout.
+        "peak": max(
+            seg.peak + (0 if seg.phase == "optimizer" else static.optimizer)
+            for seg in result.segments
+        ),
+    }
+
+
+Task = tuple[str, str, str, str, int]  # family, method, checkpointing, attention, seed
+
+
+def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
+    """The 2-layer config and the settings of one sample (deterministic in the task)."""
+    family, method, gc, attention, seed = task
+    rng = random.Random(f"{family}/{method}/{gc}/{attention}/{seed}")
+    config = shrunk(family, rng, layers=2)
+    settings = TrainingSettings(
+        method=Method(method),
+        rank=None if method == "full" else rng.choice((8, 16, 32)),
+        batch=rng.choice((1, 2)),
+        seq_len=rng.choice((128, 256, 384, 512)),
+        gradient_checkpointing=Checkpointing(gc),
+        attention=Attention(attention),
+    )
+    return config, settings
+
+
+def _features(task: Task) -> tuple[list[int], list[int]]:
+    config, settings = variant(task)
+    shape = parse_config(config)
+    return features(shape, settings, static_bytes(shape, settings))
+
+
+def sample(task: Task) -> dict[str, Any]:
+    """Trace one shrunk variant at 2 and 3 layers: per-layer and once-per-step bytes."""
+    config, settings = variant(task)
+    two = _measure(config, settings)
+    three = _measure(config | {"num_hidden_layers": 3}, settings)
+    per_layer, once = _features(task)
+    keys = two["dynamic"].keys() & three["dynamic"].keys()
+    delta = {k: three["dynamic"][k] - two["dynamic"][k] for k in keys}
+    return {
+        "task": list(task),
+        "class": task[:4],
+        "per_layer": per_layer,
+        "once": once,
+        "delta": delta,
+        "at_zero": {k: two["dynamic"][k] - 2 * delta[k] for k in keys},
+        "runs": {2: two, 3: three},
+    }
+
+
+def tasks(samples: int) -> Iterator[Task]:
+    for family in FAMILY_PRESETS:
+        for method in METHODS:
+            for gc in CHECKPOINTING:
+                for attention in ATTENTIONS:
+                    for seed in range(samples):
+                        yield family, method.value, gc.value, attention.value, seed
+
+
+#: Moments are kept until, at every sample and depth, the largest kept one comes within this
+#: share of the largest of all: the others never decide an estimate, and dropping them keeps
+#: the estimate fast (a handful of moments instead of a hundred).
+KEEP_WITHIN = 0.998
+
+
+DEPTHS = (32, 80)  # real depths a moment must be checked at before it is dropped
+
+
+def _affine(row: dict[str, Any], name: str, layers: int) -> float:
+    """A static quantity of the row's model at any depth (it is affine in the depth)."""
+    a, b = row["runs"][2][name], row["runs"][3][name]
+    return a + (layers - 2) * (b - a)
+
+
+def _predict(key: str, coefs: list[list[float]], row: dict[str, Any], layers: int) -> float:
+    dynamic = max(0.0, dynamic_bytes(layers, row["per_layer"], row["once"], coefs))
+    return _affine(row, "static_step" if key == OPTIMIZER_KEY else "base", layers) + dynamic
+
+
+def _deciding(fitted: dict[str, list[list[float]]], rows: list[dict[str, Any]]) -> set[str]:
+    """The fewest moments (greedily) whose largest is within KEEP_WITHIN of the largest of
+    all, at every sample, at 2 and 3 layers and at the real depths."""
+    points = [
+        {k: _predict(k, c, row, layers) for k, c in fitted.items()}
+        for row in rows
+        for layers in (2, 3, *DEPTHS)
+    ]
+    tops = [max(p.values()) for p in points]
+    keep: set[str] = set()
+    open_points = set(range(len(points)))
+    while open_points:
+        best = max(
+            fitted,
+            key=lambda k: sum(points[i][k] >= KEEP_WITHIN * tops[i] for i in open_points),
+        )
+        keep.add(best)
+        open_points = {i for i in open_points if points[i][best] < KEEP_WITHIN * tops[i]}
+    return keep
+
+
+def _lstsq(rows: list[list[int]], targets: list[int]) -> list[float]:
+    import numpy as np
+
+    x = np.array(rows, dtype=np.float64)
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    solution, *_ = np.linalg.lstsq(x / scale, np.array(targets, dtype=np.float64), rcond=None)
+    return [float(f"{c:.9g}") for c in solution / scale]
+
+
+def fit(rows: list[dict[str, Any]]) -> tuple[dict[str, list[list[float]]], float]:
+    """Per moment: per-layer coefficients from the 3-minus-2-layer differences, the rest from
+    what is left at 0 layers. Keeps the deciding moments (`_deciding`); returns them and the
+    worst relative error of the predicted peak at 2 and 3 layers."""
+    fitted: dict[str, list[list[float]]] = {}
+    for key in sorted(set.intersection(*(set(r["delta"]) for r in rows))):
+        per_layer = _lstsq([r["per_layer"] for r in rows], [r["delta"][key] for r in rows])
+        once = _lstsq([r["once"] for r in rows], [r["at_zero"][key] for r in rows])
+        fitted[key] = [per_layer, once]
+    keep = _deciding(fitted, rows)
+    coefficients = {k: fitted[k] for k in sorted(keep)}
+    worst = max(
+        abs(max(_predict(k, c, row, n) for k, c in coefficients.items()) - row["runs"][n]["peak"])
+        / row["runs"][n]["peak"]
+        for row in rows
+        for n in (2, 3)
+    )
+    return coefficients, worst
+
+
+def calibrate(
+    samples: int, workers: int, dump: Path | None = None, refit: Path | None = None
+) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    started = time.perf_counter()
+    if refit is not None:  # traced moments kept, features recomputed (they may have changed)
+        rows = json.loads(refit.read_text())
+        for row in rows:
+            row["runs"] = {int(k): v for k, v in row["runs"].items()}
+            row["per_layer"], row["once"] = _features(tuple(row["task"]))  # type: ignore[arg-type]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(sample, tasks(samples), chunksize=4))
+    if dump is not None:
+        dump.write_text(json.dumps(rows))
+    by_class: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_class.setdefault(tuple(row["class"]), []).append(row)
+    families: dict[str, Any] = {}
+    errors: dict[str, float] = {}
+    for (family, method, gc, attention), group in sorted(by_class.items()):
+        coefficients, worst = fit(group)
+        families.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})[attention] = (
+            coefficients
+        )
+        errors[f"{family}/{method}/{gc}/{attention}"] = worst
+    return {
+        "generated_by": "python -m controller.trace.calibrate",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+        },
+        "samples_per_class": len(rows) // max(1, len({tuple(r["class"]) for r in rows})),
+        "seconds": round(time.perf_counter() - started, 1),
+        "refit_of_stored_samples": refit is not None,
+        "scope": (
+            "bf16, AdamW, all-linear LoRA, sdpa (also used for flash/flex) or eager; other "
+            "optimizers and targets change only the exact static part; fp32 doubles the "
+            "fitted terms; MoE layers charged as dense experts_per_token x expert width"
+        ),
+        "layer_features": list(LAYER_FEATURES),
+        "local_features": list(LOCAL_FEATURES),
+        "worst_relative_error": max(errors.values()),
+        "errors": errors,
+        "families": families,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=24, help="traces per class")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    default_out = Path(__file__).resolve().parents[1] / "estimator" / DATA_FILE
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--rows", type=Path, help="also write the traced samples here (JSON)")
+    parser.add_argument("--refit", type=Path, help="fit samples written by --rows, no tracing")
+    args = parser.parse_args(argv)
+    data = calibrate(args.samples, args.workers, args.rows, args.refit)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(
+        f"wrote {args.out}: {len(data['errors'])} classes, worst error "
+        f"{data['worst_relative_error']:.4%}, {data['seconds']} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""A storage model of bitsandbytes' 4-bit linear layer, for QLoRA traces.
+
+bitsandbytes' `Linear4bit` cannot run on fake tensors (its kernels are CUDA-only and have no
+fake implementation), so the trace replaces each quantised linear with `Linear4bitStorage`,
+which allocates exactly what bitsandbytes 0.4x allocates for an NF4 layer of `out x in`
+weights with blocksize 64 (transformers' default) and runs the same ops around them:
+
+Resident (counted as weights):
+  * packed weight: uint8, ceil(out·in / 2) bytes (two 4-bit codes per byte);
+  * absmax: one per 64-weight block, n_blocks = ceil(out·in / 64) — fp32 (4 bytes each)
+    without double quantisation; with `bnb_4bit_use_double_quant` uint8 (1 byte each) plus
+    the second-level state: fp32 absmax per 256 first-level blocks (ceil(n_blocks / 256) x 4
+    bytes), its 256-entry fp32 code book (1 KiB) and one fp32 offset;
+  * the NF4 code book: 16 fp32 values, one copy per layer (bitsandbytes creates it per
+    quantisation state);
+  * the bias, if any, in the compute dtype.
+
+Transient (counted as temporaries, as in `bnb.functional.dequantize_4bit`):
+  * forward: with double quantisation, the first-level absmax dequantised to fp32
+    (n_blocks x 4 bytes); then the dequantised weight, out x in in the compute dtype; the
+    matmul output; both scratch tensors freed when the op returns;
+  * backward (`MatMul4Bit.backward`): the weight dequantised again the same way, and the
+    input gradient; nothing else is saved, since the base weight is frozen and bitsandbytes
+    saves no activation for it.
+
+`controller.estimator.storage.nf4_bytes` is the same arithmetic for the calibrated profile.
+
+Not modelled: PEFT's `prepare_model_for_kbit_training` (which TRL's SFTTrainer calls for a
+4-bit model) casts every remaining 16-bit parameter, embeddings and LM head included, to
+fp32; the trace keeps them 16-bit, as Unsloth and a plain `get_peft_model` do. For Llama 3.1
+8B that upcast would add about 2 GiB.
+
+The LoRA wrapper around it is PEFT's `lora.bnb.Linear4bit`, whose forward differs from the
+plain `lora.Linear` (a defensive `result.clone()`, adapter output cast back before the add):
+`use_bnb_lora_forward` gives the traced LoRA layers that forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+BLOCKSIZE = 64  # transformers' BitsAndBytesConfig default for 4-bit
+NESTED_BLOCKSIZE = 256  # bitsandbytes' blocksize for the double-quantised absmax
+NF4_CODE_ENTRIES = 16
+DYNAMIC_CODE_ENTRIES = 256
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    """bitsandbytes' `MatMul4Bit`: dequantise, matmul, save nothing but the layer."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layer: Linear4bitStorage) -> torch.Tensor:  # type: ignore[override]
+        ctx.layer = layer
+        return nn.functional.linear(x, layer.dequantize(), layer.bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return torch.matmul(grad, ctx.layer.dequantize()), None
+
+
+class Linear4bitStorage(nn.Linear):
+    """An NF4 `Linear4bit` as far as memory goes (a `nn.Linear` so PEFT wraps it)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        compute_dtype: torch.dtype,
+        double_quant: bool = True,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.compute_dtype = compute_dtype
+        self.double_quant = double_quant
+        n = in_features * out_features
+        blocks = _ceil_div(n, BLOCKSIZE)
+        packed = torch.empty((_ceil_div(n, 2), 1), dtype=torch.uint8)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=compute_dtype), requires_grad=False)
+            if bias
+            else None
+        )
+        self.code = torch.empty(NF4_CODE_ENTRIES, dtype=torch.float32)
+        if double_quant:
+            self.absmax = torch.empty(blocks, dtype=torch.uint8)
+            self.nested_absmax = torch.empty(
+                _ceil_div(blocks, NESTED_BLOCKSIZE), dtype=torch.float32
+            )
+            self.nested_code = torch.empty(DYNAMIC_CODE_ENTRIES, dtype=torch.float32)
+            self.offset = torch.empty((), dtype=torch.float32)
+        else:
+            self.absmax = torch.empty(blocks, dtype=torch.float32)
+        self.blocks = blocks
+
+    def quant_state(self) -> Iterable[torch.Tensor]:
+        """The tensors of bitsandbytes' QuantState (held as attributes, as it holds them)."""
+        yield self.code
+        yield self.absmax
+        if self.double_quant:
+            yield from (self.nested_absmax, self.nested_code, self.offset)
+
+    def dequantize(self) -> torch.Tensor:
+        """`dequantize_4bit`: the fp32 absmax (double quant) lives while the weight is written."""
+        absmax = None
+        if self.double_quant:
+            absmax = torch.empty(self.blocks, dtype=torch.float32)  # dequantize_blockwise
+            absmax.add_(self.offset)
+        weight = torch.empty((self.out_features, self.in_features), dtype=self.compute_dtype)
+        del absmax
+        return weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.compute_dtype:
+            x = x.to(self.compute_dtype)
+        return _MatMul4Bit.apply(x, self)  # type: ignore[no-any-return]
+
+
+def is_prequantized(config: Mapping[str, Any]) -> bool:
+    qc = config.get("quantization_config")
+    if qc is None and isinstance(config.get("text_config"), Mapping):
+        qc = config["text_config"].get("quantization_config")
+    return isinstance(qc, Mapping) and bool(qc.get("load_in_4bit"))
+
+
+def skip_modules(config: Mapping[str, Any]) -> tuple[str, ...]:
+    qc = config.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return ()
+    return tuple(qc.get("llm_int8_skip_modules") or ())
+
+
+def double_quant(config: Mapping[str, Any]) -> bool:
+    """A pre-quantised checkpoint says; QLoRA recipes (and the QLoRA paper) use it."""
+    qc = config.get("quantization_config")
+    if isinstance(qc, Mapping) and qc.get("load_in_4bit"):
+        return bool(qc.get("bnb_4bit_use_double_quant", False))
+    return True
+
+
+def quantize_linears(
+    model: nn.Module, skip: Iterable[str], dtype: torch.dtype, double: bool = True
+) -> None:
+    """Replace the decoder's linears by their NF4 storage, as transformers' bnb loader does.
+
+    The loader converts every `nn.Linear` except the output embedding (`lm_head`) and the
+    modules named in `llm_int8_skip_modules`.
+    """
+    skipped = {"lm_head", *skip}
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if not isinstance(child, nn.Linear) or isinstance(child, Linear4bitStorage):
+                continue
+            if any(part in skipped for part in full.split(".")) or full in skipped:
+                continue
+            setattr(
+                module,
+                child_name,
+                Linear4bitStorage(
+                    child.in_features, child.out_features, child.bias is not None, dtype, double
+                ),
+            )
+
+
+def quantized_tensors(model: nn.Module) -> Iterable[torch.Tensor]:
+    for module in model.modules():
+        if isinstance(module, Linear4bitStorage):
+            yield from module.quant_state()
+
+
+def _bnb_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """PEFT's `lora.bnb.Linear4bit.forward`, vanilla-LoRA path, without autocast."""
+    result = self.base_layer(x, *args, **kwargs).clone()
+    for active in self.active_adapters:
+        if active not in self.lora_A:
+            continue
+        lora_a, lora_b = self.lora_A[active], self.lora_B[active]
+        expected = result.dtype
+        x = self._cast_input_dtype(x, lora_a.weight.dtype)
+        output = lora_b(lora_a(self.lora_dropout[active](x))) * self.scaling[active]
+        result = result + output.to(expected)
+    return result
+
+
+def use_bnb_lora_forward(model: nn.Module) -> None:
+    from peft.tuners.lora import Linear as LoraLinear
+
+    for module in model.modules():
+        if isinstance(module, LoraLinear) and isinstance(module.base_layer, Linear4bitStorage):
+            module.forward = _bnb_lora_forward.__get__(module)  # type: ignore[method-assign]

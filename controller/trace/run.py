@@ -1,0 +1,278 @@
+"""One traced training run: build the model on fake tensors, run the steps, read the peak.
+
+What runs is what a Hugging Face `Trainer` step runs, minus the data loader: the batch
+(`input_ids`, `attention_mask` of ones, `labels`, b x s int64 each) sits on the device, the
+model computes its own causal-LM loss from `labels` (fp32 upcast of the logits, log-softmax,
+NLL), the output object is dropped before `backward()` (so the 16-bit logits are freed, as in
+`Trainer.training_step`), then the optimizer steps and gradients are set to None.
+The batch is unpadded (packed or equal-length sequences, an all-ones mask), which lets
+transformers skip the causal mask for sdpa; a padded batch makes it materialise a
+b x 1 x s x s boolean mask and steers CUDA's sdpa from the flash to the memory-efficient
+kernel, which is not modelled. Gradient accumulation > 1 runs two micro-batches per step,
+so the second backward starts with the first one's gradients still held, which is where
+accumulation costs memory.
+
+At least two optimizer steps run: the first creates the optimizer state, so its forward
+pass runs without it; the second shows the steady state. The peak is the maximum over all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from controller.estimator.settings import TrainingSettings
+from controller.trace import qlora
+from controller.trace.build import build_model
+from controller.trace.optim import build_optimizer
+from controller.trace.tracker import (
+    CATEGORIES,
+    GRADIENTS,
+    OPTIMIZER,
+    WEIGHTS,
+    StorageTracker,
+)
+
+PHASES = ("forward", "backward", "optimizer")
+MIN_STEPS = 2
+
+
+@dataclass(frozen=True)
+class SegmentPeak:
+    """The peak of one stretch of the run, with what was live at that moment."""
+
+    step: int
+    phase: str
+    region: str
+    peak: int
+    breakdown: dict[str, int]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one traced run measured (for one model depth)."""
+
+    layers: int
+    peak: int
+    breakdown: dict[str, int]
+    phase_peaks: dict[str, SegmentPeak]
+    segments: tuple[SegmentPeak, ...]
+    total_params: int
+    trainable_params: int
+    seconds: float
+
+
+def decoder_layers(model: nn.Module, count: int) -> nn.ModuleList | None:
+    """The model's list of decoder blocks (the ModuleList of `num_hidden_layers` entries)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == count:
+            return module
+    return None
+
+
+def head_modules(model: nn.Module, layers: nn.ModuleList | None) -> list[nn.Module]:
+    """The final norm and the LM head, the modules a causal LM runs after its blocks."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = [m for m in base.modules() if layers is not None and layers in list(m.children())]
+    norm = getattr(inner[0], "norm", None) if inner else None
+    head = base.get_output_embeddings()
+    return [m for m in (norm, head) if isinstance(m, nn.Module)] if norm is not None else []
+
+
+def _parts(layer: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every sub-module of a block, by its path inside the block ("self_attn.q_proj")."""
+    return [(name, module) for name, module in layer.named_modules() if name]
+
+
+class _Regions:
+    """Module hooks that tell the tracker where the step is: which layer, and which module
+    inside it ("layer 3/mlp.down_proj"), in forward and in backward.
+
+    Forward uses pre-hooks: a region runs from a module's start to the next module's. Backward
+    uses gradient hooks on the outputs the forward produced: the gradient of a layer's output
+    arrives as its backward starts (with checkpointing, the recomputation runs there, region
+    "layer k"), that of a module's output as that module's backward starts. Regions this
+    fine make each one's peak a single op's, so its bytes are linear in the model's widths
+    (what the calibrated fit needs); a coarser region's peak moves between ops as widths
+    change.
+    """
+
+    def __init__(
+        self, tracker: StorageTracker, layers: nn.ModuleList | None, head: list[nn.Module]
+    ) -> None:
+        self.tracker = tracker
+        self.step = 0
+        self.phase = "forward"
+        self.count = len(layers) if layers is not None else 0
+        # After the blocks: the final norm and the LM head get regions of their own ("tail/…"),
+        # and the loss after the LM head is "tail", as is the loss's backward.
+        for name, module in zip(("norm", "lm_head"), head, strict=False):
+            module.register_forward_pre_hook(self._pre(f"tail/{name}"))
+            module.register_forward_hook(self._post(f"tail/{name}", name == "lm_head"))
+        for index, layer in enumerate(layers or ()):
+            layer.register_forward_pre_hook(self._pre(f"layer {index}"))
+            layer.register_forward_hook(self._post(f"layer {index}", index == self.count - 1))
+            for part, module in _parts(layer):
+                region = f"layer {index}/{part}"
+                module.register_forward_pre_hook(self._pre(region))
+                module.register_forward_hook(self._post(region, False))
+
+    def enter(self, step: int, phase: str, region: str) -> None:
+        self.step, self.phase = step, phase
+        self.tracker.enter(step, phase, region)
+
+    def _pre(self, region: str) -> Any:
+        def hook(_module: nn.Module, _args: Any) -> None:
+            if self.phase == "forward":
+                self.tracker.enter(self.step, "forward", region)
+            elif region.startswith("tail"):
+                return
+            elif "/" not in region:  # checkpointing's recomputation: that layer's backward
+                self.tracker.enter(self.step, self.phase, region)
+            else:  # a module recomputed inside that layer's backward
+                layer, _, part = region.partition("/")
+                self.tracker.enter(self.step, self.phase, f"{layer}/recompute:{part}")
+
+        return hook
+
+    def _post(self, region: str, last: bool) -> Any:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            if self.phase != "forward":
+                return
+            if last:  # the last block's or the LM head's end: what follows is the tail
+                self.tracker.enter(self.step, "forward", "tail")
+            hidden = output[0] if isinstance(output, tuple) else output
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                step = self.step
+
+                def on_grad(grad: torch.Tensor) -> None:
+                    self.tracker.enter(step, "backward", region)
+
+                hidden.register_hook(on_grad)
+
+        return hook
+
+
+def _register_model(tracker: StorageTracker, model: nn.Module) -> None:
+    for param in model.parameters():
+        tracker.register(param, WEIGHTS)
+    for buf in model.buffers():
+        tracker.register(buf, WEIGHTS)
+    for tensor in qlora.quantized_tensors(model):
+        tracker.register(tensor, WEIGHTS)
+
+
+def trace_run(
+    config: Mapping[str, Any],
+    settings: TrainingSettings,
+    layers: int | None = None,
+    steps: int = MIN_STEPS,
+    breakdowns: bool = True,
+) -> RunResult:
+    """Trace `steps` optimizer steps of the model cut to `layers` layers (None: all).
+
+    `steps=1` and `breakdowns=False` serve the calibration, which reads segment peaks of the
+    first step only (and adds the optimizer state itself): half the time.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    started = time.perf_counter()
+    micro_batches = 2 if settings.gradient_accumulation > 1 else 1
+    tracker = StorageTracker()
+    with FakeTensorMode():
+        model = build_model(config, settings, layers)
+        count = layers if layers is not None else model.config.num_hidden_layers
+        blocks = decoder_layers(model, count)
+        regions = _Regions(tracker, blocks, head_modules(model, blocks))
+        optimizer = build_optimizer(model.parameters(), settings.optimizer)
+        _register_model(tracker, model)
+        for tensor in optimizer.state_tensors():
+            tracker.register(tensor, OPTIMIZER)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        with tracker:
+            shape = (settings.batch, settings.seq_len)
+            input_ids = torch.zeros(shape, dtype=torch.long)
+            attention_mask = torch.ones(shape, dtype=torch.long)
+            labels = input_ids.clone()
+            for step in range(steps):
+                for _ in range(micro_batches):
+                    regions.enter(step, "forward", "head")
+                    loss = model(
+                        input_ids=input_ids, attention_mask=attention_mask, labels=labels
+                    ).loss
+                    regions.enter(step, "backward", "tail")
+                    loss.backward()
+                    del loss
+                    for param in trainable:
+                        if param.grad is not None:
+                            tracker.register(param.grad, GRADIENTS)
+                regions.enter(step, "optimizer", "step")
+                optimizer.step()
+                for tensor in optimizer.state_tensors():
+                    tracker.register(tensor, OPTIMIZER)
+                optimizer.zero_grad(set_to_none=True)
+            tracker.close()
+        total = sum(p.numel() for p in model.parameters())
+        total += sum(
+            m.in_features * m.out_features - m.weight.numel()
+            for m in model.modules()
+            if isinstance(m, qlora.Linear4bitStorage)
+        )
+        trainable_count = sum(p.numel() for p in trainable)
+    seconds = time.perf_counter() - started
+    return _result(tracker, count, total, trainable_count, seconds, breakdowns)
+
+
+def _result(
+    tracker: StorageTracker,
+    layers: int,
+    total: int,
+    trainable: int,
+    seconds: float,
+    breakdowns: bool = True,
+) -> RunResult:
+    segments = [s for s in tracker.segments if s.phase in PHASES]
+    ticks = sorted({tracker.peak_at, *(s.peak_at for s in segments)})
+    if breakdowns:
+        by_tick = dict(zip(ticks, _breakdowns(tracker, ticks), strict=True))
+    else:
+        by_tick = {tick: {} for tick in ticks}
+    peaks = tuple(
+        SegmentPeak(s.step, s.phase, s.region, s.peak, by_tick[s.peak_at]) for s in segments
+    )
+    phase_peaks: dict[str, SegmentPeak] = {}
+    for seg in peaks:
+        best = phase_peaks.get(seg.phase)
+        if best is None or seg.peak > best.peak:
+            phase_peaks[seg.phase] = seg
+    return RunResult(
+        layers=layers,
+        peak=tracker.peak,
+        breakdown=by_tick[tracker.peak_at],
+        phase_peaks=phase_peaks,
+        segments=peaks,
+        total_params=total,
+        trainable_params=trainable,
+        seconds=seconds,
+    )
+
+
+def _breakdowns(tracker: StorageTracker, ticks: list[int]) -> list[dict[str, int]]:
+    """Breakdowns at many ticks in one sweep over the records (ticks sorted)."""
+    out = [dict.fromkeys(CATEGORIES, 0) for _ in ticks]
+    forward_end = tracker.forward_ends()
+    for record in tracker.records:
+        lo = bisect.bisect_left(ticks, record.born)
+        hi = len(ticks) if record.died is None else bisect.bisect_left(ticks, record.died)
+        if lo >= hi:
+            continue
+        category = tracker.category(record, forward_end)
+        for i in range(lo, hi):
+            out[i][category] += record.nbytes
+    return out

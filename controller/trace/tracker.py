@@ -1,0 +1,178 @@
+"""Counts tensor storages as a training step creates and frees them: the exact peak.
+
+`StorageTracker` is a `TorchDispatchMode`: every aten op the step runs (forward, autograd's
+backward, the optimizer) passes through it, and every storage an op returns is recorded with
+its size, the clock tick it was born at and, through a weak reference, the tick it died at.
+The sum of live storages is what `torch.cuda.memory_allocated()` would read, and its maximum
+what `torch.cuda.max_memory_allocated()` would: sizes are rounded up to the CUDA caching
+allocator's 512-byte block, because that is what the allocator charges.
+
+Storages, not tensors: views share their base's storage and cost nothing, and a storage is
+freed when its last tensor (or autograd's saved reference) goes. Parameters never need
+special handling (torch's `MemTracker` crashes on frozen ones): they are storages like any
+other, registered once before the step with the role "weights".
+
+The tracker keeps a log rather than a running breakdown, because what a storage *is* is often
+known only later: an optimizer's moments are created inside `step()`, a gradient is an op's
+output before autograd accumulates it into `.grad`. After the run, any tick's live set can be
+rebuilt from the log and classified by the roles learnt meanwhile.
+
+The step is cut into segments (phase x region: "forward" / "layer 3", "backward" / "tail",
+"optimizer" / "step"); each segment keeps its own peak and the tick it happened at, which is
+what the few-layer extrapolation works from.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+#: The CUDA caching allocator's kMinBlockSize: every block is a multiple of 512 bytes.
+BLOCK = 512
+
+WEIGHTS = "weights"
+GRADIENTS = "gradients"
+OPTIMIZER = "optimizer"
+ACTIVATIONS = "activations"
+TEMPORARIES = "temporaries"
+CATEGORIES = (WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TEMPORARIES)
+
+
+def allocated_bytes(nbytes: int) -> int:
+    """What the caching allocator charges for a request of `nbytes` (0 stays 0)."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+@dataclass(slots=True)
+class _Record:
+    nbytes: int
+    born: int
+    segment: int  # index into StorageTracker.segments
+    died: int | None = None
+    role: str | None = None
+
+
+@dataclass(slots=True)
+class Segment:
+    """A stretch of the step: which phase and region, its ticks, its peak."""
+
+    step: int
+    phase: str
+    region: str
+    start: int
+    end: int = -1
+    peak: int = 0
+    peak_at: int = -1
+
+
+class StorageTracker(TorchDispatchMode):
+    """Records every storage created while active (and those `register`ed before)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[_Record] = []
+        self.segments = [Segment(step=-1, phase="setup", region="setup", start=0)]
+        self.clock = 0
+        self.current = 0
+        self.peak = 0
+        self.peak_at = 0
+        self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
+
+    # -- recording ------------------------------------------------------------------------
+
+    def register(self, tensor: torch.Tensor, role: str | None = None) -> None:
+        """Count a tensor's storage (if new) and give it a role (weights, gradients...)."""
+        index = self._track(tensor)
+        if index is not None and role is not None:
+            self.records[index].role = role
+
+    def _track(self, tensor: torch.Tensor) -> int | None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        known = self._live.get(key)
+        if known is not None:
+            return known[0]
+        nbytes = allocated_bytes(storage.nbytes())
+        self.clock += 1
+        index = len(self.records)
+        self.records.append(_Record(nbytes, self.clock, len(self.segments) - 1))
+        self._live[key] = (index, weakref.ref(storage, self._finalizer(key, index)))
+        self.current += nbytes
+        segment = self.segments[-1]
+        if self.current > segment.peak:
+            segment.peak, segment.peak_at = self.current, self.clock
+        if self.current > self.peak:
+            self.peak, self.peak_at = self.current, self.clock
+        return index
+
+    def _finalizer(self, key: int, index: int) -> Any:
+        def freed(_: object) -> None:
+            self._live.pop(key, None)
+            record = self.records[index]
+            self.clock += 1
+            record.died = self.clock
+            self.current -= record.nbytes
+
+        return freed
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self._track(value)
+        return out
+
+    # -- segments -------------------------------------------------------------------------
+
+    def enter(self, step: int, phase: str, region: str) -> None:
+        """Start a new segment now (the previous one ends here)."""
+        last = self.segments[-1]
+        if (last.step, last.phase, last.region) == (step, phase, region):
+            return
+        last.end = self.clock
+        self.segments.append(
+            Segment(step, phase, region, start=self.clock, peak=self.current, peak_at=self.clock)
+        )
+
+    def close(self) -> None:
+        self.segments[-1].end = self.clock
+
+    # -- reading (after the run) -----------------------------------------------------------
+
+    def forward_ends(self) -> dict[int, int]:
+        """For each segment index of a forward phase, the tick its forward pass ended."""
+        ends: dict[int, int] = {}
+        run: list[int] = []
+        for i, seg in enumerate(self.segments):
+            if seg.phase == "forward":
+                run.append(i)
+                continue
+            if run:
+                for j in run:
+                    ends[j] = self.segments[run[-1]].end
+                run = []
+        for j in run:
+            ends[j] = self.segments[run[-1]].end
+        return ends
+
+    def category(self, record: _Record, forward_end: dict[int, int]) -> str:
+        """A storage with a role is that role. Otherwise it is an activation when a forward
+        segment created it and it outlived that forward pass (kept for backward: saved
+        tensors, checkpoint inputs, the loss's log-probabilities), else a temporary."""
+        if record.role is not None:
+            return record.role
+        end = forward_end.get(record.segment)
+        if end is not None and (record.died is None or record.died > end):
+            return ACTIVATIONS
+        return TEMPORARIES

@@ -1,0 +1,322 @@
+"""The `trace` profile: a real training step on fake tensors, counted exactly.
+
+Small configs (a 4-layer, 512-wide Llama; shrunk bundled presets) keep each trace under a
+second or two; fake tensors make width free, so the large-model checks trace a few layers of
+the real widths. Needs the `trace` extra; CI installs it, and there a missing torch fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.unit.trace_support import TINY_LLAMA, require_trace_extra, with_layers
+
+require_trace_extra()
+
+from controller.cli import main  # noqa: E402
+from controller.estimator import (  # noqa: E402
+    Attention,
+    Checkpointing,
+    Method,
+    Optimizer,
+    Profile,
+    SpecError,
+    TrainingSettings,
+    estimate,
+    load_shape,
+    parse_config,
+)
+from controller.estimator.presets import load_preset  # noqa: E402
+from controller.estimator.storage import block, nf4_bytes, static_bytes  # noqa: E402
+from controller.trace import TraceUnsupported, trace  # noqa: E402
+from controller.trace.extrapolate import extend  # noqa: E402
+from controller.trace.run import trace_run  # noqa: E402
+from controller.trace.tracker import StorageTracker, allocated_bytes  # noqa: E402
+
+FULL = TrainingSettings(method=Method.FULL, rank=None, seq_len=256)
+LORA = TrainingSettings(method=Method.LORA, seq_len=256)
+QLORA = TrainingSettings(method=Method.QLORA, seq_len=256)
+# Three input tensors (ids, mask, labels) of b x s int64 sit on the device for the step.
+BATCH_BYTES = 3 * block(256 * 8)
+
+
+def settings(base: TrainingSettings, **changes: Any) -> TrainingSettings:
+    from dataclasses import replace
+
+    return replace(base, **changes)
+
+
+# -- the storage tracker ----------------------------------------------------------------------
+
+
+def test_tracker_counts_storages_not_views_and_sees_frees() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tracker = StorageTracker()
+    with FakeTensorMode(), tracker:
+        a = torch.empty(1000, dtype=torch.bfloat16)  # 2,000 bytes -> 2,048 charged
+        view = a[10:20]
+        assert tracker.current == 2048
+        b = torch.empty(10, dtype=torch.float32)
+        assert tracker.current == 2048 + 512
+        del a
+        assert tracker.current == 2048 + 512  # the view keeps the storage alive
+        del view
+        assert tracker.current == 512
+        del b
+    assert tracker.current == 0
+    assert tracker.peak == 2048 + 512
+
+
+def test_allocator_rounding() -> None:
+    assert allocated_bytes(0) == 0
+    assert allocated_bytes(1) == 512
+    assert allocated_bytes(512) == 512
+    assert allocated_bytes(513) == 1024
+
+
+def test_the_estimator_core_does_not_import_torch() -> None:
+    code = (
+        "import sys, controller.estimator, controller.cli; "
+        "from controller.estimator import estimate, load_shape, TrainingSettings, Profile; "
+        "estimate(load_shape('llama-3.1-8b'), TrainingSettings(profile=Profile.CALIBRATED)); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- what a step holds ------------------------------------------------------------------------
+
+
+def test_full_finetuning_peak_is_the_foreach_adamw_step_exactly() -> None:
+    """bf16 weights + bf16 gradients + two bf16 moments + foreach's parameter-sized scratch."""
+    run = trace_run(TINY_LLAMA, FULL)
+    static = static_bytes(parse_config(TINY_LLAMA), FULL)
+    step = run.phase_peaks["optimizer"]
+    buffers = 2 * block(32 * 4)  # RoPE's inv_freq and original_inv_freq (head_dim / 2 fp32)
+    assert step.breakdown["weights"] == static.weights + buffers
+    assert step.breakdown["gradients"] == static.gradients
+    assert step.breakdown["optimizer"] == static.optimizer
+    assert step.breakdown["temporaries"] == static.optimizer_scratch + BATCH_BYTES
+    assert run.peak == step.peak == sum(step.breakdown.values())
+    assert run.trainable_params == run.total_params == parse_config(TINY_LLAMA).total_params
+
+
+def test_adamw_moments_follow_the_parameter_dtype() -> None:
+    """4 bytes per bf16 parameter (PyTorch AdamW), 8 per fp32 LoRA adapter parameter."""
+    full = trace_run(TINY_LLAMA, FULL)
+    params = parse_config(TINY_LLAMA).total_params
+    assert abs(full.phase_peaks["optimizer"].breakdown["optimizer"] - 4 * params) < 0.01 * params
+    lora = trace_run(TINY_LLAMA, LORA)
+    state = lora.phase_peaks["forward"].breakdown["optimizer"]
+    assert abs(state - 8 * lora.trainable_params) < 0.02 * 8 * lora.trainable_params
+
+
+def test_lora_trainable_count_is_pefts_and_the_estimators() -> None:
+    run = trace_run(TINY_LLAMA, LORA)
+    shape = parse_config(TINY_LLAMA)
+    assert run.trainable_params == 16 * shape.lora_params_per_rank(("all-linear",))
+
+
+def test_the_first_step_under_reports() -> None:
+    """Optimizer state exists only from the first step() on: step 2's forward holds more."""
+    run = trace_run(TINY_LLAMA, LORA)
+    forward = {s.step: s.peak for s in run.segments if s.phase == "forward" and s.region == "tail"}
+    assert forward[1] > forward[0]
+
+
+def test_qlora_weights_are_the_nf4_storage_model() -> None:
+    run = trace_run(TINY_LLAMA, QLORA)
+    shape = parse_config(TINY_LLAMA)
+    static = static_bytes(shape, QLORA)
+    weights = run.phase_peaks["forward"].breakdown["weights"]
+    assert weights == static.weights + 2 * block(32 * 4)  # + RoPE's two buffers
+    q_proj = 512 * 512
+    blocks = q_proj // 64
+    # Packed 4-bit codes, the 16-entry NF4 code book, absmax per 64 (uint8 when double-
+    # quantised), fp32 absmax per 256 of those, the 256-entry nested code book, the offset.
+    expected = block(q_proj // 2) + block(16 * 4) + block(blocks) + block(4 * -(-blocks // 256))
+    assert nf4_bytes(q_proj) == expected + block(256 * 4) + block(4)
+    assert nf4_bytes(q_proj, double_quant=False) == block(q_proj // 2) + block(64) + 4 * blocks
+    # Embeddings and the LM head stay 16-bit.
+    assert weights > 2 * (2 * 4096 * 512)
+
+
+def test_qlora_dequantises_each_weight_into_a_temporary() -> None:
+    """bitsandbytes' forward materialises out x in bf16 of the layer being run."""
+    run = trace_run(TINY_LLAMA, settings(QLORA, gradient_checkpointing=Checkpointing.OFF))
+    mlp = [s for s in run.segments if s.region.endswith("mlp.up_proj.base_layer")]
+    assert max(s.breakdown["temporaries"] for s in mlp) >= 2 * 512 * 1536
+
+
+def test_checkpointing_keeps_one_hidden_state_per_layer() -> None:
+    on = trace_run(TINY_LLAMA, LORA)
+    off = trace_run(TINY_LLAMA, settings(LORA, gradient_checkpointing=Checkpointing.OFF))
+    kept_on = on.phase_peaks["forward"].breakdown["activations"]
+    kept_off = off.phase_peaks["forward"].breakdown["activations"]
+    assert kept_off > 4 * kept_on
+
+
+def test_peft_keeps_fp32_copies_of_adapter_inputs() -> None:
+    """Without checkpointing each adapted linear saves its input cast to fp32 (4 bytes per
+    element, one copy per module even where q/k/v read the same input): at least that much
+    is held per layer at the end of forward."""
+    gc_off = settings(LORA, gradient_checkpointing=Checkpointing.OFF)
+    kept = trace_run(TINY_LLAMA, gc_off).phase_peaks["forward"].breakdown["activations"]
+    fp32_copies = 4 * 256 * (6 * 512 + 1536)  # q,k,v,o,gate,up read h (o: q = h); down: i
+    assert kept >= 4 * fp32_copies
+    bf16_inputs_only = 2 * 256 * (6 * 512 + 1536)
+    assert kept - 4 * fp32_copies > 4 * bf16_inputs_only // 4  # and the block's own tensors
+
+
+def test_eager_attention_keeps_the_score_matrix() -> None:
+    sdpa = trace_run(TINY_LLAMA, settings(LORA, attention=Attention.SDPA, seq_len=1024))
+    eager = trace_run(TINY_LLAMA, settings(LORA, attention=Attention.EAGER, seq_len=1024))
+    assert eager.peak - sdpa.peak > 8 * 1024 * 1024 * 2  # heads x s^2 x bf16, at least
+
+
+def test_flash_attention_is_traced_as_sdpa() -> None:
+    flash = trace(TINY_LLAMA, settings(LORA, attention=Attention.FLASH_ATTENTION_2))
+    sdpa = trace(TINY_LLAMA, settings(LORA, attention=Attention.SDPA))
+    assert flash.peak_bytes == sdpa.peak_bytes
+    assert flash.attention_traced_as == "sdpa"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state_per_param"),
+    [
+        (Optimizer.SGD, 0),
+        (Optimizer.ADAMW_8BIT, 2),
+        (Optimizer.PAGED_ADAMW_32BIT, 8),
+        (Optimizer.ADAMW_FP32_MASTER, 12),
+        (Optimizer.ADAMW_TORCH, 4),
+    ],
+)
+def test_optimizer_state(optimizer: Optimizer, state_per_param: int) -> None:
+    run = trace_run(TINY_LLAMA, settings(FULL, optimizer=optimizer))
+    static = static_bytes(parse_config(TINY_LLAMA), settings(FULL, optimizer=optimizer))
+    held = run.phase_peaks["forward"].breakdown["optimizer"]
+    assert held == static.optimizer
+    params = run.trainable_params
+    assert abs(held - state_per_param * params) <= 0.02 * max(state_per_param * params, 1) + 8192
+
+
+def test_fused_adamw_needs_no_scratch_and_foreach_does() -> None:
+    fused = trace_run(TINY_LLAMA, settings(FULL, optimizer=Optimizer.ADAMW_TORCH))
+    foreach = trace_run(TINY_LLAMA, FULL)
+    scratch = foreach.phase_peaks["optimizer"].peak - fused.phase_peaks["optimizer"].peak
+    assert scratch == static_bytes(parse_config(TINY_LLAMA), FULL).optimizer_scratch
+
+
+def test_gradient_accumulation_holds_gradients_through_the_next_backward() -> None:
+    one = trace_run(TINY_LLAMA, settings(FULL, optimizer=Optimizer.ADAMW_TORCH))
+    two = trace_run(
+        TINY_LLAMA, settings(FULL, optimizer=Optimizer.ADAMW_TORCH, gradient_accumulation=4)
+    )
+    grads = static_bytes(parse_config(TINY_LLAMA), FULL).gradients
+    assert two.phase_peaks["forward"].peak - one.phase_peaks["forward"].peak == grads
+
+
+def test_unsupported_jobs_say_why() -> None:
+    with pytest.raises(TraceUnsupported, match="mixture-of-experts"):
+        trace(load_preset("mixtral-8x7b").config, LORA)
+    with pytest.raises(TraceUnsupported, match="fused"):
+        trace(TINY_LLAMA, settings(LORA, fused_loss=True))
+    with pytest.raises(SpecError, match="mixture-of-experts"):
+        estimate(load_shape("qwen3-30b-a3b"), settings(LORA, profile=Profile.TRACE))
+
+
+# -- deep models from shallow traces ----------------------------------------------------------
+
+EXTRAPOLATED = [
+    ("llama-3.2-1b", FULL),
+    ("llama-3.2-1b", settings(LORA, gradient_checkpointing=Checkpointing.OFF)),
+    ("qwen2.5-0.5b", QLORA),
+    ("gemma-3-270m", settings(LORA, attention=Attention.EAGER)),
+    ("smollm2-1.7b", settings(FULL, optimizer=Optimizer.ADAMW_FP32_MASTER)),
+]
+
+
+@pytest.mark.parametrize(("preset", "job"), EXTRAPOLATED, ids=[p for p, _ in EXTRAPOLATED])
+def test_extrapolation_agrees_with_the_full_trace(preset: str, job: TrainingSettings) -> None:
+    """Traces at 4 and 5 layers, extended per layer, within 0.5 % of tracing all layers
+    (the presets here have 16-30 layers; widths are the real ones)."""
+    config = load_preset(preset).config
+    whole = trace_run(config, job)
+    extended = extend(trace_run(config, job, 4), trace_run(config, job, 5), whole.layers)
+    assert abs(extended.peak - whole.peak) <= 0.005 * whole.peak
+    assert extended.total_params == whole.total_params
+    for category, n_bytes in whole.breakdown.items():
+        assert abs(extended.breakdown[category] - n_bytes) <= 0.005 * whole.peak
+
+
+def test_auto_traces_shallow_models_whole_and_deep_ones_extended() -> None:
+    shallow = trace(with_layers(TINY_LLAMA, 6), LORA)
+    assert shallow.traced_layers == (6,)
+    deep = trace(with_layers(TINY_LLAMA, 12), LORA)
+    assert deep.traced_layers == (4, 5)
+    assert deep.layers == 12
+
+
+# -- llama-3.1-8b at 2,048 tokens: the documented cases --------------------------------------
+
+
+def test_llama_8b_lora_breakdown() -> None:
+    """LoRA r=16 all-linear, 2,048 tokens, checkpointing, AdamW: bf16 base (14.96 GiB), fp32
+    adapters (0.16 GiB), their moments (0.31 GiB), one checkpoint per layer (0.5 GiB) and
+    the loss's fp32 log-probabilities (0.98 GiB) held, the loss gradient in flight."""
+    report = trace(load_preset("llama-3.1-8b").config, TrainingSettings(method=Method.LORA))
+    gib = 2**30
+    assert report.peak_at.phase == "backward" and report.peak_at.region == "tail"
+    assert 14.9 * gib < report.breakdown["weights"] - 41_943_040 * 4 < 15.0 * gib
+    assert report.breakdown["optimizer"] == pytest.approx(41_943_040 * 8, rel=0.01)
+    assert 1.4 * gib < report.breakdown["activations"] < 1.6 * gib
+    assert 18.5 * gib < report.peak_bytes < 19.5 * gib
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_trace_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["trace", "--model", "qwen2.5-0.5b", "--method", "lora", "--seq-len", "512",
+                 "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["profile"] == "trace"
+    assert sum(out["breakdown"].values()) == out["peak_bytes"]
+    assert out["total_bytes"] == out["peak_bytes"] + sum(out["extras"].values())
+    assert set(out["phases"]) == {"forward", "backward", "optimizer"}
+    assert out["traced_layers"] == [4, 5] and out["layers"] == 24
+    assert out["attention_traced_as"] == "sdpa"
+
+
+def test_trace_human_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["trace", "--model", "qwen2.5-0.5b", "--method", "qlora", "--seq-len", "256"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for text in ("forward peak", "backward peak", "optimizer peak", "CUDA context", "total"):
+        assert text in out
+
+
+def test_estimate_profile_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["estimate", "--model", "qwen2.5-0.5b", "--profile", "trace", "--seq-len",
+                 "256", "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["profile"] == "trace"
+    assert sum(out["components"].values()) == out["total_bytes"]
+    assert out["components"]["cuda_context"] > 0
+
+
+def test_trace_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "--model", "qwen2.5-0.5b", "--trace-layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trace-layers" in err
+    assert main(["trace", "--model", "mixtral-8x7b"]) == 2
+    assert "mixture-of-experts" in capsys.readouterr().err
