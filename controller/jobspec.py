@@ -264,6 +264,8 @@ def _settings(
         errors.append(SpecError("spec.method", f"is required; allowed: {allowed(TrainingMethod)}"))
     if "rank" not in values and "method" in values:
         values["rank"] = None  # no default rank: a LoRA or QLoRA job must choose one
+    # The API's default profile (the API server fills it in; a raw spec gets the same here).
+    values.setdefault("profile", Profile.CALIBRATED)
     for name, (api_enum, estimator_enum) in _ENUMS.items():
         if name in values and values[name] is not None:
             try:

@@ -47,8 +47,10 @@ class PrecisionName(StrEnum):
 
 
 class EstimatorProfile(StrEnum):
+    CALIBRATED = "Calibrated"
     ANALYTIC = "Analytic"
     UNSLOTH = "Unsloth"
+    TRACE = "Trace"
 
 
 class ParallelismMode(StrEnum):

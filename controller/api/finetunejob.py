@@ -193,10 +193,12 @@ class TrainingSpec(ApiModel):
 
 class EstimatorSpec(ApiModel):
     profile: EstimatorProfile = Field(
-        EstimatorProfile.ANALYTIC,
-        description="profile is the estimation method: Analytic (exact tensor count x 1.1) "
-        "or Unsloth (Unsloth's calibrated formula, for jobs trained with Unsloth). "
-        "Default Analytic.",
+        EstimatorProfile.CALIBRATED,
+        description="profile is the estimation method: Calibrated (a formula fitted to traces "
+        "of real training steps), Analytic (exact tensor count x 1.1, the first-principles "
+        "calculator), Unsloth (Unsloth's calibrated formula, for jobs trained with Unsloth) or "
+        "Trace (a training step of the real model on fake tensors: exact, but seconds per "
+        "estimate and the operator needs the trace extra). Default Calibrated.",
     )
 
 
@@ -239,7 +241,7 @@ class FineTuneJobSpec(ApiModel):
     )
     estimator: EstimatorSpec = Field(
         default_factory=EstimatorSpec,
-        description="estimator selects how the VRAM is estimated. Default profile Analytic.",
+        description="estimator selects how the VRAM is estimated. Default profile Calibrated.",
         json_schema_extra={"default": {}},
     )
     parallelism: ParallelismMode = Field(

@@ -10,11 +10,8 @@ from controller.api import enums as api
 from controller.estimator import settings as est
 from controller.jobspec import api_value
 
-#: Estimator values the API does not offer yet, each for a reason. The `trace` profile runs a
-#: real training step (it needs torch in the operator image); `calibrated` is fitted to
-#: traces. Exposing them (and making `Calibrated` the default, as the design plans) is a
-#: separate API change with its own CRD diff.
-NOT_IN_API = {"trace", "calibrated"}
+#: Estimator values the API does not offer, each for a reason (none today).
+NOT_IN_API: set[str] = set()
 
 PAIRS: list[tuple[type[StrEnum], type[StrEnum]]] = [
     (api.TrainingMethod, est.Method),

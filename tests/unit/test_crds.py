@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, Field
 from controller.api import crds
 from controller.api.schema import SchemaError, structural_schema
 from controller.cli import main
-from controller.estimator import TrainingSettings, build_settings
+from controller.estimator import Profile, TrainingSettings, build_settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "charts" / "vramgate" / "crds"
@@ -110,7 +111,9 @@ def test_schema_defaults_are_the_estimators_defaults() -> None:
     }
     settings, errors = build_settings(values)
     assert errors == []
-    assert settings == TrainingSettings()
+    # The one intended difference: the operator estimates with the calibrated profile, the
+    # CLI (which reproduces the seeds' figures) with the analytic one.
+    assert settings == replace(TrainingSettings(), profile=Profile.CALIBRATED)
 
 
 def test_adapters_need_a_rank() -> None:
@@ -158,20 +161,19 @@ def test_gpunode_gpus_are_keyed_by_uuid_and_pods_by_uid() -> None:
     assert pods["items"]["required"] == ["uid"]
     assert pods["items"]["properties"]["usedBytes"]["minimum"] == 0
     assert fields["mig"]["required"] == ["parentUUID", "gpuInstanceId"]
-    assert set(fields["mig"]["properties"]) == {"parentUUID", "gpuInstanceId",
-                                                "computeInstanceId"}
+    assert set(fields["mig"]["properties"]) == {"parentUUID", "gpuInstanceId", "computeInstanceId"}
 
 
 def test_gpunode_memory_figures_are_optional_and_the_two_reservations_distinct() -> None:
     fields = _schema(crds.GPUNODE)["properties"]["status"]["properties"]["gpus"]["items"][
-        "properties"]
+        "properties"
+    ]
     assert fields["memoryInfoSupported"] == {
         "description": fields["memoryInfoSupported"]["description"],
         "type": "boolean",
         "default": True,
     }
-    for name in ("totalBytes", "freeBytes", "usedBytes", "driverReservedBytes",
-                 "reservedBytes"):
+    for name in ("totalBytes", "freeBytes", "usedBytes", "driverReservedBytes", "reservedBytes"):
         assert fields[name]["type"] == "integer" and fields[name]["minimum"] == 0, name
         assert "in bytes" in fields[name]["description"], name
     assert "operator" in fields["reservedBytes"]["description"]

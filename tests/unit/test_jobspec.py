@@ -144,11 +144,8 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
         ),
         (
             job(estimator={"profile": "Magic"}),
-            "spec.estimator.profile: unsupported value 'Magic'; allowed: Analytic, Unsloth",
-        ),
-        (
-            job(estimator={"profile": "trace"}),
-            "spec.estimator.profile: unsupported value 'trace'; allowed: Analytic, Unsloth",
+            "spec.estimator.profile: unsupported value 'Magic'; allowed: Calibrated, Analytic, "
+            "Unsloth, Trace",
         ),
         (
             job(training={"microBatchSize": 0}),
@@ -332,3 +329,11 @@ def test_the_pure_modules_import_no_kubernetes_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_the_operator_estimates_with_the_calibrated_profile_by_default() -> None:
+    spec = {k: v for k, v in job().items() if k != "estimator"}
+    plan, errors = translate(spec)
+    assert errors == [] and plan is not None
+    assert plan.settings.profile is Profile.CALIBRATED
+    assert estimate_plan(plan).profile == "calibrated"

@@ -87,7 +87,12 @@ def _condition(patch: kopf.Patch, type_: str) -> dict[str, Any]:
 
 def test_a_valid_job_is_estimated(events: list[tuple[str, str, str]]) -> None:
     patch = _reconcile(
-        {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+        {
+            "model": {"preset": "llama-3.1-8b"},
+            "method": "QLoRA",
+            "lora": {"rank": 16},
+            "estimator": {"profile": "Analytic"},
+        }
     )
     assert patch["status"]["estimate"]["totalBytes"] == 7_780_056_064
     assert patch["status"]["observedGeneration"] == 3

@@ -11,7 +11,12 @@ from controller.operator import status as rules
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 LATER = T0 + timedelta(hours=1)
-SPEC = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+SPEC = {
+    "model": {"preset": "llama-3.1-8b"},
+    "method": "QLoRA",
+    "lora": {"rank": 16},
+    "estimator": {"profile": "Analytic"},
+}
 
 
 def _estimated(status: dict[str, Any], generation: int = 1, now: datetime = T0, **spec: Any):
