@@ -11,6 +11,7 @@ this and nothing here calls them.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 
 from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.architecture import ModelShape, canonical_targets, parse_config
@@ -55,19 +56,18 @@ __all__ = [
 
 
 def load_shape(preset: str) -> ModelShape:
-    """The parsed shape of a bundled preset, parsed once per process."""
+    """The parsed shape of a bundled preset (any spelling `load_preset` accepts)."""
     from controller.estimator.presets import load_preset
 
-    p = load_preset(preset)
-    key = ("preset-shape", p.name)
-    cached = _SHAPES.get(key)
-    if cached is None:
-        cached = parse_config(p.config, prefix="model.preset")
-        _SHAPES[key] = cached
-    return cached
+    return _preset_shape(load_preset(preset).name)
 
 
-_SHAPES: dict[tuple[str, str], ModelShape] = {}
+@cache
+def _preset_shape(name: str) -> ModelShape:
+    """Parsed once per process: estimates reuse the shape and its memoised counts."""
+    from controller.estimator.presets import load_preset
+
+    return parse_config(load_preset(name).config, prefix="model.preset")
 
 
 def check_against_model(
