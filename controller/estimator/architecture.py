@@ -69,6 +69,7 @@ class Layer:
     other_params: int
     attention_type: str = "full_attention"
     moe: bool = False
+    other_tensors: tuple[int, ...] = ()  # other_params tensor by tensor (sizes)
 
     @property
     def params(self) -> int:
@@ -201,28 +202,38 @@ class _Family:
     fused_expert_gate_up: bool = False
     router_correction_bias: bool = False
     tie_default: bool = False
+    # PEFT (0.21) maps "all-linear" onto this family's fused expert stacks and router, as
+    # it targeted their nn.Linear modules under transformers 4, by one of two name patterns
+    # ("mixtral": w1/w2/w3, "qwen2_moe": gate_proj/up_proj/down_proj); other MoE families
+    # keep LoRA to their real nn.Linear modules.
+    peft_moe_pattern: str = ""
 
 
 _FAMILIES: dict[str, _Family] = {
     "llama": _Family(),
     "mistral": _Family(),
-    "mixtral": _Family(),
+    "mixtral": _Family(peft_moe_pattern="mixtral"),
     "qwen2": _Family(qkv_bias=True, o_bias=False),
-    "qwen2_moe": _Family(qkv_bias=True, o_bias=False),
+    "qwen2_moe": _Family(qkv_bias=True, o_bias=False, peft_moe_pattern="qwen2_moe"),
     "qwen3": _Family(qk_norm="head"),
-    "qwen3_moe": _Family(qk_norm="head"),
+    "qwen3_moe": _Family(qk_norm="head", peft_moe_pattern="qwen2_moe"),
     "gemma": _Family(tie_default=True),
     "gemma2": _Family(norms_per_layer=4, tie_default=True),
     "gemma3_text": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     "gemma3": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     "phi3": _Family(fused_qkv=True, fused_gate_up=True),
     "olmo2": _Family(qk_norm="full"),
-    "deepseek_v3": _Family(router_correction_bias=True),
-    "deepseek_v2": _Family(),
+    "deepseek_v3": _Family(router_correction_bias=True, peft_moe_pattern="qwen2_moe"),
+    "deepseek_v2": _Family(peft_moe_pattern="qwen2_moe"),
     "gpt_oss": _Family(
         attention_sinks=True, router_bias=True, expert_bias=True, fused_expert_gate_up=True
     ),
 }
+
+def family_traits(model_type: str) -> _Family:
+    """What sets `model_type`'s layout apart (Llama-style for an unknown type)."""
+    return _FAMILIES.get(model_type, _Family())
+
 
 _EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk")
@@ -464,19 +475,19 @@ def layer_mlp_size(dims: ArchDims, index: int) -> int:
     return dims.intermediate_size
 
 
-def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], int]:
+def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], list[int]]:
     """DeepSeek multi-head latent attention: low-rank q and compressed k/v with their norms."""
     h, nh = dims.hidden_size, dims.num_heads
     nope, rope, v = dims.qk_nope_head_dim or 0, dims.qk_rope_head_dim or 0, dims.v_head_dim or 0
     kv_rank = dims.kv_lora_rank or 0
     linears: list[Linear] = []
-    norms = kv_rank
+    norms = [kv_rank]
     if dims.q_lora_rank:
         linears += [
             Linear("q_a_proj", h, dims.q_lora_rank, bias),
             Linear("q_b_proj", dims.q_lora_rank, nh * (nope + rope)),
         ]
-        norms += dims.q_lora_rank
+        norms.append(dims.q_lora_rank)
     else:
         linears.append(Linear("q_proj", h, nh * (nope + rope)))
     linears += [
@@ -487,7 +498,9 @@ def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], int]:
     return linears, norms
 
 
-def _attention(dims: ArchDims, fam: _Family, r: _Reader, index: int) -> tuple[list[Linear], int]:
+def _attention(
+    dims: ArchDims, fam: _Family, r: _Reader, index: int
+) -> tuple[list[Linear], list[int]]:
     if dims.kv_lora_rank is not None:
         return _mla_linears(dims, r.bool("attention_bias", False))
     h = dims.hidden_size
@@ -505,13 +518,13 @@ def _attention(dims: ArchDims, fam: _Family, r: _Reader, index: int) -> tuple[li
             linears.append(Linear("v_proj", h, kv_width, qkv_bias))
     linears.append(Linear("o_proj", q_width, h, o_bias))
     head_dim = q_width // dims.num_heads
-    other = 0
+    other: list[int] = []
     if fam.qk_norm == "head":
-        other += 2 * head_dim
+        other += [head_dim, head_dim]
     elif fam.qk_norm == "full":
-        other += q_width + kv_width
+        other += [q_width, kv_width]
     if fam.attention_sinks:
-        other += dims.num_heads
+        other.append(dims.num_heads)
     return linears, other
 
 
@@ -529,7 +542,7 @@ def _dense_mlp(h: int, inter: int, fam: _Family, bias: bool, copies: int = 1) ->
     ]
 
 
-def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], int]:
+def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], list[int]]:
     h, e = dims.hidden_size, dims.num_experts
     expert_inter = dims.moe_intermediate_size or dims.intermediate_size
     if fam.fused_expert_gate_up:
@@ -544,7 +557,7 @@ def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], int]:
             Linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
         ]
     linears.append(Linear("router", h, e, fam.router_bias))
-    other = e if fam.router_correction_bias else 0
+    other = [e] if fam.router_correction_bias else []
     if dims.n_shared_experts:
         if dims.shared_expert_intermediate_size:
             # Qwen-MoE: one shared expert of its own width, gated by a h -> 1 linear.
@@ -567,7 +580,7 @@ def _layer(
 ) -> Layer:
     h = dims.hidden_size
     linears, other = _attention(dims, fam, r, index)
-    other += fam.norms_per_layer * (2 * h if fam.layernorm_bias else h)
+    other += [h] * (fam.norms_per_layer * (2 if fam.layernorm_bias else 1))
     if moe:
         moe_linears, moe_other = _moe_mlp(dims, fam)
         linears += moe_linears
@@ -579,8 +592,8 @@ def _layer(
     if dims.hidden_size_per_layer_input:
         pli = dims.hidden_size_per_layer_input
         linears += [Linear("per_layer_input_gate", h, pli), Linear("per_layer_projection", pli, h)]
-        other += h  # post_per_layer_input_norm
-    return Layer(tuple(linears), other, attention_type, moe)
+        other.append(h)  # post_per_layer_input_norm
+    return Layer(tuple(linears), sum(other), attention_type, moe, tuple(other))
 
 
 def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
@@ -595,7 +608,7 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     text, text_prefix = _text_config(config, prefix)
     r = _Reader(text, text_prefix)
     model_type = str(text.get("model_type") or config.get("model_type") or "llama")
-    fam = _FAMILIES.get(model_type, _Family())
+    fam = family_traits(model_type)
     dims = _read_dims(r)
     tie = r.bool("tie_word_embeddings", fam.tie_default)
     dims = replace(dims, tie_word_embeddings=tie)

@@ -6,6 +6,14 @@ These are the tensors whose shapes the config fixes, counted tensor by tensor th
 data flow (activations, temporaries). Pure: no torch.
 
 What each setting allocates (the trace's modelling, see controller/trace):
+* an MoE layer as transformers 5 holds it: each expert projection as one stack (a 3-D
+  parameter, E x out x in; gate and up fused into one), the router as a parameter (fp32 in
+  DeepSeek-V3, whose score-correction bias is an fp32 buffer); QLoRA holds the stacks as
+  NF4 (trace/qlora.py) and leaves the router 16-bit; LoRA on them is PEFT's
+  `ParamWrapper` (A: r·E x in, B: out x r·E, the fused gate/up at rank 2r), for the
+  families PEFT maps "all-linear" onto them (`peft_moe_pattern`), else none. PEFT moves
+  the names gate_proj/up_proj/down_proj to the stacks in the "qwen2_moe" pattern, so the
+  dense MLPs and shared experts of those models (DeepSeek, Qwen2-MoE) get no LoRA.
 * weights in the training precision; QLoRA: every decoder linear as bitsandbytes NF4
   (packed 4-bit, per-64 absmax, double-quantised unless the checkpoint says otherwise),
   embeddings, norms and LM head 16-bit; PEFT LoRA adapters A (r x in) and B (out x r) in
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.estimator.architecture import ModelShape
+from controller.estimator.architecture import Layer, Linear, ModelShape, family_traits
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 
 BLOCK = 512
@@ -71,6 +79,8 @@ class Static:
     lora_inputs: int  # sum of in_features over adapted linears (all layers)
     lora_ranks: int  # rank x number of adapted linears (all layers)
     dequantized: int  # bytes of the largest dequantised 4-bit weight (QLoRA), else 0
+    expert_stacks: int  # 16-bit bytes of the largest MoE layer's expert stacks, else 0
+    expert_lora: bool  # LoRA folds into those stacks (PEFT's ParamWrapper)
     layer_gradients: int  # gradient bytes of the largest decoder layer
     head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
     embed_gradients: int  # an untied trainable embedding: computed last in backward
@@ -128,10 +138,45 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
 
     weights = 0
     trainable: list[tuple[int, int]] = []  # (numel, bytes per element)
-    lora_inputs = lora_ranks = dequantized = layer_grads = 0
+    lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
+    fam = family_traits(shape.model_type)
+    lora_on_experts = bool(fam.peft_moe_pattern)
+    # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
+    moved = set(_MOVED) if fam.peft_moe_pattern == "qwen2_moe" else set()
+    expert_lora = False
     for layer in shape.layers:
-        grads_here = 0
+        grads_here = stacks_here = 0
+        for stack, parts in _expert_stacks(layer):
+            numel = stack.weight_params
+            bias = stack.out_features * stack.copies if stack.bias else 0
+            stacks_here += numel * elem
+            weights += nf4_bytes(numel, double) if quantized else block(numel * elem)
+            weights += block(bias * elem) if bias else 0
+            if quantized:
+                dequantized = max(dequantized, block(numel * elem))
+            if not adapter:
+                trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
+                grads_here += block(numel * elem) + (block(bias * elem) if bias else 0)
+                continue
+            targeted = sum(every or name in wanted for name in parts)
+            if lora_on_experts and targeted:
+                expert_lora = True
+                r = rank * targeted * stack.copies
+                a, b = r * stack.in_features, r * stack.out_features
+                weights += block(a * _FP32) + block(b * _FP32)
+                trainable += [(a, _FP32), (b, _FP32)]
+                grads_here += block(a * _FP32) + block(b * _FP32)
+        stacks_max = max(stacks_max, stacks_here)
         for lin in layer.linears:
+            if lin.expert:
+                continue
+            if lin.name == "router":
+                weights_here, grads = _router(lin, fam.router_correction_bias, elem, trainable,
+                                              adapter, lora_on_experts and
+                                              (every or "router" in wanted), rank)  # fmt: skip
+                weights += weights_here
+                grads_here += grads
+                continue
             numel = lin.in_features * lin.out_features * lin.copies
             bias = lin.out_features * lin.copies if lin.bias else 0
             weights += nf4_bytes(numel, double) if quantized else block(numel * elem)
@@ -141,14 +186,18 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
             if not adapter:
                 trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
                 grads_here += block(numel * elem) + (block(bias * elem) if bias else 0)
-            elif every or lin.name in wanted:
+            elif (every or lin.name in wanted) and lin.name not in moved:
                 a, b = rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies
                 weights += block(a * _FP32) + block(b * _FP32)
                 trainable += [(a, _FP32), (b, _FP32)]
                 grads_here += block(a * _FP32) + block(b * _FP32)
                 lora_inputs += lin.in_features * lin.copies
                 lora_ranks += rank * lin.copies
-        for numel in _norm_tensors(layer.other_params, h):
+        others = list(layer.other_tensors)
+        if layer.moe and fam.router_correction_bias:  # an fp32 buffer, not a parameter
+            others.remove(shape.dims.num_experts)
+            weights += block(shape.dims.num_experts * _FP32)
+        for numel in others:
             weights += block(numel * elem)
             if not adapter:
                 trainable.append((numel, elem))
@@ -195,6 +244,8 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
         lora_inputs=lora_inputs,
         lora_ranks=lora_ranks,
         dequantized=dequantized,
+        expert_stacks=stacks_max,
+        expert_lora=expert_lora,
         layer_gradients=layer_grads,
         head_gradients=head_grads,
         embed_gradients=embed_grads,
@@ -203,7 +254,48 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     return result
 
 
-def _norm_tensors(other_params: int, hidden: int) -> list[int]:
-    """A layer's non-linear parameters (norm weights, sinks...) as hidden-sized tensors."""
-    full, rest = divmod(other_params, hidden)
-    return [hidden] * full + ([rest] if rest else [])
+_GATE_UP = ("gate_proj", "up_proj", "w1", "w3")
+_MOVED = ("gate_proj", "up_proj", "down_proj")
+
+
+def _expert_stacks(layer: Layer) -> list[tuple[Linear, tuple[str, ...]]]:
+    """The layer's expert stacks as transformers 5 holds them, each with the names of the
+    projections fused into it (gate and up become one `gate_up_proj` of twice the width)."""
+    experts = [lin for lin in layer.linears if lin.expert]
+    gate_up = [lin for lin in experts if lin.name in _GATE_UP]
+    out: list[tuple[Linear, tuple[str, ...]]] = []
+    if gate_up:
+        first = gate_up[0]
+        width = sum(lin.out_features for lin in gate_up)
+        fused = Linear("gate_up_proj", first.in_features, width, first.bias, first.copies, True)
+        out.append((fused, tuple(lin.name for lin in gate_up)))
+    for lin in experts:
+        if lin.name not in _GATE_UP:
+            parts = ("gate_proj", "up_proj") if lin.name == "gate_up_proj" else (lin.name,)
+            out.append((lin, parts))
+    return out
+
+
+def _router(
+    lin: Linear,
+    fp32: bool,
+    elem: int,
+    trainable: list[tuple[int, int]],
+    adapter: bool,
+    lora: bool,
+    rank: int,
+) -> tuple[int, int]:
+    """An MoE router's (weights, gradient) bytes: a parameter, never quantised; fp32 where
+    the model keeps it so (DeepSeek-V3); LoRA through PEFT's ParamWrapper (A r x in, B out x r).
+    Appends its trainable tensors."""
+    size = _FP32 if fp32 else elem
+    numel, bias = lin.weight_params, lin.out_features if lin.bias else 0
+    weights = block(numel * size) + (block(bias * size) if bias else 0)
+    if not adapter:
+        trainable += [(numel, size)] + ([(bias, size)] if bias else [])
+        return weights, block(numel * size) + (block(bias * size) if bias else 0)
+    if not lora:
+        return weights, 0
+    a, b = rank * lin.in_features, rank * lin.out_features
+    trainable += [(a, _FP32), (b, _FP32)]
+    return weights + block(a * _FP32) + block(b * _FP32), block(a * _FP32) + block(b * _FP32)
