@@ -20,7 +20,7 @@ from controller.estimator import overheads
 from controller.estimator.result import Estimate
 from controller.estimator.settings import TrainingSettings
 from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
-from controller.trace.extrapolate import MIN_LAYERS, extend
+from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
 
@@ -61,15 +61,25 @@ def trace(
         result = trace_run(config, settings)
         traced: tuple[int, ...] = (depth,)
     else:
-        n = MIN_LAYERS if layers == "auto" else int(layers)
-        if n < MIN_LAYERS or n + 1 >= depth:
+        lead = _leading_layers(config)
+        n = min_layers(lead) if layers == "auto" else int(layers)
+        if n < min_layers(lead) or n + 1 >= depth:
             result = trace_run(config, settings)
             traced = (depth,)
         else:
             small, large = trace_run(config, settings, n), trace_run(config, settings, n + 1)
-            result = extend(small, large, depth)
+            result = extend(small, large, depth, lead)
             traced = (n, n + 1)
     return _report(result, settings, traced)
+
+
+def _leading_layers(config: Mapping[str, Any]) -> int:
+    """How many layers come before the model's repeating kind (DeepSeek-V3: three dense
+    layers before its MoE ones)."""
+    from controller.estimator.architecture import parse_config
+
+    kinds = [layer.moe for layer in parse_config(config).layers]
+    return next((i for i, kind in enumerate(kinds) if kind == kinds[-1]), 0)
 
 
 def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ...]) -> TraceReport:

@@ -9,6 +9,12 @@
   `flex_attention` do not exist on CPU; they are traced as `sdpa`, whose CPU kernel
   (`_scaled_dot_product_flash_attention_for_cpu`) is itself a flash kernel: it saves the
   output and a log-sum-exp, no s x s matrix, exactly what flash-attention 2 saves.
+* Mixture of experts: the experts run as transformers' `grouped_mm` implementation, its
+  default wherever `torch.nn.functional.grouped_mm` runs (CUDA sm80+). It sorts the
+  t x k token-expert pairs by expert and multiplies each group with one grouped GEMM, so
+  every tensor it allocates is t x k rows (or the expert stack itself), whatever the router
+  chose: memory does not depend on the routing, which fake tensors cannot compute. (The
+  `eager` implementation, a loop over the experts the router hit, is not traced.)
 * Gradient checkpointing through transformers' own switch (non-reentrant, the default).
   `unsloth` checkpointing (which offloads the checkpoints to host memory) is traced as `on`:
   the offload is not modelled, so the checkpoints (L x tokens x hidden x 2 bytes) are
@@ -16,6 +22,8 @@
 * QLoRA: every linear of the decoder blocks is replaced by `qlora.Linear4bitStorage` (the
   storage model of bitsandbytes' `Linear4bit`); embeddings, norms and the LM head stay 16-bit,
   as transformers' bitsandbytes integration leaves them (`llm_int8_skip_modules` honoured).
+  An MoE's fused expert stacks (3-D parameters, not linears) are 4-bit too, through
+  `qlora.quantize_experts` (see there for why and how).
 * LoRA / QLoRA: PEFT's `get_peft_model` with the job's rank and targets. Under fake mode
   PEFT's `module.to(...)` would try `torch.utils.swap_tensors` on fake parameters and fail;
   `_no_swap` makes conversion assign new parameters instead, which is what it does for real
@@ -49,6 +57,8 @@ TRACED_ATTENTION = {
     Attention.FLASH_ATTENTION_2: "sdpa",
     Attention.FLEX_ATTENTION: "sdpa",
 }
+# How the experts of an MoE layer run: transformers' default on a GPU (see the docstring).
+EXPERTS_IMPLEMENTATION = "grouped_mm"
 # Per-layer list fields that must shrink with num_hidden_layers in a few-layer trace.
 _PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types")
 
@@ -165,13 +175,10 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
             "use --profile calibrated or analytic"
         )
     cfg = hf_config(config, settings.attention, layers)
-    if is_moe(cfg):
-        raise TraceUnsupported(
-            "mixture-of-experts models route tokens by value, which fake tensors do not have; "
-            "use --profile calibrated or analytic"
-        )
     hf_logging.set_verbosity_error()
     model = _from_config(AutoModelForCausalLM, cfg, DTYPES[settings.precision])
+    if is_moe(cfg):
+        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
     model = _materialize(model)
     model.config.use_cache = False
     model.train()
@@ -190,6 +197,8 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
             model.gradient_checkpointing_enable()
     if settings.is_adapter:
         model = _apply_lora(model, settings, quantized)
+    if quantized:
+        qlora.quantize_experts(model, DTYPES[settings.precision], qlora.double_quant(config))
     return model
 
 

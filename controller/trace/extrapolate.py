@@ -11,7 +11,12 @@ backward frees activations and adds gradients), so the largest layer segment is 
 the ends, and the first two and last two cover a first or last layer that differs from the
 middle ones.
 
-With traces at n and n+1 layers (n >= 4, so the four layer positions are distinct):
+A model whose first `lead` layers are of another kind (DeepSeek-V3's three dense layers
+before its MoE ones) also keys those layers and the first two of the repeating kind by
+their index ("start 3"): the backward peak can sit in the first MoE layer, where the most
+gradients have accumulated, and it is a middle layer otherwise.
+
+With traces at n and n+1 layers (n >= lead + 4, so the layer positions are distinct):
 
     peak_key(L) = peak_key(n) + (L - n) x (peak_key(n+1) - peak_key(n))
 
@@ -28,23 +33,28 @@ from controller.trace.run import RunResult, SegmentPeak
 MIN_LAYERS = 4
 
 
-def position(region: str, layers: int) -> str | None:
+def _names(layers: int, lead: int) -> dict[int, str]:
+    names = {i: f"start {i}" for i in range(2, lead + 2)}
+    names |= {0: "first", 1: "second", layers - 2: "second-last", layers - 1: "last"}
+    return names
+
+
+def position(region: str, layers: int, lead: int = 0) -> str | None:
     """A layer region's place, counted from the nearer end ("last/mlp"); None for a middle
     layer."""
     if not region.startswith("layer "):
         return region
     layer, _, part = region.partition("/")
     index = int(layer.split()[1])
-    names = {0: "first", 1: "second", layers - 2: "second-last", layers - 1: "last"}
-    name = names.get(index)
+    name = _names(layers, lead).get(index)
     return None if name is None else f"{name}/{part}" if part else name
 
 
-def keyed(result: RunResult) -> dict[tuple[int, str, str], SegmentPeak]:
+def keyed(result: RunResult, lead: int = 0) -> dict[tuple[int, str, str], SegmentPeak]:
     """Each segment's largest peak by (step, phase, place)."""
     out: dict[tuple[int, str, str], SegmentPeak] = {}
     for seg in result.segments:
-        place = position(seg.region, result.layers)
+        place = position(seg.region, result.layers, lead)
         if place is None:
             continue
         key = (seg.step, seg.phase, place)
@@ -57,19 +67,20 @@ def _affine(a: int, b: int, steps: int) -> int:
     return a + steps * (b - a)
 
 
-def extend(small: RunResult, large: RunResult, layers: int) -> RunResult:
-    """The run at `layers` layers from runs at n and n + 1 layers."""
-    if large.layers != small.layers + 1 or small.layers < MIN_LAYERS:
-        raise ValueError("extend needs runs at n and n + 1 layers, n >= 4")
+def extend(small: RunResult, large: RunResult, layers: int, lead: int = 0) -> RunResult:
+    """The run at `layers` layers from runs at n and n + 1 layers (`lead`: leading layers
+    of another kind, see the module docstring)."""
+    if large.layers != small.layers + 1 or small.layers < min_layers(lead):
+        raise ValueError(f"extend needs runs at n and n + 1 layers, n >= {min_layers(lead)}")
     steps = layers - small.layers
-    a, b = keyed(small), keyed(large)
+    a, b = keyed(small, lead), keyed(large, lead)
     segments: list[SegmentPeak] = []
     for key in a.keys() & b.keys():
         sa, sb = a[key], b[key]
         breakdown = {
             name: _affine(sa.breakdown[name], sb.breakdown[name], steps) for name in sa.breakdown
         }
-        region = _region(key[2], layers)
+        region = _region(key[2], layers, lead)
         peak = _affine(sa.peak, sb.peak, steps)
         segments.append(SegmentPeak(sa.step, sa.phase, region, peak, breakdown))
     segments.sort(key=lambda s: (s.step, s.phase, s.region))
@@ -87,9 +98,14 @@ def extend(small: RunResult, large: RunResult, layers: int) -> RunResult:
     )
 
 
-def _region(place: str, layers: int) -> str:
+def min_layers(lead: int = 0) -> int:
+    """The shallowest n to extend from: four distinct positions past the leading layers."""
+    return MIN_LAYERS + lead
+
+
+def _region(place: str, layers: int, lead: int) -> str:
     name, _, part = place.partition("/")
-    index = {"first": 0, "second": 1, "second-last": layers - 2, "last": layers - 1}.get(name)
+    index = {v: k for k, v in _names(layers, lead).items()}.get(name)
     if index is None:
         return place
     return f"layer {index}/{part}" if part else f"layer {index}"

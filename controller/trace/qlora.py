@@ -128,6 +128,119 @@ class Linear4bitStorage(nn.Linear):
         return _MatMul4Bit.apply(x, self)  # type: ignore[no-any-return]
 
 
+class ExpertStack4bit:
+    """One MoE expert stack (a 3-D parameter, E x out x in) held as packed NF4.
+
+    The same storage as `Linear4bitStorage`, over the whole stack: bitsandbytes quantises a
+    3-D parameter as one flat tensor (`replace_parameter_4bit`), blocks of 64 running across
+    expert boundaries.
+    """
+
+    def __init__(self, shape: tuple[int, int, int], dtype: torch.dtype, double_quant: bool):
+        self.shape = shape
+        self.compute_dtype = dtype
+        self.double_quant = double_quant
+        self.numel = shape[0] * shape[1] * shape[2]
+        self.blocks = _ceil_div(self.numel, BLOCKSIZE)
+        packed = torch.empty((_ceil_div(self.numel, 2), 1), dtype=torch.uint8)
+        self.packed = nn.Parameter(packed, requires_grad=False)
+        self.code = torch.empty(NF4_CODE_ENTRIES, dtype=torch.float32)
+        if double_quant:
+            self.absmax = torch.empty(self.blocks, dtype=torch.uint8)
+            self.nested_absmax = torch.empty(
+                _ceil_div(self.blocks, NESTED_BLOCKSIZE), dtype=torch.float32
+            )
+            self.nested_code = torch.empty(DYNAMIC_CODE_ENTRIES, dtype=torch.float32)
+            self.offset = torch.empty((), dtype=torch.float32)
+        else:
+            self.absmax = torch.empty(self.blocks, dtype=torch.float32)
+
+    def quant_state(self) -> Iterable[torch.Tensor]:
+        yield self.code
+        yield self.absmax
+        if self.double_quant:
+            yield from (self.nested_absmax, self.nested_code, self.offset)
+
+    def dequantize(self) -> nn.Parameter:
+        """`dequantize_4bit` of the whole stack (fp32 absmax scratch with double quant)."""
+        absmax = None
+        if self.double_quant:
+            absmax = torch.empty(self.blocks, dtype=torch.float32)
+            absmax.add_(self.offset)
+        stack = torch.empty(self.shape, dtype=self.compute_dtype)
+        del absmax
+        return nn.Parameter(stack, requires_grad=False)
+
+
+_STACKS = "_vramgate_4bit_stacks"
+
+
+def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) -> None:
+    """Hold every MoE expert stack (3-D parameter) as packed NF4, dequantised while it runs.
+
+    transformers 5 stores an MoE layer's experts as fused 3-D parameters (`gate_up_proj`,
+    `down_proj`), which its bitsandbytes loader, converting `nn.Linear` only, leaves in 16-bit
+    (bitsandbytes issue 1849). QLoRA of an MoE model means 4-bit experts, the bulk of its
+    weights, as Unsloth and bitsandbytes' parameter quantisation hold them, and the estimator
+    charges them so. Call after PEFT: the experts module's stacks become packed parameters,
+    and the forward of the outermost module wrapping it (PEFT's `lora.ParamWrapper`, which
+    reads the stack to fold the LoRA update in) puts the dequantised stacks in their place
+    while it runs (checkpointing's recomputation included) and the packed ones back after.
+    The router and expert biases stay 16-bit.
+    """
+    for parent in list(model.modules()):
+        for child in list(parent.children()):
+            experts = child
+            while hasattr(experts, "base_layer") and not _has_stacks(experts):
+                experts = experts.base_layer
+            if not _has_stacks(experts) or hasattr(experts, _STACKS):
+                continue
+            stacks = {}
+            for name, param in list(experts._parameters.items()):
+                if param is not None and param.dim() == 3:
+                    shape = (param.shape[0], param.shape[1], param.shape[2])
+                    stacks[name] = ExpertStack4bit(shape, dtype, double)
+                    experts._parameters[name] = stacks[name].packed
+            setattr(experts, _STACKS, stacks)
+            child.forward = _dequantizing(child.forward, experts, stacks)  # type: ignore[method-assign]
+
+
+def _has_stacks(module: nn.Module) -> bool:
+    return any(p is not None and p.dim() == 3 for p in module._parameters.values()) or hasattr(
+        module, _STACKS
+    )
+
+
+def _dequantizing(forward: Any, experts: nn.Module, stacks: dict[str, ExpertStack4bit]) -> Any:
+    """`forward` with the dequantised stacks in place; the packed ones return in a `finally`,
+    since checkpointing's recomputation stops by raising once it has what backward needs."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        for name, stack in stacks.items():
+            experts._parameters[name] = stack.dequantize()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            for name, stack in stacks.items():
+                experts._parameters[name] = stack.packed
+
+    return run
+
+
+def expert_stacks(model: nn.Module) -> Iterable[ExpertStack4bit]:
+    for module in model.modules():
+        yield from getattr(module, _STACKS, {}).values()
+
+
+def hidden_params(model: nn.Module) -> int:
+    """Weights the 4-bit storage holds packed: their count beyond the stored elements."""
+    total = sum(stack.numel - stack.packed.numel() for stack in expert_stacks(model))
+    for module in model.modules():
+        if isinstance(module, Linear4bitStorage):
+            total += module.in_features * module.out_features - module.weight.numel()
+    return total
+
+
 def is_prequantized(config: Mapping[str, Any]) -> bool:
     qc = config.get("quantization_config")
     if qc is None and isinstance(config.get("text_config"), Mapping):
@@ -179,6 +292,8 @@ def quantized_tensors(model: nn.Module) -> Iterable[torch.Tensor]:
     for module in model.modules():
         if isinstance(module, Linear4bitStorage):
             yield from module.quant_state()
+    for stack in expert_stacks(model):
+        yield from stack.quant_state()
 
 
 def _bnb_lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

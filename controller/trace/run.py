@@ -218,12 +218,7 @@ def trace_run(
                     tracker.register(tensor, OPTIMIZER)
                 optimizer.zero_grad(set_to_none=True)
             tracker.close()
-        total = sum(p.numel() for p in model.parameters())
-        total += sum(
-            m.in_features * m.out_features - m.weight.numel()
-            for m in model.modules()
-            if isinstance(m, qlora.Linear4bitStorage)
-        )
+        total = sum(p.numel() for p in model.parameters()) + qlora.hidden_params(model)
         trainable_count = sum(p.numel() for p in trainable)
     seconds = time.perf_counter() - started
     return _result(tracker, count, total, trainable_count, seconds, breakdowns)

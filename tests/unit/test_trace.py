@@ -224,12 +224,87 @@ def test_gradient_accumulation_holds_gradients_through_the_next_backward() -> No
 
 
 def test_unsupported_jobs_say_why() -> None:
-    with pytest.raises(TraceUnsupported, match="mixture-of-experts"):
-        trace(load_preset("mixtral-8x7b").config, LORA)
     with pytest.raises(TraceUnsupported, match="fused"):
         trace(TINY_LLAMA, settings(LORA, fused_loss=True))
-    with pytest.raises(SpecError, match="mixture-of-experts"):
-        estimate(load_shape("qwen3-30b-a3b"), settings(LORA, profile=Profile.TRACE))
+    with pytest.raises(SpecError, match="fused"):
+        estimate(load_shape("llama-3.2-1b"), settings(LORA, fused_loss=True, profile=Profile.TRACE))
+
+
+# -- mixture of experts -----------------------------------------------------------------------
+
+MOE_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b")
+
+
+def moe_config(preset: str) -> dict[str, Any]:
+    """The preset at its real widths, cut to its first MoE layers (DeepSeek-V3's first
+    three layers are dense, so it keeps four)."""
+    from controller.trace.build import text_config
+
+    return text_config(load_preset(preset).config, 4 if preset == "deepseek-v3" else 2)
+
+
+def resident_bytes(config: dict[str, Any], job: TrainingSettings) -> dict[str, int]:
+    """What the traced model holds before the step: weights (parameters, 4-bit state and
+    buffers other than RoPE's tables), their trainable part, and the counts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from controller.trace import qlora
+    from controller.trace.build import build_model
+
+    with FakeTensorMode():
+        model = build_model(config, job)
+        params = list(model.parameters())
+        buffers = [b for n, b in model.named_buffers() if "rotary" not in n]
+        held = [*params, *buffers, *qlora.quantized_tensors(model)]
+        return {
+            "weights": sum(block(t.numel() * t.element_size()) for t in held),
+            "gradients": sum(
+                block(p.numel() * p.element_size()) for p in params if p.requires_grad
+            ),
+            "trainable": sum(p.numel() for p in params if p.requires_grad),
+        }
+
+
+@pytest.mark.parametrize("preset", MOE_PRESETS)
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA], ids=lambda m: m.value)
+def test_moe_resident_bytes_are_the_estimators_exactly(preset: str, method: Method) -> None:
+    """Fused expert stacks, routers (fp32 in DeepSeek-V3), PEFT's LoRA on the stacks where it
+    maps "all-linear" onto them (not GPT-OSS; not DeepSeek's dense MLPs), 4-bit stacks."""
+    config = moe_config(preset)
+    job = TrainingSettings(method=method, rank=None if method is Method.FULL else 16, seq_len=64)
+    traced = resident_bytes(config, job)
+    static = static_bytes(parse_config(config), job)
+    assert traced == {
+        "weights": static.weights,
+        "gradients": static.gradients,
+        "trainable": static.trainable_params,
+    }
+
+
+def test_moe_memory_follows_token_expert_pairs_not_experts() -> None:
+    """grouped_mm computes t x k rows whatever the routing: what the forward saves grows
+    with the experts each token visits, and barely with the number of experts (only the
+    router's t x E scores)."""
+    base = moe_config("qwen3-30b-a3b")
+    job = settings(FULL, gradient_checkpointing=Checkpointing.OFF, seq_len=512)
+
+    def saved(config: dict[str, Any]) -> int:
+        return trace_run(config, job).phase_peaks["forward"].breakdown["activations"]
+
+    start = saved(base)  # 128 experts, 8 per token
+    pairs = 2 * 512 * 8  # two layers of 512 tokens x 8 more experts each
+    assert saved(base | {"num_experts_per_tok": 16}) - start > pairs * 2 * 2048 * 2
+    assert saved(base | {"num_experts": 256}) - start < 2 * 512 * 128 * 4 * 2
+
+
+def test_qlora_moe_dequantises_the_expert_stacks_while_they_run() -> None:
+    config = moe_config("mixtral-8x7b")
+    job = settings(QLORA, gradient_checkpointing=Checkpointing.OFF)
+    run = trace_run(config, job)
+    static = static_bytes(parse_config(config), job)
+    experts = [s for s in run.segments if ".experts" in s.region and s.phase == "forward"]
+    assert max(s.breakdown["temporaries"] for s in experts) >= static.expert_stacks
+    assert static.weights < 0.4 * static_bytes(parse_config(config), LORA).weights
 
 
 # -- deep models from shallow traces ----------------------------------------------------------
@@ -254,6 +329,20 @@ def test_extrapolation_agrees_with_the_full_trace(preset: str, job: TrainingSett
     assert extended.total_params == whole.total_params
     for category, n_bytes in whole.breakdown.items():
         assert abs(extended.breakdown[category] - n_bytes) <= 0.005 * whole.peak
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-30b-a3b"])
+def test_moe_extrapolation_agrees_with_the_full_trace(preset: str) -> None:
+    """12 layers at real widths: traced whole, and from two shallow traces (DeepSeek-V3 at 7
+    and 8 layers, its three dense ones and four MoE ones), within 0.5 %."""
+    from controller.trace.build import text_config
+
+    config = text_config(load_preset(preset).config, 12)
+    whole = trace(config, LORA, layers="full")
+    extended = trace(config, LORA)
+    assert extended.traced_layers == ((7, 8) if preset == "deepseek-v3" else (4, 5))
+    assert abs(extended.peak_bytes - whole.peak_bytes) <= 0.005 * whole.peak_bytes
+    assert extended.total_params == whole.total_params
 
 
 def test_auto_traces_shallow_models_whole_and_deep_ones_extended() -> None:
