@@ -9,16 +9,22 @@ there beyond the static part are
 
     dynamic(L) = L x (a . per_layer) + (b . once)
 
-    per_layer: t·h, t·q, t·kv, t·i, t·A, t·R, b·n·s², t·n, t, G_layer, 1
+    per_layer: t·h, t·q, t·kv, t·i, t·A, t·R, b·n·s², t·n, t, G_layer, t·k·h, t·k·e,
+               t·E, W_E, t·r, 1
     once:      t·h, t·q, t·kv, t·i, t·A, t·R, t·V, b·n·s², b·s², t·n, t·d, t, s,
-               G_head, G_embed, G_layer, D, 1
+               G_head, G_embed, G_layer, D, t·k·h, t·k·e, t·E, W_E, t·r, 1
 
 (t = batch x sequence tokens, h hidden, q = heads x head dim d, kv = k/v width, i = MLP
 width, n heads, V vocabulary, A = adapted in_features per layer (PEFT's fp32 input copies),
 R = rank x adapted linears per layer, b·n·s² eager attention scores, b·s² a materialised
 mask, G_layer gradient bytes of one layer, G_head of the LM head (or the embedding tied to
 it) and final norm, present from the loss on, G_embed of an untied embedding, computed last;
-D a dequantised 4-bit weight). `a` is fitted to the difference of traces at 2 and 3 layers
+D a dequantised 4-bit weight; in an MoE layer, t·k token-expert pairs of k experts each of
+width e, E experts whose router scores every token, W_E the 16-bit bytes of the layer's
+expert stacks, which PEFT's LoRA folds into a new stack and QLoRA dequantises; i is then
+the width of the shared expert, if any; with multi-head latent attention, q = n x (nope +
+rope head dims), kv = n x (nope + v head dims) and r = q rank + kv rank + rope head dim, the
+latent widths). `a` is fitted to the difference of traces at 2 and 3 layers
 (what one layer adds), `b` to what is left at 0 layers, so depth extrapolates as `trace`
 does.
 One (a, b) per architecture family x method x checkpointing x attention (sdpa, also used for
@@ -26,11 +32,12 @@ flash/flex, or eager) x moment; the estimate is the largest moment. Only moments
 some sample at 2, 3, 32 or 80 layers (to within 0.2 %) are kept.
 
 `python -m controller.trace.calibrate` regenerates `calibration.json` from traces of shrunk
-variants of each family (minutes on 2 cores). Known limits, recorded in the file's `scope`:
-fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the exact static part;
-fp32 training doubles the fitted 16-bit terms (an approximation); a fused loss drops t·V
-(not fitted); mixture-of-experts layers are charged as a dense MLP of `experts_per_token x
-expert width` (no trace exists for them: fake tensors cannot route tokens by value).
+variants of each family (about half an hour on 2 cores). Known limits, recorded in the
+file's `scope`: fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the
+exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); a fused
+loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first three) are
+charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
+together).
 """
 
 from __future__ import annotations
@@ -56,24 +63,24 @@ from controller.estimator.storage import Static, static_bytes
 
 DATA_FILE = "calibration.json"
 #: What each decoder layer adds (multiplied by L) and what the step holds once.
-LAYER_FEATURES = ("t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "b*n*s2", "t*n", "t", "G_layer", "1")
+LAYER_FEATURES = (
+    "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "b*n*s2", "t*n", "t", "G_layer",
+    "t*k*h", "t*k*e", "t*E", "W_E", "t*r", "1",
+)  # fmt: skip
 LOCAL_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*V", "b*n*s2", "b*s2",
-    "t*n", "t*d", "t", "s", "G_head", "G_embed", "G_layer", "D", "1",
+    "t*n", "t*d", "t", "s", "G_head", "G_embed", "G_layer", "D",
+    "t*k*h", "t*k*e", "t*E", "W_E", "t*r", "1",
 )  # fmt: skip
 OPTIMIZER_KEY = "optimizer/step"
 #: Families the data file has no coefficients for are read as this one (as the parser reads
-#: an unknown model_type as Llama-style); MoE types map to their dense relative.
+#: an unknown model_type as Llama-style); close relatives map to the family fitted.
 DEFAULT_FAMILY = "llama"
 FAMILY_ALIASES = {
-    "mixtral": "mistral",
-    "qwen2_moe": "qwen2",
-    "qwen3_moe": "qwen3",
+    "qwen2_moe": "qwen3_moe",
     "gemma3": "gemma3_text",
     "gemma": "gemma2",
-    "deepseek_v3": "llama",
-    "deepseek_v2": "llama",
-    "gpt_oss": "llama",
+    "deepseek_v2": "deepseek_v3",
 }
 
 
@@ -91,20 +98,36 @@ def family_of(model_type: str) -> str:
     return name if name in families else DEFAULT_FAMILY
 
 
-def _dims(shape: ModelShape) -> tuple[int, int, int, int, int]:
-    """(q width, kv width, MLP width, heads, head dim) of the model's layers, as traced."""
+def _dims(shape: ModelShape) -> tuple[int, int, int, int, int, int]:
+    """(q width, kv width, dense MLP width, heads, head dim, latent width) of the model's
+    layers: an MoE layer's dense MLP is its shared expert (Qwen's of its own width,
+    DeepSeek's n_shared experts wide), if any; latent attention's widths as in the module
+    docstring."""
     d = shape.dims
     head_dim = d.head_dim or d.hidden_size // d.num_heads
     q, kv = d.num_heads * head_dim, d.num_kv_heads * head_dim
+    latent = 0
+    if d.kv_lora_rank is not None:
+        nope, rope = d.qk_nope_head_dim or 0, d.qk_rope_head_dim or 0
+        q, kv = d.num_heads * (nope + rope), d.num_heads * (nope + (d.v_head_dim or 0))
+        latent = (d.q_lora_rank or 0) + d.kv_lora_rank + rope
     if d.num_experts > 1:
-        routed = (d.moe_intermediate_size or d.intermediate_size) * d.experts_per_token
-        shared = (d.shared_expert_intermediate_size or d.moe_intermediate_size or 0) * (
-            d.n_shared_experts
+        mlp = d.shared_expert_intermediate_size or (
+            (d.moe_intermediate_size or d.intermediate_size) * d.n_shared_experts
         )
-        mlp = max(routed + shared, d.intermediate_size if d.dense_layers else 0)
     else:
         mlp = d.intermediate_size
-    return q, kv, mlp, d.num_heads, head_dim
+    return q, kv, mlp, d.num_heads, head_dim, latent
+
+
+def _moe(shape: ModelShape, t: int, static: Static) -> list[int]:
+    """t·k·h, t·k·e, t·E, W_E of an MoE model's layers (zeros for a dense model)."""
+    d = shape.dims
+    if d.num_experts <= 1:
+        return [0, 0, 0, 0]
+    pairs = t * d.experts_per_token
+    width = d.moe_intermediate_size or d.intermediate_size
+    return [pairs * d.hidden_size, pairs * width, t * d.num_experts, static.expert_stacks]
 
 
 def features(
@@ -115,16 +138,17 @@ def features(
     b, s = settings.batch, settings.seq_len
     t = b * s
     layers, h, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
-    q, kv, mlp, heads, head_dim = _dims(shape)
+    q, kv, mlp, heads, head_dim, latent = _dims(shape)
     scores = b * heads * s * s if settings.attention is Attention.EAGER else 0
     adapted, ranks = static.lora_inputs // layers, static.lora_ranks // layers
     g_layer = static.layer_gradients
     logits = 0 if settings.fused_loss else t * vocab
+    moe = _moe(shape, t, static)
     per_layer = [t * h, t * q, t * kv, t * mlp, t * adapted, t * ranks, scores, t * heads, t,
-                 g_layer, 1]  # fmt: skip
+                 g_layer, *moe, t * latent, 1]  # fmt: skip
     once = [t * h, t * q, t * kv, t * mlp, t * adapted, t * ranks, logits, scores, b * s * s,
             t * heads, t * head_dim, t, s, static.head_gradients, static.embed_gradients, g_layer,
-            static.dequantized, 1]  # fmt: skip
+            static.dequantized, *moe, t * latent, 1]  # fmt: skip
     return per_layer, once
 
 

@@ -1,16 +1,18 @@
 """Regenerate `controller/estimator/calibration.json`: fit the calibrated profile to traces.
 
-    python -m controller.trace.calibrate [--samples 24] [--workers N] [--out PATH]
+    python -m controller.trace.calibrate [--samples 20] [--workers N] [--out PATH]
 
-For every dense architecture family among the bundled presets, and every method
-(full / LoRA / QLoRA), checkpointing (on / off) and attention (sdpa / eager), it traces
-`--samples` shrunk variants of the family's smallest preset: 2-3 layers, 128-512 tokens,
+For every architecture family among the bundled presets (the mixture-of-experts ones
+included), and every method (full / LoRA / QLoRA), checkpointing (on / off) and attention
+(sdpa / eager), it traces `--samples` shrunk variants of the family's smallest preset (twice
+as many for an MoE family, `_shrink_moe` for their ranges): 2-3 layers, 128-512 tokens,
 batch 1-2, LoRA rank 8/16/32, tied or untied embeddings, and random widths in the
 proportions of real models (4 or 8 heads of 64 or 128, k/v heads dividing them, hidden
 512-1024, MLP 2.5-4x hidden, vocabulary 4-16x hidden). The proportions matter: which op of a
 layer holds the most memory depends on them (an MLP narrower than the hidden size peaks
 elsewhere), and the fit is linear only within one such regime. Fake tensors make a trace
-cost the same at any width; shallow depth and short sequences keep the run to minutes.
+cost the same at any width; shallow depth and short sequences keep the run to about half an
+hour on 2 cores (3,840 traced variants, each at two depths).
 
 Each variant is traced at 2 and 3 layers (one optimizer step each). For each moment of the
 step (`calibrated.py`), the difference between the two is what one layer adds: its
@@ -50,7 +52,7 @@ from controller.estimator.settings import (
 )
 from controller.estimator.storage import static_bytes
 
-#: The smallest bundled preset of each dense family: the template of its shrunk variants.
+#: The smallest bundled preset of each family: the template of its shrunk variants.
 FAMILY_PRESETS = {
     "llama": "llama-3.2-1b",
     "mistral": "mistral-7b-v0.1",
@@ -60,7 +62,12 @@ FAMILY_PRESETS = {
     "gemma3_text": "gemma-3-1b",
     "phi3": "phi-3-mini-4k",
     "olmo2": "olmo-2-7b",
+    "mixtral": "mixtral-8x7b",
+    "qwen3_moe": "qwen3-30b-a3b",
+    "deepseek_v3": "deepseek-v3",
+    "gpt_oss": "gpt-oss-20b",
 }
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
 METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
 ATTENTIONS = (Attention.SDPA, Attention.EAGER)
@@ -77,7 +84,9 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
     config["pad_token_id"] = 0  # class defaults may exceed the smaller vocabulary
     heads = rng.choice((4, 8))
     head_dim = rng.choice((64, 128))
-    if "head_dim" in config:  # the family states head_dim: hidden is free
+    if family == "deepseek_v3":  # latent attention: hidden is free of the heads
+        hidden = rng.choice((512, 768, 1024))
+    elif "head_dim" in config:  # the family states head_dim: hidden is free
         hidden = rng.choice((512, 768, 1024))
         config["head_dim"] = head_dim
         config["query_pre_attn_scalar"] = head_dim
@@ -94,9 +103,45 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
         tie_word_embeddings=rng.random() < 0.5,
         max_position_embeddings=4096,
     )
-    if config.get("sliding_window"):
+    if config.get("sliding_window") and family != "gpt_oss":  # GPT-OSS's 128 is its design
         config["sliding_window"] = 4096
+    if family in MOE_FAMILIES:
+        _shrink_moe(family, config, rng, hidden)
     return config
+
+
+def _shrink_moe(family: str, config: dict[str, Any], rng: random.Random, hidden: int) -> None:
+    """8-32 experts, 2 or 4 per token, expert widths in the family's proportion to hidden
+    (Mixtral 2.5-4x as drawn above, GPT-OSS 0.5-1.25x, Qwen3 and DeepSeek 0.25-1x); every
+    layer an MoE layer; DeepSeek's latent ranks in its proportions to hidden (k/v 0.07-0.25x,
+    q 0.2-0.5x; DeepSeek-V3: 512 and 1536 of 7168)."""
+    experts = rng.choice((8, 16, 32))
+    top_k = rng.choice((2, 4))
+    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if name in config:
+            config[name] = experts
+    config["num_experts_per_tok"] = top_k
+    if "experts_per_token" in config:
+        config["experts_per_token"] = top_k
+    if family == "gpt_oss":
+        config["intermediate_size"] = _round(hidden * rng.uniform(0.5, 1.25), 64)
+    elif family != "mixtral":
+        config["moe_intermediate_size"] = _round(hidden * rng.uniform(0.25, 1.0), 64)
+    if family == "qwen3_moe":
+        config.update(decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "deepseek_v3":
+        nope = rng.choice((64, 128))
+        config.update(
+            first_k_dense_replace=0,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=_round(hidden * rng.uniform(0.07, 0.25), 64),
+            q_lora_rank=_round(hidden * rng.uniform(0.2, 0.5), 64),
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=nope,
+            v_head_dim=nope,
+            num_key_value_heads=config["num_attention_heads"],
+        )
 
 
 def _round(value: float, multiple: int = 128) -> int:
@@ -200,12 +245,18 @@ def sample(task: Task) -> dict[str, Any]:
     }
 
 
+#: MoE families fill more of the features (experts, their stacks, latent attention): twice
+#: the samples keep their fit as well determined as a dense family's.
+MOE_SAMPLES_FACTOR = 2
+
+
 def tasks(samples: int) -> Iterator[Task]:
     for family in FAMILY_PRESETS:
+        count = samples * (MOE_SAMPLES_FACTOR if family in MOE_FAMILIES else 1)
         for method in METHODS:
             for gc in CHECKPOINTING:
                 for attention in ATTENTIONS:
-                    for seed in range(samples):
+                    for seed in range(count):
                         yield family, method.value, gc.value, attention.value, seed
 
 
@@ -316,13 +367,17 @@ def calibrate(
             "transformers": transformers.__version__,
             "peft": peft.__version__,
         },
-        "samples_per_class": len(rows) // max(1, len({tuple(r["class"]) for r in rows})),
+        "samples_per_class": {
+            "dense": _count(rows, lambda family: family not in MOE_FAMILIES),
+            "moe": _count(rows, lambda family: family in MOE_FAMILIES),
+        },
         "seconds": round(time.perf_counter() - started, 1),
         "refit_of_stored_samples": refit is not None,
         "scope": (
             "bf16, AdamW, all-linear LoRA, sdpa (also used for flash/flex) or eager; other "
             "optimizers and targets change only the exact static part; fp32 doubles the "
-            "fitted terms; MoE layers charged as dense experts_per_token x expert width"
+            "fitted terms; MoE experts as transformers' grouped_mm runs them (memory "
+            "independent of the routing); an MoE model's dense layers charged as MoE layers"
         ),
         "layer_features": list(LAYER_FEATURES),
         "local_features": list(LOCAL_FEATURES),
@@ -332,9 +387,15 @@ def calibrate(
     }
 
 
+def _count(rows: list[dict[str, Any]], chosen: Any) -> int:
+    """Samples per class among the classes of the chosen families (0 when none)."""
+    picked = [row for row in rows if chosen(row["class"][0])]
+    return len(picked) // max(1, len({tuple(row["class"]) for row in picked}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=24, help="traces per class")
+    parser.add_argument("--samples", type=int, default=20, help="traces per dense class")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     default_out = Path(__file__).resolve().parents[1] / "estimator" / DATA_FILE
     parser.add_argument("--out", type=Path, default=default_out)

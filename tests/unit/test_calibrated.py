@@ -1,13 +1,14 @@
 """The `calibrated` profile: pure, fast, and within 5 % of the trace.
 
-The grid (what "within 5 % of the trace" means here): for every dense architecture family
-of the bundled presets (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2), one shrunk
-config of that family (3 layers, widths drawn with a seed of its own, so none of the
-calibration's samples), x full / LoRA / QLoRA x checkpointing on / off x 256 / 512 tokens x
-batch 1 / 2, sdpa attention and AdamW: the calibrated peak of tensor bytes is within 5 % of
-the traced peak. 192 traces, about two minutes on one core. A second test holds it to the
-trace at real widths (Llama 3.1 8B and others at 2,048 tokens), where the trace is extended
-from 4 and 5 layers.
+The grid (what "within 5 % of the trace" means here): for every architecture family of the
+bundled presets (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2 and the
+mixture-of-experts mixtral, qwen3_moe, deepseek_v3, gpt_oss), one shrunk config of that
+family (3 layers, widths drawn with a seed of its own, so none of the calibration's
+samples), x full / LoRA / QLoRA x checkpointing on / off x 256 / 512 tokens x batch 1 / 2,
+sdpa attention and AdamW: the calibrated peak of tensor bytes is within 5 % of the traced
+peak. 288 traces, a few minutes on one core. A second test holds it to the trace at real
+widths (Llama 3.1 8B, Mixtral, Qwen3-30B-A3B and others at 2,048 tokens), where the trace is
+extended from 4 and 5 layers.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from controller.estimator.presets import load_preset, preset_names
 from tests.unit.trace_support import require_trace_extra
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 TOLERANCE = 0.05
 JOBS = [
     TrainingSettings(
@@ -69,11 +72,11 @@ def test_calibrated_is_pure() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_data_file_covers_every_dense_family_and_job() -> None:
+def test_the_data_file_covers_every_family_and_job() -> None:
     data = calibration()
     assert data["layer_features"] == list(LAYER_FEATURES)
     assert data["local_features"] == list(LOCAL_FEATURES)
-    for family in DENSE_FAMILIES:
+    for family in FAMILIES:
         for method in ("full", "lora", "qlora"):
             for gc in ("on", "off"):
                 for attention in ("sdpa", "eager"):
@@ -96,7 +99,9 @@ def test_every_preset_gets_an_estimate(preset: str) -> None:
 
 def test_families_resolve() -> None:
     assert family_of("llama") == "llama"
-    assert family_of("mixtral") == "mistral"
+    assert family_of("mixtral") == "mixtral"
+    assert family_of("qwen2_moe") == "qwen3_moe"
+    assert family_of("deepseek_v2") == "deepseek_v3"
     assert family_of("gemma3") == "gemma3_text"
     assert family_of("some_new_model") == "llama"
 
@@ -123,7 +128,7 @@ def grid_config(family: str) -> dict[str, object]:
     return shrunk(family, random.Random(f"grid/{family}"), layers=3)
 
 
-@pytest.mark.parametrize("family", DENSE_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_within_5_percent_of_the_trace_on_the_grid(family: str) -> None:
     require_trace_extra()
     from controller.trace.run import trace_run
@@ -148,6 +153,10 @@ REAL = [
     ("qwen2.5-7b", Method.LORA),
     ("mistral-7b-v0.3", Method.QLORA),
     ("gemma-2-9b", Method.LORA),
+    ("mixtral-8x7b", Method.LORA),
+    ("qwen3-30b-a3b", Method.QLORA),
+    ("gpt-oss-20b", Method.LORA),
+    ("deepseek-v3", Method.QLORA),
 ]
 
 
