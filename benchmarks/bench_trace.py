@@ -4,8 +4,10 @@
 
 Trace: Llama-3.1-8B, full fine-tuning and LoRA (r=16, all-linear), 2,048 tokens, batch 1,
 checkpointing, AdamW; each case in a fresh process, once extended from 4 and 5 layers (the
-default for a 32-layer model) and once traced whole. Reported: the process's wall time
-(imports included), the trace's own seconds, and the process's peak RSS. Targets (issue 5):
+default for a 32-layer model) and once traced whole; and LoRA of two MoE models,
+Mixtral 8x7B and DeepSeek-V3 (671B, 256 experts), at the default depths only. Reported:
+the process's wall time (imports included), the trace's own seconds, and the process's peak
+RSS. Targets (issue 5):
 under 30 s and 2 GiB on 2 cores.
 
 Calibrated: estimates per second from a preset on one core (the process pins itself to one
@@ -25,9 +27,12 @@ import time
 
 from benchmarks.bench_estimator import rate
 
+#: name: (model, options, depths traced)
 CASES = {
-    "llama-3.1-8b full": ["--method", "full"],
-    "llama-3.1-8b lora": ["--method", "lora"],
+    "llama-3.1-8b full": ("llama-3.1-8b", ["--method", "full"], ("auto", "full")),
+    "llama-3.1-8b lora": ("llama-3.1-8b", ["--method", "lora"], ("auto", "full")),
+    "mixtral-8x7b lora": ("mixtral-8x7b", ["--method", "lora"], ("auto",)),
+    "deepseek-v3 lora": ("deepseek-v3", ["--method", "lora"], ("auto",)),
 }
 _CHILD = (
     "import json, resource, sys, time; t = time.perf_counter(); "
@@ -37,8 +42,8 @@ _CHILD = (
 )
 
 
-def trace_case(args: list[str], layers: str) -> dict[str, float]:
-    argv = ["trace", "--model", "llama-3.1-8b", *args, "--trace-layers", layers, "--json"]
+def trace_case(model: str, args: list[str], layers: str) -> dict[str, float]:
+    argv = ["trace", "--model", model, *args, "--trace-layers", layers, "--json"]
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True, check=True
@@ -54,10 +59,10 @@ def trace_case(args: list[str], layers: str) -> dict[str, float]:
     }
 
 
-def calibrated_rate(seconds: float) -> float:
+def calibrated_rate(model: str, seconds: float) -> float:
     from controller.estimator import Method, Profile, TrainingSettings, estimate, load_shape
 
-    shape = load_shape("llama-3.1-8b")
+    shape = load_shape(model)
     settings = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)
     return rate(lambda: estimate(shape, settings), seconds)
 
@@ -69,14 +74,15 @@ def main() -> None:
     args = parser.parse_args()
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     results: dict[str, object] = {"machine": machine}
-    for name, case in CASES.items():
-        for layers in ("auto", "full"):
-            results[f"trace {name} ({layers})"] = trace_case(case, layers)
+    for name, (model, case, depths) in CASES.items():
+        for layers in depths:
+            results[f"trace {name} ({layers})"] = trace_case(model, case, layers)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    results["calibrated estimates/s (llama-3.1-8b lora, one core)"] = round(
-        calibrated_rate(args.seconds)
-    )
+    for model in ("llama-3.1-8b", "deepseek-v3"):
+        results[f"calibrated estimates/s ({model} lora, one core)"] = round(
+            calibrated_rate(model, args.seconds)
+        )
     results["this process peak RSS MiB"] = round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     )
