@@ -147,50 +147,37 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     for layer in shape.layers:
         grads_here = stacks_here = 0
         for stack, parts in _expert_stacks(layer):
-            numel = stack.weight_params
-            bias = stack.out_features * stack.copies if stack.bias else 0
-            stacks_here += numel * elem
-            weights += nf4_bytes(numel, double) if quantized else block(numel * elem)
-            weights += block(bias * elem) if bias else 0
+            stacks_here += stack.weight_params * elem
+            held, grads = _base(stack, quantized, double, elem, adapter, trainable)
+            weights, grads_here = weights + held, grads_here + grads
             if quantized:
-                dequantized = max(dequantized, block(numel * elem))
-            if not adapter:
-                trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
-                grads_here += block(numel * elem) + (block(bias * elem) if bias else 0)
-                continue
+                dequantized = max(dequantized, block(stack.weight_params * elem))
             targeted = sum(every or name in wanted for name in parts)
-            if lora_on_experts and targeted:
+            if adapter and lora_on_experts and targeted:
                 expert_lora = True
                 r = rank * targeted * stack.copies
-                a, b = r * stack.in_features, r * stack.out_features
-                weights += block(a * _FP32) + block(b * _FP32)
-                trainable += [(a, _FP32), (b, _FP32)]
-                grads_here += block(a * _FP32) + block(b * _FP32)
+                pair = _lora_pair(r * stack.in_features, r * stack.out_features, trainable)
+                weights, grads_here = weights + pair, grads_here + pair
         stacks_max = max(stacks_max, stacks_here)
         for lin in layer.linears:
             if lin.expert:
                 continue
-            if lin.name == "router":
-                weights_here, grads = _router(lin, fam.router_correction_bias, elem, trainable,
-                                              adapter, lora_on_experts and
-                                              (every or "router" in wanted), rank)  # fmt: skip
-                weights += weights_here
-                grads_here += grads
+            if lin.name == "router":  # a parameter, never quantised; fp32 in DeepSeek-V3
+                size = _FP32 if fam.router_correction_bias else elem
+                held, grads = _base(lin, False, double, size, adapter, trainable)
+                weights, grads_here = weights + held, grads_here + grads
+                if adapter and lora_on_experts and (every or "router" in wanted):
+                    pair = _lora_pair(rank * lin.in_features, rank * lin.out_features, trainable)
+                    weights, grads_here = weights + pair, grads_here + pair
                 continue
-            numel = lin.in_features * lin.out_features * lin.copies
-            bias = lin.out_features * lin.copies if lin.bias else 0
-            weights += nf4_bytes(numel, double) if quantized else block(numel * elem)
-            weights += block(bias * elem) if bias else 0
+            held, grads = _base(lin, quantized, double, elem, adapter, trainable)
+            weights, grads_here = weights + held, grads_here + grads
             if quantized:
-                dequantized = max(dequantized, block(numel * elem))
-            if not adapter:
-                trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
-                grads_here += block(numel * elem) + (block(bias * elem) if bias else 0)
-            elif (every or lin.name in wanted) and lin.name not in moved:
+                dequantized = max(dequantized, block(lin.weight_params * elem))
+            if adapter and (every or lin.name in wanted) and lin.name not in moved:
                 a, b = rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies
-                weights += block(a * _FP32) + block(b * _FP32)
-                trainable += [(a, _FP32), (b, _FP32)]
-                grads_here += block(a * _FP32) + block(b * _FP32)
+                pair = _lora_pair(a, b, trainable)
+                weights, grads_here = weights + pair, grads_here + pair
                 lora_inputs += lin.in_features * lin.copies
                 lora_ranks += rank * lin.copies
         others = list(layer.other_tensors)
@@ -276,26 +263,27 @@ def _expert_stacks(layer: Layer) -> list[tuple[Linear, tuple[str, ...]]]:
     return out
 
 
-def _router(
+def _base(
     lin: Linear,
-    fp32: bool,
+    quantized: bool,
+    double: bool,
     elem: int,
-    trainable: list[tuple[int, int]],
     adapter: bool,
-    lora: bool,
-    rank: int,
+    trainable: list[tuple[int, int]],
 ) -> tuple[int, int]:
-    """An MoE router's (weights, gradient) bytes: a parameter, never quantised; fp32 where
-    the model keeps it so (DeepSeek-V3); LoRA through PEFT's ParamWrapper (A r x in, B out x r).
-    Appends its trainable tensors."""
-    size = _FP32 if fp32 else elem
-    numel, bias = lin.weight_params, lin.out_features if lin.bias else 0
-    weights = block(numel * size) + (block(bias * size) if bias else 0)
-    if not adapter:
-        trainable += [(numel, size)] + ([(bias, size)] if bias else [])
-        return weights, block(numel * size) + (block(bias * size) if bias else 0)
-    if not lora:
+    """(weight bytes, gradient bytes) of a linear's (or stack's) weight and bias: NF4 when
+    quantised; trainable, in `elem`-byte elements, unless an adapter trains instead."""
+    numel = lin.weight_params
+    bias = lin.out_features * lin.copies if lin.bias else 0
+    weights = nf4_bytes(numel, double) if quantized else block(numel * elem)
+    weights += block(bias * elem) if bias else 0
+    if adapter:
         return weights, 0
-    a, b = rank * lin.in_features, rank * lin.out_features
+    trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
+    return weights, block(numel * elem) + (block(bias * elem) if bias else 0)
+
+
+def _lora_pair(a: int, b: int, trainable: list[tuple[int, int]]) -> int:
+    """Bytes of a LoRA pair of `a` and `b` fp32 elements (held once, and once as gradient)."""
     trainable += [(a, _FP32), (b, _FP32)]
-    return weights + block(a * _FP32) + block(b * _FP32), block(a * _FP32) + block(b * _FP32)
+    return block(a * _FP32) + block(b * _FP32)

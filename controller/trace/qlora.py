@@ -68,6 +68,46 @@ class _MatMul4Bit(torch.autograd.Function):
         return torch.matmul(grad, ctx.layer.dequantize()), None
 
 
+class NF4State:
+    """The quantisation state of one NF4 tensor of `numel` weights, as bitsandbytes' QuantState
+    holds it (see the module docstring), and the dequantisation that reads it."""
+
+    def __init__(self, numel: int, double_quant: bool) -> None:
+        self.double_quant = double_quant
+        self.blocks = _ceil_div(numel, BLOCKSIZE)
+        self.code = torch.empty(NF4_CODE_ENTRIES, dtype=torch.float32)
+        if double_quant:
+            self.absmax = torch.empty(self.blocks, dtype=torch.uint8)
+            self.nested_absmax = torch.empty(
+                _ceil_div(self.blocks, NESTED_BLOCKSIZE), dtype=torch.float32
+            )
+            self.nested_code = torch.empty(DYNAMIC_CODE_ENTRIES, dtype=torch.float32)
+            self.offset = torch.empty((), dtype=torch.float32)
+        else:
+            self.absmax = torch.empty(self.blocks, dtype=torch.float32)
+
+    def tensors(self) -> Iterable[torch.Tensor]:
+        yield self.code
+        yield self.absmax
+        if self.double_quant:
+            yield from (self.nested_absmax, self.nested_code, self.offset)
+
+    def dequantize(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """`dequantize_4bit`: the fp32 absmax (double quant) lives while the weight is written."""
+        absmax = None
+        if self.double_quant:
+            absmax = torch.empty(self.blocks, dtype=torch.float32)  # dequantize_blockwise
+            absmax.add_(self.offset)
+        weight = torch.empty(shape, dtype=dtype)
+        del absmax
+        return weight
+
+
+def _packed(numel: int) -> nn.Parameter:
+    """Two 4-bit codes per byte, frozen."""
+    return nn.Parameter(torch.empty((_ceil_div(numel, 2), 1), dtype=torch.uint8), False)
+
+
 class Linear4bitStorage(nn.Linear):
     """An NF4 `Linear4bit` as far as memory goes (a `nn.Linear` so PEFT wraps it)."""
 
@@ -83,44 +123,20 @@ class Linear4bitStorage(nn.Linear):
         self.in_features = in_features
         self.out_features = out_features
         self.compute_dtype = compute_dtype
-        self.double_quant = double_quant
-        n = in_features * out_features
-        blocks = _ceil_div(n, BLOCKSIZE)
-        packed = torch.empty((_ceil_div(n, 2), 1), dtype=torch.uint8)
-        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.weight = _packed(in_features * out_features)
         self.bias = (
             nn.Parameter(torch.empty(out_features, dtype=compute_dtype), requires_grad=False)
             if bias
             else None
         )
-        self.code = torch.empty(NF4_CODE_ENTRIES, dtype=torch.float32)
-        if double_quant:
-            self.absmax = torch.empty(blocks, dtype=torch.uint8)
-            self.nested_absmax = torch.empty(
-                _ceil_div(blocks, NESTED_BLOCKSIZE), dtype=torch.float32
-            )
-            self.nested_code = torch.empty(DYNAMIC_CODE_ENTRIES, dtype=torch.float32)
-            self.offset = torch.empty((), dtype=torch.float32)
-        else:
-            self.absmax = torch.empty(blocks, dtype=torch.float32)
-        self.blocks = blocks
+        self.state = NF4State(in_features * out_features, double_quant)
 
     def quant_state(self) -> Iterable[torch.Tensor]:
         """The tensors of bitsandbytes' QuantState (held as attributes, as it holds them)."""
-        yield self.code
-        yield self.absmax
-        if self.double_quant:
-            yield from (self.nested_absmax, self.nested_code, self.offset)
+        return self.state.tensors()
 
     def dequantize(self) -> torch.Tensor:
-        """`dequantize_4bit`: the fp32 absmax (double quant) lives while the weight is written."""
-        absmax = None
-        if self.double_quant:
-            absmax = torch.empty(self.blocks, dtype=torch.float32)  # dequantize_blockwise
-            absmax.add_(self.offset)
-        weight = torch.empty((self.out_features, self.in_features), dtype=self.compute_dtype)
-        del absmax
-        return weight
+        return self.state.dequantize((self.out_features, self.in_features), self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.compute_dtype:
@@ -139,36 +155,16 @@ class ExpertStack4bit:
     def __init__(self, shape: tuple[int, int, int], dtype: torch.dtype, double_quant: bool):
         self.shape = shape
         self.compute_dtype = dtype
-        self.double_quant = double_quant
         self.numel = shape[0] * shape[1] * shape[2]
-        self.blocks = _ceil_div(self.numel, BLOCKSIZE)
-        packed = torch.empty((_ceil_div(self.numel, 2), 1), dtype=torch.uint8)
-        self.packed = nn.Parameter(packed, requires_grad=False)
-        self.code = torch.empty(NF4_CODE_ENTRIES, dtype=torch.float32)
-        if double_quant:
-            self.absmax = torch.empty(self.blocks, dtype=torch.uint8)
-            self.nested_absmax = torch.empty(
-                _ceil_div(self.blocks, NESTED_BLOCKSIZE), dtype=torch.float32
-            )
-            self.nested_code = torch.empty(DYNAMIC_CODE_ENTRIES, dtype=torch.float32)
-            self.offset = torch.empty((), dtype=torch.float32)
-        else:
-            self.absmax = torch.empty(self.blocks, dtype=torch.float32)
+        self.packed = _packed(self.numel)
+        self.state = NF4State(self.numel, double_quant)
 
     def quant_state(self) -> Iterable[torch.Tensor]:
-        yield self.code
-        yield self.absmax
-        if self.double_quant:
-            yield from (self.nested_absmax, self.nested_code, self.offset)
+        return self.state.tensors()
 
     def dequantize(self) -> nn.Parameter:
-        """`dequantize_4bit` of the whole stack (fp32 absmax scratch with double quant)."""
-        absmax = None
-        if self.double_quant:
-            absmax = torch.empty(self.blocks, dtype=torch.float32)
-            absmax.add_(self.offset)
-        stack = torch.empty(self.shape, dtype=self.compute_dtype)
-        del absmax
+        """The whole stack, 16-bit, for as long as the experts run."""
+        stack = self.state.dequantize(self.shape, self.compute_dtype)
         return nn.Parameter(stack, requires_grad=False)
 
 
