@@ -80,7 +80,6 @@ class Static:
     lora_ranks: int  # rank x number of adapted linears (all layers)
     dequantized: int  # bytes of the largest dequantised 4-bit weight (QLoRA), else 0
     expert_stacks: int  # 16-bit bytes of the largest MoE layer's expert stacks, else 0
-    expert_lora: bool  # LoRA folds into those stacks (PEFT's ParamWrapper)
     layer_gradients: int  # gradient bytes of the largest decoder layer
     head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
     embed_gradients: int  # an untied trainable embedding: computed last in backward
@@ -143,7 +142,6 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     lora_on_experts = bool(fam.peft_moe_pattern)
     # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
     moved = set(_MOVED) if fam.peft_moe_pattern == "qwen2_moe" else set()
-    expert_lora = False
     for layer in shape.layers:
         grads_here = stacks_here = 0
         for stack, parts in _expert_stacks(layer):
@@ -154,7 +152,6 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
                 dequantized = max(dequantized, block(stack.weight_params * elem))
             targeted = sum(every or name in wanted for name in parts)
             if adapter and lora_on_experts and targeted:
-                expert_lora = True
                 r = rank * targeted * stack.copies
                 pair = _lora_pair(r * stack.in_features, r * stack.out_features, trainable)
                 weights, grads_here = weights + pair, grads_here + pair
@@ -232,7 +229,6 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
         lora_ranks=lora_ranks,
         dequantized=dequantized,
         expert_stacks=stacks_max,
-        expert_lora=expert_lora,
         layer_gradients=layer_grads,
         head_gradients=head_grads,
         embed_gradients=embed_grads,
