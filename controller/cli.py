@@ -24,11 +24,11 @@ from controller.estimator import (
     build_settings,
     check_against_model,
     estimate,
-    fit,
     load_shape,
     parse_config,
 )
 from controller.estimator.settings import Attention, Checkpointing, Method, Optimizer, Profile
+from controller.packing.fit import fit
 from controller.report import estimate_json, render
 from controller.units import parse_size
 

@@ -7,7 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from controller.estimator import Estimate, Fit, Parallelism, TrainingSettings
+from controller.estimator import Estimate, Parallelism, TrainingSettings
+from controller.packing.fit import Fit
 from controller.units import GIB
 
 _LABELS = {
@@ -55,7 +56,7 @@ def estimate_json(
         "components": dict(est.components),
         "parallelism": parallelism.value,
         "gpus": n_gpus,
-        "per_gpu_bytes": est.bytes_per_gpu(n_gpus, parallelism),
+        "per_gpu_bytes": est.per_gpu_bytes(n_gpus, parallelism),
     }
     if result is not None:
         out["fit"] = {
@@ -125,7 +126,7 @@ def render(
     if n_gpus > 1:
         console.print(
             f"per GPU on {n_gpus} GPUs with {parallelism.value}: "
-            f"{est.bytes_per_gpu(n_gpus, parallelism) / GIB:.2f} GiB"
+            f"{est.per_gpu_bytes(n_gpus, parallelism) / GIB:.2f} GiB"
         )
     if result is not None and card is not None:
         console.print(fit_sentence(result, card, parallelism))

@@ -2,7 +2,7 @@
 
     shape = parse_config(config_json)            # or load_shape("llama-3.1-8b")
     est = estimate(shape, TrainingSettings(method=Method.QLORA, rank=16))
-    fit(est, free_bytes_per_gpu, Parallelism.FSDP)
+    est.per_gpu_bytes(2, Parallelism.FSDP)      # what each of 2 GPUs holds
 
 No I/O beyond reading the bundled presets, no Kubernetes: the operator, webhook and CLI call
 this and nothing here calls them.
@@ -16,7 +16,6 @@ from functools import cache
 from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.architecture import ModelShape, canonical_targets, parse_config
 from controller.estimator.errors import SpecError, SpecErrors
-from controller.estimator.fit import Fit, fit, select_device_map
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     PATHS,
@@ -35,7 +34,6 @@ __all__ = [
     "Attention",
     "Checkpointing",
     "Estimate",
-    "Fit",
     "Method",
     "ModelShape",
     "Optimizer",
@@ -48,10 +46,8 @@ __all__ = [
     "build_settings",
     "check_against_model",
     "estimate",
-    "fit",
     "load_shape",
     "parse_config",
-    "select_device_map",
 ]
 
 

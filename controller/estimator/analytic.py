@@ -29,7 +29,6 @@ from controller.estimator.settings import (
     TrainingSettings,
 )
 
-USABLE_FRACTION = Fraction(92, 100)  # seed 2: 92 % of each card is usable under FSDP
 OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
 K_FULL = 34  # Korthikanti et al. 2022, per layer, FlashAttention (no s² term)
@@ -115,5 +114,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         trainable_params=t,
         sharded_bytes=weights + gradients + optimizer,
         replicated_bytes=activations + logits,
-        usable_fraction=USABLE_FRACTION,
+        margin=OVERHEAD,
+        head_bytes=logits,
     )

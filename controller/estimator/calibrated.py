@@ -43,7 +43,6 @@ together).
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from functools import cache
 from importlib import resources
 from operator import mul
@@ -214,7 +213,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         trainable_params=static.trainable_params,
         sharded_bytes=sum(components.values()) - replicated,
         replicated_bytes=replicated,
-        usable_fraction=Fraction(1),
     )
 
 

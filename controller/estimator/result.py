@@ -13,12 +13,13 @@ class Estimate:
     """Training memory of one job on one data-parallel replica.
 
     `components` (ordered, name -> bytes) sums exactly to `total_bytes`. For placement the
-    bytes split in two: `sharded_bytes` (weights, adapters, gradients, optimizer states:
+    tensors split in two: `sharded_bytes` (weights, adapters, gradients, optimizer states:
     FSDP/ZeRO-3 and a device map divide them across GPUs) and `replicated_bytes` (what each
     GPU holds for itself: one micro-batch of activations and logits, and the CUDA context
-    where the profile counts it). `usable_fraction` is the share of a GPU's free memory the
-    profile lets the job plan on; with it, the per-card rule replaces the profile's overall
-    margin (the analytic 1.1), as seed 2 does for FSDP.
+    where the profile counts it). `margin` is the profile's overall factor on those tensors
+    (the analytic 1.1; 1 where the overheads are components of their own), so that every
+    per-GPU figure carries the same margin as the total. `head_bytes` is the part of
+    `replicated_bytes` only the GPU holding the LM head needs under a device map (the logits).
     """
 
     profile: str
@@ -27,24 +28,29 @@ class Estimate:
     trainable_params: int
     sharded_bytes: int
     replicated_bytes: int
-    usable_fraction: Fraction
+    margin: Fraction = Fraction(1)
+    head_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return sum(self.components.values())
 
-    def per_gpu_bytes(self, n_gpus: int) -> int:
-        """Bytes each of n GPUs needs when the shardable part is split evenly."""
-        return self.sharded_bytes // max(n_gpus, 1) + self.replicated_bytes
+    def per_gpu_bytes(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> int:
+        """What each of `gpus` GPUs must hold: the one per-GPU rule of vramgate.
 
-    def bytes_per_gpu(self, gpus: int, parallelism: Parallelism) -> int:
-        """What each of `gpus` GPUs holds: DDP replicates the job, FSDP and a device map split
-        the shardable part. One GPU holds the whole estimate, its margin included."""
+        DDP replicates the whole job on every GPU; FSDP (and a device map, for the GPU that
+        holds the LM head) holds `sharded / n + replicated`. On one GPU every parallelism
+        holds `total_bytes`, and DDP holds it on any count.
+        """
+        n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
+        if n == 1:
+            return self.total_bytes
+        return int((self.sharded_bytes // n + self.replicated_bytes) * self.margin)
+
+    def device_map_min_bytes(self, gpus: int) -> int:
+        """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:
+        its share of the shards and its own activations, without the logits."""
         if gpus <= 1:
             return self.total_bytes
-        return self.per_gpu_bytes(1 if parallelism is Parallelism.DDP else gpus)
-
-    @property
-    def pooled_bytes(self) -> int:
-        """Bytes a job needs from a pool of GPUs (the device-map rule), before card limits."""
-        return self.sharded_bytes + self.replicated_bytes
+        share = self.sharded_bytes // gpus + self.replicated_bytes - self.head_bytes
+        return int(share * self.margin)

@@ -42,7 +42,6 @@ CUDA_OVERHEAD_BYTES = int(Fraction(14, 10) * GIB)  # "1.4 GB", calibrated on an 
 ACTIVATION_FACTOR = Fraction(5, 4)
 NON_FLASH_FACTOR = 12
 GRADIENT_FLOOR = Fraction(15, 100)
-USABLE_FRACTION = Fraction(1)  # the CUDA overhead is inside the estimate already
 LINEAR_MEMORY_ATTENTION = (Attention.FLASH_ATTENTION_2, Attention.SDPA, Attention.FLEX_ATTENTION)
 
 # Seed 1's calibrated table (bytes per trainable parameter). It has no plain 32-bit AdamW and
@@ -444,5 +443,4 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         trainable_params=trainable,
         sharded_bytes=weights + lora_bytes + optimizer + gradients,
         replicated_bytes=activations + CUDA_OVERHEAD_BYTES,
-        usable_fraction=USABLE_FRACTION,
     )

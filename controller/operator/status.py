@@ -50,7 +50,7 @@ class StatusUpdate:
 
 def estimate_status(plan: JobPlan, est: Estimate) -> dict[str, Any]:
     """`status.estimate` of a plan and its estimate, as stored."""
-    per_gpu = est.bytes_per_gpu(plan.gpus, plan.parallelism)
+    per_gpu = est.per_gpu_bytes(plan.gpus, plan.parallelism)
     return EstimateStatus(
         model=plan.model,
         profile=est.profile,

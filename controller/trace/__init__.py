@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from controller.estimator import overheads
@@ -114,5 +113,4 @@ def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
         trainable_params=report.trainable_params,
         sharded_bytes=sum(components.values()) - replicated,
         replicated_bytes=replicated,
-        usable_fraction=Fraction(1),
     )

@@ -15,10 +15,10 @@ from controller.estimator import (
     Profile,
     TrainingSettings,
     estimate,
-    fit,
     load_shape,
 )
 from controller.estimator.presets import preset_names
+from controller.packing.fit import fit
 
 GIB = 2**30
 SHAPES = {name: load_shape(name) for name in preset_names()}
@@ -124,18 +124,20 @@ def test_fit_picks_gpus_that_hold_their_share(
 ) -> None:
     name, s = job
     e = estimate(SHAPES[name], s)
-    result = fit(e, free, parallelism)
-    if not result.fits:
-        assert result.reason and result.gpus == () and result.min_gpus is None
-        return
-    n = len(result.gpus)
-    assert n == result.min_gpus and len(set(result.gpus)) == n
-    usable = [int(f * e.usable_fraction) for f in free]
-    need = e.per_gpu_bytes(1 if parallelism is Parallelism.DDP else n)
-    assert all(usable[i] >= need for i in result.gpus)
-    # Smallest set: one GPU fewer (the best ones) does not fit.
-    if n > 1 and parallelism is Parallelism.FSDP:
-        best = sorted(usable, reverse=True)[: n - 1]
-        assert min(best) < e.per_gpu_bytes(n - 1)
+    n = len(free)
+    result = fit(e, free, parallelism, gpus=n)
+    if result.fits:
+        assert len(set(result.chosen)) == n
+        if parallelism is not Parallelism.DEVICE_MAP:
+            assert all(free[i] >= result.per_gpu_bytes for i in result.chosen)
+        assert result.min_gpus is not None and result.min_gpus <= n
+    else:
+        assert result.reason and result.chosen == ()
+    if result.min_gpus is not None:
+        # The smallest count fits, and one GPU fewer does not.
+        assert fit(e, free, parallelism, gpus=result.min_gpus).fits
+        if result.min_gpus > 1:
+            assert not fit(e, free, parallelism, gpus=result.min_gpus - 1).fits
     # More free memory never turns a fit into a non-fit.
-    assert fit(e, [f * 2 for f in free], parallelism).fits
+    if result.fits:
+        assert fit(e, [f * 2 for f in free], parallelism, gpus=n).fits

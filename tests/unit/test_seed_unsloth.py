@@ -11,11 +11,10 @@ from controller.estimator import (
     Profile,
     TrainingSettings,
     estimate,
-    fit,
     parse_config,
-    select_device_map,
 )
 from controller.estimator.unsloth import CUDA_OVERHEAD_BYTES
+from controller.packing.fit import fit, select_device_map
 from tests.unit.conftest import GIB, LLAMA_31_8B, QWEN25_05B
 
 SEVEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -98,14 +97,15 @@ def test_gpu_selection_reports_no_fit() -> None:
 def test_device_map_fit_checks_the_per_gpu_minimum() -> None:
     e = unsloth(LLAMA_31_8B, batch=4)
     # Two 6 GiB GPUs pool 11.1 GiB >= 9.0 GiB, and each holds its 5.52 GiB minimum.
-    ok = fit(e, [6 * GIB, 6 * GIB], Parallelism.DEVICE_MAP)
-    assert ok.fits and ok.gpus == (0, 1) and ok.per_gpu_bytes == 5_930_650_009
+    ok = fit(e, [6 * GIB, 6 * GIB], Parallelism.DEVICE_MAP, gpus=2)
+    assert ok.fits and ok.chosen == (0, 1) and ok.per_gpu_bytes == 5_930_650_009
     # A 5.5 GiB second GPU keeps the pool large enough but cannot hold its minimum.
-    small = fit(e, [8 * GIB, int(5.5 * GIB)], Parallelism.DEVICE_MAP)
+    small = fit(e, [8 * GIB, int(5.5 * GIB)], Parallelism.DEVICE_MAP, gpus=2)
     assert not small.fits
     assert "device map" in small.reason
     # One big GPU alone is the smallest set.
-    assert fit(e, [4 * GIB, 12 * GIB], Parallelism.DEVICE_MAP).gpus == (1,)
+    one = fit(e, [4 * GIB, 12 * GIB], Parallelism.DEVICE_MAP)
+    assert one.chosen == (1,) and one.min_gpus == 1
 
 
 def test_double_quant_uses_the_3_6_factor() -> None:
