@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 GIB = 2**30
 MIB = 2**20
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+#: The largest size accepted (1 EiB): far above any GPU or node, small enough that GiB figures
+#: format as floats. Digits are bounded too, so no input reaches Python's big-int limits.
+MAX_SIZE = 2**60
+_SIZE = re.compile(r"^\s*(\d{1,24}(?:\.\d{1,24})?)\s*([a-zA-Z]*)\s*$")
 _UNITS = {
     "": 1,
     "b": 1,
@@ -26,23 +30,30 @@ _UNITS = {
 }
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, require_unit: bool = False) -> int:
     """Parse `80GB` (decimal, as GPU vendors label cards), `80GiB`, `24G` or plain bytes.
 
     Decimal suffixes follow the vendors' labels ("80 GB" H100 is 80e9 bytes nominal); binary
-    suffixes (GiB) follow NVML and the seeds. Raises ValueError with the allowed forms.
+    suffixes (GiB) follow NVML and the seeds. `require_unit` refuses a bare number, where a
+    person would mean GB rather than bytes (`--gpu-memory 80`); files written by programs
+    keep plain bytes. Raises ValueError with the allowed forms.
     """
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
+        plain = "" if require_unit else ", or plain bytes"
         raise ValueError(
             f"invalid size {text!r}: use a number with B, KB, MB, GB, TB (decimal), "
-            "KiB, MiB, GiB, TiB (binary), or plain bytes"
+            f"KiB, MiB, GiB, TiB (binary){plain}"
         )
-    value = float(match.group(1)) if "." in match.group(1) else int(match.group(1))
-    size = int(value * _UNITS[unit])
+    if require_unit and not unit:
+        number = text.strip()
+        raise ValueError(f"invalid size {text!r}: needs a unit, e.g. {number}GB or {number}GiB")
+    size = int(Fraction(match.group(1)) * _UNITS[unit])
     if size <= 0:
         raise ValueError(f"invalid size {text!r}: must be greater than 0")
+    if size > MAX_SIZE:
+        raise ValueError(f"invalid size {text!r}: must be at most 1 EiB")
     return size
 
 

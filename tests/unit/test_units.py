@@ -31,5 +31,20 @@ def test_parse_size_rejects_with_the_allowed_forms(text: str) -> None:
         parse_size(text)
 
 
+@pytest.mark.parametrize("text", ["9" * 400 + ".5GB", "1" + "0" * 5000, "2EiB", "2000000TB"])
+def test_parse_size_refuses_absurd_sizes_with_one_line(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_a_bare_number_can_be_refused_where_people_mean_gigabytes() -> None:
+    assert parse_size("80") == 80  # files written by programs: plain bytes
+    with pytest.raises(ValueError, match=r"invalid size '80': needs a unit, e.g. 80GB or 80GiB"):
+        parse_size("80", require_unit=True)
+    assert parse_size("80GB", require_unit=True) == 80 * 10**9
+    with pytest.raises(ValueError, match=r"\(binary\)$"):
+        parse_size("", require_unit=True)
+
+
 def test_format() -> None:
     assert format_gib(7_780_056_064) == "7.25 GiB"
