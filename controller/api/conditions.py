@@ -59,6 +59,22 @@ REASON_INSUFFICIENT_VRAM = "InsufficientVRAM"
 #: NoMatchingGPU indicates that the job was rejected because no GPU matches its
 #: spec.resources.gpuSelector.
 REASON_NO_MATCHING_GPU = "NoMatchingGPU"
+#: InsufficientGPUs indicates that the job was rejected because the cluster has fewer GPUs
+#: matching its spec.resources.gpuSelector than it requests, whatever their memory.
+REASON_INSUFFICIENT_GPUS = "InsufficientGPUs"
+#: Advised indicates that the job was admitted by GPU count alone because its
+#: admissionPolicy is Advise, although its estimate does not fit the GPUs it got; the message
+#: says by how much, since the job may run out of memory.
+REASON_ADVISED = "Advised"
+#: WaitingForGPUs indicates that the job is queued because its admissionPolicy is Advise and
+#: fewer GPUs than it requests are free of other jobs now.
+REASON_WAITING_FOR_GPUS = "WaitingForGPUs"
+#: WaitingInQueue indicates that the job is queued because an earlier job in the queue waits
+#: for memory and the queueing strategy is StrictFIFO, which lets no job go ahead of it.
+REASON_WAITING_IN_QUEUE = "WaitingInQueue"
+#: Suspended indicates that the job is not admitted because spec.suspend is true; a suspended
+#: job holds no reservation.
+REASON_SUSPENDED = "Suspended"
 
 # -- GPUNode condition types ----------------------------------------------------------------
 

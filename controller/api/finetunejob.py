@@ -30,6 +30,7 @@ from controller.api.enums import (
 )
 from controller.estimator.settings import (
     MAX_BATCH,
+    MAX_GPUS,
     MAX_LORA_RANK,
     MAX_SEQUENCE_LENGTH,
 )
@@ -39,9 +40,8 @@ PLURAL = "finetunejobs"
 SINGULAR = "finetunejob"
 SHORT_NAMES = ("ftj",)
 
-#: The most GPUs one job may request: far above any single job today, low enough to keep the
-#: packing search bounded.
-MAX_GPUS = 4096
+#: The bound of spec.priority: the range Kubernetes allows user PriorityClass values.
+MAX_PRIORITY = 1_000_000_000
 DEFAULT_CONFIG_KEY = "config.json"
 FRAMEWORK_MAX_LENGTH = 63
 MODEL_SOURCES = ("preset", "config", "configMapRef")
@@ -202,13 +202,42 @@ class EstimatorSpec(ApiModel):
     )
 
 
+# CEL, so that the API server refuses inverted Resize bounds even when the webhook is down.
+GPU_BOUNDS_ORDERED: JsonDict = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "!has(self.maxGPUs) || !has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
+            "message": "minGPUs must be less than or equal to maxGPUs",
+        }
+    ]
+}
+
+
 class ResourcesSpec(ApiModel):
+    model_config = ConfigDict(**ApiModel.model_config, json_schema_extra=GPU_BOUNDS_ORDERED)
+
     gpus: int = Field(
         1,
         ge=1,
         le=MAX_GPUS,
         description=f"gpus is the number of GPUs requested. Between 1 and {MAX_GPUS}; "
         "default 1. With admissionPolicy Resize, admission may change it.",
+    )
+    min_gpus: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        alias="minGPUs",
+        description=f"minGPUs is the fewest GPUs admissionPolicy Resize may admit the job "
+        f"on. Between 1 and {MAX_GPUS}, at most maxGPUs; default 1.",
+    )
+    max_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GPUS,
+        alias="maxGPUs",
+        description=f"maxGPUs is the most GPUs admissionPolicy Resize may admit the job on. "
+        f"Between 1 and {MAX_GPUS}, at least minGPUs; default no bound but {MAX_GPUS}.",
     )
     gpu_selector: dict[str, str] | None = Field(
         None,
@@ -261,6 +290,14 @@ class FineTuneJobSpec(ApiModel):
         "not the count that fits: Enforce (admit as asked or reject), Resize (admit with "
         "the count that fits), Advise (admit as asked and warn). Default Enforce.",
     )
+    priority: int = Field(
+        0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description=f"priority orders the admission queue: higher first, then older first. "
+        f"Between -{MAX_PRIORITY:,} and {MAX_PRIORITY:,} (as user PriorityClass values); "
+        "default 0.",
+    )
     suspend: bool = Field(
         False,
         description="suspend keeps the job from being admitted while true; it is still "
@@ -311,28 +348,39 @@ class EstimateStatus(ApiModel):
     )
 
 
-class Placement(ApiModel):
-    node: str | None = Field(None, description="node is the node the workload was placed on.")
-    gpu_indices: list[int] | None = Field(
-        None, description="gpuIndices are the NVML indices of the GPUs reserved on the node."
+class NodePlacement(ApiModel):
+    node: str = Field(description="node is the node the GPUs are on.")
+    gpu_indices: list[int] = Field(
+        description="gpuIndices are the NVML indices of the GPUs reserved on the node, in the "
+        "order the workload sees them.",
     )
-    gpu_uuids: list[str] | None = Field(
-        None,
+    gpu_uuids: list[str] = Field(
         alias="gpuUUIDs",
-        description="gpuUUIDs are the UUIDs of the GPUs reserved on the node.",
+        description="gpuUUIDs are the UUIDs of the GPUs (or MIG devices) reserved on the node, "
+        "in the same order.",
     )
-    requested_gpus: int | None = Field(
-        None,
+
+
+class Placement(ApiModel):
+    nodes: list[NodePlacement] = Field(
+        description="nodes are the nodes and GPUs the job's workload runs on: one for a "
+        "single-node job, k with the same GPU count each for DDP or FSDP across nodes.",
+    )
+    requested_gpus: int = Field(
         ge=1,
         alias="requestedGPUs",
         description="requestedGPUs is spec.resources.gpus at admission.",
     )
-    admitted_gpus: int | None = Field(
-        None,
+    admitted_gpus: int = Field(
         ge=1,
         alias="admittedGPUs",
         description="admittedGPUs is the GPU count admitted; differs from requestedGPUs "
         "only with admissionPolicy Resize.",
+    )
+    per_gpu_bytes: int = Field(
+        ge=0,
+        description="perGpuBytes is the memory reserved on each GPU of nodes, in bytes: the "
+        "estimate's per-GPU figure at admittedGPUs. The reservation ledger is these fields.",
     )
 
 

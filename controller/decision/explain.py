@@ -1,0 +1,115 @@
+"""Decision messages: one line each, with the numbers a person needs to act on it.
+
+They name the need (per GPU, at which count, with which parallelism), what the cluster has
+now and when empty, and what to change (`spec.resources.gpus`, `admissionPolicy`), since the
+message is what `kubectl describe ftj` shows.
+"""
+
+from __future__ import annotations
+
+from controller.decision.types import JobRequest
+from controller.estimator.settings import Parallelism
+from controller.packing.fit import gib, plural
+from controller.packing.placement import Placed
+from controller.packing.view import ClusterView, Selection
+
+_MODE = {Parallelism.DDP: "DDP", Parallelism.FSDP: "FSDP", Parallelism.DEVICE_MAP: "DeviceMap"}
+
+
+def need(job: JobRequest, n: int) -> str:
+    """`47.33 GiB per GPU on 2 GPUs with FSDP`."""
+    per_gpu = job.estimate.per_gpu_bytes(n, job.parallelism)
+    return f"{gib(per_gpu)} per GPU on {plural(n)} with {_MODE[job.parallelism]}"
+
+
+def where(view: ClusterView, placed: Placed) -> str:
+    """`node-a GPU 0, 1` or `2 nodes x 4 GPUs (node-a, node-b)`."""
+    parts = view.node_gpus(placed)
+    if len(parts) == 1:
+        (part,) = parts
+        label = "GPU" if len(part.indices) == 1 else "GPUs"
+        return f"{part.node} {label} {', '.join(map(str, part.indices))}"
+    per_node = len(parts[0].indices)
+    names = ", ".join(part.node for part in parts[:4]) + (", ..." if len(parts) > 4 else "")
+    return f"{len(parts)} nodes x {plural(per_node)} ({names})"
+
+
+def fits(job: JobRequest, view: ClusterView, placed: Placed, resized: bool) -> str:
+    left = view.least_free(placed) - placed.per_gpu_bytes
+    text = f"needs {need(job, placed.gpus)}; placed on {where(view, placed)}"
+    text += f", {gib(left)} left on the tightest"
+    if resized:
+        text = (
+            f"resized spec.resources.gpus {job.gpus} -> {placed.gpus}: {plural(job.gpus)} do "
+            f"not fit now (policy Resize); {text}"
+        )
+    return text
+
+
+def advised(job: JobRequest, view: ClusterView, placed: Placed) -> str:
+    least = view.least_free(placed)
+    return (
+        f"admitted by GPU count (policy Advise) on {where(view, placed)}, but it needs "
+        f"{need(job, placed.gpus)} and the tightest of them has {gib(least)} free: it may run "
+        "out of memory"
+    )
+
+
+def waiting_for_gpus(job: JobRequest) -> str:
+    return (
+        f"waits for {plural(job.gpus)} free of other jobs (policy Advise admits by GPU count); "
+        f"it needs {need(job, job.gpus)}"
+    )
+
+
+def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) -> str:
+    now = view.largest_now(at)
+    empty = view.largest_empty(at)
+    most = (
+        f"the most free GPU has {gib(max(now[0], 0))} ({now[1]} GPU {now[2]})"
+        if now is not None
+        else "no matching GPU takes work now (nodes not Ready, cordoned, stale agents or GPUs "
+        "in use)"
+    )
+    largest = f"; the cluster's largest holds {gib(empty[0])} usable" if empty else ""
+    prefix = "" if n == job.gpus else f"{plural(job.gpus)} never fit; "
+    return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
+
+
+def never_fits(
+    job: JobRequest, view: ClusterView, at: Selection, high: int, other: int | None
+) -> str:
+    empty = view.largest_empty(at)
+    largest = f"the largest GPU holds {gib(empty[0])} usable" if empty else "no GPU reports memory"
+    if other is not None:
+        return (
+            f"needs {plural(other)} with {_MODE[job.parallelism]} "
+            f"({gib(job.estimate.per_gpu_bytes(other, job.parallelism))} each); requested "
+            f"{job.gpus}; policy {job.policy.value}: set spec.resources.gpus to {other} or "
+            "admissionPolicy Resize"
+        )
+    if high != job.gpus:
+        return (
+            f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
+            f"{need(job, high)} at the most; {largest}"
+        )
+    return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty"
+
+
+def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:
+    every = view.select({})
+    if every.gpus == 0:
+        return "no GPU node has reported its GPUs (is the vramgate agent running on them?)"
+    selector = ", ".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
+    products = ", ".join(every.products)
+    return (
+        f"no GPU node matches spec.resources.gpuSelector {{{selector}}}; "
+        f"the cluster's GPUs are: {products}"
+    )
+
+
+def too_few_gpus(job: JobRequest, at: Selection, low: int) -> str:
+    return (
+        f"requests {plural(low)}; the cluster has {plural(at.gpus, 'matching GPU')} "
+        "with reported memory"
+    )

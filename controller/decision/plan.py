@@ -1,0 +1,110 @@
+"""Many jobs against one snapshot, in queue order, each admission charged before the next.
+
+The order is priority (highest first), then creation time, then the order given: the queue
+the operator keeps. An admitted job's reservation is assumed in the view before the next job
+is decided, so two jobs are never placed on the same free memory, exactly as the operator's
+loop assumes before it writes.
+
+* `BestEffortFIFO` (default) lets a later job that fits go ahead of an earlier one that
+  waits (backfill). A waiting job older than the starvation limit holds the GPUs it is
+  closest to fitting (those with the most free memory for its count), so later jobs cannot
+  take them and it gets them as they drain.
+* `StrictFIFO` never lets a job go ahead of one that waits: behind it, every job waits too
+  (or is rejected, if it could never fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from controller.api import conditions as cond
+from controller.decision.decide import decide_placed
+from controller.decision.types import (
+    AdmissionSettings,
+    Decision,
+    JobRequest,
+    Outcome,
+    QueueingStrategy,
+)
+from controller.packing.inventory import Snapshot
+from controller.packing.view import ClusterView
+
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def queue_order(jobs: Sequence[JobRequest]) -> list[int]:
+    """Indices of `jobs` in queue order: priority, then creation time, then as given."""
+    return sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].created or _EPOCH, i))
+
+
+def plan(
+    snapshot: Snapshot, jobs: Sequence[JobRequest], settings: AdmissionSettings | None = None
+) -> list[Decision]:
+    """Decide `jobs` in queue order; the decisions come back in that order."""
+    settings = settings or AdmissionSettings()
+    view = ClusterView(snapshot, settings.packing)
+    return plan_on(view, jobs, settings, snapshot.now)
+
+
+def plan_on(
+    view: ClusterView,
+    jobs: Sequence[JobRequest],
+    settings: AdmissionSettings,
+    now: datetime | None,
+) -> list[Decision]:
+    """`plan` on a view the caller built (the operator keeps one per pass)."""
+    decisions: list[Decision] = []
+    blocker: str | None = None
+    for i in queue_order(jobs):
+        job = jobs[i]
+        if job.suspend:
+            decisions.append(_suspended(job))
+            continue
+        decision, placed = decide_placed(job, view)
+        if placed is not None and blocker is not None:
+            decision = _behind(job, blocker)
+        elif placed is not None:
+            view.assume(placed, placed.per_gpu_bytes)
+        elif decision.outcome is Outcome.QUEUE:
+            if settings.queueing is QueueingStrategy.STRICT_FIFO:
+                blocker = blocker or job.key
+            elif _starving(job, now, settings):
+                held = view.place_by_count(
+                    job.estimate, job.parallelism, job.gpus, view.select(job.selector)
+                )
+                if held is not None:
+                    view.hold(held)
+        decisions.append(decision)
+    return decisions
+
+
+def _starving(job: JobRequest, now: datetime | None, settings: AdmissionSettings) -> bool:
+    return (
+        now is not None
+        and job.created is not None
+        and (now - job.created > settings.starvation_limit)
+    )
+
+
+def _behind(job: JobRequest, blocker: str) -> Decision:
+    return Decision(
+        job.key,
+        Outcome.QUEUE,
+        cond.REASON_WAITING_IN_QUEUE,
+        f"fits now, but waits behind {blocker} (queueing StrictFIFO lets no job go ahead of "
+        "one that waits)",
+        job.gpus,
+        per_gpu_bytes=job.estimate.per_gpu_bytes(job.gpus, job.parallelism),
+    )
+
+
+def _suspended(job: JobRequest) -> Decision:
+    return Decision(
+        job.key,
+        Outcome.QUEUE,
+        cond.REASON_SUSPENDED,
+        "spec.suspend is true: not admitted, and holds no GPU memory",
+        job.gpus,
+        per_gpu_bytes=job.estimate.per_gpu_bytes(job.gpus, job.parallelism),
+    )

@@ -1,0 +1,84 @@
+"""What a decision reads and returns: plain data, so `plan` and the operator share it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from controller.api.enums import AdmissionPolicy
+from controller.estimator.result import Estimate
+from controller.estimator.settings import Parallelism
+from controller.packing.inventory import NodeGpus, PackingSettings
+
+#: A job queued longer than this blocks backfill onto the GPUs it is closest to fitting.
+#: Half an hour: long enough that short jobs are not held back by every brief wait, short
+#: enough that a big job does not starve behind a stream of small ones for a working day.
+DEFAULT_STARVATION_LIMIT = timedelta(minutes=30)
+
+
+class Outcome(StrEnum):
+    ADMIT = "Admit"
+    RESIZE = "Resize"
+    QUEUE = "Queue"
+    REJECT = "Reject"
+
+
+class QueueingStrategy(StrEnum):
+    """Whether a later job that fits may go ahead of an earlier one that waits."""
+
+    BEST_EFFORT_FIFO = "BestEffortFIFO"  # yes (backfill), within the starvation limit
+    STRICT_FIFO = "StrictFIFO"  # never
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """The operator's admission knobs (a Helm value each)."""
+
+    packing: PackingSettings = field(default_factory=PackingSettings)
+    queueing: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
+    starvation_limit: timedelta = DEFAULT_STARVATION_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """One job as admission sees it: its estimate and how it asks to be placed.
+
+    `key` is `namespace/name`. `max_gpus` None means no bound but the API's own.
+    """
+
+    key: str
+    estimate: Estimate
+    parallelism: Parallelism
+    gpus: int
+    policy: AdmissionPolicy = AdmissionPolicy.ENFORCE
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    selector: Mapping[str, str] = field(default_factory=dict)
+    priority: int = 0
+    created: datetime | None = None
+    suspend: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What admission does with one job, and why, in words with numbers.
+
+    `per_gpu_bytes` is for `admitted_gpus` when admitted, else for the count the message
+    speaks of. `placement` is empty unless the job is admitted (Admit or Resize).
+    """
+
+    job: str
+    outcome: Outcome
+    reason: str
+    message: str
+    requested_gpus: int
+    admitted_gpus: int | None = None
+    per_gpu_bytes: int = 0
+    placement: tuple[NodeGpus, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome in (Outcome.ADMIT, Outcome.RESIZE)

@@ -1,0 +1,159 @@
+"""Free memory indexed for placement, so a decision never scans 80,000 GPUs.
+
+Two sorted views of the working state, both kept current as reservations are assumed:
+
+* every placeable GPU as `(free, node, index)`: a bisect finds the GPU with the least free
+  memory that still holds a need (best fit for one GPU), and walking on from there finds
+  the next ones;
+* per count g >= 2, every node that can give g GPUs as `(cap_g, node)`, where `cap_g` is the
+  g-th largest effective free memory on the node: the node can take g GPUs of a need exactly
+  when `cap_g >= need`, so a bisect finds the tightest such node.
+
+Nodes sort by name (their position in the name-sorted list), so every tie breaks by node name
+and then GPU index, and the same snapshot always gives the same answer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator, Sequence
+
+from controller.packing.inventory import NodeSlots, Slot
+
+NodeFilter = Callable[[int], bool]
+
+
+class FreeIndex:
+    """The packer's mutable working state over `nodes` (sorted by name)."""
+
+    def __init__(self, nodes: Sequence[NodeSlots], *, exclusive: bool = False) -> None:
+        self.nodes = list(nodes)
+        self.position = {node.name: pos for pos, node in enumerate(self.nodes)}
+        #: GPUs are handed out whole (device plugin, DRA): a reserved GPU takes no more work.
+        self.exclusive = exclusive
+        self.max_gpus = max((len(node.gpus) for node in self.nodes), default=0)
+        self._held: list[set[int]] = [
+            {i for i, slot in enumerate(node.gpus) if slot.taken} for node in self.nodes
+        ]
+        self._gpu_keys: list[list[tuple[int, int, int, int]]] = [[] for _ in self.nodes]
+        self._cap_keys: list[dict[int, tuple[int, int]]] = [{} for _ in self.nodes]
+        self._gpus: list[tuple[int, int, int, int]] = []
+        self._caps: dict[int, list[tuple[int, int]]] = {g: [] for g in range(2, self.max_gpus + 1)}
+        for pos in range(len(self.nodes)):
+            self._gpu_keys[pos], self._cap_keys[pos] = self._keys(pos)
+            self._gpus.extend(self._gpu_keys[pos])
+            for g, key in self._cap_keys[pos].items():
+                self._caps[g].append(key)
+        self._gpus.sort()
+        for keys in self._caps.values():
+            keys.sort()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def open_gpus(self, pos: int) -> list[tuple[int, Slot]]:
+        """The node's GPUs that take work now: (position on the node, slot)."""
+        held = self._held[pos]
+        return [(i, slot) for i, slot in enumerate(self.nodes[pos].gpus) if i not in held]
+
+    def frees_desc(self, pos: int, g: int) -> list[int]:
+        """The node's g largest effective free memories, largest first."""
+        return sorted((slot.free for _, slot in self.open_gpus(pos)), reverse=True)[:g]
+
+    def tightest(self, pos: int, g: int, need: int) -> list[int]:
+        """The node's g GPUs with the least free memory that still holds `need`."""
+        fitting = sorted(
+            (slot.free, slot.index, i) for i, slot in self.open_gpus(pos) if slot.free >= need
+        )
+        return [i for _, _, i in fitting[:g]]
+
+    def most_free(self, pos: int, g: int) -> list[int]:
+        """The node's g GPUs with the most free memory (ties by index)."""
+        ranked = sorted((-slot.free, slot.index, i) for i, slot in self.open_gpus(pos))
+        return [i for _, _, i in ranked[:g]]
+
+    def nodes_fitting(self, g: int, need: int, ok: NodeFilter) -> Iterator[int]:
+        """Nodes that can give g GPUs of `need` each, tightest first (best fit)."""
+        if g == 1:
+            seen: set[int] = set()
+            for _, pos, _, _ in self._from(self._gpus, need):
+                if pos not in seen and ok(pos):
+                    seen.add(pos)
+                    yield pos
+            return
+        for _, pos in self._from(self._caps.get(g, []), need):
+            if ok(pos):
+                yield pos
+
+    def nodes_by_free(self, g: int, ok: NodeFilter) -> Iterator[int]:
+        """Nodes that can give g GPUs, the most free first (whatever the need)."""
+        if g == 1:
+            seen: set[int] = set()
+            for _, pos, _, _ in reversed(self._gpus):
+                if pos not in seen and ok(pos):
+                    seen.add(pos)
+                    yield pos
+            return
+        for _, pos in reversed(self._caps.get(g, [])):
+            if ok(pos):
+                yield pos
+
+    def largest_free(self, ok: NodeFilter) -> tuple[int, int, int] | None:
+        """(free, node position, GPU index) of the GPU with the most free memory."""
+        for free, pos, index, _ in reversed(self._gpus):
+            if ok(pos):
+                return free, pos, index
+        return None
+
+    # -- changing ---------------------------------------------------------------------------
+
+    def assume(self, pos: int, gpus: Sequence[int], per_gpu_bytes: int, slots: bool) -> None:
+        """Charge a new reservation to the node's GPUs (by their position on the node)."""
+        node = self.nodes[pos]
+        for i in gpus:
+            node.gpus[i].free -= per_gpu_bytes
+            if self.exclusive:
+                self._held[pos].add(i)
+        if slots:
+            node.slots -= len(gpus)
+        self._refresh(pos)
+
+    def hold(self, pos: int, gpus: Sequence[int]) -> None:
+        """Keep these GPUs from later jobs of this pass (a starving job waits for them)."""
+        self._held[pos].update(gpus)
+        self._refresh(pos)
+
+    # -- internals --------------------------------------------------------------------------
+
+    @staticmethod
+    def _from(keys: list[tuple[int, ...]], need: int) -> Iterator[tuple[int, ...]]:
+        start = bisect_left(keys, (need,))
+        for i in range(start, len(keys)):
+            yield keys[i]
+
+    def _keys(self, pos: int) -> tuple[list[tuple[int, int, int, int]], dict[int, tuple[int, int]]]:
+        node = self.nodes[pos]
+        if node.slots < 1:
+            return [], {}
+        open_gpus = self.open_gpus(pos)
+        gpu_keys = [(slot.free, pos, slot.index, i) for i, slot in open_gpus]
+        frees = sorted((slot.free for _, slot in open_gpus), reverse=True)
+        limit = min(node.slots, len(frees))
+        cap_keys = {g: (frees[g - 1], pos) for g in range(2, limit + 1)}
+        return gpu_keys, cap_keys
+
+    def _refresh(self, pos: int) -> None:
+        for key in self._gpu_keys[pos]:
+            _remove(self._gpus, key)
+        for g, key in self._cap_keys[pos].items():
+            _remove(self._caps[g], key)
+        self._gpu_keys[pos], self._cap_keys[pos] = self._keys(pos)
+        for key in self._gpu_keys[pos]:
+            insort(self._gpus, key)
+        for g, cap in self._cap_keys[pos].items():
+            insort(self._caps[g], cap)
+
+
+def _remove(keys: list[tuple[int, ...]], key: tuple[int, ...]) -> None:
+    i = bisect_left(keys, key)
+    if i < len(keys) and keys[i] == key:
+        del keys[i]

@@ -1,0 +1,95 @@
+"""Where a job goes: greedy, deterministic placement on the indexed free memory.
+
+The per-GPU need at n GPUs is `Estimate.per_gpu_bytes(n, parallelism)`, the rule the CLI and
+the status use too. Then:
+
+1. **One node first, best fit.** Among nodes that can give n GPUs which each hold the need,
+   take the tightest: for one GPU, the GPU with the least effective free memory that still
+   holds the need; for n GPUs, the node whose n-th largest free memory is the least that
+   holds it, and there its n tightest GPUs. Big GPUs stay free for big jobs. Ties go by
+   node name, then GPU index.
+2. **Several nodes, DDP and FSDP only,** as k nodes x g GPUs with the same g on every node
+   (torchrun starts the same number of processes per node), fewest nodes first: g runs from
+   the largest count a node has down to 1 over the divisors of n, and for each g the k
+   tightest nodes are taken.
+3. **Device map: one node,** seed 1's rule on that node's GPUs taken most free first (the
+   first holds the LM head and its logits, every further one counts at 85 % towards the
+   pool and must hold its share); the tightest node that passes.
+
+Worked examples (effective free memory in GiB; "need" per GPU):
+
+* one GPU of 20: nodes a = [80, 24], b = [30] -> a GPU 1 (24 is the least that holds 20).
+* two GPUs of 40 with FSDP: a = [80, 80, 45, 10], b = [50, 41] -> b (its 2nd largest, 41, is
+  tighter than a's 80), GPUs 0 and 1.
+* eight GPUs with FSDP on 4-GPU nodes (need 30 at n = 8): no node has 8 GPUs, so g = 4,
+  k = 2: the two nodes whose 4th largest free memory is the least above 30.
+* DDP on 3 GPUs, nodes of 2 GPUs: 3 is not 1 x 3 (no node has 3); 3 x 1 -> three nodes, one
+  GPU each, the tightest three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from controller.estimator.result import Estimate
+from controller.estimator.settings import Parallelism
+from controller.packing.fit import device_map_holds
+from controller.packing.index import FreeIndex, NodeFilter
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A placement in the index's terms: (node position, GPU positions on it) per node."""
+
+    parts: tuple[tuple[int, tuple[int, ...]], ...]
+    gpus: int
+    per_gpu_bytes: int
+
+
+def shapes(n: int, max_per_node: int, parallelism: Parallelism) -> Iterator[tuple[int, int]]:
+    """(nodes, GPUs per node) for n GPUs, fewest nodes first."""
+    if parallelism is Parallelism.DEVICE_MAP:
+        if n <= max_per_node:
+            yield 1, n
+        return
+    for g in range(min(n, max_per_node), 0, -1):
+        if n % g == 0:
+            yield n // g, g
+
+
+def place(
+    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+) -> Placed | None:
+    """The best-fit placement of the job on n GPUs, or None if none holds it now."""
+    need = estimate.per_gpu_bytes(n, parallelism)
+    if parallelism is Parallelism.DEVICE_MAP and n > 1:
+        return _device_map(index, estimate, n, ok)
+    for k, g in shapes(n, index.max_gpus, parallelism):
+        nodes = list(islice(index.nodes_fitting(g, need, ok), k))
+        if len(nodes) == k:
+            parts = tuple((pos, tuple(index.tightest(pos, g, need))) for pos in nodes)
+            return Placed(parts, n, need)
+    return None
+
+
+def place_by_count(
+    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+) -> Placed | None:
+    """n GPUs with the most free memory, whatever the need (policy Advise, and the GPUs a
+    starving job is closest to fitting)."""
+    for k, g in shapes(n, index.max_gpus, parallelism):
+        nodes = list(islice(index.nodes_by_free(g, ok), k))
+        if len(nodes) == k:
+            parts = tuple((pos, tuple(index.most_free(pos, g))) for pos in nodes)
+            return Placed(parts, n, estimate.per_gpu_bytes(n, parallelism))
+    return None
+
+
+def _device_map(index: FreeIndex, estimate: Estimate, n: int, ok: NodeFilter) -> Placed | None:
+    for pos in index.nodes_fitting(n, estimate.device_map_min_bytes(n), ok):
+        if device_map_holds(estimate, index.frees_desc(pos, n)):
+            gpus = tuple(index.most_free(pos, n))
+            return Placed(((pos, gpus),), n, estimate.per_gpu_bytes(n, Parallelism.DEVICE_MAP))
+    return None

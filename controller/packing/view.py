@@ -1,0 +1,115 @@
+"""The cluster as one decision pass sees it: free memory now, and the cluster when empty.
+
+`now` is what a job can be placed on at this moment; `empty` is the same GPUs with no work
+at all, against which Reject is judged (never fits even when empty). Selectors are matched
+once per distinct selector and pass, not once per decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.estimator.result import Estimate
+from controller.estimator.settings import Parallelism
+from controller.packing.index import FreeIndex, NodeFilter
+from controller.packing.inventory import (
+    GpuMode,
+    NodeGpus,
+    PackingSettings,
+    Snapshot,
+    working_nodes,
+)
+from controller.packing.placement import Placed, place, place_by_count
+
+
+def _everywhere(pos: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The nodes a selector matches, in both views."""
+
+    now: NodeFilter
+    empty: NodeFilter
+    gpus: int  # GPUs with reported memory on matching nodes
+    products: tuple[str, ...]
+
+
+class ClusterView:
+    def __init__(self, snapshot: Snapshot, settings: PackingSettings) -> None:
+        exclusive = settings.gpu_mode is not GpuMode.VISIBLE_DEVICES
+        self.counts_slots = settings.gpu_mode is GpuMode.DEVICE_PLUGIN
+        self.now = FreeIndex(working_nodes(snapshot, settings), exclusive=exclusive)
+        self.empty = FreeIndex(working_nodes(snapshot, settings, empty=True))
+        self._selections: dict[tuple[tuple[str, str], ...], Selection] = {}
+
+    def select(self, selector: Mapping[str, str]) -> Selection:
+        key = tuple(sorted(selector.items()))
+        found = self._selections.get(key)
+        if found is None:
+            found = self._selections[key] = self._select(selector)
+        return found
+
+    def _select(self, selector: Mapping[str, str]) -> Selection:
+        names = [
+            node.name
+            for node in self.empty.nodes
+            if all(node.labels.get(k) == v for k, v in selector.items())
+        ]
+        matched = set(names)
+        gpus = [slot for node in self.empty.nodes if node.name in matched for slot in node.gpus]
+        products = tuple(sorted({slot.product for slot in gpus}))
+        if not selector:
+            return Selection(_everywhere, _everywhere, len(gpus), products)
+        now = {self.now.position[n] for n in names if n in self.now.position}
+        empty = {self.empty.position[n] for n in names}
+        return Selection(now.__contains__, empty.__contains__, len(gpus), products)
+
+    def place_now(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> Placed | None:
+        return place(self.now, estimate, parallelism, n, where.now)
+
+    def fits_empty(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> bool:
+        return place(self.empty, estimate, parallelism, n, where.empty) is not None
+
+    def place_by_count(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> Placed | None:
+        return place_by_count(self.now, estimate, parallelism, n, where.now)
+
+    def assume(self, placed: Placed, per_gpu_bytes: int) -> None:
+        """Charge an admission before the next decision reads the free memory."""
+        for pos, gpus in placed.parts:
+            self.now.assume(pos, gpus, per_gpu_bytes, slots=self.counts_slots)
+
+    def hold(self, placed: Placed) -> None:
+        for pos, gpus in placed.parts:
+            self.now.hold(pos, gpus)
+
+    def node_gpus(self, placed: Placed) -> tuple[NodeGpus, ...]:
+        """The placement in API terms: node names, GPU indices and UUIDs."""
+        out = []
+        for pos, gpus in placed.parts:
+            node = self.now.nodes[pos]
+            slots = [node.gpus[i] for i in gpus]
+            out.append(
+                NodeGpus(node.name, tuple(s.index for s in slots), tuple(s.uuid for s in slots))
+            )
+        return tuple(out)
+
+    def least_free(self, placed: Placed) -> int:
+        return min(self.now.nodes[pos].gpus[i].free for pos, gpus in placed.parts for i in gpus)
+
+    def largest_now(self, where: Selection) -> tuple[int, str, int] | None:
+        """(free, node, GPU index) of the matching GPU with the most free memory now."""
+        found = self.now.largest_free(where.now)
+        return None if found is None else (found[0], self.now.nodes[found[1]].name, found[2])
+
+    def largest_empty(self, where: Selection) -> tuple[int, str, int] | None:
+        found = self.empty.largest_free(where.empty)
+        return None if found is None else (found[0], self.empty.nodes[found[1]].name, found[2])
