@@ -105,6 +105,9 @@ DEFAULT_RANK = 16
 MAX_LORA_RANK = 65_536
 MAX_SEQUENCE_LENGTH = 16_777_216
 MAX_BATCH = 1_000_000
+#: The most GPUs one job may run on (`spec.resources.gpus`, `vramgate estimate --gpus`): far
+#: above any single job today, low enough to keep the packing search bounded.
+MAX_GPUS = 4096
 
 #: Module names PEFT can save in full beside the adapter (`modules_to_save`).
 SAVABLE_MODULES = ("embed_tokens", "lm_head")
