@@ -19,11 +19,11 @@ from controller.estimator import (
     Method,
     Profile,
     TrainingSettings,
-    estimate,
     load_shape,
     parse_config,
 )
 from controller.estimator.presets import load_preset
+from controller.profiles import estimate
 
 CASES = {
     "llama-3.1-8b qlora analytic": ("llama-3.1-8b", TrainingSettings()),

@@ -23,12 +23,12 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
-    estimate,
     load_shape,
     parse_config,
 )
 from controller.estimator.settings import Attention, Checkpointing, Method, Optimizer, Profile
 from controller.packing.fit import fit
+from controller.profiles import estimate
 from controller.report import estimate_json, render
 from controller.units import parse_size
 

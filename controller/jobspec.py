@@ -55,7 +55,6 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
-    estimate,
     load_shape,
     parse_config,
 )
@@ -69,6 +68,7 @@ from controller.estimator.settings import (
     Precision,
     Profile,
 )
+from controller.profiles import estimate
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -175,7 +175,8 @@ def api_value(api_enum: type[E], member: StrEnum) -> E:
 
 
 def estimate_plan(plan: JobPlan) -> Estimate:
-    """The estimate of a plan whose model is known (raises SpecErrors otherwise)."""
+    """The estimate of a plan whose model is known (SpecError otherwise), with the profile its
+    spec names: raises what `controller.profiles.estimate` raises."""
     if plan.shape is None:
         raise SpecError("spec.model.configMapRef", "the ConfigMap's config.json was not read")
     return estimate(plan.shape, plan.settings)

@@ -1,11 +1,14 @@
 """The training-VRAM estimator: pure functions from a model and settings to bytes.
 
     shape = parse_config(config_json)            # or load_shape("llama-3.1-8b")
-    est = estimate(shape, TrainingSettings(method=Method.QLORA, rank=16))
+    settings, errors = check_against_model(shape, TrainingSettings(method=Method.QLORA))
+    est = formula_estimate(shape, settings)
     est.per_gpu_bytes(2, Parallelism.FSDP)      # what each of 2 GPUs holds
 
 No I/O beyond reading the bundled presets, no Kubernetes: the operator, webhook and CLI call
-this and nothing here calls them.
+this and nothing here calls them. Callers estimate through `controller.profiles.estimate`,
+which checks the settings and also reaches the trace profile; this package never imports
+`controller.trace`, which is built on it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ __all__ = [
     "TrainingSettings",
     "build_settings",
     "check_against_model",
-    "estimate",
+    "formula_estimate",
     "load_shape",
     "parse_config",
 ]
@@ -102,34 +105,15 @@ def check_against_model(
     return settings, errors
 
 
-def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
-    """The estimate of the profile the settings name. Raises SpecErrors on invalid input."""
-    settings, errors = check_against_model(shape, settings)
-    if errors:
-        raise SpecErrors(errors)
+def formula_estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+    """The estimate of a formula profile (analytic, unsloth, calibrated), for settings that
+    `check_against_model` returned (its targets are canonical). The trace profile is not a
+    formula: `controller.profiles.estimate` dispatches to it."""
     if settings.profile is Profile.UNSLOTH:
         return unsloth.estimate(shape, settings)
     if settings.profile is Profile.CALIBRATED:
         return calibrated.estimate(shape, settings)
     if settings.profile is Profile.TRACE:
-        return _trace(shape, settings)
+        raise ValueError("the trace profile is not a formula; use controller.profiles.estimate")
     per_rank = shape.lora_params_per_rank(settings.targets) if settings.is_adapter else 0
     return analytic.estimate(shape, settings, per_rank)
-
-
-def _trace(shape: ModelShape, settings: TrainingSettings) -> Estimate:
-    """The `trace` profile, imported only when asked for: it needs torch (the `trace` extra)."""
-    try:
-        from controller.trace import TraceUnsupported
-        from controller.trace import estimate as trace_estimate
-    except ImportError as error:
-        raise SpecError(
-            PATHS["profile"],
-            f"trace needs the `trace` extra (pip install 'vramgate[trace]'): {error}",
-        ) from None
-    if shape.source is None:
-        raise SpecError(PATHS["profile"], "trace needs the model's config.json")
-    try:
-        return trace_estimate(shape.source, settings)
-    except TraceUnsupported as error:
-        raise SpecError(PATHS["profile"], f"trace: {error}") from None

@@ -26,7 +26,6 @@ from controller.estimator import (
     Optimizer,
     Profile,
     TrainingSettings,
-    estimate,
     load_shape,
     parse_config,
 )
@@ -38,6 +37,7 @@ from controller.estimator.calibrated import (
     peak_bytes,
 )
 from controller.estimator.presets import load_preset, preset_names
+from controller.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2")
@@ -64,9 +64,9 @@ JOBS = [
 
 def test_calibrated_is_pure() -> None:
     code = (
-        "import sys; from controller.estimator import estimate, load_shape, TrainingSettings, "
-        "Profile; est = estimate(load_shape('qwen3-8b'), TrainingSettings(profile="
-        "Profile.CALIBRATED)); assert est.total_bytes > 0; "
+        "import sys; from controller.estimator import load_shape, TrainingSettings, Profile; "
+        "from controller.profiles import estimate; est = estimate(load_shape('qwen3-8b'), "
+        "TrainingSettings(profile=Profile.CALIBRATED)); assert est.total_bytes > 0; "
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

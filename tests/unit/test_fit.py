@@ -6,10 +6,10 @@ from controller.estimator import (
     Method,
     Parallelism,
     TrainingSettings,
-    estimate,
     parse_config,
 )
 from controller.packing.fit import fit
+from controller.profiles import estimate
 from tests.unit.conftest import GIB, LLAMA_31_8B
 
 LLAMA = parse_config(LLAMA_31_8B)

@@ -14,11 +14,11 @@ from controller.estimator import (
     Parallelism,
     Profile,
     TrainingSettings,
-    estimate,
     load_shape,
 )
 from controller.estimator.presets import preset_names
 from controller.packing.fit import fit
+from controller.profiles import estimate
 
 GIB = 2**30
 SHAPES = {name: load_shape(name) for name in preset_names()}

@@ -10,12 +10,12 @@ from controller.estimator import (
     Optimizer,
     Parallelism,
     TrainingSettings,
-    estimate,
     load_shape,
     parse_config,
 )
 from controller.estimator.analytic import OVERHEAD
 from controller.packing.fit import fit
+from controller.profiles import estimate
 from tests.unit.conftest import GIB, LLAMA_31_8B, LLAMA_65B
 
 LLAMA = parse_config(LLAMA_31_8B)

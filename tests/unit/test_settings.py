@@ -11,9 +11,9 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
-    estimate,
     parse_config,
 )
+from controller.profiles import estimate
 from tests.unit.conftest import LLAMA_31_8B
 
 

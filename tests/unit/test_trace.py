@@ -27,12 +27,12 @@ from controller.estimator import (  # noqa: E402
     Profile,
     SpecError,
     TrainingSettings,
-    estimate,
     load_shape,
     parse_config,
 )
 from controller.estimator.presets import load_preset  # noqa: E402
 from controller.estimator.storage import block, nf4_bytes, static_bytes  # noqa: E402
+from controller.profiles import estimate  # noqa: E402
 from controller.trace import TraceUnsupported, trace  # noqa: E402
 from controller.trace.extrapolate import extend  # noqa: E402
 from controller.trace.run import trace_run  # noqa: E402
@@ -84,7 +84,8 @@ def test_allocator_rounding() -> None:
 def test_the_estimator_core_does_not_import_torch() -> None:
     code = (
         "import sys, controller.estimator, controller.cli; "
-        "from controller.estimator import estimate, load_shape, TrainingSettings, Profile; "
+        "from controller.estimator import load_shape, TrainingSettings, Profile; "
+        "from controller.profiles import estimate; "
         "estimate(load_shape('llama-3.1-8b'), TrainingSettings(profile=Profile.CALIBRATED)); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -1,0 +1,59 @@
+"""Estimate a job with the profile its settings name: a formula, or a traced training step.
+
+    est = estimate(load_shape("llama-3.1-8b"), TrainingSettings(profile=Profile.TRACE))
+
+The dispatch lives here, above both `controller.estimator` (the formula profiles) and
+`controller.trace` (the trace profile), because the trace is built on the estimator (its
+settings, its overheads): with the dispatch inside the estimator, the two would import each
+other and the pure core would reach torch. The trace package is imported only when a job asks
+for it, since it needs the optional `trace` extra.
+"""
+
+from __future__ import annotations
+
+from controller.errors import ProfileUnavailable
+from controller.estimator import (
+    ModelShape,
+    Profile,
+    SpecError,
+    SpecErrors,
+    TrainingSettings,
+    check_against_model,
+    formula_estimate,
+)
+from controller.estimator.result import Estimate
+from controller.estimator.settings import PATHS
+
+#: How to install the trace profile, as its error says it.
+TRACE_EXTRA = "pip install 'vramgate[trace]'"
+
+
+def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+    """The estimate of the profile `settings.profile` names.
+
+    Raises SpecErrors when the settings do not suit the model, SpecError when the trace
+    profile cannot trace it, and ProfileUnavailable when the trace extra is not installed.
+    """
+    settings, errors = check_against_model(shape, settings)
+    if errors:
+        raise SpecErrors(errors)
+    if settings.profile is Profile.TRACE:
+        return _trace(shape, settings)
+    return formula_estimate(shape, settings)
+
+
+def _trace(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+    path = PATHS["profile"]
+    try:
+        from controller.trace import TraceUnsupported
+        from controller.trace import estimate as trace_estimate
+    except ImportError as error:
+        raise ProfileUnavailable(
+            f"{path}: trace needs the `trace` extra ({TRACE_EXTRA}): {error}"
+        ) from None
+    if shape.source is None:
+        raise SpecError(path, "trace needs the model's config.json")
+    try:
+        return trace_estimate(shape.source, settings)
+    except TraceUnsupported as error:
+        raise SpecError(path, f"trace: {error}") from None
