@@ -40,8 +40,8 @@ def fits(job: JobRequest, view: ClusterView, placed: Placed, resized: bool) -> s
     text += f", {gib(left)} left on the tightest"
     if resized:
         text = (
-            f"resized spec.resources.gpus {job.gpus} -> {placed.gpus}: {plural(job.gpus)} do "
-            f"not fit now (policy Resize); {text}"
+            f"resized spec.resources.gpus {job.gpus} -> {placed.gpus} (policy Resize): "
+            f"{plural(job.gpus)} {'does' if job.gpus == 1 else 'do'} not fit now; {text}"
         )
     return text
 
@@ -93,7 +93,23 @@ def never_fits(
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
             f"{need(job, high)} at the most; {largest}"
         )
-    return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty"
+    hint = ""
+    if empty and job.parallelism is Parallelism.FSDP:
+        enough = _fsdp_count(job, empty[0])
+        hint = f" (at least {enough} GPUs of that size would hold it with FSDP)" if enough else ""
+    return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty{hint}"
+
+
+def _fsdp_count(job: JobRequest, largest: int) -> int | None:
+    """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
+    est = job.estimate
+    room = int(largest / est.margin) - est.replicated_bytes
+    if room <= 0:
+        return None
+    n = max(1, -(-est.sharded_bytes // room))
+    while est.per_gpu_bytes(n, Parallelism.FSDP) > largest:
+        n += 1
+    return n
 
 
 def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:

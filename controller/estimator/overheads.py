@@ -46,6 +46,10 @@ def slack_bytes(traced_peak: int) -> int:
 
 #: The component names these constants appear under in an estimate, in order.
 EXTRAS = ("cuda_context", "cublas_workspace", "allocator_slack")
+#: The extras each GPU holds whatever its share of the job: they do not shrink with sharding.
+PER_GPU_EXTRAS = ("cuda_context", "cublas_workspace")
+#: The slack as an estimate's margin: it grows with the tensors each GPU holds.
+SLACK_MARGIN = 1 + ALLOCATOR_SLACK
 
 
 def extras(traced_peak: int) -> dict[str, int]:

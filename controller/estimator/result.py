@@ -18,8 +18,10 @@ class Estimate:
     GPU holds for itself: one micro-batch of activations and logits, and the CUDA context
     where the profile counts it). `margin` is the profile's overall factor on those tensors
     (the analytic 1.1; 1 where the overheads are components of their own), so that every
-    per-GPU figure carries the same margin as the total. `head_bytes` is the part of
-    `replicated_bytes` only the GPU holding the LM head needs under a device map (the logits).
+    per-GPU figure carries the same margin as the total. `fixed_bytes` is the part of
+    `replicated_bytes` the margin does not scale (a CUDA context is the same size on every
+    GPU). `head_bytes` is the part of `replicated_bytes` only the GPU holding the LM head
+    needs under a device map (the logits).
     """
 
     profile: str
@@ -30,6 +32,7 @@ class Estimate:
     replicated_bytes: int
     margin: Fraction = Fraction(1)
     head_bytes: int = 0
+    fixed_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -45,7 +48,7 @@ class Estimate:
         n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return int((self.sharded_bytes // n + self.replicated_bytes) * self.margin)
+        return self._with_margin(self.sharded_bytes // n + self.replicated_bytes)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:
@@ -53,4 +56,8 @@ class Estimate:
         if gpus <= 1:
             return self.total_bytes
         share = self.sharded_bytes // gpus + self.replicated_bytes - self.head_bytes
-        return int(share * self.margin)
+        return self._with_margin(share)
+
+    def _with_margin(self, held: int) -> int:
+        scaled = held - self.fixed_bytes
+        return int(scaled * self.margin) + self.fixed_bytes

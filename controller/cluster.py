@@ -1,0 +1,419 @@
+"""The API's objects, as plain dicts, read into what admission decides on.
+
+Nodes, GPUNodes, Pods and FineTuneJobs (as `kubectl get -o yaml` prints them, or as the
+operator's caches hold them) become the packer's `Snapshot`: each node's labels and health,
+the GPUs its agent measured, the GPUs its pods hold, and the reservations of jobs already
+admitted (their `status.placement`). Jobs not admitted yet become `JobRequest`s through the
+same spec translation the webhook and the operator use. Pure: no I/O, no Kubernetes client.
+
+A compact cluster description (`nodes:` with their GPUs' memory) serves `vramgate plan` for
+clusters that do not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from controller.api.conditions import ADMITTED, READY, find_condition
+from controller.decision.types import JobRequest
+from controller.estimator import Estimate, SpecError, SpecErrors
+from controller.jobspec import JobPlan, config_map_ref, translate
+from controller.packing.inventory import (
+    GpuDevice,
+    NodeGpus,
+    NodeState,
+    Reservation,
+    Snapshot,
+)
+from controller.units import parse_size
+
+GPU_RESOURCE = "nvidia.com/gpu"
+#: The label vramgate puts on a job's pods (the FineTuneJob's name, in its namespace).
+JOB_LABEL = "vramgate.dev/finetunejob"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+_FINISHED = {"Succeeded", "Failed"}
+
+
+class ClusterError(ValueError):
+    """A cluster object or description that cannot be read: `where` says which one."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass
+class ClusterObjects:
+    """The objects of one cluster, by kind; FineTuneJobs keyed `namespace/name`."""
+
+    nodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    gpunodes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    pods: list[Mapping[str, Any]] = field(default_factory=list)
+    jobs: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    config_maps: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    compact: list[NodeState] = field(default_factory=list)
+    #: Where each job came from (`FILE: document N`), for messages.
+    origin: dict[str, str] = field(default_factory=dict)
+
+    def add(self, obj: Mapping[str, Any], where: str) -> None:
+        """One object (a `List` adds its items); unknown kinds are ignored."""
+        kind = obj.get("kind")
+        if kind == "List" or (isinstance(kind, str) and kind.endswith("List")):
+            for i, item in enumerate(obj.get("items") or []):
+                self.add(item, f"{where} item {i}")
+            return
+        if kind is None and "nodes" in obj:
+            self.compact += compact_nodes(obj, where)
+            return
+        if not isinstance(kind, str):
+            raise ClusterError(where, "must be a Kubernetes object (kind) or a `nodes:` list")
+        name = _name(obj, where)
+        if kind == "Node":
+            self.nodes[name] = obj
+        elif kind == "GPUNode":
+            self.gpunodes[name] = obj
+        elif kind == "Pod":
+            self.pods.append(obj)
+        elif kind == "FineTuneJob":
+            key = job_key(obj)
+            if key in self.jobs:
+                raise ClusterError(where, f"FineTuneJob {key} is given twice")
+            self.jobs[key] = obj
+            self.origin[key] = where
+        elif kind == "ConfigMap":
+            self.config_maps[job_key(obj)] = obj
+
+
+def job_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _name(obj: Mapping[str, Any], where: str) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise ClusterError(where, "metadata.name is required")
+    return name
+
+
+# -- Nodes, GPUNodes, Pods -> Snapshot ------------------------------------------------------
+
+
+def node_state(
+    name: str, node: Mapping[str, Any] | None, gpunode: Mapping[str, Any], allocated: int
+) -> NodeState:
+    """One node from its Node (None: unknown, so not placeable) and GPUNode."""
+    status = gpunode.get("status") or {}
+    gpus = tuple(_device(gpu) for gpu in status.get("gpus") or [])
+    agent = find_condition(status.get("conditions") or [], READY)
+    heartbeat = parse_time(status.get("heartbeatTime"))
+    if node is None:
+        return NodeState(name, gpus, ready=False, heartbeat=heartbeat)
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    node_status = node.get("status") or {}
+    ready = find_condition(node_status.get("conditions") or [], "Ready")
+    return NodeState(
+        name,
+        gpus,
+        labels=dict(meta.get("labels") or {}),
+        ready=ready is None or ready.get("status") == "True",
+        cordoned=bool(spec.get("unschedulable")),
+        agent_ready=agent is not None and agent.get("status") == "True",
+        heartbeat=heartbeat,
+        gpu_allocatable=_quantity((node_status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        gpu_allocated=allocated,
+    )
+
+
+def _device(gpu: Mapping[str, Any]) -> GpuDevice:
+    supported = gpu.get("memoryInfoSupported", True)
+    pods = {
+        str(p["uid"]): int(p["usedBytes"])
+        for p in gpu.get("pods") or []
+        if p.get("uid") and p.get("usedBytes") is not None
+    }
+    return GpuDevice(
+        uuid=str(gpu.get("uuid")),
+        index=int(gpu.get("index") or 0),
+        product=str(gpu.get("product") or ""),
+        total_bytes=gpu.get("totalBytes") if supported else None,
+        free_bytes=gpu.get("freeBytes") if supported else None,
+        pod_used_bytes=pods,
+        mig=gpu.get("mig") is not None,
+    )
+
+
+def parse_time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+_QUANTITY = re.compile(r"^\d+$")
+
+
+def _quantity(value: object) -> int | None:
+    """A whole-number resource quantity (`"8"`); None when absent or not whole."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _QUANTITY.match(value):
+        return int(value)
+    return None
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """nvidia.com/gpu a pod holds: the most of its init containers, or the sum of the rest."""
+    spec = pod.get("spec") or {}
+
+    def requested(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            amount = _quantity((resources.get(part) or {}).get(GPU_RESOURCE))
+            if amount is not None:
+                return amount
+        return 0
+
+    main = sum(requested(c) for c in spec.get("containers") or [])
+    init = max((requested(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def _live_pods(pods: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") not in _FINISHED:
+            yield pod
+
+
+def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Reservation | None:
+    """The hold of an admitted job (Admitted=True with a placement), with its live pods."""
+    status = job.get("status") or {}
+    admitted = find_condition(status.get("conditions") or [], ADMITTED)
+    placement = status.get("placement")
+    if admitted is None or admitted.get("status") != "True" or not placement:
+        return None
+    parts = tuple(
+        NodeGpus(
+            str(part["node"]),
+            tuple(int(i) for i in part.get("gpuIndices") or []),
+            tuple(str(u) for u in part.get("gpuUUIDs") or []),
+        )
+        for part in placement.get("nodes") or []
+    )
+    uids, allocated = set(), {}
+    for pod in pods:
+        uids.add(str((pod.get("metadata") or {}).get("uid")))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            allocated[node] = allocated.get(node, 0) + pod_gpus(pod)
+    return Reservation(
+        job_key(job),
+        parts,
+        int(placement.get("perGpuBytes") or 0),
+        frozenset(uids),
+        allocated,
+    )
+
+
+def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
+    """The packer's snapshot of these objects. `now` judges heartbeats (None: never stale)."""
+    live = list(_live_pods(objects.pods))
+    allocated: dict[str, int] = {}
+    by_job: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in live:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            allocated[node] = allocated.get(node, 0) + pod_gpus(pod)
+        meta = pod.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(JOB_LABEL)
+        if owner:
+            by_job.setdefault(f"{meta.get('namespace') or 'default'}/{owner}", []).append(pod)
+    nodes = [
+        node_state(name, objects.nodes.get(name), gpunode, allocated.get(name, 0))
+        for name, gpunode in objects.gpunodes.items()
+    ]
+    reservations = []
+    for key, job in objects.jobs.items():
+        held = reservation(job, by_job.get(key, []))
+        if held is not None:
+            reservations.append(held)
+    measured = {node.name for node in nodes}
+    for node in objects.compact:
+        if node.name in measured:
+            raise ClusterError(f"node {node.name}", "is described twice (GPUNode and nodes:)")
+    compact = [replace(node, heartbeat=now) for node in objects.compact]
+    return Snapshot(tuple(nodes + compact), tuple(reservations), now)
+
+
+def pending_jobs(objects: ClusterObjects) -> dict[str, Mapping[str, Any]]:
+    """The FineTuneJobs that hold no reservation: what admission decides."""
+    return {
+        key: job for key, job in objects.jobs.items() if reservation(job, []) is None
+    }
+
+
+# -- FineTuneJob -> JobRequest --------------------------------------------------------------
+
+Estimator = Callable[[JobPlan], Estimate]
+
+
+def job_plan(
+    job: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, Any]]
+) -> tuple[JobPlan | None, list[SpecError]]:
+    """The job's translated spec, with its ConfigMap's config.json when it names one."""
+    spec = job.get("spec")
+    config = None
+    ref = config_map_ref(spec) if isinstance(spec, Mapping) else None
+    if ref is not None:
+        namespace = (job.get("metadata") or {}).get("namespace") or "default"
+        found = config_maps.get(f"{namespace}/{ref.name}")
+        text = ((found or {}).get("data") or {}).get(ref.key)
+        if text is None:
+            return None, [SpecError("spec.model.configMapRef", f"{ref.label} is not given")]
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as error:
+            return None, [SpecError(ref.label, f"is not valid JSON ({error})")]
+    return translate(spec, config)
+
+
+def job_request(job: Mapping[str, Any], plan: JobPlan, estimate: Estimate) -> JobRequest:
+    meta = job.get("metadata") or {}
+    return JobRequest(
+        key=job_key(job),
+        estimate=estimate,
+        parallelism=plan.parallelism,
+        gpus=plan.gpus,
+        policy=plan.admission_policy,
+        min_gpus=plan.min_gpus,
+        max_gpus=plan.max_gpus,
+        selector=plan.gpu_selector,
+        priority=plan.priority,
+        created=parse_time(meta.get("creationTimestamp")),
+        suspend=plan.suspend,
+    )
+
+
+def requests(
+    jobs: Mapping[str, Mapping[str, Any]],
+    config_maps: Mapping[str, Mapping[str, Any]],
+    estimator: Estimator,
+    origin: Mapping[str, str] | None = None,
+) -> tuple[list[JobRequest], dict[str, JobPlan]]:
+    """Every job as a request; raises ClusterError naming the job on the first invalid one."""
+    out, plans = [], {}
+    for key, job in jobs.items():
+        where = f"{(origin or {}).get(key, 'FineTuneJob')} ({key})"
+        plan, errors = job_plan(job, config_maps)
+        if plan is None:
+            raise ClusterError(where, str(SpecErrors(errors)))
+        try:
+            estimate = estimator(plan)
+        except SpecError as error:
+            raise ClusterError(where, str(error)) from None
+        out.append(job_request(job, plan, estimate))
+        plans[key] = plan
+    return out, plans
+
+
+# -- the compact description ----------------------------------------------------------------
+
+
+class _Size(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @staticmethod
+    def size(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ValueError("must be a size such as 80GiB or 24GB")
+        if isinstance(value, int):
+            raise ValueError("must have a unit (80GiB, 24GB); a bare number is ambiguous")
+        return parse_size(value, require_unit=True)
+
+
+class CompactGpu(_Size):
+    memory: int
+    free: int | None = None
+    uuid: str | None = Field(None, min_length=1, max_length=128)
+    product: str | None = Field(None, min_length=1)
+    count: int = Field(1, ge=1, le=4096)
+
+    @field_validator("memory", "free", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> int | None:
+        return None if value is None else cls.size(value)
+
+
+class CompactNode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=253)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[CompactGpu] = Field(min_length=1)
+    ready: bool = True
+    cordoned: bool = False
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _one_kind(cls, value: object) -> object:
+        """`gpus: {count: 8, memory: 80GiB}` is a list of one kind of GPU."""
+        return [value] if isinstance(value, Mapping) else value
+
+
+class CompactCluster(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[CompactNode] = Field(min_length=1)
+
+
+def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
+    """Nodes from the compact form; every GPU is Ready and fresh, its free memory as given."""
+    try:
+        cluster = CompactCluster.model_validate(document)
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = ".".join(
+            f"[{part}]" if isinstance(part, int) else str(part) for part in first["loc"]
+        ).replace(".[", "[")
+        message = first["msg"].removeprefix("Value error, ")
+        raise ClusterError(where, f"{path}: {message}") from None
+    out = []
+    for node in cluster.nodes:
+        gpus = node.gpus
+        product = node.labels.get(PRODUCT_LABEL, "GPU")
+        devices = []
+        for gpu in gpus:
+            for _ in range(gpu.count):
+                i = len(devices)
+                if gpu.free is not None and gpu.free > gpu.memory:
+                    raise ClusterError(
+                        where, f"nodes {node.name} GPU {i}: free must be at most memory"
+                    )
+                devices.append(
+                    GpuDevice(
+                        uuid=gpu.uuid if gpu.uuid and gpu.count == 1 else f"{node.name}-gpu{i}",
+                        index=i,
+                        product=gpu.product or product,
+                        total_bytes=gpu.memory,
+                        free_bytes=gpu.memory if gpu.free is None else gpu.free,
+                    )
+                )
+        out.append(
+            NodeState(
+                node.name,
+                tuple(devices),
+                labels=node.labels,
+                ready=node.ready,
+                cordoned=node.cordoned,
+                gpu_allocatable=len(devices),
+            )
+        )
+    return out

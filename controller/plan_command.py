@@ -1,0 +1,194 @@
+"""`vramgate plan`: the operator's admission decisions, offline, for a cluster and some jobs.
+
+Thin: read the YAML files, turn them into a snapshot and job requests (`controller.cluster`),
+estimate each distinct spec once, decide with `controller.decision.plan`, print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from datetime import datetime
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from controller.cluster import (
+    ClusterError,
+    ClusterObjects,
+    parse_time,
+    pending_jobs,
+    requests,
+    snapshot,
+)
+from controller.decision import AdmissionSettings, Decision, plan
+from controller.estimator import Estimate
+from controller.estimator.settings import Profile
+from controller.jobspec import JobPlan, estimate_plan
+from controller.packing.inventory import GpuMode, PackingSettings
+from controller.units import GIB
+
+#: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
+MAX_FILE_BYTES = 256 * 2**20
+EXAMPLES = files("controller") / "examples"
+
+
+class PlanInputError(ValueError):
+    """Bad input for `vramgate plan`: one line naming the file, document and field."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="decide offline what admission would do with jobs on a cluster",
+        description="Decide, as the operator would, which FineTuneJobs are admitted (and "
+        "where), resized, queued or rejected on a cluster. Without arguments: a built-in "
+        "example cluster and jobs that show all four decisions.",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="the cluster: `kubectl get nodes,gpunodes,finetunejobs,pods -A -o yaml` output, "
+        "or a compact `nodes:` description (default: the built-in example)",
+    )
+    p.add_argument(
+        "--profile",
+        help="estimate every job with this profile instead of its spec.estimator.profile "
+        f"({'|'.join(m.value for m in Profile)})",
+    )
+    p.add_argument(
+        "--gpu-mode",
+        default=GpuMode.DEVICE_PLUGIN.value,
+        choices=[m.value for m in GpuMode],
+        help="how workloads get GPUs, as the operator is set up: devicePlugin (whole GPUs), "
+        "visibleDevices (shared by memory), dra (default devicePlugin)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("jobs", nargs="*", metavar="JOB_FILE", help="FineTuneJob manifests")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    profile = None if args.profile is None else Profile.parse(args.profile, "--profile")
+    objects = ClusterObjects()
+    cluster_file = args.cluster or str(EXAMPLES / "cluster.yaml")
+    job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
+    for path in [cluster_file, *job_files]:
+        for where, document in _documents(path):
+            try:
+                objects.add(document, where)
+            except ClusterError as error:
+                raise PlanInputError(str(error)) from None
+    try:
+        snap = snapshot(objects, _newest_heartbeat(objects))
+        jobs, plans = requests(
+            pending_jobs(objects), objects.config_maps, _estimator(profile), objects.origin
+        )
+    except ClusterError as error:
+        raise PlanInputError(str(error)) from None
+    settings = AdmissionSettings(packing=PackingSettings(gpu_mode=GpuMode(args.gpu_mode)))
+    decisions = plan(snap, jobs, settings)
+    if args.json:
+        print(json.dumps({"decisions": [decision_json(d) for d in decisions]}))
+    else:
+        render(console, decisions, plans)
+    return 0
+
+
+def _documents(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each YAML document of the file, named `FILE: document N` for messages."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise PlanInputError(f"{path}: cannot read: {error.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise PlanInputError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PlanInputError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except (yaml.YAMLError, RecursionError) as error:
+        detail = " ".join(str(error).split()) if isinstance(error, yaml.YAMLError) else "too deep"
+        raise PlanInputError(f"{path}: not valid YAML ({detail})") from None
+    for i, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        where = f"{Path(path).name}: document {i}"
+        if not isinstance(document, Mapping):
+            raise PlanInputError(f"{where}: must be a mapping (a Kubernetes object)")
+        yield where, document
+
+
+def _newest_heartbeat(objects: ClusterObjects) -> datetime | None:
+    """Staleness is judged at the moment of the dump: its newest heartbeat, not the clock."""
+    beats = [
+        parse_time((g.get("status") or {}).get("heartbeatTime")) for g in objects.gpunodes.values()
+    ]
+    known = [b for b in beats if b is not None]
+    return max(known) if known else None
+
+
+def _estimator(profile: Profile | None) -> Any:
+    """Estimates cached by spec: a queue of 10,000 jobs holds few distinct specs."""
+    cache: dict[tuple[int, Any], Estimate] = {}
+
+    def estimate(job: JobPlan) -> Estimate:
+        if profile is not None:
+            job = replace(job, settings=replace(job.settings, profile=profile))
+        key = (id(job.shape), job.settings)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = estimate_plan(job)
+        return found
+
+    return estimate
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    return {
+        "job": decision.job,
+        "decision": decision.outcome.value,
+        "reason": decision.reason,
+        "message": decision.message,
+        "requested_gpus": decision.requested_gpus,
+        "admitted_gpus": decision.admitted_gpus,
+        "per_gpu_bytes": decision.per_gpu_bytes,
+        "placement": [
+            {"node": part.node, "gpus": list(part.indices), "uuids": list(part.uuids)}
+            for part in decision.placement
+        ],
+    }
+
+
+def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobPlan]) -> None:
+    """A row per job in queue order, then each job's message (too long for a column)."""
+    table = Table(show_edge=False)
+    for column in ("job", "decision", "reason", "nodes / GPUs", "GiB/GPU"):
+        table.add_column(column, justify="right" if column == "GiB/GPU" else "left")
+    for decision in decisions:
+        where = " ".join(
+            f"{part.node}:{','.join(map(str, part.indices))}" for part in decision.placement
+        )
+        count = decision.admitted_gpus or decision.requested_gpus
+        table.add_row(
+            decision.job,
+            decision.outcome.value,
+            decision.reason,
+            where or f"({count} GPU{'s' if count > 1 else ''})",
+            f"{decision.per_gpu_bytes / GIB:.2f}",
+        )
+    console.print(table)
+    for decision in decisions:
+        console.print(f"{decision.job}: {decision.message}", highlight=False, soft_wrap=True)
+        plan_of = plans.get(decision.job)
+        for warning in plan_of.warnings if plan_of else ():
+            console.print(f"{decision.job}: warning: {warning}", highlight=False, soft_wrap=True)

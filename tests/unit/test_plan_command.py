@@ -1,0 +1,250 @@
+"""`vramgate plan`: the built-in example, both cluster forms, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.cli import main
+from controller.units import GIB
+
+LLAMA_QLORA = {
+    "apiVersion": "vramgate.dev/v1alpha1",
+    "kind": "FineTuneJob",
+    "metadata": {"name": "qlora", "namespace": "team"},
+    "spec": {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}},
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, name: str, *documents: Any) -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(documents))
+    return str(path)
+
+
+def decisions(out: str) -> list[dict[str, Any]]:
+    return list(json.loads(out)["decisions"])
+
+
+def test_the_built_in_example_shows_all_four_decisions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--json")
+    assert code == 0
+    got = [(d["job"], d["decision"], d["reason"]) for d in decisions(out)]
+    assert got == [
+        ("research/llama-qlora", "Admit", "Fits"),
+        ("research/llama-full", "Resize", "Resized"),
+        ("research/qwen-72b-lora", "Queue", "WaitingForVRAM"),
+        ("research/llama-405b-full", "Reject", "InsufficientVRAM"),
+    ]
+    admitted = decisions(out)[0]
+    assert admitted["placement"] == [{"node": "l4-a", "gpus": [0], "uuids": ["l4-a-gpu0"]}]
+    resized = decisions(out)[1]
+    assert resized["requested_gpus"] == 1 and resized["admitted_gpus"] == 2
+    assert decisions(out)[3]["placement"] == []
+
+
+def test_the_human_table_names_each_decision_and_its_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys)
+    assert code == 0
+    for word in ("Admit", "Resize", "Queue", "Reject", "so it waits for memory"):
+        assert word in out
+
+
+def test_a_compact_cluster_and_a_job_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(
+        tmp_path,
+        "cluster.yaml",
+        {"nodes": [{"name": "a", "gpus": [{"memory": "24GiB", "free": "6GiB"}]}]},
+    )
+    jobs = write(tmp_path, "jobs.yaml", LLAMA_QLORA)
+    code, out, _ = run(capsys, "--cluster", cluster, jobs, "--json")
+    assert code == 0
+    (decision,) = decisions(out)
+    assert decision["decision"] == "Queue" and decision["reason"] == "WaitingForVRAM"
+    assert "the most free GPU has 6.00 GiB (a GPU 0)" in decision["message"]
+
+
+def test_the_profile_flag_overrides_the_spec(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    jobs = write(tmp_path, "j.yaml", LLAMA_QLORA)
+    _, out, _ = run(capsys, "--cluster", cluster, jobs, "--json", "--profile", "analytic")
+    assert decisions(out)[0]["per_gpu_bytes"] == 7_780_056_064  # seed 2's 7.25 GiB
+
+
+def _kubectl_dump(used_by_job: int) -> dict[str, Any]:
+    """What `kubectl get nodes,gpunodes,finetunejobs,pods -A -o yaml` prints, in part."""
+    heartbeat = "2026-12-01T10:00:00Z"
+    node = {
+        "kind": "Node",
+        "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "H100"}},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "1"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    gpunode = {
+        "kind": "GPUNode",
+        "metadata": {"name": "gpu-1"},
+        "status": {
+            "heartbeatTime": heartbeat,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "gpus": [
+                {
+                    "uuid": "GPU-1",
+                    "index": 0,
+                    "product": "H100",
+                    "totalBytes": 80 * GIB,
+                    "freeBytes": 80 * GIB - used_by_job,
+                    "usedBytes": used_by_job,
+                    "pods": [{"uid": "pod-uid", "usedBytes": used_by_job}] if used_by_job else [],
+                }
+            ],
+        },
+    }
+    admitted = {
+        "kind": "FineTuneJob",
+        "metadata": {"name": "running", "namespace": "team"},
+        "spec": LLAMA_QLORA["spec"],
+        "status": {
+            "conditions": [{"type": "Admitted", "status": "True", "reason": "Fits"}],
+            "placement": {
+                "nodes": [{"node": "gpu-1", "gpuIndices": [0], "gpuUUIDs": ["GPU-1"]}],
+                "requestedGPUs": 1,
+                "admittedGPUs": 1,
+                "perGpuBytes": 60 * GIB,
+            },
+        },
+    }
+    pod = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "running-0",
+            "namespace": "team",
+            "uid": "pod-uid",
+            "labels": {"vramgate.dev/finetunejob": "running"},
+        },
+        "spec": {
+            "nodeName": "gpu-1",
+            "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    return {"kind": "List", "items": [node, gpunode, admitted, pod]}
+
+
+@pytest.mark.parametrize("used_by_job", [0, 40 * GIB, 60 * GIB])
+def test_a_kubectl_dump_keeps_admitted_jobs_reservations_and_counts_them_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, used_by_job: int
+) -> None:
+    """The admitted job reserves 60 GiB; whatever of it NVML already shows as used is not
+    charged again, so the effective free memory is 20 GiB at every stage of its start."""
+    cluster = write(tmp_path, "dump.yaml", _kubectl_dump(used_by_job))
+    small = dict(LLAMA_QLORA, metadata={"name": "small", "namespace": "team"})
+    jobs = write(tmp_path, "jobs.yaml", small)
+    argv = ["--cluster", cluster, jobs, "--json", "--profile", "analytic"]
+    code, out, _ = run(capsys, *argv, "--gpu-mode", "visibleDevices")
+    assert code == 0
+    (decision,) = decisions(out)  # the admitted job keeps its place; only `small` is decided
+    assert decision["job"] == "team/small" and decision["decision"] == "Admit"
+    assert "12.75 GiB left on the tightest" in decision["message"]  # 20 - 7.25 GiB
+
+
+def test_with_the_device_plugin_a_gpu_in_use_takes_no_other_job(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "dump.yaml", _kubectl_dump(40 * GIB))
+    jobs = write(tmp_path, "jobs.yaml", dict(LLAMA_QLORA, metadata={"name": "small"}))
+    code, out, _ = run(capsys, "--cluster", cluster, jobs, "--json")
+    assert code == 0
+    (decision,) = decisions(out)
+    assert decision["decision"] == "Queue"
+    assert "no matching GPU takes work now" in decision["message"]
+
+
+def test_jobs_in_the_cluster_dump_are_decided_without_job_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    dump = _kubectl_dump(0)
+    dump["items"].append(dict(LLAMA_QLORA, metadata={"name": "pending", "namespace": "team"}))
+    code, out, _ = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), "--json")
+    assert code == 0
+    assert [d["job"] for d in decisions(out)] == ["team/pending"]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": 80}}]},
+            "c.yaml: document 1: nodes[0].gpus[0].memory: must have a unit",
+        ),
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": "80GiB", "colour": "red"}}]},
+            "c.yaml: document 1: nodes[0].gpus[0].colour: Extra inputs are not permitted",
+        ),
+        (
+            {"nodes": [{"name": "a", "gpus": [{"memory": "8GiB", "free": "9GiB"}]}]},
+            "free must be at most memory",
+        ),
+        ({"nodes": []}, "c.yaml: document 1: nodes: List should have at least 1 item"),
+        (["a list"], "c.yaml: document 1: must be a mapping"),
+        ({"kind": "Node", "metadata": {}}, "c.yaml: document 1: metadata.name is required"),
+    ],
+)
+def test_a_bad_cluster_file_exits_2_with_one_line_naming_document_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, document: Any, expected: str
+) -> None:
+    code, out, err = run(capsys, "--cluster", write(tmp_path, "c.yaml", document))
+    assert code == 2 and out == ""
+    assert expected in err and err.count("\n") == 1
+
+
+def test_a_bad_job_names_its_file_document_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    bad = dict(LLAMA_QLORA, spec=dict(LLAMA_QLORA["spec"], lora={"rank": 0}))
+    jobs = write(tmp_path, "jobs.yaml", LLAMA_QLORA | {"metadata": {"name": "ok"}}, bad)
+    code, _, err = run(capsys, "--cluster", cluster, jobs)
+    assert code == 2
+    assert "jobs.yaml: document 2 (team/qlora): spec.lora.rank: must be greater than" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"\xff\xfe not utf-8", "not UTF-8 text"),
+        (b"nodes: [\n", "not valid YAML"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid YAML"),
+    ],
+)
+def test_unreadable_files_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, expected: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    code, _, err = run(capsys, "--cluster", str(path))
+    assert code == 2 and expected in err and err.count("\n") == 1
+
+
+def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "--cluster", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "nope.yaml: cannot read" in err
