@@ -28,22 +28,24 @@ from controller.estimator.settings import PATHS
 TRACE_EXTRA = "pip install 'vramgate[trace]'"
 
 
-def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
+def estimate(
+    shape: ModelShape, settings: TrainingSettings, paths: dict[str, str] | None = None
+) -> Estimate:
     """The estimate of the profile `settings.profile` names.
 
     Raises SpecErrors when the settings do not suit the model, SpecError when the trace
-    profile cannot trace it, and ProfileUnavailable when the trace extra is not installed.
+    profile cannot trace it, and ProfileUnavailable when the trace extra is not installed;
+    `paths` overrides the field paths errors name, as in `build_settings`.
     """
-    settings, errors = check_against_model(shape, settings)
+    settings, errors = check_against_model(shape, settings, paths)
     if errors:
         raise SpecErrors(errors)
     if settings.profile is Profile.TRACE:
-        return _trace(shape, settings)
+        return _trace(shape, settings, (paths or {}).get("profile", PATHS["profile"]))
     return formula_estimate(shape, settings)
 
 
-def _trace(shape: ModelShape, settings: TrainingSettings) -> Estimate:
-    path = PATHS["profile"]
+def _trace(shape: ModelShape, settings: TrainingSettings, path: str) -> Estimate:
     try:
         from controller.trace import TraceUnsupported
         from controller.trace import estimate as trace_estimate

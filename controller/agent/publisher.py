@@ -28,6 +28,7 @@ from controller.agent.status import Observation, build_status
 from controller.api.base import API_VERSION, GROUP, VERSION
 from controller.api.conditions import READY, find_condition
 from controller.api.gpunode import KIND, PLURAL
+from controller.errors import TemporaryError
 
 FIELD_MANAGER = "vramgate-agent"
 APPLY = "application/apply-patch+yaml"
@@ -36,7 +37,7 @@ REQUEST_TIMEOUT_S = 10  # one slow API call must not stall the poll loop for lon
 log = logging.getLogger(__name__)
 
 
-class PublishError(Exception):
+class PublishError(TemporaryError):
     """The GPUNode could not be written; retried with backoff. The message says why."""
 
 

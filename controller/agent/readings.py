@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from controller.errors import TemporaryError
 
-class BackendError(Exception):
+
+class BackendError(TemporaryError):
     """A backend could not read the GPUs; the message names the likely cause and the fix.
 
     The agent retries it with backoff and reports it in the GPUNode's ``Ready`` condition.

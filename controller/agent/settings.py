@@ -20,13 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from controller.agent.sizes import ByteSize
+from controller.errors import DeploymentError
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 MIB = 2**20
 
 
-class SettingsError(Exception):
+class SettingsError(DeploymentError):
     """Bad configuration: one line naming the setting, its source and what it allows."""
 
 

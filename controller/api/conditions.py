@@ -38,6 +38,10 @@ REASON_INVALID_SPEC = "InvalidSpec"
 #: ConfigMapUnavailable indicates that the job is not estimated yet because the ConfigMap named
 #: in spec.model.configMapRef (or its key) could not be read; the operator retries.
 REASON_CONFIGMAP_UNAVAILABLE = "ConfigMapUnavailable"
+#: ProfileUnavailable indicates that the job is not estimated yet because the estimator profile
+#: it asks for is not installed in the operator (Trace without the `trace` extra); the operator
+#: retries, and a redeployed operator with the extra estimates it.
+REASON_PROFILE_UNAVAILABLE = "ProfileUnavailable"
 #: EstimationFailed indicates that the estimator raised an unexpected error for a spec that
 #: passed validation; this is a vramgate bug, and the operator log has the traceback.
 REASON_ESTIMATION_FAILED = "EstimationFailed"

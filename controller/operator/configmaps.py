@@ -12,10 +12,11 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from controller.errors import TemporaryError
 from controller.jobspec import ConfigMapKey
 
 
-class ConfigMapUnavailable(Exception):
+class ConfigMapUnavailable(TemporaryError):
     """The ConfigMap or its key is missing or does not hold a JSON object; message: one line
     naming the field and the ConfigMap."""
 

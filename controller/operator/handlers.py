@@ -4,15 +4,12 @@ One level-triggered reconcile serves the three causes kopf distinguishes (create
 changed, found at operator start): it computes what the status should say from the whole
 spec and writes only what differs, so running it twice, or after a restart, changes nothing.
 
-Errors are classified by what happens next (the adapter between the core and kopf):
-
-* invalid spec (`SpecError`): permanent; recorded as InvalidSpec, never retried, never
-  raised to kopf; the next spec change reconciles again.
-* ConfigMap unreadable: temporary; recorded as ConfigMapUnavailable and retried by kopf
-  every `configmap_retry_s`. (ConfigMaps are not watched yet: a ConfigMap whose content is
-  fixed after an InvalidSpec needs a spec change, or an operator restart, to be re-read.)
-* anything else the estimator raises: a bug; logged with its traceback and recorded as
-  EstimationFailed, not retried (the same input would fail the same way).
+What a failure records, and whether kopf retries it, is decided in one place,
+`controller.operator.errors`: an invalid spec is recorded and never retried, an unreadable
+ConfigMap is retried every `configmap_retry_s`, a profile the operator lacks is retried
+later, and anything else is a bug, logged with its traceback. (ConfigMaps are not watched
+yet: a ConfigMap whose content is fixed after an InvalidSpec needs a spec change, or an
+operator restart, to be re-read.)
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import kopf
 from controller.api import conditions as cond
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
+from controller.estimator import SpecErrors
 from controller.jobspec import config_map_ref, estimate_plan, translate
 from controller.operator import status as status_rules
 from controller.operator.configmaps import (
@@ -35,6 +33,7 @@ from controller.operator.configmaps import (
     ConfigMapUnavailable,
     read_model_config,
 )
+from controller.operator.errors import failure_of
 from controller.webhook.validating import validate_finetunejob
 
 #: Seconds between retries while a job's ConfigMap cannot be read: the ConfigMap is usually
@@ -86,9 +85,25 @@ async def reconcile(
     configmap_retry_s: float = CONFIGMAP_RETRY_S,
     **_: Any,
 ) -> None:
-    """Estimate the job's current spec and record the result in its status."""
+    """Estimate the job's current spec and record the result in its status; a failure is
+    recorded as `failure_of` classifies it, and raised to kopf when it is to be retried."""
     generation = int(meta.get("generation") or 0)
     current = dict(status)
+
+    def fail(error: Exception) -> None:
+        failure = failure_of(error, temporary_retry_s=configmap_retry_s)
+        if failure.is_bug:
+            logger.error("the estimator failed on a valid spec", exc_info=error)
+        if failure.reason == cond.REASON_INVALID_SPEC:
+            update = status_rules.invalid(failure.message, generation, current, now())
+        else:
+            update = status_rules.not_estimated(
+                failure.reason, failure.message, generation, current, now()
+            )
+        _apply(update, body, patch)
+        if failure.retry_s is not None:
+            raise kopf.TemporaryError(failure.message, delay=failure.retry_s) from None
+
     config = None
     ref = config_map_ref(spec)
     if ref is not None:
@@ -96,30 +111,18 @@ async def reconcile(
             core: ConfigMapReader = memo["core"]
             config = await asyncio.to_thread(read_model_config, core, namespace, ref)
         except ConfigMapUnavailable as error:
-            update = status_rules.not_estimated(
-                cond.REASON_CONFIGMAP_UNAVAILABLE, str(error), generation, current, now()
-            )
-            _apply(update, body, patch)
-            raise kopf.TemporaryError(str(error), delay=configmap_retry_s) from None
-
+            fail(error)
+            return
     plan, errors = translate(dict(spec), config)
     if plan is None:
-        update = status_rules.invalid(errors, generation, current, now())
-    else:
-        try:
-            est = estimate_plan(plan)
-        except Exception as error:
-            logger.exception("the estimator failed on a valid spec")
-            update = status_rules.not_estimated(
-                cond.REASON_ESTIMATION_FAILED,
-                f"the estimator failed: {type(error).__name__}: {error}",
-                generation,
-                current,
-                now(),
-            )
-        else:
-            update = status_rules.estimated(plan, est, generation, current, now())
-    _apply(update, body, patch)
+        fail(SpecErrors(errors))
+        return
+    try:
+        est = estimate_plan(plan)
+    except Exception as error:
+        fail(error)
+        return
+    _apply(status_rules.estimated(plan, est, generation, current, now()), body, patch)
 
 
 def _apply(update: status_rules.StatusUpdate, body: kopf.Body, patch: kopf.Patch) -> None:

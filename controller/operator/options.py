@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from controller.api.base import GROUP
+from controller.errors import DeploymentError
 
 DEFAULT_WEBHOOK_PORT = 9443
 DEFAULT_WEBHOOK_CONFIG = GROUP
@@ -19,7 +20,7 @@ DEFAULT_SERVICE_DNS = ("vramgate-webhook.vramgate.svc",)
 DEFAULT_CERT_DIR = Path(tempfile.gettempdir()) / "vramgate-webhook"
 
 
-class StartupError(Exception):
+class StartupError(DeploymentError):
     """The operator cannot start (no credentials, unusable certificate directory)."""
 
 

@@ -12,7 +12,7 @@ reconcile on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus, ParallelismMode, TrainingMethod
 from controller.api.finetunejob import EstimateStatus
-from controller.estimator import Estimate, SpecError, SpecErrors
+from controller.estimator import Estimate
 from controller.jobspec import JobPlan, api_value
 from controller.units import format_gib
 
@@ -101,10 +101,11 @@ def estimated(
 
 
 def invalid(
-    errors: Sequence[SpecError], generation: int, status: Mapping[str, Any], now: datetime
+    message: str, generation: int, status: Mapping[str, Any], now: datetime
 ) -> StatusUpdate:
-    """The spec is invalid: Estimated=False and Admitted=False, both InvalidSpec."""
-    message = _one_line(str(SpecErrors(list(errors))))
+    """The spec is invalid: Estimated=False and Admitted=False, both InvalidSpec. `message`
+    names every invalid field (`str(SpecErrors(errors))`)."""
+    message = _one_line(message)
     conditions = _conditions(status)
     for type_ in (cond.ESTIMATED, cond.ADMITTED):
         conditions = cond.set_condition(

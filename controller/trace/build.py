@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from controller.errors import PermanentError
 from controller.estimator.settings import Attention, Checkpointing, Method, Precision
 from controller.estimator.settings import TrainingSettings as Settings
 from controller.trace import qlora
@@ -63,8 +64,9 @@ EXPERTS_IMPLEMENTATION = "grouped_mm"
 _PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types")
 
 
-class TraceUnsupported(ValueError):
-    """The model or setting cannot be traced (a one-line reason for the user)."""
+class TraceUnsupported(PermanentError, ValueError):
+    """The model or setting cannot be traced (a one-line reason for the user): permanent, since
+    the same spec cannot be traced on a retry either."""
 
 
 def _thaw(value: Any) -> Any:

@@ -20,9 +20,11 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from controller.cli import main
+from controller.errors import ProfileUnavailable
 from controller.jobspec import ConfigMapKey
 from controller.operator import handlers
 from controller.operator.configmaps import ConfigMapUnavailable, read_model_config
+from controller.operator.errors import PROFILE_RETRY_S
 from tests.unit.conftest import QWEN25_05B
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -164,6 +166,29 @@ def test_an_estimator_bug_is_recorded_once_not_retried(
     estimated = _condition(patch, "Estimated")
     assert estimated["reason"] == "EstimationFailed"
     assert estimated["message"] == "the estimator failed: ZeroDivisionError: division by zero"
+
+
+def test_a_profile_the_operator_lacks_is_recorded_and_retried_later(
+    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_trace(plan: Any) -> Any:
+        raise ProfileUnavailable("spec.estimator.profile: trace needs the `trace` extra")
+
+    monkeypatch.setattr(handlers, "estimate_plan", no_trace)
+    patches: list[kopf.Patch] = []
+    original = kopf.Patch
+
+    def recording_patch() -> kopf.Patch:
+        patches.append(original())
+        return patches[-1]
+
+    monkeypatch.setattr(kopf, "Patch", recording_patch)
+    with pytest.raises(kopf.TemporaryError) as caught:
+        _reconcile({"model": {"preset": "llama-3.1-8b"}, "method": "LoRA", "lora": {"rank": 8}})
+    assert caught.value.delay == PROFILE_RETRY_S
+    assert _condition(patches[0], "Estimated")["reason"] == "ProfileUnavailable"
+    assert _condition(patches[0], "Admitted")["reason"] == "Pending"
+    assert events[0][:2] == ("Warning", "ProfileUnavailable")
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controller.api import conditions as cond
+from controller.estimator import SpecErrors
 from controller.jobspec import estimate_plan, translate
 from controller.operator import status as rules
 
@@ -27,7 +28,7 @@ def _estimated(status: dict[str, Any], generation: int = 1, now: datetime = T0, 
 
 def _invalid(status: dict[str, Any], generation: int = 1, now: datetime = T0):
     _, errors = translate({**SPEC, "lora": {"rank": 0}, "training": {"optimizer": "Lion"}})
-    return rules.invalid(errors, generation, status, now)
+    return rules.invalid(str(SpecErrors(errors)), generation, status, now)
 
 
 def _by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
