@@ -67,6 +67,7 @@ from controller.estimator.settings import (
     Optimizer,
     Precision,
     Profile,
+    int_in_range,
 )
 from controller.profiles import estimate
 
@@ -302,7 +303,7 @@ def _placement(
     parallelism = _choice(spec, "parallelism", ParallelismMode.FSDP, ParallelismMode, errors)
     policy = _choice(spec, "admissionPolicy", AdmissionPolicy.ENFORCE, AdmissionPolicy, errors)
     resources = objects["spec.resources"]
-    gpus = _integer(resources.get("gpus", 1), "spec.resources.gpus", 1, MAX_GPUS, errors)
+    gpus = int_in_range(resources.get("gpus", 1), "spec.resources.gpus", 1, MAX_GPUS, errors)
     selector = resources.get("gpuSelector") or {}
     if not isinstance(selector, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
@@ -370,19 +371,6 @@ def _choice(
                 return member
     errors.append(_unsupported(f"spec.{key}", value, enum))
     return default
-
-
-def _integer(value: object, path: str, low: int, high: int, errors: list[SpecError]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        errors.append(SpecError(path, f"must be an integer, got {value!r}"))
-        return low
-    if not low <= value <= high:
-        bound = (
-            f"greater than or equal to {low}" if value < low else f"less than or equal to {high}"
-        )
-        errors.append(SpecError(path, f"must be {bound}, got {value}"))
-        return low
-    return value
 
 
 _SPEC_ORDER = {name: index for index, name in enumerate(FineTuneJobSpec.wire_names())}

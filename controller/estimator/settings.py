@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from controller.estimator.errors import SpecError
+from controller.estimator.errors import SpecError, shown
 
 
 def _key(text: str) -> str:
@@ -160,14 +160,20 @@ PATHS = {
 }
 
 
-def _int_in_range(value: object, path: str, low: int, high: int) -> SpecError | None:
+def int_in_range(value: object, path: str, low: int, high: int, errors: list[SpecError]) -> int:
+    """`value` if it is an integer (a bool is not) between `low` and `high`; otherwise `low`,
+    with the error appended to `errors`. The one integer check of every spec and flag, so that
+    callers collecting every error go on with a number in range and say the same thing."""
     if isinstance(value, bool) or not isinstance(value, int):
-        return SpecError(path, f"must be an integer, got {value!r}")
+        errors.append(SpecError(path, f"must be an integer, got {shown(value)}"))
+        return low
     if value < low:
-        return SpecError(path, f"must be greater than or equal to {low}, got {value}")
+        errors.append(SpecError(path, f"must be greater than or equal to {low}, got {value}"))
+        return low
     if value > high:
-        return SpecError(path, f"must be less than or equal to {high}, got {value}")
-    return None
+        errors.append(SpecError(path, f"must be less than or equal to {high}, got {value}"))
+        return low
+    return value
 
 
 def build_settings(
@@ -205,11 +211,7 @@ def build_settings(
     for name, (low, high) in limits.items():
         if values.get(name) is None:
             continue
-        error = _int_in_range(values[name], where[name], low, high)
-        if error:
-            errors.append(error)
-        else:
-            parsed[name] = values[name]
+        parsed[name] = int_in_range(values[name], where[name], low, high, errors)
 
     method = parsed.get("method", DEFAULT_METHOD)
     adapter = method in (Method.LORA, Method.QLORA)
@@ -218,11 +220,7 @@ def build_settings(
         if rank is None:
             errors.append(SpecError(where["rank"], "is required when method is LoRA or QLoRA"))
         else:
-            error = _int_in_range(rank, where["rank"], 1, MAX_LORA_RANK)
-            if error:
-                errors.append(error)
-            else:
-                parsed["rank"] = rank
+            parsed["rank"] = int_in_range(rank, where["rank"], 1, MAX_LORA_RANK, errors)
     else:
         parsed["rank"] = None
 
