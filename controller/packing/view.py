@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
@@ -42,8 +43,13 @@ class ClusterView:
         exclusive = settings.gpu_mode is not GpuMode.VISIBLE_DEVICES
         self.counts_slots = settings.gpu_mode is GpuMode.DEVICE_PLUGIN
         self.now = FreeIndex(working_nodes(snapshot, settings), exclusive=exclusive)
-        self.empty = FreeIndex(working_nodes(snapshot, settings, empty=True))
+        self._snapshot, self._settings = snapshot, settings
         self._selections: dict[tuple[tuple[str, str], ...], Selection] = {}
+
+    @cached_property
+    def empty(self) -> FreeIndex:
+        """Built on first use: a pass in which every job fits now never needs it."""
+        return FreeIndex(working_nodes(self._snapshot, self._settings, empty=True))
 
     def select(self, selector: Mapping[str, str]) -> Selection:
         key = tuple(sorted(selector.items()))
@@ -53,19 +59,24 @@ class ClusterView:
         return found
 
     def _select(self, selector: Mapping[str, str]) -> Selection:
-        names = [
-            node.name
-            for node in self.empty.nodes
+        """Matched on the snapshot, so that a pass in which every job fits never builds the
+        empty view."""
+        matched = [
+            node
+            for node in self._snapshot.nodes
             if all(node.labels.get(k) == v for k, v in selector.items())
         ]
-        matched = set(names)
-        gpus = [slot for node in self.empty.nodes if node.name in matched for slot in node.gpus]
-        products = tuple(sorted({slot.product for slot in gpus}))
+        gpus = [gpu for node in matched for gpu in node.gpus if gpu.reported]
+        products = tuple(sorted({gpu.product for gpu in gpus}))
         if not selector:
             return Selection(_everywhere, _everywhere, len(gpus), products)
+        names = {node.name for node in matched}
         now = {self.now.position[n] for n in names if n in self.now.position}
-        empty = {self.empty.position[n] for n in names}
-        return Selection(now.__contains__, empty.__contains__, len(gpus), products)
+
+        def in_empty(pos: int) -> bool:
+            return self.empty.nodes[pos].name in names
+
+        return Selection(now.__contains__, in_empty, len(gpus), products)
 
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection

@@ -233,7 +233,8 @@ def test_a_bad_job_names_its_file_document_and_field(
     [
         (b"\xff\xfe not utf-8", "not UTF-8 text"),
         (b"nodes: [\n", "not valid YAML"),
-        (b"[" * 100_000 + b"]" * 100_000, "not valid YAML"),
+        (b"[" * 100_000 + b"]" * 100_000, "too deep"),
+        (b"a: " + b"[" * 100_000, "not valid YAML"),
     ],
 )
 def test_unreadable_files_exit_2_with_one_line(
@@ -243,6 +244,16 @@ def test_unreadable_files_exit_2_with_one_line(
     path.write_bytes(content)
     code, _, err = run(capsys, "--cluster", str(path))
     assert code == 2 and expected in err and err.count("\n") == 1
+
+
+def test_a_json_dump_is_read_as_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(_kubectl_dump(0)))
+    jobs = write(tmp_path, "jobs.yaml", dict(LLAMA_QLORA, metadata={"name": "small"}))
+    code, out, _ = run(capsys, "--cluster", str(path), jobs, "--json", "--gpu-mode", "dra")
+    assert code == 0 and decisions(out)[0]["decision"] == "Queue"
 
 
 def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
