@@ -27,16 +27,18 @@ from controller.cluster import (
     requests,
     snapshot,
 )
-from controller.decision import AdmissionSettings, Decision, plan
+from controller.decision import AdmissionSettings, Decision, QueueingStrategy, plan
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
 from controller.packing.inventory import GpuMode, PackingSettings
-from controller.units import GIB
+from controller.units import GIB, parse_size
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
 MAX_FILE_BYTES = 256 * 2**20
 EXAMPLES = files("controller") / "examples"
+#: Keeping more than half of every GPU free is a misconfiguration, not a margin.
+MAX_HEADROOM_PERCENT = 50
 
 
 class PlanInputError(ValueError):
@@ -69,6 +71,25 @@ def add_parser(sub: Any) -> None:
         help="how workloads get GPUs, as the operator is set up: devicePlugin (whole GPUs), "
         "visibleDevices (shared by memory), dra (default devicePlugin)",
     )
+    p.add_argument(
+        "--queueing",
+        default=QueueingStrategy.BEST_EFFORT_FIFO.value,
+        choices=[m.value for m in QueueingStrategy],
+        help="BestEffortFIFO: a later job that fits may go first; StrictFIFO: never "
+        "(default BestEffortFIFO)",
+    )
+    p.add_argument(
+        "--headroom",
+        metavar="SIZE",
+        default="0GiB",
+        help="memory kept free on every GPU, e.g. 2GiB (default 0GiB)",
+    )
+    p.add_argument(
+        "--headroom-percent",
+        type=int,
+        default=0,
+        help="percent of each GPU's memory kept free, 0 to 50 (default 0)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("jobs", nargs="*", metavar="JOB_FILE", help="FineTuneJob manifests")
     p.set_defaults(run=run)
@@ -92,13 +113,31 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     except ClusterError as error:
         raise PlanInputError(str(error)) from None
-    settings = AdmissionSettings(packing=PackingSettings(gpu_mode=GpuMode(args.gpu_mode)))
+    settings = _settings(args)
     decisions = plan(snap, jobs, settings)
     if args.json:
         print(json.dumps({"decisions": [decision_json(d) for d in decisions]}))
     else:
         render(console, decisions, plans)
     return 0
+
+
+def _settings(args: argparse.Namespace) -> AdmissionSettings:
+    try:
+        headroom = parse_size(args.headroom, require_unit=True) if args.headroom != "0GiB" else 0
+    except ValueError as error:
+        raise PlanInputError(f"--headroom: {error}") from None
+    if not 0 <= args.headroom_percent <= MAX_HEADROOM_PERCENT:
+        raise PlanInputError(
+            f"--headroom-percent: must be between 0 and {MAX_HEADROOM_PERCENT}, "
+            f"got {args.headroom_percent}"
+        )
+    packing = PackingSettings(
+        headroom_bytes=headroom,
+        headroom_percent=args.headroom_percent,
+        gpu_mode=GpuMode(args.gpu_mode),
+    )
+    return AdmissionSettings(packing=packing, queueing=QueueingStrategy(args.queueing))
 
 
 def _documents(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

@@ -256,6 +256,52 @@ def test_a_json_dump_is_read_as_json(
     assert code == 0 and decisions(out)[0]["decision"] == "Queue"
 
 
+def test_headroom_is_kept_free_on_every_gpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "10GiB"}}]})
+    jobs = write(tmp_path, "j.yaml", LLAMA_QLORA)
+    argv = ["--cluster", cluster, jobs, "--json", "--profile", "analytic"]
+    _, out, _ = run(capsys, *argv)
+    assert decisions(out)[0]["decision"] == "Admit"  # 7.25 GiB on 10 GiB
+    _, out, _ = run(capsys, *argv, "--headroom", "3GiB")
+    assert decisions(out)[0]["decision"] == "Reject"  # 7.25 GiB on 7 GiB usable
+    assert "the largest GPU holds 7.00 GiB usable" in decisions(out)[0]["message"]
+    _, out, _ = run(capsys, *argv, "--headroom-percent", "20")
+    assert decisions(out)[0]["decision"] == "Admit"  # 8 GiB usable
+    code, _, err = run(capsys, *argv, "--headroom-percent", "90")
+    assert code == 2 and "--headroom-percent: must be between 0 and 50" in err
+    code, _, err = run(capsys, *argv, "--headroom", "3")
+    assert code == 2 and "--headroom:" in err
+
+
+def test_strict_fifo_lets_no_job_go_ahead(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    full = {
+        "kind": "FineTuneJob",
+        "metadata": {"name": "first", "creationTimestamp": "2026-12-01T08:00:00Z"},
+        "spec": {"model": {"preset": "qwen2.5-1.5b"}, "method": "Full"},
+    }
+    later = dict(
+        LLAMA_QLORA, metadata={"name": "later", "creationTimestamp": "2026-12-01T09:00:00Z"}
+    )
+    busy = {"nodes": [{"name": "a", "gpus": {"memory": "24GiB", "free": "13GiB"}}]}
+    cluster = write(tmp_path, "c.yaml", busy)
+    jobs = write(tmp_path, "j.yaml", later, full)
+    argv = ["--cluster", cluster, jobs, "--json"]
+    _, out, _ = run(capsys, *argv)
+    assert [(d["job"], d["decision"]) for d in decisions(out)] == [
+        ("default/first", "Queue"),
+        ("default/later", "Admit"),
+    ]
+    _, out, _ = run(capsys, *argv, "--queueing", "StrictFIFO")
+    assert [(d["job"], d["reason"]) for d in decisions(out)] == [
+        ("default/first", "WaitingForVRAM"),
+        ("default/later", "WaitingInQueue"),
+    ]
+
+
 def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "--cluster", str(tmp_path / "nope.yaml"))
     assert code == 2 and "nope.yaml: cannot read" in err
