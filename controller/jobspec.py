@@ -55,6 +55,7 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
+    context_warnings,
     load_shape,
     parse_config,
 )
@@ -117,7 +118,9 @@ class JobPlan:
     """A valid spec, read: what to estimate and how the job asks to be placed.
 
     `shape` is None only when the model comes from a ConfigMap that was not read (the
-    webhook's case); the operator always passes the ConfigMap's content.
+    webhook's case); the operator always passes the ConfigMap's content. `warnings` are
+    one line each at their `spec.` path, for what is estimated but unusual (a sequence
+    longer than the model's context).
     """
 
     model: str
@@ -128,6 +131,7 @@ class JobPlan:
     admission_policy: AdmissionPolicy
     suspend: bool
     gpu_selector: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
@@ -162,7 +166,9 @@ def translate(
 
     if errors or settings is None or model_name is None:
         return None, _in_spec_order(errors)
-    return JobPlan(model=model_name, shape=shape, settings=settings, **placement), []
+    warnings = tuple(context_warnings(shape, settings, SPEC_PATHS)) if shape else ()
+    plan = JobPlan(model=model_name, shape=shape, settings=settings, warnings=warnings, **placement)
+    return plan, []
 
 
 def api_value(api_enum: type[E], member: StrEnum) -> E:
@@ -262,20 +268,24 @@ def _settings(
         parent, _, leaf = path.rpartition(".")
         if leaf in objects[parent]:
             values[name] = objects[parent][leaf]
-    if "method" not in values:
+    nulls = [name for name, value in values.items() if value is None and name != "rank"]
+    for name in nulls:
+        errors.append(_null(SPEC_PATHS[name], _ENUMS.get(name, (None,))[0]))
+        del values[name]
+    if "method" not in values and "method" not in nulls:
         errors.append(SpecError("spec.method", f"is required; allowed: {allowed(TrainingMethod)}"))
     if "rank" not in values and "method" in values:
         values["rank"] = None  # no default rank: a LoRA or QLoRA job must choose one
-    # The API's default profile (the API server fills it in; a raw spec gets the same here).
-    values.setdefault("profile", Profile.CALIBRATED)
     for name, (api_enum, estimator_enum) in _ENUMS.items():
-        if name in values and values[name] is not None:
+        if name in values:
             try:
                 member = estimator_enum.parse(values[name], SPEC_PATHS[name])
                 api_value(api_enum, member)  # an estimator value the API does not offer
                 values[name] = member
             except (SpecError, LookupError):
                 errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), api_enum))
+    # The API's default profile (the API server fills it in; a raw spec gets the same here).
+    values.setdefault("profile", Profile.CALIBRATED)
     settings, setting_errors = build_settings(values, SPEC_PATHS)
     errors += setting_errors
     if shape is not None and settings is not None:
@@ -330,15 +340,23 @@ def _placement(
 def _model_errors_despite(
     shape: ModelShape, values: dict[str, object], setting_errors: list[SpecError]
 ) -> list[SpecError]:
-    """The checks that need the model (context length, target modules) while other settings
-    are invalid: those are left at their defaults for the check, so that a bad rank does not
-    hide a sequence length beyond the model's context."""
+    """The checks that need the model (target modules, a 4-bit checkpoint) while other
+    settings are invalid: those are left at their defaults for the check, so that a bad rank
+    does not hide an unknown target module."""
     bad = {error.field for error in setting_errors}
     valid = {k: v for k, v in values.items() if SPEC_PATHS[k] not in bad}
     settings, _ = build_settings(valid, SPEC_PATHS)
     if settings is None:
         return []
     return [e for e in check_against_model(shape, settings, SPEC_PATHS)[1] if e.field not in bad]
+
+
+def _null(path: str, api_enum: type[StrEnum] | None) -> SpecError:
+    """A field written as null: an error, not the default, since null is not a value the
+    API offers (the API server prunes it; a raw spec must say what it means)."""
+    if api_enum is None:
+        return SpecError(path, "must not be null; leave it out for the default")
+    return SpecError(path, f"must be one of {allowed(api_enum)}, got null")
 
 
 def _unsupported(path: str, value: object, api_enum: type[StrEnum]) -> SpecError:
@@ -362,8 +380,11 @@ def _choice(
     enum: type[StrEnum],
     errors: list[SpecError],
 ) -> StrEnum:
-    value = spec.get(key)
+    if key not in spec:
+        return default
+    value = spec[key]
     if value is None:
+        errors.append(_null(f"spec.{key}", enum))
         return default
     if isinstance(value, str):
         for member in enum:

@@ -18,6 +18,7 @@ from functools import cache
 
 from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.architecture import ModelShape, canonical_targets, parse_config
+from controller.estimator.context import context_warnings
 from controller.estimator.errors import SpecError, SpecErrors
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
@@ -48,6 +49,7 @@ __all__ = [
     "TrainingSettings",
     "build_settings",
     "check_against_model",
+    "context_warnings",
     "formula_estimate",
     "load_shape",
     "parse_config",
@@ -72,21 +74,13 @@ def _preset_shape(name: str) -> ModelShape:
 def check_against_model(
     shape: ModelShape, settings: TrainingSettings, paths: dict[str, str] | None = None
 ) -> tuple[TrainingSettings, list[SpecError]]:
-    """Checks that need the model: context length, LoRA target names, 4-bit checkpoints.
+    """Checks that need the model: LoRA target names, 4-bit checkpoints.
 
-    Returns the settings with targets made canonical, and every error found.
+    Returns the settings with targets made canonical, and every error found. A sequence
+    longer than the model's context is no error: `context_warnings` reports it.
     """
     where = PATHS | (paths or {})
     errors: list[SpecError] = []
-    limit = shape.max_position_embeddings
-    if limit is not None and settings.seq_len > limit:
-        errors.append(
-            SpecError(
-                where["seq_len"],
-                f"must be less than or equal to the model's context length ({limit}), "
-                f"got {settings.seq_len}",
-            )
-        )
     quant = shape.quantization
     if settings.method is Method.FULL and quant is not None and quant.load_in_4bit:
         errors.append(

@@ -20,7 +20,8 @@ from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
-from controller.estimator.errors import SpecError
+from controller.estimator.context import rope_context
+from controller.estimator.errors import SpecError, shown
 
 # PEFT's names of the seven projections of a Llama-style block, the `all-linear` default.
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -119,6 +120,12 @@ class ArchDims:
     vocab_size_per_layer_input: int
     hidden_size_per_layer_input: int
 
+    @cached_property
+    def dense_layer_set(self) -> frozenset[int]:
+        """`dense_layers` for membership tests in loops over layers (a tuple would make
+        them quadratic in the depth)."""
+        return frozenset(self.dense_layers)
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -132,6 +139,9 @@ class ModelShape:
     final_norm_params: int
     max_position_embeddings: int | None
     quantization: Quantization | None
+    # The longest sequence the positions cover: max_position_embeddings, or more under rope
+    # scaling (`context.rope_context`); a longer one is warned about, not refused.
+    context_length: int | None = None
     # The config.json this shape was parsed from: the `trace` profile builds the real model.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # Derived values computed once per parsed model (LoRA counts per target set, profile
@@ -230,6 +240,7 @@ _FAMILIES: dict[str, _Family] = {
     ),
 }
 
+
 def family_traits(model_type: str) -> _Family:
     """What sets `model_type`'s layout apart (Llama-style for an unknown type)."""
     return _FAMILIES.get(model_type, _Family())
@@ -237,6 +248,13 @@ def family_traits(model_type: str) -> _Family:
 
 _EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk")
+
+# Upper bounds on config fields, each far above any released model (126 layers, 384 experts,
+# widths of tens of thousands, vocabularies of 262,144): parsing and pricing walk the layers,
+# and products of widths must stay within exact integers and finite floats.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 4096
+MAX_DIMENSION = 2**24
 
 
 class _Reader:
@@ -252,22 +270,32 @@ class _Reader:
     def has(self, name: str) -> bool:
         return self.config.get(name) is not None
 
-    def int(self, *names: str, default: int | None = None, minimum: int = 1) -> int | None:
+    def int(
+        self,
+        *names: str,
+        default: int | None = None,
+        minimum: int = 1,
+        maximum: int | None = MAX_DIMENSION,
+    ) -> int | None:
         for name in names:
             value = self.config.get(name)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecError(self.path(name), f"must be an integer, got {value!r}")
+                raise SpecError(self.path(name), f"must be an integer, got {shown(value)}")
             if value < minimum:
                 raise SpecError(
                     self.path(name), f"must be greater than or equal to {minimum}, got {value}"
                 )
+            if maximum is not None and value > maximum:
+                raise SpecError(
+                    self.path(name), f"must be less than or equal to {maximum}, got {value}"
+                )
             return value
         return default
 
-    def required_int(self, *names: str) -> int:
-        value = self.int(*names)
+    def required_int(self, *names: str, maximum: int = MAX_DIMENSION) -> int:
+        value = self.int(*names, maximum=maximum)
         if value is None:
             raise SpecError(self.path(names[0]), "is required in a model config")
         return value
@@ -277,7 +305,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise SpecError(self.path(name), f"must be true or false, got {value!r}")
+            raise SpecError(self.path(name), f"must be true or false, got {shown(value)}")
         return value
 
 
@@ -319,10 +347,11 @@ def _quantization(
     if not isinstance(skip, list | tuple) or not all(isinstance(s, str) for s in skip):
         raise SpecError(f"{path}.llm_int8_skip_modules", "must be a list of module names")
     method = str(qc.get("quant_method", "bitsandbytes"))
+    flags = _Reader(qc, path)  # strict: bool("no") would read as a 4-bit checkpoint
     return Quantization(
         method=method,
-        load_in_4bit=bool(qc.get("load_in_4bit", False)),
-        double_quant=bool(qc.get("bnb_4bit_use_double_quant", False)),
+        load_in_4bit=flags.bool("load_in_4bit", False),
+        double_quant=flags.bool("bnb_4bit_use_double_quant", False),
         skip_modules=tuple(skip),
     )
 
@@ -350,18 +379,21 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
         return tuple(i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0)
     step = r.int("decoder_sparse_step", minimum=0)
     only = r.config.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in only
+    ):
         raise SpecError(r.path("mlp_only_layers"), "must be a list of layer indices")
     if any(i < 0 or i >= num_layers for i in only):
         raise SpecError(r.path("mlp_only_layers"), f"indices must be in [0, {num_layers})")
     if step:
-        return tuple(i for i in range(num_layers) if i in set(only) or (i + 1) % step != 0)
+        dense = set(only)
+        return tuple(i for i in range(num_layers) if i in dense or (i + 1) % step != 0)
     return tuple(sorted(set(only)))
 
 
 def _read_dims(r: _Reader) -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
-    layers = r.required_int("num_hidden_layers", "n_layer", "num_layers")
+    layers = r.required_int("num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
     heads = r.required_int("num_attention_heads", "n_head")
     kv_heads = r.int("num_key_value_heads", "num_kv_heads", default=heads) or heads
     if heads % kv_heads:
@@ -378,22 +410,30 @@ def _read_dims(r: _Reader) -> ArchDims:
         )
     inter_raw = r.config.get("intermediate_size")
     if isinstance(inter_raw, list):
-        if not inter_raw or any(not isinstance(x, int) or x < 1 for x in inter_raw):
-            raise SpecError(r.path("intermediate_size"), "must be positive integers")
+        if not inter_raw or any(
+            isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_DIMENSION
+            for x in inter_raw
+        ):
+            raise SpecError(
+                r.path("intermediate_size"), f"must be integers from 1 to {MAX_DIMENSION}"
+            )
         intermediate = inter_raw[0]
     else:
         intermediate = r.int("intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
     vocab = r.required_int("vocab_size")
 
-    num_experts = r.int(*_EXPERT_COUNT_FIELDS, default=1, minimum=0) or 1
-    top_k = r.int(*_TOP_K_FIELDS, default=1 if num_experts == 1 else 2) or 1
+    num_experts = r.int(*_EXPERT_COUNT_FIELDS, default=1, minimum=0, maximum=MAX_EXPERTS) or 1
+    top_k = r.int(*_TOP_K_FIELDS, default=1 if num_experts == 1 else 2, maximum=MAX_EXPERTS) or 1
     if num_experts > 1 and top_k > num_experts:
         raise SpecError(
             r.path("num_experts_per_tok"),
             f"must not exceed the number of experts ({num_experts}), got {top_k}",
         )
     shared_size = r.int("shared_expert_intermediate_size")
-    n_shared = r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0) or 0
+    n_shared = (
+        r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0, maximum=MAX_EXPERTS)
+        or 0
+    )
     if shared_size and n_shared == 0:
         n_shared = 1
 
@@ -607,7 +647,9 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         raise SpecError(prefix or "config", "must be a JSON object (a Hugging Face config.json)")
     text, text_prefix = _text_config(config, prefix)
     r = _Reader(text, text_prefix)
-    model_type = str(text.get("model_type") or config.get("model_type") or "llama")
+    model_type = text.get("model_type") or config.get("model_type") or "llama"
+    if not isinstance(model_type, str):
+        raise SpecError(r.path("model_type"), f"must be a string, got {shown(model_type)}")
     fam = family_traits(model_type)
     dims = _read_dims(r)
     tie = r.bool("tie_word_embeddings", fam.tie_default)
@@ -633,7 +675,8 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         pli, n = dims.hidden_size_per_layer_input, dims.num_layers
         embedding += dims.vocab_size_per_layer_input * pli * n  # embed_tokens_per_layer
         embedding += h * n * pli + pli  # per_layer_model_projection + its norm
-    max_pos = r.int("max_position_embeddings", "n_positions", "max_sequence_length")
+    # Only compared with the sequence length, so no upper bound.
+    max_pos = r.int("max_position_embeddings", "n_positions", "max_sequence_length", maximum=None)
     return ModelShape(
         model_type=model_type,
         dims=dims,
@@ -642,6 +685,7 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         lm_head_params=0 if tie else dims.vocab_size * h,
         final_norm_params=norm,
         max_position_embeddings=max_pos,
+        context_length=rope_context(text, text_prefix, max_pos),
         quantization=_quantization(config, text, prefix),
         source=config,
     )

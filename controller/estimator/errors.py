@@ -33,3 +33,10 @@ class SpecErrors(SpecError):
 
     def __str__(self) -> str:
         return "; ".join(str(e) for e in self.errors)
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters: an error quotes what it refuses, and a
+    megabyte string where a number belongs must not become a megabyte error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -23,7 +23,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-from controller.estimator.errors import SpecError
+from controller.estimator.errors import SpecError, shown
 
 FIELD = "model.preset"
 _SUFFIX = ".json"
@@ -86,7 +86,7 @@ def load_preset(name: str) -> Preset:
         return _load(_repos()[key])
     closest = _closest(key)
     hint = f"; closest: {', '.join(closest)}" if closest else ""
-    raise SpecError(FIELD, f"unknown preset {name.strip()!r}{hint} (see `vramgate presets`)")
+    raise SpecError(FIELD, f"unknown preset {shown(name.strip())}{hint} (see `vramgate presets`)")
 
 
 def _closest(key: str, limit: int = 5) -> list[str]:

@@ -9,7 +9,6 @@ Field paths are the FineTuneJob's (`training.microBatchSize`); the CLI maps them
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -264,8 +263,10 @@ def build_settings(
 
 
 def _name_list(raw: object) -> list[str] | None:
+    """Names from `a,b` (a flag) or a list of strings (a spec); None for anything else (a
+    mapping is not a list, though it iterates as its keys)."""
     if isinstance(raw, str):
         return [part.strip() for part in raw.split(",") if part.strip()]
-    if isinstance(raw, Iterable) and all(isinstance(x, str) for x in raw):  # type: ignore[union-attr]
-        return [x.strip() for x in raw if x.strip()]  # type: ignore[union-attr]
+    if isinstance(raw, list | tuple) and all(isinstance(x, str) for x in raw):
+        return [x.strip() for x in raw if x.strip()]
     return None

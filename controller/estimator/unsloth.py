@@ -122,7 +122,7 @@ def _shared_size(d: ArchDims) -> int:
 
 
 def _is_moe_layer(d: ArchDims, i: int) -> bool:
-    return d.num_experts > 1 and i not in d.dense_layers
+    return d.num_experts > 1 and i not in d.dense_layer_set
 
 
 def _linear_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
@@ -325,7 +325,7 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
             mlp = sum(dense_per_layer) + moe_mlp * n_moe
         else:
             mlp = moe_mlp * n_moe + sum(
-                v for i, v in enumerate(dense_per_layer) if i in d.dense_layers
+                v for i, v in enumerate(dense_per_layer) if i in d.dense_layer_set
             )
     else:
         attention = _lora_attention(d, rows) * n

@@ -54,7 +54,24 @@ def trace(
     config: Mapping[str, Any], settings: TrainingSettings, layers: int | str = "auto"
 ) -> TraceReport:
     """Trace the job. `layers`: "auto" (whole model when shallow, else extrapolated),
-    "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1."""
+    "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1.
+
+    The config is user input run through transformers: whatever transformers raises while
+    building or running it (a field its strict config refuses, a window that overflows its
+    mask) is a TraceUnsupported with one line, not a traceback.
+    """
+    try:
+        return _trace(config, settings, layers)
+    except TraceUnsupported:
+        raise
+    except Exception as error:
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise TraceUnsupported(
+            f"transformers cannot build or run this config ({type(error).__name__}: {reason})"
+        ) from error
+
+
+def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | str) -> TraceReport:
     depth = int(text_config(config)["num_hidden_layers"])
     if layers == "full" or (layers == "auto" and depth <= FULL_TRACE_MAX_LAYERS):
         result = trace_run(config, settings)

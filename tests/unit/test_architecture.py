@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from controller.estimator import SpecError, parse_config
-from controller.estimator.architecture import canonical_targets
+from controller.estimator.architecture import (
+    MAX_LAYERS,
+    _dense_layer_indices,
+    _Reader,
+    canonical_targets,
+)
+from controller.estimator.settings import MAX_SEQUENCE_LENGTH
 from tests.unit.conftest import LLAMA_31_8B
 
 BASE: dict[str, Any] = {
@@ -114,6 +121,44 @@ def test_quantization_config() -> None:
         ({"kv_lora_rank": 8}, "qk_nope_head_dim", "is required"),
         ({"num_kv_shared_layers": 2}, "num_kv_shared_layers", "less than"),
         ({"quantization_config": {"llm_int8_skip_modules": "x"}}, "llm_int8_skip", "list"),
+        ({"quantization_config": {"load_in_4bit": "no"}}, "load_in_4bit", "true or false"),
+        ({"num_hidden_layers": 10**6}, "num_hidden_layers", "less than or equal to 4096"),
+        ({"num_local_experts": 10**6}, "num_local_experts", "less than or equal to 4096"),
+        ({"n_routed_experts": 8, "num_experts_per_tok": 10**9}, "num_experts_per_tok", "4096"),
+        ({"n_shared_experts": 10**9}, "n_shared_experts", "less than or equal to 4096"),
+        ({"hidden_size": 10**30}, "hidden_size", "less than or equal to 16777216"),
+        ({"vocab_size": 2**40}, "vocab_size", "less than or equal to 16777216"),
+        ({"head_dim": 10**30}, "head_dim", "less than or equal to 16777216"),
+        ({"intermediate_size": [128, True]}, "intermediate_size", "integers from 1 to"),
+        ({"intermediate_size": [10**30]}, "intermediate_size", "integers from 1 to"),
+        ({"num_attention_heads": 0}, "num_attention_heads", "greater than or equal to 1"),
+        ({"vocab_size": 0}, "vocab_size", "greater than or equal to 1"),
+        ({"num_attention_heads": True}, "num_attention_heads", "must be an integer, got True"),
+        ({"hidden_size": 64.0}, "hidden_size", "must be an integer, got 64.0"),
+        ({"model_type": ["llama"]}, "model_type", "must be a string"),
+        (
+            {"num_local_experts": 4, "decoder_sparse_step": 1, "mlp_only_layers": [True]},
+            "mlp_only_layers",
+            "list of layer indices",
+        ),
+        ({"rope_scaling": "yarn"}, "rope_scaling", "must be an object"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": "4"}}, "factor", "must be a number"),
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": float("inf")}},
+            "rope_scaling.factor",
+            "must be a positive number, got inf",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 0,
+                }
+            },
+            "rope_parameters.original_max_position_embeddings",
+            "greater than or equal to 1",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(change: dict[str, Any], field: str, words: str) -> None:
@@ -123,6 +168,50 @@ def test_bad_configs_name_the_field(change: dict[str, Any], field: str, words: s
     text = str(error.value)
     assert text.startswith("spec.model.config.") and field in error.value.field
     assert words in text and "\n" not in text
+
+
+def test_a_huge_value_is_quoted_short() -> None:
+    with pytest.raises(SpecError) as error:
+        parse_config(BASE | {"hidden_size": "x" * 10**6}, prefix="config")
+    assert str(error.value).startswith("config.hidden_size: must be an integer, got 'xxx")
+    assert len(str(error.value)) < 120
+
+
+def test_a_million_layers_are_refused_before_any_work() -> None:
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match="num_hidden_layers: must be less than or equal to 4096"):
+        parse_config(BASE | {"num_hidden_layers": 10**6})
+    assert time.perf_counter() - start < 0.05
+    assert parse_config(BASE | {"num_hidden_layers": MAX_LAYERS}).num_layers == MAX_LAYERS
+
+
+def test_dense_layer_rules_are_linear_in_the_depth() -> None:
+    """`mlp_only_layers` was tested by list membership for every layer: quadratic."""
+    depth = 200_000  # beyond MAX_LAYERS, to make a quadratic rule take minutes
+    config = {"decoder_sparse_step": 2, "mlp_only_layers": list(range(0, depth, 3))}
+    start = time.perf_counter()
+    dense = _dense_layer_indices(_Reader(config, "config"), depth, 8)
+    assert time.perf_counter() - start < 1
+    assert dense[:5] == (0, 2, 3, 4, 6) and len(dense) == 133_333  # all but 1, 5 mod 6
+
+
+def test_rope_scaling_extends_the_context() -> None:
+    """Configs state a scaled context both ways: Llama 3.1 already in max_position_embeddings,
+    a yarn Qwen as factor x the original window; the longer reading is the context."""
+    assert parse_config(LLAMA_31_8B).context_length == 131072
+    qwen = BASE | {"max_position_embeddings": 32768}
+    assert parse_config(qwen).context_length == 32768
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert parse_config(qwen | {"rope_scaling": yarn}).context_length == 131072
+    linear = {"type": "linear", "factor": 2}  # original: max_position_embeddings
+    assert parse_config(qwen | {"rope_scaling": linear}).context_length == 65536
+    per_type = {"full_attention": {"rope_type": "dynamic", "factor": 8.0}, "sliding": {}}
+    assert parse_config(qwen | {"rope_parameters": per_type}).context_length == 262144
+    phi3 = {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}  # no factor
+    assert parse_config(qwen | {"rope_scaling": phi3}).context_length == 32768
+    absurd = {"rope_type": "linear", "factor": 1e300}
+    assert parse_config(qwen | {"rope_scaling": absurd}).context_length == MAX_SEQUENCE_LENGTH
+    assert parse_config(BASE).context_length is None
 
 
 def test_not_an_object() -> None:

@@ -118,9 +118,33 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
         ),
         (job(model={"preset": 8}), "spec.model.preset: must be a preset name, got 8"),
         (
-            job(training={"sequenceLength": 200_000}),
-            "spec.training.sequenceLength: must be less than or equal to the model's context "
-            "length (131072), got 200000",
+            job(training={"sequenceLength": 10**8}),
+            "spec.training.sequenceLength: must be less than or equal to 16777216, got 100000000",
+        ),
+        (job(method=None), "spec.method: must be one of Full, LoRA, QLoRA, got null"),
+        (
+            job(estimator={"profile": None}),
+            "spec.estimator.profile: must be one of Calibrated, Analytic, Unsloth, Trace, got null",
+        ),
+        (
+            job(training={"optimizer": None}),
+            "spec.training.optimizer: must be one of AdamW, AdamW8bit",
+        ),
+        (
+            job(training={"microBatchSize": None}),
+            "spec.training.microBatchSize: must not be null; leave it out for the default",
+        ),
+        (
+            job(parallelism=None),
+            "spec.parallelism: must be one of DDP, FSDP, DeviceMap, got null",
+        ),
+        (
+            job(lora={"targetModules": {"q_proj": True}}),
+            "spec.lora.targetModules: must be a list of module names",
+        ),
+        (
+            job(model={"config": LLAMA_31_8B | {"num_hidden_layers": 10**6}}),
+            "spec.model.config.num_hidden_layers: must be less than or equal to 4096, got 1000000",
         ),
         (
             job(training={"optimizer": "Lion"}),
@@ -235,7 +259,7 @@ def test_every_error_is_reported_at_once_in_spec_order() -> None:
     spec = job(
         resources={"gpus": 0},
         lora={"rank": 0, "targetModules": ["bogus"]},
-        training={"sequenceLength": 10**6, "optimizer": "Lion"},
+        training={"sequenceLength": 10**8, "optimizer": "Lion"},
         method="QLoRA",
     )
     fields = [m.split(":", 1)[0] for m in messages(spec)]
@@ -263,10 +287,31 @@ def test_a_configmap_model_is_checked_once_read() -> None:
     long = job(
         model={"configMapRef": {"name": "q", "key": "c"}}, training={"sequenceLength": 10**5}
     )
-    assert messages(long, QWEN25_05B) == [
-        "spec.training.sequenceLength: must be less than or equal to the model's context "
-        "length (32768), got 100000"
-    ]
+    plan, errors = translate(long, QWEN25_05B)
+    assert errors == [] and plan is not None
+    assert plan.warnings == (
+        "spec.training.sequenceLength: 100000 is longer than the model's context length "
+        "(32768); estimating anyway",
+    )
+
+
+def test_a_sequence_beyond_the_context_is_estimated_with_a_warning() -> None:
+    plan, errors = translate(job(training={"sequenceLength": 200_000}))
+    assert errors == [] and plan is not None
+    assert plan.warnings == (
+        "spec.training.sequenceLength: 200000 is longer than the model's context length "
+        "(131072); estimating anyway",
+    )
+    assert estimate_plan(plan).total_bytes > LLAMA_QLORA_BYTES
+    assert translate(job())[0].warnings == ()  # type: ignore[union-attr]
+    # rope scaling stretches the window: yarn x4 over Qwen's 32768 covers 100000 tokens.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    scaled = job(
+        model={"config": QWEN25_05B | {"rope_scaling": yarn}},
+        training={"sequenceLength": 100_000},
+    )
+    plan, errors = translate(scaled)
+    assert errors == [] and plan is not None and plan.warnings == ()
 
 
 def test_the_webhook_check_skips_only_the_configmap_model() -> None:

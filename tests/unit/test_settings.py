@@ -11,6 +11,7 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
+    context_warnings,
     parse_config,
 )
 from controller.profiles import estimate
@@ -63,6 +64,12 @@ def test_every_error_is_reported_at_once() -> None:
     }
 
 
+@pytest.mark.parametrize("raw", [{"q_proj": 1}, 5, [["q_proj"]]])
+def test_module_lists_are_lists(raw: object) -> None:
+    _, errors = build_settings({"targets": raw})
+    assert [str(e) for e in errors] == ["lora.targetModules: must be a list of module names"]
+
+
 def test_spellings_from_crds_and_hugging_face_are_accepted() -> None:
     settings, errors = build_settings(
         {"method": "QLoRA", "optimizer": "adamw_8bit", "gradient_checkpointing": "Unsloth"}
@@ -79,13 +86,20 @@ def test_paths_can_be_renamed_for_the_cli() -> None:
     assert str(errors[0]).startswith("--batch: ")
 
 
+def test_a_sequence_beyond_the_context_is_a_warning_not_an_error() -> None:
+    shape = parse_config(LLAMA_31_8B)
+    long = TrainingSettings(seq_len=200_000)
+    assert check_against_model(shape, long)[1] == []
+    assert context_warnings(shape, long) == [
+        "training.sequenceLength: 200000 is longer than the model's context length (131072); "
+        "estimating anyway"
+    ]
+    assert context_warnings(shape, TrainingSettings(seq_len=131_072)) == []
+    assert estimate(shape, long).total_bytes > estimate(shape, TrainingSettings()).total_bytes
+
+
 def test_model_dependent_checks() -> None:
     shape = parse_config(LLAMA_31_8B)
-    _, errors = check_against_model(shape, TrainingSettings(seq_len=200_000))
-    assert str(errors[0]) == (
-        "training.sequenceLength: must be less than or equal to the model's context "
-        "length (131072), got 200000"
-    )
     with pytest.raises(SpecErrors, match=r"lora\.targetModules: unknown module 'nope'"):
         estimate(shape, TrainingSettings(targets=("nope",)))
     four_bit = parse_config(LLAMA_31_8B | {"quantization_config": {"load_in_4bit": True}})

@@ -231,6 +231,22 @@ def test_unsupported_jobs_say_why() -> None:
         estimate(load_shape("llama-3.2-1b"), settings(LORA, fused_loss=True, profile=Profile.TRACE))
 
 
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"rms_norm_eps": "x"}, "StrictDataclassFieldValidationError: Validation error for field"),
+        ({"hidden_act": "nope"}, "KeyError: 'nope'"),
+        ({"model_type": "mistral", "sliding_window": 10**30}, "OverflowError"),
+    ],
+)
+def test_what_transformers_cannot_build_or_run_is_one_line(
+    change: dict[str, object], words: str
+) -> None:
+    with pytest.raises(TraceUnsupported, match="transformers cannot build or run") as error:
+        trace(TINY_LLAMA | change, settings(LORA))
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
 # -- mixture of experts -----------------------------------------------------------------------
 
 MOE_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b")
