@@ -23,14 +23,23 @@ from controller.estimator import (
     TrainingSettings,
     build_settings,
     check_against_model,
+    context_warnings,
     load_shape,
     parse_config,
 )
-from controller.estimator.settings import Attention, Checkpointing, Method, Optimizer, Profile
+from controller.estimator.settings import (
+    DEFAULT_RANK,
+    MAX_GPUS,
+    Attention,
+    Checkpointing,
+    Method,
+    Optimizer,
+    Profile,
+)
 from controller.packing.fit import fit
 from controller.profiles import estimate
 from controller.report import estimate_json, render
-from controller.units import parse_size
+from controller.units import MIB, parse_size
 
 # Settings field -> the flag that sets it, so errors name what the user typed.
 FLAG_PATHS = {
@@ -48,7 +57,9 @@ FLAG_PATHS = {
     "profile": "--profile",
     "gradient_accumulation": "--gradient-accumulation",
 }
-DEFAULT_GPUS_WITH_MEMORY = 8  # a typical GPU node, when --gpu-memory is given alone
+#: The largest --config file read: a config.json is a few KiB, so this only stops a wrong
+#: path (a checkpoint, /dev/zero) from being read whole.
+MAX_CONFIG_BYTES = 16 * MIB
 
 
 class UsageError(Exception):
@@ -72,11 +83,10 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--config", metavar="FILE", help="a Hugging Face config.json")
     p.add_argument("--method", default="qlora", help=f"{_choices(Method)} (default qlora)")
-    p.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
+    # None: not given, so that a rank or targets given with --method full can be refused.
+    p.add_argument("--rank", type=int, help=f"LoRA rank (default {DEFAULT_RANK})")
     p.add_argument(
-        "--targets",
-        default="all-linear",
-        help="LoRA target modules: all-linear or NAME,NAME... (default all-linear)",
+        "--targets", help="LoRA target modules: all-linear or NAME,NAME... (default all-linear)"
     )
     p.add_argument(
         "--modules-to-save", default="", help="modules trained in full: embed_tokens,lm_head"
@@ -101,12 +111,21 @@ def _add_estimate(sub: Any) -> None:
         "estimate",
         help="estimate the training VRAM of a fine-tuning job",
         description="Estimate the GPU memory a fine-tuning run needs, component by component, "
-        "and whether it fits a given GPU.",
+        "on --gpus GPUs, and whether it fits that many GPUs of --gpu-memory each.",
     )
     _add_job_options(p)
-    p.add_argument("--profile", default="analytic", help=f"{_choices(Profile)} (default analytic)")
-    p.add_argument("--gpus", type=int, help="number of GPUs (default 1, or 8 with --gpu-memory)")
-    p.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU: 80GB, 80GiB, 24G")
+    p.add_argument(
+        "--profile", default="calibrated", help=f"{_choices(Profile)} (default calibrated)"
+    )
+    p.add_argument(
+        "--gpus", type=int, default=1, help=f"GPUs the job runs on, 1 to {MAX_GPUS} (default 1)"
+    )
+    p.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="memory of each GPU, with a unit (80GB, 80GiB, 24G): whether the job fits --gpus "
+        "of them, and the fewest that would",
+    )
     p.add_argument("--parallelism", default="fsdp", help=f"{_choices(Parallelism)} (default fsdp)")
     p.set_defaults(run=_run_estimate)
 
@@ -136,21 +155,34 @@ def _add_presets(sub: Any) -> None:
 
 
 def _read_config(path: str) -> dict[str, Any]:
+    """The JSON object in `path`; whatever the file holds, a bad one is one UsageError."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
-        raise UsageError(f"--config: cannot read {path!r}: {error.strerror}") from None
+        raise UsageError(f"--config: cannot read {path!r}: {error.strerror or error}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"--config: {path!r} is larger than 16 MiB; a config.json is a few KiB")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--config: {path!r} is not UTF-8 text ({error.reason})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise UsageError(f"--config: {path!r} is not valid JSON ({error})") from None
+    except RecursionError:
+        raise UsageError(f"--config: {path!r} nests too deeply to be a config.json") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise UsageError(f"--config: {path!r} holds a number too long to read") from None
     if not isinstance(data, dict):
         raise UsageError(f"--config: {path!r} must hold a JSON object (a config.json)")
     return data
 
 
 def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, TrainingSettings]:
-    """The model and validated settings from the shared job options."""
+    """The model and validated settings from the shared job options; warnings (a sequence
+    beyond the model's context) go to stderr, one line each."""
     if args.config:
         model_name = Path(args.config).name
         shape = parse_config(_read_config(args.config), prefix="config")
@@ -163,8 +195,8 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     values = {
         "method": args.method,
         "profile": profile,
-        "rank": args.rank,
-        "targets": args.targets,
+        "rank": DEFAULT_RANK if args.rank is None else args.rank,
+        "targets": args.targets or "all-linear",
         "modules_to_save": args.modules_to_save or None,
         "batch": args.batch,
         "seq_len": args.seq_len,
@@ -178,32 +210,38 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     settings, errors = build_settings(values, FLAG_PATHS)
     if settings is None:
         raise SpecErrors(errors)
+    for flag, value in (("--rank", args.rank), ("--targets", args.targets)):
+        if value is not None and not settings.is_adapter:
+            raise UsageError(f"{flag}: applies only with --method lora or qlora")
     settings, errors = check_against_model(shape, settings, FLAG_PATHS)
     if errors:
         raise SpecErrors(errors)
+    for line in context_warnings(shape, settings, FLAG_PATHS):
+        print(f"vramgate: warning: {line}", file=sys.stderr)
     return model_name, shape, settings
 
 
 def _run_estimate(args: argparse.Namespace, console: Console) -> int:
-    model_name, shape, settings = _job(args, args.profile)
-    parallelism = Parallelism.parse(args.parallelism, "--parallelism")
-    if args.gpus is not None and args.gpus < 1:
-        raise UsageError(f"--gpus: must be greater than or equal to 1, got {args.gpus}")
-    est = estimate(shape, settings)
-    result = None
-    n_gpus = args.gpus or 1
-    if args.gpu_memory:
+    """The estimate for the job on exactly --gpus GPUs; with --gpu-memory, whether that many
+    such cards hold it, and the fewest (up to the API's cap) that would."""
+    if not 1 <= args.gpus <= MAX_GPUS:
+        low = args.gpus < 1
+        bound = "greater than or equal to 1" if low else f"less than or equal to {MAX_GPUS}"
+        raise UsageError(f"--gpus: must be {bound}, got {args.gpus}")
+    card = None
+    if args.gpu_memory is not None:
         try:
-            card = parse_size(args.gpu_memory)
+            card = parse_size(args.gpu_memory, require_unit=True)
         except ValueError as error:
             raise UsageError(f"--gpu-memory: {error}") from None
-        n_gpus = args.gpus or DEFAULT_GPUS_WITH_MEMORY
-        result = fit(est, [card] * n_gpus, parallelism)
+    parallelism = Parallelism.parse(args.parallelism, "--parallelism")
+    model_name, shape, settings = _job(args, args.profile)
+    est = estimate(shape, settings)
+    result = None if card is None else fit(est, [card] * MAX_GPUS, parallelism, gpus=args.gpus)
     if args.json:
-        print(json.dumps(estimate_json(model_name, settings, est, n_gpus, parallelism, result)))
+        print(json.dumps(estimate_json(model_name, settings, est, args.gpus, parallelism, result)))
     else:
-        shown_gpus = args.gpus or 1  # a per-GPU line only when the user named a count
-        render(console, model_name, settings, est, shown_gpus, parallelism, result, args.gpu_memory)
+        render(console, model_name, settings, est, args.gpus, parallelism, result, args.gpu_memory)
     return 0
 
 

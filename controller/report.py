@@ -22,6 +22,12 @@ _LABELS = {
     "cuda_overhead": "CUDA overhead",
 }
 _BAR = 30
+_MODES = {
+    Parallelism.DDP: "DDP",
+    Parallelism.FSDP: "FSDP",
+    Parallelism.DEVICE_MAP: "a device map",
+}
+_NO_COUNT = "no number of GPUs fits"
 
 
 def estimate_json(
@@ -32,7 +38,9 @@ def estimate_json(
     parallelism: Parallelism,
     result: Fit | None,
 ) -> dict[str, Any]:
-    """The `--json` object; `components` sums to `total_bytes` exactly."""
+    """The `--json` object; `components` sums to `total_bytes` exactly. `gpus` and every
+    `per_gpu_bytes` answer for the count asked for; `fit.min_gpus` (with its own per-GPU
+    figure) is the fewest that would fit, or null when no count does."""
     out: dict[str, Any] = {
         "model": model,
         "profile": est.profile,
@@ -61,28 +69,34 @@ def estimate_json(
     if result is not None:
         out["fit"] = {
             "fits": result.fits,
-            "min_gpus": result.min_gpus,
+            "gpus": result.gpus,
             "per_gpu_bytes": result.per_gpu_bytes,
-            "gpus": list(result.gpus),
-            "usable_bytes": result.usable_bytes,
+            "min_gpus": result.min_gpus,
+            "min_gpus_per_gpu_bytes": result.min_gpus_per_gpu_bytes,
             "reason": result.reason,
         }
     return out
 
 
-def fit_sentence(result: Fit, card: str, parallelism: Parallelism) -> str:
-    """The fit answer in words: "fits one 24 GiB GPU", "needs 2 x 80GB with FSDP", ..."""
-    mode = {"ddp": "DDP", "fsdp": "FSDP", "device-map": "a device map"}[parallelism.value]
-    if result.fits and result.min_gpus == 1:
-        return f"fits one {card} GPU ({result.per_gpu_bytes / GIB:.2f} GiB needed)"
+def fit_sentence(result: Fit, card: str) -> str:
+    """The fit answer for the count asked for, in words: "fits one 24GiB GPU", "fits 2 x 80GB
+    with FSDP", "does not fit one 80GB GPU: needs ...". The figures are the reason's; the
+    per-GPU line above carries the one for the count."""
+    mode = _MODES[result.parallelism]
+    on = f"one {card} GPU" if result.gpus == 1 else f"{result.gpus} x {card} with {mode}"
     if result.fits:
-        return (
-            f"needs {result.min_gpus} x {card} with {mode} "
-            f"({(result.per_gpu_bytes or 0) / GIB:.2f} GiB per GPU)"
-        )
-    if result.reason.startswith("no number of GPUs fits"):
-        return result.reason.replace("no number of GPUs fits", f"no number of {card} GPUs fits")
-    return f"does not fit {card} GPUs with {mode}: {result.reason}"
+        return f"fits {on}"
+    if result.reason.startswith(_NO_COUNT):
+        return result.reason.replace(_NO_COUNT, f"no number of {card} GPUs fits", 1)
+    return f"does not fit {on}: {result.reason}"
+
+
+def per_gpu_line(est: Estimate, n_gpus: int, parallelism: Parallelism) -> str:
+    """The one per-GPU figure, and the count and parallelism it is for."""
+    if n_gpus == 1:
+        return f"per GPU on 1 GPU: {est.total_bytes / GIB:.2f} GiB"
+    per_gpu = est.per_gpu_bytes(n_gpus, parallelism)
+    return f"per GPU on {n_gpus} GPUs with {_MODES[parallelism]}: {per_gpu / GIB:.2f} GiB"
 
 
 def render(
@@ -123,10 +137,7 @@ def render(
     console.print(
         f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable ({pct:.2%})"
     )
-    if n_gpus > 1:
-        console.print(
-            f"per GPU on {n_gpus} GPUs with {parallelism.value}: "
-            f"{est.per_gpu_bytes(n_gpus, parallelism) / GIB:.2f} GiB"
-        )
+    if n_gpus > 1 or result is not None:
+        console.print(per_gpu_line(est, n_gpus, parallelism))
     if result is not None and card is not None:
-        console.print(fit_sentence(result, card, parallelism))
+        console.print(fit_sentence(result, card))

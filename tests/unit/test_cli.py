@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller.cli import main
+from controller.units import GIB
 from tests.unit.conftest import LLAMA_31_8B
 
 
@@ -19,8 +22,15 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+FULL_8B = ("--model", "llama-3.1-8b", "--method", "full", "--profile", "analytic")
+FULL_8B_BYTES = 108_901_487_411  # 101.42 GiB: the whole job, what one GPU (or each, DDP) holds
+FULL_8B_ON_2 = 55_901_763_174  # 52.06 GiB: sharded / 2 + replicated, with the 1.1 margin
+
+
 def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "estimate", "--model", "llama-3.1-8b", "--json")
+    code, out, _ = run(
+        capsys, "estimate", "--model", "llama-3.1-8b", "--profile", "analytic", "--json"
+    )
     assert code == 0
     data = json.loads(out)
     assert data["profile"] == "analytic"
@@ -28,39 +38,59 @@ def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["total_params"] == 8_030_261_248
     assert data["trainable_params"] == 41_943_040
     assert sum(data["components"].values()) == data["total_bytes"]
+    assert data["gpus"] == 1 and data["per_gpu_bytes"] == data["total_bytes"]
     assert "fit" not in data
 
 
-def test_json_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run(
-        capsys,
-        "estimate",
-        "--model",
-        "llama-3.1-8b",
-        "--method",
-        "full",
-        "--json",
-        "--gpu-memory",
-        "80GB",
-    )
-    fit = json.loads(out)["fit"]
-    assert fit["fits"] is True and fit["min_gpus"] == 2
-    assert fit["per_gpu_bytes"] == 50_819_784_704 and fit["reason"] == "fits"
-    _, out, _ = run(
-        capsys,
-        "estimate",
-        "--model",
-        "llama-3.1-8b",
-        "--method",
-        "full",
-        "--json",
-        "--gpu-memory",
-        "24GiB",
-        "--gpus",
-        "2",
-    )
-    fit = json.loads(out)["fit"]
-    assert fit["fits"] is False and fit["min_gpus"] is None and fit["reason"]
+def test_the_default_profile_is_the_operators(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "estimate", "--model", "llama-3.1-8b", "--json")
+    assert json.loads(out)["profile"] == "calibrated"
+
+
+def fit_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code, out, _ = run(capsys, "estimate", *FULL_8B, "--json", *argv)
+    assert code == 0
+    data = json.loads(out)
+    assert data["fit"]["gpus"] == data["gpus"]
+    assert data["fit"]["per_gpu_bytes"] == data["per_gpu_bytes"]
+    return data
+
+
+def test_json_answers_for_the_gpus_asked_and_names_the_fewest_that_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    one = fit_json(capsys, "--gpu-memory", "80GB")
+    assert one["gpus"] == 1 and one["per_gpu_bytes"] == FULL_8B_BYTES
+    assert one["fit"] == {
+        "fits": False,
+        "gpus": 1,
+        "per_gpu_bytes": FULL_8B_BYTES,
+        "min_gpus": 2,
+        "min_gpus_per_gpu_bytes": FULL_8B_ON_2,
+        "reason": "needs 101.42 GiB per GPU on 1 GPU with FSDP; the largest GPU has 74.51 GiB "
+        "(2 GPUs would fit with FSDP, 52.06 GiB each)",
+    }
+    two = fit_json(capsys, "--gpu-memory", "80GB", "--gpus", "2")
+    assert two["per_gpu_bytes"] == FULL_8B_ON_2
+    assert two["fit"]["fits"] is True and two["fit"]["reason"] == "fits"
+    assert two["fit"]["min_gpus"] == 2 and two["fit"]["min_gpus_per_gpu_bytes"] == FULL_8B_ON_2
+
+
+def test_the_fewest_gpus_are_searched_beyond_the_count_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    small = fit_json(capsys, "--gpu-memory", "24GiB", "--gpus", "2")["fit"]
+    assert small["fits"] is False and small["min_gpus"] == 5
+    assert small["min_gpus_per_gpu_bytes"] <= 24 * GIB
+    # DDP holds the whole job on every GPU: no count fits what one GPU does not.
+    ddp = fit_json(capsys, "--gpu-memory", "80GB", "--parallelism", "ddp", "--gpus", "8")["fit"]
+    assert ddp["fits"] is False and ddp["min_gpus"] is None
+    assert ddp["per_gpu_bytes"] == FULL_8B_BYTES and ddp["min_gpus_per_gpu_bytes"] is None
+    # The search goes up to the API's cap, and stays fast there.
+    start = time.perf_counter()
+    far = fit_json(capsys, "--gpu-memory", "1GiB", "--seq-len", "16", "--gpus", "4096")["fit"]
+    assert far["fits"] is True and 100 < far["min_gpus"] < 4096
+    assert time.perf_counter() - start < 2
 
 
 def test_unsloth_profile_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,39 +114,53 @@ def test_unsloth_profile_from_the_cli(capsys: pytest.CaptureFixture[str]) -> Non
     assert json.loads(out)["total_bytes"] == 9_644_988_825
 
 
+def human(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The human output with rich's line wrapping undone."""
+    code, out, err = run(capsys, "estimate", *argv)
+    assert code == 0 and err == ""
+    return " ".join(out.split())
+
+
 def test_human_output_has_a_breakdown_and_a_fit_answer(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = run(capsys, "estimate", "--model", "llama-3.1-8b", "--gpu-memory", "24GiB")
-    assert code == 0
+    out = human(capsys, "--model", "llama-3.1-8b", "--profile", "analytic", "--gpu-memory", "24GiB")
     for word in ("weights", "logits", "total", "7.25", "█"):
         assert word in out
-    assert "fits one 24GiB GPU" in out
-    _, out, _ = run(
-        capsys, "estimate", "--model", "llama-3.1-8b", "--method", "full", "--gpu-memory", "80GB"
+    assert "per GPU on 1 GPU: 7.25 GiB" in out and "fits one 24GiB GPU" in out
+    out = human(capsys, *FULL_8B, "--gpu-memory", "80GB", "--gpus", "2")
+    assert out.endswith("per GPU on 2 GPUs with FSDP: 52.06 GiB fits 2 x 80GB with FSDP")
+    out = human(capsys, *FULL_8B, "--gpu-memory", "80GB")
+    assert "per GPU on 1 GPU: 101.42 GiB does not fit one 80GB GPU: needs 101.42 GiB" in out
+    assert out.endswith("(2 GPUs would fit with FSDP, 52.06 GiB each)")
+    out = human(capsys, *FULL_8B, "--gpu-memory", "24GiB", "--seq-len", "131072", "--batch", "8")
+    assert "no number of 24GiB GPUs fits: activations alone need" in out
+
+
+def test_one_per_gpu_figure_for_the_count_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    out = human(capsys, *FULL_8B, "--gpus", "2")
+    assert out.endswith("per GPU on 2 GPUs with FSDP: 52.06 GiB")
+    assert "per GPU" not in human(capsys, *FULL_8B)  # one GPU: the total is the figure
+
+
+def test_a_device_map_failure_names_the_binding_constraint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ("--model", "llama-3.1-8b", "--profile", "analytic", "--parallelism", "device-map")
+    out = human(capsys, *common, "--seq-len", "8192", "--gpus", "2", "--gpu-memory", "10GiB")
+    assert out.endswith(
+        "does not fit 2 x 10GiB with a device map: the pool suffices but a per-GPU minimum "
+        "does not: the GPU with the LM head needs 13.08 GiB and has 10.00 GiB"
     )
-    assert "needs 2 x 80GB with FSDP" in out
-    _, out, _ = run(
-        capsys,
-        "estimate",
-        "--model",
-        "llama-3.1-8b",
-        "--method",
-        "full",
-        "--gpu-memory",
-        "24GiB",
-        "--seq-len",
-        "131072",
-        "--batch",
-        "8",
-    )
-    assert "no number of 24GiB GPUs fits: activations alone need" in " ".join(out.split())
+    out = human(capsys, *common, "--gpu-memory", "6GiB")
+    assert "does not fit one 6GiB GPU: the pool is short: needs 7.25 GiB in total, and the " in out
+    assert "pool of 1 GPU is 6.00 GiB" in out
 
 
 def test_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_31_8B))
-    _, out, _ = run(capsys, "estimate", "--config", str(path), "--json")
+    _, out, _ = run(capsys, "estimate", "--config", str(path), "--profile", "analytic", "--json")
     assert json.loads(out)["total_bytes"] == 7_780_056_064
 
 
@@ -128,10 +172,39 @@ def test_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
         (["--model", "llama-3.1-8b", "--rank", "0"], "--rank: must be greater than or equal"),
         (["--model", "llama-3.1-8b", "--optimizer", "lion"], "--optimizer: unsupported value"),
         (["--model", "llama-3.1-8b", "--method", "dora"], "--method: unsupported value 'dora'"),
-        (["--model", "llama-3.1-8b", "--seq-len", "999999"], "--seq-len: must be less than"),
+        (["--model", "llama-3.1-8b", "--seq-len", "99999999"], "--seq-len: must be less than"),
         (["--model", "llama-3.1-8b", "--targets", "qkv"], "--targets: unknown module 'qkv'"),
         (["--model", "llama-3.1-8b", "--gpu-memory", "lots"], "--gpu-memory: invalid size"),
         (["--model", "llama-3.1-8b", "--gpus", "0"], "--gpus: must be greater than or equal"),
+        (
+            ["--model", "llama-3.1-8b", "--gpus", "4097"],
+            "--gpus: must be less than or equal to 4096, got 4097",
+        ),
+        (["--model", "llama-3.1-8b", "--gpu-memory", ""], "--gpu-memory: invalid size ''"),
+        (
+            ["--model", "llama-3.1-8b", "--gpu-memory", "80"],
+            "--gpu-memory: invalid size '80': needs a unit, e.g. 80GB or 80GiB",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu-memory", "9" * 30 + "TB"],
+            "--gpu-memory: invalid size",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--method", "full", "--rank", "16"],
+            "--rank: applies only with --method lora or qlora",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--method", "full", "--targets", "q_proj"],
+            "--targets: applies only with --method lora or qlora",
+        ),
+        (["--model", "llama-3.1-8b", "--batch", "-1"], "--batch: must be greater than or equal"),
+        (["--model", "llama-3.1-8b", "--batch", "10000000"], "--batch: must be less than"),
+        (["--model", "llama-3.1-8b", "--seq-len", "0"], "--seq-len: must be greater than"),
+        (["--model", "llama-3.1-8b", "--rank", "99999999"], "--rank: must be less than"),
+        (
+            ["--model", "llama-3.1-8b", "--gradient-accumulation", "0"],
+            "--gradient-accumulation: must be greater than or equal to 1",
+        ),
         (["--model", "llama-3.1-8b", "--parallelism", "tp"], "--parallelism: unsupported"),
         (["--model", "llama-3.1-8b", "--batch", "x"], "invalid int value: 'x'"),
         (["--config", "/nonexistent.json"], "--config: cannot read '/nonexistent.json'"),
@@ -167,9 +240,12 @@ def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert "llama-3.1-8b" in out and "8,030,261,248" in out
 
 
+ANALYTIC = ("--profile", "analytic", "--json")
+
+
 def test_console_script_is_installed() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "estimate", "--model", "qwen2.5-0.5b", "--json"],
+        [sys.executable, "-m", "controller.cli", "estimate", "--model", "qwen2.5-0.5b", *ANALYTIC],
         capture_output=True,
         text=True,
         check=False,
