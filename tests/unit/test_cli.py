@@ -230,6 +230,68 @@ def test_bad_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert code == 2 and "config.num_hidden_layers: is required" in err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests too deeply to be a config.json"),
+        (b'{"hidden_size": "\xff\xfe"}', "is not UTF-8 text (invalid start byte)"),
+        (b'{"hidden_size": ' + b"9" * 5000 + b"}", "holds a number too long to read"),
+        (b"[1, 2]", "must hold a JSON object (a config.json)"),
+        (
+            json.dumps(LLAMA_31_8B | {"num_hidden_layers": 10**6}).encode(),
+            "config.num_hidden_layers: must be less than or equal to 4096, got 1000000",
+        ),
+        (
+            json.dumps(LLAMA_31_8B | {"hidden_size": 10**30}).encode(),
+            "config.hidden_size: must be less than or equal to 16777216",
+        ),
+        (
+            json.dumps(LLAMA_31_8B | {"vocab_size": "x" * 10**6}).encode(),
+            "config.vocab_size: must be an integer, got 'xxxx",
+        ),
+    ],
+)
+def test_a_hostile_config_file_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    code, out, err = run(capsys, "estimate", "--config", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and len(err) < 300, err
+
+
+def test_a_config_file_is_read_up_to_16_mib(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    huge = tmp_path / "model.safetensors"
+    with huge.open("wb") as file:
+        file.truncate(2**30)  # sparse: a 1 GiB file costs nothing to make
+    start = time.perf_counter()
+    code, _, err = run(capsys, "estimate", "--config", str(huge))
+    assert code == 2 and "is larger than 16 MiB; a config.json is a few KiB" in err
+    assert time.perf_counter() - start < 1
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(LLAMA_31_8B).encode())  # Windows editors
+    code, out, _ = run(capsys, "estimate", "--config", str(bom), "--profile", "analytic", "--json")
+    assert code == 0 and json.loads(out)["total_bytes"] == 7_780_056_064
+
+
+def test_a_sequence_beyond_the_context_is_estimated_with_one_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(
+        capsys, "estimate", "--model", "llama-3.1-8b", "--seq-len", "200000", "--json"
+    )
+    assert code == 0 and json.loads(out)["settings"]["seq_len"] == 200_000
+    assert err == (
+        "vramgate: warning: --seq-len: 200000 is longer than the model's context length "
+        "(131072); estimating anyway\n"
+    )
+    _, _, err = run(capsys, "estimate", "--model", "llama-3.1-8b", "--seq-len", "131072")
+    assert err == ""
+
+
 def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "presets", "--json")
     rows = json.loads(out)
