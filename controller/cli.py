@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
+from controller import plan_command
 from controller.estimator import (
     ModelShape,
     Parallelism,
@@ -472,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Training-VRAM estimation and GPU admission for LLM fine-tuning.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    plan_command.add_parser(sub)
     _add_estimate(sub)
     _add_trace(sub)
     _add_presets(sub)
@@ -486,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args, console))
-    except (UsageError, SpecError) as error:
+    except (UsageError, SpecError, plan_command.PlanInputError) as error:
         print(f"vramgate: {error}", file=sys.stderr)
         return 2
 

@@ -205,14 +205,17 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         "cublas_workspace": overheads.CUBLAS_WORKSPACE_BYTES,
         "allocator_slack": overheads.slack_bytes(best),
     }
-    replicated = best_dynamic + sum(components[k] for k in overheads.EXTRAS)
+    fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
+    replicated = best_dynamic + fixed
     return Estimate(
         profile="calibrated",
         components=components,
         total_params=static.total_params,
         trainable_params=static.trainable_params,
-        sharded_bytes=sum(components.values()) - replicated,
+        sharded_bytes=best - best_dynamic,
         replicated_bytes=replicated,
+        margin=overheads.SLACK_MARGIN,
+        fixed_bytes=fixed,
     )
 
 

@@ -120,14 +120,15 @@ def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
     """The trace as an `Estimate`: the peak's categories plus the constants, each a line."""
     report = trace(config, settings)
     components = dict(report.breakdown) | report.extras
-    replicated = (
-        report.breakdown[ACTIVATIONS] + report.breakdown[TEMPORARIES] + sum(report.extras.values())
-    )
+    fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
+    replicated = report.breakdown[ACTIVATIONS] + report.breakdown[TEMPORARIES] + fixed
     return Estimate(
         profile="trace",
         components=components,
         total_params=report.total_params,
         trainable_params=report.trainable_params,
-        sharded_bytes=sum(components.values()) - replicated,
+        sharded_bytes=report.peak_bytes - replicated + fixed,
         replicated_bytes=replicated,
+        margin=overheads.SLACK_MARGIN,
+        fixed_bytes=fixed,
     )
