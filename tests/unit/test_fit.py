@@ -96,3 +96,21 @@ def test_the_count_search_is_linear_in_the_number_of_gpus() -> None:
 def test_no_gpus() -> None:
     result = fit(FULL, [], Parallelism.FSDP)
     assert not result.fits and result.min_gpus is None
+
+
+def test_calibrated_slack_grows_with_each_gpus_share_not_the_whole_job() -> None:
+    from controller.estimator import Profile, load_shape
+    from controller.estimator.overheads import ALLOCATOR_SLACK, PER_GPU_EXTRAS
+    from controller.profiles import estimate as estimate_profile
+
+    shape = load_shape("llama-3.1-70b")
+    full = estimate_profile(
+        shape, TrainingSettings(method=Method.FULL, rank=None, profile=Profile.CALIBRATED)
+    )
+    fixed = sum(full.components[k] for k in PER_GPU_EXTRAS)
+    assert full.fixed_bytes == fixed
+    eight = full.per_gpu_bytes(8, Parallelism.FSDP)
+    held = full.sharded_bytes // 8 + full.replicated_bytes - fixed
+    assert eight == int(held * (1 + ALLOCATOR_SLACK)) + fixed
+    # The whole job's slack alone would be more than its 8-way share of everything.
+    assert full.components["allocator_slack"] > eight - held - fixed
