@@ -224,7 +224,8 @@ def decision_json(decision: Decision) -> dict[str, Any]:
 def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobPlan]) -> None:
     """A row per job in queue order, then each job's message (too long for a column)."""
     table = Table(show_edge=False)
-    for column in ("job", "decision", "reason", "nodes / GPUs", "GiB/GPU"):
+    table.add_column("job", no_wrap=True)
+    for column in ("decision", "reason", "where", "GiB/GPU"):
         table.add_column(column, justify="right" if column == "GiB/GPU" else "left")
     for decision in decisions:
         where = " ".join(
