@@ -23,17 +23,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from controller.api.base import ApiModel
-from controller.api.enums import (
-    AdmissionPolicy,
-    AttentionImpl,
-    CheckpointingMode,
-    EstimatorProfile,
-    OptimizerName,
-    ParallelismMode,
-    PrecisionName,
-    TrainingMethod,
-    allowed,
-)
+from controller.api.enums import AdmissionPolicy, allowed, api_spelling
 from controller.api.finetunejob import (
     DEFAULT_CONFIG_KEY,
     FRAMEWORK_MAX_LENGTH,
@@ -64,6 +54,7 @@ from controller.estimator.settings import (
     PATHS,
     Attention,
     Checkpointing,
+    Choice,
     Method,
     Optimizer,
     Precision,
@@ -72,20 +63,19 @@ from controller.estimator.settings import (
 )
 from controller.profiles import estimate
 
-E = TypeVar("E", bound=StrEnum)
+C = TypeVar("C", bound=StrEnum)
 
 #: Field paths of the estimator's settings in a FineTuneJob, as errors name them.
 SPEC_PATHS = {name: f"spec.{path}" for name, path in PATHS.items()}
 
-# Settings parsed from an enum: the API enum (allowed values, as messages list them) and the
-# estimator enum the value becomes.
-_ENUMS: dict[str, tuple[type[StrEnum], Any]] = {
-    "method": (TrainingMethod, Method),
-    "gradient_checkpointing": (CheckpointingMode, Checkpointing),
-    "optimizer": (OptimizerName, Optimizer),
-    "attention": (AttentionImpl, Attention),
-    "precision": (PrecisionName, Precision),
-    "profile": (EstimatorProfile, Profile),
+# Settings parsed from an enum; messages list the members' API spellings.
+_ENUMS: dict[str, type[Choice]] = {
+    "method": Method,
+    "gradient_checkpointing": Checkpointing,
+    "optimizer": Optimizer,
+    "attention": Attention,
+    "precision": Precision,
+    "profile": Profile,
 }
 
 # Every object in a spec, and the model that knows its field names.
@@ -169,16 +159,6 @@ def translate(
     warnings = tuple(context_warnings(shape, settings, SPEC_PATHS)) if shape else ()
     plan = JobPlan(model=model_name, shape=shape, settings=settings, warnings=warnings, **placement)
     return plan, []
-
-
-def api_value(api_enum: type[E], member: StrEnum) -> E:
-    """The API spelling of an estimator enum member: `api_value(TrainingMethod, Method.QLORA)`
-    is `TrainingMethod.QLORA` ("QLoRA")."""
-    parse = type(member).parse  # type: ignore[attr-defined]
-    for value in api_enum:
-        if parse(value.value, "") is member:
-            return value
-    raise LookupError(f"{api_enum.__name__} has no value for {member!r}")
 
 
 def estimate_plan(plan: JobPlan) -> Estimate:
@@ -273,17 +253,15 @@ def _settings(
         errors.append(_null(SPEC_PATHS[name], _ENUMS.get(name, (None,))[0]))
         del values[name]
     if "method" not in values and "method" not in nulls:
-        errors.append(SpecError("spec.method", f"is required; allowed: {allowed(TrainingMethod)}"))
+        errors.append(SpecError("spec.method", f"is required; allowed: {allowed(Method)}"))
     if "rank" not in values and "method" in values:
         values["rank"] = None  # no default rank: a LoRA or QLoRA job must choose one
-    for name, (api_enum, estimator_enum) in _ENUMS.items():
+    for name, enum in _ENUMS.items():
         if name in values:
             try:
-                member = estimator_enum.parse(values[name], SPEC_PATHS[name])
-                api_value(api_enum, member)  # an estimator value the API does not offer
-                values[name] = member
-            except (SpecError, LookupError):
-                errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), api_enum))
+                values[name] = enum.parse(values[name], SPEC_PATHS[name])
+            except SpecError:
+                errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), enum))
     # The API's default profile (the API server fills it in; a raw spec gets the same here).
     values.setdefault("profile", Profile.CALIBRATED)
     settings, setting_errors = build_settings(values, SPEC_PATHS)
@@ -310,7 +288,7 @@ def _placement(
     spec: Mapping[str, Any], objects: dict[str, Mapping[str, Any]], errors: list[SpecError]
 ) -> dict[str, Any]:
     """The JobPlan fields that say how the job asks to be placed and admitted."""
-    parallelism = _choice(spec, "parallelism", ParallelismMode.FSDP, ParallelismMode, errors)
+    parallelism = _choice(spec, "parallelism", Parallelism.FSDP, Parallelism, errors)
     policy = _choice(spec, "admissionPolicy", AdmissionPolicy.ENFORCE, AdmissionPolicy, errors)
     resources = objects["spec.resources"]
     gpus = int_in_range(resources.get("gpus", 1), "spec.resources.gpus", 1, MAX_GPUS, errors)
@@ -329,9 +307,9 @@ def _placement(
     if template is not None and not isinstance(template, Mapping):
         errors.append(SpecError("spec.template", "must be an object (a PodTemplateSpec)"))
     return {
-        "parallelism": Parallelism.parse(parallelism.value, "spec.parallelism"),
+        "parallelism": parallelism,
         "gpus": gpus,
-        "admission_policy": AdmissionPolicy(policy),
+        "admission_policy": policy,
         "suspend": suspend is True,
         "gpu_selector": dict(selector),
     }
@@ -376,10 +354,11 @@ def _normal(text: str) -> str:
 def _choice(
     spec: Mapping[str, Any],
     key: str,
-    default: StrEnum,
-    enum: type[StrEnum],
+    default: C,
+    enum: type[C],
     errors: list[SpecError],
-) -> StrEnum:
+) -> C:
+    """The member of `enum` that `spec[key]` spells as the API does (case, `-` and `_` aside)."""
     if key not in spec:
         return default
     value = spec[key]
@@ -388,7 +367,7 @@ def _choice(
         return default
     if isinstance(value, str):
         for member in enum:
-            if _normal(member.value) == _normal(value):
+            if _normal(api_spelling(member)) == _normal(value):
                 return member
     errors.append(_unsupported(f"spec.{key}", value, enum))
     return default

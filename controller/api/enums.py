@@ -1,62 +1,72 @@
-"""The CamelCase enum strings of the vramgate.dev API, and the estimator value each one means.
+"""The enum strings of the vramgate.dev API.
 
 Kubernetes API conventions spell enum values in CamelCase (`QLoRA`, `FlashAttention2`), while
-the estimator and the CLI use lower-case tokens (`qlora`, `flash_attention_2`). The estimator's
-`.parse` accepts both spellings, so the API enums below only fix which spelling the CRD
-schema allows and which one messages show. `tests/unit/test_api_enums.py` checks that every
-API value parses to its own estimator member and that no member lacks an API value.
+the estimator and the CLI use lower-case tokens (`qlora`, `flash_attention_2`). The seven
+enums that are estimator settings are the estimator's own (`controller.estimator.settings`),
+whose members carry both spellings; the API types below are those enums read, written and
+schema'd in their `api` spelling, so the CRD and the estimator share one list per concept.
+The enums only the API has (admission policy, condition status, savable modules) are here.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from controller.estimator.settings import (
+    Attention,
+    Checkpointing,
+    Choice,
+    Method,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Profile,
+)
 
 
-class TrainingMethod(StrEnum):
-    FULL = "Full"
-    LORA = "LoRA"
-    QLORA = "QLoRA"
+class _InApiSpelling:
+    """Pydantic metadata: an estimator enum whose wire form is each member's `api` spelling.
+
+    Validation accepts exactly those spellings (as the CRD schema does) or a member; a dump
+    writes the spelling; the JSON schema is a string enum of them, in the members' order.
+    """
+
+    def __get_pydantic_core_schema__(
+        self, source: type[Choice], handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        members = {member.api: member for member in source}
+
+        def validate(value: object) -> Choice:
+            if isinstance(value, source):
+                return value
+            if isinstance(value, str) and value in members:
+                return members[value]
+            raise PydanticCustomError(
+                "unsupported_value",
+                "unsupported value {value}; allowed: {allowed}",
+                {"value": repr(value), "allowed": allowed(source)},
+            )
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            json_schema_input_schema=core_schema.literal_schema(list(members)),
+            serialization=core_schema.plain_serializer_function_ser_schema(api_spelling),
+        )
 
 
-class CheckpointingMode(StrEnum):
-    ON = "On"
-    OFF = "Off"
-    UNSLOTH = "Unsloth"
+_API = _InApiSpelling()
 
-
-class OptimizerName(StrEnum):
-    ADAMW = "AdamW"
-    ADAMW_8BIT = "AdamW8bit"
-    ADAMW_FP32_MASTER = "AdamWFp32Master"
-    ADAMW_TORCH = "AdamWTorch"
-    PAGED_ADAMW_32BIT = "PagedAdamW32bit"
-    SGD = "SGD"
-
-
-class AttentionImpl(StrEnum):
-    FLASH_ATTENTION_2 = "FlashAttention2"
-    SDPA = "SDPA"
-    FLEX_ATTENTION = "FlexAttention"
-    EAGER = "Eager"
-
-
-class PrecisionName(StrEnum):
-    BF16 = "BF16"
-    FP16 = "FP16"
-    FP32 = "FP32"
-
-
-class EstimatorProfile(StrEnum):
-    CALIBRATED = "Calibrated"
-    ANALYTIC = "Analytic"
-    UNSLOTH = "Unsloth"
-    TRACE = "Trace"
-
-
-class ParallelismMode(StrEnum):
-    DDP = "DDP"
-    FSDP = "FSDP"
-    DEVICE_MAP = "DeviceMap"
+TrainingMethod = Annotated[Method, _API]
+CheckpointingMode = Annotated[Checkpointing, _API]
+OptimizerName = Annotated[Optimizer, _API]
+AttentionImpl = Annotated[Attention, _API]
+PrecisionName = Annotated[Precision, _API]
+EstimatorProfile = Annotated[Profile, _API]
+ParallelismMode = Annotated[Parallelism, _API]
 
 
 class AdmissionPolicy(StrEnum):
@@ -80,6 +90,11 @@ class SavableModule(StrEnum):
     LM_HEAD = "lm_head"
 
 
+def api_spelling(member: StrEnum) -> str:
+    """How the API spells `member`: an estimator enum's `api`, an API-only enum's value."""
+    return member.api if isinstance(member, Choice) else member.value
+
+
 def allowed(enum: type[StrEnum]) -> str:
-    """`Full, LoRA, QLoRA`: the allowed values as error messages list them."""
-    return ", ".join(member.value for member in enum)
+    """`Full, LoRA, QLoRA`: the values the API allows, as error messages list them."""
+    return ", ".join(api_spelling(member) for member in enum)

@@ -33,6 +33,12 @@ from controller.estimator.settings import (
     MAX_GPUS,
     MAX_LORA_RANK,
     MAX_SEQUENCE_LENGTH,
+    Attention,
+    Checkpointing,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Profile,
 )
 
 KIND = "FineTuneJob"
@@ -156,24 +162,24 @@ class TrainingSpec(ApiModel):
         f"{MAX_SEQUENCE_LENGTH}, and at most the model's context length; default 2048.",
     )
     gradient_checkpointing: CheckpointingMode = Field(
-        CheckpointingMode.ON,
+        Checkpointing.ON,
         description="gradientCheckpointing is how activations are kept for the backward "
         "pass: On (recomputed per layer), Off (all stored), Unsloth (offloaded to CPU). "
         "Default On.",
     )
     optimizer: OptimizerName = Field(
-        OptimizerName.ADAMW,
+        Optimizer.ADAMW,
         description="optimizer is the optimizer and how it stores its states: AdamW, "
         "AdamW8bit, AdamWFp32Master, AdamWTorch, PagedAdamW32bit, SGD. Default AdamW.",
     )
     attention: AttentionImpl = Field(
-        AttentionImpl.FLASH_ATTENTION_2,
+        Attention.FLASH_ATTENTION_2,
         description="attention is the attention implementation: FlashAttention2, SDPA, "
         "FlexAttention, Eager (Eager stores the quadratic score matrix). "
         "Default FlashAttention2.",
     )
     precision: PrecisionName = Field(
-        PrecisionName.BF16,
+        Precision.BF16,
         description="precision is the compute dtype of weights and activations: BF16, "
         "FP16, FP32. Default BF16.",
     )
@@ -193,7 +199,7 @@ class TrainingSpec(ApiModel):
 
 class EstimatorSpec(ApiModel):
     profile: EstimatorProfile = Field(
-        EstimatorProfile.CALIBRATED,
+        Profile.CALIBRATED,
         description="profile is the estimation method: Calibrated (a formula fitted to traces "
         "of real training steps), Analytic (exact tensor count x 1.1, the first-principles "
         "calculator), Unsloth (Unsloth's calibrated formula, for jobs trained with Unsloth) or "
@@ -274,7 +280,7 @@ class FineTuneJobSpec(ApiModel):
         json_schema_extra={"default": {}},
     )
     parallelism: ParallelismMode = Field(
-        ParallelismMode.FSDP,
+        Parallelism.FSDP,
         description="parallelism is how memory spreads over GPUs: DDP (each GPU holds the "
         "whole job), FSDP (weights, gradients and optimizer states sharded; ZeRO-3 alike), "
         "DeviceMap (layers split over the GPUs of one node). Default FSDP.",

@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema
+
+from controller.estimator.settings import Choice
 
 # Keywords copied as they are (after their sub-schemas are converted).
 _KEPT = {
@@ -45,9 +48,17 @@ class SchemaError(ValueError):
     """A model uses a JSON Schema feature that has no structural equivalent."""
 
 
+class _WireDefaults(GenerateJsonSchema):
+    """Defaults as the wire spells them: pydantic encodes a default by its own type, which for
+    an estimator enum member is its lower-case token, not the API spelling the field takes."""
+
+    def encode_default(self, dft: Any) -> Any:
+        return dft.api if isinstance(dft, Choice) else super().encode_default(dft)
+
+
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of `model`'s wire form (camelCase names)."""
-    raw = model.model_json_schema(by_alias=True)
+    raw = model.model_json_schema(by_alias=True, schema_generator=_WireDefaults)
     defs = raw.pop("$defs", {})
     return _convert(raw, defs, model.__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Self
 
 from controller.estimator.errors import SpecError, shown
 
@@ -19,70 +20,84 @@ def _key(text: str) -> str:
     return text.lower().replace("-", "").replace("_", "").replace(" ", "")
 
 
-class _Choice(StrEnum):
-    """An enum parsed case- and punctuation-insensitively: `QLoRA`, `qlora`, `q_lora`."""
+class Choice(StrEnum):
+    """An enum parsed case- and punctuation-insensitively: `QLoRA`, `qlora`, `q_lora`.
+
+    Each member holds both its spellings: its value, the lower-case token of the estimator and
+    the CLI (`qlora`), and `api`, the CamelCase word of the vramgate.dev API (`QLoRA`), from
+    which `controller.api.enums` builds the CRD's enums. One list per concept, so the two
+    spellings cannot drift apart. Members are listed in the API's order (its default first).
+    """
+
+    api: str
+
+    def __new__(cls, token: str, api: str) -> Self:
+        member = str.__new__(cls, token)
+        member._value_ = token
+        member.api = api
+        return member
 
     @classmethod
-    def parse(cls, value: str | _Choice, path: str) -> _Choice:
+    def parse(cls, value: object, path: str) -> Self:
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
             wanted = _key(value)
             for member in cls:
-                if _key(member.value) == wanted or _key(member.name) == wanted:
+                if wanted in (_key(member.value), _key(member.name), _key(member.api)):
                     return member
             for alias, member_value in _ALIASES.get(cls.__name__, {}).items():
                 if _key(alias) == wanted:
-                    return cls(member_value)
+                    return next(member for member in cls if member.value == member_value)
         allowed = ", ".join(m.value for m in cls)
-        raise SpecError(path, f"unsupported value {value!r}; allowed: {allowed}")
+        raise SpecError(path, f"unsupported value {shown(value)}; allowed: {allowed}")
 
 
-class Method(_Choice):
-    FULL = "full"
-    LORA = "lora"
-    QLORA = "qlora"
+class Method(Choice):
+    FULL = "full", "Full"
+    LORA = "lora", "LoRA"
+    QLORA = "qlora", "QLoRA"
 
 
-class Checkpointing(_Choice):
-    OFF = "off"
-    ON = "on"
-    UNSLOTH = "unsloth"
+class Checkpointing(Choice):
+    ON = "on", "On"
+    OFF = "off", "Off"
+    UNSLOTH = "unsloth", "Unsloth"
 
 
-class Optimizer(_Choice):
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw-8bit"
-    ADAMW_FP32_MASTER = "adamw-fp32-master"
-    ADAMW_TORCH = "adamw-torch"
-    PAGED_ADAMW_32BIT = "paged-adamw-32bit"
-    SGD = "sgd"
+class Optimizer(Choice):
+    ADAMW = "adamw", "AdamW"
+    ADAMW_8BIT = "adamw-8bit", "AdamW8bit"
+    ADAMW_FP32_MASTER = "adamw-fp32-master", "AdamWFp32Master"
+    ADAMW_TORCH = "adamw-torch", "AdamWTorch"
+    PAGED_ADAMW_32BIT = "paged-adamw-32bit", "PagedAdamW32bit"
+    SGD = "sgd", "SGD"
 
 
-class Attention(_Choice):
-    FLASH_ATTENTION_2 = "flash_attention_2"
-    SDPA = "sdpa"
-    FLEX_ATTENTION = "flex_attention"
-    EAGER = "eager"
+class Attention(Choice):
+    FLASH_ATTENTION_2 = "flash_attention_2", "FlashAttention2"
+    SDPA = "sdpa", "SDPA"
+    FLEX_ATTENTION = "flex_attention", "FlexAttention"
+    EAGER = "eager", "Eager"
 
 
-class Precision(_Choice):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
+class Precision(Choice):
+    BF16 = "bf16", "BF16"
+    FP16 = "fp16", "FP16"
+    FP32 = "fp32", "FP32"
 
 
-class Profile(_Choice):
-    ANALYTIC = "analytic"
-    UNSLOTH = "unsloth"
-    TRACE = "trace"  # a real training step on fake tensors (needs the `trace` extra)
-    CALIBRATED = "calibrated"  # a formula fitted to traces (calibration.json)
+class Profile(Choice):
+    CALIBRATED = "calibrated", "Calibrated"  # a formula fitted to traces (calibration.json)
+    ANALYTIC = "analytic", "Analytic"
+    UNSLOTH = "unsloth", "Unsloth"
+    TRACE = "trace", "Trace"  # a real training step on fake tensors (needs the `trace` extra)
 
 
-class Parallelism(_Choice):
-    DDP = "ddp"
-    FSDP = "fsdp"
-    DEVICE_MAP = "device-map"
+class Parallelism(Choice):
+    DDP = "ddp", "DDP"
+    FSDP = "fsdp", "FSDP"
+    DEVICE_MAP = "device-map", "DeviceMap"
 
 
 _ALIASES: dict[str, dict[str, str]] = {
@@ -94,8 +109,8 @@ _ALIASES: dict[str, dict[str, str]] = {
         "adamw_torch_fused": "adamw-torch",
         "adamw32bit": "adamw",
     },
-    "Attention": {"flash": "flash_attention_2", "flashattention2": "flash_attention_2"},
-    "Parallelism": {"zero3": "fsdp", "deepspeedzero3": "fsdp", "devicemap": "device-map"},
+    "Attention": {"flash": "flash_attention_2"},
+    "Parallelism": {"zero3": "fsdp", "deepspeedzero3": "fsdp"},
     "Method": {"fullfinetuning": "full"},
 }
 
@@ -186,7 +201,7 @@ def build_settings(
     where = PATHS | (paths or {})
     errors: list[SpecError] = []
     parsed: dict[str, object] = {}
-    choices: dict[str, type[_Choice]] = {
+    choices: dict[str, type[Choice]] = {
         "method": Method,
         "gradient_checkpointing": Checkpointing,
         "optimizer": Optimizer,
@@ -198,7 +213,7 @@ def build_settings(
         if values.get(name) is None:
             continue
         try:
-            parsed[name] = enum.parse(values[name], where[name])  # type: ignore[arg-type]
+            parsed[name] = enum.parse(values[name], where[name])
         except SpecError as error:
             errors.append(error)
 

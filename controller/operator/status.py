@@ -18,10 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from controller.api import conditions as cond
-from controller.api.enums import ConditionStatus, ParallelismMode, TrainingMethod
+from controller.api.enums import ConditionStatus
 from controller.api.finetunejob import EstimateStatus
 from controller.estimator import Estimate
-from controller.jobspec import JobPlan, api_value
+from controller.jobspec import JobPlan
 from controller.units import format_gib
 
 #: Longest condition message we write; the API allows 32768 and people read one line.
@@ -58,7 +58,7 @@ def estimate_status(plan: JobPlan, est: Estimate) -> dict[str, Any]:
         total_bytes=est.total_bytes,
         per_gpu_bytes=per_gpu,
         gpus=plan.gpus,
-        parallelism=api_value(ParallelismMode, plan.parallelism),
+        parallelism=plan.parallelism,
         total_params=est.total_params,
         trainable_params=est.trainable_params,
         total_gib=format_gib(est.total_bytes),
@@ -87,7 +87,7 @@ def estimated(
     )
     conditions = _admission_pending(conditions, generation, now)
     settings = plan.settings
-    method = api_value(TrainingMethod, settings.method).value
+    method = settings.method.api
     rank = f" r={settings.rank}" if settings.is_adapter else ""
     detail = (
         f"{plan.model}, {method}{rank}, {settings.seq_len} tokens x batch {settings.batch}, "

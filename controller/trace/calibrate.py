@@ -210,12 +210,12 @@ def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
     rng = random.Random(f"{family}/{method}/{gc}/{attention}/{seed}")
     config = shrunk(family, rng, layers=2)
     settings = TrainingSettings(
-        method=Method(method),
+        method=Method.parse(method, "method"),
         rank=None if method == "full" else rng.choice((8, 16, 32)),
         batch=rng.choice((1, 2)),
         seq_len=rng.choice((128, 256, 384, 512)),
-        gradient_checkpointing=Checkpointing(gc),
-        attention=Attention(attention),
+        gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
+        attention=Attention.parse(attention, "attention"),
     )
     return config, settings
 
