@@ -250,7 +250,7 @@ def _settings(
             values[name] = objects[parent][leaf]
     nulls = [name for name, value in values.items() if value is None and name != "rank"]
     for name in nulls:
-        errors.append(_null(SPEC_PATHS[name], _ENUMS.get(name, (None,))[0]))
+        errors.append(_null(SPEC_PATHS[name], _ENUMS.get(name)))
         del values[name]
     if "method" not in values and "method" not in nulls:
         errors.append(SpecError("spec.method", f"is required; allowed: {allowed(Method)}"))
