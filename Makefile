@@ -6,9 +6,10 @@ PYTHON ?= python3
 install:  ## the package, its test tools and the trace extra (torch), in editable mode
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test,trace]'
 
-lint: install  ## ruff, and the import contract that keeps the core pure
+lint: install  ## ruff, the import contracts that keep the core pure and layered, mypy
 	$(PYTHON) -m ruff check controller tests e2e benchmarks
 	lint-imports
+	$(PYTHON) -m mypy
 
 unit: install
 	$(PYTHON) -m pytest tests/unit

@@ -27,7 +27,6 @@ from controller.api.enums import AdmissionPolicy, allowed, api_spelling
 from controller.api.finetunejob import (
     DEFAULT_CONFIG_KEY,
     FRAMEWORK_MAX_LENGTH,
-    MAX_GPUS,
     MODEL_SOURCES,
     ConfigMapRef,
     EstimatorSpec,
@@ -51,6 +50,7 @@ from controller.estimator import (
 )
 from controller.estimator.presets import load_preset
 from controller.estimator.settings import (
+    MAX_GPUS,
     PATHS,
     Attention,
     Checkpointing,

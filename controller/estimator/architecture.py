@@ -13,6 +13,7 @@ DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -294,7 +295,8 @@ class _Reader:
             return value
         return default
 
-    def required_int(self, *names: str, maximum: int = MAX_DIMENSION) -> int:
+    # `builtins.int`: inside the class, `int` is the method above.
+    def required_int(self, *names: str, maximum: builtins.int = MAX_DIMENSION) -> builtins.int:
         value = self.int(*names, maximum=maximum)
         if value is None:
             raise SpecError(self.path(names[0]), "is required in a model config")

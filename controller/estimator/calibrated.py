@@ -156,7 +156,8 @@ def dynamic_bytes(
 ) -> float:
     """A moment's bytes beyond the static part: L x (per-layer fit) + (once fit)."""
     layer_coefs, local_coefs = coefficients
-    return layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
+    total: float = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
+    return total
 
 
 def _coefficients(

@@ -62,7 +62,9 @@ def context_warnings(
     ]
 
 
-def _rope_params(config: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping]]:
+def _rope_params(
+    config: Mapping[str, Any], prefix: str
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Each rope parameter set with its path: one flat object, or (transformers 5, Gemma 3)
     one object per attention type."""
     for name in _ROPE_FIELDS:

@@ -44,7 +44,8 @@ class Preset:
 
     def config_dict(self) -> dict[str, Any]:
         """A plain, mutable deep copy of `config` (for JSON output or editing)."""
-        return _thaw(self.config)
+        thawed: dict[str, Any] = _thaw(self.config)
+        return thawed
 
 
 def _files() -> Any:

@@ -129,7 +129,7 @@ def _materialize(model: nn.Module) -> nn.Module:
             if id(param) not in made:
                 data = torch.empty(param.shape, dtype=param.dtype, device="cpu")
                 made[id(param)] = nn.Parameter(data, requires_grad=param.requires_grad)
-            module._parameters[name] = made[id(param)]
+            module._parameters[name] = made[id(param)]  # type: ignore[assignment]
         for name, buf in list(module._buffers.items()):
             if buf is not None:
                 if id(buf) not in made:
@@ -182,7 +182,7 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if is_moe(cfg):
         model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
     model = _materialize(model)
-    model.config.use_cache = False
+    model.config.use_cache = False  # type: ignore[union-attr]
     model.train()
     quantized = settings.method is Method.QLORA or (
         settings.method is Method.LORA and qlora.is_prequantized(config)
@@ -196,7 +196,7 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if settings.gradient_checkpointing is not Checkpointing.OFF:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable()  # type: ignore[operator]
     if settings.is_adapter:
         model = _apply_lora(model, settings, quantized)
     if quantized:

@@ -125,7 +125,7 @@ class Linear4bitStorage(nn.Linear):
         self.compute_dtype = compute_dtype
         self.weight = _packed(in_features * out_features)
         self.bias = (
-            nn.Parameter(torch.empty(out_features, dtype=compute_dtype), requires_grad=False)
+            nn.Parameter(torch.empty(out_features, dtype=compute_dtype), requires_grad=False)  # type: ignore[assignment]
             if bias
             else None
         )
@@ -188,7 +188,7 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
         for child in list(parent.children()):
             experts = child
             while hasattr(experts, "base_layer") and not _has_stacks(experts):
-                experts = experts.base_layer
+                experts = experts.base_layer  # type: ignore[assignment]
             if not _has_stacks(experts) or hasattr(experts, _STACKS):
                 continue
             stacks = {}

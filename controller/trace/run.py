@@ -78,10 +78,10 @@ def decoder_layers(model: nn.Module, count: int) -> nn.ModuleList | None:
 
 def head_modules(model: nn.Module, layers: nn.ModuleList | None) -> list[nn.Module]:
     """The final norm and the LM head, the modules a causal LM runs after its blocks."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     inner = [m for m in base.modules() if layers is not None and layers in list(m.children())]
     norm = getattr(inner[0], "norm", None) if inner else None
-    head = base.get_output_embeddings()
+    head = base.get_output_embeddings()  # type: ignore[operator]
     return [m for m in (norm, head) if isinstance(m, nn.Module)] if norm is not None else []
 
 
