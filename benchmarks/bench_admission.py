@@ -95,7 +95,7 @@ def queue(size: int, seed: int = 1) -> list[JobRequest]:
     estimates = {k: _estimate(k[0], k[1]) for k in kinds}
     jobs = []
     for i in range(size):
-        kind = rng.choices(kinds, weights=[30, 25, 15, 15, 5, 10])[0]
+        kind = rng.choices(kinds, weights=[20, 15, 15, 10, 30, 10])[0]
         policy = rng.choice(list(AdmissionPolicy)[:2])
         jobs.append(
             JobRequest(f"team/job-{i:05d}", estimates[kind], kind[2], kind[3], policy=policy)
@@ -184,7 +184,8 @@ def main() -> None:
     took = time.perf_counter() - start
     admitted = sum(d.admitted for d in decisions)
     print(
-        f"plan of {len(jobs)} queued jobs:  {took:.2f} s ({admitted} admitted)   (target < 30 s)"
+        f"plan of {len(jobs)} queued jobs:  {took:.2f} s ({admitted} admitted, "
+        f"{len(jobs) - admitted} queued or rejected)   (target < 30 s)"
     )
     if not args.skip_end_to_end:
         took = end_to_end(snapshot, args.jobs)

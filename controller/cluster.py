@@ -159,6 +159,7 @@ def parse_time(value: object) -> datetime | None:
 
 
 _QUANTITY = re.compile(r"^\d+$")
+_ZERO = re.compile(r"^\s*0+(\.0+)?\s*[a-zA-Z]+\s*$")
 
 
 def _quantity(value: object) -> int | None:
@@ -336,6 +337,8 @@ class _Size(BaseModel):
             raise ValueError("must be a size such as 80GiB or 24GB")
         if isinstance(value, int):
             raise ValueError("must have a unit (80GiB, 24GB); a bare number is ambiguous")
+        if _ZERO.match(value):
+            return 0  # a full GPU: parse_size refuses 0, which no card's memory is
         return parse_size(value, require_unit=True)
 
 
@@ -346,9 +349,17 @@ class CompactGpu(_Size):
     product: str | None = Field(None, min_length=1)
     count: int = Field(1, ge=1, le=4096)
 
-    @field_validator("memory", "free", mode="before")
+    @field_validator("memory", mode="before")
     @classmethod
-    def _sizes(cls, value: object) -> int | None:
+    def _memory(cls, value: object) -> int:
+        size = cls.size(value)
+        if size <= 0:
+            raise ValueError("must be greater than 0")
+        return size
+
+    @field_validator("free", mode="before")
+    @classmethod
+    def _free(cls, value: object) -> int | None:
         return None if value is None else cls.size(value)
 
 

@@ -80,6 +80,15 @@ def test_a_compact_cluster_and_a_job_file(
     assert "the most free GPU has 6.00 GiB (a GPU 0)" in decision["message"]
 
 
+def test_a_full_gpu_has_zero_free(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    node = {"name": "a", "gpus": [{"memory": "80GiB", "free": "0B"}, {"memory": "80GiB"}]}
+    cluster = write(tmp_path, "c.yaml", {"nodes": [node]})
+    code, out, _ = run(
+        capsys, "--cluster", cluster, write(tmp_path, "j.yaml", LLAMA_QLORA), "--json"
+    )
+    assert code == 0 and decisions(out)[0]["placement"][0]["gpus"] == [1]
+
+
 def test_the_profile_flag_overrides_the_spec(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -205,6 +214,10 @@ def test_jobs_in_the_cluster_dump_are_decided_without_job_files(
             "free must be at most memory",
         ),
         ({"nodes": []}, "c.yaml: document 1: nodes: List should have at least 1 item"),
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": "0GiB"}}]},
+            "nodes[0].gpus[0].memory: must be greater than 0",
+        ),
         (["a list"], "c.yaml: document 1: must be a mapping"),
         ({"kind": "Node", "metadata": {}}, "c.yaml: document 1: metadata.name is required"),
     ],
@@ -246,9 +259,7 @@ def test_unreadable_files_exit_2_with_one_line(
     assert code == 2 and expected in err and err.count("\n") == 1
 
 
-def test_a_json_dump_is_read_as_json(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_json_dump_is_read_as_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "dump.json"
     path.write_text(json.dumps(_kubectl_dump(0)))
     jobs = write(tmp_path, "jobs.yaml", dict(LLAMA_QLORA, metadata={"name": "small"}))
