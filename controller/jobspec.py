@@ -11,7 +11,10 @@ model's own checks are skipped and only the rest of the spec is validated.
 
 The CRD schema already refuses most type and range errors at the API server; this validator
 still checks them, because it also serves inputs that never went through the API server
-(tests, the CLI, a webhook that runs before schema defaulting is guaranteed).
+(tests, the CLI, a webhook that runs before schema defaulting is guaranteed). An omitted
+field takes the API models' default, the one the API server would write in;
+`tests/unit/test_jobspec_schema.py` checks that the models refuse, at the same path, each
+error found here that a schema can state.
 """
 
 from __future__ import annotations
@@ -262,8 +265,7 @@ def _settings(
                 values[name] = enum.parse(values[name], SPEC_PATHS[name])
             except SpecError:
                 errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), enum))
-    # The API's default profile (the API server fills it in; a raw spec gets the same here).
-    values.setdefault("profile", Profile.CALIBRATED)
+    values.setdefault("profile", _default(EstimatorSpec, "profile"))
     settings, setting_errors = build_settings(values, SPEC_PATHS)
     errors += setting_errors
     if shape is not None and settings is not None:
@@ -288,10 +290,19 @@ def _placement(
     spec: Mapping[str, Any], objects: dict[str, Mapping[str, Any]], errors: list[SpecError]
 ) -> dict[str, Any]:
     """The JobPlan fields that say how the job asks to be placed and admitted."""
-    parallelism = _choice(spec, "parallelism", Parallelism.FSDP, Parallelism, errors)
-    policy = _choice(spec, "admissionPolicy", AdmissionPolicy.ENFORCE, AdmissionPolicy, errors)
+    parallelism = _choice(
+        spec, "parallelism", _default(FineTuneJobSpec, "parallelism"), Parallelism, errors
+    )
+    policy = _choice(
+        spec,
+        "admissionPolicy",
+        _default(FineTuneJobSpec, "admission_policy"),
+        AdmissionPolicy,
+        errors,
+    )
     resources = objects["spec.resources"]
-    gpus = int_in_range(resources.get("gpus", 1), "spec.resources.gpus", 1, MAX_GPUS, errors)
+    gpus = resources.get("gpus", _default(ResourcesSpec, "gpus"))
+    gpus = int_in_range(gpus, "spec.resources.gpus", 1, MAX_GPUS, errors)
     selector = resources.get("gpuSelector") or {}
     if not isinstance(selector, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
@@ -300,7 +311,7 @@ def _placement(
             SpecError("spec.resources.gpuSelector", "must be a map of node label names to strings")
         )
         selector = {}
-    suspend = spec.get("suspend", False)
+    suspend = spec.get("suspend", _default(FineTuneJobSpec, "suspend"))
     if not isinstance(suspend, bool):
         errors.append(SpecError("spec.suspend", f"must be true or false, got {suspend!r}"))
     template = spec.get("template")
@@ -335,6 +346,11 @@ def _null(path: str, api_enum: type[StrEnum] | None) -> SpecError:
     if api_enum is None:
         return SpecError(path, "must not be null; leave it out for the default")
     return SpecError(path, f"must be one of {allowed(api_enum)}, got null")
+
+
+def _default(model: type[ApiModel], name: str) -> Any:
+    """The API's default of `model.name`: what the API server writes into a spec without it."""
+    return model.model_fields[name].default
 
 
 def _unsupported(path: str, value: object, api_enum: type[StrEnum]) -> SpecError:
