@@ -247,7 +247,10 @@ def test_a_bad_job_names_its_file_document_and_field(
         (b"\xff\xfe not utf-8", "not UTF-8 text"),
         (b"nodes: [\n", "not valid YAML"),
         (b"[" * 100_000 + b"]" * 100_000, "too deep"),
-        (b"a: " + b"[" * 100_000, "not valid YAML"),
+        (b"a: " + b"[" * 100_000, "nested more than 100 brackets deep"),
+        (b"a: " + b"[" * 100_000 + b"]" * 100_000, "nested more than 100 brackets deep"),
+        (b"a: " + b"[{" * 60 + b"}]" * 60, "nested more than 100 brackets deep"),
+        (b"a:\n" + b"".join(b" " * i + b"- \n" for i in range(2000)), "at most 100"),
     ],
 )
 def test_unreadable_files_exit_2_with_one_line(
