@@ -95,7 +95,7 @@ def queue(size: int, seed: int = 1) -> list[JobRequest]:
     estimates = {k: _estimate(k[0], k[1]) for k in kinds}
     jobs = []
     for i in range(size):
-        kind = rng.choices(kinds, weights=[20, 15, 15, 10, 30, 10])[0]
+        kind = rng.choices(kinds, weights=[10, 10, 10, 5, 60, 5])[0]
         policy = rng.choice(list(AdmissionPolicy)[:2])
         jobs.append(
             JobRequest(f"team/job-{i:05d}", estimates[kind], kind[2], kind[3], policy=policy)
