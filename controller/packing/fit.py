@@ -164,14 +164,15 @@ def _why_not(
         pool = device_map_pool(chosen)
         if pool < estimate.total_bytes:
             why = (
-                f"the pool is short: needs {gib(estimate.total_bytes)} in total, and the pool "
-                f"of {plural(gpus)} is {gib(pool)}, the first in full and 85 % of each further one"
+                f"the pool of a device map is short: needs {gib(estimate.total_bytes)} in total, "
+                f"and the pool of {plural(gpus)} is {gib(pool)}, the first in full and 85 % of "
+                "each further one"
             )
         else:
             head = estimate.per_gpu_bytes(gpus, parallelism)
             rest = estimate.device_map_min_bytes(gpus)
             short = chosen[0] < head
-            why = "the pool suffices but a per-GPU minimum does not: " + (
+            why = "the pool of a device map suffices but a per-GPU minimum does not: " + (
                 f"the GPU with the LM head needs {gib(head)} and has {gib(chosen[0])}"
                 if short
                 else f"each further GPU needs {gib(rest)} and one has {gib(chosen[-1])}"

@@ -149,12 +149,15 @@ def test_a_device_map_failure_names_the_binding_constraint(
     common = ("--model", "llama-3.1-8b", "--profile", "analytic", "--parallelism", "device-map")
     out = human(capsys, *common, "--seq-len", "8192", "--gpus", "2", "--gpu-memory", "10GiB")
     assert out.endswith(
-        "does not fit 2 x 10GiB with a device map: the pool suffices but a per-GPU minimum "
-        "does not: the GPU with the LM head needs 13.08 GiB and has 10.00 GiB"
+        "does not fit 2 x 10GiB with a device map: the pool of a device map suffices but a "
+        "per-GPU minimum does not: the GPU with the LM head needs 13.08 GiB and has 10.00 GiB"
     )
     out = human(capsys, *common, "--gpu-memory", "6GiB")
-    assert "does not fit one 6GiB GPU: the pool is short: needs 7.25 GiB in total, and the " in out
-    assert "pool of 1 GPU is 6.00 GiB" in out
+    assert out.endswith(
+        "does not fit one 6GiB GPU: the pool of a device map is short: needs 7.25 GiB in total, "
+        "and the pool of 1 GPU is 6.00 GiB, the first in full and 85 % of each further one "
+        "(2 GPUs would fit with a device map, 4.97 GiB each)"
+    )
 
 
 def test_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
