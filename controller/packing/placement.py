@@ -22,7 +22,7 @@ Worked examples (effective free memory in GiB; "need" per GPU):
 * two GPUs of 40 with FSDP: a = [80, 80, 45, 10], b = [50, 41] -> b (its 2nd largest, 41, is
   tighter than a's 80), GPUs 0 and 1.
 * eight GPUs with FSDP on 4-GPU nodes (need 30 at n = 8): no node has 8 GPUs, so g = 4,
-  k = 2: the two nodes whose 4th largest free memory is the least above 30.
+  k = 2: the two nodes whose 4th largest free memory is the least that holds 30 (30 does).
 * DDP on 3 GPUs, nodes of 2 GPUs: 3 is not 1 x 3 (no node has 3); 3 x 1 -> three nodes, one
   GPU each, the tightest three.
 """
