@@ -237,7 +237,7 @@ def _run_estimate(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"--gpu-memory: {error}") from None
     parallelism = Parallelism.parse(args.parallelism, "--parallelism")
     model_name, shape, settings = _job(args, args.profile)
-    est = estimate(shape, settings)
+    est = estimate(shape, settings, FLAG_PATHS)
     result = None if card is None else fit(est, [card] * MAX_GPUS, parallelism, gpus=args.gpus)
     if args.json:
         print(json.dumps(estimate_json(model_name, settings, est, args.gpus, parallelism, result)))

@@ -231,6 +231,16 @@ def test_unsupported_jobs_say_why() -> None:
         estimate(load_shape("llama-3.2-1b"), settings(LORA, fused_loss=True, profile=Profile.TRACE))
 
 
+def test_the_cli_names_its_flag_when_the_trace_refuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["estimate", "--model", "llama-3.2-1b", "--profile", "trace", "--fused-loss"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vramgate: --profile: trace: a fused / chunked cross-entropy")
+    assert err.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [
