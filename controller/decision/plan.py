@@ -7,8 +7,9 @@ loop assumes before it writes.
 
 * `BestEffortFIFO` (default) lets a later job that fits go ahead of an earlier one that
   waits (backfill). A waiting job older than the starvation limit holds the GPUs it is
-  closest to fitting (those with the most free memory for its count), so later jobs cannot
-  take them and it gets them as they drain.
+  closest to fitting (those with the most free memory for its count; with whole GPUs, the
+  open ones of the nodes with the most open), so later jobs cannot take them and it gets
+  them as they drain.
 * `StrictFIFO` never lets a job go ahead of one that waits: behind it, every job waits too
   (or is rejected, if it could never fit).
 """
@@ -65,16 +66,14 @@ def plan_on(
         if placed is not None and blocker is not None:
             decision = _behind(job, blocker)
         elif placed is not None:
-            view.assume(placed, placed.per_gpu_bytes)
+            view.assume(placed)
         elif decision.outcome is Outcome.QUEUE:
             if settings.queueing is QueueingStrategy.STRICT_FIFO:
                 blocker = blocker or job.key
             elif _starving(job, now, settings):
-                held = view.place_by_count(
+                view.hold_closest(
                     job.estimate, job.parallelism, job.gpus, view.select(job.selector)
                 )
-                if held is not None:
-                    view.hold(held)
         decisions.append(decision)
     return decisions
 

@@ -5,9 +5,10 @@ Two sorted views of the working state, both kept current as reservations are ass
 * every placeable GPU as `(free, node, index)`: a bisect finds the GPU with the least free
   memory that still holds a need (best fit for one GPU), and walking on from there finds
   the next ones;
-* per count g >= 2, every node that can give g GPUs as `(cap_g, node)`, where `cap_g` is the
+* per count g, every node that can give g GPUs as `(cap_g, node)`, where `cap_g` is the
   g-th largest effective free memory on the node: the node can take g GPUs of a need exactly
-  when `cap_g >= need`, so a bisect finds the tightest such node.
+  when `cap_g >= need`, so a bisect finds the tightest such node, and counts them, so that a
+  placement that cannot be made is refused without walking the candidates.
 
 Nodes sort by name (their position in the name-sorted list), so every tie breaks by node name
 and then GPU index, and the same snapshot always gives the same answer.
@@ -39,7 +40,7 @@ class FreeIndex:
         self._gpu_keys: list[list[tuple[int, int, int, int]]] = [[] for _ in self.nodes]
         self._cap_keys: list[dict[int, tuple[int, int]]] = [{} for _ in self.nodes]
         gpus: list[tuple[int, int, int, int]] = []
-        caps: dict[int, list[tuple[int, int]]] = {g: [] for g in range(2, self.max_gpus + 1)}
+        caps: dict[int, list[tuple[int, int]]] = {g: [] for g in range(1, self.max_gpus + 1)}
         for pos in range(len(self.nodes)):
             self._gpu_keys[pos], self._cap_keys[pos] = self._keys(pos)
             gpus.extend(self._gpu_keys[pos])
@@ -88,16 +89,18 @@ class FreeIndex:
 
     def nodes_by_free(self, g: int, ok: NodeFilter) -> Iterator[int]:
         """Nodes that can give g GPUs, the most free first (whatever the need)."""
-        if g == 1:
-            seen: set[int] = set()
-            for _, pos, _, _ in reversed(self._gpus):
-                if pos not in seen and ok(pos):
-                    seen.add(pos)
-                    yield pos
-            return
         for _, pos in reversed(self._caps.get(g, _EMPTY)):
             if ok(pos):
                 yield pos
+
+    def count_gpus(self, need: int) -> int:
+        """How many GPUs take work and hold `need` (on any node, before selectors)."""
+        return len(self._gpus) - self._gpus.bisect_left((need,))  # type: ignore[no-any-return]
+
+    def count_nodes(self, g: int, need: int) -> int:
+        """How many nodes can give g GPUs of `need` each (before selectors)."""
+        caps = self._caps.get(g, _EMPTY)
+        return len(caps) - caps.bisect_left((need,))  # type: ignore[no-any-return]
 
     def largest_free(self, ok: NodeFilter) -> tuple[int, int, int] | None:
         """(free, node position, GPU index) of the GPU with the most free memory."""
@@ -108,11 +111,12 @@ class FreeIndex:
 
     # -- changing ---------------------------------------------------------------------------
 
-    def assume(self, pos: int, gpus: Sequence[int], per_gpu_bytes: int, slots: bool) -> None:
-        """Charge a new reservation to the node's GPUs (by their position on the node)."""
+    def assume(self, pos: int, gpus: Sequence[int], held: Sequence[int], slots: bool) -> None:
+        """Charge a new reservation to the node's GPUs (by their position on the node): each
+        GPU holds the matching bytes of `held`."""
         node = self.nodes[pos]
-        for i in gpus:
-            node.gpus[i].free -= per_gpu_bytes
+        for i, each in zip(gpus, held, strict=True):
+            node.gpus[i].free -= each
             if self.exclusive:
                 self._held[pos].add(i)
         if slots:
@@ -138,7 +142,7 @@ class FreeIndex:
         gpu_keys = [(slot.free, pos, slot.index, i) for i, slot in open_gpus]
         frees = sorted((slot.free for _, slot in open_gpus), reverse=True)
         limit = min(node.slots, len(frees))
-        cap_keys = {g: (frees[g - 1], pos) for g in range(2, limit + 1)}
+        cap_keys = {g: (frees[g - 1], pos) for g in range(1, limit + 1)}
         return gpu_keys, cap_keys
 
     def _refresh(self, pos: int) -> None:

@@ -41,11 +41,25 @@ from controller.packing.index import FreeIndex, NodeFilter
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A placement in the index's terms: (node position, GPU positions on it) per node."""
+    """A placement in the index's terms: (node position, GPU positions on it) per node.
+
+    `per_gpu_bytes` is the job's per-GPU figure (what the API records); `head_gpu_extra` is 0
+    except for a device map, whose GPUs other than the first (the LM head's) hold that much
+    less, and are charged so.
+    """
 
     parts: tuple[tuple[int, tuple[int, ...]], ...]
     gpus: int
     per_gpu_bytes: int
+    head_gpu_extra: int = 0
+
+    def charges(self) -> Iterator[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """(node position, GPU positions, bytes each holds) per node."""
+        for p, (pos, gpus) in enumerate(self.parts):
+            each = [self.per_gpu_bytes - self.head_gpu_extra] * len(gpus)
+            if p == 0 and each:
+                each[0] = self.per_gpu_bytes
+            yield pos, gpus, tuple(each)
 
 
 def shapes(n: int, max_per_node: int, parallelism: Parallelism) -> Iterator[tuple[int, int]]:
@@ -66,7 +80,11 @@ def place(
     need = estimate.per_gpu_bytes(n, parallelism)
     if parallelism is Parallelism.DEVICE_MAP and n > 1:
         return _device_map(index, estimate, n, ok)
+    if index.count_gpus(need) < n:
+        return None  # fewer GPUs hold the need than the job takes: no shape can work
     for k, g in shapes(n, index.max_gpus, parallelism):
+        if index.count_nodes(g, need) < k:
+            continue
         nodes = list(islice(index.nodes_fitting(g, need, ok), k))
         if len(nodes) == k:
             parts = tuple((pos, tuple(index.tightest(pos, g, need))) for pos in nodes)
@@ -87,9 +105,35 @@ def place_by_count(
     return None
 
 
+def closest(
+    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+) -> Placed | None:
+    """The GPUs a waiting job is closest to fitting: n GPUs with the most free memory, or,
+    where fewer are open (whole GPUs still in use), the open GPUs of the nodes that have the
+    most of them, so that a starving job keeps each GPU that frees up."""
+    placed = place_by_count(index, estimate, parallelism, n, ok)
+    if placed is not None:
+        return placed
+    for k, g in shapes(n, index.max_gpus, parallelism):
+        ranked = sorted(
+            (-len(open_gpus), -sum(slot.free for _, slot in open_gpus), pos)
+            for pos in range(len(index.nodes))
+            if ok(pos) and len(index.nodes[pos].gpus) >= g
+            for open_gpus in [index.open_gpus(pos)]
+            if open_gpus
+        )
+        if len(ranked) >= k:
+            parts = tuple((pos, tuple(index.most_free(pos, g))) for _, _, pos in ranked[:k])
+            return Placed(parts, n, estimate.per_gpu_bytes(n, parallelism))
+    return None
+
+
 def _device_map(index: FreeIndex, estimate: Estimate, n: int, ok: NodeFilter) -> Placed | None:
+    if index.count_nodes(n, estimate.device_map_min_bytes(n)) == 0:
+        return None
     for pos in index.nodes_fitting(n, estimate.device_map_min_bytes(n), ok):
         if device_map_holds(estimate, index.frees_desc(pos, n)):
             gpus = tuple(index.most_free(pos, n))
-            return Placed(((pos, gpus),), n, estimate.per_gpu_bytes(n, Parallelism.DEVICE_MAP))
+            head = estimate.per_gpu_bytes(n, Parallelism.DEVICE_MAP)
+            return Placed(((pos, gpus),), n, head, head - estimate.device_map_min_bytes(n))
     return None

@@ -21,7 +21,7 @@ from controller.packing.inventory import (
     Snapshot,
     working_nodes,
 )
-from controller.packing.placement import Placed, place, place_by_count
+from controller.packing.placement import Placed, closest, place, place_by_count
 
 
 def _everywhere(pos: int) -> bool:
@@ -93,13 +93,17 @@ class ClusterView:
     ) -> Placed | None:
         return place_by_count(self.now, estimate, parallelism, n, where.now)
 
-    def assume(self, placed: Placed, per_gpu_bytes: int) -> None:
+    def assume(self, placed: Placed) -> None:
         """Charge an admission before the next decision reads the free memory."""
-        for pos, gpus in placed.parts:
-            self.now.assume(pos, gpus, per_gpu_bytes, slots=self.counts_slots)
+        for pos, gpus, held in placed.charges():
+            self.now.assume(pos, gpus, held, slots=self.counts_slots)
 
-    def hold(self, placed: Placed) -> None:
-        for pos, gpus in placed.parts:
+    def hold_closest(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> None:
+        """Keep the GPUs a starving job is closest to fitting from later jobs of this pass."""
+        held = closest(self.now, estimate, parallelism, n, where.now)
+        for pos, gpus in held.parts if held else ():
             self.now.hold(pos, gpus)
 
     def node_gpus(self, placed: Placed) -> tuple[NodeGpus, ...]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-import pytest
-
 from controller.api import conditions as cond
 from controller.api.enums import AdmissionPolicy
 from controller.decision import (
@@ -440,11 +438,6 @@ def test_plan_reads_the_view_it_builds_and_not_a_shared_one() -> None:
     assert ClusterView(snapshot, SHARED).now.nodes[0].gpus[0].free == 40 * GIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a starving job holds GPUs only when all it asks for are open, so with "
-    "whole GPUs a multi-GPU job never holds the ones that free up one by one",
-)
 def test_a_starving_multi_gpu_job_holds_the_whole_gpus_already_free() -> None:
     busy = NodeState(
         "a",
@@ -462,4 +455,4 @@ def test_a_starving_multi_gpu_job_holds_the_whole_gpus_already_free() -> None:
     ]
     d = run([busy], jobs, now=NOW, packing=EXCLUSIVE)
     assert d["big"].reason == cond.REASON_WAITING_FOR_VRAM
-    assert not d["small"].admitted  # today: small takes GPU 2, and big starves
+    assert not d["small"].admitted  # GPUs 2 and 3 are held for big as they free up

@@ -527,13 +527,21 @@ def as_choice(view: ClusterView, placed: Placed | None, ordered: bool) -> Choice
 
 
 def charge(
-    ref: dict[str, RefNode], choice: Choice, per_gpu: int, exclusive: bool, slots: bool
+    ref: dict[str, RefNode],
+    choice: Choice,
+    per_gpu: int,
+    exclusive: bool,
+    slots: bool,
+    head_extra: int = 0,
 ) -> None:
-    for name, indices in choice:
+    """A device map's first GPU (in the choice's order) holds the LM head: `head_extra` more
+    than each of the others."""
+    for p, (name, indices) in enumerate(choice):
         x = ref[name]
         for g in x.gpus:
             if g.index in indices:
-                g.free -= per_gpu
+                head = p == 0 and g.index == indices[0]
+                g.free -= per_gpu if head else per_gpu - head_extra
                 g.taken = g.taken or exclusive
         if slots:
             x.slots -= len(indices)
@@ -589,11 +597,12 @@ def test_best_fit_placement_agrees_with_a_brute_force_search(
             # A starving job's hold: those GPUs leave the reference as they leave the index.
             for name, indices in as_choice(view, by_count, ordered=True) or []:
                 ref[name].held.update(g.uuid for g in ref[name].gpus if g.index in indices)
-            view.hold(by_count)
+            for pos, gpus in by_count.parts:
+                view.now.hold(pos, gpus)
         elif placed is not None:
             assert expected is not None
-            charge(ref, expected, placed.per_gpu_bytes, exclusive, slots)
-            view.assume(placed, placed.per_gpu_bytes)
+            charge(ref, expected, placed.per_gpu_bytes, exclusive, slots, placed.head_gpu_extra)
+            view.assume(placed)
 
 
 def test_the_reference_search_finds_the_worked_examples() -> None:
