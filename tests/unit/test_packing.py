@@ -511,6 +511,31 @@ def test_the_index_follows_assumptions_and_holds() -> None:
     assert v.largest_now(v.select({})) == (50 * GIB, "a", 1)
 
 
+def test_a_node_whose_gpus_were_assumed_is_ranked_by_what_is_left() -> None:
+    job = est(60, 10)  # 40 GiB per GPU at 2
+    v = view(node("a", [50, 50]), node("b", [45, 45]))
+    first = place(v.now, job, Parallelism.FSDP, 2, everywhere)
+    assert on(v, first) == [("b", (0, 1))]
+    assert first is not None
+    v.assume(first)  # b: [5, 5]
+    assert on(v, place(v.now, job, Parallelism.FSDP, 2, everywhere)) == [("a", (0, 1))]
+    second = place(v.now, job, Parallelism.FSDP, 2, everywhere)
+    assert second is not None
+    v.assume(second)  # a: [10, 10]
+    assert place(v.now, job, Parallelism.FSDP, 2, everywhere) is None
+    assert on(v, place(v.now, est(9), Parallelism.FSDP, 1, everywhere)) == [("a", (0,))]
+
+
+def test_a_device_map_charges_the_head_gpu_its_figure_and_each_other_its_share() -> None:
+    job = est(60, 10, head=8)  # head GPU 30 + 10 = 40; the other 30 + 10 - 8 = 32
+    v = view(node("a", [33, 45]))
+    placed = place(v.now, job, Parallelism.DEVICE_MAP, 2, everywhere)
+    assert on(v, placed) == [("a", (1, 0))]  # the most free GPU holds the LM head
+    assert placed is not None
+    v.assume(placed)
+    assert frees(v) == {"a-0": 1, "a-1": 5}
+
+
 def test_an_empty_index_places_nothing() -> None:
     index = FreeIndex([])
     assert place(index, est(1), Parallelism.FSDP, 1, everywhere) is None

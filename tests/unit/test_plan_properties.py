@@ -162,7 +162,7 @@ def job_request(
     age = draw(ints(-1, 60))
     return JobRequest(
         key=f"ns/job{i}",
-        estimate=estimate_of(draw),
+        estimate=estimate_of(draw, head=bool(draw(ints(0, 1)))),
         parallelism=pick(draw, list(Parallelism)),
         gpus=gpus,
         policy=policy,
@@ -334,12 +334,16 @@ def test_no_admission_ever_takes_a_gpu_below_zero_effective_free_memory(
             gpus = {g.uuid: g for g in n.gpus}
             assert len(set(part.uuids)) == len(part.uuids)
             used_slots[n.name] = used_slots.get(n.name, 0) + len(part.uuids)
-            for uuid, index in zip(part.uuids, part.indices, strict=True):
+            for p, (uuid, index) in enumerate(zip(part.uuids, part.indices, strict=True)):
                 g = gpus[uuid]
                 assert g.index == index and not g.taken
                 if exclusive:
                     assert uuid not in charged, f"{uuid} handed out twice"
-                charged[uuid] = charged.get(uuid, 0) + d.per_gpu_bytes
+                # A device map's first GPU holds the LM head; each other one its own share.
+                held = d.per_gpu_bytes
+                if j.parallelism is Parallelism.DEVICE_MAP and p > 0:
+                    held = j.estimate.device_map_min_bytes(d.admitted_gpus)
+                charged[uuid] = charged.get(uuid, 0) + held
                 assert charged[uuid] <= g.free, f"{uuid} below zero after {d.job}"
     if packing.gpu_mode is GpuMode.DEVICE_PLUGIN:
         for name, count in used_slots.items():
