@@ -92,6 +92,10 @@ def decide_placed(job: JobRequest, view: ClusterView) -> tuple[Decision, Placed 
                 per_gpu_bytes=job.estimate.per_gpu_bytes(queue_at, job.parallelism),
             )
         )
+    if not view.shapes_empty(job.estimate, job.parallelism, requested, where):
+        return _unplaced(
+            _reject(job, cond.REASON_INSUFFICIENT_GPUS, explain.no_shape(job, view, where))
+        )
     every = range(1, min(where.gpus, MAX_GPUS) + 1)
     other = None if counts is None else _fits_empty(job, view, where, every)
     return _unplaced(

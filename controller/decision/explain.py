@@ -129,3 +129,15 @@ def too_few_gpus(job: JobRequest, at: Selection, low: int) -> str:
         f"requests {plural(low)}; the cluster has {plural(at.gpus, 'matching GPU')} "
         "with reported memory"
     )
+
+
+def no_shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
+    shape = (
+        "on one node (a device map)"
+        if job.parallelism is Parallelism.DEVICE_MAP
+        else f"as k nodes x g GPUs with the same g on every node ({_MODE[job.parallelism]})"
+    )
+    return (
+        f"needs {plural(job.gpus)} {shape}; the matching nodes have at most "
+        f"{plural(view.widest_empty(at))} each, so no such placement exists"
+    )

@@ -31,12 +31,18 @@ from controller.decision.types import (
 from controller.packing.inventory import Snapshot
 from controller.packing.view import ClusterView
 
-_EPOCH = datetime.min.replace(tzinfo=UTC)
+_END = datetime.max.replace(tzinfo=UTC)
 
 
 def queue_order(jobs: Sequence[JobRequest]) -> list[int]:
-    """Indices of `jobs` in queue order: priority, then creation time, then as given."""
-    return sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].created or _EPOCH, i))
+    """Indices of `jobs` in queue order: priority, then creation time (a job without one
+    last: it cannot claim to be older), then as given."""
+
+    def created(job: JobRequest) -> datetime:
+        moment = job.created or _END
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+    return sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, created(jobs[i]), i))
 
 
 def plan(

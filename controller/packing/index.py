@@ -88,10 +88,16 @@ class FreeIndex:
                 yield pos
 
     def nodes_by_free(self, g: int, ok: NodeFilter) -> Iterator[int]:
-        """Nodes that can give g GPUs, the most free first (whatever the need)."""
-        for _, pos in reversed(self._caps.get(g, _EMPTY)):
-            if ok(pos):
-                yield pos
+        """Nodes that can give g GPUs, the most free first (whatever the need); equal ones
+        by node name, as everywhere else."""
+        tied: list[int] = []
+        tied_cap = None
+        for cap, pos in reversed(self._caps.get(g, _EMPTY)):
+            if cap != tied_cap:
+                yield from (p for p in reversed(tied) if ok(p))
+                tied, tied_cap = [], cap
+            tied.append(pos)
+        yield from (p for p in reversed(tied) if ok(p))
 
     def count_gpus(self, need: int) -> int:
         """How many GPUs take work and hold `need` (on any node, before selectors)."""

@@ -231,9 +231,10 @@ def working_nodes(
         if not gpus:
             continue
         slots = len(gpus)
-        if settings.gpu_mode is GpuMode.DEVICE_PLUGIN:
+        if settings.gpu_mode is GpuMode.DEVICE_PLUGIN and not empty:
+            # Empty: every GPU, whatever the device plugin reports now (it may be restarting).
             allocatable = node.gpu_allocatable if node.gpu_allocatable is not None else len(gpus)
-            used = 0 if empty else node.gpu_allocated + taken.get(name, 0)
+            used = node.gpu_allocated + taken.get(name, 0)
             slots = max(0, min(len(gpus), allocatable) - used)
         out.append(NodeSlots(name, order, node.labels, gpus, slots))
     return out

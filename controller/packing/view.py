@@ -88,6 +88,18 @@ class ClusterView:
     ) -> bool:
         return place(self.empty, estimate, parallelism, n, where.empty) is not None
 
+    def shapes_empty(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> bool:
+        """Whether the empty cluster has n GPUs in a shape the parallelism can use (one node
+        for a device map; k nodes x g GPUs for DDP and FSDP), whatever their memory."""
+        return place_by_count(self.empty, estimate, parallelism, n, where.empty) is not None
+
+    def widest_empty(self, where: Selection) -> int:
+        """The most GPUs one matching node has."""
+        nodes = self.empty.nodes
+        return max((len(nodes[p].gpus) for p in range(len(nodes)) if where.empty(p)), default=0)
+
     def place_by_count(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> Placed | None:

@@ -456,3 +456,36 @@ def test_a_starving_multi_gpu_job_holds_the_whole_gpus_already_free() -> None:
     d = run([busy], jobs, now=NOW, packing=EXCLUSIVE)
     assert d["big"].reason == cond.REASON_WAITING_FOR_VRAM
     assert not d["small"].admitted  # GPUs 2 and 3 are held for big as they free up
+
+
+# -- review follow-ups -------------------------------------------------------------------------
+
+
+def test_advise_on_identical_nodes_takes_the_first_by_name() -> None:
+    d = decide(job("j", est(100), policy=ADVISE), view(node("a", [50]), node("b", [50])))
+    assert d.reason == cond.REASON_ADVISED and where(d) == [("a", (0,))]
+
+
+def test_a_count_no_node_shape_can_hold_is_insufficient_gpus_not_vram() -> None:
+    nodes = (node("a", [80, 80, 80]), node("b", [80, 80, 80]))
+    d = decide(job("j", est(10), gpus=5, parallelism=DDP), view(*nodes))
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_GPUS)
+    says(d, "needs 5 GPUs as k nodes x g GPUs", "at most 3 GPUs each")
+    d = decide(job("j", est(10), gpus=4, parallelism=DEVICE_MAP), view(*nodes))
+    assert d.reason == cond.REASON_INSUFFICIENT_GPUS
+    says(d, "on one node (a device map)")
+
+
+def test_a_job_without_a_creation_time_queues_after_those_with_one() -> None:
+    jobs = [
+        job("unknown", est(1)),
+        job("naive", est(1), created=datetime(2024, 1, 2)),
+        job("aware", est(1), created=NOW),
+    ]
+    assert [jobs[i].key for i in queue_order(jobs)] == ["ns/naive", "ns/aware", "ns/unknown"]
+
+
+def test_the_empty_cluster_has_every_gpu_whatever_the_device_plugin_reports_now() -> None:
+    restarting = NodeState("a", (gpu("a", 0, 80),), heartbeat=NOW, gpu_allocatable=0)
+    d = run([restarting], [job("j", est(10))], now=NOW, packing=EXCLUSIVE)["j"]
+    assert d.reason == cond.REASON_WAITING_FOR_VRAM
