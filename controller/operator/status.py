@@ -76,6 +76,7 @@ def estimated(
         f"{estimate['total']} in total, {estimate['perGpu']} per GPU on {gpus} "
         f"GPU{'s' if gpus > 1 else ''} with {estimate['parallelism']}"
     )
+    message += "".join(f"; warning: {warning}" for warning in plan.warnings)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,

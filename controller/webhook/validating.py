@@ -20,19 +20,27 @@ from typing import Any
 import kopf
 
 from controller.estimator import SpecErrors
-from controller.jobspec import validate_spec
+from controller.jobspec import translate
 
 #: HTTP status of the refusal: 422 Unprocessable Entity, as the API server's own validation.
 INVALID = 422
 
 
 def validate_finetunejob(
-    spec: Mapping[str, Any], old: Mapping[str, Any] | None, operation: str | None, **_: Any
+    spec: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    operation: str | None,
+    warnings: list[str] | None = None,
+    **_: Any,
 ) -> None:
-    """kopf validating handler: raises kopf.AdmissionError naming every invalid field."""
+    """kopf validating handler: raises kopf.AdmissionError naming every invalid field, and
+    adds what is estimated but unusual (a sequence beyond the model's context) to the
+    admission warnings, which kubectl prints."""
     plain = dict(spec)  # kopf passes a read-only view; compare and validate the plain dict
     if operation == "UPDATE" and old is not None and old.get("spec") == plain:
         return
-    errors = validate_spec(plain)
+    plan, errors = translate(plain)
     if errors:
         raise kopf.AdmissionError(str(SpecErrors(errors)), code=INVALID)
+    if plan is not None and warnings is not None:
+        warnings.extend(f"vramgate: {warning}" for warning in plan.warnings)

@@ -143,3 +143,10 @@ def test_per_gpu_figures_follow_the_gpu_count() -> None:
     assert estimate["gpus"] == 4 and estimate["parallelism"] == "FSDP"
     assert estimate["perGpuBytes"] < estimate["totalBytes"]
     assert "per GPU on 4 GPUs with FSDP" in _by_type(update.patch)["Estimated"]["message"]
+
+
+def test_a_sequence_beyond_the_context_is_estimated_and_the_condition_says_so() -> None:
+    update = _estimated({}, training={"sequenceLength": 200_000})
+    estimated = _by_type(update.patch)["Estimated"]
+    assert estimated["status"] == "True"
+    assert "; warning: spec.training.sequenceLength: 200000 is longer than" in estimated["message"]

@@ -107,3 +107,14 @@ def test_keys_are_p256(tmp_path: Path) -> None:
     paths = certs.ensure_serving_cert(tmp_path, [])
     key = _cert(paths.cert).public_key()
     assert isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"
+
+
+def test_a_sequence_beyond_the_context_is_allowed_with_a_warning() -> None:
+    long = dict(VALID, training={"sequenceLength": 200_000})
+    warnings: list[str] = []
+    validate_finetunejob(spec=long, old=None, operation="CREATE", warnings=warnings)
+    assert len(warnings) == 1
+    assert warnings[0].startswith("vramgate: spec.training.sequenceLength: 200000 is longer")
+    quiet: list[str] = []
+    validate_finetunejob(spec=VALID, old=None, operation="CREATE", warnings=quiet)
+    assert quiet == []
