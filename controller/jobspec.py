@@ -30,6 +30,7 @@ from controller.api.enums import AdmissionPolicy, allowed, api_spelling
 from controller.api.finetunejob import (
     DEFAULT_CONFIG_KEY,
     FRAMEWORK_MAX_LENGTH,
+    MAX_PRIORITY,
     MODEL_SOURCES,
     ConfigMapRef,
     EstimatorSpec,
@@ -125,6 +126,9 @@ class JobPlan:
     suspend: bool
     gpu_selector: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    priority: int = 0
 
 
 def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
@@ -303,6 +307,22 @@ def _placement(
     resources = objects["spec.resources"]
     gpus = resources.get("gpus", _default(ResourcesSpec, "gpus"))
     gpus = int_in_range(gpus, "spec.resources.gpus", 1, MAX_GPUS, errors)
+    min_gpus = int_in_range(
+        resources.get("minGPUs", 1), "spec.resources.minGPUs", 1, MAX_GPUS, errors
+    )
+    max_gpus = resources.get("maxGPUs")
+    if max_gpus is not None:
+        max_gpus = int_in_range(max_gpus, "spec.resources.maxGPUs", 1, MAX_GPUS, errors)
+        if max_gpus < min_gpus:
+            errors.append(
+                SpecError(
+                    "spec.resources.maxGPUs",
+                    f"must be greater than or equal to minGPUs ({min_gpus}), got {max_gpus}",
+                )
+            )
+    priority = int_in_range(
+        spec.get("priority", 0), "spec.priority", -MAX_PRIORITY, MAX_PRIORITY, errors
+    )
     selector = resources.get("gpuSelector") or {}
     if not isinstance(selector, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
@@ -320,6 +340,9 @@ def _placement(
     return {
         "parallelism": parallelism,
         "gpus": gpus,
+        "min_gpus": min_gpus,
+        "max_gpus": max_gpus,
+        "priority": priority,
         "admission_policy": policy,
         "suspend": suspend is True,
         "gpu_selector": dict(selector),

@@ -223,7 +223,14 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
             "spec.training.seqLen: unknown field (did you mean sequenceLength?); allowed: "
             "framework, microBatchSize, sequenceLength",
         ),
-        (job(priority=3), "spec.priority: unknown field; allowed: model, method, lora"),
+        (job(priorty=3), "spec.priorty: unknown field (did you mean priority?); allowed: model"),
+        (job(priority=True), "spec.priority: must be an integer, got True"),
+        (job(priority=10**10), "spec.priority: must be less than or equal to 1000000000"),
+        (
+            job(resources={"minGPUs": 4, "maxGPUs": 2}),
+            "spec.resources.maxGPUs: must be greater than or equal to minGPUs (4), got 2",
+        ),
+        (job(resources={"minGPUs": 0}), "spec.resources.minGPUs: must be greater than or equal"),
         (
             job(model={"config": {"hidden_size": "big"}}),
             "spec.model.config.hidden_size: must be an integer, got 'big'",
