@@ -10,12 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
 
 from controller import plan_command
+from controller.errors import VramgateError
 from controller.estimator import (
     ModelShape,
     Parallelism,
@@ -72,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _choices(enum: type) -> str:
+def _choices(enum: type[StrEnum]) -> str:
     return "|".join(m.value for m in enum)
 
 
@@ -294,7 +296,7 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     for column in ("preset", "source repo", "family", "parameters"):
         table.add_column(column, justify="right" if column == "parameters" else "left")
     for row in rows:
-        table.add_row(row["name"], row["repo"], row["family"], f"{row['params']:,}")
+        table.add_row(str(row["name"]), str(row["repo"]), str(row["family"]), f"{row['params']:,}")
     console.print(table)
     return 0
 
@@ -488,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args, console))
-    except (UsageError, SpecError, plan_command.PlanInputError) as error:
+    except (UsageError, VramgateError) as error:
         print(f"vramgate: {error}", file=sys.stderr)
         return 2
 

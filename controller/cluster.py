@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from controller.api.conditions import ADMITTED, READY, find_condition
 from controller.decision.types import JobRequest
+from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, translate
 from controller.packing.inventory import (
@@ -41,7 +42,7 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 _FINISHED = {"Succeeded", "Failed"}
 
 
-class ClusterError(ValueError):
+class ClusterError(PermanentError, ValueError):
     """A cluster object or description that cannot be read: `where` says which one."""
 
     def __init__(self, where: str, message: str) -> None:
@@ -209,7 +210,8 @@ def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Re
         )
         for part in placement.get("nodes") or []
     )
-    uids, allocated = set(), {}
+    uids: set[str] = set()
+    allocated: dict[str, int] = {}
     for pod in pods:
         uids.add(str((pod.get("metadata") or {}).get("uid")))
         node = (pod.get("spec") or {}).get("nodeName")
@@ -400,7 +402,7 @@ def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
     for node in cluster.nodes:
         gpus = node.gpus
         product = node.labels.get(PRODUCT_LABEL, "GPU")
-        devices = []
+        devices: list[GpuDevice] = []
         for gpu in gpus:
             for _ in range(gpu.count):
                 i = len(devices)

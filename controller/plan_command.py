@@ -29,6 +29,7 @@ from controller.cluster import (
     snapshot,
 )
 from controller.decision import AdmissionSettings, Decision, QueueingStrategy, plan
+from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
@@ -45,7 +46,7 @@ _C_LOADER = getattr(yaml, "CSafeLoader", None)
 MAX_HEADROOM_PERCENT = 50
 
 
-class PlanInputError(ValueError):
+class PlanInputError(PermanentError, ValueError):
     """Bad input for `vramgate plan`: one line naming the file, document and field."""
 
 

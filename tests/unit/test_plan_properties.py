@@ -452,7 +452,7 @@ def test_a_rejected_job_fits_no_allowed_count_of_the_empty_cluster(
                 # Too few matching GPUs, or none in a shape the parallelism can use.
                 nothing = Estimate("x", {"a": 0}, 0, 0, 0, 0)
                 matching = matching_gpus(snapshot, dict(j.selector))
-                assert 0 < matching
+                assert matching > 0
                 assert matching < min(allowed_counts(j)) or not brute_force(
                     empty, nothing, j.parallelism, j.gpus, dict(j.selector), slots
                 )
