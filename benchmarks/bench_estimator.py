@@ -33,6 +33,15 @@ CASES = {
         "deepseek-v3",
         TrainingSettings(method=Method.LORA, profile=Profile.UNSLOTH),
     ),
+    "llama-3.1-8b lora calibrated": (
+        "llama-3.1-8b",
+        TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED),
+    ),
+    "llama-3.1-8b qlora calibrated": ("llama-3.1-8b", TrainingSettings(profile=Profile.CALIBRATED)),
+    "deepseek-v3 lora calibrated": (
+        "deepseek-v3",
+        TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED),
+    ),
 }
 
 

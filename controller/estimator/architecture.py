@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import builtins
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
+from dataclasses import dataclass, field
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -61,6 +62,13 @@ class Linear:
     def lora_params(self, rank: int) -> int:
         """A LoRA adapter of rank r on in x out adds r x (in + out) (PEFT, no bias)."""
         return rank * (self.in_features + self.out_features) * self.copies
+
+
+#: How the config builders make linears: the same few recur in every layer of every parse (a
+#: raw config is parsed on each estimate), and building a frozen dataclass costs several
+#: times a lookup. Linears are immutable values, so sharing one between models is safe;
+#: `typed` keeps a bool apart from the int it equals, so each is built as it would be alone.
+_linear = lru_cache(maxsize=4096, typed=True)(Linear)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +158,22 @@ class ModelShape:
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
+    def layer_counts(self) -> tuple[tuple[Layer, int], ...]:
+        """Each distinct layer object with how often it repeats, in first-seen order.
+
+        `parse_config` shares one object among identical layers, so whatever walks the
+        layers can price each kind once and multiply. Grouping is by identity, not equality:
+        hashing a layer by value costs more than pricing it, and equal layers held apart are
+        merely priced apart, with the same exact sum.
+        """
+        ids = list(map(id, self.layers))
+        first = dict(zip(ids, self.layers, strict=True))
+        return tuple((first[key], count) for key, count in Counter(ids).items())
+
+    @cached_property
     def total_params(self) -> int:
         return (
-            sum(layer.params for layer in self.layers)
+            sum(layer.params * count for layer, count in self.layer_counts)
             + self.embedding_params
             + self.lm_head_params
             + self.final_norm_params
@@ -172,7 +193,7 @@ class ModelShape:
 
     @cached_property
     def module_names(self) -> frozenset[str]:
-        return frozenset(lin.name for layer in self.layers for lin in layer.linears)
+        return frozenset(lin.name for layer, _ in self.layer_counts for lin in layer.linears)
 
     def lora_params_per_rank(self, targets: tuple[str, ...]) -> int:
         """Adapter parameters at rank 1 on the named modules (linear in the rank).
@@ -187,8 +208,8 @@ class ModelShape:
         wanted = set(targets)
         every = "all-linear" in wanted
         total = sum(
-            lin.lora_params(1)
-            for layer in self.layers
+            lin.lora_params(1) * count
+            for layer, count in self.layer_counts
             for lin in layer.linears
             if every or lin.name in wanted
         )
@@ -393,7 +414,7 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
     return tuple(sorted(set(only)))
 
 
-def _read_dims(r: _Reader) -> ArchDims:
+def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
     layers = r.required_int("num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
     heads = r.required_int("num_attention_heads", "n_head")
@@ -467,7 +488,6 @@ def _read_dims(r: _Reader) -> ArchDims:
         head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        tie_word_embeddings=False,  # resolved by the caller (family default)
         num_experts=num_experts,
         experts_per_token=top_k,
         moe_intermediate_size=r.int("moe_intermediate_size"),
@@ -488,6 +508,8 @@ def _read_dims(r: _Reader) -> ArchDims:
         use_double_wide_mlp=r.bool("use_double_wide_mlp", False),
         vocab_size_per_layer_input=r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0,
         hidden_size_per_layer_input=r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0,
+        # Read last, so a config with several bad fields reports the same one first as ever.
+        tie_word_embeddings=r.bool("tie_word_embeddings", tie_default),
     )
 
 
@@ -526,16 +548,16 @@ def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], list[int]]:
     norms = [kv_rank]
     if dims.q_lora_rank:
         linears += [
-            Linear("q_a_proj", h, dims.q_lora_rank, bias),
-            Linear("q_b_proj", dims.q_lora_rank, nh * (nope + rope)),
+            _linear("q_a_proj", h, dims.q_lora_rank, bias),
+            _linear("q_b_proj", dims.q_lora_rank, nh * (nope + rope)),
         ]
         norms.append(dims.q_lora_rank)
     else:
-        linears.append(Linear("q_proj", h, nh * (nope + rope)))
+        linears.append(_linear("q_proj", h, nh * (nope + rope)))
     linears += [
-        Linear("kv_a_proj_with_mqa", h, kv_rank + rope, bias),
-        Linear("kv_b_proj", kv_rank, nh * (nope + v)),
-        Linear("o_proj", nh * v, h, bias),
+        _linear("kv_a_proj_with_mqa", h, kv_rank + rope, bias),
+        _linear("kv_b_proj", kv_rank, nh * (nope + v)),
+        _linear("o_proj", nh * v, h, bias),
     ]
     return linears, norms
 
@@ -551,14 +573,14 @@ def _attention(
     qkv_bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
     o_bias = fam.o_bias if fam.o_bias is not None else attention_bias
     if fam.fused_qkv:
-        linears = [Linear("qkv_proj", h, q_width + 2 * kv_width, qkv_bias)]
+        linears = [_linear("qkv_proj", h, q_width + 2 * kv_width, qkv_bias)]
     else:
-        linears = [Linear("q_proj", h, q_width, qkv_bias)]
+        linears = [_linear("q_proj", h, q_width, qkv_bias)]
         if has_k:
-            linears.append(Linear("k_proj", h, kv_width, qkv_bias))
+            linears.append(_linear("k_proj", h, kv_width, qkv_bias))
         if has_v:
-            linears.append(Linear("v_proj", h, kv_width, qkv_bias))
-    linears.append(Linear("o_proj", q_width, h, o_bias))
+            linears.append(_linear("v_proj", h, kv_width, qkv_bias))
+    linears.append(_linear("o_proj", q_width, h, o_bias))
     head_dim = q_width // dims.num_heads
     other: list[int] = []
     if fam.qk_norm == "head":
@@ -574,13 +596,13 @@ def _dense_mlp(h: int, inter: int, fam: _Family, bias: bool, copies: int = 1) ->
     expert = copies > 1
     if fam.fused_gate_up:
         return [
-            Linear("gate_up_proj", h, 2 * inter, bias, copies, expert),
-            Linear("down_proj", inter, h, bias, copies, expert),
+            _linear("gate_up_proj", h, 2 * inter, bias, copies, expert),
+            _linear("down_proj", inter, h, bias, copies, expert),
         ]
     return [
-        Linear("gate_proj", h, inter, bias, copies, expert),
-        Linear("up_proj", h, inter, bias, copies, expert),
-        Linear("down_proj", inter, h, bias, copies, expert),
+        _linear("gate_proj", h, inter, bias, copies, expert),
+        _linear("up_proj", h, inter, bias, copies, expert),
+        _linear("down_proj", inter, h, bias, copies, expert),
     ]
 
 
@@ -589,22 +611,22 @@ def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], list[int]]:
     expert_inter = dims.moe_intermediate_size or dims.intermediate_size
     if fam.fused_expert_gate_up:
         linears = [
-            Linear("gate_up_proj", h, 2 * expert_inter, fam.expert_bias, e, True),
-            Linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
+            _linear("gate_up_proj", h, 2 * expert_inter, fam.expert_bias, e, True),
+            _linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
         ]
     else:
         linears = [
-            Linear("gate_proj", h, expert_inter, fam.expert_bias, e, True),
-            Linear("up_proj", h, expert_inter, fam.expert_bias, e, True),
-            Linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
+            _linear("gate_proj", h, expert_inter, fam.expert_bias, e, True),
+            _linear("up_proj", h, expert_inter, fam.expert_bias, e, True),
+            _linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
         ]
-    linears.append(Linear("router", h, e, fam.router_bias))
+    linears.append(_linear("router", h, e, fam.router_bias))
     other = [e] if fam.router_correction_bias else []
     if dims.n_shared_experts:
         if dims.shared_expert_intermediate_size:
             # Qwen-MoE: one shared expert of its own width, gated by a h -> 1 linear.
             linears += _dense_mlp(h, dims.shared_expert_intermediate_size, fam, False)
-            linears.append(Linear("shared_expert_gate", h, 1))
+            linears.append(_linear("shared_expert_gate", h, 1))
         else:
             # DeepSeek: the shared experts run as one MLP n_shared times as wide.
             linears += _dense_mlp(h, expert_inter * dims.n_shared_experts, fam, False)
@@ -633,7 +655,10 @@ def _layer(
         linears += _dense_mlp(h, layer_mlp_size(dims, index), fam, mlp_bias)
     if dims.hidden_size_per_layer_input:
         pli = dims.hidden_size_per_layer_input
-        linears += [Linear("per_layer_input_gate", h, pli), Linear("per_layer_projection", pli, h)]
+        linears += [
+            _linear("per_layer_input_gate", h, pli),
+            _linear("per_layer_projection", pli, h),
+        ]
         other.append(h)  # post_per_layer_input_norm
     return Layer(tuple(linears), sum(other), attention_type, moe, tuple(other))
 
@@ -653,28 +678,36 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     if not isinstance(model_type, str):
         raise SpecError(r.path("model_type"), f"must be a string, got {shown(model_type)}")
     fam = family_traits(model_type)
-    dims = _read_dims(r)
-    tie = r.bool("tie_word_embeddings", fam.tie_default)
-    dims = replace(dims, tie_word_embeddings=tie)
+    dims = _read_dims(r, fam.tie_default)
+    tie = dims.tie_word_embeddings
     mlp_bias = r.bool("mlp_bias", False)
     h = dims.hidden_size
     norm = 2 * h if fam.layernorm_bias else h
 
-    # Most layers are identical; build each distinct one once (parsing is on the hot path
-    # of raw-config estimates).
-    built: dict[tuple[object, ...], Layer] = {}
-    layers: list[Layer] = []
-    for index in range(dims.num_layers):
-        attention_type = dims.layer_types[index] if dims.layer_types else "full_attention"
-        moe = dims.num_experts > 1 and index not in dims.dense_layers
-        key = (attention_type, is_kv_shared_layer(dims, index), moe)
-        if key not in built:
-            built[key] = _layer(dims, fam, r, index, attention_type, moe, mlp_bias)
-        layers.append(built[key])
+    # Most layers are identical; build each distinct one once, at its first index, and share
+    # it (parsing is on the hot path of raw-config estimates, so the per-layer keys are
+    # built without a Python-level loop in the common cases).
+    n = dims.num_layers
+    types = dims.layer_types or ("full_attention",) * n
+    shared: Sequence[bool] = (False,) * n
+    if dims.num_kv_shared_layers:
+        shared = [is_kv_shared_layer(dims, i) for i in range(n)]
+    moe: Sequence[bool] = (False,) * n
+    if dims.num_experts > 1:
+        moe = [True] * n
+        for i in dims.dense_layers:
+            moe[i] = False
+    keys = list(zip(types, shared, moe, strict=True))
+    first = dict(zip(reversed(keys), reversed(range(n)), strict=True))  # the earliest wins
+    built: dict[tuple[str, bool, bool], Layer] = {}
+    for key in dict.fromkeys(keys):
+        attention_type, _, is_moe = key
+        built[key] = _layer(dims, fam, r, first[key], attention_type, is_moe, mlp_bias)
+    layers = tuple(map(built.__getitem__, keys))
 
     embedding = dims.vocab_size * h
     if dims.hidden_size_per_layer_input:
-        pli, n = dims.hidden_size_per_layer_input, dims.num_layers
+        pli = dims.hidden_size_per_layer_input
         embedding += dims.vocab_size_per_layer_input * pli * n  # embed_tokens_per_layer
         embedding += h * n * pli + pli  # per_layer_model_projection + its norm
     # Only compared with the sequence length, so no upper bound.
@@ -682,7 +715,7 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     return ModelShape(
         model_type=model_type,
         dims=dims,
-        layers=tuple(layers),
+        layers=layers,
         embedding_params=embedding,
         lm_head_params=0 if tie else dims.vocab_size * h,
         final_norm_params=norm,

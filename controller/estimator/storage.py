@@ -135,59 +135,68 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     rank = settings.rank or 0
     h, vocab = shape.hidden_size, shape.vocab_size
 
-    weights = 0
-    trainable: list[tuple[int, int]] = []  # (numel, bytes per element)
-    lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
+    weights = lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
+    # Every trainable tensor as (numel, bytes per element) -> how many the model holds. A raw
+    # config is parsed on every estimate, so each distinct layer is priced once and counted
+    # as often as it repeats: sums of integers, so exactly what pricing them one by one gives.
+    tensors: dict[tuple[int, int], int] = {}
     fam = family_traits(shape.model_type)
     lora_on_experts = bool(fam.peft_moe_pattern)
     # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
     moved = set(_MOVED) if fam.peft_moe_pattern == "qwen2_moe" else set()
-    for layer in shape.layers:
-        grads_here = stacks_here = 0
+    for layer, count in shape.layer_counts:
+        trainable: list[tuple[int, int]] = []
+        held = grads_here = stacks_here = inputs_here = ranks_here = 0
         for stack, parts in _expert_stacks(layer):
             stacks_here += stack.weight_params * elem
-            held, grads = _base(stack, quantized, double, elem, adapter, trainable)
-            weights, grads_here = weights + held, grads_here + grads
+            weight, grads = _base(stack, quantized, double, elem, adapter, trainable)
+            held, grads_here = held + weight, grads_here + grads
             if quantized:
                 dequantized = max(dequantized, block(stack.weight_params * elem))
             targeted = sum(every or name in wanted for name in parts)
             if adapter and lora_on_experts and targeted:
                 r = rank * targeted * stack.copies
                 pair = _lora_pair(r * stack.in_features, r * stack.out_features, trainable)
-                weights, grads_here = weights + pair, grads_here + pair
+                held, grads_here = held + pair, grads_here + pair
         stacks_max = max(stacks_max, stacks_here)
         for lin in layer.linears:
             if lin.expert:
                 continue
             if lin.name == "router":  # a parameter, never quantised; fp32 in DeepSeek-V3
                 size = _FP32 if fam.router_correction_bias else elem
-                held, grads = _base(lin, False, double, size, adapter, trainable)
-                weights, grads_here = weights + held, grads_here + grads
+                weight, grads = _base(lin, False, double, size, adapter, trainable)
+                held, grads_here = held + weight, grads_here + grads
                 if adapter and lora_on_experts and (every or "router" in wanted):
                     pair = _lora_pair(rank * lin.in_features, rank * lin.out_features, trainable)
-                    weights, grads_here = weights + pair, grads_here + pair
+                    held, grads_here = held + pair, grads_here + pair
                 continue
-            held, grads = _base(lin, quantized, double, elem, adapter, trainable)
-            weights, grads_here = weights + held, grads_here + grads
+            weight, grads = _base(lin, quantized, double, elem, adapter, trainable)
+            held, grads_here = held + weight, grads_here + grads
             if quantized:
                 dequantized = max(dequantized, block(lin.weight_params * elem))
             if adapter and (every or lin.name in wanted) and lin.name not in moved:
                 a, b = rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies
                 pair = _lora_pair(a, b, trainable)
-                weights, grads_here = weights + pair, grads_here + pair
-                lora_inputs += lin.in_features * lin.copies
-                lora_ranks += rank * lin.copies
+                held, grads_here = held + pair, grads_here + pair
+                inputs_here += lin.in_features * lin.copies
+                ranks_here += rank * lin.copies
         others = list(layer.other_tensors)
         if layer.moe and fam.router_correction_bias:  # an fp32 buffer, not a parameter
             others.remove(shape.dims.num_experts)
-            weights += block(shape.dims.num_experts * _FP32)
+            held += block(shape.dims.num_experts * _FP32)
         for numel in others:
-            weights += block(numel * elem)
+            held += block(numel * elem)
             if not adapter:
                 trainable.append((numel, elem))
                 grads_here += block(numel * elem)
         layer_grads = max(layer_grads, grads_here)
+        weights += held * count
+        lora_inputs += inputs_here * count
+        lora_ranks += ranks_here * count
+        for tensor in trainable:
+            tensors[tensor] = tensors.get(tensor, 0) + count
 
+    trainable = []  # the tensors outside the decoder layers
     tied = not shape.lm_head_params
     outer = [shape.embedding_params, shape.final_norm_params]
     if not tied:
@@ -211,12 +220,17 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
         else:
             embed_grads += block(vocab * h * elem)
 
-    gradients = sum(block(n * e) for n, e in trainable)
-    optimizer = sum(_state_bytes(n, e, settings.optimizer) for n, e in trainable)
-    if settings.optimizer is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in trainable):
+    for tensor in trainable:
+        tensors[tensor] = tensors.get(tensor, 0) + 1
+
+    gradients = optimizer = scratch = trainable_params = 0
+    for (n, e), count in tensors.items():
+        gradients += block(n * e) * count
+        optimizer += _state_bytes(n, e, settings.optimizer) * count
+        scratch += _scratch_bytes(n, e, settings.optimizer) * count
+        trainable_params += n * count
+    if settings.optimizer is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
-    scratch = sum(_scratch_bytes(n, e, settings.optimizer) for n, e in trainable)
-    trainable_params = sum(n for n, _ in trainable)
     result = Static(
         weights=weights,
         gradients=gradients,
@@ -275,7 +289,9 @@ def _base(
     weights += block(bias * elem) if bias else 0
     if adapter:
         return weights, 0
-    trainable += [(numel, elem)] + ([(bias, elem)] if bias else [])
+    trainable.append((numel, elem))
+    if bias:
+        trainable.append((bias, elem))
     return weights, block(numel * elem) + (block(bias * elem) if bias else 0)
 
 

@@ -29,6 +29,7 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
+from controller.estimator.architecture import ModelShape
 from controller.estimator.calibrated import (
     LAYER_FEATURES,
     LOCAL_FEATURES,
@@ -37,6 +38,7 @@ from controller.estimator.calibrated import (
     peak_bytes,
 )
 from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.storage import BLOCK, Static, block, static_bytes
 from controller.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
@@ -117,6 +119,118 @@ def test_optimizer_and_accumulation_move_the_estimate_the_right_way() -> None:
     fused = replace(base, optimizer=Optimizer.ADAMW_TORCH)
     accumulating = replace(fused, gradient_accumulation=4)
     assert estimate(shape, accumulating).total_bytes > estimate(shape, fused).total_bytes
+
+
+# -- from a raw config: each distinct layer priced once -------------------------------------
+
+STATIC_JOBS = [
+    TrainingSettings(method=Method.FULL, rank=None),
+    TrainingSettings(method=Method.FULL, rank=None, optimizer=Optimizer.ADAMW_8BIT),
+    TrainingSettings(method=Method.LORA, optimizer=Optimizer.ADAMW_FP32_MASTER),
+    TrainingSettings(method=Method.LORA, rank=8, targets=("o_proj",), modules_to_save=("lm_head",)),
+    TrainingSettings(method=Method.QLORA, rank=64, modules_to_save=("embed_tokens",)),
+]
+
+
+def _runnable(shape: ModelShape, job: TrainingSettings) -> bool:
+    """Full fine-tuning needs a 16-bit checkpoint; a 4-bit one is refused before pricing."""
+    return not (job.method is Method.FULL and shape.quantization is not None)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_a_raw_config_estimates_as_its_preset(preset: str) -> None:
+    config = load_preset(preset).config_dict()
+    for method in (Method.FULL, Method.LORA, Method.QLORA):
+        job = TrainingSettings(
+            method=method, rank=None if method is Method.FULL else 16, profile=Profile.CALIBRATED
+        )
+        if _runnable(load_shape(preset), job):
+            assert estimate(parse_config(config), job) == estimate(load_shape(preset), job)
+
+
+def _layer_by_layer(shape: ModelShape) -> ModelShape:
+    """The same model with every layer its own object, so nothing groups and each is priced
+    alone (a fresh memo: `replace` would share the original's)."""
+    layers = tuple(replace(layer) for layer in shape.layers)
+    return replace(shape, layers=layers, memo={})
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-30b-a3b", "gpt-oss-20b", "gemma-3-4b"])
+def test_grouping_layers_prices_as_layer_by_layer(preset: str) -> None:
+    shape = parse_config(load_preset(preset).config_dict())
+    alone = _layer_by_layer(shape)
+    assert len(alone.layer_counts) == shape.num_layers > len(shape.layer_counts)
+    assert alone.total_params == shape.total_params
+    for job in STATIC_JOBS:
+        if _runnable(shape, job):
+            assert static_bytes(alone, job) == static_bytes(shape, job), job
+
+
+def _reference_static(shape: ModelShape, job: TrainingSettings) -> Static:
+    """A dense bf16 model under torch AdamW, tensor by tensor through every layer: what
+    `static_bytes` must come to however it groups the layers (no experts, no 4-bit)."""
+    lora = job.method is Method.LORA
+    rank = job.rank or 0
+    every = "all-linear" in job.targets
+    weights = lora_inputs = lora_ranks = layer_gradients = 0
+    trainable: list[tuple[int, int]] = []  # (numel, bytes per element)
+    for layer in shape.layers:
+        mine: list[tuple[int, int]] = []
+        for lin in layer.linears:
+            bias = lin.out_features * lin.copies if lin.bias else 0
+            tensors = [lin.weight_params] + ([bias] if bias else [])
+            weights += sum(block(n * 2) for n in tensors)
+            if not lora:
+                mine += [(n, 2) for n in tensors]
+            elif every or lin.name in job.targets:
+                pair = [rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies]
+                weights += sum(block(n * 4) for n in pair)
+                mine += [(n, 4) for n in pair]
+                lora_inputs += lin.in_features * lin.copies
+                lora_ranks += rank * lin.copies
+        for numel in layer.other_tensors:
+            weights += block(numel * 2)
+            if not lora:
+                mine.append((numel, 2))
+        layer_gradients = max(layer_gradients, sum(block(n * e) for n, e in mine))
+        trainable += mine
+    for numel in (shape.embedding_params, shape.final_norm_params, shape.lm_head_params):
+        if numel:
+            weights += block(numel * 2)
+            if not lora:
+                trainable.append((numel, 2))
+    trainable_params = sum(n for n, _ in trainable)
+    return replace(
+        static_bytes(shape, job),  # for the LM head's and embedding's gradients alone
+        weights=weights,
+        gradients=sum(block(n * e) for n, e in trainable),
+        optimizer=sum(2 * block(n * e) + BLOCK for n, e in trainable),
+        optimizer_scratch=sum(block(n * e) for n, e in trainable),
+        total_params=shape.total_params + (trainable_params if lora else 0),
+        trainable_params=trainable_params,
+        lora_inputs=lora_inputs,
+        lora_ranks=lora_ranks,
+        dequantized=0,
+        expert_stacks=0,
+        layer_gradients=layer_gradients,
+    )
+
+
+#: Dense models of many identical layers: biased q/k/v (Qwen2), tied embeddings and four norms
+#: per layer (Gemma 2), fused projections (Phi-3).
+MANY_LAYERS = ("llama-3.1-405b", "qwen2.5-72b", "gemma-2-27b", "phi-3-mini-4k")
+
+
+@pytest.mark.parametrize("preset", MANY_LAYERS)
+def test_static_bytes_of_many_identical_layers_match_a_tensor_by_tensor_count(preset: str) -> None:
+    shape = parse_config(load_preset(preset).config_dict())
+    assert len(shape.layer_counts) == 1  # one layer object, shared by every block
+    for job in (
+        TrainingSettings(method=Method.FULL, rank=None),
+        TrainingSettings(method=Method.LORA),
+        TrainingSettings(method=Method.LORA, rank=32, targets=("down_proj", "o_proj")),
+    ):
+        assert static_bytes(shape, job) == _reference_static(shape, job), job
 
 
 # -- against the trace ----------------------------------------------------------------------
