@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from controller.api.base import GPU_RESOURCE, JOB_LABEL, PRODUCT_LABEL
 from controller.api.conditions import ADMITTED, READY, find_condition
 from controller.decision.types import JobRequest
 from controller.errors import PermanentError
@@ -35,10 +36,6 @@ from controller.packing.inventory import (
 )
 from controller.units import parse_size
 
-GPU_RESOURCE = "nvidia.com/gpu"
-#: The label vramgate puts on a job's pods (the FineTuneJob's name, in its namespace).
-JOB_LABEL = "vramgate.dev/finetunejob"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
 _FINISHED = {"Succeeded", "Failed"}
 
 

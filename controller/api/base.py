@@ -9,6 +9,14 @@ GROUP = "vramgate.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
+#: The label vramgate puts on every object it creates for a job (the FineTuneJob's name):
+#: how the operator finds a job's workload and pods, and how people select them.
+JOB_LABEL = f"{GROUP}/finetunejob"
+#: The extended resource of the NVIDIA device plugin: whole GPUs.
+GPU_RESOURCE = "nvidia.com/gpu"
+#: The GPU product label of GPU feature discovery (e.g. NVIDIA-H100-80GB-HBM3).
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
 
 class ApiModel(BaseModel):
     """Python names in snake_case, wire names in camelCase (`micro_batch_size` is
