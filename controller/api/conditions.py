@@ -26,6 +26,14 @@ from controller.api.enums import ConditionStatus
 ESTIMATED = "Estimated"
 #: Admitted indicates whether the job's workload was created on GPUs that hold its estimate.
 ADMITTED = "Admitted"
+#: Running indicates whether a pod of the job's workload runs now; False once it finished,
+#: with the reason it finished.
+RUNNING = "Running"
+#: Succeeded indicates whether the job's workload (its batch/v1 Job) completed.
+SUCCEEDED = "Succeeded"
+#: Failed indicates whether the job's workload failed; the reason says how (OOMKilled,
+#: GPUOutOfMemory, or the batch Job's own reason) and the message names the pod and container.
+FAILED = "Failed"
 
 # -- reasons --------------------------------------------------------------------------------
 
@@ -79,6 +87,34 @@ REASON_WAITING_IN_QUEUE = "WaitingInQueue"
 #: Suspended indicates that the job is not admitted because spec.suspend is true; a suspended
 #: job holds no reservation.
 REASON_SUSPENDED = "Suspended"
+#: NoTemplate indicates that the job is not admitted because spec.template is empty: there is
+#: nothing to run, so nothing is reserved; the message says what admission would decide.
+REASON_NO_TEMPLATE = "NoTemplate"
+#: SpecLocked indicates that a change to the spec of an admitted job was ignored: only
+#: spec.suspend may change once a job is admitted (suspend, edit, resume to change the rest).
+REASON_SPEC_LOCKED = "SpecLocked"
+
+# Reasons of Running, Succeeded and Failed. Where Kubernetes says why a pod waits or a batch
+# Job failed (ImagePullBackOff, Unschedulable, BackoffLimitExceeded, DeadlineExceeded ...),
+# the reason is Kubernetes' own word, passed through: those are documented upstream.
+
+#: Starting indicates that the job's workload is not running yet because it was just created
+#: or its pods are still being scheduled and started.
+REASON_STARTING = "Starting"
+#: Running indicates that the job's workload runs because at least one of its pods is Running;
+#: the message says how many of them, on which nodes.
+REASON_RUNNING = "Running"
+#: Succeeded indicates that the job's workload finished because its batch Job completed.
+REASON_SUCCEEDED = "Succeeded"
+#: OOMKilled indicates that the job's workload failed because the kernel killed a trainer
+#: container for exceeding host memory (its memory limit or the node's RAM), not GPU memory.
+REASON_OOM_KILLED = "OOMKilled"
+#: GPUOutOfMemory indicates that the job's workload failed because the trainer ran out of GPU
+#: memory (CUDA out of memory): vramgate's estimate was too low for this job.
+REASON_GPU_OUT_OF_MEMORY = "GPUOutOfMemory"
+#: WorkloadFailed indicates that the job's workload failed because a pod failed for a reason
+#: Kubernetes did not name; the message holds the container's exit code and reason.
+REASON_WORKLOAD_FAILED = "WorkloadFailed"
 
 # -- GPUNode condition types ----------------------------------------------------------------
 

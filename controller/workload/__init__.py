@@ -1,0 +1,33 @@
+"""Workload: an admitted FineTuneJob as the Kubernetes objects that run it, and their state.
+
+    build.py   the objects to create (a batch/v1 Job; the headless Service of a job across
+               nodes; the DRA ResourceClaim or ResourceClaimTemplate), pinned to the GPUs
+               admission chose, in each of the three GPU modes
+    state.py   the batch Job and its pods -> Pending, Running, Succeeded or Failed, said
+               plainly (a host OOM kill and a CUDA out-of-memory are told apart), and the
+               FineTuneJob conditions that follow
+
+Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator creates what
+`build_workload` returns and feeds what it reads back to `workload_state`.
+"""
+
+from controller.workload.build import (
+    Admission,
+    WorkloadError,
+    build_workload,
+    job_label_value,
+    workload_name,
+)
+from controller.workload.state import Phase, WorkloadState, workload_conditions, workload_state
+
+__all__ = [
+    "Admission",
+    "Phase",
+    "WorkloadError",
+    "WorkloadState",
+    "build_workload",
+    "job_label_value",
+    "workload_conditions",
+    "workload_name",
+    "workload_state",
+]

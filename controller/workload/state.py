@@ -1,0 +1,249 @@
+"""A workload's batch Job and pods -> where the training stands, said plainly.
+
+The two out-of-memory failures a fine-tuning job meets are told apart, because they have
+opposite fixes: `OOMKilled` is the kernel killing the container for host memory (raise the
+pod's memory limit), `GPUOutOfMemory` is CUDA refusing an allocation (vramgate's estimate
+was too low: give the job more GPUs or less per GPU). The second is read from the
+container's termination message, which `build.py`'s `FallbackToLogsOnError` fills with the
+log tail that holds the traceback.
+
+Where Kubernetes already names the cause (a pod waiting on ImagePullBackOff, Unschedulable,
+a Job that failed with DeadlineExceeded), its word is the reason, passed through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from controller.api import conditions as cond
+from controller.api.enums import ConditionStatus
+from controller.workload.build import COMPLETION_INDEX_ANNOTATION
+
+#: Substrings of a termination message that mean CUDA ran out of GPU memory: PyTorch's
+#: RuntimeError text and its torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) class.
+GPU_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
+#: Waiting reasons of a container that is merely starting, not stuck.
+_STARTING = {"ContainerCreating", "PodInitializing"}
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_MAX_QUOTED = 300
+#: A batch/v1 Job's default spec.backoffLimit.
+_DEFAULT_BACKOFF_LIMIT = 6
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadState:
+    """Where the workload stands; `reason` is a condition reason, `message` one line."""
+
+    phase: Phase
+    reason: str
+    message: str
+
+
+def workload_state(
+    job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> WorkloadState:
+    """The state of a workload from its batch Job (None: not created yet) and its pods."""
+    if job is None:
+        return WorkloadState(Phase.PENDING, cond.REASON_STARTING, "the workload is not created yet")
+    name = str((job.get("metadata") or {}).get("name") or "")
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    expected = int(spec.get("completions") or 1)
+    verdicts = {
+        c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"
+    }
+    pods = sorted(pods, key=_pod_order)
+
+    # SuccessCriteriaMet and FailureTarget come first, while the last pods terminate.
+    if "Complete" in verdicts or "SuccessCriteriaMet" in verdicts:
+        succeeded = int(status.get("succeeded") or expected)
+        return WorkloadState(
+            Phase.SUCCEEDED,
+            cond.REASON_SUCCEEDED,
+            f"Job {name} completed: {succeeded} of {expected} pods succeeded",
+        )
+    verdict = verdicts.get("Failed") or verdicts.get("FailureTarget")
+    failed = [pod for pod in pods if (pod.get("status") or {}).get("phase") == "Failed"]
+    # With backoffLimit 0 (vramgate's), one failed pod fails the Job: say so at once.
+    backoff_limit = spec.get("backoffLimit", _DEFAULT_BACKOFF_LIMIT)
+    if verdict is not None or (failed and backoff_limit == 0):
+        return _failure(name, verdict, failed)
+    running = [pod for pod in pods if (pod.get("status") or {}).get("phase") == "Running"]
+    if running:
+        nodes = sorted({str((pod.get("spec") or {}).get("nodeName")) for pod in running})
+        return WorkloadState(
+            Phase.RUNNING,
+            cond.REASON_RUNNING,
+            f"{len(running)} of {expected} pods running on {', '.join(nodes)}",
+        )
+    return _pending(name, pods, expected)
+
+
+def workload_conditions(
+    state: WorkloadState,
+    conditions: Iterable[Mapping[str, Any]],
+    generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """`conditions` with Running, Succeeded and Failed set from `state`.
+
+    Running is always set (False until a pod runs and once the workload finished, with the
+    reason). Succeeded and Failed appear when they become True; one already there from an
+    earlier run of the job turns False while the new run has not finished that way.
+    """
+    out = [dict(c) for c in conditions]
+    true, false = ConditionStatus.TRUE, ConditionStatus.FALSE
+    updates = [(cond.RUNNING, true if state.phase is Phase.RUNNING else false)]
+    for phase, type_ in ((Phase.SUCCEEDED, cond.SUCCEEDED), (Phase.FAILED, cond.FAILED)):
+        if state.phase is phase:
+            updates.append((type_, true))
+        elif cond.find_condition(out, type_) is not None:
+            updates.append((type_, false))
+    for type_, status in updates:
+        out = cond.set_condition(out, type_, status, state.reason, state.message, generation, now)
+    return out
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def _failure(
+    name: str, verdict: Mapping[str, Any] | None, failed: Sequence[Mapping[str, Any]]
+) -> WorkloadState:
+    """Blame an out-of-memory first (on a multi-node job, the other ranks then fail on
+    their broken connections), then the Job's own reason, then the first failed container."""
+    diagnoses = [d for pod in failed for d in _diagnoses(pod)]
+    for reason, message in diagnoses:
+        if reason in (cond.REASON_GPU_OUT_OF_MEMORY, cond.REASON_OOM_KILLED):
+            return WorkloadState(Phase.FAILED, reason, message)
+    detail = diagnoses[0][1] if diagnoses else ""
+    if verdict is not None:
+        reason = _reason(verdict.get("reason"), cond.REASON_WORKLOAD_FAILED)
+        said = str(verdict.get("message") or "").strip() or "failed"
+        message = f"Job {name} failed ({reason}): {said}"
+        return WorkloadState(Phase.FAILED, reason, f"{message}; {detail}" if detail else message)
+    if detail:
+        return WorkloadState(Phase.FAILED, cond.REASON_WORKLOAD_FAILED, detail)
+    return WorkloadState(Phase.FAILED, cond.REASON_WORKLOAD_FAILED, f"Job {name} failed")
+
+
+def _diagnoses(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(reason, message) for each container of a failed pod that exited in error, or for
+    the pod itself (Evicted, DeadlineExceeded) when no container says why."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    pod_name = meta.get("name", "")
+    out: list[tuple[str, str]] = []
+    statuses = [*(status.get("initContainerStatuses") or []),
+                *(status.get("containerStatuses") or [])]
+    for container in statuses:
+        state = container.get("state") or {}
+        terminated = state.get("terminated") or (container.get("lastState") or {}).get(
+            "terminated"
+        )
+        if not terminated:
+            continue
+        code = terminated.get("exitCode")
+        killed = terminated.get("reason")
+        if code == 0 and killed != "OOMKilled":
+            continue
+        who = f"container {container.get('name')} of pod {pod_name}"
+        text = str(terminated.get("message") or "")
+        if killed == "OOMKilled":
+            out.append((cond.REASON_OOM_KILLED, (
+                f"{who} was OOMKilled (exit {code}): the node ran out of host memory, or the "
+                "container reached its memory limit; this is host RAM, not GPU memory, so "
+                "raise the container's memory request and limit"
+            )))
+        elif any(marker in text for marker in GPU_OOM_MARKERS):
+            out.append((cond.REASON_GPU_OUT_OF_MEMORY, (
+                f"{who} ran out of GPU memory (exit {code}): the GPU memory estimate was too "
+                "low for this job; give it more GPUs (FSDP shards the memory) or a smaller "
+                f"batch or sequence: {_oom_line(text)}"
+            )))
+        else:
+            said = f": {_quote(text)}" if text.strip() else ""
+            out.append((cond.REASON_WORKLOAD_FAILED,
+                         f"{who} exited with code {code} ({killed or 'Error'}){said}"))
+    if not out and (status.get("reason") or status.get("message")):
+        said = str(status.get("message") or "").strip()
+        out.append((cond.REASON_WORKLOAD_FAILED,
+                     f"pod {pod_name} failed ({status.get('reason') or 'Failed'}): {said}"))
+    return out
+
+
+def _oom_line(text: str) -> str:
+    """The line of the traceback that says how much CUDA could not allocate."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    hit = next((ln for ln in reversed(lines) if any(m in ln for m in GPU_OOM_MARKERS)), "")
+    return _quote(hit)
+
+
+def _quote(text: str) -> str:
+    """A termination message on one line, its end kept when long (a traceback ends in the
+    error)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _MAX_QUOTED else "..." + flat[-_MAX_QUOTED:]
+
+
+# -- pending ----------------------------------------------------------------------------------
+
+
+def _pending(name: str, pods: Sequence[Mapping[str, Any]], expected: int) -> WorkloadState:
+    """Starting, unless a pod is stuck on something Kubernetes names: its reason then."""
+    for pod in pods:
+        pod_name = (pod.get("metadata") or {}).get("name", "")
+        status = pod.get("status") or {}
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                reason = _reason(condition.get("reason"), cond.REASON_STARTING)
+                said = str(condition.get("message") or "").strip()
+                return WorkloadState(
+                    Phase.PENDING, reason, f"pod {pod_name} is not scheduled ({reason}): {said}"
+                )
+        statuses = [*(status.get("initContainerStatuses") or []),
+                    *(status.get("containerStatuses") or [])]
+        for container in statuses:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] not in _STARTING:
+                reason = _reason(waiting["reason"], cond.REASON_STARTING)
+                said = str(waiting.get("message") or "").strip()
+                return WorkloadState(Phase.PENDING, reason, (
+                    f"container {container.get('name')} of pod {pod_name} is waiting "
+                    f"({reason}){': ' + _quote(said) if said else ''}"
+                ))
+    if not pods:
+        return WorkloadState(
+            Phase.PENDING, cond.REASON_STARTING, f"Job {name} is created; no pod yet"
+        )
+    return WorkloadState(
+        Phase.PENDING, cond.REASON_STARTING, f"{len(pods)} of {expected} pods starting"
+    )
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _reason(value: Any, default: str) -> str:
+    """Kubernetes' own reason when it is a valid condition reason, else `default`."""
+    return value if isinstance(value, str) and _REASON.match(value) else default
+
+
+def _pod_order(pod: Mapping[str, Any]) -> tuple[int, str]:
+    """Pods in rank order (an Indexed Job's completion index), then by name."""
+    meta = pod.get("metadata") or {}
+    index = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
+    rank = int(index) if isinstance(index, str) and index.isdigit() else 0
+    return rank, str(meta.get("name") or "")

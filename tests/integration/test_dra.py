@@ -1,0 +1,314 @@
+"""The workloads `build_workload` writes run where admission put them, on the real scheduler.
+
+The kube-scheduler of the local control plane allocates DRA claims itself (structured
+parameters): the test publishes what the NVIDIA DRA driver would (the `gpu.nvidia.com`
+DeviceClass and one ResourceSlice per node, devices `gpu-<i>` with a `uuid` attribute), so
+the claim's allocation shows which devices the UUID selector really picked. kwok plays the
+kubelet, so pods run without a driver preparing the devices.
+
+The owner is a real FineTuneJob (the CRDs are installed), as the API returns it: the input
+`build_workload` gets from the operator, and the owner the garbage collector follows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
+from controller.packing.inventory import GpuMode, NodeGpus
+from controller.workload import (
+    Admission,
+    Phase,
+    build_workload,
+    job_label_value,
+    workload_name,
+    workload_state,
+)
+from e2e.cluster import Cluster
+from e2e.nodes import RUN_FOR_ANNOTATION
+from e2e.wait import wait_until
+
+pytestmark = pytest.mark.integration
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "vramgate" / "crds"
+RESOURCE = ("resource.k8s.io", "v1")
+DRIVER = "gpu.nvidia.com"
+GPUS_PER_NODE = 8
+GIB = 2**30
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Cluster) -> None:
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(CRD_DIR))
+    assert applied.returncode == 0, applied.stderr
+    names = [f"crd/{p.name.removesuffix('.yaml')}" for p in sorted(CRD_DIR.glob("*.yaml"))]
+    established = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    assert established.returncode == 0, established.stderr
+
+
+@pytest.fixture(scope="module")
+def dra_nodes(cluster: Cluster) -> list[str]:
+    return cluster.create_gpu_nodes(2, name_prefix="dra-node")
+
+
+@pytest.fixture(scope="module")
+def gpu_uuids(api_client: client.ApiClient, dra_nodes: list[str]) -> Iterator[dict[str, list[str]]]:
+    """What the NVIDIA DRA driver publishes: its DeviceClass, and per node a ResourceSlice
+    (pool = node) of 8 GPUs `gpu-0..7` with their UUIDs. Returns node -> UUIDs by index."""
+    custom = client.CustomObjectsApi(api_client)
+    device_class = {
+        "apiVersion": "/".join(RESOURCE),
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    try:
+        custom.create_cluster_custom_object(*RESOURCE, "deviceclasses", device_class)
+    except ApiException as error:
+        if error.status != 409:  # another module's identical class
+            raise
+    uuids = {node: [f"GPU-{uuid.uuid4()}" for _ in range(GPUS_PER_NODE)] for node in dra_nodes}
+    slices = []
+    for node, node_uuids in uuids.items():
+        body = {
+            "apiVersion": "/".join(RESOURCE),
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {
+                        "name": f"gpu-{i}",
+                        "attributes": {
+                            "type": {"string": "gpu"},
+                            "uuid": {"string": gpu_uuid},
+                            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                        },
+                        "capacity": {"memory": {"value": "80Gi"}},
+                    }
+                    for i, gpu_uuid in enumerate(node_uuids)
+                ],
+            },
+        }
+        custom.create_cluster_custom_object(*RESOURCE, "resourceslices", body)
+        slices.append(body["metadata"]["name"])
+    try:
+        yield uuids
+    finally:
+        for name in slices:
+            custom.delete_cluster_custom_object(*RESOURCE, "resourceslices", name)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _finetunejob(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """A FineTuneJob with a trainer template whose pods keep running for 10 minutes (kwok)."""
+    trainer = {
+        "name": "trainer",
+        "image": "registry.invalid/trainer:never-pulled",
+        "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+    }
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"preset": "llama-3.1-8b"},
+            "method": "QLoRA",
+            "lora": {"rank": 16},
+            "template": {
+                "metadata": {"annotations": {RUN_FOR_ANNOTATION: "10m"}},
+                "spec": {"containers": [trainer]},
+            },
+        },
+    }
+    created = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "finetunejobs", body
+    )
+    return dict(created)
+
+
+def _admission(
+    mode: GpuMode, uuids: dict[str, list[str]], chosen: dict[str, list[int]]
+) -> Admission:
+    nodes = tuple(
+        NodeGpus(node, tuple(indices), tuple(uuids[node][i] for i in indices))
+        for node, indices in chosen.items()
+    )
+    return Admission(nodes=nodes, per_gpu_bytes=12 * GIB, mode=mode)
+
+
+def _create(api: client.ApiClient, namespace: str, objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        kind = obj["kind"]
+        if kind == "Job":
+            client.BatchV1Api(api).create_namespaced_job(namespace, obj)
+        elif kind == "Service":
+            client.CoreV1Api(api).create_namespaced_service(namespace, obj)
+        else:
+            plural = {"ResourceClaim": "resourceclaims",
+                      "ResourceClaimTemplate": "resourceclaimtemplates"}[kind]
+            client.CustomObjectsApi(api).create_namespaced_custom_object(
+                *RESOURCE, namespace, plural, obj
+            )
+
+
+def _pods(api: client.ApiClient, namespace: str, label: str) -> list[dict[str, Any]]:
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"{JOB_LABEL}={label}"
+    ).items
+    return [api.sanitize_for_serialization(pod) for pod in pods]
+
+
+def _running_pods(api: client.ApiClient, namespace: str, job_name: str, count: int) -> Any:
+    def running() -> list[dict[str, Any]] | None:
+        pods = _pods(api, namespace, job_name)
+        ok = len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
+        return pods if ok else None
+
+    return wait_until(running, timeout=90, what=f"{count} running pod(s) of {job_name}")
+
+
+def _claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(
+        client.CustomObjectsApi(api).get_namespaced_custom_object(
+            *RESOURCE, namespace, "resourceclaims", name
+        )
+    )
+
+
+def _allocated(claim: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    """(request, driver, pool, device) of each device the scheduler allocated."""
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+    return {
+        (r["request"], r["driver"], r["pool"], r["device"]) for r in results.get("results", [])
+    }
+
+
+def _job(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    job = client.BatchV1Api(api).read_namespaced_job(name, namespace)
+    return dict(api.sanitize_for_serialization(job))
+
+
+def _gone(read: Any) -> bool:
+    try:
+        read()
+    except ApiException as error:
+        return error.status == 404
+    return False
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_the_apiserver_serves_dra_as_resource_k8s_io_v1(api_client: client.ApiClient) -> None:
+    groups = client.ApisApi(api_client).get_api_versions().groups
+    (resource,) = [group for group in groups if group.name == "resource.k8s.io"]
+    assert "resource.k8s.io/v1" in [v.group_version for v in resource.versions]
+
+
+def test_a_dra_claim_gets_exactly_the_chosen_gpus_and_the_pod_their_node(
+    api_client: client.ApiClient,
+    crds: None,
+    gpu_uuids: dict[str, list[str]],
+    namespace: str,
+) -> None:
+    node = sorted(gpu_uuids)[1]
+    job = _finetunejob(api_client, namespace, "dra-one")
+    admission = _admission(GpuMode.DRA, gpu_uuids, {node: [5, 2]})
+    objects = build_workload(job, admission)
+    assert [o["kind"] for o in objects] == ["ResourceClaim", "Job"]
+    _create(api_client, namespace, objects)
+
+    (pod,) = _running_pods(api_client, namespace, "dra-one", 1)
+    assert pod["spec"]["nodeName"] == node
+    claim = _claim(api_client, namespace, objects[0]["metadata"]["name"])
+    assert _allocated(claim) == {("gpus", DRIVER, node, "gpu-2"), ("gpus", DRIVER, node, "gpu-5")}
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["name"]]
+    assert GPU_RESOURCE not in pod["spec"]["containers"][0]["resources"].get("limits", {})
+
+    state = workload_state(_job(api_client, namespace, "dra-one"), [pod])
+    assert (state.phase, state.message) == (Phase.RUNNING, f"1 of 1 pods running on {node}")
+
+
+def test_a_dra_job_across_two_nodes_gets_each_nodes_chosen_gpus(
+    api_client: client.ApiClient,
+    crds: None,
+    gpu_uuids: dict[str, list[str]],
+    namespace: str,
+) -> None:
+    first, second = sorted(gpu_uuids)
+    chosen = {first: [1, 6], second: [4, 3]}
+    job = _finetunejob(api_client, namespace, "dra-two")
+    objects = build_workload(job, _admission(GpuMode.DRA, gpu_uuids, chosen))
+    assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Service", "Job"]
+    _create(api_client, namespace, objects)
+
+    pods = _running_pods(api_client, namespace, "dra-two", 2)
+    by_node = {pod["spec"]["nodeName"]: pod for pod in pods}
+    assert set(by_node) == {first, second}
+    for node, indices in chosen.items():
+        pod = by_node[node]
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        allocated = _allocated(_claim(api_client, namespace, status["resourceClaimName"]))
+        assert allocated == {("gpus", DRIVER, node, f"gpu-{i}") for i in indices}
+        rank = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (
+            f"dra-two-{rank}", "dra-two")
+    service = client.CoreV1Api(api_client).read_namespaced_service("dra-two", namespace)
+    assert service.spec.cluster_ip == "None"
+
+
+def test_a_device_plugin_job_lands_on_the_chosen_node_with_the_admitted_count(
+    api_client: client.ApiClient,
+    crds: None,
+    gpu_uuids: dict[str, list[str]],
+    namespace: str,
+) -> None:
+    node = sorted(gpu_uuids)[0]
+    job = _finetunejob(api_client, namespace, "plugin")
+    objects = build_workload(job, _admission(GpuMode.DEVICE_PLUGIN, gpu_uuids, {node: [0, 1, 2]}))
+    assert [o["kind"] for o in objects] == ["Job"]
+    _create(api_client, namespace, objects)
+
+    (pod,) = _running_pods(api_client, namespace, "plugin", 1)
+    assert pod["spec"]["nodeName"] == node
+    assert pod["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "3"
+
+
+def test_deleting_the_finetunejob_collects_its_workload(
+    api_client: client.ApiClient,
+    crds: None,
+    gpu_uuids: dict[str, list[str]],
+    namespace: str,
+) -> None:
+    node = sorted(gpu_uuids)[0]
+    long_name = "x" * 70
+    job = _finetunejob(api_client, namespace, long_name)
+    objects = build_workload(job, _admission(GpuMode.DRA, gpu_uuids, {node: [7]}))
+    _create(api_client, namespace, objects)
+    name = workload_name(long_name)
+    label = job_label_value(long_name)
+    wait_until(lambda: _pods(api_client, namespace, label), timeout=60, what=f"a pod of {name}")
+
+    client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "finetunejobs", long_name
+    )
+    batch = client.BatchV1Api(api_client)
+    wait_until(lambda: _gone(lambda: batch.read_namespaced_job(name, namespace)),
+               timeout=60, what=f"the garbage collector to delete Job {name}")
+    wait_until(lambda: _gone(lambda: _claim(api_client, namespace, f"{name}-gpus")),
+               timeout=60, what=f"the garbage collector to delete ResourceClaim {name}-gpus")
