@@ -2,7 +2,8 @@
 
 They name the need (per GPU, at which count, with which parallelism), what the cluster has
 now and when empty, and what to change (`spec.resources.gpus`, `admissionPolicy`), since the
-message is what `kubectl describe ftj` shows.
+message is what `kubectl describe ftj` shows. With the `visibleDevices` GPU mode a job never
+spans nodes (its GPUs' UUIDs go into one pod's environment), and a count no node has says so.
 """
 
 from __future__ import annotations
@@ -89,15 +90,33 @@ def never_fits(
             "admissionPolicy Resize"
         )
     if high != job.gpus:
+        # One node per job (visibleDevices): counts above the widest node are no shape at all.
+        top = min(high, view.widest_empty(at)) if view.one_node else high
+        note = _one_node_note(view, at, high)
         return (
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
-            f"{need(job, high)} at the most; {largest}"
+            f"{need(job, top)} at the most; {largest}{'; ' + note if note else ''}"
         )
     hint = ""
     if empty and job.parallelism is Parallelism.FSDP:
         enough = _fsdp_count(job, empty[0])
-        hint = f" (at least {enough} GPUs of that size would hold it with FSDP)" if enough else ""
+        if enough:
+            note = _one_node_note(view, at, enough)
+            but = f", but {note}" if note else ""
+            hint = f" (at least {enough} GPUs of that size would hold it with FSDP{but})"
     return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty{hint}"
+
+
+def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) -> str:
+    """Why n GPUs are no shape with `visibleDevices` (one node per job), or '' if they can be."""
+    widest = view.widest_empty(at)
+    if not view.one_node or n <= widest:
+        return ""
+    because = " (its GPUs' UUIDs go into one pod's NVIDIA_VISIBLE_DEVICES)" if why else ""
+    return (
+        f"GPU mode visibleDevices keeps a job on one node{because}, and the matching nodes "
+        f"have at most {plural(widest)} each"
+    )
 
 
 def _fsdp_count(job: JobRequest, largest: int) -> int | None:
@@ -132,12 +151,19 @@ def too_few_gpus(job: JobRequest, at: Selection, low: int) -> str:
 
 
 def no_shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
-    shape = (
-        "on one node (a device map)"
-        if job.parallelism is Parallelism.DEVICE_MAP
-        else f"as k nodes x g GPUs with the same g on every node ({_MODE[job.parallelism]})"
-    )
+    widest = view.widest_empty(at)
+    if job.parallelism is Parallelism.DEVICE_MAP:
+        shape = "on one node (a device map)"
+    elif view.one_node:
+        return (
+            f"needs {plural(job.gpus)} with {_MODE[job.parallelism]}; "
+            f"{_one_node_note(view, at, job.gpus, why=True)}, so no such placement exists; set "
+            f"spec.resources.gpus to {widest} or fewer (the devicePlugin and dra GPU modes can "
+            "span nodes with DDP or FSDP)"
+        )
+    else:
+        shape = f"as k nodes x g GPUs with the same g on every node ({_MODE[job.parallelism]})"
     return (
         f"needs {plural(job.gpus)} {shape}; the matching nodes have at most "
-        f"{plural(view.widest_empty(at))} each, so no such placement exists"
+        f"{plural(widest)} each, so no such placement exists"
     )

@@ -28,11 +28,15 @@ NodeFilter = Callable[[int], bool]
 class FreeIndex:
     """The packer's mutable working state over `nodes` (sorted by name)."""
 
-    def __init__(self, nodes: Sequence[NodeSlots], *, exclusive: bool = False) -> None:
+    def __init__(
+        self, nodes: Sequence[NodeSlots], *, exclusive: bool = False, one_node: bool = False
+    ) -> None:
         self.nodes = list(nodes)
         self.position = {node.name: pos for pos, node in enumerate(self.nodes)}
         #: GPUs are handed out whole (device plugin, DRA): a reserved GPU takes no more work.
         self.exclusive = exclusive
+        #: Every job on one node (visibleDevices: the UUIDs go into one pod's environment).
+        self.one_node = one_node
         self.max_gpus = max((len(node.gpus) for node in self.nodes), default=0)
         self._held: list[set[int]] = [
             {i for i, slot in enumerate(node.gpus) if slot.taken} for node in self.nodes

@@ -8,7 +8,8 @@ the status use too. Then:
    holds the need; for n GPUs, the node whose n-th largest free memory is the least that
    holds it, and there its n tightest GPUs. Big GPUs stay free for big jobs. Ties go by
    node name, then GPU index.
-2. **Several nodes, DDP and FSDP only,** as k nodes x g GPUs with the same g on every node
+2. **Several nodes, DDP and FSDP only** (never with `visibleDevices`, whose UUIDs go into
+   one pod's environment), as k nodes x g GPUs with the same g on every node
    (torchrun starts the same number of processes per node), fewest nodes first: g runs from
    the largest count a node has down to 1 over the divisors of n, and for each g the k
    tightest nodes are taken.
@@ -21,10 +22,11 @@ Worked examples (effective free memory in GiB; "need" per GPU):
 * one GPU of 20: nodes a = [80, 24], b = [30] -> a GPU 1 (24 is the least that holds 20).
 * two GPUs of 40 with FSDP: a = [80, 80, 45, 10], b = [50, 41] -> b (its 2nd largest, 41, is
   tighter than a's 80), GPUs 0 and 1.
-* eight GPUs with FSDP on 4-GPU nodes (need 30 at n = 8): no node has 8 GPUs, so g = 4,
-  k = 2: the two nodes whose 4th largest free memory is the least that holds 30 (30 does).
-* DDP on 3 GPUs, nodes of 2 GPUs: 3 is not 1 x 3 (no node has 3); 3 x 1 -> three nodes, one
-  GPU each, the tightest three.
+* eight GPUs with FSDP on 4-GPU nodes (need 30 at n = 8), devicePlugin or DRA: no node has 8
+  GPUs, so g = 4, k = 2: the two nodes whose 4th largest free memory is the least that holds
+  30 (30 does). With `visibleDevices` there is no placement: 8 GPUs only as 1 x 8.
+* DDP on 3 GPUs, nodes of 2 GPUs, devicePlugin or DRA: 3 is not 1 x 3 (no node has 3);
+  3 x 1 -> three nodes, one GPU each, the tightest three. With `visibleDevices`: none.
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ class Placed:
             yield pos, gpus, tuple(each)
 
 
-def shapes(n: int, max_per_node: int, parallelism: Parallelism) -> Iterator[tuple[int, int]]:
-    """(nodes, GPUs per node) for n GPUs, fewest nodes first."""
-    if parallelism is Parallelism.DEVICE_MAP:
+def shapes(
+    n: int, max_per_node: int, parallelism: Parallelism, one_node: bool = False
+) -> Iterator[tuple[int, int]]:
+    """(nodes, GPUs per node) for n GPUs, fewest nodes first; only (1, n) for a device map or
+    `one_node` (visibleDevices), none when no node has n GPUs."""
+    if parallelism is Parallelism.DEVICE_MAP or one_node:
         if n <= max_per_node:
             yield 1, n
         return
@@ -82,7 +87,7 @@ def place(
         return _device_map(index, estimate, n, ok)
     if index.count_gpus(need) < n:
         return None  # fewer GPUs hold the need than the job takes: no shape can work
-    for k, g in shapes(n, index.max_gpus, parallelism):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
         if index.count_nodes(g, need) < k:
             continue
         nodes = list(islice(index.nodes_fitting(g, need, ok), k))
@@ -97,7 +102,7 @@ def place_by_count(
 ) -> Placed | None:
     """n GPUs with the most free memory, whatever the need (policy Advise, and the GPUs a
     starving job is closest to fitting)."""
-    for k, g in shapes(n, index.max_gpus, parallelism):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
         nodes = list(islice(index.nodes_by_free(g, ok), k))
         if len(nodes) == k:
             parts = tuple((pos, tuple(index.most_free(pos, g))) for pos in nodes)
@@ -114,7 +119,7 @@ def closest(
     placed = place_by_count(index, estimate, parallelism, n, ok)
     if placed is not None:
         return placed
-    for k, g in shapes(n, index.max_gpus, parallelism):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
         ranked = sorted(
             (-len(open_gpus), -sum(slot.free for _, slot in open_gpus), pos)
             for pos in range(len(index.nodes))

@@ -42,14 +42,20 @@ class ClusterView:
     def __init__(self, snapshot: Snapshot, settings: PackingSettings) -> None:
         exclusive = settings.gpu_mode is not GpuMode.VISIBLE_DEVICES
         self.counts_slots = settings.gpu_mode is GpuMode.DEVICE_PLUGIN
-        self.now = FreeIndex(working_nodes(snapshot, settings), exclusive=exclusive)
+        # visibleDevices pins by UUIDs in one pod's environment: one node per job.
+        self.one_node = not exclusive
+        self.now = FreeIndex(
+            working_nodes(snapshot, settings), exclusive=exclusive, one_node=self.one_node
+        )
         self._snapshot, self._settings = snapshot, settings
         self._selections: dict[tuple[tuple[str, str], ...], Selection] = {}
 
     @cached_property
     def empty(self) -> FreeIndex:
         """Built on first use: a pass in which every job fits now never needs it."""
-        return FreeIndex(working_nodes(self._snapshot, self._settings, empty=True))
+        return FreeIndex(
+            working_nodes(self._snapshot, self._settings, empty=True), one_node=self.one_node
+        )
 
     def select(self, selector: Mapping[str, str]) -> Selection:
         key = tuple(sorted(selector.items()))
@@ -92,7 +98,8 @@ class ClusterView:
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> bool:
         """Whether the empty cluster has n GPUs in a shape the parallelism can use (one node
-        for a device map; k nodes x g GPUs for DDP and FSDP), whatever their memory."""
+        for a device map and with visibleDevices; otherwise k nodes x g GPUs for DDP and
+        FSDP), whatever their memory."""
         return place_by_count(self.empty, estimate, parallelism, n, where.empty) is not None
 
     def widest_empty(self, where: Selection) -> int:

@@ -34,7 +34,7 @@ from controller.packing.inventory import (
 )
 from controller.packing.view import ClusterView
 from controller.units import GIB
-from tests.unit.test_packing import NOW, SHARED, est, gpu, node, reservation, view
+from tests.unit.test_packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
 
 FSDP, DDP, DEVICE_MAP = Parallelism.FSDP, Parallelism.DDP, Parallelism.DEVICE_MAP
 ENFORCE, RESIZE, ADVISE = AdmissionPolicy.ENFORCE, AdmissionPolicy.RESIZE, AdmissionPolicy.ADVISE
@@ -87,7 +87,8 @@ def test_a_job_that_fits_now_is_admitted_with_its_place_and_what_is_left() -> No
 
 
 def test_a_multi_node_admission_names_its_nodes() -> None:
-    d = decide(job("j", est(80, 10), gpus=4), view(node("a", [40, 40]), node("b", [35, 35])))
+    v = view(node("a", [40, 40]), node("b", [35, 35]), settings=SPANS)
+    d = decide(job("j", est(80, 10), gpus=4), v)
     assert d.outcome is Outcome.ADMIT
     assert sorted(where(d)) == [("a", (0, 1)), ("b", (0, 1))]
     says(d, "30.00 GiB per GPU on 4 GPUs with FSDP", "2 nodes x 2 GPUs (", "5.00 GiB left")
@@ -128,7 +129,7 @@ def test_resize_goes_up_when_more_fsdp_shards_fit_where_fewer_do_not() -> None:
 
 def test_resize_prefers_the_larger_of_two_equally_near_counts() -> None:
     # DDP on two 3-GPU nodes: 5 GPUs have no shape (5 nodes x 1), 4 (2 x 2) and 6 (2 x 3) do.
-    v = view(node("a", [80] * 3), node("b", [80] * 3))
+    v = view(node("a", [80] * 3), node("b", [80] * 3), settings=SPANS)
     d = decide(job("j", est(10), gpus=5, parallelism=DDP, policy=RESIZE), v)
     assert (d.outcome, d.admitted_gpus) == (Outcome.RESIZE, 6)
     assert sorted(where(d)) == [("a", (0, 1, 2)), ("b", (0, 1, 2))]
@@ -468,7 +469,7 @@ def test_advise_on_identical_nodes_takes_the_first_by_name() -> None:
 
 def test_a_count_no_node_shape_can_hold_is_insufficient_gpus_not_vram() -> None:
     nodes = (node("a", [80, 80, 80]), node("b", [80, 80, 80]))
-    d = decide(job("j", est(10), gpus=5, parallelism=DDP), view(*nodes))
+    d = decide(job("j", est(10), gpus=5, parallelism=DDP), view(*nodes, settings=SPANS))
     assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_GPUS)
     says(d, "needs 5 GPUs as k nodes x g GPUs", "at most 3 GPUs each")
     d = decide(job("j", est(10), gpus=4, parallelism=DEVICE_MAP), view(*nodes))
@@ -489,3 +490,76 @@ def test_the_empty_cluster_has_every_gpu_whatever_the_device_plugin_reports_now(
     restarting = NodeState("a", (gpu("a", 0, 80),), heartbeat=NOW, gpu_allocatable=0)
     d = run([restarting], [job("j", est(10))], now=NOW, packing=EXCLUSIVE)["j"]
     assert d.reason == cond.REASON_WAITING_FOR_VRAM
+
+
+# -- visibleDevices: every job on one node ---------------------------------------------------
+
+ONE_NODE = "GPU mode visibleDevices keeps a job on one node"
+
+
+def test_visible_devices_rejects_a_count_no_node_has_and_says_why() -> None:
+    nodes = (node("a", [80] * 4), node("b", [80] * 4))
+    for parallelism in (FSDP, DDP):
+        d = decide(job("j", est(160, 10), gpus=8, parallelism=parallelism), view(*nodes))
+        assert (d.outcome, d.reason, d.placement) == (
+            Outcome.REJECT,
+            cond.REASON_INSUFFICIENT_GPUS,
+            (),
+        )
+        name = "FSDP" if parallelism is FSDP else "DDP"
+        says(d, f"needs 8 GPUs with {name}; {ONE_NODE}", "NVIDIA_VISIBLE_DEVICES")
+        says(d, "the matching nodes have at most 4 GPUs each", "spec.resources.gpus to 4 or fewer")
+        says(d, "devicePlugin and dra GPU modes can span nodes")
+    # The limit is the widest node the selector matches.
+    x, y = {"pool": "x"}, {"pool": "y"}
+    v = view(
+        node("a", [80] * 4, labels=x), node("b", [80] * 2, labels=y), node("c", [80] * 2, labels=y)
+    )
+    d = decide(job("j", est(10), gpus=3, selector=y), v)
+    assert d.reason == cond.REASON_INSUFFICIENT_GPUS
+    says(d, ONE_NODE, "at most 2 GPUs each", "spec.resources.gpus to 2 or fewer")
+    # A device map is one node in every mode and says so as before.
+    d = decide(job("j", est(10), gpus=8, parallelism=DEVICE_MAP), view(*nodes))
+    assert d.reason == cond.REASON_INSUFFICIENT_GPUS
+    says(d, "on one node (a device map)", "at most 4 GPUs each")
+
+
+def test_the_job_visible_devices_rejects_spans_two_nodes_in_the_other_modes() -> None:
+    nodes = (node("a", [80] * 4), node("b", [80] * 4))
+    for packing in (SPANS, EXCLUSIVE):
+        d = decide(job("j", est(160, 10), gpus=8), view(*nodes, settings=packing))
+        assert (d.outcome, d.reason) == (Outcome.ADMIT, cond.REASON_FITS)
+        assert sorted(where(d)) == [("a", (0, 1, 2, 3)), ("b", (0, 1, 2, 3))]
+        says(d, "2 nodes x 4 GPUs (a, b)")
+        assert ONE_NODE not in d.message
+
+
+def test_visible_devices_resizes_a_job_too_wide_for_any_node_to_one_node() -> None:
+    # FSDP 160 + 10: 50 GiB per GPU at 4; 7, 6 and 5 GPUs are no shape on 4-GPU nodes.
+    nodes = (node("a", [80] * 4), node("b", [80] * 4))
+    d = decide(job("j", est(160, 10), gpus=8, policy=RESIZE), view(*nodes))
+    assert (d.outcome, d.admitted_gpus, d.per_gpu_bytes) == (Outcome.RESIZE, 4, 50 * GIB)
+    assert where(d) == [("a", (0, 1, 2, 3))]
+    says(d, "spec.resources.gpus 8 -> 4")
+
+
+def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() -> None:
+    # FSDP 600 + 10 on 80 GiB GPUs: 160 per GPU at 4, and 9 GPUs (76.67 each) would hold it.
+    nodes = (node("a", [80] * 4), node("b", [80] * 4))
+    d = decide(job("j", est(600, 10), gpus=4), view(*nodes))
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
+    says(d, "160.00 GiB per GPU on 4 GPUs with FSDP", "the largest GPU holds 80.00 GiB usable")
+    says(d, "at least 9 GPUs of that size would hold it with FSDP, but", ONE_NODE)
+    says(d, "at most 4 GPUs each")
+    spans = decide(job("j", est(600, 10), gpus=4), view(*nodes, settings=SPANS))
+    says(spans, "at least 9 GPUs of that size would hold it with FSDP)")
+    assert ONE_NODE not in spans.message
+    # Resize: the need quoted is at the most GPUs one node has, not at counts no node has.
+    resize = job("j", est(600, 10), gpus=2, policy=RESIZE)
+    d = decide(resize, view(*nodes))
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
+    says(d, "no count in [1, 8] fits", "160.00 GiB per GPU on 4 GPUs with FSDP at the most")
+    says(d, ONE_NODE, "at most 4 GPUs each")
+    spans = decide(resize, view(*nodes, settings=SPANS))
+    says(spans, "no count in [1, 8] fits", "85.00 GiB per GPU on 8 GPUs with FSDP at the most")
+    assert ONE_NODE not in spans.message

@@ -3,6 +3,9 @@
 Expectations are computed by hand from estimates built directly: with `sharded_bytes` S and
 `replicated_bytes` R (margin 1), FSDP needs `S // n + R` per GPU at n GPUs, DDP `S + R` on
 every GPU, and one GPU holds the total `S + R`.
+
+`SHARED` (visibleDevices: GPUs shared by memory, every job on one node) is the default view;
+tests about jobs spanning nodes use `SPANS` (DRA: whole GPUs, no device-plugin slots).
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from controller.packing.inventory import (
     slots_taken,
     working_nodes,
 )
-from controller.packing.placement import Placed, place, place_by_count, shapes
+from controller.packing.placement import Placed, closest, place, place_by_count, shapes
 from controller.packing.view import ClusterView
 from controller.units import GIB
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SHARED = PackingSettings(gpu_mode=GpuMode.VISIBLE_DEVICES)
+SPANS = PackingSettings(gpu_mode=GpuMode.DRA)  # may span nodes; no kubelet slots to count
 
 
 # -- builders (shared with test_decision.py and test_plan_properties.py) -----------------------
@@ -375,6 +379,7 @@ def test_worked_example_eight_fsdp_gpus_on_four_gpu_nodes_take_the_two_tightest_
         node("n3", [31, 31, 31, 31]),
         node("n4", [40, 40, 40, 29]),  # its 4th largest is below 30
         node("n5", [30, 30, 30, 30]),  # exactly 30 holds
+        settings=SPANS,
     )
     placed = on(v, place(v.now, job, Parallelism.FSDP, 8, everywhere))
     assert sorted(placed) == [("n3", (0, 1, 2, 3)), ("n5", (0, 1, 2, 3))]
@@ -382,7 +387,8 @@ def test_worked_example_eight_fsdp_gpus_on_four_gpu_nodes_take_the_two_tightest_
 
 def test_worked_example_ddp_on_three_gpus_over_two_gpu_nodes_takes_three_nodes() -> None:
     assert list(shapes(3, 2, Parallelism.DDP)) == [(3, 1)]
-    v = view(node("a", [80, 80]), node("b", [30, 25]), node("c", [50, 50]), node("d", [22, 22]))
+    nodes = (node("a", [80, 80]), node("b", [30, 25]), node("c", [50, 50]), node("d", [22, 22]))
+    v = view(*nodes, settings=SPANS)
     placed = on(v, place(v.now, est(24), Parallelism.DDP, 3, everywhere))
     # Each node's tightest GPU that holds 24: b 25, c 50, a 80 (d holds none).
     assert sorted(placed) == [("a", (0,)), ("b", (1,)), ("c", (0,))]
@@ -419,6 +425,7 @@ def test_fewest_nodes_first_over_tighter_spreads() -> None:
         node("d", [30, 10, 10, 10]),
         node("e", [30, 10, 10, 10]),
         node("f", [30, 10, 10, 10]),
+        settings=SPANS,
     )
     placed = on(v, place(v.now, job, Parallelism.FSDP, 4, everywhere))
     assert sorted(placed) == [("a", (0, 1)), ("b", (0, 1))]
@@ -427,9 +434,9 @@ def test_fewest_nodes_first_over_tighter_spreads() -> None:
 def test_nodes_of_a_spread_all_run_the_same_number_of_gpus() -> None:
     job = est(80, 10)  # 30 GiB per GPU at 4
     # 3 + 1 GPUs would make 4, but torchrun needs the same count on every node.
-    v = view(node("a", [80, 80, 80]), node("b", [80]))
+    v = view(node("a", [80, 80, 80]), node("b", [80]), settings=SPANS)
     assert place(v.now, job, Parallelism.FSDP, 4, everywhere) is None
-    v = view(node("a", [80, 80, 80]), node("b", [80]), node("c", [80, 80]))
+    v = view(node("a", [80, 80, 80]), node("b", [80]), node("c", [80, 80]), settings=SPANS)
     placed = on(v, place(v.now, job, Parallelism.FSDP, 4, everywhere))
     assert sorted(placed) == [("a", (0, 1)), ("c", (0, 1))]
 
@@ -444,7 +451,7 @@ def test_ddp_needs_the_whole_job_on_every_gpu() -> None:
 def test_a_device_map_never_spans_nodes() -> None:
     assert list(shapes(4, 2, Parallelism.DEVICE_MAP)) == []
     assert list(shapes(2, 2, Parallelism.DEVICE_MAP)) == [(1, 2)]
-    v = view(node("a", [80, 80]), node("b", [80, 80]))
+    v = view(node("a", [80, 80]), node("b", [80, 80]), settings=SPANS)
     assert place(v.now, est(60, 10), Parallelism.DEVICE_MAP, 4, everywhere) is None
     assert place(v.now, est(60, 10), Parallelism.FSDP, 4, everywhere) is not None
 
@@ -549,3 +556,86 @@ def test_a_device_map_admission_leaves_no_gpu_below_zero_effective_free_memory()
     assert placed is not None
     v.assume(placed)
     assert min(frees(v).values()) >= 0  # a-1 holds its 32 GiB share, not the head's 40
+
+
+# -- visibleDevices: every job on one node -------------------------------------------------
+
+
+def test_one_node_shapes_are_the_whole_job_on_one_node_or_none() -> None:
+    assert list(shapes(8, 4, Parallelism.FSDP)) == [(2, 4), (4, 2), (8, 1)]
+    assert list(shapes(8, 4, Parallelism.FSDP, one_node=True)) == []
+    assert list(shapes(4, 4, Parallelism.FSDP, one_node=True)) == [(1, 4)]
+    assert list(shapes(3, 4, Parallelism.DDP, one_node=True)) == [(1, 3)]
+    assert list(shapes(3, 2, Parallelism.DDP, one_node=True)) == []
+
+
+def test_only_visible_devices_keeps_every_job_on_one_node_now_and_when_empty() -> None:
+    for mode in GpuMode:
+        v = view(node("a", [80]), settings=PackingSettings(gpu_mode=mode))
+        one = mode is GpuMode.VISIBLE_DEVICES
+        assert (v.now.one_node, v.empty.one_node) == (one, one), mode
+
+
+def _eight_gpu_cluster(settings: PackingSettings) -> ClusterView:
+    """The worked example: 4-GPU nodes, two of which (n3, n5) take 8 x 30 GiB together."""
+    return view(
+        node("n1", [80] * 4),
+        node("n2", [35] * 4),
+        node("n3", [31] * 4),
+        node("n4", [40, 40, 40, 29]),
+        node("n5", [30] * 4),
+        settings=settings,
+    )
+
+
+def test_visible_devices_never_places_a_job_across_nodes() -> None:
+    job = est(160, 10)  # 30 GiB per GPU at 8: every 4-GPU node but n4 holds its share
+    spread = [("n3", (0, 1, 2, 3)), ("n5", (0, 1, 2, 3))]
+    for settings in (SPANS, PackingSettings(gpu_mode=GpuMode.DEVICE_PLUGIN)):
+        v = _eight_gpu_cluster(settings)
+        assert sorted(on(v, place(v.now, job, Parallelism.FSDP, 8, everywhere))) == spread
+        by_count = place_by_count(v.now, job, Parallelism.FSDP, 8, everywhere)
+        assert by_count is not None and len(by_count.parts) == 2
+        assert closest(v.now, job, Parallelism.FSDP, 8, everywhere) is not None
+    v = _eight_gpu_cluster(SHARED)
+    for index in (v.now, v.empty):
+        for parallelism in (Parallelism.FSDP, Parallelism.DDP):
+            assert place(index, job, parallelism, 8, everywhere) is None
+            assert place_by_count(index, job, parallelism, 8, everywhere) is None
+            assert closest(index, job, parallelism, 8, everywhere) is None
+    every = v.select({})
+    assert not v.fits_empty(job, Parallelism.FSDP, 8, every)
+    assert not v.shapes_empty(job, Parallelism.FSDP, 8, every)
+    # The worked DDP example (3 GPUs over 2-GPU nodes) has no placement either.
+    two_gpu = view(node("a", [80, 80]), node("b", [30, 25]), node("c", [50, 50]))
+    assert place(two_gpu.now, est(24), Parallelism.DDP, 3, everywhere) is None
+    assert place_by_count(two_gpu.now, est(24), Parallelism.DDP, 3, everywhere) is None
+    assert closest(two_gpu.now, est(24), Parallelism.DDP, 3, everywhere) is None
+
+
+def test_visible_devices_places_a_job_that_fits_one_node_there() -> None:
+    job = est(80, 10)  # 30 GiB per GPU at 4
+    # a's GPUs 0 and 1 run another job's pods (20 GiB each): shared by memory they still
+    # hold 30, so a takes the whole job; with whole GPUs only 2 and 3 are open on a.
+    a = NodeState(
+        "a",
+        (
+            gpu("a", 0, 60, pods={"p": 20}),
+            gpu("a", 1, 60, pods={"q": 20}),
+            gpu("a", 2, 80),
+            gpu("a", 3, 80),
+        ),
+    )
+    nodes = (a, node("b", [80, 80]), node("c", [80, 80]))
+    shared = view(*nodes, settings=SHARED)
+    assert on(shared, place(shared.now, job, Parallelism.FSDP, 4, everywhere)) == [
+        ("a", (0, 1, 2, 3))
+    ]
+    for placed in (
+        place_by_count(shared.now, job, Parallelism.FSDP, 4, everywhere),
+        closest(shared.now, job, Parallelism.FSDP, 4, everywhere),
+    ):
+        assert on(shared, placed) == [("a", (2, 3, 0, 1))]  # the most free first
+    spans = view(*nodes, settings=SPANS)
+    placed = on(spans, place(spans.now, job, Parallelism.FSDP, 4, everywhere))
+    assert sorted(placed) == [("a", (2, 3)), ("b", (0, 1))]

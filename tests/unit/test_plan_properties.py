@@ -42,7 +42,7 @@ from controller.packing.inventory import (
     Reservation,
     Snapshot,
 )
-from controller.packing.placement import Placed, place, place_by_count
+from controller.packing.placement import Placed, closest, place, place_by_count
 from controller.packing.view import ClusterView
 from controller.units import GIB
 
@@ -326,8 +326,8 @@ def test_no_admission_ever_takes_a_gpu_below_zero_effective_free_memory(
         assert d.per_gpu_bytes == j.estimate.per_gpu_bytes(d.admitted_gpus, j.parallelism)
         assert sum(len(p.indices) for p in d.placement) == d.admitted_gpus
         assert len({len(p.indices) for p in d.placement}) == 1  # the same g on every node
-        if j.parallelism is Parallelism.DEVICE_MAP:
-            assert len(d.placement) == 1
+        if j.parallelism is Parallelism.DEVICE_MAP or not exclusive:
+            assert len(d.placement) == 1  # visibleDevices: the UUIDs go into one pod
         for part in d.placement:
             n = ref[part.node]  # KeyError: placed on a node that takes no work
             assert matches(n.labels, dict(j.selector))
@@ -437,11 +437,14 @@ def test_a_rejected_job_fits_no_allowed_count_of_the_empty_cluster(
         # The same question answered from the raw snapshot, without the view's empty index.
         empty = empty_reference(snapshot, admission.packing)
         slots = admission.packing.gpu_mode is GpuMode.DEVICE_PLUGIN
+        one_node = admission.packing.gpu_mode is GpuMode.VISIBLE_DEVICES
         brute = [
             n
             for n in allowed_counts(j)
             if n <= where.gpus
-            and brute_force(empty, j.estimate, j.parallelism, n, dict(j.selector), slots)
+            and brute_force(
+                empty, j.estimate, j.parallelism, n, dict(j.selector), slots, one_node=one_node
+            )
         ]
         assert fits_empty == brute
         if d.outcome is Outcome.REJECT:
@@ -454,7 +457,13 @@ def test_a_rejected_job_fits_no_allowed_count_of_the_empty_cluster(
                 matching = matching_gpus(snapshot, dict(j.selector))
                 assert matching > 0
                 assert matching < min(allowed_counts(j)) or not brute_force(
-                    empty, nothing, j.parallelism, j.gpus, dict(j.selector), slots
+                    empty,
+                    nothing,
+                    j.parallelism,
+                    j.gpus,
+                    dict(j.selector),
+                    slots,
+                    one_node=one_node,
                 )
             else:
                 assert d.reason == cond.REASON_INSUFFICIENT_VRAM
@@ -484,8 +493,11 @@ def brute_force(
     n: int,
     selector: dict[str, str],
     count_slots: bool,
+    *,
+    one_node: bool,
 ) -> Choice | None:
-    """Search every node set and GPU subset for the documented best fit."""
+    """Search every node set and GPU subset for the documented best fit; with `one_node`
+    (visibleDevices) only on one node."""
     usable = [x for x in sorted(nodes, key=lambda x: x.name) if matches(x.labels, selector)]
     if parallelism is Parallelism.DEVICE_MAP and n > 1:
         best: tuple[tuple[int, str], Choice] | None = None
@@ -507,7 +519,7 @@ def brute_force(
                     best = (key, [(x.name, tuple(g.index for g in top))])
         return None if best is None else best[1]
     need = estimate.per_gpu_bytes(n, parallelism)
-    for k in range(1, n + 1):
+    for k in range(1, 2 if one_node else n + 1):
         if n % k:
             continue
         g = n // k
@@ -597,12 +609,19 @@ def test_best_fit_placement_agrees_with_a_brute_force_search(
             n,
             selector,
             slots,
+            one_node=mode is GpuMode.VISIBLE_DEVICES,
         )
         placed = place(view.now, estimate, parallelism, n, where.now)
         assert as_choice(view, placed, ordered=dm) == expected
         by_count = place_by_count(view.now, estimate, parallelism, n, where.now)
         if placed is not None:
             assert by_count is not None
+        near = closest(view.now, estimate, parallelism, n, where.now)
+        if by_count is not None:
+            assert near == by_count
+        for some in (placed, by_count, near):
+            if some is not None and mode is GpuMode.VISIBLE_DEVICES:
+                assert len(some.parts) == 1  # the UUIDs go into one pod's environment
         if hold and by_count is not None:
             # A starving job's hold: those GPUs leave the reference as they leave the index.
             for name, indices in as_choice(view, by_count, ordered=True) or []:
@@ -622,6 +641,16 @@ def test_the_reference_search_finds_the_worked_examples() -> None:
     )
     b = RefNode("b", {}, [RefGpu(f"b-{i}", i, f * GIB, False) for i, f in enumerate([50, 41])], 2)
     e = Estimate("x", {"a": 70 * GIB}, 0, 0, 60 * GIB, 10 * GIB)
-    assert brute_force([a, b], e, Parallelism.FSDP, 2, {}, True) == [("b", (0, 1))]
-    assert brute_force([a, b], e, Parallelism.DDP, 2, {}, True) == [("a", (0, 1))]
-    assert brute_force([b], e, Parallelism.DDP, 2, {}, True) is None
+    for one_node in (False, True):
+        assert brute_force([a, b], e, Parallelism.FSDP, 2, {}, True, one_node=one_node) == [
+            ("b", (0, 1))
+        ]
+        assert brute_force([a, b], e, Parallelism.DDP, 2, {}, True, one_node=one_node) == [
+            ("a", (0, 1))
+        ]
+        assert brute_force([b], e, Parallelism.DDP, 2, {}, True, one_node=one_node) is None
+    # FSDP on 4 (25 GiB each): a has only three GPUs that hold 25, so 2 nodes x 2 GPUs, which
+    # visibleDevices (one node) cannot take.
+    spread = [("a", (0, 2)), ("b", (0, 1))]
+    assert brute_force([a, b], e, Parallelism.FSDP, 4, {}, True, one_node=False) == spread
+    assert brute_force([a, b], e, Parallelism.FSDP, 4, {}, True, one_node=True) is None
