@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
@@ -402,6 +404,31 @@ def _add_operator(sub: Any) -> None:
         default=30.0,
         help="retry interval while a job's ConfigMap cannot be read (default 30)",
     )
+    plan_command.add_admission_arguments(p)
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=10.0,
+        help="an admission pass at least this often, events or not (default 10)",
+    )
+    p.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decide only while holding a Lease, so replicas never decide at once "
+        "(default on)",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (default $POD_NAMESPACE, else default)",
+    )
+    p.add_argument("--lease-name", default="vramgate-operator", help="default vramgate-operator")
+    p.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name in the Lease (default $POD_NAME, else the host name)",
+    )
     p.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("--debug", action="store_true", help="log everything kopf does")
@@ -419,6 +446,8 @@ def _run_operator(args: argparse.Namespace, console: Console) -> int:
 
     if not 0 < args.webhook_port < 65536:
         raise UsageError(f"--webhook-port: must be between 1 and 65535, got {args.webhook_port}")
+    if not args.resync_seconds > 0:
+        raise UsageError(f"--resync-seconds: must be greater than 0, got {args.resync_seconds}")
     if not args.configmap_retry_seconds > 0:
         raise UsageError(
             f"--configmap-retry-seconds: must be greater than 0, got {args.configmap_retry_seconds}"
@@ -433,6 +462,12 @@ def _run_operator(args: argparse.Namespace, console: Console) -> int:
         cert_dir=Path(args.cert_dir),
         cert_hosts=tuple(args.cert_host) or DEFAULT_SERVICE_DNS,
         configmap_retry_s=args.configmap_retry_seconds,
+        admission=plan_command.admission_settings(args),
+        resync_s=args.resync_seconds,
+        leader_election=args.leader_election,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        identity=args.identity,
         liveness=args.liveness,
         verbose=args.verbose,
         debug=args.debug,

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from controller.api.base import GPU_RESOURCE, JOB_LABEL, PRODUCT_LABEL
-from controller.api.conditions import ADMITTED, READY, find_condition
+from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
 from controller.decision.types import JobRequest
 from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
@@ -192,12 +192,21 @@ def _live_pods(pods: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]
             yield pod
 
 
+def finished(job: Mapping[str, Any]) -> bool:
+    """Whether the job's workload succeeded or failed: it holds nothing and waits for nothing."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") in (SUCCEEDED, FAILED) and c.get("status") == "True" for c in conditions
+    )
+
+
 def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Reservation | None:
-    """The hold of an admitted job (Admitted=True with a placement), with its live pods."""
+    """The hold of an admitted job (Admitted=True with a placement, not finished), with its
+    live pods."""
     status = job.get("status") or {}
     admitted = find_condition(status.get("conditions") or [], ADMITTED)
     placement = status.get("placement")
-    if admitted is None or admitted.get("status") != "True" or not placement:
+    if admitted is None or admitted.get("status") != "True" or not placement or finished(job):
         return None
     parts = tuple(
         NodeGpus(
@@ -254,9 +263,12 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
 
 
 def pending_jobs(objects: ClusterObjects) -> dict[str, Mapping[str, Any]]:
-    """The FineTuneJobs that hold no reservation: what admission decides."""
+    """The FineTuneJobs that hold no reservation and have not finished: what admission
+    decides."""
     return {
-        key: job for key, job in objects.jobs.items() if reservation(job, []) is None
+        key: job
+        for key, job in objects.jobs.items()
+        if reservation(job, []) is None and not finished(job)
     }
 
 

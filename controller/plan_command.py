@@ -69,6 +69,14 @@ def add_parser(sub: Any) -> None:
         help="estimate every job with this profile instead of its spec.estimator.profile "
         f"({'|'.join(m.value for m in Profile)})",
     )
+    add_admission_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("jobs", nargs="*", metavar="JOB_FILE", help="FineTuneJob manifests")
+    p.set_defaults(run=run)
+
+
+def add_admission_arguments(p: argparse.ArgumentParser) -> None:
+    """The admission settings, shared by `vramgate plan` and `vramgate operator`."""
     p.add_argument(
         "--gpu-mode",
         default=GpuMode.DEVICE_PLUGIN.value,
@@ -95,9 +103,6 @@ def add_parser(sub: Any) -> None:
         default=0,
         help="percent of each GPU's memory kept free, 0 to 50 (default 0)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("jobs", nargs="*", metavar="JOB_FILE", help="FineTuneJob manifests")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         )
     except ClusterError as error:
         raise PlanInputError(str(error)) from None
-    settings = _settings(args)
+    settings = admission_settings(args)
     decisions = plan(snap, jobs, settings)
     if args.json:
         print(json.dumps({"decisions": [decision_json(d) for d in decisions]}))
@@ -127,7 +132,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace) -> AdmissionSettings:
+def admission_settings(args: argparse.Namespace) -> AdmissionSettings:
+    """The settings `add_admission_arguments` parsed; one line naming the flag if bad."""
     try:
         headroom = parse_size(args.headroom, require_unit=True) if args.headroom != "0GiB" else 0
     except ValueError as error:

@@ -9,7 +9,7 @@ Pure like `controller.packing`: the operator's loop and `vramgate plan` both cal
 """
 
 from controller.decision.decide import decide
-from controller.decision.plan import plan, queue_order
+from controller.decision.plan import plan, plan_on, queue_order
 from controller.decision.types import (
     AdmissionSettings,
     Decision,
@@ -26,5 +26,6 @@ __all__ = [
     "QueueingStrategy",
     "decide",
     "plan",
+    "plan_on",
     "queue_order",
 ]

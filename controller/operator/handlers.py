@@ -1,133 +1,121 @@
-"""kopf handlers for FineTuneJobs: estimate every new or changed spec and record it in status.
+"""kopf wiring: the caches, the events that wake the scheduler, the webhooks, start and stop.
 
-One level-triggered reconcile serves the three causes kopf distinguishes (created, spec
-changed, found at operator start): it computes what the status should say from the whole
-spec and writes only what differs, so running it twice, or after a restart, changes nothing.
+Handlers write nothing. kopf keeps the indexes (`caches.py`); every event that can change a
+decision wakes the one scheduling loop (`scheduler.py`), which writes every status and creates
+every workload. So kopf stores no progress or diff-base annotations on FineTuneJobs: a job
+is written by the scheduler alone, once per change, and the webhook is called only for the
+users' own writes.
 
-What a failure records, and whether kopf retries it, is decided in one place,
-`controller.operator.errors`: an invalid spec is recorded and never retried, an unreadable
-ConfigMap is retried every `configmap_retry_s`, a profile the operator lacks is retried
-later, and anything else is a bug, logged with its traceback. (ConfigMaps are not watched
-yet: a ConfigMap whose content is fixed after an InvalidSpec needs a spec change, or an
-operator restart, to be re-read.)
+Events that wake the loop: a FineTuneJob created, changed or deleted; a GPUNode whose GPUs
+or readiness changed (a heartbeat alone does not: a stale heartbeat is noticed by the
+periodic resync); a Node cordoned, uncordoned, becoming (un)ready or losing GPUs; a GPU pod
+or a workload changing phase.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextvars
+import hashlib
+import json
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any, cast
 
 import kopf
 
-from controller.api import conditions as cond
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
-from controller.estimator import SpecErrors
-from controller.jobspec import config_map_ref, estimate_plan, translate
-from controller.operator import status as status_rules
-from controller.operator.configmaps import (
-    ConfigMapReader,
-    ConfigMapUnavailable,
-    read_model_config,
-)
-from controller.operator.errors import failure_of
-from controller.webhook.validating import validate_finetunejob
+from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
+from controller.operator import caches
+from controller.operator.caches import Caches
+from controller.operator.scheduler import Scheduler
+from controller.webhook.admission import AdmissionWebhook
 
-#: Seconds between retries while a job's ConfigMap cannot be read: the ConfigMap is usually
-#: created by the same `kubectl apply`, and a GET every 30 s per waiting job is cheap.
-CONFIGMAP_RETRY_S = 30
-ESTIMATE_HANDLER = "estimate"
 VALIDATE_HANDLER = "validate-finetunejob"
+MUTATE_HANDLER = "mutate-finetunejob"
 
 
 def register(
     registry: kopf.OperatorRegistry,
+    scheduler: Scheduler,
     *,
-    validating_webhook: bool,
-    configmap_retry_s: float = CONFIGMAP_RETRY_S,
-    now: Callable[[], datetime] = cond.now_utc,
+    webhooks: bool,
+    background: Callable[[], list[Any]] = list,
 ) -> None:
-    """Register the FineTuneJob handlers in `registry` (and the webhook when asked)."""
+    """Register the caches, the wake-ups and (when asked) the webhooks in `registry`.
+    `background` gives the coroutines to run for the operator's lifetime (the scheduler's
+    loop, the leader election)."""
+    caches.register(registry)
+    digests: dict[tuple[str, str], str] = {}
 
-    async def estimate(**kwargs: Any) -> None:
-        await reconcile(now=now, configmap_retry_s=configmap_retry_s, **kwargs)
+    def wake_on(
+        resource: tuple[str, ...], relevant: Callable[[Mapping[str, Any]], Any], **only: Any
+    ) -> None:
+        def on_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+            scheduler.attach(Caches.of(kwargs), contextvars.copy_context())
+            meta = body.get("metadata") or {}
+            key = (resource[-1], str(meta.get("uid")))
+            if type == "DELETED":
+                digests.pop(key, None)
+                scheduler.wake()
+                return
+            digest = hashlib.sha1(
+                json.dumps(relevant(body), sort_keys=True, default=str).encode()
+            ).hexdigest()
+            if digests.get(key) != digest:
+                digests[key] = digest
+                scheduler.wake()
 
-    resource = (GROUP, VERSION, PLURAL)
-    kopf.on.create(*resource, id=ESTIMATE_HANDLER, registry=registry)(estimate)
-    kopf.on.resume(*resource, id=ESTIMATE_HANDLER, registry=registry)(estimate)
-    kopf.on.update(*resource, id=ESTIMATE_HANDLER, field="spec", registry=registry)(estimate)
-    if validating_webhook:
+        kopf.on.event(*resource, id=f"wake-{resource[-1]}", registry=registry, **only)(on_event)
+
+    wake_on((GROUP, VERSION, PLURAL), lambda body: [body.get("metadata"), body.get("spec"),
+                                                    body.get("status")])  # fmt: skip
+    wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant)
+    wake_on(("v1", "nodes"), lambda body: caches.slim_node(body))
+    wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)
+    wake_on(("batch", "v1", "jobs"), lambda body: body.get("status"), labels=caches.WORKLOAD_LABELS)
+
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def start(**_: Any) -> None:
+        for coroutine in background():
+            tasks.append(asyncio.get_running_loop().create_task(coroutine))
+
+    async def stop(**_: Any) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await scheduler.close()
+
+    kopf.on.startup(registry=registry)(start)
+    kopf.on.cleanup(registry=registry)(stop)
+
+    if webhooks:
+        hook = AdmissionWebhook(scheduler.current_view)
+        resource = (GROUP, VERSION, PLURAL)
+        # The webhook is fast feedback; the operator decides and enforces in status. An
+        # unreachable webhook must not block every FineTuneJob write in the cluster.
         kopf.on.validate(
-            *resource,
-            id=VALIDATE_HANDLER,
-            operations=["CREATE", "UPDATE"],
-            # The webhook is fast feedback; the operator enforces validity in status. An
-            # unreachable webhook must not block every FineTuneJob write in the cluster.
-            ignore_failures=True,
-            registry=registry,
-        )(cast(Any, validate_finetunejob))  # kopf passes every kwarg; it reads three
+            *resource, id=VALIDATE_HANDLER, operations=["CREATE", "UPDATE"],
+            ignore_failures=True, registry=registry,
+        )(cast(Any, hook.validate))  # fmt: skip
+        kopf.on.mutate(
+            *resource, id=MUTATE_HANDLER, operations=["CREATE"],
+            ignore_failures=True, registry=registry,
+        )(cast(Any, hook.mutate))  # fmt: skip
 
 
-async def reconcile(
-    *,
-    body: kopf.Body,
-    spec: Mapping[str, Any],
-    meta: Mapping[str, Any],
-    status: Mapping[str, Any],
-    namespace: str,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
-    now: Callable[[], datetime],
-    configmap_retry_s: float = CONFIGMAP_RETRY_S,
-    **_: Any,
-) -> None:
-    """Estimate the job's current spec and record the result in its status; a failure is
-    recorded as `failure_of` classifies it, and raised to kopf when it is to be retried."""
-    generation = int(meta.get("generation") or 0)
-    current = dict(status)
-
-    def fail(error: Exception) -> None:
-        failure = failure_of(error, temporary_retry_s=configmap_retry_s)
-        if failure.is_bug:
-            logger.error("the estimator failed on a valid spec", exc_info=error)
-        if failure.reason == cond.REASON_INVALID_SPEC:
-            update = status_rules.invalid(failure.message, generation, current, now())
-        else:
-            update = status_rules.not_estimated(
-                failure.reason, failure.message, generation, current, now()
-            )
-        _apply(update, body, patch)
-        if failure.retry_s is not None:
-            raise kopf.TemporaryError(failure.message, delay=failure.retry_s) from None
-
-    config = None
-    ref = config_map_ref(spec)
-    if ref is not None:
-        try:
-            core: ConfigMapReader = memo["core"]
-            config = await asyncio.to_thread(read_model_config, core, namespace, ref)
-        except ConfigMapUnavailable as error:
-            fail(error)
-            return
-    plan, errors = translate(dict(spec), config)
-    if plan is None:
-        fail(SpecErrors(errors))
-        return
-    try:
-        est = estimate_plan(plan)
-    except Exception as error:
-        fail(error)
-        return
-    _apply(status_rules.estimated(plan, est, generation, current, now()), body, patch)
+def _gpunode_relevant(body: Mapping[str, Any]) -> Any:
+    """A GPUNode's status without its heartbeat: what a decision could change on."""
+    status = dict(body.get("status") or {})
+    status.pop("heartbeatTime", None)
+    conditions = [
+        {k: v for k, v in c.items() if k in ("type", "status", "reason")}
+        for c in status.pop("conditions", None) or []
+    ]
+    return [status, conditions]
 
 
-def _apply(update: status_rules.StatusUpdate, body: kopf.Body, patch: kopf.Patch) -> None:
-    for key, value in update.patch.items():
-        patch.status[key] = value
-    if update.event is not None:
-        event = update.event
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+def _pod_relevant(body: Mapping[str, Any]) -> Any:
+    """Where a pod runs and in which phase: its GPU slot and its job's state."""
+    return [(body.get("spec") or {}).get("nodeName"), (body.get("status") or {}).get("phase")]

@@ -5,12 +5,14 @@ Kept apart from `run` so that building the CLI parser does not import kopf.
 
 from __future__ import annotations
 
+import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
 from controller.api.base import GROUP
+from controller.decision import AdmissionSettings
 from controller.errors import DeploymentError
 
 DEFAULT_WEBHOOK_PORT = 9443
@@ -18,6 +20,7 @@ DEFAULT_WEBHOOK_CONFIG = GROUP
 #: The Service name the Helm chart gives the webhook, so a generated cert covers it.
 DEFAULT_SERVICE_DNS = ("vramgate-webhook.vramgate.svc",)
 DEFAULT_CERT_DIR = Path(tempfile.gettempdir()) / "vramgate-webhook"
+DEFAULT_LEASE = "vramgate-operator"
 
 
 class StartupError(DeploymentError):
@@ -43,6 +46,15 @@ class OperatorOptions:
     cert_dir: Path = DEFAULT_CERT_DIR
     cert_hosts: tuple[str, ...] = DEFAULT_SERVICE_DNS
     configmap_retry_s: float = 30.0
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    resync_s: float = 10.0
+    #: Leader election on a Lease (off: this replica decides alone; for one-replica runs).
+    leader_election: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = DEFAULT_LEASE
+    #: The Lease holder's name: the pod's name in a cluster (a restarted container takes its
+    #: own Lease back at once), the host name and process id elsewhere.
+    identity: str = field(default_factory=lambda: socket.gethostname())
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     verbose: bool = False
     debug: bool = False

@@ -7,7 +7,8 @@ Choices, each with its reason:
   its state on every write and loop; annotations survive and are visible to people. The
   estimate handler finishes in one pass, so progress annotations exist only while a
   ConfigMap retry is pending.
-* **Standalone** (no peering objects): one replica for now; peering comes with HA.
+* **Standalone** (no kopf peering): replicas elect one leader on a Lease (`leader.py`);
+  only it decides, the others keep their caches and serve the webhook.
 * **Webhook modes**: `managed` serves the webhook and lets kopf keep a
   ValidatingWebhookConfiguration pointing at it (removed again at a clean exit), for local
   runs and tests; `serve` only serves it (the Helm chart registers a Service-backed
@@ -17,13 +18,17 @@ Choices, each with its reason:
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import kopf
-from kubernetes import client, config
 
 from controller.api.base import GROUP
+from controller.errors import DeploymentError
 from controller.operator import handlers
+from controller.operator.kube import Kube, api_client
+from controller.operator.leader import Leader
 from controller.operator.options import OperatorOptions, StartupError, WebhookMode
+from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.webhook.certs import ensure_serving_cert
 
 DIFFBASE_KEY = "last-handled-configuration"
@@ -49,6 +54,8 @@ def webhook_server(options: OperatorOptions) -> kopf.WebhookServer:
 
 def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
+    # Handlers' own log lines stay in the log: as Events they would cost a write per event.
+    settings.posting.level = logging.WARNING
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key=DIFFBASE_KEY
@@ -60,48 +67,65 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     return settings
 
 
-def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
+def build_registry(
+    options: OperatorOptions, scheduler: Scheduler, leader: Leader | None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     # A bare registry has no login handlers (only kopf's implicit default one does): log in
     # through the kubernetes client, in-cluster first, then $KUBECONFIG.
     kopf.on.login(registry=registry)(kopf.login_via_client)
+
+    def background() -> list[Any]:
+        return [scheduler.run()] + ([] if leader is None else [leader.run()])
+
     handlers.register(
         registry,
-        validating_webhook=options.webhook is not WebhookMode.OFF,
-        configmap_retry_s=options.configmap_retry_s,
+        scheduler,
+        webhooks=options.webhook is not WebhookMode.OFF,
+        background=background,
     )
     return registry
 
 
-def _core_api() -> client.CoreV1Api:
-    """A client for the reads handlers make: in-cluster credentials, else $KUBECONFIG."""
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        try:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        except (config.ConfigException, OSError) as error:
-            raise StartupError(f"no Kubernetes credentials: {error}") from None
-    return client.CoreV1Api()
-
-
 def run(options: OperatorOptions) -> int:
     """Run until SIGINT/SIGTERM; kopf then removes a managed webhook and exits."""
-    core = _core_api()
+    try:
+        kube = Kube(api_client(pool_size=32))
+    except DeploymentError as error:
+        raise StartupError(str(error)) from None
     # log_prefix: every object's log line starts with [namespace/name].
     kopf.configure(verbose=options.verbose, debug=options.debug, log_prefix=True)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("vramgate").setLevel(logging.DEBUG if options.verbose else logging.INFO)
     try:
         settings = operator_settings(options)
     except OSError as error:
         raise StartupError(f"--cert-dir: cannot use {options.cert_dir}: {error}") from None
-    kopf.run(
-        registry=build_registry(options),
-        settings=settings,
-        clusterwide=not options.namespaces,
-        namespaces=options.namespaces,
-        standalone=True,
-        liveness_endpoint=options.liveness,
-        memo=kopf.Memo(core=core),
+    leader = None
+    if options.leader_election:
+        leader = Leader(kube, options.lease_namespace, options.lease_name, options.identity)
+    scheduler = Scheduler(
+        kube,
+        SchedulerOptions(
+            admission=options.admission,
+            resync_s=options.resync_s,
+            configmap_retry_s=options.configmap_retry_s,
+        ),
+        leader,
     )
+    if leader is not None:
+        leader.on_change.append(scheduler.wake)
+    try:
+        kopf.run(
+            registry=build_registry(options, scheduler, leader),
+            settings=settings,
+            clusterwide=not options.namespaces,
+            namespaces=options.namespaces,
+            standalone=True,
+            liveness_endpoint=options.liveness,
+        )
+    finally:
+        if leader is not None:
+            leader.release()
     return 0

@@ -106,7 +106,7 @@ def invalid(
 ) -> StatusUpdate:
     """The spec is invalid: Estimated=False and Admitted=False, both InvalidSpec. `message`
     names every invalid field (`str(SpecErrors(errors))`)."""
-    message = _one_line(message)
+    message = one_line(message)
     conditions = _conditions(status)
     for type_ in (cond.ESTIMATED, cond.ADMITTED):
         conditions = cond.set_condition(
@@ -129,7 +129,7 @@ def not_estimated(
     reason: str, message: str, generation: int, status: Mapping[str, Any], now: datetime
 ) -> StatusUpdate:
     """No estimate for a reason other than the spec (ConfigMap unreadable, estimator bug)."""
-    message = _one_line(message)
+    message = one_line(message)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,
@@ -173,6 +173,7 @@ def _update(status: Mapping[str, Any], desired: dict[str, Any], event: Event) ->
     return StatusUpdate(patch, event if patch else None)
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """`text` on one line, cut to MAX_MESSAGE."""
     line = " ".join(text.split())
     return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."

@@ -1,0 +1,437 @@
+"""One admission pass: from a snapshot of the cluster, what to write, create and delete.
+
+Pure, like `status.py`: the scheduler (`scheduler.py`) hands in what its caches hold and the
+estimates it has, and carries out the returned actions in order: status writes first (an
+admission's write carries the job's resourceVersion, so a stale decision fails instead of
+overwriting), then the workloads of the admissions whose write landed, then deletions.
+
+A pass, in the order Kueue's scheduler does it:
+
+1. **Admitted jobs.** Their workload's state flows into Running / Succeeded / Failed; a
+   finished job holds nothing from this pass on (the snapshot below no longer counts it); a
+   suspended one gives its GPUs back and its workload is deleted; a missing workload (the
+   operator stopped between the admission write and the create) is created again. A spec
+   change other than `suspend` is ignored and said so (`SpecLocked`).
+2. **Jobs not admitted.** Estimated (or their estimate's failure recorded); those that are
+   estimated and have a trainer template are decided together by `plan_on`, each admission
+   assumed before the next decision; a job without a template is told what admission would
+   do, and holds nothing.
+
+Every status write holds only keys that differ from the job's status, so a pass over an
+unchanged cluster writes nothing. A queued job's message carries live numbers; a change of
+the message alone is written at most every `message_refresh`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from controller.api import conditions as cond
+from controller.api.enums import ConditionStatus
+from controller.api.finetunejob import NodePlacement, Placement
+from controller.cluster import (
+    ClusterObjects,
+    finished,
+    job_key,
+    job_request,
+    reservation,
+    snapshot,
+)
+from controller.decision import AdmissionSettings, Decision, JobRequest, Outcome, decide, plan_on
+from controller.estimator import Estimate
+from controller.jobspec import JobPlan
+from controller.operator import status as status_rules
+from controller.operator.errors import Failure
+from controller.packing.inventory import NodeGpus
+from controller.packing.view import ClusterView
+from controller.workload import (
+    Admission,
+    WorkloadError,
+    build_workload,
+    workload_conditions,
+    workload_name,
+    workload_state,
+)
+
+#: A queued job's message (free memory now, the numbers it waits for) is rewritten at most
+#: this often when nothing but the numbers changed: 1,000 queued jobs must not cost 1,000
+#: writes for every GPUNode heartbeat.
+MESSAGE_REFRESH = timedelta(seconds=30)
+_TRIAL = NodeGpus("trial-node", (0,), ("trial-gpu",))
+_WORKLOAD_TYPES = (cond.RUNNING, cond.SUCCEEDED, cond.FAILED)
+_QUIET_REASONS = {
+    cond.REASON_WAITING_FOR_VRAM,
+    cond.REASON_WAITING_FOR_GPUS,
+    cond.REASON_WAITING_IN_QUEUE,
+    cond.REASON_SUSPENDED,
+    cond.REASON_NO_TEMPLATE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Estimated:
+    """The estimator's answer for one job at `generation`: a plan and its estimate, or the
+    failure to record."""
+
+    generation: int
+    plan: JobPlan | None = None
+    estimate: Estimate | None = None
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True)
+class PassInput:
+    objects: ClusterObjects  # nodes, GPUNodes, pods and FineTuneJobs (key namespace/name)
+    workloads: Mapping[str, Mapping[str, Any]]  # FineTuneJob key -> its batch/v1 Job
+    job_pods: Mapping[str, Sequence[Mapping[str, Any]]]  # FineTuneJob key -> its pods
+    estimates: Mapping[str, Estimated]  # FineTuneJob key -> estimate (absent: not yet)
+    settings: AdmissionSettings
+    now: datetime
+    last_written: Mapping[str, datetime] = field(default_factory=dict)
+    message_refresh: timedelta = MESSAGE_REFRESH
+
+
+@dataclass(frozen=True)
+class StatusWrite:
+    """A merge patch of one job's status. `resource_version` is set on admissions: the write
+    must fail if the job changed since the snapshot."""
+
+    key: str
+    uid: str
+    patch: dict[str, Any]
+    events: tuple[status_rules.Event, ...] = ()
+    resource_version: str | None = None
+
+
+@dataclass(frozen=True)
+class CreateWorkload:
+    """The objects to create for an admitted job, once the write of `key` has landed (or at
+    once, `after_write` False, for a job admitted earlier whose workload is missing)."""
+
+    key: str
+    objects: tuple[dict[str, Any], ...]
+    after_write: bool = True
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    key: str
+    objects: tuple[dict[str, Any], ...]  # apiVersion, kind, metadata.namespace and name
+
+
+@dataclass
+class PassOutput:
+    writes: list[StatusWrite] = field(default_factory=list)
+    creates: list[CreateWorkload] = field(default_factory=list)
+    deletes: list[DeleteWorkload] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+
+
+def admission_pass(inp: PassInput) -> PassOutput:
+    out = PassOutput()
+    jobs = dict(inp.objects.jobs)
+    drafts: dict[str, _Draft] = {}
+
+    for key, job in inp.objects.jobs.items():
+        if _admitted(job) and not finished(job):
+            draft = drafts[key] = _Draft(job)
+            jobs[key] = _follow_admitted(inp, key, draft, out)
+
+    requests: list[JobRequest] = []
+    template_less: list[JobRequest] = []
+    for key, job in inp.objects.jobs.items():
+        if key in drafts or finished(job) or _admitted(job):
+            continue
+        found = inp.estimates.get(key)
+        if found is None or found.generation != _generation(job):
+            continue  # still estimating this generation
+        draft = drafts[key] = _Draft(job)
+        request = _estimated(inp, draft, found)
+        if request is None:
+            continue
+        if not (job.get("spec") or {}).get("template"):
+            template_less.append(request)
+            continue
+        problem = _template_error(job, inp)
+        if problem is not None:
+            draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
+            continue
+        requests.append(request)
+
+    objects = replace(inp.objects, jobs=jobs)
+    view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
+    decisions = plan_on(view, requests, inp.settings, inp.now)
+    for decision in decisions:
+        _record(inp, drafts[decision.job], decision, out)
+    for request in template_less:
+        decision = decide(request, view)
+        _no_template(inp, drafts[request.key], decision)
+        out.decisions.append(decision)
+
+    for key, draft in drafts.items():
+        write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
+        if write is not None:
+            out.writes.append(write)
+    out.writes.sort(key=lambda w: w.resource_version is None)  # admissions first
+    return out
+
+
+# -- the status a pass builds for one job ---------------------------------------------------
+
+
+class _Draft:
+    """One job's status as the pass wants it, built from the status it has."""
+
+    def __init__(self, job: Mapping[str, Any]) -> None:
+        self.job = job
+        self.key = job_key(job)
+        self.current: dict[str, Any] = dict(job.get("status") or {})
+        self.status: dict[str, Any] = dict(self.current)
+        self.events: list[status_rules.Event] = []
+        self.admission = False
+        self.urgent = False  # something other than a message changed
+
+    def apply(self, update: status_rules.StatusUpdate) -> None:
+        self.status.update(update.patch)
+        if update.event is not None:
+            self.events.append(update.event)
+        if update.patch:
+            self.urgent = True
+
+    def set_conditions(self, conditions: list[dict[str, Any]]) -> None:
+        before = {c.get("type"): c for c in self.status.get("conditions") or []}
+        for c in conditions:
+            old = before.get(c["type"])
+            if old is None or any(old.get(k) != c.get(k) for k in c if k != "message"):
+                self.urgent = True
+        self.status["conditions"] = conditions
+
+    def write(self, last: datetime | None, now: datetime, refresh: timedelta) -> StatusWrite | None:
+        patch = {key: value for key, value in self.status.items() if self.current.get(key) != value}
+        patch.update({key: None for key in self.current if key not in self.status})
+        if not patch:
+            return None
+        if not self.urgent and last is not None and now - last < refresh:
+            return None  # only a message's numbers changed, and recently written
+        meta = self.job.get("metadata") or {}
+        version = meta.get("resourceVersion") if self.admission else None
+        return StatusWrite(self.key, str(meta.get("uid")), patch, tuple(self.events), version)
+
+
+def _generation(job: Mapping[str, Any]) -> int:
+    return int((job.get("metadata") or {}).get("generation") or 0)
+
+
+def _conditions(draft: _Draft) -> list[dict[str, Any]]:
+    return [dict(c) for c in draft.status.get("conditions") or []]
+
+
+def _admitted(job: Mapping[str, Any]) -> bool:
+    return reservation(job, []) is not None
+
+
+def _set_admitted(
+    inp: PassInput,
+    draft: _Draft,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> None:
+    conditions = _conditions(draft)
+    old = cond.find_condition(conditions, cond.ADMITTED)
+    message = status_rules.one_line(message)
+    draft.set_conditions(
+        cond.set_condition(
+            conditions,
+            cond.ADMITTED,
+            status,
+            reason,
+            message,
+            _generation(draft.job) if generation is None else generation,
+            inp.now,
+        )
+    )
+    if old is None or (old.get("status"), old.get("reason")) != (status.value, reason):
+        normal = status is ConditionStatus.TRUE or reason in _QUIET_REASONS
+        kind = status_rules.NORMAL if normal else status_rules.WARNING
+        draft.events.append(status_rules.Event(kind, reason, message))
+
+
+# -- 1. admitted jobs -----------------------------------------------------------------------
+
+
+def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -> Mapping[str, Any]:
+    """Workload state -> conditions; suspend releases; returns the job as the snapshot should
+    see it (without a reservation once it finished or was suspended)."""
+    job = draft.job
+    spec = job.get("spec") or {}
+    admitted = cond.find_condition(_conditions(draft), cond.ADMITTED) or {}
+    admitted_at = admitted.get("observedGeneration")
+    objects = _workload_objects(inp, job)
+
+    if spec.get("suspend"):
+        out.deletes.append(DeleteWorkload(key, objects))
+        draft.status.pop("placement", None)
+        draft.status.pop("workloadRef", None)
+        _set_admitted(
+            inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
+            "spec.suspend is true: the workload was deleted and its GPUs released",
+        )  # fmt: skip
+        conditions = [c for c in _conditions(draft) if c.get("type") != cond.RUNNING]
+        draft.set_conditions(conditions)
+        return {**job, "status": draft.status}
+
+    if admitted_at is not None and _generation(job) != admitted_at:
+        message = (
+            f"admitted at generation {admitted_at}; the change to generation "
+            f"{_generation(job)} is ignored: only spec.suspend may change once a job is "
+            "admitted (suspend it, edit it, and resume it to change the rest)"
+        )
+        if admitted.get("reason") != cond.REASON_SPEC_LOCKED:
+            draft.events.append(
+                status_rules.Event(status_rules.WARNING, cond.REASON_SPEC_LOCKED, message)
+            )
+        draft.set_conditions(
+            cond.set_condition(
+                _conditions(draft),
+                cond.ADMITTED,
+                ConditionStatus.TRUE,
+                cond.REASON_SPEC_LOCKED,
+                message,
+                admitted_at,
+                inp.now,
+            )
+        )
+
+    workload = inp.workloads.get(key)
+    if workload is None and objects:
+        out.creates.append(CreateWorkload(key, objects, after_write=False))
+    state = workload_state(workload, inp.job_pods.get(key, ()))
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
+    conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
+    draft.set_conditions(conditions)
+    for c in conditions:
+        changed = before.get(c["type"]) != (c["status"], c["reason"])
+        if changed and c["type"] in _WORKLOAD_TYPES and c["status"] == "True":
+            kind = status_rules.WARNING if c["type"] == cond.FAILED else status_rules.NORMAL
+            draft.events.append(status_rules.Event(kind, c["reason"], c["message"]))
+    return {**job, "status": draft.status}
+
+
+def _workload_objects(inp: PassInput, job: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    placement = (job.get("status") or {}).get("placement") or {}
+    nodes = tuple(
+        NodeGpus(
+            str(part["node"]),
+            tuple(int(i) for i in part.get("gpuIndices") or []),
+            tuple(str(u) for u in part.get("gpuUUIDs") or []),
+        )
+        for part in placement.get("nodes") or []
+    )
+    admission = Admission(
+        nodes, int(placement.get("perGpuBytes") or 0), inp.settings.packing.gpu_mode
+    )
+    try:
+        return tuple(build_workload(job, admission))
+    except WorkloadError:
+        return ()  # refused before admission; an edited template after it is SpecLocked
+
+
+# -- 2. jobs not admitted -------------------------------------------------------------------
+
+
+def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | None:
+    generation = _generation(draft.job)
+    if found.failure is not None:
+        failure = found.failure
+        if failure.reason == cond.REASON_INVALID_SPEC:
+            draft.apply(status_rules.invalid(failure.message, generation, draft.status, inp.now))
+        else:
+            draft.apply(
+                status_rules.not_estimated(
+                    failure.reason, failure.message, generation, draft.status, inp.now
+                )
+            )
+        return None
+    assert found.plan is not None and found.estimate is not None
+    draft.apply(
+        status_rules.estimated(found.plan, found.estimate, generation, draft.status, inp.now)
+    )
+    return job_request(draft.job, found.plan, found.estimate)
+
+
+def _template_error(job: Mapping[str, Any], inp: PassInput) -> str | None:
+    """The error the job's template meets when its workload is built, or None: found before
+    any GPU is promised to it, so an unusable template is an invalid spec, not an admission
+    that fails over and over."""
+    try:
+        build_workload(job, Admission((_TRIAL,), 0, inp.settings.packing.gpu_mode))
+    except WorkloadError as error:
+        return str(error)
+    return None
+
+
+def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) -> None:
+    out.decisions.append(decision)
+    job = draft.job
+    if not decision.admitted:
+        _set_admitted(
+            inp,
+            draft,
+            ConditionStatus.FALSE,
+            decision.reason,
+            decision.message,
+        )
+        return
+    placement = Placement(
+        nodes=[
+            NodePlacement(
+                node=part.node, gpu_indices=list(part.indices), gpu_uuids=list(part.uuids)
+            )
+            for part in decision.placement
+        ],
+        requested_gpus=decision.requested_gpus,
+        admitted_gpus=decision.admitted_gpus or decision.requested_gpus,
+        per_gpu_bytes=decision.per_gpu_bytes,
+    ).model_dump(mode="json", by_alias=True)
+    mode = inp.settings.packing.gpu_mode
+    objects = tuple(
+        build_workload(job, Admission(decision.placement, decision.per_gpu_bytes, mode))
+    )
+    name = (job.get("metadata") or {}).get("name") or ""
+    draft.status["placement"] = placement
+    draft.status["workloadRef"] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": workload_name(name),
+    }
+    draft.admission = True
+    draft.urgent = True
+    message = decision.message + "".join(
+        f"; warning: {w}" for w in decision.warnings if w != decision.message
+    )
+    _set_admitted(inp, draft, ConditionStatus.TRUE, decision.reason, message)
+    state = workload_state(None, ())
+    draft.set_conditions(workload_conditions(state, _conditions(draft), _generation(job), inp.now))
+    out.creates.append(CreateWorkload(draft.key, objects))
+
+
+def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
+    if decision.admitted:
+        would = "would be admitted"
+    elif decision.outcome is Outcome.QUEUE:
+        would = "would wait"
+    else:
+        would = "would be rejected"
+    _set_admitted(
+        inp,
+        draft,
+        ConditionStatus.FALSE,
+        cond.REASON_NO_TEMPLATE,
+        f"spec.template is empty, so there is nothing to run and nothing is reserved; the job "
+        f"{would} ({decision.reason}: {decision.message})",
+    )

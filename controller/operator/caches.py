@@ -1,0 +1,194 @@
+"""What the operator watches, kept in kopf indexes: the inventory admission decides on.
+
+Why kopf indexes: kopf lists every indexed resource before it calls any other handler, so the
+scheduler's first decision after a (re)start sees every admitted job's placement, every
+GPUNode and every GPU pod: the reservation ledger is rebuilt from the API, never from memory.
+
+Each index keeps only the fields admission reads (a slim copy), so 5,000 GPUNodes and 10,000
+FineTuneJobs fit the operator's memory budget: Nodes without their images and addresses, pods
+without their specs beyond GPU requests, FineTuneJobs whole (their spec is what is decided).
+
+Pods indexed are those that hold GPUs (an `nvidia.com/gpu` request: the device plugin's
+slots) or belong to a FineTuneJob (`JOB_LABEL`: their state and their GPU usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+
+from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
+from controller.api.finetunejob import PLURAL
+from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
+from controller.cluster import ClusterObjects, job_key, pod_gpus
+
+FINETUNEJOBS = "vramgate_finetunejobs"
+GPUNODES = "vramgate_gpunodes"
+NODES = "vramgate_nodes"
+PODS = "vramgate_pods"
+WORKLOADS = "vramgate_workloads"
+INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS)
+#: batch Jobs vramgate made carry its job label.
+WORKLOAD_LABELS = {JOB_LABEL: kopf.PRESENT}
+
+
+def _meta(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {key: meta[key] for key in keys if key in meta}
+
+
+def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    status = body.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    return {
+        "metadata": _meta(body, "name", "labels"),
+        "spec": {"unschedulable": bool((body.get("spec") or {}).get("unschedulable"))},
+        "status": {
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")}
+                for c in status.get("conditions") or []
+                if c.get("type") == "Ready"
+            ],
+            "allocatable": {GPU_RESOURCE: allocatable[GPU_RESOURCE]}
+            if GPU_RESOURCE in allocatable
+            else {},
+        },
+    }
+
+
+def slim_gpunode(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": _meta(body, "name"), "status": dict(body.get("status") or {})}
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+
+    def gpu_only(container: Mapping[str, Any]) -> dict[str, Any]:
+        resources = container.get("resources") or {}
+        return {
+            "name": container.get("name"),
+            "resources": {
+                part: {GPU_RESOURCE: (resources.get(part) or {})[GPU_RESOURCE]}
+                for part in ("limits", "requests")
+                if GPU_RESOURCE in (resources.get(part) or {})
+            },
+        }
+
+    return {
+        "metadata": _meta(body, "name", "namespace", "uid", "labels", "deletionTimestamp"),
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [gpu_only(c) for c in spec.get("containers") or []],
+            "initContainers": [gpu_only(c) for c in spec.get("initContainers") or []],
+        },
+        "status": {
+            key: status[key]
+            for key in ("phase", "reason", "message", "conditions", "containerStatuses")
+            if key in status
+        },
+    }
+
+
+def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    spec = body.get("spec") or {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(
+            body, "name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp"
+        ),
+        "spec": {key: spec[key] for key in ("completions", "parallelism") if key in spec},
+        "status": dict(body.get("status") or {}),
+    }
+
+
+def gpu_or_job_pod(body: kopf.Body, **_: Any) -> bool:
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return JOB_LABEL in labels or pod_gpus(body) > 0
+
+
+def _owner_key(body: Mapping[str, Any]) -> str | None:
+    """The FineTuneJob that owns a workload (its controller ownerReference)."""
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "FineTuneJob" and ref.get("controller"):
+            return f"{meta.get('namespace')}/{ref.get('name')}"
+    return None
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """The five indexes, under the ids `Caches.of` reads them by."""
+
+    def by_name(slim: Any) -> Any:
+        def index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+            return {name: slim(body)}
+
+        return index
+
+    def finetunejobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return {f"{namespace}/{name}": dict(body)}
+
+    def pods(body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return {str((body.get("metadata") or {}).get("uid")): slim_pod(body)}
+
+    def workloads(body: kopf.Body, **_: Any) -> dict[str, Any] | None:
+        owner = _owner_key(body)
+        return None if owner is None else {owner: slim_workload(body)}
+
+    kopf.index(GROUP, VERSION, PLURAL, id=FINETUNEJOBS, registry=registry)(cast(Any, finetunejobs))
+    kopf.index(GROUP, VERSION, GPUNODE_PLURAL, id=GPUNODES, registry=registry)(
+        by_name(slim_gpunode)
+    )
+    kopf.index("v1", "nodes", id=NODES, registry=registry)(by_name(slim_node))
+    kopf.index("v1", "pods", id=PODS, when=gpu_or_job_pod, registry=registry)(pods)
+    kopf.index("batch", "v1", "jobs", id=WORKLOADS, labels=WORKLOAD_LABELS, registry=registry)(
+        workloads
+    )
+
+
+def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
+    for store in index.values():
+        yield from store
+
+
+@dataclass
+class Caches:
+    """The five indexes, as the handlers receive them."""
+
+    finetunejobs: Mapping[Any, Any]
+    gpunodes: Mapping[Any, Any]
+    nodes: Mapping[Any, Any]
+    pods: Mapping[Any, Any]
+    workloads: Mapping[Any, Any]
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> Caches:
+        return cls(*(kwargs[name] for name in INDEXES))
+
+    def objects(self) -> tuple[ClusterObjects, dict[str, dict[str, Any]], dict[str, list[Any]]]:
+        """The cluster now: the objects admission reads, the workloads by job key, and each
+        job's pods by job key. Read in one go, without awaiting, so it is one moment's view."""
+        objects = ClusterObjects()
+        for node in _values(self.nodes):
+            objects.nodes[node["metadata"]["name"]] = node
+        for gpunode in _values(self.gpunodes):
+            objects.gpunodes[gpunode["metadata"]["name"]] = gpunode
+        objects.pods = list(_values(self.pods))
+        for job in _values(self.finetunejobs):
+            objects.jobs[job_key(job)] = job
+        workloads: dict[str, dict[str, Any]] = {}
+        for key, store in self.workloads.items():
+            for workload in store:
+                if not (workload.get("metadata") or {}).get("deletionTimestamp"):
+                    workloads[key] = workload
+        job_pods: dict[str, list[Any]] = {}
+        for pod in objects.pods:
+            meta = pod.get("metadata") or {}
+            owner = (meta.get("labels") or {}).get(JOB_LABEL)
+            if owner:
+                job_pods.setdefault(f"{meta.get('namespace')}/{owner}", []).append(pod)
+        return objects, workloads, job_pods

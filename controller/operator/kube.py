@@ -1,0 +1,136 @@
+"""The operator's writes to the API server, and the few reads its caches do not hold.
+
+A thin layer over the official client: blocking calls, run by the scheduler in a bounded
+thread pool so the event loop (and the webhook on it) never waits for the API server. Every
+call says which way it failed in our terms: `Conflict` (the object changed since we read it:
+the decision was made on a stale snapshot), `Gone` (deleted meanwhile), anything else raised
+as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from controller.api.base import GROUP, VERSION
+from controller.api.finetunejob import PLURAL
+from controller.errors import DeploymentError
+
+
+class Conflict(Exception):
+    """409: the object's resourceVersion moved on, or it already exists."""
+
+
+class Gone(Exception):
+    """404: the object (or its namespace) no longer exists."""
+
+
+#: Where each kind the workload builder returns lives in the API: (path prefix, plural).
+_KINDS = {
+    ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("resource.k8s.io/v1", "ResourceClaim"): ("/apis/resource.k8s.io/v1", "resourceclaims"),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): (
+        "/apis/resource.k8s.io/v1",
+        "resourceclaimtemplates",
+    ),
+}
+
+
+def api_client(pool_size: int) -> client.ApiClient:
+    """A client from in-cluster credentials, else $KUBECONFIG, with room for `pool_size`
+    concurrent requests."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        try:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as error:
+            raise DeploymentError(f"no Kubernetes credentials: {error}") from None
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+class Kube:
+    """The calls the operator makes, each one request."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
+
+    def _call(self, method: str, path: str, body: object = None) -> Any:
+        content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        serialized = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": content},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized)
+        data = response.read()
+        if response.status == 409:
+            raise Conflict(_message(data, response.reason))
+        if response.status == 404:
+            raise Gone(_message(data, response.reason))
+        if not 200 <= response.status < 300:
+            raise ApiException(status=response.status, reason=_message(data, response.reason))
+        return json.loads(data or b"null")
+
+    def patch_job_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        """Merge-patch a FineTuneJob's status; with `resource_version`, only if the job is
+        still at that version (the API server answers 409 otherwise)."""
+        body: dict[str, Any] = {"status": dict(patch)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        return dict(self._call("PATCH", path, body))
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
+        namespace = obj["metadata"]["namespace"]
+        return dict(self._call("POST", f"{prefix}/namespaces/{namespace}/{plural}", obj))
+
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        """Delete with background propagation (the Job's pods follow); gone already is fine."""
+        prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
+        meta = obj["metadata"]
+        path = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+        with contextlib.suppress(Gone):
+            self._call("DELETE", path, {"propagationPolicy": "Background"})
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """Every FineTuneJob, read from the API server now (not from a cache)."""
+        listed = self._call("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+        return list(listed.get("items") or [])
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        return dict(self._call("GET", path))
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        return dict(self._call("POST", path, body))
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT with the body's resourceVersion: 409 if another replica wrote it first."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        return dict(self._call("PUT", path, body))
+
+
+def _message(data: bytes | None, reason: object) -> str:
+    """The API server's own message (a Status object's), else the HTTP reason."""
+    try:
+        return str(json.loads(data or b"{}").get("message") or reason)
+    except (ValueError, AttributeError):
+        return str(reason)

@@ -1,0 +1,356 @@
+"""The operator's one scheduling loop: snapshot, estimate, decide, assume, persist, create.
+
+kopf's handlers only keep the caches (`caches.py`) and wake this loop; the loop alone writes
+admission state, one pass at a time, so two decisions never race for the same free memory:
+
+1. **Snapshot** the caches in one synchronous read (one moment's view), with this replica's
+   own writes that the caches have not caught up with laid over them (below).
+2. **Estimate** jobs not estimated at their current generation in worker threads (a trace
+   takes seconds; the event loop and the webhook must not wait), at most `estimate_workers`
+   at once, cached by spec; a pass never waits for an estimate, the estimate's arrival
+   wakes the next one.
+3. **Decide** with the pure pass (`admission.admission_pass`) in a worker thread.
+4. **Persist** status writes concurrently; an admission's write carries the job's
+   resourceVersion, so a decision made on a stale snapshot fails (409) and is forgotten.
+5. **Create** the workloads of the admissions whose write landed; delete those released.
+
+**Assume.** A write that landed is not in the caches until its watch event arrives. Until
+then the pass uses the object the API server returned (`_fresh`: kept while the cached
+object is still the one the write started from), so the next pass cannot admit another job
+onto the same memory, nor create the workload twice.
+
+**Leader.** Only the Lease holder runs passes (`leader.py`); when it becomes the holder it
+lists every FineTuneJob from the API server before its first decision, so the ledger is what
+the API holds, not what a cache had time to see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, cast
+
+import kopf
+
+from controller.api import conditions as cond
+from controller.cluster import finished, job_key, reservation, snapshot
+from controller.decision import AdmissionSettings
+from controller.estimator import SpecErrors
+from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.operator import admission
+from controller.operator.caches import Caches
+from controller.operator.configmaps import read_model_config
+from controller.operator.errors import failure_of
+from controller.operator.kube import Conflict, Gone, Kube
+from controller.operator.leader import Leader
+from controller.packing.view import ClusterView
+
+log = logging.getLogger("vramgate.scheduler")
+
+#: How many cached estimates are kept, by spec: 1,000 jobs of one spec cost one estimate.
+ESTIMATE_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    #: A pass after this long without events: heartbeats going stale, starvation limits and
+    #: ConfigMap retries need time to pass, not an event.
+    resync_s: float = 10.0
+    #: After an event, wait this long for more before a pass: 1,000 jobs created at once are
+    #: decided in a few passes, not 1,000.
+    debounce_s: float = 0.1
+    estimate_workers: int = 2
+    write_workers: int = 16
+    configmap_retry_s: float = 30.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kube: Kube,
+        options: SchedulerOptions,
+        leader: Leader | None = None,
+        now: Callable[[], datetime] = cond.now_utc,
+    ) -> None:
+        self.kube = kube
+        self.options = options
+        self.leader = leader
+        self.now = now
+        self.caches: Caches | None = None
+        self._context = contextvars.copy_context()
+        self._wake = asyncio.Event()
+        self._estimator = ThreadPoolExecutor(options.estimate_workers, "vramgate-estimate")
+        self._writer = ThreadPoolExecutor(options.write_workers, "vramgate-write")
+        # Its own thread: a pass must not queue behind a trace estimate.
+        self._decider = ThreadPoolExecutor(1, "vramgate-decide")
+        self._estimates: dict[str, admission.Estimated] = {}  # job key -> for uid+generation
+        self._estimate_uid: dict[str, str] = {}
+        self._estimating: set[tuple[str, str, int]] = set()
+        self._retry_at: dict[str, float] = {}
+        self._by_spec: dict[str, tuple[JobPlan, Any]] = {}
+        self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
+        self._last_written: dict[str, datetime] = {}
+        self._leading = False
+        self._view: tuple[int, ClusterView] | None = None
+        self.passes = 0
+        self.last_pass_s = 0.0
+
+    # -- what handlers call --------------------------------------------------------------
+
+    def attach(self, caches: Caches, context: contextvars.Context) -> None:
+        """The caches, and a handler's context: kopf posts Events only from its own."""
+        if self.caches is None:
+            self.caches, self._context = caches, context
+            self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def current_view(self) -> ClusterView | None:
+        """The cluster as the caches hold it (for the webhook), rebuilt at most once a pass."""
+        if self.caches is None:
+            return None
+        if self._view is None or self._view[0] != self.passes:
+            objects, _, _ = self.caches.objects()
+            view = ClusterView(snapshot(objects, self.now()), self.options.admission.packing)
+            self._view = (self.passes, view)
+        return self._view[1]
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.options.resync_s)
+            await asyncio.sleep(self.options.debounce_s)
+            self._wake.clear()
+            if self.caches is None:
+                continue
+            leading = self.leader is None or self.leader.is_leader()
+            if not leading:
+                self._leading = False
+                continue
+            relist = not self._leading
+            self._leading = True
+            started = time.monotonic()
+            try:
+                await self._pass(relist)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop admission for every other job
+                log.exception("an admission pass failed; retrying")
+                self._leading = False  # relist before the next decision
+                await asyncio.sleep(1)
+                self.wake()
+            self.passes += 1
+            self.last_pass_s = time.monotonic() - started
+
+    async def close(self) -> None:
+        self._estimator.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=False, cancel_futures=True)
+        self._decider.shutdown(wait=False, cancel_futures=True)
+
+    async def _pass(self, relist: bool) -> None:
+        assert self.caches is not None
+        loop = asyncio.get_running_loop()
+        objects, workloads, job_pods = self.caches.objects()
+        if relist:  # a new leader: the ledger as the API server holds it now
+            listed = await loop.run_in_executor(self._writer, self.kube.list_jobs)
+            objects.jobs = {job_key(job): job for job in listed}
+            self._fresh.clear()
+        objects.jobs = {key: self._assumed(key, job) for key, job in objects.jobs.items()}
+        for key, uid in list(self._created.items()):
+            current = objects.jobs.get(key)
+            if key in workloads or current is None or current["metadata"].get("uid") != uid:
+                del self._created[key]
+        self._start_estimates(objects.jobs)
+        estimates = {
+            key: found
+            for key, found in self._estimates.items()
+            if key in objects.jobs and self._estimate_uid.get(key) == _uid(objects.jobs[key])
+        }
+        # A workload we created but the cache has not seen is not missing.
+        known = {**workloads, **{key: {} for key in self._created}}
+        inp = admission.PassInput(
+            objects=objects,
+            workloads=known,
+            job_pods=job_pods,
+            estimates=estimates,
+            settings=self.options.admission,
+            now=self.now(),
+            last_written=self._last_written,
+        )
+        out = await loop.run_in_executor(self._decider, admission.admission_pass, inp)
+        await self._carry_out(out, objects.jobs)
+
+    def _assumed(self, key: str, job: Mapping[str, Any]) -> Mapping[str, Any]:
+        fresh = self._fresh.get(key)
+        if fresh is None:
+            return job
+        before, after = fresh
+        if job["metadata"].get("resourceVersion") == before and _uid(job) == _uid(after):
+            return after  # the cache has not seen our write yet
+        del self._fresh[key]
+        return job
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def _start_estimates(self, jobs: Mapping[str, Mapping[str, Any]]) -> None:
+        now = time.monotonic()
+        for key in [k for k in self._estimates if k not in jobs]:
+            del self._estimates[key]
+        for key, job in jobs.items():
+            meta = job.get("metadata") or {}
+            uid, generation = str(meta.get("uid")), int(meta.get("generation") or 0)
+            found = self._estimates.get(key)
+            current = (
+                found is not None
+                and found.generation == generation
+                and self._estimate_uid.get(key) == uid
+            )
+            if current and (
+                found is None or found.failure is None or found.failure.retry_s is None
+            ):
+                continue
+            if current and now < self._retry_at.get(key, 0):
+                continue
+            if (key, uid, generation) in self._estimating or _settled(job):
+                continue
+            self._estimating.add((key, uid, generation))
+            asyncio.get_running_loop().create_task(self._estimate(key, uid, generation, job))
+
+    async def _estimate(self, key: str, uid: str, generation: int, job: Mapping[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.run_in_executor(self._estimator, self._estimate_now, job)
+        except Exception as error:  # every failure is recorded on the job
+            failure = failure_of(error, temporary_retry_s=self.options.configmap_retry_s)
+            if failure.is_bug:
+                log.error("[%s] the estimator failed on a valid spec", key, exc_info=error)
+            found = admission.Estimated(generation, failure=failure)
+        finally:
+            self._estimating.discard((key, uid, generation))
+        found = replace(found, generation=generation)
+        self._estimates[key] = found
+        self._estimate_uid[key] = uid
+        if found.failure is not None and found.failure.retry_s is not None:
+            self._retry_at[key] = time.monotonic() + found.failure.retry_s
+            loop.call_later(found.failure.retry_s, self.wake)
+        self.wake()
+
+    def _estimate_now(self, job: Mapping[str, Any]) -> admission.Estimated:
+        """In a worker thread: read the ConfigMap if named, translate, estimate (cached)."""
+        spec = job.get("spec") or {}
+        namespace = (job.get("metadata") or {}).get("namespace") or "default"
+        config = None
+        ref = config_map_ref(spec)
+        if ref is not None:
+            config = read_model_config(self.kube.core, namespace, ref)
+        cache_key = hashlib.sha256(
+            json.dumps([spec, config], sort_keys=True, default=str).encode()
+        ).hexdigest()
+        hit = self._by_spec.get(cache_key)
+        if hit is not None:
+            return admission.Estimated(0, plan=hit[0], estimate=hit[1])
+        plan, errors = translate(dict(spec), config)
+        if plan is None:
+            raise SpecErrors(errors)
+        est = estimate_plan(plan)
+        if len(self._by_spec) >= ESTIMATE_CACHE_SIZE:
+            self._by_spec.pop(next(iter(self._by_spec)))
+        self._by_spec[cache_key] = (plan, est)
+        return admission.Estimated(0, plan=plan, estimate=est)
+
+    # -- carrying out a pass ----------------------------------------------------------------
+
+    async def _carry_out(
+        self, out: admission.PassOutput, jobs: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if self.leader is not None and not self.leader.is_leader():
+            log.warning("lost the lease during a pass: its decisions are dropped")
+            return
+
+        async def write(w: admission.StatusWrite) -> bool:
+            job = jobs[w.key]
+            meta = job["metadata"]
+            try:
+                after = await loop.run_in_executor(
+                    self._writer,
+                    self.kube.patch_job_status,
+                    meta["namespace"],
+                    meta["name"],
+                    w.patch,
+                    w.resource_version,
+                )
+            except (Conflict, Gone) as error:
+                log.info("[%s] status write dropped (%s); deciding again", w.key, error)
+                self.wake()
+                return False
+            except Exception:
+                log.exception("[%s] status write failed; deciding again", w.key)
+                self.wake()
+                return False
+            self._fresh[w.key] = (str(meta.get("resourceVersion")), after)
+            self._last_written[w.key] = self.now()
+            for event in w.events:
+                self._context.run(
+                    kopf.event,
+                    cast(Any, after), type=event.type, reason=event.reason, message=event.message
+                )
+            return True
+
+        landed = dict(zip([w.key for w in out.writes], await asyncio.gather(
+            *(write(w) for w in out.writes)
+        ), strict=True))  # fmt: skip
+
+        async def create(c: admission.CreateWorkload) -> None:
+            if c.after_write and not landed.get(c.key, False):
+                return
+            for obj in c.objects:
+                try:
+                    await loop.run_in_executor(self._writer, self.kube.create, obj)
+                except Conflict:
+                    pass  # made by an earlier pass or replica: names are deterministic
+                except Exception:
+                    log.exception("[%s] cannot create %s; retrying", c.key, obj["kind"])
+                    self.wake()
+                    return
+            job = jobs.get(c.key)
+            if job is not None:
+                self._created[c.key] = _uid(job)
+
+        async def delete(d: admission.DeleteWorkload) -> None:
+            if not landed.get(d.key, True):
+                return
+            for obj in d.objects:
+                try:
+                    await loop.run_in_executor(self._writer, self.kube.delete, obj)
+                except Exception:
+                    log.exception("[%s] cannot delete %s; retrying", d.key, obj["kind"])
+                    self.wake()
+            self._created.pop(d.key, None)
+
+        await asyncio.gather(*(create(c) for c in out.creates), *(delete(d) for d in out.deletes))
+        for key in [k for k in self._last_written if k not in jobs]:
+            del self._last_written[key]
+
+
+def _uid(job: Mapping[str, Any]) -> str:
+    return str((job.get("metadata") or {}).get("uid"))
+
+
+def _settled(job: Mapping[str, Any]) -> bool:
+    """Admitted (its estimate is in status and its spec locked) or finished: no estimate."""
+    return finished(job) or reservation(job, []) is not None

@@ -1,0 +1,140 @@
+"""The FineTuneJob webhooks: what can be said at `kubectl apply` time, said then.
+
+Validating (CREATE and UPDATE):
+
+* every invalid field, as the operator would record it (`validating.validate_finetunejob`);
+* an admitted job's spec is locked: only `spec.suspend` may change;
+* a job that can never fit this cluster, even empty, is refused with the numbers of the
+  Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`).
+
+Mutating (CREATE): with `admissionPolicy: Resize`, a requested GPU count that can never fit
+is rewritten to the count nearest it in `[minGPUs, maxGPUs]` that fits the empty cluster,
+with an admission warning kubectl prints.
+
+The cluster checks need the operator's inventory (`view`, the latest pass's view): before it
+has one (the operator just started, or no GPU reported yet), and for jobs it cannot estimate
+here (a model in a ConfigMap, the Trace profile: seconds of work), they pass and the
+operator decides. Both webhooks fail open (`ignore_failures`): an operator that is down must
+not block every write, and the operator still decides every job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from controller.api import conditions as cond
+from controller.api.enums import AdmissionPolicy, EstimatorProfile
+from controller.cluster import finished, job_request, reservation
+from controller.decision import Outcome, decide
+from controller.decision.decide import resize_counts
+from controller.estimator import Estimate
+from controller.estimator.settings import MAX_GPUS
+from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.packing.view import ClusterView
+from controller.units import format_gib
+from controller.webhook.validating import INVALID, validate_finetunejob
+
+_NEVER = {cond.REASON_INSUFFICIENT_VRAM, cond.REASON_NO_MATCHING_GPU, cond.REASON_INSUFFICIENT_GPUS}
+_CACHE_SIZE = 1024
+
+
+class AdmissionWebhook:
+    def __init__(self, view: Callable[[], ClusterView | None]) -> None:
+        self.view = view
+        self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
+
+    def validate(
+        self,
+        body: Mapping[str, Any],
+        spec: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        operation: str | None,
+        warnings: list[str] | None = None,
+        **_: Any,
+    ) -> None:
+        validate_finetunejob(spec=spec, old=old, operation=operation, warnings=warnings)
+        plain = dict(spec)
+        if operation == "UPDATE" and old is not None:
+            if old.get("spec") == plain:
+                return
+            if reservation(old, []) is not None and not finished(old):
+                before = {**dict(old.get("spec") or {}), "suspend": plain.get("suspend")}
+                if before != plain:
+                    raise kopf.AdmissionError(
+                        "spec is locked once the job is admitted: only spec.suspend may "
+                        "change (set spec.suspend: true, edit the spec, then set it false)",
+                        code=INVALID,
+                    )
+                return
+        found = self._estimate(plain)
+        view = self.view()
+        if found is None or view is None or view.select({}).gpus == 0:
+            return
+        plan, estimate = found
+        decision = decide(job_request(dict(body), plan, estimate), view)
+        if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
+            raise kopf.AdmissionError(
+                f"vramgate: {decision.reason}: {decision.message}", code=INVALID
+            )
+
+    def mutate(
+        self,
+        spec: Mapping[str, Any],
+        patch: kopf.Patch,
+        warnings: list[str] | None = None,
+        **_: Any,
+    ) -> None:
+        plain = dict(spec)
+        found = self._estimate(plain)
+        view = self.view()
+        if found is None or view is None:
+            return
+        plan, estimate = found
+        if plan.admission_policy is not AdmissionPolicy.RESIZE:
+            return
+        where = view.select(plan.gpu_selector)
+        if where.gpus == 0:
+            return
+        if view.fits_empty(estimate, plan.parallelism, plan.gpus, where):
+            return
+        high = min(plan.max_gpus or MAX_GPUS, where.gpus)
+        for n in resize_counts(plan.gpus, plan.min_gpus, high):
+            if view.fits_empty(estimate, plan.parallelism, n, where):
+                resources = dict(plain.get("resources") or {})
+                resources["gpus"] = n
+                patch.spec["resources"] = resources
+                each = format_gib(estimate.per_gpu_bytes(n, plan.parallelism))
+                if warnings is not None:
+                    warnings.append(
+                        f"vramgate: needs {n} GPU{'s' if n > 1 else ''} with "
+                        f"{plan.parallelism.api} ({each} each): spec.resources.gpus "
+                        f"{plan.gpus} -> {n}"
+                    )
+                return
+
+    def _estimate(self, spec: dict[str, Any]) -> tuple[JobPlan, Estimate] | None:
+        """The spec's plan and estimate when they can be had in microseconds, else None."""
+        if config_map_ref(spec) is not None:
+            return None
+        profile = (spec.get("estimator") or {}).get("profile")
+        if profile == EstimatorProfile.TRACE.value:
+            return None
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+        if key in self._estimates:
+            return self._estimates[key]
+        plan, errors = translate(spec)
+        found = None
+        if plan is not None and not errors:
+            try:
+                found = (plan, estimate_plan(plan))
+            except Exception:  # the operator records and reports it
+                found = None
+        if len(self._estimates) >= _CACHE_SIZE:
+            self._estimates.pop(next(iter(self._estimates)))
+        self._estimates[key] = found
+        return found
