@@ -65,6 +65,12 @@ def decide_placed(job: JobRequest, view: ClusterView) -> tuple[Decision, Placed 
                 return _admit(job, view, placed, Outcome.RESIZE, cond.REASON_RESIZED), placed
 
     if job.policy is AdmissionPolicy.ADVISE:
+        if not view.shapes_empty(job.estimate, job.parallelism, requested, where):
+            # No node shape takes the count at all (visibleDevices: wider than every node):
+            # waiting for GPUs to free up would be waiting forever.
+            return _unplaced(
+                _reject(job, cond.REASON_INSUFFICIENT_GPUS, explain.no_shape(job, view, where))
+            )
         placed = view.place_by_count(job.estimate, job.parallelism, requested, where)
         if placed is not None:
             return _admit(job, view, placed, Outcome.ADMIT, cond.REASON_ADVISED), placed

@@ -303,6 +303,14 @@ def test_advise_waits_for_gpus_when_every_gpu_is_taken() -> None:
     says(d, "1 GPU", "policy Advise", "100.00 GiB per GPU on 1 GPU with FSDP")
 
 
+def test_advise_rejects_a_count_no_node_shape_can_take_rather_than_wait_forever() -> None:
+    # visibleDevices keeps a job on one node: 4 GPUs on 2-GPU nodes can never be free at once.
+    nodes = (node("a", [80, 80]), node("b", [80, 80]))
+    d = decide(job("j", est(100), gpus=4, parallelism=DDP, policy=ADVISE), view(*nodes))
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_GPUS)
+    says(d, "visibleDevices keeps a job on one node", "at most 2 GPUs")
+
+
 # -- plan: the queue -----------------------------------------------------------------------
 
 
