@@ -57,8 +57,16 @@ def crds(cluster: Cluster) -> None:
 
 
 @pytest.fixture(scope="module")
-def dra_nodes(cluster: Cluster) -> list[str]:
-    return cluster.create_gpu_nodes(2, name_prefix="dra-node")
+def dra_nodes(cluster: Cluster, api_client: client.ApiClient) -> Iterator[list[str]]:
+    """Two 8-GPU nodes of this module's own, deleted after it: they carry nvidia.com/gpu too,
+    and other modules' GPU pods must not land on them."""
+    names = cluster.create_gpu_nodes(2, name_prefix="dra-node")
+    try:
+        yield names
+    finally:
+        core = client.CoreV1Api(api_client)
+        for name in names:
+            core.delete_node(name)
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +122,10 @@ def gpu_uuids(api_client: client.ApiClient, dra_nodes: list[str]) -> Iterator[di
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _finetunejob(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    """A FineTuneJob with a trainer template whose pods keep running for 10 minutes (kwok)."""
+def _finetunejob(
+    api: client.ApiClient, namespace: str, name: str, run_for: str = "10m"
+) -> dict[str, Any]:
+    """A FineTuneJob with a trainer template whose pods run for `run_for` (kwok)."""
     trainer = {
         "name": "trainer",
         "image": "registry.invalid/trainer:never-pulled",
@@ -130,7 +140,7 @@ def _finetunejob(api: client.ApiClient, namespace: str, name: str) -> dict[str, 
             "method": "QLoRA",
             "lora": {"rank": 16},
             "template": {
-                "metadata": {"annotations": {RUN_FOR_ANNOTATION: "10m"}},
+                "metadata": {"annotations": {RUN_FOR_ANNOTATION: run_for}},
                 "spec": {"containers": [trainer]},
             },
         },
@@ -287,6 +297,26 @@ def test_a_device_plugin_job_lands_on_the_chosen_node_with_the_admitted_count(
     (pod,) = _running_pods(api_client, namespace, "plugin", 1)
     assert pod["spec"]["nodeName"] == node
     assert pod["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "3"
+
+
+def test_a_finished_workload_reads_as_succeeded_from_the_real_job_and_pods(
+    api_client: client.ApiClient,
+    crds: None,
+    gpu_uuids: dict[str, list[str]],
+    namespace: str,
+) -> None:
+    node = sorted(gpu_uuids)[1]
+    job = _finetunejob(api_client, namespace, "done", run_for="0s")
+    _create(api_client, namespace,
+            build_workload(job, _admission(GpuMode.DEVICE_PLUGIN, gpu_uuids, {node: [6]})))
+
+    def finished() -> Any:
+        state = workload_state(_job(api_client, namespace, "done"),
+                               _pods(api_client, namespace, "done"))
+        return state if state.phase is Phase.SUCCEEDED else None
+
+    state = wait_until(finished, timeout=90, what="the workload of done to succeed")
+    assert state.message == "Job done completed: 1 of 1 pods succeeded"
 
 
 def test_deleting_the_finetunejob_collects_its_workload(
