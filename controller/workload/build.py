@@ -68,7 +68,11 @@ class Admission:
     nodes: tuple[NodeGpus, ...]
     per_gpu_bytes: int
     mode: GpuMode
+    #: torchrun's rendezvous port on pod 0 (MASTER_PORT).
     master_port: int = 29500
+    #: The DeviceClass of the claim (dra mode). The NVIDIA driver's chart installs
+    #: `gpu.nvidia.com` for whole GPUs and `mig.nvidia.com` for MIG devices: a placement on
+    #: MIG devices needs the latter, as the former selects `type == "gpu"` only.
     device_class: str = "gpu.nvidia.com"
 
     @property
@@ -424,16 +428,23 @@ def _plain(value: Any) -> Any:
 
 
 def _obj(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
-    """`parent[key]`, an object, created empty when absent."""
-    value = parent.setdefault(key, {})
+    """`parent[key]`, an object, created empty when absent (or null, as YAML's `key:`)."""
+    value = parent.get(key)
+    if value is None:
+        value = parent[key] = {}
     if not isinstance(value, dict):
         raise WorkloadError(f"{path}.{key}: must be an object, got {type(value).__name__}")
     return value
 
 
 def _list(parent: dict[str, Any], key: str, path: str, create: bool = True) -> list[Any]:
-    """`parent[key]`, a list, created empty when absent (or only read, with `create=False`)."""
-    value = parent.setdefault(key, []) if create else parent.get(key, [])
+    """`parent[key]`, a list, created empty when absent or null (or only read, with
+    `create=False`)."""
+    value = parent.get(key)
+    if value is None:
+        value = []
+        if create:
+            parent[key] = value
     if not isinstance(value, list):
         raise WorkloadError(f"{path}.{key}: must be a list, got {type(value).__name__}")
     return value

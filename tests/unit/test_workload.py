@@ -268,6 +268,16 @@ def test_the_templates_node_affinity_is_anded_with_the_chosen_nodes() -> None:
     assert spec["affinity"]["podAffinity"] == {"x": 1}
 
 
+def test_null_fields_of_a_yaml_template_count_as_empty() -> None:
+    container = trainer(env=None, resources={"limits": None, "requests": None})
+    job = finetunejob(containers=[container], affinity=None, initContainers=None)
+    job["spec"]["template"]["metadata"] = None
+    spec = pod_spec(build_workload(job, admission(GpuMode.DEVICE_PLUGIN, {"n": [0]})))
+    assert gpu_limits(spec["containers"][0]) == ("1", "1")
+    assert env_of(spec["containers"][0])["NNODES"] == "1"
+    assert _node_of(_terms(spec)[0]) == "n"
+
+
 def test_a_template_that_names_its_node_is_refused() -> None:
     with pytest.raises(WorkloadError, match=r"^spec\.template\.spec\.nodeName: must not be set"):
         build_workload(finetunejob(nodeName="node-z"), admission())
