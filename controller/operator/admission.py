@@ -149,15 +149,18 @@ def admission_pass(inp: PassInput) -> PassOutput:
         if found is None or found.generation != _generation(job):
             continue  # still estimating this generation
         draft = drafts[key] = _Draft(job)
+        has_template = bool((job.get("spec") or {}).get("template"))
+        # Before the estimate is recorded: recording it (Estimated=True) and then the
+        # template's error (False) would move lastTransitionTime, a write every pass.
+        problem = _template_error(job, inp) if has_template and found.failure is None else None
+        if problem is not None:
+            draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
+            continue
         request = _estimated(inp, draft, found)
         if request is None:
             continue
-        if not (job.get("spec") or {}).get("template"):
+        if not has_template:
             template_less.append(request)
-            continue
-        problem = _template_error(job, inp)
-        if problem is not None:
-            draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
             continue
         requests.append(request)
 

@@ -1,33 +1,45 @@
-"""The handler's error classes: spec errors recorded, ConfigMap trouble retried, bugs recorded.
+"""The operator's shell without a cluster: the scheduler's estimate of one job and how its
+failures are classified, the ConfigMap read, kopf's registration, and `vramgate operator`'s
+start-up errors.
 
-The handler runs here without kopf's reactor: a real `kopf.Patch`, a fake ConfigMap reader,
-and `kopf.event` captured. The same handler against a real API server is in
-tests/integration/test_operator.py.
+The estimate runs here as the scheduler runs it (`Scheduler._estimate_now` in a worker
+thread, its failure through `failure_of`), with a fake ConfigMap reader. The pass that
+records the result is tested in test_admission_pass.py; the whole operator against a real
+API server in tests/integration/test_operator.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from datetime import UTC, datetime
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
+from controller.api import conditions as cond
 from controller.cli import main
+from controller.decision import QueueingStrategy
 from controller.errors import ProfileUnavailable
+from controller.estimator import SpecErrors
 from controller.jobspec import ConfigMapKey
-from controller.operator import handlers
+from controller.operator import caches, handlers, scheduler
+from controller.operator.admission import Estimated
 from controller.operator.configmaps import ConfigMapUnavailable, read_model_config
-from controller.operator.errors import PROFILE_RETRY_S
+from controller.operator.errors import PROFILE_RETRY_S, failure_of
+from controller.operator.kube import Kube
+from controller.operator.options import OperatorOptions
+from controller.operator.scheduler import Scheduler, SchedulerOptions
+from controller.packing.inventory import GpuMode
 from tests.unit.conftest import QWEN25_05B
 
-NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+GIB = 2**30
+RETRY_S = 7.0
+PRESET = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 
 
 class FakeConfigMaps:
@@ -44,151 +56,166 @@ class FakeConfigMaps:
         return SimpleNamespace(data=self.maps[name])
 
 
+def new_scheduler(maps: FakeConfigMaps | None = None) -> Scheduler:
+    """A Scheduler whose Kube is only the ConfigMap reader `_estimate_now` uses."""
+    kube = SimpleNamespace(core=maps or FakeConfigMaps({}))
+    return Scheduler(kube=cast(Kube, kube), options=SchedulerOptions(configmap_retry_s=RETRY_S))
+
+
 @pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
-    posted: list[tuple[str, str, str]] = []
-
-    def capture(body: Any, *, type: str, reason: str, message: str = "") -> None:
-        posted.append((type, reason, message))
-
-    monkeypatch.setattr(kopf, "event", capture)
-    return posted
+def sched() -> Iterator[Scheduler]:
+    made = new_scheduler()
+    yield made
+    asyncio.run(made.close())
 
 
-def _reconcile(
-    spec: dict[str, Any], maps: FakeConfigMaps | None = None, status: dict[str, Any] | None = None
-) -> kopf.Patch:
-    body = {
+def job(spec: dict[str, Any], generation: int = 3) -> dict[str, Any]:
+    return {
         "apiVersion": "vramgate.dev/v1alpha1",
         "kind": "FineTuneJob",
-        "metadata": {"name": "j", "namespace": "ns", "generation": 3, "uid": "u"},
+        "metadata": {"name": "j", "namespace": "ns", "generation": generation, "uid": "u"},
         "spec": spec,
-        "status": status or {},
     }
-    patch = kopf.Patch()
-    asyncio.run(
-        handlers.reconcile(
-            body=kopf.Body(body),
-            spec=spec,
-            meta=body["metadata"],
-            status=body["status"],
-            namespace="ns",
-            patch=patch,
-            memo=kopf.Memo(core=maps or FakeConfigMaps({})),
-            logger=logging.getLogger("test"),
-            now=lambda: NOW,
-            configmap_retry_s=7,
-        )
-    )
-    return patch
 
 
-def _condition(patch: kopf.Patch, type_: str) -> dict[str, Any]:
-    return next(c for c in patch["status"]["conditions"] if c["type"] == type_)
+def estimate_as_the_loop_does(sched: Scheduler, body: dict[str, Any]) -> Estimated:
+    """`Scheduler._estimate` (worker thread, failure classified) and what it stored."""
+
+    async def go() -> Estimated:
+        meta = body["metadata"]
+        await sched._estimate("ns/j", meta["uid"], meta["generation"], body)
+        return sched._estimates["ns/j"]
+
+    return asyncio.run(go())
 
 
-def test_a_valid_job_is_estimated(events: list[tuple[str, str, str]]) -> None:
-    patch = _reconcile(
-        {
-            "model": {"preset": "llama-3.1-8b"},
-            "method": "QLoRA",
-            "lora": {"rank": 16},
-            "estimator": {"profile": "Analytic"},
-        }
-    )
-    assert patch["status"]["estimate"]["totalBytes"] == 7_780_056_064
-    assert patch["status"]["observedGeneration"] == 3
-    assert _condition(patch, "Estimated")["observedGeneration"] == 3
-    assert [e[:2] for e in events] == [("Normal", "Estimated")]
+@pytest.fixture
+def estimator_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every plan the scheduler hands the estimator."""
+    calls: list[Any] = []
+    real = scheduler.estimate_plan
+
+    def counting(plan: Any) -> Any:
+        calls.append(plan)
+        return real(plan)
+
+    monkeypatch.setattr(scheduler, "estimate_plan", counting)
+    return calls
 
 
-def test_an_invalid_spec_is_recorded_not_raised(events: list[tuple[str, str, str]]) -> None:
-    patch = _reconcile({"model": {"preset": "nope"}, "method": "QLoRA", "lora": {"rank": 16}})
-    assert _condition(patch, "Estimated")["reason"] == "InvalidSpec"
-    assert events[0][:2] == ("Warning", "InvalidSpec")
+# -- Scheduler._estimate_now --------------------------------------------------------------
 
 
-def test_an_unchanged_job_writes_nothing(events: list[tuple[str, str, str]]) -> None:
-    spec = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
-    status = _reconcile(spec)["status"]
-    events.clear()
-    assert _reconcile(spec, status=status) == {}
-    assert events == []
-
-
-def test_a_missing_configmap_is_recorded_and_retried(events: list[tuple[str, str, str]]) -> None:
-    spec = {"model": {"configMapRef": {"name": "cfg"}}, "method": "LoRA"}
-    with pytest.raises(kopf.TemporaryError) as caught:
-        _reconcile(spec)
-    assert caught.value.delay == 7
-    assert str(caught.value) == "spec.model.configMapRef.name: ConfigMap ns/cfg not found"
-
-
-def test_the_status_is_patched_before_the_retry(
-    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+def test_a_preset_spec_is_planned_and_estimated(
+    sched: Scheduler, estimator_calls: list[Any]
 ) -> None:
-    patches: list[kopf.Patch] = []
-    original = kopf.Patch
-
-    def recording_patch() -> kopf.Patch:
-        patches.append(original())
-        return patches[-1]
-
-    monkeypatch.setattr(kopf, "Patch", recording_patch)
-    with pytest.raises(kopf.TemporaryError):
-        _reconcile({"model": {"configMapRef": {"name": "cfg"}}, "method": "LoRA"})
-    assert _condition(patches[0], "Estimated")["reason"] == "ConfigMapUnavailable"
-    assert events[0][:2] == ("Warning", "ConfigMapUnavailable")
+    found = sched._estimate_now(job(PRESET))
+    assert found.failure is None and found.plan is not None and found.estimate is not None
+    assert found.plan.model == "llama-3.1-8b" and found.plan.gpus == 1
+    assert found.estimate.total_bytes > 8 * GIB
+    assert len(estimator_calls) == 1
 
 
-def test_a_configmap_model_is_read_and_estimated(events: list[tuple[str, str, str]]) -> None:
+def test_the_same_spec_is_estimated_once(sched: Scheduler, estimator_calls: list[Any]) -> None:
+    first = sched._estimate_now(job(PRESET))
+    again = sched._estimate_now(job(dict(PRESET), generation=9))  # another job, same spec
+    assert len(estimator_calls) == 1, "the second is the cache's"
+    assert again.plan is first.plan and again.estimate is first.estimate
+
+    other = sched._estimate_now(job({**PRESET, "lora": {"rank": 64}}))
+    assert len(estimator_calls) == 2, "another spec is another estimate"
+    assert other.estimate is not None and first.estimate is not None
+    assert other.estimate.trainable_params > first.estimate.trainable_params
+
+
+def test_the_loop_stores_an_estimate_at_the_jobs_generation(sched: Scheduler) -> None:
+    found = estimate_as_the_loop_does(sched, job(PRESET, generation=4))
+    assert found.generation == 4 and found.failure is None
+    assert sched._estimate_uid["ns/j"] == "u"
+    assert sched._estimating == set()
+
+
+def test_a_configmap_model_is_read_and_estimated_and_reread_each_time() -> None:
     maps = FakeConfigMaps({"cfg": {"model.json": json.dumps(QWEN25_05B)}})
     spec = {
         "model": {"configMapRef": {"name": "cfg", "key": "model.json"}},
         "method": "LoRA",
         "lora": {"rank": 8},
     }
-    patch = _reconcile(spec, maps)
-    assert patch["status"]["estimate"]["model"] == "configmaps/cfg[model.json]"
+    made = new_scheduler(maps)
+    found = made._estimate_now(job(spec))
+    assert found.plan is not None and found.plan.model == "configmaps/cfg[model.json]"
     assert maps.reads == 1
+    again = made._estimate_now(job(spec))
+    assert maps.reads == 2, "the ConfigMap may have changed: it is part of the cache key"
+    assert again.estimate is found.estimate
 
 
-def test_an_estimator_bug_is_recorded_once_not_retried(
-    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(plan: Any) -> Any:
-        raise ZeroDivisionError("division by zero")
-
-    monkeypatch.setattr(handlers, "estimate_plan", broken)
-    patch = _reconcile(
-        {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
-    )
-    estimated = _condition(patch, "Estimated")
-    assert estimated["reason"] == "EstimationFailed"
-    assert estimated["message"] == "the estimator failed: ZeroDivisionError: division by zero"
+# -- failure classification -----------------------------------------------------------------
 
 
-def test_a_profile_the_operator_lacks_is_recorded_and_retried_later(
-    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+def test_an_invalid_spec_is_invalid_spec_and_never_retried(sched: Scheduler) -> None:
+    body = job({"model": {"preset": "nope"}, "method": "QLoRA", "lora": {"rank": 0}})
+    with pytest.raises(SpecErrors) as caught:
+        sched._estimate_now(body)
+    message = str(caught.value)
+    assert "spec.model.preset" in message and "spec.lora.rank" in message, "every error"
+
+    failure = failure_of(caught.value, temporary_retry_s=RETRY_S)
+    assert (failure.reason, failure.retry_s, failure.message) == (
+        cond.REASON_INVALID_SPEC, None, message,
+    )  # fmt: skip
+    stored = estimate_as_the_loop_does(sched, body)
+    assert stored.failure == failure and stored.generation == 3
+    assert "ns/j" not in sched._retry_at
+
+
+def test_a_missing_configmap_is_retried(sched: Scheduler) -> None:
+    body = job({"model": {"configMapRef": {"name": "cfg"}}, "method": "LoRA"})
+    with pytest.raises(ConfigMapUnavailable) as caught:
+        sched._estimate_now(body)
+    failure = failure_of(caught.value, temporary_retry_s=RETRY_S)
+    assert failure.reason == cond.REASON_CONFIGMAP_UNAVAILABLE
+    assert failure.message == "spec.model.configMapRef.name: ConfigMap ns/cfg not found"
+    assert failure.retry_s == RETRY_S and not failure.is_bug
+
+    stored = estimate_as_the_loop_does(sched, body)
+    assert stored.failure == failure, "the scheduler's configmap_retry_s is the delay"
+    assert "ns/j" in sched._retry_at
+
+
+def test_a_profile_the_operator_lacks_is_retried_later(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def no_trace(plan: Any) -> Any:
         raise ProfileUnavailable("spec.estimator.profile: trace needs the `trace` extra")
 
-    monkeypatch.setattr(handlers, "estimate_plan", no_trace)
-    patches: list[kopf.Patch] = []
-    original = kopf.Patch
+    monkeypatch.setattr(scheduler, "estimate_plan", no_trace)
+    with pytest.raises(ProfileUnavailable) as caught:
+        sched._estimate_now(job(PRESET))
+    failure = failure_of(caught.value, temporary_retry_s=RETRY_S)
+    assert (failure.reason, failure.retry_s) == (cond.REASON_PROFILE_UNAVAILABLE, PROFILE_RETRY_S)
+    assert failure.message == "spec.estimator.profile: trace needs the `trace` extra"
+    assert estimate_as_the_loop_does(sched, job(PRESET)).failure == failure
 
-    def recording_patch() -> kopf.Patch:
-        patches.append(original())
-        return patches[-1]
 
-    monkeypatch.setattr(kopf, "Patch", recording_patch)
-    with pytest.raises(kopf.TemporaryError) as caught:
-        _reconcile({"model": {"preset": "llama-3.1-8b"}, "method": "LoRA", "lora": {"rank": 8}})
-    assert caught.value.delay == PROFILE_RETRY_S
-    assert _condition(patches[0], "Estimated")["reason"] == "ProfileUnavailable"
-    assert _condition(patches[0], "Admitted")["reason"] == "Pending"
-    assert events[0][:2] == ("Warning", "ProfileUnavailable")
+def test_an_estimator_bug_is_estimation_failed_and_not_retried(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(plan: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(scheduler, "estimate_plan", broken)
+    with pytest.raises(ZeroDivisionError) as caught:
+        sched._estimate_now(job(PRESET))
+    failure = failure_of(caught.value, temporary_retry_s=RETRY_S)
+    assert failure.reason == cond.REASON_ESTIMATION_FAILED and failure.is_bug
+    assert failure.message == "the estimator failed: ZeroDivisionError: division by zero"
+    assert failure.retry_s is None
+    assert estimate_as_the_loop_does(sched, job(PRESET)).failure == failure
+
+
+# -- the ConfigMap read ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -230,20 +257,60 @@ def test_a_forbidden_read_says_so() -> None:
         read_model_config(Forbidden({}), "ns", ConfigMapKey("cfg"))
 
 
-def test_registration_covers_create_update_resume_and_the_webhook() -> None:
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry, validating_webhook=True)
-    changing = registry._changing.get_all_handlers()
-    assert {str(h.reason) for h in changing if h.reason} == {"create", "update"}
-    assert [h.id for h in changing if h.initial] == [handlers.ESTIMATE_HANDLER], "resume"
-    (webhook,) = registry._webhooks.get_all_handlers()
-    assert webhook.id == handlers.VALIDATE_HANDLER and webhook.ignore_failures
-    bare = kopf.OperatorRegistry()
-    handlers.register(bare, validating_webhook=False)
+# -- kopf registration ----------------------------------------------------------------------
+
+
+def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
+    sched: Scheduler,
+) -> None:
+    registry: Any = kopf.OperatorRegistry()  # its handler lists are kopf's internals
+    handlers.register(registry, sched, webhooks=True)
+
+    indexes = registry._indexing.get_all_handlers()
+    assert [h.id for h in indexes] == list(caches.INDEXES)
+    wake = {h.selector.any_name for h in registry._watching.get_all_handlers()}
+    assert wake == {"finetunejobs", "gpunodes", "nodes", "pods", "jobs"}
+    activities = {str(h.activity.value) for h in registry._activities.get_all_handlers()}
+    assert activities == {"startup", "cleanup"}
+    assert registry._changing.get_all_handlers() == [], "no create/update handler writes"
+
+    hooks = {h.id: h for h in registry._webhooks.get_all_handlers()}
+    assert set(hooks) == {handlers.VALIDATE_HANDLER, handlers.MUTATE_HANDLER}
+    validate, mutate = hooks[handlers.VALIDATE_HANDLER], hooks[handlers.MUTATE_HANDLER]
+    assert str(validate.reason.value) == "validating" and str(mutate.reason.value) == "mutating"
+    assert validate.operations == ["CREATE", "UPDATE"] and mutate.operations == ["CREATE"]
+    assert validate.ignore_failures and mutate.ignore_failures, "a down webhook blocks nothing"
+
+    bare: Any = kopf.OperatorRegistry()
+    handlers.register(bare, sched, webhooks=False)
     assert bare._webhooks.get_all_handlers() == []
+    assert len(bare._indexing.get_all_handlers()) == len(caches.INDEXES)
 
 
-# -- `vramgate operator` start-up errors -------------------------------------------------
+def test_a_gpunode_heartbeat_alone_does_not_wake_the_loop(sched: Scheduler) -> None:
+    registry: Any = kopf.OperatorRegistry()
+    handlers.register(registry, sched, webhooks=False)
+    (on_gpunode,) = [
+        h for h in registry._watching.get_all_handlers() if h.selector.any_name == "gpunodes"
+    ]
+    indexes: dict[str, Any] = {name: {} for name in caches.INDEXES}
+
+    def event(beat: str, free: int) -> bool:
+        sched._wake.clear()
+        body = {
+            "metadata": {"name": "n1", "uid": "g1"},
+            "status": {"heartbeatTime": beat, "gpus": [{"index": 0, "freeBytes": free}]},
+        }
+        on_gpunode.fn(body=kopf.Body(cast(Any, body)), type="MODIFIED", **indexes)
+        return sched._wake.is_set()
+
+    assert event("2025-03-01T12:00:00Z", 80 * GIB), "the first sight of it"
+    assert not event("2025-03-01T12:00:30Z", 80 * GIB), "a heartbeat only"
+    assert event("2025-03-01T12:01:00Z", 70 * GIB), "memory changed"
+    assert sched.caches is not None, "the handler handed the scheduler its caches"
+
+
+# -- `vramgate operator` start-up -----------------------------------------------------------
 
 
 def test_no_credentials_is_one_line(
@@ -262,8 +329,43 @@ def test_no_credentials_is_one_line(
         ("--webhook-port=0", "--webhook-port: must be between 1 and 65535, got 0"),
         ("--configmap-retry-seconds=0", "--configmap-retry-seconds: must be greater than 0"),
         ("--webhook=sometimes", "argument --webhook: invalid choice: 'sometimes'"),
+        ("--resync-seconds=0", "--resync-seconds: must be greater than 0, got 0.0"),
+        ("--gpu-mode=shared", "argument --gpu-mode: invalid choice: 'shared'"),
+        ("--queueing=LIFO", "argument --queueing: invalid choice: 'LIFO'"),
+        ("--headroom=2", "--headroom: "),
+        ("--headroom-percent=51", "--headroom-percent: must be between 0 and 50, got 51"),
     ],
 )
 def test_bad_flags_exit_2(flag: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["operator", flag]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_operator_flags_reach_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[OperatorOptions] = []
+
+    def fake_run(options: OperatorOptions) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr("controller.operator.run.run", fake_run)
+    argv = [
+        "operator", "--webhook=off", "--gpu-mode=visibleDevices", "--queueing=StrictFIFO",
+        "--headroom=2GiB", "--headroom-percent=5", "--resync-seconds=3",
+        "--no-leader-election", "--lease-namespace=vg", "--lease-name=lease",
+        "--identity=replica-1", "--configmap-retry-seconds=4",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    (options,) = seen
+    packing = options.admission.packing
+    assert packing.gpu_mode is GpuMode.VISIBLE_DEVICES
+    assert (packing.headroom_bytes, packing.headroom_percent) == (2 * GIB, 5)
+    assert options.admission.queueing is QueueingStrategy.STRICT_FIFO
+    assert (options.resync_s, options.configmap_retry_s) == (3.0, 4.0)
+    assert options.leader_election is False
+    assert (options.lease_namespace, options.lease_name, options.identity) == (
+        "vg", "lease", "replica-1",
+    )  # fmt: skip
+
+    assert main(["operator", "--webhook=off"]) == 0
+    assert seen[-1].leader_election is True, "leader election is on by default"

@@ -1,0 +1,607 @@
+"""The admission pass as plain data: FineTuneJobs, Nodes and GPUNodes in; status writes,
+workloads to create and workloads to delete out.
+
+Jobs are dicts as the API holds them; their estimates are made the way the scheduler makes
+them (`translate` + `estimate_plan`). A second pass is fed the status the first one wrote,
+merged as the API server merges a status patch, so "an unchanged cluster writes nothing" is
+tested the way it happens.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller.api import conditions as cond
+from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.cluster import ClusterObjects, job_key
+from controller.decision import AdmissionSettings, Outcome
+from controller.estimator import SpecError, SpecErrors
+from controller.jobspec import estimate_plan, translate
+from controller.operator import status as status_rules
+from controller.operator.admission import (
+    MESSAGE_REFRESH,
+    CreateWorkload,
+    DeleteWorkload,
+    Estimated,
+    PassInput,
+    PassOutput,
+    StatusWrite,
+    admission_pass,
+)
+from controller.operator.configmaps import ConfigMapUnavailable
+from controller.operator.errors import failure_of
+from controller.packing.inventory import GpuMode, NodeGpus
+from controller.workload import Admission, build_workload
+
+GIB = 2**30
+NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+HEARTBEAT = "2025-03-01T11:59:50Z"
+#: llama-3.1-8b QLoRA r=16 on one GPU: about 11.6 GiB (calibrated profile).
+SPEC: dict[str, Any] = {
+    "model": {"preset": "llama-3.1-8b"},
+    "method": "QLoRA",
+    "lora": {"rank": 16},
+}
+TEMPLATE: dict[str, Any] = {
+    "spec": {"containers": [{"name": "trainer", "image": "registry.invalid/train:1"}]}
+}
+
+
+# -- the API's objects ----------------------------------------------------------------------
+
+
+def node(name: str, gpus: int, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {GPU_RESOURCE: str(gpus)},
+        },
+    }
+
+
+def gpunode(name: str, free_gib: Sequence[float], total_gib: float = 80) -> dict[str, Any]:
+    """A GPUNode as the agent writes it (tests/integration/gpunodes.py), Ready and fresh."""
+    total = int(total_gib * GIB)
+    gpus = []
+    for i, free_g in enumerate(free_gib):
+        free = int(free_g * GIB)
+        gpus.append(
+            {
+                "uuid": f"GPU-{name}-{i}",
+                "index": i,
+                "product": "NVIDIA-H100-80GB-HBM3",
+                "memoryInfoSupported": True,
+                "totalBytes": total,
+                "freeBytes": free,
+                "usedBytes": total - free,
+                "pods": [],
+            }
+        )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUNode",
+        "metadata": {"name": name},
+        "spec": {"nodeName": name},
+        "status": {
+            "gpus": gpus,
+            "gpuCount": len(gpus),
+            "heartbeatTime": HEARTBEAT,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "GPUsRead",
+                    "message": "read 2 GPUs",
+                    "lastTransitionTime": "2025-03-01T11:00:00Z",
+                }
+            ],
+        },
+    }
+
+
+def ftj(
+    name: str,
+    *,
+    minute: int = 0,
+    generation: int = 1,
+    template: dict[str, Any] | None = TEMPLATE,
+    status: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A FineTuneJob created at 11:`minute` (queue order), of SPEC with `spec` over it."""
+    body: dict[str, Any] = {**copy.deepcopy(SPEC), **spec}
+    if template is not None:
+        body["template"] = copy.deepcopy(template)
+    job: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "FineTuneJob",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "generation": generation,
+            "resourceVersion": f"{100 + generation}",
+            "creationTimestamp": f"2025-03-01T11:{minute:02d}:00Z",
+        },
+        "spec": body,
+    }
+    if status is not None:
+        job["status"] = copy.deepcopy(status)
+    return job
+
+
+def cluster(
+    *jobs: Mapping[str, Any],
+    gpus: Mapping[str, Sequence[float]] | None = None,
+    total_gib: float = 80,
+    labels: Mapping[str, str] | None = None,
+) -> ClusterObjects:
+    """Jobs on nodes with the given free GiB per GPU (default: one node, one free GPU)."""
+    free = gpus if gpus is not None else {"n1": [80]}
+    return ClusterObjects(
+        nodes={name: node(name, len(frees), labels) for name, frees in free.items()},
+        gpunodes={name: gpunode(name, frees, total_gib) for name, frees in free.items()},
+        jobs={job_key(job): job for job in jobs},
+    )
+
+
+def estimated(job: Mapping[str, Any], generation: int | None = None) -> Estimated:
+    plan, errors = translate(dict(job["spec"]))
+    assert plan is not None, errors
+    gen = job["metadata"]["generation"] if generation is None else generation
+    return Estimated(gen, plan=plan, estimate=estimate_plan(plan))
+
+
+def per_gpu(job: Mapping[str, Any]) -> int:
+    found = estimated(job)
+    assert found.plan is not None and found.estimate is not None
+    return found.estimate.per_gpu_bytes(1, found.plan.parallelism)
+
+
+def run(
+    objects: ClusterObjects,
+    *,
+    estimates: Mapping[str, Estimated] | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
+    job_pods: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    now: datetime = NOW,
+    last_written: Mapping[str, datetime] | None = None,
+) -> PassOutput:
+    """One pass; every job estimated at its generation unless `estimates` says otherwise."""
+    if estimates is None:
+        estimates = {key: estimated(job) for key, job in objects.jobs.items()}
+    return admission_pass(
+        PassInput(
+            objects=objects,
+            workloads=workloads or {},
+            job_pods=job_pods or {},
+            estimates=estimates,
+            settings=AdmissionSettings(),
+            now=now,
+            last_written=last_written or {},
+        )
+    )
+
+
+# -- reading the output -----------------------------------------------------------------------
+
+
+def merge(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386), as the API server applies a status patch."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def written(job: Mapping[str, Any], out: PassOutput) -> dict[str, Any]:
+    """`job` with the pass's status write for it applied (unchanged when none)."""
+    after = copy.deepcopy(dict(job))
+    for w in out.writes:
+        if w.key == job_key(job):
+            after["status"] = merge(after.get("status") or {}, w.patch)
+    return after
+
+
+def write_for(out: PassOutput, key: str) -> StatusWrite:
+    (found,) = [w for w in out.writes if w.key == key]
+    return found
+
+
+def status_after(out: PassOutput, key: str) -> dict[str, Any]:
+    """The status a job had no status before and got this pass's write."""
+    return merge({}, write_for(out, key).patch)
+
+
+def condition(status: Mapping[str, Any], type_: str) -> dict[str, Any]:
+    (found,) = [c for c in status.get("conditions") or [] if c["type"] == type_]
+    return dict(found)
+
+
+def reasons(write: StatusWrite) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in write.events]
+
+
+def placed_on(status: Mapping[str, Any]) -> list[tuple[str, list[int]]]:
+    return [(part["node"], part["gpuIndices"]) for part in status["placement"]["nodes"]]
+
+
+def admitted(name: str, *, gpus: Mapping[str, Sequence[float]] | None = None, **spec: Any):
+    """A job admitted by an earlier pass, as the API holds it after that pass's write."""
+    job = ftj(name, **spec)
+    out = run(cluster(job, gpus=gpus))
+    assert write_for(out, job_key(job)).resource_version is not None
+    return written(job, out), out.creates[0].objects
+
+
+def workload(name: str, *conditions: str) -> dict[str, Any]:
+    """The batch Job of job `name` as the operator's cache holds it."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "ns", "labels": {JOB_LABEL: name}},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0},
+        "status": {"conditions": [{"type": c, "status": "True"} for c in conditions]},
+    }
+
+
+def pod(job: str, phase: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{job}-x1", "namespace": "ns", "uid": f"pod-{job}",
+                     "labels": {JOB_LABEL: job}},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": phase, **status},
+    }  # fmt: skip
+
+
+# -- admission ------------------------------------------------------------------------------
+
+
+def test_a_pending_job_that_fits_is_admitted_onto_the_tightest_gpu() -> None:
+    job = ftj("a")
+    out = run(cluster(job, gpus={"n1": [80, 24, 40], "n2": [30]}))
+
+    (write,) = out.writes
+    assert write.key == "ns/a" and write.uid == "uid-a"
+    assert write.resource_version == "101", "an admission fails if the job changed since"
+    status = status_after(out, "ns/a")
+    need = per_gpu(job)
+    assert status["placement"] == {
+        "nodes": [{"node": "n1", "gpuIndices": [1], "gpuUUIDs": ["GPU-n1-1"]}],
+        "requestedGPUs": 1,
+        "admittedGPUs": 1,
+        "perGpuBytes": need,
+    }, "24 GiB is the least free memory that holds ~11.6 GiB (n2's 30 and n1's 40 are looser)"
+    assert status["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job", "name": "a"}
+    admitted_ = condition(status, cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"], admitted_["observedGeneration"]) == (
+        "True", cond.REASON_FITS, 1,
+    )  # fmt: skip
+    assert "n1 GPU 1" in admitted_["message"]
+    assert condition(status, cond.ESTIMATED)["status"] == "True"
+    assert condition(status, cond.RUNNING)["reason"] == cond.REASON_STARTING
+    assert ("Normal", cond.REASON_FITS) in reasons(write)
+
+    (create,) = out.creates
+    expected = build_workload(
+        job, Admission((NodeGpus("n1", (1,), ("GPU-n1-1",)),), need, GpuMode.DEVICE_PLUGIN)
+    )
+    assert create == CreateWorkload("ns/a", tuple(expected), after_write=True)
+    assert out.deletes == []
+    (decision,) = out.decisions
+    assert decision.outcome is Outcome.ADMIT
+
+
+def test_two_jobs_in_one_pass_never_share_an_exclusive_gpu() -> None:
+    a, b = ftj("a", minute=0), ftj("b", minute=1)
+    out = run(cluster(a, b, gpus={"n1": [80, 80]}))
+    assert placed_on(status_after(out, "ns/a")) == [("n1", [0])]
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [1])]
+
+    out = run(cluster(a, b, gpus={"n1": [80]}))
+    assert placed_on(status_after(out, "ns/a")) == [("n1", [0])]
+    queued = status_after(out, "ns/b")
+    assert "placement" not in queued
+    assert condition(queued, cond.ADMITTED)["reason"] == cond.REASON_WAITING_FOR_VRAM
+    assert [c.key for c in out.creates] == ["ns/a"]
+
+
+def test_an_admitted_job_holds_its_gpus_against_a_new_one() -> None:
+    a, _ = admitted("a", gpus={"n1": [80, 24, 40]})
+    assert placed_on(a["status"]) == [("n1", [1])]
+    b = ftj("b", minute=5)
+    # The agent still reports GPU 1 free (a's pod has not started): only the ledger holds it.
+    out = run(cluster(a, b, gpus={"n1": [80, 24, 40]}))
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [2])]
+    assert [w.key for w in out.writes] == ["ns/b"], "a's status is unchanged"
+
+    unplaced = copy.deepcopy(a)
+    del unplaced["status"]["placement"]  # no placement, no hold: the ledger is the status
+    out = run(cluster(unplaced, b, gpus={"n1": [80, 24, 40]}), estimates={"ns/b": estimated(b)})
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [1])]
+
+
+@pytest.mark.parametrize("generation", [None, 1], ids=["absent", "older generation"])
+def test_a_job_not_estimated_at_its_generation_is_not_decided(generation: int | None) -> None:
+    job = ftj("a", generation=2)
+    estimates = {} if generation is None else {"ns/a": estimated(job, generation)}
+    out = run(cluster(job), estimates=estimates)
+    assert out == PassOutput()
+
+
+# -- queue and reject -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("total_gib", "free_gib", "spec", "reason", "event"),
+    [
+        (80, 5, {}, cond.REASON_WAITING_FOR_VRAM, "Normal"),
+        (8, 8, {}, cond.REASON_INSUFFICIENT_VRAM, "Warning"),
+        (80, 80, {"resources": {"gpuSelector": {"gpu": "a100"}}},
+         cond.REASON_NO_MATCHING_GPU, "Warning"),
+    ],
+    ids=["queue", "reject: never fits", "reject: no matching GPU"],
+)  # fmt: skip
+def test_a_job_that_does_not_fit_is_told_why_and_not_rewritten(
+    total_gib: float, free_gib: float, spec: dict[str, Any], reason: str, event: str
+) -> None:
+    job = ftj("a", **spec)
+    objects = cluster(job, gpus={"n1": [free_gib]}, total_gib=total_gib, labels={"gpu": "h100"})
+    out = run(objects)
+    write = write_for(out, "ns/a")
+    assert write.resource_version is None
+    status = status_after(out, "ns/a")
+    admitted_ = condition(status, cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"]) == ("False", reason)
+    assert "placement" not in status and "workloadRef" not in status
+    assert (event, reason) in reasons(write)
+    assert out.creates == [] and out.deletes == []
+
+    again = run(cluster(written(job, out), gpus={"n1": [free_gib]}, total_gib=total_gib,
+                        labels={"gpu": "h100"}), now=NOW + timedelta(seconds=20))  # fmt: skip
+    assert again.writes == [], "an unchanged job writes nothing"
+    assert [d.reason for d in again.decisions] == [reason]
+
+
+def test_a_queued_message_is_refreshed_at_most_every_message_refresh() -> None:
+    job = ftj("a")
+    first = run(cluster(job, gpus={"n1": [5]}))
+    queued = written(job, first)
+    message = condition(queued["status"], cond.ADMITTED)["message"]
+    assert "5.00 GiB" in message, message
+
+    moved = cluster(queued, gpus={"n1": [6]})  # only the numbers in the message change
+    soon = NOW + MESSAGE_REFRESH - timedelta(seconds=1)
+    assert run(moved, now=soon, last_written={"ns/a": NOW}).writes == []
+
+    later = NOW + MESSAGE_REFRESH
+    (write,) = run(moved, now=later, last_written={"ns/a": NOW}).writes
+    assert set(write.patch) == {"conditions"}
+    refreshed = condition(merge(queued["status"], write.patch), cond.ADMITTED)
+    assert "6.00 GiB" in refreshed["message"]
+    assert (
+        refreshed["lastTransitionTime"]
+        == condition(queued["status"], cond.ADMITTED)["lastTransitionTime"]
+    ), "still the same state"
+    assert write.events == (), "a refreshed number is no Event"
+
+    # Never written by this operator (a restart): written at once.
+    assert len(run(moved, now=soon).writes) == 1
+
+
+# -- jobs that cannot run -------------------------------------------------------------------
+
+
+def test_a_job_without_a_template_is_told_what_admission_would_do_and_gets_nothing() -> None:
+    job = ftj("a", template=None)
+    out = run(cluster(job))
+    write = write_for(out, "ns/a")
+    assert write.resource_version is None
+    status = status_after(out, "ns/a")
+    admitted_ = condition(status, cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"]) == ("False", cond.REASON_NO_TEMPLATE)
+    assert "spec.template is empty" in admitted_["message"]
+    assert "would be admitted (Fits: " in admitted_["message"]
+    assert "placement" not in status
+    assert out.creates == []
+    assert ("Normal", cond.REASON_NO_TEMPLATE) in reasons(write)
+
+
+def test_a_job_without_a_template_holds_no_gpu() -> None:
+    idle = ftj("idle", minute=0, template=None)  # first in the queue
+    job = ftj("b", minute=1)
+    out = run(cluster(idle, job, gpus={"n1": [80]}))
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [0])]
+    assert [c.key for c in out.creates] == ["ns/b"]
+    told = condition(status_after(out, "ns/idle"), cond.ADMITTED)
+    assert told["reason"] == cond.REASON_NO_TEMPLATE
+    assert "would wait" in told["message"], "the GPU went to a job that can run"
+
+
+def test_an_invalid_template_is_an_invalid_spec_before_any_gpu_is_promised() -> None:
+    bad = ftj("bad", minute=0, template={"spec": {"containers": []}})
+    good = ftj("good", minute=1)
+    out = run(cluster(bad, good, gpus={"n1": [80]}))
+
+    write = write_for(out, "ns/bad")
+    assert write.resource_version is None
+    status = status_after(out, "ns/bad")
+    for type_ in (cond.ESTIMATED, cond.ADMITTED):
+        found = condition(status, type_)
+        assert (found["status"], found["reason"]) == ("False", cond.REASON_INVALID_SPEC)
+        assert found["message"].startswith("spec.template.spec.containers: must list")
+    assert "placement" not in status
+    assert reasons(write) == [("Warning", cond.REASON_INVALID_SPEC)], (
+        "not announced as estimated first"
+    )
+    assert [d.job for d in out.decisions] == ["ns/good"], "no decision for the invalid one"
+    assert placed_on(status_after(out, "ns/good")) == [("n1", [0])]
+    assert [c.key for c in out.creates] == ["ns/good"]
+
+
+def test_an_unchanged_invalid_template_writes_nothing() -> None:
+    bad = ftj("bad", template={"spec": {"containers": []}})
+    first = run(cluster(bad))
+    again = run(cluster(written(bad, first)), now=NOW + timedelta(seconds=10))
+    assert again.writes == [], "no write (and no Events) on every resync"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SpecErrors([SpecError("spec.model.preset", "unknown preset 'nope'")]),
+        ConfigMapUnavailable("spec.model.configMapRef.name: ConfigMap ns/cfg not found"),
+    ],
+    ids=["InvalidSpec", "ConfigMapUnavailable"],
+)
+def test_an_estimate_failure_is_recorded_as_the_status_rules_say(error: Exception) -> None:
+    job = ftj("a")
+    failure = failure_of(error, temporary_retry_s=30)
+    out = run(cluster(job), estimates={"ns/a": Estimated(1, failure=failure)})
+
+    if failure.reason == cond.REASON_INVALID_SPEC:
+        expected = status_rules.invalid(failure.message, 1, {}, NOW)
+    else:
+        assert failure.reason == cond.REASON_CONFIGMAP_UNAVAILABLE and failure.retry_s == 30
+        expected = status_rules.not_estimated(failure.reason, failure.message, 1, {}, NOW)
+    assert expected.event is not None
+    assert out.writes == [StatusWrite("ns/a", "uid-a", expected.patch, (expected.event,))]
+    assert out.decisions == [] and out.creates == []
+    status = status_after(out, "ns/a")
+    assert condition(status, cond.ESTIMATED)["reason"] == failure.reason
+    assert condition(status, cond.ESTIMATED)["message"] == str(error)
+
+
+# -- admitted jobs --------------------------------------------------------------------------
+
+
+def test_an_admitted_job_whose_workload_is_missing_gets_it_created_again() -> None:
+    a, objects = admitted("a")
+    out = run(cluster(a))
+    assert out.creates == [CreateWorkload("ns/a", objects, after_write=False)]
+    assert out.writes == [] and out.deletes == []
+
+
+def test_a_running_workload_sets_running() -> None:
+    a, _ = admitted("a")
+    out = run(
+        cluster(a), workloads={"ns/a": workload("a")}, job_pods={"ns/a": [pod("a", "Running")]}
+    )
+    assert out.creates == []
+    write = write_for(out, "ns/a")
+    running = condition(merge(a["status"], write.patch), cond.RUNNING)
+    assert (running["status"], running["reason"]) == ("True", cond.REASON_RUNNING)
+    assert "1 of 1 pods running on n1" in running["message"]
+    assert ("Normal", cond.REASON_RUNNING) in reasons(write)
+    assert "placement" not in write.patch
+
+
+def test_a_complete_workload_succeeds_and_frees_its_gpu_in_the_same_pass() -> None:
+    a, _ = admitted("a")  # on the one GPU of n1
+    b = ftj("b", minute=5)
+    estimates = {"ns/b": estimated(b)}
+
+    still = run(cluster(a, b), estimates=estimates, workloads={"ns/a": workload("a")})
+    assert condition(status_after(still, "ns/b"), cond.ADMITTED)["reason"] == (
+        cond.REASON_WAITING_FOR_VRAM
+    ), "while a runs, b waits"
+
+    out = run(cluster(a, b), estimates=estimates, workloads={"ns/a": workload("a", "Complete")})
+    done = merge(a["status"], write_for(out, "ns/a").patch)
+    succeeded = condition(done, cond.SUCCEEDED)
+    assert (succeeded["status"], succeeded["reason"]) == ("True", cond.REASON_SUCCEEDED)
+    assert condition(done, cond.RUNNING)["status"] == "False"
+    assert ("Normal", cond.REASON_SUCCEEDED) in reasons(write_for(out, "ns/a"))
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [0])]
+    assert [c.key for c in out.creates] == ["ns/b"]
+
+    finished = {**a, "status": done}
+    assert run(cluster(finished), estimates={}).writes == [], "a finished job is left alone"
+
+
+def test_a_pod_killed_for_host_memory_fails_the_job_as_oomkilled() -> None:
+    a, _ = admitted("a")
+    killed = pod(
+        "a",
+        "Failed",
+        containerStatuses=[
+            {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+        ],
+    )
+    out = run(cluster(a), workloads={"ns/a": workload("a")}, job_pods={"ns/a": [killed]})
+    write = write_for(out, "ns/a")
+    failed = condition(merge(a["status"], write.patch), cond.FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", cond.REASON_OOM_KILLED)
+    assert "host RAM, not GPU memory" in failed["message"]
+    assert ("Warning", cond.REASON_OOM_KILLED) in reasons(write)
+
+
+def test_suspending_an_admitted_job_deletes_its_workload_and_frees_its_gpu() -> None:
+    a, objects = admitted("a")  # on the one GPU of n1
+    a["metadata"]["generation"] = 2
+    a["spec"]["suspend"] = True
+    b = ftj("b", minute=5)
+    out = run(
+        cluster(a, b),
+        estimates={"ns/b": estimated(b)},
+        workloads={"ns/a": workload("a")},
+        job_pods={"ns/a": [pod("a", "Running")]},
+    )
+
+    assert out.deletes == [DeleteWorkload("ns/a", objects)]
+    patch = write_for(out, "ns/a").patch
+    assert patch["placement"] is None and patch["workloadRef"] is None
+    released = merge(a["status"], patch)
+    suspended = condition(released, cond.ADMITTED)
+    assert (suspended["status"], suspended["reason"]) == ("False", cond.REASON_SUSPENDED)
+    assert cond.RUNNING not in {c["type"] for c in released["conditions"]}
+    assert ("Normal", cond.REASON_SUSPENDED) in reasons(write_for(out, "ns/a"))
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [0])], "a's GPU, in the same pass"
+    assert [c.key for c in out.creates] == ["ns/b"]
+
+
+def test_a_spec_change_after_admission_is_locked_out_and_said_so() -> None:
+    a, _ = admitted("a")
+    a["metadata"]["generation"] = 2
+    a["spec"]["lora"] = {"rank": 64}
+    workloads, pods = {"ns/a": workload("a")}, {"ns/a": [pod("a", "Running")]}
+    out = run(cluster(a), estimates={}, workloads=workloads, job_pods=pods)
+
+    write = write_for(out, "ns/a")
+    locked_status = merge(a["status"], write.patch)
+    locked = condition(locked_status, cond.ADMITTED)
+    assert (locked["status"], locked["reason"]) == ("True", cond.REASON_SPEC_LOCKED)
+    assert locked["observedGeneration"] == 1, "what is admitted is generation 1"
+    assert "only spec.suspend may change" in locked["message"]
+    assert ("Warning", cond.REASON_SPEC_LOCKED) in reasons(write)
+    assert "placement" not in write.patch and locked_status["placement"] == a["status"]["placement"]
+    assert out.deletes == [] and out.creates == []
+
+    again = run(
+        cluster({**a, "status": locked_status}), estimates={}, workloads=workloads, job_pods=pods
+    )
+    assert again.writes == [], "said once"
+
+
+def test_admissions_are_written_before_the_other_writes() -> None:
+    rejected = ftj("a-first", minute=0, resources={"gpuSelector": {"gpu": "a100"}})
+    fits = ftj("z-last", minute=1)
+    out = run(cluster(rejected, fits))
+    assert [(w.key, w.resource_version) for w in out.writes] == [
+        ("ns/z-last", "101"),
+        ("ns/a-first", None),
+    ]
