@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from controller.api.base import GPU_RESOURCE, JOB_LABEL, PRODUCT_LABEL
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
+from controller.api.names import job_label_value
 from controller.decision.types import JobRequest
 from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
@@ -91,6 +92,13 @@ class ClusterObjects:
 def job_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def pods_key(job: Mapping[str, Any]) -> str:
+    """`namespace/<JOB_LABEL value>` of a job's pods: its name, or for a name too long to be
+    a label value, its workload name."""
+    meta = job.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{job_label_value(str(meta.get('name')))}"
 
 
 def _name(obj: Mapping[str, Any], where: str) -> str:
@@ -250,8 +258,8 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
         for name, gpunode in objects.gpunodes.items()
     ]
     reservations = []
-    for key, job in objects.jobs.items():
-        held = reservation(job, by_job.get(key, []))
+    for job in objects.jobs.values():
+        held = reservation(job, by_job.get(pods_key(job), []))
         if held is not None:
             reservations.append(held)
     measured = {node.name for node in nodes}

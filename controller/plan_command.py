@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
-from controller.packing.inventory import GpuMode, PackingSettings
+from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
 from controller.units import GIB, parse_size
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
@@ -103,6 +103,13 @@ def add_admission_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="percent of each GPU's memory kept free, 0 to 50 (default 0)",
     )
+    p.add_argument(
+        "--heartbeat-ttl-seconds",
+        type=int,
+        default=int(DEFAULT_HEARTBEAT_TTL.total_seconds()),
+        help="a GPU node whose agent has not written for this long takes no new job "
+        f"(default {int(DEFAULT_HEARTBEAT_TTL.total_seconds())})",
+    )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -143,7 +150,12 @@ def admission_settings(args: argparse.Namespace) -> AdmissionSettings:
             f"--headroom-percent: must be between 0 and {MAX_HEADROOM_PERCENT}, "
             f"got {args.headroom_percent}"
         )
+    if args.heartbeat_ttl_seconds < 1:
+        raise PlanInputError(
+            f"--heartbeat-ttl-seconds: must be at least 1, got {args.heartbeat_ttl_seconds}"
+        )
     packing = PackingSettings(
+        heartbeat_ttl=timedelta(seconds=args.heartbeat_ttl_seconds),
         headroom_bytes=headroom,
         headroom_percent=args.headroom_percent,
         gpu_mode=GpuMode(args.gpu_mode),

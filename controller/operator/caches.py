@@ -23,7 +23,7 @@ import kopf
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
-from controller.cluster import ClusterObjects, job_key, pod_gpus
+from controller.cluster import ClusterObjects, job_key, pod_gpus, pods_key
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"
@@ -185,10 +185,15 @@ class Caches:
             for workload in store:
                 if not (workload.get("metadata") or {}).get("deletionTimestamp"):
                     workloads[key] = workload
-        job_pods: dict[str, list[Any]] = {}
+        by_label: dict[str, list[Any]] = {}
         for pod in objects.pods:
             meta = pod.get("metadata") or {}
             owner = (meta.get("labels") or {}).get(JOB_LABEL)
             if owner:
-                job_pods.setdefault(f"{meta.get('namespace')}/{owner}", []).append(pod)
+                by_label.setdefault(f"{meta.get('namespace')}/{owner}", []).append(pod)
+        job_pods = {
+            key: by_label[pods_key(job)]
+            for key, job in objects.jobs.items()
+            if pods_key(job) in by_label
+        }
         return objects, workloads, job_pods

@@ -27,8 +27,8 @@ the API holds, not what a cache had time to see.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging

@@ -11,13 +11,8 @@ Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator create
 `build_workload` returns and feeds what it reads back to `workload_state`.
 """
 
-from controller.workload.build import (
-    Admission,
-    WorkloadError,
-    build_workload,
-    job_label_value,
-    workload_name,
-)
+from controller.api.names import job_label_value, workload_name
+from controller.workload.build import Admission, WorkloadError, build_workload
 from controller.workload.state import Phase, WorkloadState, workload_conditions, workload_state
 
 __all__ = [

@@ -22,20 +22,16 @@ traceback included, into the pod status where `state.py` reads it.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.api.names import job_label_value, workload_name
 from controller.errors import PermanentError
 from controller.packing.inventory import GpuMode, NodeGpus
 
-#: Indexed Job pods are named for DNS `<job>-<index>` (a 63-character label): 56 leaves room
-#: for indices up to 999,999 and keeps `<name>-gpus` a valid name too.
-MAX_WORKLOAD_NAME = 56
 #: The driver of the NVIDIA DRA driver for GPUs (k8s-dra-driver-gpu), which is also the
 #: domain of its device attributes. Its kubelet plugin publishes each GPU as device
 #: `gpu-<minor>` with the unqualified attribute `uuid` (string; MIG and VFIO devices too),
@@ -49,9 +45,6 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 _CONTAINERS = "spec.template.spec.containers"
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_MAX_LABEL_VALUE = 63
 
 
 class WorkloadError(PermanentError, ValueError):
@@ -83,31 +76,6 @@ class Admission:
     @property
     def gpus_per_node(self) -> int:
         return len(self.nodes[0].indices) if self.nodes else 0
-
-
-def workload_name(job_name: str) -> str:
-    """The Job's (and Service's) name for a FineTuneJob: a DNS-1035 label of at most
-    `MAX_WORKLOAD_NAME` characters, the job's own name whenever it is one.
-
-    Else a sanitized prefix of the name and 8 hex digits of its SHA-256, so that two long
-    names sharing a prefix still get two workloads, and the same name always the same one.
-    """
-    if len(job_name) <= MAX_WORKLOAD_NAME and _DNS_1035.match(job_name):
-        return job_name
-    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
-    base = re.sub(r"[^a-z0-9]+", "-", job_name.lower()).strip("-")
-    if not base[:1].isalpha():  # DNS-1035 starts with a letter; `7b-lora` -> `ftj-7b-lora-...`
-        base = f"ftj-{base}"
-    prefix = base[: MAX_WORKLOAD_NAME - 1 - len(digest)].rstrip("-")
-    return f"{prefix}-{digest}"
-
-
-def job_label_value(job_name: str) -> str:
-    """The value of `JOB_LABEL` for a job: its name, unless the name cannot be a label
-    value (over 63 characters; FineTuneJob names may have 253), then its workload name."""
-    if len(job_name) <= _MAX_LABEL_VALUE and _LABEL_VALUE.match(job_name):
-        return job_name
-    return workload_name(job_name)
 
 
 def build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[str, Any]]:

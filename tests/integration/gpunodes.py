@@ -92,7 +92,9 @@ def publish(
     objects.patch_cluster_custom_object_status(GROUP, VERSION, PLURAL, node, {"status": status})
 
 
-def h100s(node: str, count: int = 8, free_gib: Sequence[float] | None = None) -> list[dict[str, Any]]:
+def h100s(
+    node: str, count: int = 8, free_gib: Sequence[float] | None = None
+) -> list[dict[str, Any]]:
     """`count` 80 GiB GPUs, with the given free memory each (default all free)."""
     frees = list(free_gib) if free_gib is not None else [None] * count
     return [gpu_status(node, i, 80, frees[i]) for i in range(count)]

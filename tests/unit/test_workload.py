@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.api.names import MAX_WORKLOAD_NAME
 from controller.errors import PermanentError
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.workload import (
@@ -18,7 +19,7 @@ from controller.workload import (
     job_label_value,
     workload_name,
 )
-from controller.workload.build import COMPLETION_INDEX_ANNOTATION, MAX_WORKLOAD_NAME
+from controller.workload.build import COMPLETION_INDEX_ANNOTATION
 
 GIB = 2**30
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

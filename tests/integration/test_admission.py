@@ -1,0 +1,604 @@
+"""Admission end to end: `kubectl apply` -> decision -> workload on the GPUs that hold it.
+
+The operator runs as `vramgate operator` against the real local control plane; nodes are
+kwok nodes with `nvidia.com/gpu` capacity, their GPUNodes written by the test as the agent
+writes them (tests/integration/gpunodes.py), so each test chooses its GPUs' free memory.
+Every test gets nodes of its own GPU product and selects them with `gpuSelector`, so tests
+sharing the cluster and the operator never see each other's GPUs.
+
+Reference jobs (calibrated profile): llama-3.1-8b QLoRA r=16 needs 11.64 GiB on one GPU;
+llama-3.1-8b Full needs 83.73 GiB on one GPU, 42.60 GiB per GPU on 2 with FSDP.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from controller.api.base import GROUP, JOB_LABEL, PRODUCT_LABEL, VERSION
+from e2e.cluster import Cluster
+from e2e.nodes import RUN_FOR_ANNOTATION
+from e2e.wait import wait_until
+from tests.integration.gpunodes import gpu_status, publish
+from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
+    PLURAL,
+    OperatorProcess,
+    condition,
+    crds,
+)
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 20.0
+WEBHOOK_CONFIG = "vramgate-admission.vramgate.dev"
+QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
+QLORA_BYTES = 12_498_275_151  # 11.64 GiB, status.estimate.perGpuBytes of QLORA
+DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForGPUs", "WaitingInQueue",
+           "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs", "SpecLocked"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def admitting(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    crds: None,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        cluster,
+        api_client,
+        tmp_path_factory.mktemp("admitting"),
+        extra=("--resync-seconds", "2", "--heartbeat-ttl-seconds", "30",
+               "--lease-name", "vramgate-admission-tests"),
+        webhook_config=WEBHOOK_CONFIG,
+    )  # fmt: skip
+    process.start(webhook=True)
+    try:
+        yield process
+    finally:
+        process.stop()
+        admission = client.AdmissionregistrationV1Api(api_client)
+        for delete in (
+            admission.delete_validating_webhook_configuration,
+            admission.delete_mutating_webhook_configuration,
+        ):
+            try:
+                delete(WEBHOOK_CONFIG)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+class Gpus:
+    """Nodes of one test: their own GPU product, GPUNodes with the free memory asked for,
+    kept fresh every few seconds as agents keep them (except those told to go silent)."""
+
+    def __init__(self, cluster: Cluster, api: client.ApiClient) -> None:
+        self.cluster, self.api = cluster, api
+        self.tag = uuid.uuid4().hex[:8]
+        self.product = f"TEST-{self.tag}-80GB"
+        self.nodes: list[str] = []
+        self.published: dict[str, tuple[list[float], float]] = {}
+        self.silent: set[str] = set()
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeats, daemon=True)
+        self._beat.start()
+
+    def _heartbeats(self) -> None:
+        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        try:
+            while not self._stop.wait(5):
+                for name, (frees, total) in list(self.published.items()):
+                    if name not in self.silent:
+                        self.publish(name, frees, total, api=api)
+        finally:
+            api.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._beat.join()
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {PRODUCT_LABEL: self.product}
+
+    def add(self, *frees: list[float], total: float = 80) -> list[str]:
+        """One node per list, GPU i with frees[i] GiB free of `total`."""
+        prefix = f"n{self.tag}-{len(self.nodes)}"
+        names = self.cluster.create_gpu_nodes(
+            len(frees), gpus_per_node=len(frees[0]), product=self.product, name_prefix=prefix
+        )
+        for name, free in zip(names, frees, strict=True):
+            self.publish(name, free, total)
+        self.nodes += names
+        return names
+
+    def publish(
+        self, name: str, frees: list[float], total: float = 80, api: Any = None, **kw: Any
+    ) -> None:
+        gpus = [gpu_status(name, i, total, f, self.product) for i, f in enumerate(frees)]
+        publish(api or self.api, name, gpus, **kw)
+        self.published[name] = (frees, total)
+
+
+@pytest.fixture
+def gpus(cluster: Cluster, api_client: client.ApiClient) -> Iterator[Gpus]:
+    made = Gpus(cluster, api_client)
+    yield made
+    made.close()
+    core = client.CoreV1Api(api_client)
+    for name in made.nodes:
+        try:
+            core.delete_node(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def job(name: str, gpus: Gpus, runs_for: str = "600s", **spec: Any) -> dict[str, Any]:
+    resources = {"gpuSelector": gpus.selector, **spec.pop("resources", {})}
+    template = {
+        "metadata": {"annotations": {RUN_FOR_ANNOTATION: runs_for}},
+        "spec": {"containers": [{"name": "trainer", "image": "trainer:v1"}]},
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {**QLORA, "template": template, **spec, "resources": resources},
+    }
+
+
+def objects(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> None:
+    objects(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+
+def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(objects(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+
+
+def admitted(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    status: str,
+    reason: str | None = None,
+    timeout: float = DEADLINE_S,
+) -> dict[str, Any]:
+    """Wait for Admitted=`status` (and `reason`); returns the job."""
+
+    def met() -> dict[str, Any] | None:
+        obj = get(api, namespace, name)
+        found = condition(obj, "Admitted")
+        if found and found["status"] == status and reason in (None, found["reason"]):
+            return obj
+        return None
+
+    return wait_until(met, timeout=timeout, what=f"{name} Admitted={status} {reason or ''}")
+
+
+def batch_job(api: client.ApiClient, namespace: str, name: str) -> client.V1Job:
+    return wait_until(
+        lambda: _read_job(api, namespace, name), timeout=DEADLINE_S, what=f"Job {name}"
+    )
+
+
+def _read_job(api: client.ApiClient, namespace: str, name: str) -> client.V1Job | None:
+    try:
+        return client.BatchV1Api(api).read_namespaced_job(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def placed(obj: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    return [(p["node"], p["gpuIndices"]) for p in obj["status"]["placement"]["nodes"]]
+
+
+def env(container: client.V1Container) -> dict[str, str]:
+    return {e.name: e.value for e in container.env or [] if e.value is not None}
+
+
+# -- admit, resize, queue, reject ----------------------------------------------------------
+
+
+def test_a_job_is_admitted_onto_the_best_fitting_gpu_and_runs_there(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    (node,) = gpus.add([80, 30, 14, 10])
+    create(api_client, namespace, job("best-fit", gpus))
+    obj = admitted(api_client, namespace, "best-fit", "True", "Fits")
+    # 14 GiB is the least free memory that holds 11.64 GiB; 10 does not, 30 and 80 are looser.
+    assert placed(obj) == [(node, [2])]
+    assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
+    assert obj["status"]["placement"]["nodes"][0]["gpuUUIDs"] == [f"GPU-{node}-2"]
+    assert obj["status"]["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job",
+                                            "name": "best-fit"}  # fmt: skip
+
+    workload = batch_job(api_client, namespace, "best-fit")
+    pod_spec = workload.spec.template.spec
+    trainer = pod_spec.containers[0]
+    assert trainer.resources.limits == {"nvidia.com/gpu": "1"}
+    assert env(trainer)["VRAMGATE_GPU_UUIDS"] == f"GPU-{node}-2"
+    assert env(trainer)["VRAMGATE_PER_GPU_BYTES"] == str(QLORA_BYTES)
+    assert workload.metadata.owner_references[0].kind == "FineTuneJob"
+    pods = wait_until(
+        lambda: (
+            client.CoreV1Api(api_client)
+            .list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}=best-fit")
+            .items
+        ),
+        timeout=DEADLINE_S,
+        what="the trainer pod",
+    )
+    assert wait_until(
+        lambda: client.CoreV1Api(api_client).read_namespaced_pod(
+            pods[0].metadata.name, namespace).spec.node_name,
+        timeout=DEADLINE_S, what="the pod to be scheduled",
+    ) == node  # fmt: skip
+    running = wait_until(
+        lambda: (c := condition(get(api_client, namespace, "best-fit"), "Running"))
+        and c["status"] == "True" and c,
+        timeout=DEADLINE_S, what="Running=True",
+    )  # fmt: skip
+    assert node in running["message"]
+
+
+def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
+    admitting: OperatorProcess, cluster: Cluster, namespace: str, gpus: Gpus,
+    api_client: client.ApiClient,
+) -> None:  # fmt: skip
+    gpus.add([80, 80, 80, 80])
+    body = job("needs-two", gpus, admissionPolicy="Resize", **FULL, resources={"gpus": 1})
+
+    # The operator's view must hold these nodes before the webhook can judge: retry dry runs.
+    def applied() -> Any:
+        done = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                               stdin=json.dumps(body))  # fmt: skip
+        return done if "spec.resources.gpus 1 -> 2" in done.stderr else None
+
+    wait_until(applied, timeout=DEADLINE_S, what="the mutating webhook to resize")
+    done = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+    assert done.returncode == 0, done.stderr
+    assert "Warning: vramgate: needs 2 GPUs with FSDP (42.60 GiB each): " \
+        "spec.resources.gpus 1 -> 2" in done.stderr  # fmt: skip
+    obj = admitted(api_client, namespace, "needs-two", "True", "Fits")
+    assert obj["spec"]["resources"]["gpus"] == 2
+    assert obj["status"]["placement"]["admittedGPUs"] == 2
+    workload = batch_job(api_client, namespace, "needs-two")
+    assert workload.spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "2"}
+
+
+def test_resize_down_to_what_fits_now(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80, 80, 5, 5])  # two GPUs busy with memory outside vramgate's view
+    body = job("shrinks", gpus, admissionPolicy="Resize", resources={"gpus": 4, "minGPUs": 1})
+    create(api_client, namespace, body)
+    obj = admitted(api_client, namespace, "shrinks", "True", "Resized")
+    assert obj["status"]["placement"]["requestedGPUs"] == 4
+    assert obj["status"]["placement"]["admittedGPUs"] == 2
+    assert "4 -> 2" in condition(obj, "Admitted")["message"]  # type: ignore[index]
+    workload = batch_job(api_client, namespace, "shrinks")
+    assert workload.spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "2"}
+
+
+def test_a_queued_job_is_admitted_by_itself_when_another_finishes_or_is_deleted(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80])
+    create(api_client, namespace, job("first", gpus, runs_for="8s"))
+    admitted(api_client, namespace, "first", "True", "Fits")
+    create(api_client, namespace, job("second", gpus))
+    waiting = admitted(api_client, namespace, "second", "False", "WaitingForVRAM")
+    assert "needs 11.64 GiB per GPU on 1 GPU" in condition(waiting, "Admitted")["message"]  # type: ignore[index]
+    # first's pod completes after 8 s (kwok); its Job succeeds; second takes the GPU.
+    done = wait_until(
+        lambda: (c := condition(get(api_client, namespace, "first"), "Succeeded"))
+        and c["status"] == "True" and c,
+        timeout=40, what="first to succeed",
+    )  # fmt: skip
+    assert done["reason"] == "Succeeded"
+    admitted(api_client, namespace, "second", "True", "Fits", timeout=DEADLINE_S)
+
+    create(api_client, namespace, job("third", gpus))
+    admitted(api_client, namespace, "third", "False", "WaitingForVRAM")
+    objects(api_client).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "second")
+    # Its reservation goes at once, but its pod holds the GPU until the garbage collector has
+    # deleted it (seconds; tens of seconds on a busy machine).
+    admitted(api_client, namespace, "third", "True", "Fits", timeout=90)
+
+
+def test_a_job_that_never_fits_is_refused_at_apply_with_the_numbers(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80, 80])
+    body = job("too-big", gpus, model={"preset": "llama-3.1-70b"}, method="Full")
+
+    def refused() -> str | None:
+        try:
+            create(api_client, namespace, {**body, "metadata": {"name": "too-big"}})
+        except ApiException as error:
+            return str(error.body) if error.status == 422 else None
+        objects(api_client).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "too-big"
+        )
+        return None
+
+    message = wait_until(refused, timeout=DEADLINE_S, what="the webhook to refuse")
+    assert "InsufficientVRAM" in message
+    assert "needs 724.25 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
+    assert "at least 10 GPUs of that size would hold it with FSDP" in message
+
+
+def test_without_the_webhook_a_job_that_never_fits_is_rejected_in_status(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80, 80])
+    admitting.restart(webhook=False)
+    try:
+        body = job("too-big", gpus, model={"preset": "llama-3.1-70b"}, method="Full")
+        create(api_client, namespace, body)
+        obj = admitted(api_client, namespace, "too-big", "False", "InsufficientVRAM")
+    finally:
+        admitting.restart(webhook=True)
+    message = condition(obj, "Admitted")["message"]  # type: ignore[index]
+    assert "needs 724.25 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
+    assert "placement" not in obj["status"]
+    assert _read_job(api_client, namespace, "too-big") is None
+
+
+def test_a_silent_agent_or_a_cordoned_node_gets_nothing(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    silent, cordoned, good = gpus.add([20], [16], [80])
+    gpus.silent.add(silent)
+    gpus.publish(silent, [20], heartbeat=datetime.now(UTC) - timedelta(seconds=120))
+    client.CoreV1Api(api_client).patch_node(cordoned, {"spec": {"unschedulable": True}})
+    time.sleep(3)  # a pass sees the stale heartbeat and the cordon
+    create(api_client, namespace, job("avoids", gpus))
+    obj = admitted(api_client, namespace, "avoids", "True", "Fits")
+    # The two tighter GPUs (20 and 16 GiB free) are on nodes that may take nothing.
+    assert placed(obj) == [(good, [0])]
+
+
+def test_an_oom_killed_trainer_is_reported_as_such(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80])
+    create(api_client, namespace, job("ooms", gpus))
+    admitted(api_client, namespace, "ooms", "True", "Fits")
+    core = client.CoreV1Api(api_client)
+    pod = wait_until(
+        lambda: [p for p in core.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}=ooms")
+                 .items if p.status.phase == "Running"],
+        timeout=DEADLINE_S, what="the trainer to run",
+    )[0]  # fmt: skip
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
+        "phase": "Failed",
+        "containerStatuses": [{
+            "name": "trainer", "image": "trainer:v1", "imageID": "", "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                     "startedAt": now, "finishedAt": now}},
+        }],
+    }})  # fmt: skip
+    failed = wait_until(
+        lambda: (c := condition(get(api_client, namespace, "ooms"), "Failed"))
+        and c["status"] == "True" and c,
+        timeout=DEADLINE_S, what="Failed=True",
+    )  # fmt: skip
+    assert failed["reason"] == "OOMKilled"
+    assert "OOMKilled" in failed["message"] and pod.metadata.name in failed["message"]
+
+
+def test_fsdp_across_nodes_runs_as_an_indexed_job_with_the_torchrun_rendezvous(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    first, second = gpus.add([80, 80], [80, 80])
+    create(api_client, namespace, job("spread", gpus, **FULL, resources={"gpus": 4}))
+    obj = admitted(api_client, namespace, "spread", "True", "Fits")
+    assert placed(obj) == [(first, [0, 1]), (second, [0, 1])]
+    workload = batch_job(api_client, namespace, "spread")
+    assert (workload.spec.completion_mode, workload.spec.completions,
+            workload.spec.parallelism) == ("Indexed", 2, 2)  # fmt: skip
+    service = client.CoreV1Api(api_client).read_namespaced_service("spread", namespace)
+    assert service.spec.cluster_ip == "None"
+    trainer = workload.spec.template.spec.containers[0]
+    values = env(trainer)
+    assert (values["NNODES"], values["NPROC_PER_NODE"]) == ("2", "2")
+    assert values["MASTER_ADDR"] == "spread-0.spread"
+    rank = next(e for e in trainer.env if e.name == "NODE_RANK")
+    assert "job-completion-index" in rank.value_from.field_ref.field_path
+    assert trainer.resources.limits == {"nvidia.com/gpu": "2"}
+    core = client.CoreV1Api(api_client)
+    nodes = wait_until(
+        lambda: (found := {p.spec.node_name for p in core.list_namespaced_pod(
+            namespace, label_selector=f"{JOB_LABEL}=spread").items}) == {first, second}
+        and found,
+        timeout=DEADLINE_S, what="one pod on each chosen node",
+    )  # fmt: skip
+    assert nodes == {first, second}
+
+
+def test_suspend_releases_the_gpus_and_resume_admits_again_and_the_spec_is_locked(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    gpus.add([80])
+    create(api_client, namespace, job("pausable", gpus))
+    admitted(api_client, namespace, "pausable", "True", "Fits")
+    with pytest.raises(ApiException) as refused:
+        objects(api_client).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "pausable", {"spec": {"training": {
+                "sequenceLength": 4096}}},
+        )  # fmt: skip
+    assert "only spec.suspend may change" in str(refused.value.body)
+
+    create(api_client, namespace, job("waits", gpus))
+    admitted(api_client, namespace, "waits", "False", "WaitingForVRAM")
+    objects(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "pausable", {"spec": {"suspend": True}}
+    )
+    obj = admitted(api_client, namespace, "pausable", "False", "Suspended")
+    assert "placement" not in obj["status"]
+    admitted(api_client, namespace, "waits", "True", "Fits")
+    wait_until(lambda: _read_job(api_client, namespace, "pausable") is None,
+               timeout=DEADLINE_S, what="the suspended workload to go")  # fmt: skip
+
+
+# -- reliability ---------------------------------------------------------------------------
+
+
+def _sizes(api: client.ApiClient, nodes: list[str]) -> dict[tuple[str, int], int]:
+    """Free bytes of each GPU as published."""
+    out = {}
+    for name in nodes:
+        gpunode = objects(api).get_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
+        for g in gpunode["status"]["gpus"]:
+            out[(name, g["index"])] = g["freeBytes"]
+    return out
+
+
+def _check_ledger(
+    api: client.ApiClient, namespace: str, free: dict[tuple[str, int], int]
+) -> list[dict[str, Any]]:
+    """Every job decided, no GPU promised more than it had free, no GPU given twice
+    (whole GPUs: devicePlugin), and one workload per admitted job; returns the jobs."""
+    listed = objects(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    jobs = listed["items"]
+    undecided = [j["metadata"]["name"] for j in jobs
+                 if (condition(j, "Admitted") or {}).get("reason") not in DECIDED]  # fmt: skip
+    assert not undecided, f"{len(undecided)} jobs undecided, e.g. {undecided[:5]}"
+    holders: dict[tuple[str, int], list[str]] = defaultdict(list)
+    charged: dict[tuple[str, int], int] = defaultdict(int)
+    for j in jobs:
+        if (condition(j, "Admitted") or {}).get("status") != "True":
+            continue
+        placement = j["status"]["placement"]
+        for part in placement["nodes"]:
+            for index in part["gpuIndices"]:
+                holders[(part["node"], index)].append(j["metadata"]["name"])
+                charged[(part["node"], index)] += placement["perGpuBytes"]
+    twice = {gpu: names for gpu, names in holders.items() if len(names) > 1}
+    assert not twice, f"GPUs given to several jobs: {twice}"
+    over = {gpu: (b, free[gpu]) for gpu, b in charged.items() if b > free[gpu]}
+    assert not over, f"GPUs promised more than they had free: {over}"
+    workloads = client.BatchV1Api(api).list_namespaced_job(namespace).items
+    per_job: dict[str, int] = defaultdict(int)
+    for w in workloads:
+        per_job[w.metadata.labels.get(JOB_LABEL, "")] += 1
+    admitted_names = {j["metadata"]["name"] for j in jobs
+                      if (condition(j, "Admitted") or {}).get("status") == "True"}  # fmt: skip
+    assert {n for n, c in per_job.items() if c > 1} == set(), "a workload was duplicated"
+    assert set(per_job) <= admitted_names, "a workload exists for a job not admitted"
+    wait_until(
+        lambda: admitted_names <= {
+            w.metadata.labels.get(JOB_LABEL) for w in client.BatchV1Api(api)
+            .list_namespaced_job(namespace).items},
+        timeout=DEADLINE_S, what="a workload for every admitted job",
+    )  # fmt: skip
+    return list(jobs)
+
+
+def _drain(api: client.ApiClient, namespace: str) -> None:
+    """Delete every job of a big test and wait for their pods to go, so the next tests do
+    not run while the garbage collector works through hundreds of objects."""
+    objects(api).delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    core = client.CoreV1Api(api)
+    wait_until(lambda: not core.list_namespaced_pod(namespace).items, timeout=120,
+               what="the big test's pods to go")  # fmt: skip
+
+
+def _mixed_cluster(gpus: Gpus) -> list[str]:
+    a = gpus.add([80] * 8, [80, 80, 80, 80, 40, 40, 40, 40])
+    b = gpus.add([24] * 8, [48] * 8, total=48)
+    return a + b
+
+
+def _random_job(rng: random.Random, name: str, gpus: Gpus) -> dict[str, Any]:
+    kind = rng.choice(["qlora", "qlora", "qlora-ddp", "full-fsdp", "resize"])
+    if kind == "qlora":
+        return job(name, gpus)
+    if kind == "qlora-ddp":
+        return job(name, gpus, parallelism="DDP", resources={"gpus": 2})
+    if kind == "full-fsdp":
+        return job(name, gpus, **FULL, resources={"gpus": rng.choice([2, 4, 8])})
+    return job(name, gpus, **FULL, admissionPolicy="Resize", resources={"gpus": 1, "maxGPUs": 8})
+
+
+def test_200_jobs_from_20_clients_never_overbook_a_gpu(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
+    cluster: Cluster,
+) -> None:  # fmt: skip
+    nodes = _mixed_cluster(gpus)
+    free = _sizes(api_client, nodes)
+    rng = random.Random(200)
+    bodies = [_random_job(rng, f"j{i:03d}", gpus) for i in range(200)]
+    errors: list[BaseException] = []
+
+    def client_thread(k: int) -> None:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        try:
+            for body in bodies[k::20]:
+                create(api, namespace, body)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            api.close()
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    wait_until(lambda: _all_decided(api_client, namespace, 200), timeout=90,
+               what="every job decided")  # fmt: skip
+    jobs = _check_ledger(api_client, namespace, free)
+    assert sum((condition(j, "Admitted") or {}).get("status") == "True" for j in jobs) >= 8
+    _drain(api_client, namespace)
+
+
+def _all_decided(api: client.ApiClient, namespace: str, count: int) -> bool:
+    jobs = objects(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    decided = [j for j in jobs if (condition(j, "Admitted") or {}).get("reason") in DECIDED]
+    return len(jobs) == count and len(decided) == count
+
+
+def test_sigkill_ten_times_during_300_jobs_loses_nothing_and_duplicates_nothing(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    nodes = _mixed_cluster(gpus)
+    free = _sizes(api_client, nodes)
+    rng = random.Random(300)
+    created = 0
+    for _ in range(10):
+        for _job in range(30):
+            create(api_client, namespace, _random_job(rng, f"k{created:03d}", gpus))
+            created += 1
+        time.sleep(rng.uniform(0.0, 1.5))
+        admitting.kill()
+        admitting.start(webhook=True)
+    wait_until(lambda: _all_decided(api_client, namespace, 300), timeout=120,
+               what="every job decided")  # fmt: skip
+    _check_ledger(api_client, namespace, free)
+    assert admitting.starts >= 11
+    _drain(api_client, namespace)
