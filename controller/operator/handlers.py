@@ -49,7 +49,10 @@ def register(
     digests: dict[tuple[str, str], str] = {}
 
     def wake_on(
-        resource: tuple[str, ...], relevant: Callable[[Mapping[str, Any]], Any], **only: Any
+        resource: tuple[str, ...],
+        relevant: Callable[[Mapping[str, Any]], Any],
+        inventory: bool = False,
+        **only: Any,
     ) -> None:
         def on_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
             scheduler.attach(Caches.of(kwargs), contextvars.copy_context())
@@ -57,6 +60,8 @@ def register(
             key = (resource[-1], str(meta.get("uid")))
             if type == "DELETED":
                 digests.pop(key, None)
+                if inventory:
+                    scheduler.inventory_changed()
                 scheduler.wake()
                 return
             digest = hashlib.sha1(
@@ -64,14 +69,17 @@ def register(
             ).hexdigest()
             if digests.get(key) != digest:
                 digests[key] = digest
-                scheduler.wake()
+                if inventory:
+                    scheduler.inventory_changed()
+                else:
+                    scheduler.wake()
 
         kopf.on.event(*resource, id=f"wake-{resource[-1]}", registry=registry, **only)(on_event)
 
     wake_on((GROUP, VERSION, PLURAL), lambda body: [body.get("metadata"), body.get("spec"),
                                                     body.get("status")])  # fmt: skip
-    wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant)
-    wake_on(("v1", "nodes"), lambda body: caches.slim_node(body))
+    wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant, inventory=True)
+    wake_on(("v1", "nodes"), lambda body: caches.slim_node(body), inventory=True)
     wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)
     wake_on(("batch", "v1", "jobs"), lambda body: body.get("status"), labels=caches.WORKLOAD_LABELS)
 

@@ -103,6 +103,9 @@ class Scheduler:
         self._last_written: dict[str, datetime] = {}
         self._leading = False
         self._view: tuple[int, ClusterView] | None = None
+        self._view_lock = asyncio.Lock()
+        self._inventory = 0
+        self._viewer = ThreadPoolExecutor(1, "vramgate-view")
         self.passes = 0
         self.last_pass_s = 0.0
 
@@ -117,15 +120,32 @@ class Scheduler:
     def wake(self) -> None:
         self._wake.set()
 
-    def current_view(self) -> ClusterView | None:
-        """The cluster as the caches hold it (for the webhook), rebuilt at most once a pass."""
+    def inventory_changed(self) -> None:
+        """A GPUNode or Node changed: the webhook's view is out of date."""
+        self._inventory += 1
+        self.wake()
+
+    async def current_view(self) -> ClusterView | None:
+        """The cluster as the caches hold it, for the webhook: rebuilt (in a worker thread,
+        once for all the requests waiting on it) after a GPUNode or Node changed, so a job
+        applied right after a node joins is judged against that node."""
         if self.caches is None:
             return None
-        if self._view is None or self._view[0] != self.passes:
-            objects, _, _ = self.caches.objects()
-            view = ClusterView(snapshot(objects, self.now()), self.options.admission.packing)
-            self._view = (self.passes, view)
-        return self._view[1]
+        async with self._view_lock:
+            seq = self._inventory
+            if self._view is not None and self._view[0] == seq:
+                return self._view[1]
+            objects, _, _ = self.caches.objects()  # on the loop: the caches are its
+            now, packing = self.now(), self.options.admission.packing
+
+            def build() -> ClusterView:
+                view = ClusterView(snapshot(objects, now), packing)
+                view.empty  # noqa: B018 - built here, not on the event loop
+                return view
+
+            view = await asyncio.get_running_loop().run_in_executor(self._viewer, build)
+            self._view = (seq, view)
+            return view
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -160,6 +180,7 @@ class Scheduler:
         self._estimator.shutdown(wait=False, cancel_futures=True)
         self._writer.shutdown(wait=False, cancel_futures=True)
         self._decider.shutdown(wait=False, cancel_futures=True)
+        self._viewer.shutdown(wait=False, cancel_futures=True)
 
     async def _pass(self, relist: bool) -> None:
         assert self.caches is not None

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
 
 from controller.api import conditions as cond
-from controller.api.enums import AdmissionPolicy, EstimatorProfile
+from controller.api.enums import AdmissionPolicy
 from controller.cluster import finished, job_request, reservation
 from controller.decision import Outcome, decide
 from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
-from controller.estimator.settings import MAX_GPUS
+from controller.estimator.settings import MAX_GPUS, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.view import ClusterView
 from controller.units import format_gib
@@ -44,11 +44,11 @@ _CACHE_SIZE = 1024
 
 
 class AdmissionWebhook:
-    def __init__(self, view: Callable[[], ClusterView | None]) -> None:
+    def __init__(self, view: Callable[[], Awaitable[ClusterView | None]]) -> None:
         self.view = view
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
 
-    def validate(
+    async def validate(
         self,
         body: Mapping[str, Any],
         spec: Mapping[str, Any],
@@ -72,7 +72,7 @@ class AdmissionWebhook:
                     )
                 return
         found = self._estimate(plain)
-        view = self.view()
+        view = await self.view()
         if found is None or view is None or view.select({}).gpus == 0:
             return
         plan, estimate = found
@@ -82,7 +82,7 @@ class AdmissionWebhook:
                 f"vramgate: {decision.reason}: {decision.message}", code=INVALID
             )
 
-    def mutate(
+    async def mutate(
         self,
         spec: Mapping[str, Any],
         patch: kopf.Patch,
@@ -91,7 +91,7 @@ class AdmissionWebhook:
     ) -> None:
         plain = dict(spec)
         found = self._estimate(plain)
-        view = self.view()
+        view = await self.view()
         if found is None or view is None:
             return
         plan, estimate = found
@@ -122,8 +122,8 @@ class AdmissionWebhook:
         if config_map_ref(spec) is not None:
             return None
         profile = (spec.get("estimator") or {}).get("profile")
-        if profile == EstimatorProfile.TRACE.value:
-            return None
+        if profile in (Profile.TRACE.api, Profile.TRACE.value):
+            return None  # seconds of work: the operator estimates it in a worker thread
         key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
         if key in self._estimates:
             return self._estimates[key]

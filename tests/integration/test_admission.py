@@ -123,7 +123,26 @@ class Gpus:
         for name, free in zip(names, frees, strict=True):
             self.publish(name, free, total)
         self.nodes += names
+        self._wait_until_seen()
         return names
+
+    def _wait_until_seen(self) -> None:
+        """Until the webhook's view holds these GPUs (a dry run selecting them passes), as a
+        user who just added nodes would see after a moment."""
+        probe = job(f"probe-{self.tag}", self)
+
+        def passes() -> bool:
+            try:
+                objects(self.api).create_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
+                )
+            except ApiException as error:
+                if error.status == 422 and "NoMatchingGPU" in str(error.body):
+                    return False
+                raise
+            return True
+
+        wait_until(passes, timeout=DEADLINE_S, what=f"the operator to see {self.product}")
 
     def publish(
         self, name: str, frees: list[float], total: float = 80, api: Any = None, **kw: Any
@@ -602,3 +621,34 @@ def test_sigkill_ten_times_during_300_jobs_loses_nothing_and_duplicates_nothing(
     _check_ledger(api_client, namespace, free)
     assert admitting.starts >= 11
     _drain(api_client, namespace)
+
+
+def test_two_replicas_elect_one_leader_and_the_standby_takes_over_when_it_dies(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+) -> None:  # fmt: skip
+    gpus.add([80, 80])
+    standby = OperatorProcess(
+        cluster, api_client, tmp_path_factory.mktemp("standby"),
+        extra=admitting.extra, webhook_config=WEBHOOK_CONFIG,
+    )  # fmt: skip
+    standby.start(webhook=False)
+    try:
+        create(api_client, namespace, job("before", gpus))
+        admitted(api_client, namespace, "before", "True", "Fits")
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
+            "vramgate-admission-tests", "default"
+        )
+        assert lease.spec.holder_identity.startswith("admitting")
+        assert "holding the Lease" not in standby.log_since_start()
+
+        admitting.kill()  # the leader dies without handing the Lease back
+        create(api_client, namespace, job("after", gpus))
+        # The standby waits out the Lease (15 s), lists every job, then decides.
+        obj = admitted(api_client, namespace, "after", "True", "Fits", timeout=45)
+        assert placed(obj) != placed(get(api_client, namespace, "before")), "GPU given twice"
+        assert "holding the Lease" in standby.log_since_start()
+    finally:
+        standby.stop()
+        if admitting.proc is None:
+            admitting.start(webhook=True)

@@ -1,0 +1,285 @@
+"""The operator on the real local control plane: decisions, webhook latency, memory.
+
+    python -m benchmarks.bench_operator [--jobs 1000] [--nodes 100] [--webhook-rate 200]
+                                        [--memory-gpunodes 5000] [--memory-jobs 10000]
+
+Targets (design): 1,000 FineTuneJobs created at once on 100 kwok nodes x 8 GPUs all decided
+(Admitted True or False with a decision reason) in < 10 s; validating + mutating webhook
+latency p99 < 20 ms at 200 requests/s, read from the API server's own
+`apiserver_admission_webhook_admission_duration_seconds`; operator RSS < 300 MB with 5,000
+GPUNodes and 10,000 FineTuneJobs. Each part starts from a fresh control plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
+from e2e.cluster import Cluster
+from e2e.nodes import RUN_FOR_ANNOTATION
+from e2e.wait import wait_until
+from tests.integration.gpunodes import gpu_status, publish
+from tests.integration.test_operator import OperatorProcess
+
+PLURAL = "finetunejobs"
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+CRDS = Path(__file__).resolve().parents[1] / "charts" / "vramgate" / "crds"
+DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForGPUs", "WaitingInQueue",
+           "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs", "NoTemplate"}  # fmt: skip
+
+
+def job(name: str, gpus: int = 1, template: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"preset": "llama-3.1-8b"},
+        "method": "QLoRA",
+        "lora": {"rank": 16},
+        "parallelism": "DDP" if gpus > 1 else "FSDP",
+        "resources": {"gpus": gpus, "gpuSelector": {PRODUCT_LABEL: PRODUCT}},
+    }
+    if template:
+        spec["template"] = {
+            "metadata": {"annotations": {RUN_FOR_ANNOTATION: "3600s"}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:v1"}]},
+        }
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "FineTuneJob",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
+def in_parallel(work: list[Callable[[], object]], clients: int) -> None:
+    with ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(w) for w in work]:
+            future.result()
+
+
+def decided(api: client.ApiClient, namespace: str) -> tuple[int, int]:
+    listed = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL
+    )["items"]
+    done = 0
+    for obj in listed:
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c["type"] == "Admitted" and c["reason"] in DECIDED:
+                done += 1
+    return done, len(listed)
+
+
+def start(workdir: Path, webhook: bool) -> tuple[Cluster, client.ApiClient, OperatorProcess]:
+    cluster = Cluster(workdir / "cluster")
+    cluster.start()
+    cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    operator = OperatorProcess(cluster, api, workdir, extra=("--resync-seconds", "10"))
+    operator.start(webhook=webhook)
+    return cluster, api, operator
+
+
+def gpu_nodes(cluster: Cluster, api: client.ApiClient, count: int) -> list[str]:
+    names = cluster.create_gpu_nodes(count, name_prefix="bench", timeout=300)
+    in_parallel(
+        [lambda n=n: publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+         for n in names],
+        16,
+    )  # fmt: skip
+    return names
+
+
+def keep_fresh(api: client.ApiClient, names: list[str], stop: threading.Event) -> None:
+    """Heartbeats every 20 s, as agents write them."""
+    while not stop.wait(20):
+        for n in names:
+            publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+
+
+def bench_decisions(jobs: int, nodes: int, clients: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp:
+        cluster, api, operator = start(Path(tmp), webhook=True)
+        stop = threading.Event()
+        try:
+            names = gpu_nodes(cluster, api, nodes)
+            threading.Thread(target=keep_fresh, args=(api, names, stop), daemon=True).start()
+            time.sleep(3)  # the operator's caches hold the nodes
+            objects = client.CustomObjectsApi(api)
+            bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
+            began = time.monotonic()
+            in_parallel(
+                [lambda b=b: objects.create_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL, b) for b in bodies],
+                clients,
+            )  # fmt: skip
+            created = time.monotonic() - began
+            wait_until(lambda: decided(api, "default")[0] == jobs, timeout=600, interval=0.5,
+                       what="every job decided")  # fmt: skip
+            total = time.monotonic() - began
+            admitted = sum(
+                1 for obj in objects.list_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL)["items"]
+                for c in obj["status"]["conditions"]
+                if c["type"] == "Admitted" and c["status"] == "True"
+            )  # fmt: skip
+            return {"jobs": jobs, "nodes": nodes, "clients": clients,
+                    "created_s": round(created, 2), "all_decided_s": round(total, 2),
+                    "per_second": round(jobs / total, 1), "admitted": admitted}  # fmt: skip
+        finally:
+            stop.set()
+            operator.stop()
+            cluster.stop()
+
+
+_BUCKET = re.compile(
+    r'^apiserver_admission_webhook_admission_duration_seconds_bucket\{(?P<labels>[^}]*)\} '
+    r"(?P<count>[0-9.e+]+)$"
+)
+
+
+def webhook_histogram(cluster: Cluster) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts per webhook name, from the API server's /metrics."""
+    done = cluster.kubectl("get", "--raw", "/metrics")
+    out: dict[str, dict[float, float]] = {}
+    for line in done.stdout.splitlines():
+        m = _BUCKET.match(line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
+        le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
+        buckets = out.setdefault(labels["name"], {})
+        buckets[le] = buckets.get(le, 0.0) + float(m["count"])
+    return out
+
+
+def quantile(buckets: dict[float, float], q: float) -> float:
+    """The bucket upper bound below which q of the observations fall (Prometheus-style,
+    linear within the bucket)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    rank, prev_bound, prev_count = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            width = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / width if width else 1)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def bench_webhook(rate: int, seconds: int, nodes: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-hook-") as tmp:
+        cluster, api, operator = start(Path(tmp), webhook=True)
+        try:
+            gpu_nodes(cluster, api, nodes)
+            time.sleep(3)
+            objects = client.CustomObjectsApi(api)
+            before = webhook_histogram(cluster)
+            sent, errors = 0, 0
+            began = time.monotonic()
+
+            def one(i: int) -> None:
+                nonlocal errors
+                try:
+                    objects.create_namespaced_custom_object(
+                        GROUP, VERSION, "default", PLURAL, job(f"w{i:05d}"), dry_run="All"
+                    )
+                except Exception:
+                    errors += 1
+
+            with ThreadPoolExecutor(32) as pool:
+                while time.monotonic() - began < seconds:
+                    due = began + sent / rate
+                    pause = due - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                    pool.submit(one, sent)
+                    sent += 1
+            elapsed = time.monotonic() - began
+            after = webhook_histogram(cluster)
+            result: dict[str, Any] = {"requests": sent, "errors": errors,
+                                      "achieved_per_s": round(sent / elapsed, 1)}  # fmt: skip
+            for name, buckets in after.items():
+                delta = {le: c - before.get(name, {}).get(le, 0.0) for le, c in buckets.items()}
+                kind = name.split(".")[0]
+                result[kind] = {
+                    "calls": int(delta[float("inf")]),
+                    "p50_ms": round(1000 * quantile(delta, 0.5), 1),
+                    "p99_ms": round(1000 * quantile(delta, 0.99), 1),
+                }
+            return result
+        finally:
+            operator.stop()
+            cluster.stop()
+
+
+def bench_memory(gpunodes: int, jobs: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp:
+        cluster, api, operator = start(Path(tmp), webhook=False)
+        try:
+            objects = client.CustomObjectsApi(api)
+
+            def gpunode(i: int) -> None:
+                name = f"mem-{i:05d}"
+                objects.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
+                    "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode",
+                    "metadata": {"name": name}, "spec": {"nodeName": name}})
+                status = {"gpus": [gpu_status(name, g, 80, 40, PRODUCT) for g in range(8)],
+                          "gpuCount": 8, "heartbeatTime": "2026-01-01T00:00:00Z"}
+                objects.patch_cluster_custom_object_status(GROUP, VERSION, "gpunodes", name,
+                                                           {"status": status})  # fmt: skip
+
+            in_parallel([lambda i=i: gpunode(i) for i in range(gpunodes)], 16)
+            in_parallel(
+                [lambda i=i: objects.create_namespaced_custom_object(
+                    GROUP, VERSION, "default", PLURAL, job(f"m{i:05d}", template=False))
+                 for i in range(jobs)],
+                16,
+            )  # fmt: skip
+            wait_until(lambda: decided(api, "default")[0] == jobs, timeout=1200, interval=2,
+                       what="every job decided")  # fmt: skip
+            time.sleep(5)
+            assert operator.proc is not None
+            status = Path(f"/proc/{operator.proc.pid}/status").read_text()
+            rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status)[1])  # type: ignore[index]
+            hwm_kb = int(re.search(r"VmHWM:\s+(\d+)", status)[1])  # type: ignore[index]
+            return {"gpunodes": gpunodes, "jobs": jobs, "rss_mb": round(rss_kb / 1024),
+                    "peak_rss_mb": round(hwm_kb / 1024)}  # fmt: skip
+        finally:
+            operator.stop()
+            cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--webhook-rate", type=int, default=200)
+    parser.add_argument("--webhook-seconds", type=int, default=20)
+    parser.add_argument("--memory-gpunodes", type=int, default=5000)
+    parser.add_argument("--memory-jobs", type=int, default=10000)
+    parser.add_argument("--only", choices=["decisions", "webhook", "memory"])
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    if args.only in (None, "decisions"):
+        results["decisions"] = bench_decisions(args.jobs, args.nodes, args.clients)
+        print(json.dumps(results["decisions"]), flush=True)
+    if args.only in (None, "webhook"):
+        results["webhook"] = bench_webhook(args.webhook_rate, args.webhook_seconds, 10)
+        print(json.dumps(results["webhook"]), flush=True)
+    if args.only in (None, "memory"):
+        results["memory"] = bench_memory(args.memory_gpunodes, args.memory_jobs)
+        print(json.dumps(results["memory"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The admission webhooks' cluster checks, against a view of plain data (no API server)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import pytest
+
+from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot
+from controller.packing.view import ClusterView
+from controller.units import GIB
+from controller.webhook.admission import AdmissionWebhook
+
+QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
+
+
+def cluster(nodes: int = 1, gpus: int = 4, gib: int = 80) -> ClusterView:
+    states = tuple(
+        NodeState(
+            f"n{n}",
+            tuple(
+                GpuDevice(f"GPU-{n}-{i}", i, "H100", gib * GIB, gib * GIB) for i in range(gpus)
+            ),
+            gpu_allocatable=gpus,
+        )
+        for n in range(nodes)
+    )
+    return ClusterView(Snapshot(states, (), None), PackingSettings())
+
+
+def hook(view: ClusterView | None) -> AdmissionWebhook:
+    async def current() -> ClusterView | None:
+        return view
+
+    return AdmissionWebhook(current)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "j", "namespace": "ns"}, "spec": {**QLORA, **spec}}
+
+
+def validate(webhook: AdmissionWebhook, obj: dict[str, Any], old: Any = None) -> None:
+    operation = "UPDATE" if old is not None else "CREATE"
+    asyncio.run(webhook.validate(body=obj, spec=obj["spec"], old=old, operation=operation))
+
+
+def mutate(webhook: AdmissionWebhook, obj: dict[str, Any]) -> tuple[kopf.Patch, list[str]]:
+    patch, warnings = kopf.Patch(), []
+    asyncio.run(webhook.mutate(spec=obj["spec"], patch=patch, warnings=warnings))
+    return patch, warnings
+
+
+def admitted(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **obj,
+        "status": {
+            "conditions": [{"type": "Admitted", "status": "True", "reason": "Fits"}],
+            "placement": {"nodes": [{"node": "n0", "gpuIndices": [0], "gpuUUIDs": ["u"]}],
+                          "perGpuBytes": 1},
+        },
+    }  # fmt: skip
+
+
+def test_a_job_that_never_fits_the_empty_cluster_is_refused_with_the_numbers() -> None:
+    with pytest.raises(kopf.AdmissionError) as refused:
+        validate(hook(cluster()), body(**FULL))
+    message = str(refused.value)
+    assert "InsufficientVRAM" in message
+    assert "needs 2 GPUs with FSDP (42.60 GiB each); requested 1; policy Enforce" in message
+    with pytest.raises(kopf.AdmissionError) as refused:
+        validate(hook(cluster(gpus=1)), body(**FULL, resources={"gpus": 1, "maxGPUs": 1}))
+    assert "needs 83.73 GiB per GPU on 1 GPU" in str(refused.value)
+
+
+def test_a_job_that_fits_when_empty_passes_even_if_the_cluster_is_full_now() -> None:
+    validate(hook(cluster()), body(**FULL, resources={"gpus": 2}))
+    validate(hook(cluster()), body())
+
+
+def test_nothing_is_refused_before_the_operator_has_seen_a_gpu() -> None:
+    validate(hook(None), body(**FULL))
+    validate(hook(cluster(nodes=0)), body(**FULL))
+
+
+def test_models_it_cannot_estimate_in_microseconds_pass_to_the_operator() -> None:
+    # A Trace estimate takes seconds: never on the webhook's path (this would be refused).
+    validate(hook(cluster()), body(**FULL, estimator={"profile": "Trace"}))
+    spec = {**FULL, "model": {"configMapRef": {"name": "c"}}}
+    validate(hook(cluster()), {"metadata": {"name": "j"}, "spec": spec})
+
+
+def test_an_admitted_jobs_spec_is_locked_but_suspend_may_change() -> None:
+    old = admitted(body())
+    with pytest.raises(kopf.AdmissionError, match=r"only spec\.suspend may change"):
+        validate(hook(cluster()), body(training={"sequenceLength": 4096}), old=old)
+    validate(hook(cluster()), body(suspend=True), old=old)
+
+
+def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> None:
+    patch, warnings = mutate(hook(cluster()), body(**FULL, admissionPolicy="Resize"))
+    assert patch["spec"]["resources"]["gpus"] == 2
+    assert warnings == [
+        "vramgate: needs 2 GPUs with FSDP (42.60 GiB each): spec.resources.gpus 1 -> 2"
+    ]
+
+
+def test_resize_leaves_a_count_that_fits_and_other_policies_alone() -> None:
+    assert mutate(hook(cluster()), body(admissionPolicy="Resize")) == ({}, [])
+    assert mutate(hook(cluster()), body(**FULL)) == ({}, [])  # Enforce: refused, not rewritten
+    assert mutate(hook(None), body(**FULL, admissionPolicy="Resize")) == ({}, [])
