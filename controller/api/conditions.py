@@ -200,6 +200,11 @@ def set_condition(
             continue
         found = True
         same = existing.get("status") == status.value and existing.get("lastTransitionTime")
+        if same and (existing.get("reason"), existing.get("message")) == (reason, message) and (
+            existing.get("observedGeneration") == generation
+        ):
+            out.append(dict(existing))  # unchanged: no need to validate it again
+            continue
         since = existing["lastTransitionTime"] if same else _rfc3339(now)
         out.append(_condition(type_, status, reason, message, generation, since))
     if not found:

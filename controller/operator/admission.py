@@ -221,7 +221,12 @@ class _Draft:
             return None  # only a message's numbers changed, and recently written
         meta = self.job.get("metadata") or {}
         version = meta.get("resourceVersion") if self.admission else None
-        return StatusWrite(self.key, str(meta.get("uid")), patch, tuple(self.events), version)
+        events = self.events
+        if len(events) > 1:
+            # One Event per write where the decision says it all: an Event is an API write too,
+            # and 1,000 new jobs must not cost 2,000 of them. The estimate stays in its condition.
+            events = [e for e in events if e.reason != cond.REASON_ESTIMATED] or events
+        return StatusWrite(self.key, str(meta.get("uid")), patch, tuple(events), version)
 
 
 def _generation(job: Mapping[str, Any]) -> int:
@@ -274,10 +279,9 @@ def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -
     spec = job.get("spec") or {}
     admitted = cond.find_condition(_conditions(draft), cond.ADMITTED) or {}
     admitted_at = admitted.get("observedGeneration")
-    objects = _workload_objects(inp, job)
 
     if spec.get("suspend"):
-        out.deletes.append(DeleteWorkload(key, objects))
+        out.deletes.append(DeleteWorkload(key, _workload_objects(inp, job)))
         draft.status.pop("placement", None)
         draft.status.pop("workloadRef", None)
         _set_admitted(
@@ -311,8 +315,10 @@ def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -
         )
 
     workload = inp.workloads.get(key)
-    if workload is None and objects:
-        out.creates.append(CreateWorkload(key, objects, after_write=False))
+    if workload is None:
+        objects = _workload_objects(inp, job)  # built only when needed: most passes never do
+        if objects:
+            out.creates.append(CreateWorkload(key, objects, after_write=False))
     state = workload_state(workload, inp.job_pods.get(key, ()))
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
     conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
@@ -367,15 +373,29 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
     return job_request(draft.job, found.plan, found.estimate)
 
 
+#: Template checks by (uid, generation, mode): a waiting job's template is checked once, not
+#: on every pass (the check builds its whole workload).
+_TEMPLATE_CHECKS: dict[tuple[str, int, str], str | None] = {}
+_TEMPLATE_CHECKS_MAX = 20_000
+
+
 def _template_error(job: Mapping[str, Any], inp: PassInput) -> str | None:
     """The error the job's template meets when its workload is built, or None: found before
     any GPU is promised to it, so an unusable template is an invalid spec, not an admission
     that fails over and over."""
+    mode = inp.settings.packing.gpu_mode
+    key = (str((job.get("metadata") or {}).get("uid")), _generation(job), mode.value)
+    if key in _TEMPLATE_CHECKS:
+        return _TEMPLATE_CHECKS[key]
     try:
-        build_workload(job, Admission((_TRIAL,), 0, inp.settings.packing.gpu_mode))
+        build_workload(job, Admission((_TRIAL,), 0, mode))
+        found = None
     except WorkloadError as error:
-        return str(error)
-    return None
+        found = str(error)
+    if len(_TEMPLATE_CHECKS) >= _TEMPLATE_CHECKS_MAX:
+        _TEMPLATE_CHECKS.clear()
+    _TEMPLATE_CHECKS[key] = found
+    return found
 
 
 def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) -> None:

@@ -175,6 +175,7 @@ class Scheduler:
                 self.wake()
             self.passes += 1
             self.last_pass_s = time.monotonic() - started
+            log.debug("pass %d took %.3f s", self.passes, self.last_pass_s)
 
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)
@@ -212,7 +213,13 @@ class Scheduler:
             now=self.now(),
             last_written=self._last_written,
         )
+        decided_at = time.monotonic()
         out = await loop.run_in_executor(self._decider, admission.admission_pass, inp)
+        log.debug(
+            "decided %d jobs in %.3f s: %d writes, %d creates, %d deletes",
+            len(objects.jobs), time.monotonic() - decided_at,
+            len(out.writes), len(out.creates), len(out.deletes),
+        )  # fmt: skip
         await self._carry_out(out, objects.jobs)
 
     def _assumed(self, key: str, job: Mapping[str, Any]) -> Mapping[str, Any]:

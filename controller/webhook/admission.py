@@ -47,6 +47,7 @@ class AdmissionWebhook:
     def __init__(self, view: Callable[[], Awaitable[ClusterView | None]]) -> None:
         self.view = view
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
+        self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
 
     async def validate(
         self,
@@ -57,8 +58,8 @@ class AdmissionWebhook:
         warnings: list[str] | None = None,
         **_: Any,
     ) -> None:
-        validate_finetunejob(spec=spec, old=old, operation=operation, warnings=warnings)
         plain = dict(spec)
+        self._validate_spec(plain, old, operation, warnings)
         if operation == "UPDATE" and old is not None:
             if old.get("spec") == plain:
                 return
@@ -117,6 +118,36 @@ class AdmissionWebhook:
                     )
                 return
 
+    def _validate_spec(
+        self,
+        spec: dict[str, Any],
+        old: Mapping[str, Any] | None,
+        operation: str | None,
+        warnings: list[str] | None,
+    ) -> None:
+        """`validate_finetunejob`, remembered by spec: a thousand jobs of one spec (a sweep's
+        names differ, their specs do not) are validated once."""
+        if operation == "UPDATE" and old is not None:
+            validate_finetunejob(spec=spec, old=old, operation=operation, warnings=warnings)
+            return
+        key = _key(spec)
+        found = self._validated.get(key)
+        if found is None:
+            said: list[str] = []
+            try:
+                validate_finetunejob(spec=spec, old=None, operation=operation, warnings=said)
+                found = (None, tuple(said))
+            except kopf.AdmissionError as refused:
+                found = (refused, ())
+            if len(self._validated) >= _CACHE_SIZE:
+                self._validated.pop(next(iter(self._validated)))
+            self._validated[key] = found
+        refusal, said_before = found
+        if refusal is not None:
+            raise refusal
+        if warnings is not None:
+            warnings.extend(said_before)
+
     def _estimate(self, spec: dict[str, Any]) -> tuple[JobPlan, Estimate] | None:
         """The spec's plan and estimate when they can be had in microseconds, else None."""
         if config_map_ref(spec) is not None:
@@ -124,7 +155,7 @@ class AdmissionWebhook:
         profile = (spec.get("estimator") or {}).get("profile")
         if profile in (Profile.TRACE.api, Profile.TRACE.value):
             return None  # seconds of work: the operator estimates it in a worker thread
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+        key = _key(spec)
         if key in self._estimates:
             return self._estimates[key]
         plan, errors = translate(spec)
@@ -138,3 +169,7 @@ class AdmissionWebhook:
             self._estimates.pop(next(iter(self._estimates)))
         self._estimates[key] = found
         return found
+
+
+def _key(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()

@@ -306,12 +306,14 @@ def test_a_job_is_estimated_within_ten_seconds(
         "NoTemplate",
     )
     assert admitted["message"].startswith("spec.template is empty, so there is nothing to run")
+    # One Event for the write that carried both: the decision (the estimate is in its condition).
     event = wait_until(
-        lambda: [e for e in events_for(api_client, namespace, "llama") if e.reason == "Estimated"],
+        lambda: [e for e in events_for(api_client, namespace, "llama") if e.reason == "NoTemplate"],
         timeout=STATUS_DEADLINE_S,
-        what="the Estimated event",
+        what="the NoTemplate event",
     )[0]
-    assert event.type == "Normal" and event.message.startswith("7.25 GiB in total")
+    assert event.type == "Normal" and event.message.startswith("spec.template is empty")
+    assert not [e for e in events_for(api_client, namespace, "llama") if e.reason == "Estimated"]
 
 
 def test_the_printer_columns_show_the_estimate(
