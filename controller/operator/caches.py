@@ -40,6 +40,22 @@ def _meta(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return {key: meta[key] for key in keys if key in meta}
 
 
+#: Annotations admission never reads and that can be as large as the object itself.
+_HEAVY_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A FineTuneJob without its managedFields and kubectl's last-applied copy of itself:
+    together often more than half of what the API server sends for it."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = meta.get("annotations")
+    if annotations and any(key in annotations for key in _HEAVY_ANNOTATIONS):
+        meta["annotations"] = {
+            k: v for k, v in annotations.items() if k not in _HEAVY_ANNOTATIONS
+        }
+    return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
+
+
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     status = body.get("status") or {}
     allocatable = status.get("allocatable") or {}
@@ -130,7 +146,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         return index
 
     def finetunejobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
-        return {f"{namespace}/{name}": dict(body)}
+        return {f"{namespace}/{name}": slim_job(body)}
 
     def pods(body: kopf.Body, **_: Any) -> dict[str, Any]:
         return {str((body.get("metadata") or {}).get("uid")): slim_pod(body)}

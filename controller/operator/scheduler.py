@@ -47,7 +47,7 @@ from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.operator import admission
-from controller.operator.caches import Caches
+from controller.operator.caches import Caches, slim_job
 from controller.operator.configmaps import read_model_config
 from controller.operator.errors import failure_of
 from controller.operator.kube import Conflict, Gone, Kube
@@ -189,7 +189,7 @@ class Scheduler:
         objects, workloads, job_pods = self.caches.objects()
         if relist:  # a new leader: the ledger as the API server holds it now
             listed = await loop.run_in_executor(self._writer, self.kube.list_jobs)
-            objects.jobs = {job_key(job): job for job in listed}
+            objects.jobs = {job_key(job): slim_job(job) for job in listed}
             self._fresh.clear()
         objects.jobs = {key: self._assumed(key, job) for key, job in objects.jobs.items()}
         for key, uid in list(self._created.items()):
@@ -330,7 +330,7 @@ class Scheduler:
                 log.exception("[%s] status write failed; deciding again", w.key)
                 self.wake()
                 return False
-            self._fresh[w.key] = (str(meta.get("resourceVersion")), after)
+            self._fresh[w.key] = (str(meta.get("resourceVersion")), slim_job(after))
             self._last_written[w.key] = self.now()
             for event in w.events:
                 self._context.run(
