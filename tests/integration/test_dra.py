@@ -6,6 +6,9 @@ DeviceClass and one ResourceSlice per node, devices `gpu-<i>` with a `uuid` attr
 the claim's allocation shows which devices the UUID selector really picked. kwok plays the
 kubelet, so pods run without a driver preparing the devices.
 
+The tests at the end run the operator itself (`--gpu-mode dra`) and check that the claims it
+creates get exactly the GPUs of its placement.
+
 The owner is a real FineTuneJob (the CRDs are installed), as the API returns it: the input
 `build_workload` gets from the operator, and the owner the garbage collector follows.
 """
@@ -34,6 +37,23 @@ from controller.workload import (
 from e2e.cluster import Cluster
 from e2e.nodes import RUN_FOR_ANNOTATION
 from e2e.wait import wait_until
+from tests.integration.test_admission import (
+    DEADLINE_S,
+    FULL,
+    QLORA_BYTES,
+    Gpus,
+    admitted,
+    create,
+    job,
+    placed,
+)
+from tests.integration.test_gpu_modes import (
+    gpus_of_this_test,
+    operator_in_mode,
+    uuids_of,
+    wait_seen,
+)
+from tests.integration.test_operator import OperatorProcess
 
 pytestmark = pytest.mark.integration
 
@@ -342,3 +362,188 @@ def test_deleting_the_finetunejob_collects_its_workload(
                timeout=60, what=f"the garbage collector to delete Job {name}")
     wait_until(lambda: _gone(lambda: _claim(api_client, namespace, f"{name}-gpus")),
                timeout=60, what=f"the garbage collector to delete ResourceClaim {name}-gpus")
+
+
+# -- the operator in --gpu-mode dra -----------------------------------------------------------
+#
+# `vramgate operator --gpu-mode dra` decides, writes status.placement and creates the claim;
+# the kube-scheduler allocates it. The ResourceSlices carry the GPUNodes' UUIDs under device
+# names that are NOT `gpu-<index>` (device gpu-<n-1-i> is GPU i), as a driver's minor numbers
+# need not follow NVML's indices: a claim that picked devices by index or by name instead of
+# by the placement's UUIDs gets other devices and fails these tests.
+
+OPERATOR_LEASE = "vramgate-dra-tests"
+OPERATOR_WEBHOOK_CONFIG = "vramgate-dra.vramgate.dev"
+
+
+def _ensure_device_class(api: client.ApiClient) -> None:
+    device_class = {
+        "apiVersion": "/".join(RESOURCE),
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            *RESOURCE, "deviceclasses", device_class
+        )
+    except ApiException as error:
+        if error.status != 409:  # another module's (or fixture's) identical class
+            raise
+
+
+@pytest.fixture(scope="module")
+def dra_operator(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    crds: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    _ensure_device_class(api_client)
+    with operator_in_mode(cluster, api_client, tmp_path_factory.mktemp("dra-operator"),
+                          "dra", OPERATOR_LEASE, OPERATOR_WEBHOOK_CONFIG) as process:  # fmt: skip
+        yield process
+
+
+@pytest.fixture
+def dra_gpus(cluster: Cluster, api_client: client.ApiClient) -> Iterator[Gpus]:
+    with gpus_of_this_test(cluster, api_client) as made:
+        yield made
+
+
+@pytest.fixture
+def slices(api_client: client.ApiClient) -> Iterator[Any]:
+    """Publishes, for each node given, the ResourceSlice the NVIDIA DRA driver would, with
+    the UUIDs of its GPUNode; returns device name -> UUID. Deleted after the test."""
+    custom = client.CustomObjectsApi(api_client)
+    made: list[str] = []
+
+    def publish(gpus: Gpus, nodes: list[str]) -> dict[str, str]:
+        by_name = {}
+        for node in nodes:
+            frees, _total = gpus.published[node]
+            count = len(frees)
+            devices = []
+            for i in range(count):
+                name, gpu_uuid = f"gpu-{count - 1 - i}", f"GPU-{node}-{i}"  # as the GPUNode
+                by_name[f"{node}/{name}"] = gpu_uuid
+                devices.append({
+                    "name": name,
+                    "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid},
+                                   "productName": {"string": gpus.product}},
+                    "capacity": {"memory": {"value": "80Gi"}},
+                })  # fmt: skip
+            body = {
+                "apiVersion": "/".join(RESOURCE),
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{node}-{DRIVER}"},
+                "spec": {"driver": DRIVER, "nodeName": node, "devices": devices,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+            }  # fmt: skip
+            custom.create_cluster_custom_object(*RESOURCE, "resourceslices", body)
+            made.append(body["metadata"]["name"])
+        return by_name
+
+    yield publish
+    for name in made:
+        try:
+            custom.delete_cluster_custom_object(*RESOURCE, "resourceslices", name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def test_the_operator_in_dra_mode_claims_exactly_the_best_fitting_gpu(
+    dra_operator: OperatorProcess,
+    api_client: client.ApiClient,
+    namespace: str,
+    dra_gpus: Gpus,
+    slices: Any,
+) -> None:
+    first, second = dra_gpus.add([80, 40, 60, 50], [30, 10, 13, 70])
+    by_name = slices(dra_gpus, [first, second])
+    wait_seen(dra_gpus, [first, second])
+    create(api_client, namespace, job("dra-fit", dra_gpus))
+    obj = admitted(api_client, namespace, "dra-fit", "True", "Fits")
+    # 13 GiB free is the least that holds 11.64 GiB: GPU 2 of the second node (10 does not).
+    assert placed(obj) == [(second, [2])]
+    assert uuids_of(obj) == [f"GPU-{second}-2"]
+    assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
+
+    claim = wait_until(lambda: _claim_or_none(api_client, namespace, "dra-fit-gpus"),
+                       timeout=DEADLINE_S, what="the ResourceClaim dra-fit-gpus")  # fmt: skip
+    assert claim["metadata"]["ownerReferences"][0]["kind"] == "FineTuneJob"
+    (pod,) = _running_pods(api_client, namespace, "dra-fit", 1)
+    assert pod["spec"]["nodeName"] == second
+    trainer = pod["spec"]["containers"][0]
+    assert GPU_RESOURCE not in (trainer["resources"].get("limits") or {})
+    assert trainer["resources"]["claims"] == [{"name": "gpus"}]
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimName": "dra-fit-gpus"}]
+
+    claim = _claim(api_client, namespace, "dra-fit-gpus")
+    allocated = _allocated(claim)
+    assert {(request, driver, pool) for request, driver, pool, _ in allocated} == {
+        ("gpus", DRIVER, second)}  # fmt: skip
+    assert [by_name[f"{second}/{device}"] for *_, device in allocated] == uuids_of(obj)
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["name"]]
+
+
+def test_the_operator_in_dra_mode_runs_fsdp_on_two_nodes_with_a_claim_per_pod(
+    dra_operator: OperatorProcess,
+    api_client: client.ApiClient,
+    namespace: str,
+    dra_gpus: Gpus,
+    slices: Any,
+) -> None:
+    first, second = dra_gpus.add([80, 10, 80, 5], [5, 80, 10, 80])
+    by_name = slices(dra_gpus, [first, second])
+    wait_seen(dra_gpus, [first, second])
+    create(api_client, namespace, job("dra-spread", dra_gpus, **FULL, resources={"gpus": 4}))
+    obj = admitted(api_client, namespace, "dra-spread", "True", "Fits")
+    # 22.03 GiB per GPU on 4 with FSDP: only the 80 GiB GPUs hold it, two on each node.
+    assert placed(obj) == [(first, [0, 2]), (second, [1, 3])]
+    wanted = {part["node"]: set(part["gpuUUIDs"]) for part in obj["status"]["placement"]["nodes"]}
+    assert wanted == {first: {f"GPU-{first}-0", f"GPU-{first}-2"},
+                      second: {f"GPU-{second}-1", f"GPU-{second}-3"}}  # fmt: skip
+
+    template = wait_until(
+        lambda: _claim_template_or_none(api_client, namespace, "dra-spread-gpus"),
+        timeout=DEADLINE_S, what="the ResourceClaimTemplate dra-spread-gpus",
+    )  # fmt: skip
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["count"] == 2
+    pods = _running_pods(api_client, namespace, "dra-spread", 2)
+    by_node = {pod["spec"]["nodeName"]: pod for pod in pods}
+    assert set(by_node) == {first, second}
+    for node, uuids in wanted.items():
+        (status,) = by_node[node]["status"]["resourceClaimStatuses"]
+        allocated = _allocated(_claim(api_client, namespace, status["resourceClaimName"]))
+        assert {pool for _, _, pool, _ in allocated} == {node}
+        assert {by_name[f"{node}/{device}"] for *_, device in allocated} == uuids
+        assert len(allocated) == 2
+    service = client.CoreV1Api(api_client).read_namespaced_service("dra-spread", namespace)
+    assert service.spec.cluster_ip == "None"
+
+
+def _claim_or_none(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return _claim(api, namespace, name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _claim_template_or_none(
+    api: client.ApiClient, namespace: str, name: str
+) -> dict[str, Any] | None:
+    try:
+        return dict(
+            client.CustomObjectsApi(api).get_namespaced_custom_object(
+                *RESOURCE, namespace, "resourceclaimtemplates", name
+            )
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
