@@ -93,7 +93,8 @@ def check_against_model(
     if settings.is_adapter:
         try:
             targets = canonical_targets(settings.targets, shape, where["targets"])
-            settings = replace(settings, targets=targets)
+            if targets != settings.targets:  # settings are immutable: unchanged, kept
+                settings = replace(settings, targets=targets)
         except SpecError as error:
             errors.append(error)
     return settings, errors

@@ -24,6 +24,7 @@ from typing import Any
 
 from controller.estimator.context import rope_context
 from controller.estimator.errors import SpecError, shown
+from controller.estimator.frozen import assemble
 
 # PEFT's names of the seven projections of a Llama-style block, the `all-linear` default.
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -71,7 +72,7 @@ class Linear:
 _linear = lru_cache(maxsize=4096, typed=True)(Linear)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Layer:
     """A decoder block: its linear modules plus norms, sinks and router biases."""
 
@@ -263,9 +264,12 @@ _FAMILIES: dict[str, _Family] = {
 }
 
 
+_LLAMA_STYLE = _Family()
+
+
 def family_traits(model_type: str) -> _Family:
     """What sets `model_type`'s layout apart (Llama-style for an unknown type)."""
-    return _FAMILIES.get(model_type, _Family())
+    return _FAMILIES.get(model_type, _LLAMA_STYLE)
 
 
 _EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -299,10 +303,14 @@ class _Reader:
         minimum: int = 1,
         maximum: int | None = MAX_DIMENSION,
     ) -> int | None:
+        get = self.config.get
         for name in names:
-            value = self.config.get(name)
+            value = get(name)
             if value is None:
                 continue
+            # The common case in one test (`type` is exact, so a bool never passes here).
+            if type(value) is int and minimum <= value and (maximum is None or value <= maximum):
+                return value
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(self.path(name), f"must be an integer, got {shown(value)}")
             if value < minimum:
@@ -315,6 +323,14 @@ class _Reader:
                 )
             return value
         return default
+
+    def dim(self, name: str) -> builtins.int | None:
+        """`int(name)` with its defaults, by a faster path for a width in range: most of a
+        config's fields are read this way, on every raw-config estimate."""
+        value = self.config.get(name)
+        if value is None or (type(value) is builtins.int and 1 <= value <= MAX_DIMENSION):
+            return value
+        return self.int(name)
 
     # `builtins.int`: inside the class, `int` is the method above.
     def required_int(self, *names: str, maximum: builtins.int = MAX_DIMENSION) -> builtins.int:
@@ -399,6 +415,8 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
                 f"must not exceed num_hidden_layers ({num_layers}), got {first_k}",
             )
         freq = r.int("moe_layer_freq", default=1) or 1
+        if freq == 1:  # what the expression below gives, without a loop over the layers
+            return tuple(range(first_k))
         return tuple(i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0)
     step = r.int("decoder_sparse_step", minimum=0)
     only = r.config.get("mlp_only_layers") or []
@@ -424,7 +442,7 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             r.path("num_key_value_heads"),
             f"must divide num_attention_heads ({heads}), got {kv_heads}",
         )
-    head_dim = r.int("head_dim")
+    head_dim = r.dim("head_dim")
     if head_dim is None and not r.has("kv_lora_rank") and hidden % heads:
         raise SpecError(
             r.path("head_dim"),
@@ -452,7 +470,7 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             r.path("num_experts_per_tok"),
             f"must not exceed the number of experts ({num_experts}), got {top_k}",
         )
-    shared_size = r.int("shared_expert_intermediate_size")
+    shared_size = r.dim("shared_expert_intermediate_size")
     n_shared = (
         r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0, maximum=MAX_EXPERTS)
         or 0
@@ -475,41 +493,50 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             r.path("num_kv_shared_layers"),
             f"must be less than num_hidden_layers ({layers}), got {kv_shared}",
         )
-    kv_lora = r.int("kv_lora_rank")
+    kv_lora = r.dim("kv_lora_rank")
     if kv_lora is not None:
         for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             r.required_int(name)
 
-    return ArchDims(
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate,
-        vocab_size=vocab,
-        num_experts=num_experts,
-        experts_per_token=top_k,
-        moe_intermediate_size=r.int("moe_intermediate_size"),
-        n_shared_experts=n_shared,
-        shared_expert_intermediate_size=shared_size,
-        dense_layers=_dense_layer_indices(r, layers, num_experts),
-        moe_has_dense_mlp=r.bool("enable_moe_block", False),
-        q_lora_rank=r.int("q_lora_rank"),
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=r.int("qk_nope_head_dim"),
-        qk_rope_head_dim=r.int("qk_rope_head_dim"),
-        v_head_dim=r.int("v_head_dim"),
-        global_head_dim=r.int("global_head_dim"),
-        num_global_kv_heads=r.int("num_global_key_value_heads"),
-        attention_k_eq_v=r.bool("attention_k_eq_v", False),
-        layer_types=tuple(layer_types) if layer_types is not None else None,
-        num_kv_shared_layers=kv_shared,
-        use_double_wide_mlp=r.bool("use_double_wide_mlp", False),
-        vocab_size_per_layer_input=r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0,
-        hidden_size_per_layer_input=r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0,
-        # Read last, so a config with several bad fields reports the same one first as ever.
-        tie_word_embeddings=r.bool("tie_word_embeddings", tie_default),
+    # Read in this order (the dict's), so a config with several bad fields reports the same
+    # one first as ever; `assemble`: see frozen.py.
+    return assemble(
+        ArchDims,
+        {
+            "hidden_size": hidden,
+            "num_layers": layers,
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "intermediate_size": intermediate,
+            "vocab_size": vocab,
+            "num_experts": num_experts,
+            "experts_per_token": top_k,
+            "moe_intermediate_size": r.dim("moe_intermediate_size"),
+            "n_shared_experts": n_shared,
+            "shared_expert_intermediate_size": shared_size,
+            "dense_layers": _dense_layer_indices(r, layers, num_experts),
+            "moe_has_dense_mlp": r.bool("enable_moe_block", False),
+            "q_lora_rank": r.dim("q_lora_rank"),
+            "kv_lora_rank": kv_lora,
+            "qk_nope_head_dim": r.dim("qk_nope_head_dim"),
+            "qk_rope_head_dim": r.dim("qk_rope_head_dim"),
+            "v_head_dim": r.dim("v_head_dim"),
+            "global_head_dim": r.dim("global_head_dim"),
+            "num_global_kv_heads": r.dim("num_global_key_value_heads"),
+            "attention_k_eq_v": r.bool("attention_k_eq_v", False),
+            "layer_types": tuple(layer_types) if layer_types is not None else None,
+            "num_kv_shared_layers": kv_shared,
+            "use_double_wide_mlp": r.bool("use_double_wide_mlp", False),
+            "vocab_size_per_layer_input": (
+                r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0
+            ),
+            "hidden_size_per_layer_input": (
+                r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0
+            ),
+            # Read last, as ever.
+            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default),
+        },
     )
 
 
@@ -660,7 +687,49 @@ def _layer(
             _linear("per_layer_projection", pli, h),
         ]
         other.append(h)  # post_per_layer_input_norm
-    return Layer(tuple(linears), sum(other), attention_type, moe, tuple(other))
+    return assemble(
+        Layer,
+        {
+            "linears": tuple(linears),
+            "other_params": sum(other),
+            "attention_type": attention_type,
+            "moe": moe,
+            "other_tensors": tuple(other),
+        },
+    )
+
+
+def _layers(
+    dims: ArchDims, fam: _Family, r: _Reader, mlp_bias: bool
+) -> tuple[tuple[Layer, ...], tuple[tuple[Layer, int], ...]]:
+    """Every layer, and each distinct one with its count in first-seen order.
+
+    A layer's kind is its (attention type, kv-shared, MoE); layers of one kind share the
+    object built at the kind's first index. Kinds are coded as small integers (4 x the
+    attention type's number, + 2 when kv-shared, + 1 when MoE), so grouping thousands of
+    layers stays in C-level list and dict operations.
+    """
+    n = dims.num_layers
+    types = dims.layer_types or None
+    if types is None:
+        codes = [0] * n
+    else:
+        numbers = {name: 4 * k for k, name in enumerate(dict.fromkeys(types))}
+        codes = list(map(numbers.__getitem__, types))
+    first_shared = n - dims.num_kv_shared_layers  # is_kv_shared_layer's test
+    if dims.num_kv_shared_layers and first_shared > 0:
+        codes[first_shared:] = [code + 2 for code in codes[first_shared:]]
+    if dims.num_experts > 1:
+        codes = [code + 1 for code in codes]
+        for i in dims.dense_layers:
+            codes[i] &= -2  # dense: the MoE bit cleared
+    built: dict[int, Layer] = {}
+    for code in dict.fromkeys(codes):
+        first = codes.index(code)
+        attention_type = types[first] if types is not None else "full_attention"
+        built[code] = _layer(dims, fam, r, first, attention_type, bool(code & 1), mlp_bias)
+    layers = tuple(map(built.__getitem__, codes))
+    return layers, tuple((layer, codes.count(code)) for code, layer in built.items())
 
 
 def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
@@ -685,25 +754,16 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     norm = 2 * h if fam.layernorm_bias else h
 
     # Most layers are identical; build each distinct one once, at its first index, and share
-    # it (parsing is on the hot path of raw-config estimates, so the per-layer keys are
-    # built without a Python-level loop in the common cases).
+    # it. Parsing is on the hot path of raw-config estimates, so the shape is handed its
+    # `layer_counts` (each distinct layer with its count) instead of grouping them again.
     n = dims.num_layers
-    types = dims.layer_types or ("full_attention",) * n
-    shared: Sequence[bool] = (False,) * n
-    if dims.num_kv_shared_layers:
-        shared = [is_kv_shared_layer(dims, i) for i in range(n)]
-    moe: Sequence[bool] = (False,) * n
-    if dims.num_experts > 1:
-        moe = [True] * n
-        for i in dims.dense_layers:
-            moe[i] = False
-    keys = list(zip(types, shared, moe, strict=True))
-    first = dict(zip(reversed(keys), reversed(range(n)), strict=True))  # the earliest wins
-    built: dict[tuple[str, bool, bool], Layer] = {}
-    for key in dict.fromkeys(keys):
-        attention_type, _, is_moe = key
-        built[key] = _layer(dims, fam, r, first[key], attention_type, is_moe, mlp_bias)
-    layers = tuple(map(built.__getitem__, keys))
+    layers: tuple[Layer, ...]
+    runs: tuple[tuple[Layer, int], ...]
+    if dims.layer_types is None and not dims.num_kv_shared_layers and dims.num_experts <= 1:
+        layer = _layer(dims, fam, r, 0, "full_attention", False, mlp_bias)
+        layers, runs = (layer,) * n, ((layer, n),)
+    else:
+        layers, runs = _layers(dims, fam, r, mlp_bias)
 
     embedding = dims.vocab_size * h
     if dims.hidden_size_per_layer_input:
@@ -712,17 +772,24 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         embedding += h * n * pli + pli  # per_layer_model_projection + its norm
     # Only compared with the sequence length, so no upper bound.
     max_pos = r.int("max_position_embeddings", "n_positions", "max_sequence_length", maximum=None)
-    return ModelShape(
-        model_type=model_type,
-        dims=dims,
-        layers=layers,
-        embedding_params=embedding,
-        lm_head_params=0 if tie else dims.vocab_size * h,
-        final_norm_params=norm,
-        max_position_embeddings=max_pos,
-        context_length=rope_context(text, text_prefix, max_pos),
-        quantization=_quantization(config, text, prefix),
-        source=config,
+    return assemble(
+        ModelShape,
+        {
+            "model_type": model_type,
+            "dims": dims,
+            "layers": layers,
+            "embedding_params": embedding,
+            "lm_head_params": 0 if tie else dims.vocab_size * h,
+            "final_norm_params": norm,
+            "max_position_embeddings": max_pos,
+            "context_length": rope_context(text, text_prefix, max_pos),  # read before
+            "quantization": _quantization(config, text, prefix),
+            "source": config,
+            "memo": {},
+            # What the `layer_counts` cached property would compute (one object per distinct
+            # key, counted), where it keeps it; `dataclasses.replace` builds a shape without.
+            "layer_counts": runs,
+        },
     )
 
 

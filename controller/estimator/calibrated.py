@@ -51,10 +51,12 @@ from typing import Any
 from controller.estimator import overheads
 from controller.estimator.architecture import ModelShape
 from controller.estimator.errors import SpecError
+from controller.estimator.frozen import assemble
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     Attention,
     Checkpointing,
+    Method,
     Precision,
     TrainingSettings,
 )
@@ -81,6 +83,10 @@ FAMILY_ALIASES = {
     "gemma": "gemma2",
     "deepseek_v2": "deepseek_v3",
 }
+
+
+# Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
+_OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 
 
 @cache
@@ -138,7 +144,7 @@ def features(
     t = b * s
     layers, h, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     q, kv, mlp, heads, head_dim, latent = _dims(shape)
-    scores = b * heads * s * s if settings.attention is Attention.EAGER else 0
+    scores = b * heads * s * s if settings.attention is _EAGER else 0
     adapted, ranks = static.lora_inputs // layers, static.lora_ranks // layers
     g_layer = static.layer_gradients
     logits = 0 if settings.fused_loss else t * vocab
@@ -160,21 +166,28 @@ def dynamic_bytes(
     return total
 
 
-def _coefficients(
-    shape: ModelShape, settings: TrainingSettings
-) -> dict[str, list[list[float]]]:
-    family = calibration()["families"][family_of(shape.model_type)]
-    gc = "off" if settings.gradient_checkpointing is Checkpointing.OFF else "on"
-    attention = "eager" if settings.attention is Attention.EAGER else "sdpa"
+#: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b).
+_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...]]
+
+
+@cache
+def _moments(family: str, method: Method, gc: str, attention: str) -> tuple[_Moment, ...]:
+    """The fitted moments of a family (`family_of`) under the settings the fit depends on,
+    as a table built once per process: the data file's nested lookups cost more than the
+    fit's arithmetic. Keyed by the fitted family, so the table stays as small as the file."""
     try:
-        keys: dict[str, list[list[float]]] = family[settings.method.value][gc][attention]
+        by_method = calibration()["families"][family][method.value]
+        keys: dict[str, list[list[float]]] = by_method[gc][attention]
     except KeyError:
         raise SpecError(
             "estimator.profile",
-            f"calibrated has no coefficients for {settings.method.value}, checkpointing {gc}, "
+            f"calibrated has no coefficients for {method.value}, checkpointing {gc}, "
             f"{attention} attention; regenerate calibration.json",
         ) from None
-    return keys
+    return tuple(
+        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local))
+        for key, (layer, local) in keys.items()
+    )
 
 
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
@@ -182,18 +195,23 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     static = static_bytes(shape, settings)
     per_layer, once = features(shape, settings, static)
     layers = shape.num_layers
-    widen = 2 if settings.precision is Precision.FP32 else 1
+    widen = 2 if settings.precision is _FP32 else 1
     accumulating = settings.gradient_accumulation > 1
+    base = static.weights + static.optimizer
+    at_step_base = base + static.gradients + static.optimizer_scratch
+    if accumulating:
+        base += static.gradients  # the previous micro-batch's gradients are held
     best_key, best, best_dynamic = "", -1, 0
-    for key, coefs in _coefficients(shape, settings).items():
-        dynamic = max(0, round(dynamic_bytes(layers, per_layer, once, coefs))) * widen
-        base = static.weights + static.optimizer
-        if key == OPTIMIZER_KEY:
-            base += static.gradients + static.optimizer_scratch
-        elif accumulating:
-            base += static.gradients  # the previous micro-batch's gradients are held
-        if base + dynamic > best:
-            best_key, best, best_dynamic = key, base + dynamic, dynamic
+    gc = "off" if settings.gradient_checkpointing is _OFF else "on"
+    attention = "eager" if settings.attention is _EAGER else "sdpa"
+    moments = _moments(family_of(shape.model_type), settings.method, gc, attention)
+    for key, at_optimizer, layer_coefs, local_coefs in moments:
+        # `dynamic_bytes`, inline: the same float operations in the same order.
+        fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
+        dynamic = max(0, round(fitted)) * widen
+        total = (at_step_base if at_optimizer else base) + dynamic
+        if total > best:
+            best_key, best, best_dynamic = key, total, dynamic
     at_step = best_key == OPTIMIZER_KEY
     gradients = static.gradients if at_step or accumulating else 0
     components = {
@@ -208,15 +226,19 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     }
     fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
     replicated = best_dynamic + fixed
-    return Estimate(
-        profile="calibrated",
-        components=components,
-        total_params=static.total_params,
-        trainable_params=static.trainable_params,
-        sharded_bytes=best - best_dynamic,
-        replicated_bytes=replicated,
-        margin=overheads.SLACK_MARGIN,
-        fixed_bytes=fixed,
+    return assemble(  # Estimate(...), faster: see frozen.py
+        Estimate,
+        {
+            "profile": "calibrated",
+            "components": components,
+            "total_params": static.total_params,
+            "trainable_params": static.trainable_params,
+            "sharded_bytes": best - best_dynamic,
+            "replicated_bytes": replicated,
+            "margin": overheads.SLACK_MARGIN,
+            "head_bytes": 0,
+            "fixed_bytes": fixed,
+        },
     )
 
 

@@ -41,7 +41,12 @@ NCCL_BYTES_PER_PEER = 2 * 32 * 4 * MIB
 
 
 def slack_bytes(traced_peak: int) -> int:
-    return int(traced_peak * ALLOCATOR_SLACK)
+    """`int(traced_peak * ALLOCATOR_SLACK)` in integers (truncated toward zero, as `int` of
+    a Fraction is): Fraction arithmetic costs microseconds an estimate can spare."""
+    scaled = traced_peak * ALLOCATOR_SLACK.numerator
+    if scaled >= 0:
+        return scaled // ALLOCATOR_SLACK.denominator
+    return -(-scaled // ALLOCATOR_SLACK.denominator)
 
 
 #: The component names these constants appear under in an estimate, in order.

@@ -8,7 +8,7 @@ from fractions import Fraction
 from controller.estimator.settings import Parallelism
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Estimate:
     """Training memory of one job on one data-parallel replica.
 

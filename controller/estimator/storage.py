@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.estimator.architecture import Layer, Linear, ModelShape, family_traits
+from controller.estimator.architecture import Linear, ModelShape, family_traits
+from controller.estimator.frozen import assemble
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 
 BLOCK = 512
@@ -54,19 +55,22 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_NF4_CODE_BOOK = block(16 * _FP32)
+_NESTED_CODE_BOOK = block(256 * _FP32) + block(_FP32)  # nested code book + offset
+
+
 def nf4_bytes(numel: int, double_quant: bool = True) -> int:
     """Resident bytes of one NF4 weight of `numel` elements (see trace/qlora.py), rounded."""
     blocks = _ceil(numel, NF4_BLOCK)
-    total = block(_ceil(numel, 2)) + block(16 * _FP32)  # packed codes + NF4 code book
+    total = block(_ceil(numel, 2)) + _NF4_CODE_BOOK  # packed codes + NF4 code book
     if double_quant:
-        total += block(blocks) + block(_ceil(blocks, NESTED_BLOCK) * _FP32)
-        total += block(256 * _FP32) + block(_FP32)  # nested code book + offset
-    else:
-        total += block(blocks * _FP32)
-    return total
+        return (
+            total + block(blocks) + block(_ceil(blocks, NESTED_BLOCK) * _FP32) + _NESTED_CODE_BOOK
+        )
+    return total + block(blocks * _FP32)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Static:
     """Resident bytes (and the counts the activation fit uses) of one job."""
 
@@ -127,74 +131,104 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     cached = shape.memo.get(key)
     if cached is not None:
         return cached  # type: ignore[return-value]
+    result = _price(shape, settings)
+    shape.memo[key] = result
+    return result
+
+
+def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
+    """`static_bytes` without the memo. A raw config is parsed on every estimate, so this
+    runs once per estimate: each distinct layer is priced once and counted as often as it
+    repeats, and a linear's tensors are priced inline (sums of integers, so exactly what
+    pricing every tensor of every layer one by one gives)."""
     elem = _DTYPE_BYTES[settings.precision]
     quantized, double = _quantized(shape, settings)
     adapter = settings.is_adapter
-    wanted = set(settings.targets)
-    every = "all-linear" in wanted
+    targets = settings.targets
+    every = "all-linear" in targets
     rank = settings.rank or 0
     h, vocab = shape.hidden_size, shape.vocab_size
+    fam = family_traits(shape.model_type)
+    lora_on_experts = adapter and bool(fam.peft_moe_pattern)
+    # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
+    moved = _MOVED if fam.peft_moe_pattern == "qwen2_moe" else ()
+    # The router is a parameter, never quantised; fp32 in DeepSeek-V3.
+    router_elem = _FP32 if fam.router_correction_bias else elem
 
     weights = lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
-    # Every trainable tensor as (numel, bytes per element) -> how many the model holds. A raw
-    # config is parsed on every estimate, so each distinct layer is priced once and counted
-    # as often as it repeats: sums of integers, so exactly what pricing them one by one gives.
+    # Every trainable tensor as (numel, bytes per element) -> how many the model holds.
     tensors: dict[tuple[int, int], int] = {}
-    fam = family_traits(shape.model_type)
-    lora_on_experts = bool(fam.peft_moe_pattern)
-    # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
-    moved = set(_MOVED) if fam.peft_moe_pattern == "qwen2_moe" else set()
     for layer, count in shape.layer_counts:
         trainable: list[tuple[int, int]] = []
-        held = grads_here = stacks_here = inputs_here = ranks_here = 0
-        for stack, parts in _expert_stacks(layer):
+        held = grads_here = inputs_here = ranks_here = 0
+        experts: list[Linear] = []
+        for lin in layer.linears:
+            if lin.expert:
+                experts.append(lin)
+                continue
+            name, fan_in, fan_out, copies = lin.name, lin.in_features, lin.out_features, lin.copies
+            numel = fan_in * fan_out * copies
+            bias = fan_out * copies if lin.bias else 0
+            router = name == "router"
+            size = router_elem if router else elem
+            tensor = block(numel * size)
+            if quantized and not router:
+                held += nf4_bytes(numel, double)
+                dequantized = max(dequantized, tensor)
+            else:
+                held += tensor
+            if bias:
+                held += block(bias * size)
+            if not adapter:
+                trainable.append((numel, size))
+                grads_here += tensor
+                if bias:
+                    trainable.append((bias, size))
+                    grads_here += block(bias * size)
+            elif every or name in targets:
+                if router:
+                    if lora_on_experts:
+                        a, b = rank * fan_in, rank * fan_out
+                        trainable += [(a, _FP32), (b, _FP32)]
+                        pair = block(a * _FP32) + block(b * _FP32)
+                        held, grads_here = held + pair, grads_here + pair
+                elif name not in moved:
+                    a, b = rank * fan_in * copies, rank * fan_out * copies
+                    trainable += [(a, _FP32), (b, _FP32)]
+                    pair = block(a * _FP32) + block(b * _FP32)
+                    held, grads_here = held + pair, grads_here + pair
+                    inputs_here += fan_in * copies
+                    ranks_here += rank * copies
+        stacks_here = 0
+        for stack, parts in _expert_stacks(experts) if experts else ():
             stacks_here += stack.weight_params * elem
             weight, grads = _base(stack, quantized, double, elem, adapter, trainable)
             held, grads_here = held + weight, grads_here + grads
             if quantized:
                 dequantized = max(dequantized, block(stack.weight_params * elem))
-            targeted = sum(every or name in wanted for name in parts)
-            if adapter and lora_on_experts and targeted:
+            targeted = sum(every or name in targets for name in parts)
+            if lora_on_experts and targeted:
                 r = rank * targeted * stack.copies
                 pair = _lora_pair(r * stack.in_features, r * stack.out_features, trainable)
                 held, grads_here = held + pair, grads_here + pair
         stacks_max = max(stacks_max, stacks_here)
-        for lin in layer.linears:
-            if lin.expert:
-                continue
-            if lin.name == "router":  # a parameter, never quantised; fp32 in DeepSeek-V3
-                size = _FP32 if fam.router_correction_bias else elem
-                weight, grads = _base(lin, False, double, size, adapter, trainable)
-                held, grads_here = held + weight, grads_here + grads
-                if adapter and lora_on_experts and (every or "router" in wanted):
-                    pair = _lora_pair(rank * lin.in_features, rank * lin.out_features, trainable)
-                    held, grads_here = held + pair, grads_here + pair
-                continue
-            weight, grads = _base(lin, quantized, double, elem, adapter, trainable)
-            held, grads_here = held + weight, grads_here + grads
-            if quantized:
-                dequantized = max(dequantized, block(lin.weight_params * elem))
-            if adapter and (every or lin.name in wanted) and lin.name not in moved:
-                a, b = rank * lin.in_features * lin.copies, rank * lin.out_features * lin.copies
-                pair = _lora_pair(a, b, trainable)
-                held, grads_here = held + pair, grads_here + pair
-                inputs_here += lin.in_features * lin.copies
-                ranks_here += rank * lin.copies
-        others = list(layer.other_tensors)
+        others: tuple[int, ...] | list[int] = layer.other_tensors
         if layer.moe and fam.router_correction_bias:  # an fp32 buffer, not a parameter
+            others = list(others)
             others.remove(shape.dims.num_experts)
             held += block(shape.dims.num_experts * _FP32)
         for numel in others:
-            held += block(numel * elem)
+            tensor = block(numel * elem)
+            held += tensor
             if not adapter:
                 trainable.append((numel, elem))
-                grads_here += block(numel * elem)
+                grads_here += tensor
         layer_grads = max(layer_grads, grads_here)
         weights += held * count
         lora_inputs += inputs_here * count
         lora_ranks += ranks_here * count
-        for tensor in trainable:
-            tensors[tensor] = tensors.get(tensor, 0) + count
+        for pair_key in trainable:
+            tensors[pair_key] = tensors.get(pair_key, 0) + count
 
     trainable = []  # the tensors outside the decoder layers
     tied = not shape.lm_head_params
@@ -220,45 +254,55 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
         else:
             embed_grads += block(vocab * h * elem)
 
-    for tensor in trainable:
-        tensors[tensor] = tensors.get(tensor, 0) + 1
+    for pair_key in trainable:
+        tensors[pair_key] = tensors.get(pair_key, 0) + 1
 
-    gradients = optimizer = scratch = trainable_params = 0
+    gradients = trainable_params = held_tensors = 0
     for (n, e), count in tensors.items():
         gradients += block(n * e) * count
-        optimizer += _state_bytes(n, e, settings.optimizer) * count
-        scratch += _scratch_bytes(n, e, settings.optimizer) * count
         trainable_params += n * count
-    if settings.optimizer is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
+        held_tensors += count
+    opt = settings.optimizer
+    if opt is Optimizer.ADAMW or opt is Optimizer.ADAMW_TORCH:
+        # _state_bytes of each tensor is 2 x its gradient's block + BLOCK (the step).
+        optimizer = 2 * gradients + BLOCK * held_tensors
+    else:
+        optimizer = sum(_state_bytes(n, e, opt) * count for (n, e), count in tensors.items())
+    if opt is Optimizer.ADAMW:
+        scratch = gradients  # _scratch_bytes: one gradient-sized block per tensor
+    else:
+        scratch = sum(_scratch_bytes(n, e, opt) * count for (n, e), count in tensors.items())
+    if opt is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
-    result = Static(
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        optimizer_scratch=scratch,
-        # Adapters and saved copies are parameters beside the base model's.
-        total_params=shape.total_params + (trainable_params if adapter else 0),
-        trainable_params=trainable_params,
-        lora_inputs=lora_inputs,
-        lora_ranks=lora_ranks,
-        dequantized=dequantized,
-        expert_stacks=stacks_max,
-        layer_gradients=layer_grads,
-        head_gradients=head_grads,
-        embed_gradients=embed_grads,
+    return assemble(  # Static(...), faster: see frozen.py
+        Static,
+        {
+            "weights": weights,
+            "gradients": gradients,
+            "optimizer": optimizer,
+            "optimizer_scratch": scratch,
+            # Adapters and saved copies are parameters beside the base model's.
+            "total_params": shape.total_params + (trainable_params if adapter else 0),
+            "trainable_params": trainable_params,
+            "lora_inputs": lora_inputs,
+            "lora_ranks": lora_ranks,
+            "dequantized": dequantized,
+            "expert_stacks": stacks_max,
+            "layer_gradients": layer_grads,
+            "head_gradients": head_grads,
+            "embed_gradients": embed_grads,
+        },
     )
-    shape.memo[key] = result
-    return result
 
 
 _GATE_UP = ("gate_proj", "up_proj", "w1", "w3")
 _MOVED = ("gate_proj", "up_proj", "down_proj")
 
 
-def _expert_stacks(layer: Layer) -> list[tuple[Linear, tuple[str, ...]]]:
-    """The layer's expert stacks as transformers 5 holds them, each with the names of the
-    projections fused into it (gate and up become one `gate_up_proj` of twice the width)."""
-    experts = [lin for lin in layer.linears if lin.expert]
+def _expert_stacks(experts: list[Linear]) -> list[tuple[Linear, tuple[str, ...]]]:
+    """A layer's expert stacks (its `expert` linears) as transformers 5 holds them, each with
+    the names of the projections fused into it (gate and up become one `gate_up_proj` of
+    twice the width)."""
     gate_up = [lin for lin in experts if lin.name in _GATE_UP]
     out: list[tuple[Linear, tuple[str, ...]]] = []
     if gate_up:

@@ -1,0 +1,96 @@
+"""What the raw-config fast paths must keep: objects as their constructors build them, the
+layer grouping the shape would compute, a fresh parse on every call, the same errors."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+
+from controller.estimator import Method, Profile, SpecError, TrainingSettings, parse_config
+from controller.estimator.architecture import ArchDims, Layer, ModelShape
+from controller.estimator.calibrated import estimate as calibrated_estimate
+from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.result import Estimate
+from controller.estimator.storage import Static, static_bytes
+
+#: Presets that take each path of the layer grouping: one kind, MoE with dense layers,
+#: per-layer attention types with experts, attention types alone.
+KINDS = ("llama-3.1-8b", "deepseek-v3", "gpt-oss-20b", "gemma-3-270m", "qwen3-30b-a3b")
+
+
+def _rebuilt(obj: Any) -> Any:
+    """`obj` built again by its class's own `__init__` from its fields."""
+    return type(obj)(**{f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_assembled_shapes_equal_what_their_constructors_build(preset: str) -> None:
+    shape = parse_config(load_preset(preset).config_dict())
+    assert _rebuilt(shape) == shape
+    assert _rebuilt(shape.dims) == shape.dims
+    assert set(vars(shape)) == _field_names(ModelShape) | {"layer_counts"}
+    assert set(vars(shape.dims)) == _field_names(ArchDims)
+    for layer, _ in shape.layer_counts:
+        assert _rebuilt(layer) == layer
+        assert set(vars(layer)) == _field_names(Layer)
+
+
+@pytest.mark.parametrize("preset", KINDS)
+def test_static_and_estimate_are_whole_objects(preset: str) -> None:
+    shape = parse_config(load_preset(preset).config_dict())
+    job = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)
+    static = static_bytes(shape, job)
+    assert set(vars(static)) == _field_names(Static) and _rebuilt(static) == static
+    est = calibrated_estimate(shape, job)
+    assert set(vars(est)) == _field_names(Estimate) and _rebuilt(est) == est
+
+
+@pytest.mark.parametrize("preset", KINDS)
+def test_the_layer_counts_a_parse_hands_over_are_the_ones_the_shape_computes(
+    preset: str,
+) -> None:
+    shape = parse_config(load_preset(preset).config_dict())
+    computed = replace(shape).layer_counts  # a new shape: its cached property runs
+    assert [(id(layer), n) for layer, n in computed] == [
+        (id(layer), n) for layer, n in shape.layer_counts
+    ]
+    assert sum(n for _, n in shape.layer_counts) == shape.num_layers
+
+
+def test_every_parse_reads_the_config_again() -> None:
+    config = load_preset("llama-3.1-8b").config_dict()
+    first, second = parse_config(config), parse_config(config)
+    assert first is not second and first.dims is not second.dims
+    config["num_hidden_layers"] = 4
+    assert parse_config(config).num_layers == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (True, "must be an integer, got True"),
+        (0, "must be greater than or equal to 1, got 0"),
+        (2**24 + 1, "must be less than or equal to 16777216"),
+        ("64", "must be an integer, got '64'"),
+    ],
+)
+def test_the_fast_width_reader_refuses_what_the_full_one_refuses(value: object, words: str) -> None:
+    config = load_preset("deepseek-v3").config_dict() | {"qk_rope_head_dim": value}
+    with pytest.raises(SpecError, match=words) as error:
+        parse_config(config, prefix="spec.model.config")
+    assert error.value.field == "spec.model.config.qk_rope_head_dim"
+
+
+def test_an_int_subclass_in_range_reads_as_before() -> None:
+    class Width(int):
+        pass
+
+    config = load_preset("deepseek-v3").config_dict()
+    plain = parse_config(config)
+    assert parse_config(config | {"qk_rope_head_dim": Width(64)}).dims == plain.dims
