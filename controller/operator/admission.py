@@ -136,14 +136,14 @@ def admission_pass(inp: PassInput) -> PassOutput:
     drafts: dict[str, _Draft] = {}
 
     for key, job in inp.objects.jobs.items():
-        if _admitted(job) and not finished(job):
+        if _admitted(job):  # a finished job holds no reservation: not admitted any more
             draft = drafts[key] = _Draft(job)
             jobs[key] = _follow_admitted(inp, key, draft, out)
 
     requests: list[JobRequest] = []
     template_less: list[JobRequest] = []
     for key, job in inp.objects.jobs.items():
-        if key in drafts or finished(job) or _admitted(job):
+        if key in drafts or finished(job):  # admitted and running: followed above
             continue
         found = inp.estimates.get(key)
         if found is None or found.generation != _generation(job):

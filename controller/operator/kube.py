@@ -62,9 +62,7 @@ class Kube:
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.coordination = client.CoordinationV1Api(api)
+        self.core = client.CoreV1Api(api)  # ConfigMap reads (configmaps.read_model_config)
 
     def _call(self, method: str, path: str, body: object = None) -> Any:
         content = "application/merge-patch+json" if method == "PATCH" else "application/json"

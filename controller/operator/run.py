@@ -101,7 +101,8 @@ def run(options: OperatorOptions) -> int:
         # kopf logs each handler call ("Handler 'wake-pods' succeeded"): thousands of lines a
         # minute on a busy cluster, and their formatting costs the event loop.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # One access-log line per admission request: a tenth of the webhook's CPU at 200/s.
+    # One access-log line per admission request: about a tenth of the operator's CPU in a
+    # profile of the webhook benchmark (BENCHMARKS.md).
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("vramgate").setLevel(logging.DEBUG if options.verbose else logging.INFO)
     try:

@@ -107,7 +107,6 @@ class Scheduler:
         self._inventory = 0
         self._viewer = ThreadPoolExecutor(1, "vramgate-view")
         self.passes = 0
-        self.last_pass_s = 0.0
 
     # -- what handlers call --------------------------------------------------------------
 
@@ -174,8 +173,7 @@ class Scheduler:
                 await asyncio.sleep(1)
                 self.wake()
             self.passes += 1
-            self.last_pass_s = time.monotonic() - started
-            log.debug("pass %d took %.3f s", self.passes, self.last_pass_s)
+            log.debug("pass %d took %.3f s", self.passes, time.monotonic() - started)
 
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)

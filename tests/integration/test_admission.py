@@ -36,6 +36,7 @@ from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixtur
     OperatorProcess,
     condition,
     crds,
+    forget_webhook_configs,
 )
 
 pytestmark = pytest.mark.integration
@@ -69,16 +70,7 @@ def admitting(
         yield process
     finally:
         process.stop()
-        admission = client.AdmissionregistrationV1Api(api_client)
-        for delete in (
-            admission.delete_validating_webhook_configuration,
-            admission.delete_mutating_webhook_configuration,
-        ):
-            try:
-                delete(WEBHOOK_CONFIG)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+        forget_webhook_configs(api_client, WEBHOOK_CONFIG)
 
 
 class Gpus:
@@ -130,19 +122,8 @@ class Gpus:
         """Until the webhook's view holds these GPUs (a dry run selecting them passes), as a
         user who just added nodes would see after a moment."""
         probe = job(f"probe-{self.tag}", self)
-
-        def passes() -> bool:
-            try:
-                objects(self.api).create_namespaced_custom_object(
-                    GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
-                )
-            except ApiException as error:
-                if error.status == 422 and "NoMatchingGPU" in str(error.body):
-                    return False
-                raise
-            return True
-
-        wait_until(passes, timeout=DEADLINE_S, what=f"the operator to see {self.product}")
+        wait_until(lambda: webhook_sees(self.api, probe), timeout=DEADLINE_S,
+                   what=f"the operator to see {self.product}")  # fmt: skip
 
     def publish(
         self, name: str, frees: list[float], total: float = 80, api: Any = None, **kw: Any
@@ -150,6 +131,20 @@ class Gpus:
         gpus = [gpu_status(name, i, total, f, self.product) for i, f in enumerate(frees)]
         publish(api or self.api, name, gpus, **kw)
         self.published[name] = (frees, total)
+
+
+def webhook_sees(api: client.ApiClient, probe: dict[str, Any]) -> bool:
+    """Whether a dry run of `probe` passes the webhook: False while the operator's view has
+    no GPU matching its selector (NoMatchingGPU)."""
+    try:
+        objects(api).create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
+        )
+    except ApiException as error:
+        if error.status == 422 and "NoMatchingGPU" in str(error.body):
+            return False
+        raise
+    return True
 
 
 @pytest.fixture

@@ -37,12 +37,14 @@ from tests.integration.test_admission import (
     job,
     objects,
     placed,
+    webhook_sees,
 )
 from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
     PLURAL,
     OperatorProcess,
     condition,
     crds,
+    forget_webhook_configs,
 )
 
 pytestmark = pytest.mark.integration
@@ -91,16 +93,7 @@ def operator_in_mode(
         yield process
     finally:
         process.stop()
-        admission = client.AdmissionregistrationV1Api(api)
-        for delete in (
-            admission.delete_validating_webhook_configuration,
-            admission.delete_mutating_webhook_configuration,
-        ):
-            try:
-                delete(webhook_config)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+        forget_webhook_configs(api, webhook_config)
 
 
 @contextmanager
@@ -125,19 +118,8 @@ def wait_seen(gpus: Gpus, nodes: list[str]) -> None:
     for node in nodes:
         probe = job(f"probe-{gpus.tag}", gpus, resources={
             "gpuSelector": {**gpus.selector, HOSTNAME_LABEL: node}})  # fmt: skip
-
-        def passes(probe: dict[str, Any] = probe) -> bool:
-            try:
-                objects(gpus.api).create_namespaced_custom_object(
-                    GROUP, VERSION, "default", PLURAL, probe, dry_run="All"
-                )
-            except ApiException as error:
-                if error.status == 422 and "NoMatchingGPU" in str(error.body):
-                    return False
-                raise
-            return True
-
-        wait_until(passes, timeout=DEADLINE_S, what=f"the operator to see {node}")
+        wait_until(lambda probe=probe: webhook_sees(gpus.api, probe), timeout=DEADLINE_S,
+                   what=f"the operator to see {node}")  # fmt: skip
 
 
 def pods_of(api: client.ApiClient, namespace: str, name: str) -> list[client.V1Pod]:

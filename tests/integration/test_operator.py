@@ -152,6 +152,21 @@ class OperatorProcess:
         return False
 
 
+def forget_webhook_configs(api: client.ApiClient, name: str) -> None:
+    """Delete the validating and mutating configurations a managed-mode operator registered
+    (kopf removes them at a clean exit; a killed one leaves them behind)."""
+    admission = client.AdmissionregistrationV1Api(api)
+    for delete in (
+        admission.delete_validating_webhook_configuration,
+        admission.delete_mutating_webhook_configuration,
+    ):
+        try:
+            delete(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
 def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
@@ -188,16 +203,7 @@ def operator(
         yield process
     finally:
         process.stop()
-        admission = client.AdmissionregistrationV1Api(api_client)
-        for delete in (
-            admission.delete_validating_webhook_configuration,
-            admission.delete_mutating_webhook_configuration,
-        ):
-            try:
-                delete(WEBHOOK_CONFIG)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+        forget_webhook_configs(api_client, WEBHOOK_CONFIG)
 
 
 # -- objects and polling ---------------------------------------------------------------------
