@@ -1,10 +1,9 @@
 """The agent's settings: one typed model; flag > environment > config file > default.
 
-Why one model for all three sources: every setting gets its flag (``--poll-interval-seconds``),
-its environment variable (``VRAMGATE_AGENT_POLL_INTERVAL_SECONDS``) and its config-file key
-(``pollIntervalSeconds``, camelCase like the rest of the API) from its field name, and its
-``--help`` text from its description, so the four cannot drift apart. Bad values fail at
-start with one line naming where the value came from.
+Every setting gets its flag (``--poll-interval-seconds``), its environment variable
+(``VRAMGATE_AGENT_POLL_INTERVAL_SECONDS``) and its config-file key (``pollIntervalSeconds``)
+from its field name, through the loader the operator shares (`controller.settings`), so the
+agent and the operator are configured the same way.
 """
 
 from __future__ import annotations
@@ -13,22 +12,17 @@ import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from controller.agent.sizes import ByteSize
-from controller.errors import DeploymentError
+from controller.settings import SettingsError, SettingsLoader
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
-CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 MIB = 2**20
-
-
-class SettingsError(DeploymentError):
-    """Bad configuration: one line naming the setting, its source and what it allows."""
+__all__ = ["AgentSettings", "SettingsError", "add_arguments", "load_settings"]
 
 
 class AgentSettings(BaseModel):
@@ -120,86 +114,32 @@ class AgentSettings(BaseModel):
         return self
 
 
+LOADER = SettingsLoader(
+    AgentSettings, ENV_PREFIX, shown_defaults={"change_threshold_bytes": "256MiB"}
+)
+CONFIG_ENV = LOADER.config_env
 FIELDS = list(AgentSettings.model_fields)
-DEFAULTS_SHOWN = {"change_threshold_bytes": "256MiB"}
 
 
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return LOADER.flag(name)
 
 
 def env_var(name: str) -> str:
-    return ENV_PREFIX + name.upper()
+    return LOADER.env_var(name)
 
 
 def key(name: str) -> str:
-    return to_camel(name)
+    return LOADER.key(name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; its help names the environment variable and the default."""
-    parser.add_argument(
-        "--config", metavar="FILE",
-        help=f"YAML config file of camelCase keys, e.g. pollIntervalSeconds: 5 (env {CONFIG_ENV})",
-    )
-    for name, info in AgentSettings.model_fields.items():
-        shown = DEFAULTS_SHOWN.get(name, info.default)
-        default = "" if info.is_required() or shown is None else f"; default {shown}"
-        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
-        parser.add_argument(
-            flag(name), dest=name,
-            metavar="|".join(choices) if choices else name.split("_")[-1].upper(),
-            help=f"{info.description} (env {env_var(name)}{default})",
-        )
-
-
-def _read_config(path: str, source: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as error:
-        raise SettingsError(f"{source}: cannot read {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise SettingsError(f"{source}: {path} is not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise SettingsError(f"{source}: {path} must hold a mapping of camelCase keys")
-    by_key = {key(name): name for name in FIELDS}
-    unknown = sorted(set(data) - set(by_key))
-    if unknown:
-        raise SettingsError(
-            f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(by_key))}"
-        )
-    return {by_key[k]: v for k, v in data.items()}
+    LOADER.add_arguments(parser, example="pollIntervalSeconds: 5")
 
 
 def load_settings(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> AgentSettings:
     """Merge the sources (flag > env > config file > default) and validate once."""
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    config = args.config or environ.get(CONFIG_ENV)
-    if config:
-        where = "--config" if args.config else CONFIG_ENV
-        for name, value in _read_config(config, where).items():
-            values[name], sources[name] = value, f"{key(name)} in {config}"
-    for name in FIELDS:
-        if env_var(name) in environ:
-            values[name], sources[name] = environ[env_var(name)], env_var(name)
-        if getattr(args, name, None) is not None:
-            values[name], sources[name] = getattr(args, name), flag(name)
-    try:
-        return AgentSettings.model_validate(values)
-    except ValidationError as error:
-        raise SettingsError(_one_line(error, values, sources)) from None
-
-
-def _one_line(error: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> str:
-    first = error.errors()[0]
-    message = first["msg"].replace("Input should be", "must be").replace("Value error, ", "")
-    if not first["loc"]:
-        return message
-    name = {key(n): n for n in FIELDS}.get(str(first["loc"][0]), str(first["loc"][0]))
-    if first["type"] == "missing":
-        return (f"{flag(name)} is required (or {env_var(name)}, or {key(name)} in the "
-                "config file)")
-    return f"{sources.get(name, flag(name))}: {message}, got {values.get(name)!r}"
+    return LOADER.load(args, environ)
