@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
@@ -341,137 +339,29 @@ def _run_crds(args: argparse.Namespace, console: Console) -> int:
 
 
 def _add_operator(sub: Any) -> None:
-    from controller.operator.options import (
-        DEFAULT_CERT_DIR,
-        DEFAULT_SERVICE_DNS,
-        DEFAULT_WEBHOOK_CONFIG,
-        DEFAULT_WEBHOOK_PORT,
-        WebhookMode,
-    )
+    from controller.operator.settings import add_arguments
 
     p = sub.add_parser(
         "operator",
         help="run the operator and its admission webhook",
-        description="Watch FineTuneJobs, estimate their VRAM into status, and serve the "
-        "validating webhook. Credentials: in-cluster, else $KUBECONFIG.",
+        description="Watch FineTuneJobs, estimate and admit them, and serve the admission "
+        "webhook. Credentials: in-cluster, else $KUBECONFIG. Each setting is a flag, an "
+        "environment variable or a config-file key; flags win over the environment, which "
+        "wins over the file.",
     )
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeat)"
-    )
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
-    )
-    p.add_argument(
-        "--webhook",
-        default=WebhookMode.MANAGED.value,
-        choices=[m.value for m in WebhookMode],
-        help="managed: serve and register it; serve: serve only (the chart registers it); "
-        "off: no webhook (default managed)",
-    )
-    p.add_argument("--webhook-addr", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument(
-        "--webhook-port",
-        type=int,
-        default=DEFAULT_WEBHOOK_PORT,
-        help=f"listen port (default {DEFAULT_WEBHOOK_PORT})",
-    )
-    p.add_argument(
-        "--webhook-host", help="host in the registered webhook URL (default: the listen address)"
-    )
-    p.add_argument(
-        "--webhook-config-name",
-        default=DEFAULT_WEBHOOK_CONFIG,
-        help=f"ValidatingWebhookConfiguration managed in managed mode "
-        f"(default {DEFAULT_WEBHOOK_CONFIG})",
-    )
-    p.add_argument(
-        "--cert-dir",
-        default=str(DEFAULT_CERT_DIR),
-        help="tls.crt, tls.key and ca.crt of the webhook; generated when absent "
-        f"(default {DEFAULT_CERT_DIR})",
-    )
-    p.add_argument(
-        "--cert-host",
-        action="append",
-        default=[],
-        help="a DNS name or IP a generated certificate covers besides 127.0.0.1 and "
-        f"localhost (repeat; default {', '.join(DEFAULT_SERVICE_DNS)})",
-    )
-    p.add_argument(
-        "--configmap-retry-seconds",
-        type=float,
-        default=30.0,
-        help="retry interval while a job's ConfigMap cannot be read (default 30)",
-    )
-    plan_command.add_admission_arguments(p)
-    p.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=10.0,
-        help="an admission pass at least this often, events or not (default 10)",
-    )
-    p.add_argument(
-        "--leader-election",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="decide only while holding a Lease, so replicas never decide at once "
-        "(default on)",
-    )
-    p.add_argument(
-        "--lease-namespace",
-        default=os.environ.get("POD_NAMESPACE", "default"),
-        help="namespace of the Lease (default $POD_NAMESPACE, else default)",
-    )
-    p.add_argument("--lease-name", default="vramgate-operator", help="default vramgate-operator")
-    p.add_argument(
-        "--identity",
-        default=os.environ.get("POD_NAME") or socket.gethostname(),
-        help="this replica's name in the Lease (default $POD_NAME, else the host name)",
-    )
-    p.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more")
-    p.add_argument("--debug", action="store_true", help="log everything kopf does")
+    add_arguments(p)
     p.set_defaults(run=_run_operator)
 
 
 def _run_operator(args: argparse.Namespace, console: Console) -> int:
-    from controller.operator.options import (
-        DEFAULT_SERVICE_DNS,
-        OperatorOptions,
-        StartupError,
-        WebhookMode,
-    )
+    from controller.operator.options import StartupError
     from controller.operator.run import run
+    from controller.operator.settings import SettingsError, load_options
 
-    if not 0 < args.webhook_port < 65536:
-        raise UsageError(f"--webhook-port: must be between 1 and 65535, got {args.webhook_port}")
-    if not args.resync_seconds > 0:
-        raise UsageError(f"--resync-seconds: must be greater than 0, got {args.resync_seconds}")
-    if not args.configmap_retry_seconds > 0:
-        raise UsageError(
-            f"--configmap-retry-seconds: must be greater than 0, got {args.configmap_retry_seconds}"
-        )
-    options = OperatorOptions(
-        namespaces=tuple(args.namespace),
-        webhook=WebhookMode(args.webhook),
-        webhook_addr=args.webhook_addr,
-        webhook_port=args.webhook_port,
-        webhook_host=args.webhook_host,
-        webhook_config=args.webhook_config_name,
-        cert_dir=Path(args.cert_dir),
-        cert_hosts=tuple(args.cert_host) or DEFAULT_SERVICE_DNS,
-        configmap_retry_s=args.configmap_retry_seconds,
-        admission=plan_command.admission_settings(args),
-        resync_s=args.resync_seconds,
-        leader_election=args.leader_election,
-        lease_namespace=args.lease_namespace,
-        lease_name=args.lease_name,
-        identity=args.identity,
-        liveness=args.liveness,
-        verbose=args.verbose,
-        debug=args.debug,
-    )
+    try:
+        options = load_options(args)
+    except SettingsError as error:
+        raise UsageError(f"operator: {error}") from None
     try:
         return run(options)
     except StartupError as error:

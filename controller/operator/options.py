@@ -1,6 +1,8 @@
-"""What `vramgate operator` can be told, with defaults for a local run.
+"""What `controller.operator.run` is given, with defaults for a local run.
 
-Kept apart from `run` so that building the CLI parser does not import kopf.
+Users set these through `controller.operator.settings` (flags, environment, config file);
+this is the result in the types the operator works with. Kept apart from `run` so that
+building the CLI parser does not import kopf.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class OperatorOptions:
     webhook_config: str = DEFAULT_WEBHOOK_CONFIG
     cert_dir: Path = DEFAULT_CERT_DIR
     cert_hosts: tuple[str, ...] = DEFAULT_SERVICE_DNS
+    #: The kubernetes.io/tls Secret the certificate lives in (`controller.webhook.cert_secret`);
+    #: None: the files in cert_dir only.
+    cert_secret_name: str | None = None
+    #: The operator's own namespace ($POD_NAMESPACE): where the certificate Secret lives.
+    own_namespace: str = "default"
     configmap_retry_s: float = 30.0
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     resync_s: float = 10.0
@@ -55,6 +62,8 @@ class OperatorOptions:
     #: The Lease holder's name: the pod's name in a cluster (a restarted container takes its
     #: own Lease back at once), the host name and process id elsewhere.
     identity: str = field(default_factory=lambda: socket.gethostname())
-    liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
+    liveness: str | None = None  # kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz
+    metrics_addr: str = "0.0.0.0"
+    metrics_port: int = 8080  # /metrics; 0: any free port
     verbose: bool = False
     debug: bool = False

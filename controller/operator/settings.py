@@ -1,0 +1,305 @@
+"""The operator's settings: one typed model; flag > environment > config file > default.
+
+Loaded like the agent's (`controller.settings`): ``--webhook-port``,
+``VRAMGATE_OPERATOR_WEBHOOK_PORT`` and ``webhookPort:`` in the ``--config`` file (or
+``$VRAMGATE_OPERATOR_CONFIG``) set the same field, so the Helm chart renders every setting
+into one ConfigMap. The command line of earlier releases keeps working: ``-n`` /
+``--namespace`` and ``--cert-host`` are the list fields' flags, and ``-A``, ``--liveness
+URL``, ``-v`` and ``--debug`` are shorthands for ``namespaces: []``, ``probeAddr`` /
+``probePort`` and ``logLevel``.
+
+Kept apart from `run` so that building the CLI parser does not import kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import urllib.parse
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from controller.decision import AdmissionSettings, QueueingStrategy
+from controller.operator.options import (
+    DEFAULT_CERT_DIR,
+    DEFAULT_LEASE,
+    DEFAULT_SERVICE_DNS,
+    DEFAULT_WEBHOOK_CONFIG,
+    DEFAULT_WEBHOOK_PORT,
+    OperatorOptions,
+    WebhookMode,
+)
+from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
+from controller.settings import Flag, SettingsError, SettingsLoader
+from controller.units import parse_size
+
+ENV_PREFIX = "VRAMGATE_OPERATOR_"
+#: Keeping more than half of every GPU free is a misconfiguration, not a margin.
+MAX_HEADROOM_PERCENT = 50
+PROBE_PATH = "/healthz"
+_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
+__all__ = ["OperatorSettings", "SettingsError", "add_arguments", "load_options", "load_settings"]
+
+
+def _headroom_bytes(value: Any) -> Any:
+    """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
+    GB), zero in any unit, or an integer of bytes from YAML."""
+    if isinstance(value, str):
+        return 0 if _ZERO.match(value) else parse_size(value, require_unit=True)
+    return value
+
+
+HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
+
+
+class OperatorSettings(BaseModel):
+    """Settings of ``vramgate operator``; each description says what it does and why its
+    default."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    namespaces: Annotated[list[str], Flag("-n", "--namespace", metavar="NAMESPACE")] = Field(
+        default_factory=list,
+        description="namespaces whose FineTuneJobs are watched; empty: every namespace, since "
+        "one operator serves the whole cluster's GPUs.",
+    )
+    webhook: WebhookMode = Field(
+        WebhookMode.MANAGED,
+        description="managed: serve the webhook and register it (local runs); serve: serve "
+        "only, the chart registers it; off: no webhook. managed needs no chart at all.",
+    )
+    webhook_addr: str = Field(
+        "0.0.0.0", description="listen address of the webhook; every interface, for a Service."
+    )
+    webhook_port: int = Field(
+        DEFAULT_WEBHOOK_PORT,
+        description="HTTPS port of the webhook; 9443 is the convention of Kubernetes webhooks "
+        "and needs no privilege.",
+    )
+    webhook_host: str | None = Field(
+        None, description="host in the URL a managed webhook registers; default: the address."
+    )
+    webhook_config_name: str = Field(
+        DEFAULT_WEBHOOK_CONFIG,
+        description="name of the Validating- and MutatingWebhookConfiguration: kopf keeps "
+        "them in managed mode, the operator injects their caBundle in serve mode.",
+    )
+    cert_dir: Path = Field(
+        DEFAULT_CERT_DIR,
+        description="directory of the webhook's tls.crt, tls.key and ca.crt; generated when "
+        "absent, so a local run needs nothing. Must be writable with certSecretName.",
+    )
+    cert_hosts: Annotated[list[str], Flag("--cert-host", metavar="HOST")] = Field(
+        default_factory=lambda: list(DEFAULT_SERVICE_DNS),
+        description="DNS names or IPs a generated certificate covers besides 127.0.0.1 and "
+        "localhost; the default is the chart's webhook Service.",
+    )
+    cert_secret_name: str | None = Field(
+        None,
+        description="kubernetes.io/tls Secret in the operator's namespace that holds the "
+        "webhook certificate, generated and rotated by the operator (serve mode); none: the "
+        "files in certDir only (cert-manager mounts its Secret there).",
+    )
+    configmap_retry_seconds: float = Field(
+        30.0, gt=0,
+        description="retry interval while a job's ConfigMap cannot be read; a missing "
+        "ConfigMap is usually created within seconds to minutes.",
+    )
+    gpu_mode: GpuMode = Field(
+        GpuMode.DEVICE_PLUGIN,
+        description="how workloads get GPUs: devicePlugin (whole GPUs, works everywhere), "
+        "visibleDevices (shared by memory), dra.",
+    )
+    queueing: QueueingStrategy = Field(
+        QueueingStrategy.BEST_EFFORT_FIFO,
+        description="BestEffortFIFO: a later job that fits may go first (keeps GPUs busy); "
+        "StrictFIFO: never.",
+    )
+    headroom: Annotated[HeadroomBytes, Flag(metavar="SIZE")] = Field(
+        0,
+        description="memory kept free on every GPU, a size like 2GiB; 0 because the estimate "
+        "already includes the CUDA context.",
+    )
+    headroom_percent: int = Field(
+        0, description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom."
+    )
+    heartbeat_ttl_seconds: int = Field(
+        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1,
+        description="a GPU node whose agent has not written for this long takes no new job; "
+        "a few of the agent's 30 s heartbeats.",
+    )
+    resync_seconds: float = Field(
+        10.0, gt=0,
+        description="an admission pass at least this often, events or not, so a missed "
+        "event delays a decision by seconds only.",
+    )
+    leader_election: bool = Field(
+        True,
+        description="decide only while holding a Lease, so two replicas never decide at "
+        "once; off only for a single replica.",
+    )
+    lease_namespace: str = Field(
+        "default", min_length=1,
+        description="namespace of the Lease, and of the certificate Secret when "
+        "$POD_NAMESPACE is unset; the pod's own namespace in a cluster.",
+    )
+    lease_name: str = Field(
+        DEFAULT_LEASE, min_length=1, description="name of the Lease the replicas share."
+    )
+    identity: str = Field(
+        default_factory=socket.gethostname, min_length=1,
+        description="this replica's name in the Lease; the pod's name, so a restarted "
+        "container takes its own Lease back at once.",
+    )
+    metrics_addr: str = Field(
+        "0.0.0.0", description="address of the Prometheus endpoint /metrics."
+    )
+    metrics_port: int = Field(
+        8080, ge=0, le=65535,
+        description="port of /metrics (0: any free port); 8080 is the usual metrics port.",
+    )
+    probe_addr: str = Field(
+        "0.0.0.0", description="address of the liveness probe /healthz, for the kubelet."
+    )
+    probe_port: int = Field(
+        8081, ge=0, le=65535,
+        description="port of /healthz (0: any free port); 8081, beside the metrics.",
+    )
+    log_level: Literal["info", "verbose", "debug"] = Field(
+        "info",
+        description="info: decisions and problems; verbose: each handler call; debug: "
+        "everything kopf does. info because handler lines cost CPU on a busy cluster.",
+    )
+
+    @field_validator("webhook_port")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        if not 0 < value < 65536:
+            raise ValueError("must be between 1 and 65535")
+        return value
+
+    @field_validator("headroom_percent")
+    @classmethod
+    def _percent(cls, value: int) -> int:
+        if not 0 <= value <= MAX_HEADROOM_PERCENT:
+            raise ValueError(f"must be between 0 and {MAX_HEADROOM_PERCENT}")
+        return value
+
+    def admission(self) -> AdmissionSettings:
+        packing = PackingSettings(
+            heartbeat_ttl=timedelta(seconds=self.heartbeat_ttl_seconds),
+            headroom_bytes=self.headroom,
+            headroom_percent=self.headroom_percent,
+            gpu_mode=self.gpu_mode,
+        )
+        return AdmissionSettings(packing=packing, queueing=self.queueing)
+
+    def liveness_url(self) -> str:
+        host = f"[{self.probe_addr}]" if ":" in self.probe_addr else self.probe_addr
+        return f"http://{host}:{self.probe_port}{PROBE_PATH}"
+
+    def options(self, environ: Mapping[str, str] = os.environ) -> OperatorOptions:
+        """What `controller.operator.run` needs, in its own types."""
+        return OperatorOptions(
+            namespaces=tuple(self.namespaces),
+            webhook=self.webhook,
+            webhook_addr=self.webhook_addr,
+            webhook_port=self.webhook_port,
+            webhook_host=self.webhook_host,
+            webhook_config=self.webhook_config_name,
+            cert_dir=self.cert_dir,
+            cert_hosts=tuple(self.cert_hosts),
+            cert_secret_name=self.cert_secret_name,
+            own_namespace=environ.get("POD_NAMESPACE") or self.lease_namespace,
+            configmap_retry_s=self.configmap_retry_seconds,
+            admission=self.admission(),
+            resync_s=self.resync_seconds,
+            leader_election=self.leader_election,
+            lease_namespace=self.lease_namespace,
+            lease_name=self.lease_name,
+            identity=self.identity,
+            liveness=self.liveness_url(),
+            metrics_addr=self.metrics_addr,
+            metrics_port=self.metrics_port,
+            verbose=self.log_level in ("verbose", "debug"),
+            debug=self.log_level == "debug",
+        )
+
+
+LOADER = SettingsLoader(
+    OperatorSettings,
+    ENV_PREFIX,
+    typed_flags=True,
+    shown_defaults={
+        "namespaces": "none (every namespace)",
+        "cert_hosts": ",".join(DEFAULT_SERVICE_DNS),
+        "headroom": "0GiB",
+        "lease_namespace": "$POD_NAMESPACE, else default",
+        "identity": "$POD_NAME, else the host name",
+    },
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, and the shorthands earlier releases had."""
+    LOADER.add_arguments(parser, example="webhookPort: 9443")
+    parser.add_argument(
+        "-A", "--all-namespaces", action="store_true",
+        help="watch every namespace: namespaces: [] (the default)",
+    )
+    parser.add_argument(
+        "--liveness", metavar="URL",
+        help=f"http://ADDR:PORT{PROBE_PATH}: sets --probe-addr and --probe-port",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="--log-level verbose")
+    parser.add_argument("--debug", action="store_true", help="--log-level debug")
+
+
+def load_settings(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> OperatorSettings:
+    """Merge flag > env > config file > default; the shorthands count as flags."""
+    implied: dict[str, tuple[Any, str]] = {}
+    if getattr(args, "all_namespaces", False):
+        if args.namespaces:
+            raise SettingsError("-A/--all-namespaces: not allowed with -n/--namespace")
+        implied["namespaces"] = ([], "-A/--all-namespaces")
+    if getattr(args, "liveness", None):
+        implied.update(_probe_from_url(args.liveness))
+    if getattr(args, "debug", False):
+        implied["log_level"] = ("debug", "--debug")
+    elif getattr(args, "verbose", False):
+        implied["log_level"] = ("verbose", "--verbose")
+    defaults = {
+        "lease_namespace": environ.get("POD_NAMESPACE") or "default",
+        "identity": environ.get("POD_NAME") or socket.gethostname(),
+    }
+    return LOADER.load(args, environ, defaults=defaults, flags=implied)
+
+
+def load_options(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> OperatorOptions:
+    return load_settings(args, environ).options(environ)
+
+
+def _probe_from_url(url: str) -> dict[str, tuple[Any, str]]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in (
+        "", PROBE_PATH
+    ):
+        raise SettingsError(f"--liveness: must be http://ADDR:PORT{PROBE_PATH}, got {url!r}")
+    return {"probe_addr": (parts.hostname, "--liveness"), "probe_port": (port, "--liveness")}
