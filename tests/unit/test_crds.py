@@ -231,3 +231,53 @@ def test_crds_stdout_prints_both_documents(capsys: pytest.CaptureFixture[str]) -
         "finetunejobs.vramgate.dev",
         "gpunodes.vramgate.dev",
     ]
+
+
+# -- the chart's template copies -----------------------------------------------------------
+
+
+def _fake_chart(tmp_path: Path) -> Path:
+    (tmp_path / "Chart.yaml").write_text("apiVersion: v2\nname: fake\nversion: 0.1.0\n")
+    return tmp_path / "crds"
+
+
+def test_the_chart_templates_are_written_and_checked_beside_its_crds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _fake_chart(tmp_path)
+    assert main(["crds", "--dir", str(directory)]) == 0
+    templates = tmp_path / "templates" / "crds"
+    assert sorted(p.name for p in templates.iterdir()) == [
+        "finetunejobs.vramgate.dev.yaml",
+        "gpunodes.vramgate.dev.yaml",
+    ]
+    assert main(["crds", "--dir", str(directory), "--check"]) == 0
+    edited = templates / "gpunodes.vramgate.dev.yaml"
+    edited.write_text(edited.read_text().replace("resource-policy: keep", "resource-policy: x"))
+    capsys.readouterr()
+    assert main(["crds", "--dir", str(directory), "--check"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "templates/crds/gpunodes.vramgate.dev.yaml: differs from the models" in line
+
+
+def test_the_committed_chart_templates_are_covered_by_the_check() -> None:
+    templates = REPO / "charts" / "vramgate" / crds.TEMPLATE_DIR
+    assert sorted(p.name for p in templates.glob("*.yaml")) == sorted(crds.rendered())
+    assert crds.drift(COMMITTED) == []
+
+
+@pytest.mark.parametrize("info", crds.CRDS, ids=lambda i: i.kind)
+def test_a_template_is_the_plain_manifest_behind_the_toggle_and_kept_on_uninstall(
+    info: crds.CrdInfo,
+) -> None:
+    text = crds.render_template(info)
+    lines = text.splitlines()
+    assert lines[1] == "{{- if .Values.crds.install }}" and lines[-1] == "{{- end }}"
+    # Helm's own syntax filled in, it is the plain manifest plus labels and the annotation.
+    body = "\n".join(lines[2:-1]).replace(
+        '{{- include "vramgate.labels" . | nindent 4 }}', "app.kubernetes.io/part-of: vramgate"
+    )
+    manifest = yaml.safe_load(body)
+    assert manifest["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert manifest["metadata"]["labels"] == {"app.kubernetes.io/part-of": "vramgate"}
+    assert manifest["spec"] == crds.crd_manifest(info)["spec"]
