@@ -29,19 +29,25 @@ from controller.operator.kube import Kube, api_client
 from controller.operator.leader import Leader
 from controller.operator.options import OperatorOptions, StartupError, WebhookMode
 from controller.operator.scheduler import Scheduler, SchedulerOptions
-from controller.webhook.certs import ensure_serving_cert
+from controller.webhook.cert_secret import CertSecret, CertSecretError
+from controller.webhook.certs import ServingCert, ensure_serving_cert
 
 DIFFBASE_KEY = "last-handled-configuration"
 
 
-def webhook_server(options: OperatorOptions) -> kopf.WebhookServer:
-    """kopf's HTTPS server with a certificate from `controller.webhook.certs`."""
+def cert_hosts(options: OperatorOptions) -> list[str]:
+    """The names the serving certificate covers: --cert-host, the URL's host, the address."""
     hosts = [*options.cert_hosts]
     if options.webhook_host:
         hosts.append(options.webhook_host)
     if options.webhook_addr not in ("0.0.0.0", "::", ""):
         hosts.append(options.webhook_addr)
-    cert = ensure_serving_cert(options.cert_dir, hosts)
+    return hosts
+
+
+def webhook_server(options: OperatorOptions, cert: ServingCert | None = None) -> kopf.WebhookServer:
+    """kopf's HTTPS server with `cert`, else a certificate from `controller.webhook.certs`."""
+    cert = cert or ensure_serving_cert(options.cert_dir, cert_hosts(options))
     return kopf.WebhookServer(
         addr=options.webhook_addr,
         port=options.webhook_port,
@@ -52,7 +58,9 @@ def webhook_server(options: OperatorOptions) -> kopf.WebhookServer:
     )
 
 
-def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
+def operator_settings(
+    options: OperatorOptions, cert: ServingCert | None = None
+) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     # Handlers' own log lines stay in the log: as Events they would cost a write per event.
     settings.posting.level = logging.WARNING
@@ -61,7 +69,7 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
         prefix=GROUP, key=DIFFBASE_KEY
     )
     if options.webhook is not WebhookMode.OFF:
-        settings.admission.server = webhook_server(options)
+        settings.admission.server = webhook_server(options, cert)
     if options.webhook is WebhookMode.MANAGED:
         settings.admission.managed = options.webhook_config
     return settings
@@ -105,10 +113,25 @@ def run(options: OperatorOptions) -> int:
     # profile of the webhook benchmark (BENCHMARKS.md).
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("vramgate").setLevel(logging.DEBUG if options.verbose else logging.INFO)
+    cert_secret = None
+    if options.cert_secret_name and options.webhook is not WebhookMode.OFF:
+        # In managed mode kopf registers the caBundle itself; in serve mode the chart's
+        # configurations get it from here.
+        config = options.webhook_config if options.webhook is WebhookMode.SERVE else None
+        cert_secret = CertSecret(
+            kube.api, options.own_namespace, options.cert_secret_name, cert_hosts(options),
+            options.cert_dir, config,
+        )
     try:
-        settings = operator_settings(options)
+        if cert_secret is not None:
+            cert_secret.sync()
+        settings = operator_settings(options, cert_secret.files() if cert_secret else None)
+    except CertSecretError as error:
+        raise StartupError(str(error)) from None
     except OSError as error:
         raise StartupError(f"--cert-dir: cannot use {options.cert_dir}: {error}") from None
+    if cert_secret is not None:
+        cert_secret.start()
     leader = None
     if options.leader_election:
         leader = Leader(kube, options.lease_namespace, options.lease_name, options.identity)
@@ -133,6 +156,8 @@ def run(options: OperatorOptions) -> int:
             liveness_endpoint=options.liveness,
         )
     finally:
+        if cert_secret is not None:
+            cert_secret.stop()
         if leader is not None:
             leader.release()
     return 0

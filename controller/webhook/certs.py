@@ -7,7 +7,9 @@ issued (a mounted `kubernetes.io/tls` Secret, cert-manager) is used as it is.
 
 Files use the Secret key names: `tls.crt`, `tls.key`, `ca.crt`; `ca.key` marks a directory
 vramgate generated itself, which it renews when the certificate no longer covers the
-requested hosts or is about to expire.
+requested hosts or is about to expire. A renewal keeps the CA (ten years) and issues a new
+serving certificate (one year) from it, so the caBundle registered with the API server stays
+valid across renewals. `controller.webhook.cert_secret` keeps the same material in a Secret.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
+#: The serving certificate's lifetime: renewed from the same CA, so it may be short.
 VALIDITY = dt.timedelta(days=365)
+#: The CA's lifetime: long, because a new CA means a new caBundle in every configuration.
+CA_VALIDITY = dt.timedelta(days=3650)
 #: Renew a generated certificate this long before it expires, so that a restart renews it.
 RENEW_BEFORE = dt.timedelta(days=30)
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
@@ -41,6 +46,88 @@ class ServingCert:
     key: Path
 
 
+@dataclass(frozen=True)
+class TlsMaterial:
+    """PEM bytes of a CA and a serving key pair; `ca_key` is None when someone else issued
+    them (vramgate then cannot renew, only use them)."""
+
+    ca_cert: bytes
+    cert: bytes
+    key: bytes
+    ca_key: bytes | None = None
+
+
+def wanted_hosts(hosts: Iterable[str]) -> list[str]:
+    """The hosts a generated certificate covers: those asked for, and loopback."""
+    return sorted(set(hosts) | set(LOCAL_HOSTS))
+
+
+def generate(
+    hosts: Iterable[str], now: dt.datetime, ca: TlsMaterial | None = None
+) -> TlsMaterial:
+    """A serving certificate for `hosts`, issued by `ca` when it is vramgate's and fresh, else
+    by a new CA."""
+    wanted = wanted_hosts(hosts)
+    if ca is not None and ca.ca_key is not None and ca_fresh(ca, now):
+        ca_key = serialization.load_pem_private_key(ca.ca_key, password=None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        ca_cert = x509.load_pem_x509_certificate(ca.ca_cert)
+    else:
+        ca_key, ca_cert = _make_ca(now)
+    key, cert = _make_serving(ca_key, ca_cert, wanted, now)
+    return TlsMaterial(
+        ca_cert=ca_cert.public_bytes(serialization.Encoding.PEM),
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=_key_pem(key),
+        ca_key=_key_pem(ca_key),
+    )
+
+
+def ca_fresh(material: TlsMaterial, now: dt.datetime) -> bool:
+    """Whether the CA outlives the renewal margin, so it may issue a new serving cert."""
+    try:
+        ca = x509.load_pem_x509_certificate(material.ca_cert)
+    except ValueError:
+        return False
+    return ca.not_valid_after_utc - RENEW_BEFORE > now
+
+
+def renewal_reason(
+    material: TlsMaterial, hosts: Iterable[str], now: dt.datetime
+) -> str | None:
+    """Why generated material must be renewed (expiring, hosts not covered, not issued by its
+    CA, unreadable), or None when it is good."""
+    try:
+        cert = x509.load_pem_x509_certificate(material.cert)
+        ca = x509.load_pem_x509_certificate(material.ca_cert)
+        serialization.load_pem_private_key(material.key, password=None)
+    except ValueError:
+        return "unreadable"
+    if cert.not_valid_after_utc - RENEW_BEFORE <= now:
+        return f"expires {cert.not_valid_after_utc:%Y-%m-%d}"
+    if not ca_fresh(material, now):
+        return f"its CA expires {ca.not_valid_after_utc:%Y-%m-%d}"
+    if cert.issuer != ca.subject:
+        return "not issued by its CA"
+    missing = sorted(set(wanted_hosts(hosts)) - _san(cert))
+    if missing:
+        return f"does not cover {', '.join(missing)}"
+    return None
+
+
+def write_files(directory: Path, material: TlsMaterial, with_ca_key: bool = False) -> ServingCert:
+    """The material as files kopf's server reads (`ca.key` only when asked: a directory
+    holding it is one `ensure_serving_cert` may renew)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = ServingCert(directory / CA_CERT, directory / TLS_CERT, directory / TLS_KEY)
+    if with_ca_key and material.ca_key is not None:
+        _write(directory / CA_KEY, material.ca_key, private=True)
+    _write(paths.ca, material.ca_cert)
+    _write(paths.key, material.key, private=True)
+    _write(paths.cert, material.cert)
+    return paths
+
+
 def ensure_serving_cert(
     directory: Path, hosts: Iterable[str], now: dt.datetime | None = None
 ) -> ServingCert:
@@ -50,25 +137,28 @@ def ensure_serving_cert(
     the Service name `vramgate-webhook.vramgate.svc`.
     """
     now = now or dt.datetime.now(dt.UTC)
-    wanted = sorted(set(hosts) | set(LOCAL_HOSTS))
     paths = ServingCert(directory / CA_CERT, directory / TLS_CERT, directory / TLS_KEY)
     present = all(p.exists() for p in (paths.ca, paths.cert, paths.key))
     generated = (directory / CA_KEY).exists()
-    if present and (not generated or _still_good(paths.cert, wanted, now)):
+    if present and not generated:
         return paths
-    directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _make_ca(now)
-    key, cert = _make_serving(ca_key, ca_cert, wanted, now)
-    _write(directory / CA_KEY, _key_pem(ca_key), private=True)
-    _write(paths.ca, ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write(paths.key, _key_pem(key), private=True)
-    _write(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
-    return paths
+    current = None
+    if present:
+        current = TlsMaterial(
+            paths.ca.read_bytes(), paths.cert.read_bytes(), paths.key.read_bytes(),
+            (directory / CA_KEY).read_bytes(),
+        )
+        if renewal_reason(current, hosts, now) is None:
+            return paths
+    return write_files(directory, generate(hosts, now, ca=current), with_ca_key=True)
 
 
 def covered_hosts(cert_path: Path) -> set[str]:
     """The IP addresses and DNS names a certificate's subjectAltName covers."""
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    return _san(x509.load_pem_x509_certificate(cert_path.read_bytes()))
+
+
+def _san(cert: x509.Certificate) -> set[str]:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -76,12 +166,6 @@ def covered_hosts(cert_path: Path) -> set[str]:
     return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(
         san.get_values_for_type(x509.DNSName)
     )
-
-
-def _still_good(cert_path: Path, wanted: list[str], now: dt.datetime) -> bool:
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    fresh = cert.not_valid_after_utc - RENEW_BEFORE > now
-    return fresh and set(wanted) <= covered_hosts(cert_path)
 
 
 def _name(common_name: str) -> x509.Name:
@@ -98,7 +182,7 @@ def _make_ca(now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certifi
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
+        .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
