@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, PlainValidator, ValidationError, WrapValidator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
@@ -150,17 +150,23 @@ class SettingsLoader(Generic[M]):
         if self.typed_flags:
             if choices:
                 argument.update(choices=choices, metavar=None)
-            elif inner in (int, float):
+            elif inner in (int, float) and not self._parses_itself(info):
                 argument["type"] = inner
         return argument
+
+    @staticmethod
+    def _parses_itself(info: FieldInfo) -> bool:
+        """Whether the field reads its own strings (a size like ``2GiB`` into bytes)."""
+        kinds = (BeforeValidator, PlainValidator, WrapValidator)
+        return any(isinstance(m, kinds) for m in info.metadata)
 
     def _default_text(self, name: str) -> str:
         info = self.fields[name]
         if name in self.shown_defaults:
             return f"; default {self.shown_defaults[name]}"
-        if info.is_required() or info.default_factory is not None:
+        if info.is_required():
             return ""
-        default = info.default
+        default = info.get_default(call_default_factory=True, validated_data={})
         if default is None:
             return ""
         if isinstance(default, bool):
