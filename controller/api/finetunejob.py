@@ -397,6 +397,39 @@ class WorkloadRef(ApiModel):
     uid: str | None = Field(None, description="uid of the workload.")
 
 
+class ObservedGpu(ApiModel):
+    node: str = Field(description="node is the node the GPU is on.")
+    index: int = Field(ge=0, description="index is the GPU's NVML index on the node (0 or more).")
+    uuid: str = Field(
+        min_length=1, description="uuid is the GPU's (or MIG device's) UUID; the list's key."
+    )
+    peak_bytes: int = Field(
+        ge=0,
+        description="peakBytes is the most GPU memory the job's pods were seen using on this "
+        "GPU at once while the job ran, in bytes (0 or more): the sum of their processes' "
+        "usage as the node agent reported it. Only ever increases.",
+    )
+
+
+class ObservedStatus(ApiModel):
+    peak_bytes: int = Field(
+        ge=0,
+        description="peakBytes is the largest gpus[].peakBytes, in bytes (0 or more): compare "
+        "it with placement.perGpuBytes to see how close the estimate came.",
+    )
+    peak_gib: str = Field(alias="peak", description="peak is peakBytes in GiB, for people.")
+    gpus: list[ObservedGpu] = Field(
+        description="gpus are the GPUs the job's pods were seen on, each with its peak. "
+        "Written when a peak grows by more than 256 MiB or 5 % (whichever is larger), at the "
+        "first observation, and with every other status write, so a heartbeat alone does not "
+        "cost a write; the figure is therefore at most that much behind while the job runs.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["uuid"],
+        },
+    )
+
+
 class FineTuneJobStatus(ApiModel):
     estimate: EstimateStatus | None = Field(
         None,
@@ -421,4 +454,11 @@ class FineTuneJobStatus(ApiModel):
     )
     workload_ref: WorkloadRef | None = Field(
         None, description="workloadRef names the workload created when the job was admitted."
+    )
+    observed: ObservedStatus | None = Field(
+        None,
+        description="observed is the GPU memory the job's pods were seen using while it ran "
+        "(from the node agents' per-pod figures in GPUNode status): each GPU's peak and the "
+        "largest. Absent until the agent first sees the job's processes; kept once the job "
+        "finishes; removed when the job is suspended (its GPUs are released).",
     )

@@ -20,6 +20,11 @@ A pass, in the order Kueue's scheduler does it:
 Every status write holds only keys that differ from the job's status, so a pass over an
 unchanged cluster writes nothing. A queued job's message carries live numbers; a change of
 the message alone is written at most every `message_refresh`.
+
+An admitted job's observed peak per GPU (`observed.py`) is carried from pass to pass
+(`PassInput.peaks` in, `PassOutput.peaks` out) and written to `status.observed` when it grew
+enough. Each write says what it records for the metrics (`Recorded`: a decision, the job's
+end), counted once the write lands, so a decision is counted once however often it is made.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from controller.cluster import (
 from controller.decision import AdmissionSettings, Decision, JobRequest, Outcome, decide, plan_on
 from controller.estimator import Estimate
 from controller.jobspec import JobPlan
+from controller.operator import observed
 from controller.operator import status as status_rules
 from controller.operator.errors import Failure
 from controller.packing.inventory import NodeGpus
@@ -92,6 +98,27 @@ class PassInput:
     now: datetime
     last_written: Mapping[str, datetime] = field(default_factory=dict)
     message_refresh: timedelta = MESSAGE_REFRESH
+    #: Admitted jobs' peaks from earlier passes, by job uid (`PassOutput.peaks` of the last).
+    peaks: Mapping[str, observed.Peaks] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a status write records, for the metrics (counted once the write lands).
+
+    `decision` (Admit, Resize, Queue, Reject, Advise) and `reason` when the write changes the
+    job's Admitted condition to a decision; `first` when it is the job's first. `finished`
+    (the Succeeded or Failed condition's reason) when the write ends the job, with its
+    highest observed peak and its predicted per-GPU bytes.
+    """
+
+    decision: str | None = None
+    reason: str | None = None
+    first: bool = False
+    finished: str | None = None
+    peak_bytes: int = 0
+    predicted_bytes: int = 0
+    profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +131,7 @@ class StatusWrite:
     patch: dict[str, Any]
     events: tuple[status_rules.Event, ...] = ()
     resource_version: str | None = None
+    recorded: Recorded | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +156,8 @@ class PassOutput:
     creates: list[CreateWorkload] = field(default_factory=list)
     deletes: list[DeleteWorkload] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    #: Every admitted, unfinished job's peaks now, by job uid: the next pass's `peaks`.
+    peaks: dict[str, observed.Peaks] = field(default_factory=dict)
 
 
 def admission_pass(inp: PassInput) -> PassOutput:
@@ -196,6 +226,7 @@ class _Draft:
         self.events: list[status_rules.Event] = []
         self.admission = False
         self.urgent = False  # something other than a message changed
+        self.recorded: Recorded | None = None
 
     def apply(self, update: status_rules.StatusUpdate) -> None:
         self.status.update(update.patch)
@@ -226,7 +257,9 @@ class _Draft:
             # One Event per write where the decision says it all: an Event is an API write too,
             # and 1,000 new jobs must not cost 2,000 of them. The estimate stays in its condition.
             events = [e for e in events if e.reason != cond.REASON_ESTIMATED] or events
-        return StatusWrite(self.key, str(meta.get("uid")), patch, tuple(events), version)
+        return StatusWrite(
+            self.key, str(meta.get("uid")), patch, tuple(events), version, self.recorded
+        )
 
 
 def _generation(job: Mapping[str, Any]) -> int:
@@ -248,7 +281,8 @@ def _set_admitted(
     reason: str,
     message: str,
     generation: int | None = None,
-) -> None:
+) -> bool:
+    """Set Admitted; True when its status or reason changed (a new decision)."""
     conditions = _conditions(draft)
     old = cond.find_condition(conditions, cond.ADMITTED)
     message = status_rules.one_line(message)
@@ -267,6 +301,19 @@ def _set_admitted(
         normal = status is ConditionStatus.TRUE or reason in _QUIET_REASONS
         kind = status_rules.NORMAL if normal else status_rules.WARNING
         draft.events.append(status_rules.Event(kind, reason, message))
+        return True
+    return False
+
+
+#: Admitted reasons a job has before admission first decides it.
+_UNDECIDED = {cond.REASON_PENDING, cond.REASON_INVALID_SPEC}
+
+
+def _decided(draft: _Draft, decision: str, reason: str) -> None:
+    """Record that the write of `draft` carries a new decision."""
+    before = cond.find_condition(draft.current.get("conditions") or [], cond.ADMITTED)
+    first = before is None or before.get("reason") in _UNDECIDED
+    draft.recorded = Recorded(decision=decision, reason=reason, first=first)
 
 
 # -- 1. admitted jobs -----------------------------------------------------------------------
@@ -284,6 +331,7 @@ def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -
         out.deletes.append(DeleteWorkload(key, _workload_objects(inp, job)))
         draft.status.pop("placement", None)
         draft.status.pop("workloadRef", None)
+        draft.status.pop("observed", None)
         _set_admitted(
             inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
             "spec.suspend is true: the workload was deleted and its GPUs released",
@@ -323,12 +371,40 @@ def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
     conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
     draft.set_conditions(conditions)
+    ended = None
     for c in conditions:
         changed = before.get(c["type"]) != (c["status"], c["reason"])
         if changed and c["type"] in _WORKLOAD_TYPES and c["status"] == "True":
             kind = status_rules.WARNING if c["type"] == cond.FAILED else status_rules.NORMAL
             draft.events.append(status_rules.Event(kind, c["reason"], c["message"]))
+            if c["type"] != cond.RUNNING:
+                ended = str(c["reason"])
+    _observe(inp, key, draft, out, ended)
     return {**job, "status": draft.status}
+
+
+def _observe(inp: PassInput, key: str, draft: _Draft, out: PassOutput, ended: str | None) -> None:
+    """The job's peaks: carried to the next pass while it runs, written when due (or with
+    any other write), and recorded with the write that ends it."""
+    uid = str((draft.job.get("metadata") or {}).get("uid"))
+    written = observed.from_status(draft.current.get("observed"))
+    pod_uids = {str((p.get("metadata") or {}).get("uid")) for p in inp.job_pods.get(key, ())}
+    peaks = observed.merged(
+        written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, inp.objects.gpunodes)
+    )
+    if ended is None and peaks:
+        out.peaks[uid] = peaks
+    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks)):
+        draft.status["observed"] = observed.status(peaks)
+        draft.urgent = True
+    if ended is not None:
+        status = draft.status
+        draft.recorded = Recorded(
+            finished=ended,
+            peak_bytes=observed.highest(peaks.values()),
+            predicted_bytes=int((status.get("placement") or {}).get("perGpuBytes") or 0),
+            profile=str((status.get("estimate") or {}).get("profile") or ""),
+        )
 
 
 def _workload_objects(inp: PassInput, job: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -402,13 +478,14 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     out.decisions.append(decision)
     job = draft.job
     if not decision.admitted:
-        _set_admitted(
+        if _set_admitted(
             inp,
             draft,
             ConditionStatus.FALSE,
             decision.reason,
             decision.message,
-        )
+        ):
+            _decided(draft, decision_name(decision), decision.reason)
         return
     placement = Placement(
         nodes=[
@@ -437,7 +514,8 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     message = decision.message + "".join(
         f"; warning: {w}" for w in decision.warnings if w != decision.message
     )
-    _set_admitted(inp, draft, ConditionStatus.TRUE, decision.reason, message)
+    if _set_admitted(inp, draft, ConditionStatus.TRUE, decision.reason, message):
+        _decided(draft, decision_name(decision), decision.reason)
     state = workload_state(None, ())
     draft.set_conditions(workload_conditions(state, _conditions(draft), _generation(job), inp.now))
     out.creates.append(CreateWorkload(draft.key, objects))
@@ -450,11 +528,24 @@ def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
         would = "would wait"
     else:
         would = "would be rejected"
-    _set_admitted(
+    if _set_admitted(
         inp,
         draft,
         ConditionStatus.FALSE,
         cond.REASON_NO_TEMPLATE,
         f"spec.template is empty, so there is nothing to run and nothing is reserved; the job "
         f"{would} ({decision.reason}: {decision.message})",
-    )
+    ):
+        _decided(draft, ADVISE, cond.REASON_NO_TEMPLATE)
+
+
+#: The decision label of a job told only what admission would do: policy Advise's admission
+#: by GPU count, and a job without a template (nothing runs, nothing is reserved).
+ADVISE = "Advise"
+
+
+def decision_name(decision: Decision) -> str:
+    """Admit, Resize, Queue, Reject, or Advise for an admission by policy Advise."""
+    if decision.reason == cond.REASON_ADVISED:
+        return ADVISE
+    return decision.outcome.value

@@ -30,11 +30,13 @@ from controller.operator.admission import (
     Estimated,
     PassInput,
     PassOutput,
+    Recorded,
     StatusWrite,
     admission_pass,
 )
 from controller.operator.configmaps import ConfigMapUnavailable
 from controller.operator.errors import failure_of
+from controller.operator.observed import GROWTH_BYTES, Peaks
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.workload import Admission, build_workload
 
@@ -175,6 +177,7 @@ def run(
     job_pods: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     now: datetime = NOW,
     last_written: Mapping[str, datetime] | None = None,
+    peaks: Mapping[str, Peaks] | None = None,
 ) -> PassOutput:
     """One pass; every job estimated at its generation unless `estimates` says otherwise."""
     if estimates is None:
@@ -188,6 +191,7 @@ def run(
             settings=AdmissionSettings(),
             now=now,
             last_written=last_written or {},
+            peaks=peaks or {},
         )
     )
 
@@ -605,3 +609,149 @@ def test_admissions_are_written_before_the_other_writes() -> None:
         ("ns/z-last", "101"),
         ("ns/a-first", None),
     ]
+
+
+# -- decisions recorded for the metrics -------------------------------------------------------
+
+
+def test_a_write_records_a_new_decision_and_whether_it_is_the_jobs_first() -> None:
+    a = ftj("a")
+    out = run(cluster(a))
+    assert write_for(out, "ns/a").recorded == Recorded(decision="Admit", reason="Fits", first=True)
+
+    waits = ftj("waits", resources={"gpus": 1})
+    busy = cluster(waits, gpus={"n1": [5]})
+    queued = run(busy)
+    assert write_for(queued, "ns/waits").recorded == Recorded(
+        decision="Queue", reason=cond.REASON_WAITING_FOR_VRAM, first=True
+    )
+    later = written(waits, queued)
+    freed = run(cluster(later), estimates={"ns/waits": estimated(waits)})
+    assert write_for(freed, "ns/waits").recorded == Recorded(
+        decision="Admit", reason="Fits", first=False
+    ), "admitted after waiting: a decision, not the first"
+
+
+def test_a_queued_jobs_message_refresh_records_no_new_decision() -> None:
+    waits = ftj("waits")
+    first = run(cluster(waits, gpus={"n1": [5]}))
+    later = written(waits, first)
+    refreshed = run(
+        cluster(later, gpus={"n1": [6]}), now=NOW + MESSAGE_REFRESH * 2,
+        last_written={"ns/waits": NOW},
+    )  # fmt: skip
+    assert write_for(refreshed, "ns/waits").recorded is None
+
+
+def test_a_job_without_a_template_is_recorded_as_advice() -> None:
+    out = run(cluster(ftj("bare", template=None)))
+    assert write_for(out, "ns/bare").recorded == Recorded(
+        decision="Advise", reason=cond.REASON_NO_TEMPLATE, first=True
+    )
+
+
+# -- status.observed ---------------------------------------------------------------------------
+
+
+def using(objects: ClusterObjects, gib: float, pod_uid: str = "pod-a") -> ClusterObjects:
+    """`objects` with the pod `pod_uid` using `gib` GiB on n1's GPU 0, as the agent says."""
+    gpu = objects.gpunodes["n1"]["status"]["gpus"][0]
+    gpu["pods"] = [{"uid": pod_uid, "usedBytes": int(gib * GIB)}]
+    return objects
+
+
+def running(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"workloads": {"ns/a": workload("a")}, "job_pods": {"ns/a": [pod("a", "Running")]}}
+
+
+def test_the_first_observation_of_a_running_job_is_written_with_node_index_and_uuid() -> None:
+    a, _ = admitted("a")
+    out = run(using(cluster(a), 10.0), estimates={}, **running(a))
+    status = merge(a["status"], write_for(out, "ns/a").patch)
+    assert status["observed"] == {
+        "peakBytes": 10 * GIB,
+        "peak": "10.00 GiB",
+        "gpus": [{"node": "n1", "index": 0, "uuid": "GPU-n1-0", "peakBytes": 10 * GIB}],
+    }
+    assert out.peaks["uid-a"]["GPU-n1-0"].peak_bytes == 10 * GIB
+
+
+def test_a_peak_is_rewritten_only_once_it_grew_by_more_than_the_threshold() -> None:
+    a, _ = admitted("a")
+    first = run(using(cluster(a), 10.0), estimates={}, **running(a))
+    a = written(a, first)
+    base = 10 * GIB
+    step = base * 5 // 100  # 512 MiB: 5 % of 10 GiB is larger than 256 MiB
+    assert step > GROWTH_BYTES
+
+    at = run(using(cluster(a), (base + step) / GIB), estimates={}, peaks=first.peaks, **running(a))
+    assert at.writes == [], "exactly at the threshold: not yet"
+    assert at.peaks["uid-a"]["GPU-n1-0"].peak_bytes == base + step, "but remembered"
+
+    over = run(
+        using(cluster(a), (base + step + 1) / GIB), estimates={}, peaks=at.peaks, **running(a)
+    )
+    assert merge(a["status"], write_for(over, "ns/a").patch)["observed"]["peakBytes"] == (
+        base + step + 1
+    )
+
+
+def test_a_small_peak_grows_by_256_mib_before_it_is_rewritten() -> None:
+    a, _ = admitted("a")
+    first = run(using(cluster(a), 1.0), estimates={}, **running(a))
+    a = written(a, first)
+    inside = run(using(cluster(a), 1.25), estimates={}, peaks=first.peaks, **running(a))
+    assert inside.writes == [], "256 MiB more is 25 % of 1 GiB, but not more than 256 MiB"
+    beyond = run(using(cluster(a), 1.26), estimates={}, peaks=first.peaks, **running(a))
+    assert [w.key for w in beyond.writes] == ["ns/a"]
+
+
+def test_a_peak_never_falls_and_one_between_writes_is_not_lost() -> None:
+    a, _ = admitted("a")
+    first = run(using(cluster(a), 10.0), estimates={}, **running(a))
+    a = written(a, first)
+    up = run(using(cluster(a), 10.3), estimates={}, peaks=first.peaks, **running(a))
+    assert up.writes == []
+    down = run(using(cluster(a), 4.0), estimates={}, peaks=up.peaks, **running(a))
+    assert down.writes == [] and down.peaks["uid-a"]["GPU-n1-0"].peak_bytes == int(10.3 * GIB)
+
+    done = run(
+        cluster(a), estimates={}, peaks=down.peaks,
+        workloads={"ns/a": workload("a", "Complete")}, job_pods={"ns/a": [pod("a", "Succeeded")]},
+    )  # fmt: skip
+    write = write_for(done, "ns/a")
+    assert merge(a["status"], write.patch)["observed"]["peakBytes"] == int(10.3 * GIB), (
+        "the end's write carries the exact peak"
+    )
+    assert write.recorded == Recorded(
+        finished=cond.REASON_SUCCEEDED,
+        peak_bytes=int(10.3 * GIB),
+        predicted_bytes=a["status"]["placement"]["perGpuBytes"],
+        profile="calibrated",
+    )
+    assert "uid-a" not in done.peaks, "a finished job is not tracked"
+
+
+def test_a_job_that_ends_unobserved_is_recorded_with_no_peak() -> None:
+    a, _ = admitted("a")
+    done = run(cluster(a), estimates={}, workloads={"ns/a": workload("a", "Complete")})
+    write = write_for(done, "ns/a")
+    assert "observed" not in write.patch
+    assert write.recorded is not None and write.recorded.peak_bytes == 0
+
+
+def test_another_pods_memory_is_not_the_jobs() -> None:
+    a, _ = admitted("a")
+    out = run(using(cluster(a), 10.0, pod_uid="someone-else"), estimates={}, **running(a))
+    assert "observed" not in merge(a["status"], write_for(out, "ns/a").patch)
+    assert out.peaks == {}
+
+
+def test_suspending_a_job_removes_what_was_observed_with_its_placement() -> None:
+    a, _ = admitted("a")
+    a = written(a, run(using(cluster(a), 10.0), estimates={}, **running(a)))
+    assert a["status"]["observed"]["peakBytes"] == 10 * GIB
+    a["metadata"]["generation"] = 2
+    a["spec"]["suspend"] = True
+    out = run(cluster(a), estimates={}, workloads={"ns/a": workload("a")})
+    assert write_for(out, "ns/a").patch["observed"] is None

@@ -1,0 +1,151 @@
+"""`status.observed`: the GPU memory an admitted job's pods were seen using, at its peak.
+
+Why: the estimator's accuracy is measured where it matters, on the cluster's own jobs. The
+node agents report the bytes each pod's processes use on each GPU (GPUNode
+`status.gpus[].pods`); an admitted job's peak per GPU is the most its pods used there at once.
+Pure: the admission pass (`admission.py`) calls these with what the caches hold.
+
+**Only up.** A peak is the maximum of what the job's status says, what this operator saw
+earlier (it keeps peaks between passes, so a peak between two status writes is not lost) and
+what the agents say now.
+
+**Throttled.** The agents' figures change with every heartbeat; a status write per heartbeat
+per job would cost the API server more than the job's own pods. A peak is written when it
+grew by more than `GROWTH_BYTES` or `GROWTH_PERCENT` (whichever is larger), when a GPU is seen
+for the first time, and along with any other write of the job's status (its end among them),
+so the figure written last is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.api.finetunejob import ObservedGpu, ObservedStatus
+from controller.estimator import SpecError
+from controller.estimator.presets import load_preset
+from controller.jobspec import config_map_ref
+from controller.units import format_gib
+
+MIB = 2**20
+#: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:
+#: 256 MiB is below any estimate's resolution worth reading, 5 % keeps a 70 GiB job's writes
+#: to a handful.
+GROWTH_BYTES = 256 * MIB
+GROWTH_PERCENT = 5
+#: The family label of a job whose model family cannot be read without I/O.
+UNKNOWN_FAMILY = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPeak:
+    """The most one job's pods used on one GPU at once."""
+
+    node: str
+    index: int
+    uuid: str
+    peak_bytes: int
+
+
+Peaks = Mapping[str, GpuPeak]  # by GPU UUID
+
+
+def seen_now(
+    pod_uids: Collection[str], gpunodes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, GpuPeak]:
+    """What the pods `pod_uids` use on each GPU now, summed per GPU (the GPUs they are seen
+    on, wherever that is: the device plugin, not vramgate, picks a node's GPU)."""
+    out: dict[str, GpuPeak] = {}
+    if not pod_uids:
+        return out
+    for name, gpunode in gpunodes.items():
+        for gpu in (gpunode.get("status") or {}).get("gpus") or []:
+            used = [
+                int(p["usedBytes"])
+                for p in gpu.get("pods") or []
+                if p.get("uid") in pod_uids and p.get("usedBytes") is not None
+            ]
+            if used:
+                uuid = str(gpu.get("uuid"))
+                out[uuid] = GpuPeak(name, int(gpu.get("index") or 0), uuid, sum(used))
+    return out
+
+
+def from_status(observed: object) -> dict[str, GpuPeak]:
+    """The peaks a job's `status.observed` holds."""
+    if not isinstance(observed, Mapping):
+        return {}
+    out = {}
+    for gpu in observed.get("gpus") or []:
+        if isinstance(gpu, Mapping) and gpu.get("uuid"):
+            uuid = str(gpu["uuid"])
+            out[uuid] = GpuPeak(
+                str(gpu.get("node") or ""),
+                int(gpu.get("index") or 0),
+                uuid,
+                int(gpu.get("peakBytes") or 0),
+            )
+    return out
+
+
+def merged(*sources: Peaks) -> dict[str, GpuPeak]:
+    """The highest peak of each GPU across `sources`."""
+    out: dict[str, GpuPeak] = {}
+    for peaks in sources:
+        for uuid, peak in peaks.items():
+            best = out.get(uuid)
+            if best is None or peak.peak_bytes > best.peak_bytes:
+                out[uuid] = peak
+    return out
+
+
+def due(written: Peaks, peaks: Peaks) -> bool:
+    """Whether `peaks` must be written over `written` now: a GPU seen for the first time, or
+    a peak that grew by more than the larger of GROWTH_BYTES and GROWTH_PERCENT."""
+    for uuid, peak in peaks.items():
+        before = written.get(uuid)
+        if before is None:
+            return True
+        step = max(GROWTH_BYTES, before.peak_bytes * GROWTH_PERCENT // 100)
+        if peak.peak_bytes - before.peak_bytes > step:
+            return True
+    return False
+
+
+def highest(peaks: Iterable[GpuPeak]) -> int:
+    return max((peak.peak_bytes for peak in peaks), default=0)
+
+
+def status(peaks: Peaks) -> dict[str, Any]:
+    """`status.observed` of `peaks`, GPUs in node and index order."""
+    top = highest(peaks.values())
+    return ObservedStatus(
+        peak_bytes=top,
+        peak_gib=format_gib(top),
+        gpus=[
+            ObservedGpu(node=p.node, index=p.index, uuid=p.uuid, peak_bytes=p.peak_bytes)
+            for p in sorted(peaks.values(), key=lambda p: (p.node, p.index, p.uuid))
+        ],
+    ).model_dump(mode="json", by_alias=True)
+
+
+def spec_family(spec: Mapping[str, Any]) -> str:
+    """The model family (config.json's `model_type`) of a spec, read without I/O: the
+    preset's, or the inline config's (Llama-style when it says none, as the estimator reads
+    it); UNKNOWN_FAMILY for a model in a ConfigMap or a spec that names no model."""
+    model = spec.get("model") if isinstance(spec, Mapping) else None
+    if not isinstance(model, Mapping) or config_map_ref(spec) is not None:
+        return UNKNOWN_FAMILY
+    config = model.get("config")
+    if isinstance(config, Mapping):
+        found = config.get("model_type")
+        return found if isinstance(found, str) and found else "llama"
+    preset = model.get("preset")
+    if isinstance(preset, str):
+        try:
+            found = load_preset(preset).config.get("model_type")
+        except SpecError:  # an unknown preset: the job is InvalidSpec, never admitted
+            return UNKNOWN_FAMILY
+        return found if isinstance(found, str) and found else "llama"
+    return UNKNOWN_FAMILY
