@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -267,6 +268,61 @@ class Prometheus:
 
     def rules(self) -> list[dict[str, Any]]:
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
+
+
+@dataclass(frozen=True)
+class PanelQuery:
+    """One query of a Grafana dashboard panel, its variables replaced."""
+
+    panel: str
+    ref: str
+    expr: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.panel} [{self.ref}]"
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+def dashboard_queries(
+    dashboard: Mapping[str, Any], builtins: Mapping[str, str]
+) -> list[PanelQuery]:
+    """Every panel query of a Grafana dashboard (rows' nested panels too), with its template
+    variables replaced as Grafana would with "All" selected (each variable's allValue) and
+    the built-ins (``__rate_interval``, ``__range`` ...) taken from ``builtins``; a variable
+    neither defines is a KeyError, so a new one cannot slip by unreplaced."""
+    known = dict(builtins)
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            known[variable["name"]] = variable.get("allValue") or ".*"
+
+    def replace(match: re.Match[str]) -> str:
+        return known[match.group(1) or match.group(2)]
+
+    found: list[PanelQuery] = []
+
+    def walk(panels: Sequence[Mapping[str, Any]]) -> None:
+        for panel in panels:
+            walk(panel.get("panels", []))
+            for target in panel.get("targets", []):
+                expr = target.get("expr")
+                if expr:
+                    found.append(PanelQuery(panel["title"], target.get("refId", "?"),
+                                            _VARIABLE.sub(replace, expr)))  # fmt: skip
+
+    walk(dashboard.get("panels", []))
+    return found
+
+
+def rule_expressions(rule_file: Mapping[str, Any]) -> dict[str, str]:
+    """Every rule's expression in a rule file, by its alert or record name."""
+    return {
+        rule.get("alert") or rule["record"]: rule["expr"]
+        for group in rule_file["groups"]
+        for rule in group["rules"]
+    }
 
 
 def values(result: list[dict[str, Any]]) -> list[float]:
