@@ -99,7 +99,7 @@ def register(
     kopf.on.cleanup(registry=registry)(stop)
 
     if webhooks:
-        hook = AdmissionWebhook(scheduler.current_view)
+        hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook)
         resource = (GROUP, VERSION, PLURAL)
         # The webhook is fast feedback; the operator decides and enforces in status. An
         # unreachable webhook must not block every FineTuneJob write in the cluster.

@@ -27,6 +27,7 @@ from controller.errors import DeploymentError
 from controller.operator import handlers
 from controller.operator.kube import Kube, api_client
 from controller.operator.leader import Leader
+from controller.operator.metrics import OperatorMetrics, start_metrics_server
 from controller.operator.options import OperatorOptions, StartupError, WebhookMode
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.webhook.cert_secret import CertSecret, CertSecretError
@@ -135,6 +136,20 @@ def run(options: OperatorOptions) -> int:
     leader = None
     if options.leader_election:
         leader = Leader(kube, options.lease_namespace, options.lease_name, options.identity)
+    metrics = OperatorMetrics(
+        options.identity, leading=lambda: leader is None or leader.is_leader()
+    )
+    metrics_addr = getattr(options, "metrics_addr", "0.0.0.0")
+    metrics_port = int(getattr(options, "metrics_port", 8080))
+    try:
+        server = start_metrics_server(metrics, metrics_addr, metrics_port)
+    except OSError as error:
+        raise StartupError(
+            f"--metrics-port: cannot listen on {metrics_addr}:{metrics_port}: {error.strerror}"
+        ) from None
+    logging.getLogger("vramgate").info(
+        "metrics on http://%s:%d/metrics", metrics_addr, server.server_address[1]
+    )
     scheduler = Scheduler(
         kube,
         SchedulerOptions(
@@ -143,6 +158,7 @@ def run(options: OperatorOptions) -> int:
             configmap_retry_s=options.configmap_retry_s,
         ),
         leader,
+        metrics=metrics,
     )
     if leader is not None:
         leader.on_change.append(scheduler.wake)

@@ -22,6 +22,10 @@ onto the same memory, nor create the workload twice.
 **Leader.** Only the Lease holder runs passes (`leader.py`); when it becomes the holder it
 lists every FineTuneJob from the API server before its first decision, so the ledger is what
 the API holds, not what a cache had time to see.
+
+**Metrics** (`metrics.py`): after each pass the state gauges are rebuilt from the jobs as the
+pass left them (`metric_view.py`, in the decider thread); a write's `Recorded` (a decision,
+a job's end) is counted once it has landed.
 """
 
 from __future__ import annotations
@@ -42,16 +46,18 @@ from typing import Any, cast
 import kopf
 
 from controller.api import conditions as cond
-from controller.cluster import finished, job_key, reservation, snapshot
+from controller.cluster import finished, job_key, parse_time, reservation, snapshot
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
-from controller.operator import admission
+from controller.operator import admission, observed
 from controller.operator.caches import Caches, slim_job
 from controller.operator.configmaps import read_model_config
 from controller.operator.errors import failure_of
 from controller.operator.kube import Conflict, Gone, Kube
 from controller.operator.leader import Leader
+from controller.operator.metric_view import metric_view
+from controller.operator.metrics import OperatorMetrics
 from controller.packing.view import ClusterView
 
 log = logging.getLogger("vramgate.scheduler")
@@ -81,11 +87,13 @@ class Scheduler:
         options: SchedulerOptions,
         leader: Leader | None = None,
         now: Callable[[], datetime] = cond.now_utc,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.kube = kube
         self.options = options
         self.leader = leader
         self.now = now
+        self.metrics = metrics or OperatorMetrics()
         self.caches: Caches | None = None
         self._context = contextvars.copy_context()
         self._wake = asyncio.Event()
@@ -101,6 +109,8 @@ class Scheduler:
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._last_written: dict[str, datetime] = {}
+        self._peaks: dict[str, observed.Peaks] = {}  # job uid -> its GPUs' observed peaks
+        self._families: dict[str, str] = {}  # job uid -> model family, from its estimate
         self._leading = False
         self._view: tuple[int, ClusterView] | None = None
         self._view_lock = asyncio.Lock()
@@ -158,6 +168,8 @@ class Scheduler:
                 continue
             leading = self.leader is None or self.leader.is_leader()
             if not leading:
+                if self._leading:
+                    self.metrics.clear_view()
                 self._leading = False
                 continue
             relist = not self._leading
@@ -210,15 +222,43 @@ class Scheduler:
             settings=self.options.admission,
             now=self.now(),
             last_written=self._last_written,
+            peaks=self._peaks,
         )
         decided_at = time.monotonic()
-        out = await loop.run_in_executor(self._decider, admission.admission_pass, inp)
+        out = await loop.run_in_executor(self._decider, self._decide, inp)
         log.debug(
             "decided %d jobs in %.3f s: %d writes, %d creates, %d deletes",
             len(objects.jobs), time.monotonic() - decided_at,
             len(out.writes), len(out.creates), len(out.deletes),
         )  # fmt: skip
-        await self._carry_out(out, objects.jobs)
+        self._peaks = out.peaks
+        for key, found in estimates.items():
+            if found.plan is not None and found.plan.shape is not None:
+                self._families[_uid(objects.jobs[key])] = found.plan.shape.model_type
+        landed = await self._carry_out(out, objects.jobs)
+        if landed is None:
+            return
+        left = replace(objects, jobs={**objects.jobs, **landed})
+        uids = {_uid(job) for job in left.jobs.values()}
+        for uid in [u for u in self._families if u not in uids]:
+            del self._families[uid]
+        packing, now = self.options.admission.packing, self.now()
+        view = await loop.run_in_executor(
+            self._decider, metric_view, left, packing, now, out.peaks, self.family
+        )
+        self.metrics.set_view(view)
+
+    def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
+        started = time.perf_counter()
+        out = admission.admission_pass(inp)
+        self.metrics.observe_pass(time.perf_counter() - started)
+        return out
+
+    def family(self, job: Mapping[str, Any]) -> str:
+        """The job's model family (config.json's model_type): from its estimate when this
+        process made one, else from its spec."""
+        found = self._families.get(_uid(job))
+        return found if found is not None else observed.spec_family(job.get("spec") or {})
 
     def _assumed(self, key: str, job: Mapping[str, Any]) -> Mapping[str, Any]:
         fresh = self._fresh.get(key)
@@ -292,7 +332,9 @@ class Scheduler:
         plan, errors = translate(dict(spec), config)
         if plan is None:
             raise SpecErrors(errors)
+        started = time.perf_counter()
         est = estimate_plan(plan)
+        self.metrics.observe_estimate(est.profile, time.perf_counter() - started)
         if len(self._by_spec) >= ESTIMATE_CACHE_SIZE:
             self._by_spec.pop(next(iter(self._by_spec)))
         self._by_spec[cache_key] = (plan, est)
@@ -302,11 +344,14 @@ class Scheduler:
 
     async def _carry_out(
         self, out: admission.PassOutput, jobs: Mapping[str, Mapping[str, Any]]
-    ) -> None:
+    ) -> dict[str, Mapping[str, Any]] | None:
+        """Write, create, delete; the jobs whose status write landed, as written (None: the
+        pass was dropped)."""
         loop = asyncio.get_running_loop()
         if self.leader is not None and not self.leader.is_leader():
             log.warning("lost the lease during a pass: its decisions are dropped")
-            return
+            return None
+        after_writes: dict[str, Mapping[str, Any]] = {}
 
         async def write(w: admission.StatusWrite) -> bool:
             job = jobs[w.key]
@@ -328,8 +373,15 @@ class Scheduler:
                 log.exception("[%s] status write failed; deciding again", w.key)
                 self.wake()
                 return False
-            self._fresh[w.key] = (str(meta.get("resourceVersion")), slim_job(after))
+            slim = slim_job(after)
+            self._fresh[w.key] = (str(meta.get("resourceVersion")), slim)
+            after_writes[w.key] = slim
             self._last_written[w.key] = self.now()
+            if w.recorded is not None:
+                self.metrics.landed(
+                    w.uid, w.recorded, parse_time(meta.get("creationTimestamp")), self.now(),
+                    self.family(job),
+                )  # fmt: skip
             for event in w.events:
                 self._context.run(
                     kopf.event,
@@ -371,6 +423,7 @@ class Scheduler:
         await asyncio.gather(*(create(c) for c in out.creates), *(delete(d) for d in out.deletes))
         for key in [k for k in self._last_written if k not in jobs]:
             del self._last_written[key]
+        return after_writes
 
 
 def _uid(job: Mapping[str, Any]) -> str:

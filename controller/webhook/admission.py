@@ -16,12 +16,17 @@ has one (the operator just started, or no GPU reported yet), and for jobs it can
 here (a model in a ConfigMap, the Trace profile: seconds of work), they pass and the
 operator decides. Both webhooks fail open (`ignore_failures`): an operator that is down must
 not block every write, and the operator still decides every job.
+
+Each request's duration is handed to `observe(webhook, result, seconds)` (the operator's
+metrics), measured inside the handler: webhook `validating` or `mutating`, result `allowed`,
+`denied` (refused with a reason) or `error` (the handler failed; the request fails open).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -41,11 +46,22 @@ from controller.webhook.validating import INVALID, validate_finetunejob
 
 _NEVER = {cond.REASON_INSUFFICIENT_VRAM, cond.REASON_NO_MATCHING_GPU, cond.REASON_INSUFFICIENT_GPUS}
 _CACHE_SIZE = 1024
+VALIDATING, MUTATING = "validating", "mutating"
+ALLOWED, DENIED, ERROR = "allowed", "denied", "error"
+
+
+def _ignore(webhook: str, result: str, seconds: float) -> None:
+    pass
 
 
 class AdmissionWebhook:
-    def __init__(self, view: Callable[[], Awaitable[ClusterView | None]]) -> None:
+    def __init__(
+        self,
+        view: Callable[[], Awaitable[ClusterView | None]],
+        observe: Callable[[str, str, float], None] = _ignore,
+    ) -> None:
         self.view = view
+        self.observe = observe
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
         self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
 
@@ -57,6 +73,41 @@ class AdmissionWebhook:
         operation: str | None,
         warnings: list[str] | None = None,
         **_: Any,
+    ) -> None:
+        started, result = time.perf_counter(), ERROR
+        try:
+            await self._validate(body, spec, old, operation, warnings)
+            result = ALLOWED
+        except kopf.AdmissionError:
+            result = DENIED
+            raise
+        finally:
+            self.observe(VALIDATING, result, time.perf_counter() - started)
+
+    async def mutate(
+        self,
+        spec: Mapping[str, Any],
+        patch: kopf.Patch,
+        warnings: list[str] | None = None,
+        **_: Any,
+    ) -> None:
+        started, result = time.perf_counter(), ERROR
+        try:
+            await self._mutate(spec, patch, warnings)
+            result = ALLOWED
+        except kopf.AdmissionError:
+            result = DENIED
+            raise
+        finally:
+            self.observe(MUTATING, result, time.perf_counter() - started)
+
+    async def _validate(
+        self,
+        body: Mapping[str, Any],
+        spec: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        operation: str | None,
+        warnings: list[str] | None,
     ) -> None:
         plain = dict(spec)
         self._validate_spec(plain, old, operation, warnings)
@@ -83,12 +134,8 @@ class AdmissionWebhook:
                 f"vramgate: {decision.reason}: {decision.message}", code=INVALID
             )
 
-    async def mutate(
-        self,
-        spec: Mapping[str, Any],
-        patch: kopf.Patch,
-        warnings: list[str] | None = None,
-        **_: Any,
+    async def _mutate(
+        self, spec: Mapping[str, Any], patch: kopf.Patch, warnings: list[str] | None
     ) -> None:
         plain = dict(spec)
         found = self._estimate(plain)

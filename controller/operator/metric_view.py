@@ -1,0 +1,154 @@
+"""The operator's state gauges as plain data: what one admission pass leaves the cluster as.
+
+Why plain data: the figures (predicted bytes per job and GPU, reservations, effective free
+memory, the queue) are the admission pass's own arithmetic, and are tested as such; the
+Prometheus shell (`metrics.py`) only renders them. Each pass yields a fresh view, so a job or
+GPU that is gone has no series left behind.
+
+Label names follow dcgm-exporter (`node`, `gpu` = the NVML index as a string, `UUID`,
+`modelName` = the product as the agent reports it) so dashboards can join the agent's, the
+operator's and dcgm-exporter's series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.api import conditions as cond
+from controller.cluster import (
+    ClusterObjects,
+    finished,
+    parse_time,
+    reservation,
+    snapshot,
+)
+from controller.operator import observed
+from controller.packing.inventory import PackingSettings, working_nodes
+
+GPU_LABELS = ("node", "gpu", "UUID", "modelName")
+JOB_LABELS = ("namespace", "job")
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One gauge family: its name, help, label names and samples (label values, value)."""
+
+    name: str
+    doc: str
+    labels: tuple[str, ...]
+    samples: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+
+    def add(self, values: tuple[str, ...], value: float) -> None:
+        self.samples.append((values, value))
+
+
+def metric_view(
+    objects: ClusterObjects,
+    packing: PackingSettings,
+    now: datetime,
+    peaks: Mapping[str, observed.Peaks],
+    family: Callable[[Mapping[str, Any]], str],
+) -> tuple[Gauge, ...]:
+    """The state gauges of `objects` (the jobs as the pass left them) at `now`; `peaks` are
+    admitted jobs' observed peaks by job uid, `family` a job's model family."""
+    predicted = Gauge(
+        "vramgate_job_predicted_bytes",
+        "Bytes the estimate predicts on each GPU of an admitted, unfinished job's placement.",
+        (*JOB_LABELS, *GPU_LABELS, "profile"),
+    )
+    peak = Gauge(
+        "vramgate_job_observed_peak_bytes",
+        "Most bytes a running job's pods were seen using on a GPU at once (status.observed).",
+        (*JOB_LABELS, *GPU_LABELS),
+    )
+    ratio = Gauge(
+        "vramgate_job_observed_ratio",
+        "A running job's highest observed peak over its GPUs divided by its predicted "
+        "per-GPU bytes: above 1, the estimator under-predicted.",
+        (*JOB_LABELS, "profile", "family"),
+    )
+    reserved = Gauge(
+        "vramgate_gpu_reservation_bytes",
+        "Bytes promised on a GPU to admitted, unfinished jobs (the sum of their per-GPU "
+        "estimates); 0 when nothing is reserved.",
+        GPU_LABELS,
+    )
+    free = Gauge(
+        "vramgate_gpu_schedulable_free_bytes",
+        "Effective free bytes of a placeable GPU as the packer sees it: measured free less "
+        "what admitted jobs will still allocate less headroom (negative: over-committed).",
+        GPU_LABELS,
+    )
+    heartbeat = Gauge(
+        "vramgate_gpunode_heartbeat_timestamp_seconds",
+        "When a GPUNode's agent last read its GPUs, in seconds since the Unix epoch.",
+        ("node",),
+    )
+    pending = Gauge(
+        "vramgate_pending_jobs",
+        "Jobs neither admitted nor finished, by their Admitted condition's reason.",
+        ("reason",),
+    )
+    created = Gauge(
+        "vramgate_pending_job_created_timestamp_seconds",
+        "Creation time of each job neither admitted nor finished, in seconds since the Unix "
+        "epoch (its queue age is time() minus this).",
+        (*JOB_LABELS, "reason"),
+    )
+
+    products: dict[str, str] = {}
+    reserved_on: dict[str, int] = {}
+    gpus: list[tuple[str, ...]] = []
+    for name, gpunode in sorted(objects.gpunodes.items()):
+        status = gpunode.get("status") or {}
+        beat = parse_time(status.get("heartbeatTime"))
+        if beat is not None:
+            heartbeat.add((name,), beat.timestamp())
+        for gpu in status.get("gpus") or []:
+            uuid = str(gpu.get("uuid"))
+            products[uuid] = str(gpu.get("product") or "")
+            known = gpu.get("memoryInfoSupported", True) and gpu.get("totalBytes") is not None
+            if known:
+                gpus.append((name, str(gpu.get("index") or 0), uuid, products[uuid]))
+
+    by_reason: dict[str, int] = {}
+    for key, job in sorted(objects.jobs.items()):
+        meta = job.get("metadata") or {}
+        namespace, name = key.split("/", 1)
+        status = job.get("status") or {}
+        held = reservation(job, [])
+        if held is None:
+            if finished(job):
+                continue
+            admitted = cond.find_condition(status.get("conditions") or [], cond.ADMITTED)
+            reason = str((admitted or {}).get("reason") or cond.REASON_PENDING)
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            born = parse_time(meta.get("creationTimestamp"))
+            if born is not None:
+                created.add((namespace, name, reason), born.timestamp())
+            continue
+        profile = str((status.get("estimate") or {}).get("profile") or "")
+        for part in held.placement:
+            for index, uuid in zip(part.indices, part.uuids, strict=False):
+                reserved_on[uuid] = reserved_on.get(uuid, 0) + held.per_gpu_bytes
+                labels = (namespace, name, part.node, str(index), uuid, products.get(uuid, ""))
+                predicted.add((*labels, profile), float(held.per_gpu_bytes))
+        found = peaks.get(str(meta.get("uid"))) or observed.from_status(status.get("observed"))
+        for p in sorted(found.values(), key=lambda p: (p.node, p.index, p.uuid)):
+            where = (namespace, name, p.node, str(p.index), p.uuid, products.get(p.uuid, ""))
+            peak.add(where, float(p.peak_bytes))
+        if found and held.per_gpu_bytes > 0:
+            top = observed.highest(found.values())
+            ratio.add((namespace, name, profile, family(job)), top / held.per_gpu_bytes)
+
+    for reason, count in sorted(by_reason.items()):
+        pending.add((reason,), float(count))
+    for gpu_labels in gpus:
+        reserved.add(gpu_labels, float(reserved_on.get(gpu_labels[2], 0)))
+    for node in working_nodes(snapshot(objects, now), packing):
+        for slot in node.gpus:
+            free.add((slot.node, str(slot.index), slot.uuid, slot.product), float(slot.free))
+    return (predicted, peak, ratio, reserved, free, heartbeat, pending, created)

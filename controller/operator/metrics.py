@@ -1,0 +1,172 @@
+"""The operator's Prometheus metrics: the admission state, decisions, latencies, accuracy.
+
+Why a custom collector for the state gauges: they are rendered from the latest admission
+pass's view (`metric_view.py`), so a job or GPU that is gone leaves no series behind, as
+labelled gauges set one by one would. Only the leader exports them (a standby's caches may
+lag, and sums across replicas must not double count); every replica exports
+`vramgate_operator_leader` and `vramgate_build_info`. Counters and histograms are updated as
+things happen, on the replica where they happen (the webhook's on every replica).
+
+A registry of its own, never the global one: tests build as many operators as they like.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller import __version__
+from controller.operator.admission import Recorded
+from controller.operator.metric_view import Gauge
+
+#: Observed peak / predicted: dense around 1, where the estimator should be.
+ACCURACY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0)
+#: Creation to first decision: a pass after a debounce, or an estimate's seconds (Trace).
+DECISION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: One pure pass: milliseconds for a small cluster, a second for thousands of jobs.
+PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: One estimate: microseconds (Calibrated, cached shape) to tens of seconds (Trace).
+ESTIMATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+#: One admission request, as kopf's handler runs it; the API server's timeout is 10 s.
+WEBHOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0)  # fmt: skip
+
+
+class _State(Collector):
+    """The leader's state gauges and every replica's leader and build gauges."""
+
+    def __init__(self, owner: OperatorMetrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Metric]:
+        owner = self.owner
+        leading = owner.leading()
+        leader = GaugeMetricFamily(
+            "vramgate_operator_leader",
+            "1 on the replica that holds the Lease and decides admissions, else 0.",
+            labels=["identity"],
+        )
+        leader.add_metric([owner.identity], 1.0 if leading else 0.0)
+        yield leader
+        build = GaugeMetricFamily(
+            "vramgate_build_info", "The running vramgate's version; always 1.", labels=["version"]
+        )
+        build.add_metric([__version__], 1.0)
+        yield build
+        if not leading:
+            return
+        with owner._lock:
+            view = owner._view
+        for gauge in view:
+            family = GaugeMetricFamily(gauge.name, gauge.doc, labels=list(gauge.labels))
+            for values, value in gauge.samples:
+                family.add_metric(list(values), value)
+            yield family
+
+
+class OperatorMetrics:
+    """The operator's metrics in a registry of its own (`registry`), scraped at /metrics."""
+
+    def __init__(self, identity: str = "", leading: Callable[[], bool] = lambda: True) -> None:
+        self.identity = identity
+        self.leading = leading
+        self._lock = threading.Lock()
+        self._view: tuple[Gauge, ...] = ()
+        self._accuracy_seen: set[str] = set()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_State(self))
+        r = self.registry
+        self.decisions = Counter(
+            "vramgate_decisions", "Admission decisions written, by decision (Admit, Resize, "
+            "Queue, Reject, Advise) and Admitted reason.", ["decision", "reason"], registry=r,
+        )  # fmt: skip
+        self.decision_latency = Histogram(
+            "vramgate_decision_latency_seconds",
+            "From a job's creation to its first decision written, in seconds.",
+            ["decision"], buckets=DECISION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.pass_duration = Histogram(
+            "vramgate_admission_pass_duration_seconds",
+            "One admission pass (pure: deciding every job, no API calls), in seconds.",
+            buckets=PASS_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.estimate_duration = Histogram(
+            "vramgate_estimate_duration_seconds",
+            "One VRAM estimate (not served from the cache), in seconds, by profile.",
+            ["profile"], buckets=ESTIMATE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.webhook_duration = Histogram(
+            "vramgate_webhook_request_duration_seconds",
+            "One admission request as the handler ran it, in seconds, by webhook "
+            "(validating, mutating) and result (allowed, denied, error).",
+            ["webhook", "result"], buckets=WEBHOOK_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.finished = Counter(
+            "vramgate_jobs_finished", "Jobs that ended, by reason (Succeeded, OOMKilled, "
+            "GPUOutOfMemory, WorkloadFailed).", ["reason"], registry=r,
+        )  # fmt: skip
+        self.accuracy = Histogram(
+            "vramgate_estimate_accuracy_ratio",
+            "Observed peak over predicted bytes per GPU, once per job when it ends with a "
+            "non-zero observed peak, by profile and model family: above 1 the estimator "
+            "under-predicted.",
+            ["profile", "family"], buckets=ACCURACY_BUCKETS, registry=r,
+        )  # fmt: skip
+
+    # -- what the scheduler and the webhook call ---------------------------------------------
+
+    def set_view(self, view: tuple[Gauge, ...]) -> None:
+        """The latest pass's state gauges (rendered while this replica leads)."""
+        with self._lock:
+            self._view = view
+
+    def clear_view(self) -> None:
+        self.set_view(())
+
+    def observe_pass(self, seconds: float) -> None:
+        self.pass_duration.observe(seconds)
+
+    def observe_estimate(self, profile: str, seconds: float) -> None:
+        self.estimate_duration.labels(profile).observe(seconds)
+
+    def observe_webhook(self, webhook: str, result: str, seconds: float) -> None:
+        self.webhook_duration.labels(webhook, result).observe(seconds)
+
+    def landed(
+        self, uid: str, recorded: Recorded, created: datetime | None, now: datetime, family: str
+    ) -> None:
+        """A status write of job `uid` that records `recorded` landed."""
+        if recorded.decision is not None:
+            self.decisions.labels(recorded.decision, recorded.reason or "").inc()
+            if recorded.first and created is not None:
+                latency = max(0.0, (now - created).total_seconds())
+                self.decision_latency.labels(recorded.decision).observe(latency)
+        if recorded.finished is not None:
+            self.finished.labels(recorded.finished).inc()
+            if recorded.peak_bytes > 0 and recorded.predicted_bytes > 0 and self._once(uid):
+                ratio = recorded.peak_bytes / recorded.predicted_bytes
+                self.accuracy.labels(recorded.profile, family).observe(ratio)
+
+    def _once(self, uid: str) -> bool:
+        """Whether job `uid`'s accuracy is observed for the first time by this process (a
+        retried end write must not count twice; a restart never sees the end again)."""
+        with self._lock:
+            if uid in self._accuracy_seen:
+                return False
+            if len(self._accuracy_seen) >= 100_000:
+                self._accuracy_seen.clear()
+            self._accuracy_seen.add(uid)
+            return True
+
+
+def start_metrics_server(metrics: OperatorMetrics, address: str, port: int) -> Any:
+    """Serve `metrics` at http://address:port/metrics in a daemon thread; the server."""
+    server, _thread = start_http_server(port, address, registry=metrics.registry)
+    return server

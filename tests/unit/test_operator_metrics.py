@@ -1,0 +1,288 @@
+"""The operator's metrics: the state view as plain data, what /metrics renders from it (leader
+and standby), the counters a landed write moves, the accuracy histogram observed once, and
+the webhook's latency by result.
+
+The cluster is built the way tests/unit/test_admission_pass.py builds it, and admitted jobs
+come from a real pass, so the figures are the pass's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import kopf
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from controller.api import conditions as cond
+from controller.operator.admission import Recorded
+from controller.operator.metric_view import Gauge, metric_view
+from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
+from controller.operator.observed import GpuPeak, spec_family
+from controller.packing.inventory import PackingSettings
+from controller.packing.view import ClusterView
+from controller.webhook.admission import AdmissionWebhook
+from tests.unit.test_admission_pass import (
+    GIB,
+    NOW,
+    admitted,
+    cluster,
+    ftj,
+    run,
+    written,
+)
+
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+def families(gauges: Iterable[Gauge]) -> dict[str, Gauge]:
+    return {g.name: g for g in gauges}
+
+
+def samples(gauge: Gauge) -> dict[tuple[str, ...], float]:
+    return dict(gauge.samples)
+
+
+def scrape(metrics: OperatorMetrics) -> dict[str, list[Sample]]:
+    """/metrics as Prometheus parses it: family name -> its samples."""
+    text = generate_latest(metrics.registry).decode()
+    return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
+
+
+def value(found: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    (hit,) = [
+        s.value
+        for samples in found.values()
+        for s in samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    return hit
+
+
+def one_admitted_one_waiting() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Job a admitted on n1's GPU 0 (80 GiB free, 2 GPUs), job w waiting for a GPU it can
+    never share (both GPUs taken: w asks for 2)."""
+    a, _ = admitted("a", gpus={"n1": [80, 80]})
+    w = ftj("w", minute=3, resources={"gpus": 2}, parallelism="DDP")
+    out = run(cluster(a, w, gpus={"n1": [80, 80]}), estimates=None)
+    w = written(w, out)
+    return cluster(a, w, gpus={"n1": [80, 80]}), a, w
+
+
+def view_of(objects: Any, peaks: Mapping[str, Mapping[str, GpuPeak]] | None = None) -> Any:
+    return families(
+        metric_view(objects, PackingSettings(), NOW, peaks or {}, lambda job: "llama")
+    )
+
+
+# -- the view ----------------------------------------------------------------------------------
+
+
+def test_an_admitted_job_is_predicted_and_reserved_on_each_gpu_of_its_placement() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    per_gpu = a["status"]["placement"]["perGpuBytes"]
+    view = view_of(objects)
+    assert samples(view["vramgate_job_predicted_bytes"]) == {
+        ("ns", "a", "n1", "0", "GPU-n1-0", PRODUCT, "calibrated"): float(per_gpu)
+    }
+    assert samples(view["vramgate_gpu_reservation_bytes"]) == {
+        ("n1", "0", "GPU-n1-0", PRODUCT): float(per_gpu),
+        ("n1", "1", "GPU-n1-1", PRODUCT): 0.0,
+    }, "every GPU with known memory, 0 where nothing is reserved"
+
+
+def test_schedulable_free_is_free_less_what_admitted_jobs_will_still_allocate() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    per_gpu = a["status"]["placement"]["perGpuBytes"]
+    free = samples(view_of(objects)["vramgate_gpu_schedulable_free_bytes"])
+    assert free == {
+        ("n1", "0", "GPU-n1-0", PRODUCT): float(80 * GIB - per_gpu),
+        ("n1", "1", "GPU-n1-1", PRODUCT): float(80 * GIB),
+    }
+    objects.nodes["n1"]["spec"]["unschedulable"] = True
+    assert samples(view_of(objects)["vramgate_gpu_schedulable_free_bytes"]) == {}, (
+        "a cordoned node's GPUs are not placeable"
+    )
+
+
+def test_pending_jobs_are_counted_by_reason_with_their_creation_time() -> None:
+    objects, _, w = one_admitted_one_waiting()
+    reason = next(c for c in w["status"]["conditions"] if c["type"] == "Admitted")["reason"]
+    fresh = ftj("fresh", minute=7)  # not estimated yet: no Admitted condition
+    objects.jobs["ns/fresh"] = fresh
+    view = view_of(objects)
+    assert samples(view["vramgate_pending_jobs"]) == {(reason,): 1.0, ("Pending",): 1.0}
+    created = samples(view["vramgate_pending_job_created_timestamp_seconds"])
+    assert created == {
+        ("ns", "w", reason): (NOW - timedelta(minutes=57)).timestamp(),
+        ("ns", "fresh", "Pending"): (NOW - timedelta(minutes=53)).timestamp(),
+    }
+
+
+def test_a_finished_job_leaves_no_series() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    done = dict(a["status"])
+    done["conditions"] = [*done["conditions"], {"type": "Succeeded", "status": "True",
+                                                "reason": "Succeeded"}]  # fmt: skip
+    objects.jobs["ns/a"] = {**a, "status": done}
+    view = view_of(objects)
+    assert samples(view["vramgate_job_predicted_bytes"]) == {}
+    assert set(samples(view["vramgate_gpu_reservation_bytes"]).values()) == {0.0}
+    assert samples(view["vramgate_pending_jobs"]).get(("Succeeded",)) is None
+
+
+def test_observed_peaks_and_their_ratio_to_the_prediction() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    per_gpu = a["status"]["placement"]["perGpuBytes"]
+    peak = GpuPeak("n1", 0, "GPU-n1-0", per_gpu * 11 // 10)
+    view = view_of(objects, {"uid-a": {"GPU-n1-0": peak}})
+    assert samples(view["vramgate_job_observed_peak_bytes"]) == {
+        ("ns", "a", "n1", "0", "GPU-n1-0", PRODUCT): float(peak.peak_bytes)
+    }
+    ((labels, ratio),) = view["vramgate_job_observed_ratio"].samples
+    assert labels == ("ns", "a", "calibrated", "llama")
+    assert ratio == pytest.approx(1.1, abs=1e-9)
+
+
+def test_observed_peaks_come_from_status_after_a_restart() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    a["status"]["observed"] = {"peakBytes": 5 * GIB, "peak": "5.00 GiB", "gpus": [
+        {"node": "n1", "index": 0, "uuid": "GPU-n1-0", "peakBytes": 5 * GIB}]}  # fmt: skip
+    view = view_of(objects)
+    assert list(samples(view["vramgate_job_observed_peak_bytes"]).values()) == [5.0 * GIB]
+
+
+def test_heartbeats_are_exported_per_gpunode() -> None:
+    objects, _, _ = one_admitted_one_waiting()
+    beats = samples(view_of(objects)["vramgate_gpunode_heartbeat_timestamp_seconds"])
+    assert beats == {("n1",): (NOW - timedelta(seconds=10)).timestamp()}
+
+
+def test_the_family_of_a_preset_and_of_an_inline_config() -> None:
+    assert spec_family({"model": {"preset": "llama-3.1-8b"}}) == "llama"
+    assert spec_family({"model": {"config": {"model_type": "qwen2"}}}) == "qwen2"
+    assert spec_family({"model": {"configMapRef": {"name": "m"}}}) == "unknown"
+
+
+# -- the collector -----------------------------------------------------------------------------
+
+
+def test_the_leader_exports_the_view_and_a_standby_only_its_leader_and_build_gauges() -> None:
+    objects, a, _ = one_admitted_one_waiting()
+    leading = [True]
+    metrics = OperatorMetrics("replica-0", leading=lambda: leading[0])
+    metrics.set_view(metric_view(objects, PackingSettings(), NOW, {}, lambda job: "llama"))
+
+    found = scrape(metrics)
+    per_gpu = a["status"]["placement"]["perGpuBytes"]
+    assert value(found, "vramgate_job_predicted_bytes", job="a", UUID="GPU-n1-0") == per_gpu
+    assert value(found, "vramgate_operator_leader", identity="replica-0") == 1
+    assert value(found, "vramgate_build_info", version="0.1.0") == 1
+    assert value(found, "vramgate_gpu_reservation_bytes", gpu="1") == 0
+
+    leading[0] = False
+    standby = scrape(metrics)
+    assert value(standby, "vramgate_operator_leader", identity="replica-0") == 0
+    state = {g.name for g in metric_view(objects, PackingSettings(), NOW, {}, lambda j: "")}
+    assert not state & set(standby), "no state gauge from a standby"
+
+
+def test_a_new_view_leaves_no_series_of_what_is_gone() -> None:
+    objects, _, _ = one_admitted_one_waiting()
+    metrics = OperatorMetrics("r")
+    metrics.set_view(metric_view(objects, PackingSettings(), NOW, {}, lambda job: "llama"))
+    del objects.gpunodes["n1"]
+    metrics.set_view(metric_view(objects, PackingSettings(), NOW, {}, lambda job: "llama"))
+    found = scrape(metrics)
+    assert found["vramgate_gpu_reservation_bytes"] == []
+    assert found["vramgate_gpunode_heartbeat_timestamp_seconds"] == []
+
+
+def test_a_landed_decision_is_counted_and_a_first_one_timed_from_creation() -> None:
+    metrics = OperatorMetrics("r")
+    created = NOW - timedelta(seconds=3)
+    metrics.landed("u1", Recorded("Admit", "Fits", first=True), created, NOW, "llama")
+    metrics.landed("u2", Recorded("Queue", "WaitingForVRAM", first=True), created, NOW, "llama")
+    metrics.landed("u2", Recorded("Admit", "Fits", first=False), created, NOW, "llama")
+    found = scrape(metrics)
+    assert value(found, "vramgate_decisions_total", decision="Admit", reason="Fits") == 2
+    assert value(found, "vramgate_decision_latency_seconds_count", decision="Admit") == 1
+    assert value(found, "vramgate_decision_latency_seconds_sum", decision="Admit") == 3.0
+    assert value(found, "vramgate_decision_latency_seconds_count", decision="Queue") == 1
+
+
+def test_the_accuracy_of_a_finished_job_is_observed_once() -> None:
+    metrics = OperatorMetrics("r")
+    end = Recorded(finished="Succeeded", peak_bytes=11 * GIB, predicted_bytes=10 * GIB,
+                   profile="calibrated")  # fmt: skip
+    metrics.landed("u1", end, None, NOW, "llama")
+    metrics.landed("u1", end, None, NOW, "llama")  # a retried write of the same end
+    found = scrape(metrics)
+    labels = {"profile": "calibrated", "family": "llama"}
+    assert value(found, "vramgate_estimate_accuracy_ratio_count", **labels) == 1
+    assert value(found, "vramgate_estimate_accuracy_ratio_sum", **labels) == pytest.approx(1.1)
+    assert value(found, "vramgate_estimate_accuracy_ratio_bucket", le="1.05", **labels) == 0
+    assert value(found, "vramgate_estimate_accuracy_ratio_bucket", le="1.1", **labels) == 1
+    buckets = {s.labels["le"] for s in found["vramgate_estimate_accuracy_ratio"]
+               if s.name.endswith("_bucket")}  # fmt: skip
+    assert buckets == {str(b) for b in ACCURACY_BUCKETS} | {"+Inf"}
+    assert value(found, "vramgate_jobs_finished_total", reason="Succeeded") == 2
+
+
+def test_a_job_that_ends_with_no_observed_peak_adds_no_accuracy() -> None:
+    metrics = OperatorMetrics("r")
+    metrics.landed("u1", Recorded(finished=cond.REASON_OOM_KILLED, predicted_bytes=GIB,
+                                  profile="calibrated"), None, NOW, "llama")  # fmt: skip
+    found = scrape(metrics)
+    assert value(found, "vramgate_jobs_finished_total", reason="OOMKilled") == 1
+    assert [s for s in found["vramgate_estimate_accuracy_ratio"] if s.name.endswith("_count")] == []
+
+
+# -- the webhook's latency ---------------------------------------------------------------------
+
+
+def webhook(metrics: OperatorMetrics, view: ClusterView | None) -> AdmissionWebhook:
+    async def current() -> ClusterView | None:
+        return view
+
+    return AdmissionWebhook(current, metrics.observe_webhook)
+
+
+def test_webhook_requests_are_timed_by_webhook_and_result() -> None:
+    metrics = OperatorMetrics("r")
+    hook = webhook(metrics, None)
+    good = {"metadata": {"name": "j"}, "spec": dict(ftj("j")["spec"])}
+    asyncio.run(hook.validate(body=good, spec=good["spec"], old=None, operation="CREATE"))
+    bad = {"metadata": {"name": "j"}, "spec": {**good["spec"], "method": "Sideways"}}
+    with pytest.raises(kopf.AdmissionError):
+        asyncio.run(hook.validate(body=bad, spec=bad["spec"], old=None, operation="CREATE"))
+    asyncio.run(hook.mutate(spec=good["spec"], patch=kopf.Patch(), warnings=[]))
+
+    async def broken() -> ClusterView | None:
+        raise RuntimeError("the view failed")
+
+    failing = AdmissionWebhook(broken, metrics.observe_webhook)
+    with pytest.raises(RuntimeError):
+        asyncio.run(failing.mutate(spec=good["spec"], patch=kopf.Patch(), warnings=[]))
+
+    found = scrape(metrics)
+    name = "vramgate_webhook_request_duration_seconds_count"
+    assert value(found, name, webhook="validating", result="allowed") == 1
+    assert value(found, name, webhook="validating", result="denied") == 1
+    assert value(found, name, webhook="mutating", result="allowed") == 1
+    assert value(found, name, webhook="mutating", result="error") == 1
+
+
+def test_a_pass_and_an_estimate_are_timed() -> None:
+    metrics = OperatorMetrics("r")
+    metrics.observe_pass(0.002)
+    metrics.observe_estimate("calibrated", 0.0003)
+    found = scrape(metrics)
+    assert value(found, "vramgate_admission_pass_duration_seconds_count") == 1
+    assert value(found, "vramgate_estimate_duration_seconds_count", profile="calibrated") == 1
+
