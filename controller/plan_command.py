@@ -76,7 +76,8 @@ def add_parser(sub: Any) -> None:
 
 
 def add_admission_arguments(p: argparse.ArgumentParser) -> None:
-    """The admission settings, shared by `vramgate plan` and `vramgate operator`."""
+    """The admission settings of `vramgate plan`, spelled as the operator's flags
+    (`controller.operator.settings` has the same five, also from env and file)."""
     p.add_argument(
         "--gpu-mode",
         default=GpuMode.DEVICE_PLUGIN.value,
