@@ -62,9 +62,7 @@ class _State(Collector):
         yield build
         if not leading:
             return
-        with owner._lock:
-            view = owner._view
-        for gauge in view:
+        for gauge in owner.view():
             family = GaugeMetricFamily(gauge.name, gauge.doc, labels=list(gauge.labels))
             for values, value in gauge.samples:
                 family.add_metric(list(values), value)
@@ -79,6 +77,7 @@ class OperatorMetrics:
         self.leading = leading
         self._lock = threading.Lock()
         self._view: tuple[Gauge, ...] = ()
+        self._build: Callable[[], tuple[Gauge, ...]] | None = None
         self._accuracy_seen: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_State(self))
@@ -122,13 +121,25 @@ class OperatorMetrics:
 
     # -- what the scheduler and the webhook call ---------------------------------------------
 
-    def set_view(self, view: tuple[Gauge, ...]) -> None:
-        """The latest pass's state gauges (rendered while this replica leads)."""
+    def set_view(self, view: tuple[Gauge, ...] | Callable[[], tuple[Gauge, ...]]) -> None:
+        """The latest pass's state gauges (rendered while this replica leads), or how to
+        build them: built on the next scrape, once, so a pass every 100 ms does not pay for
+        a view scraped every 30 s."""
         with self._lock:
-            self._view = view
+            if callable(view):
+                self._view, self._build = (), view
+            else:
+                self._view, self._build = view, None
 
     def clear_view(self) -> None:
         self.set_view(())
+
+    def view(self) -> tuple[Gauge, ...]:
+        """The state gauges, built now if the latest pass left only how to."""
+        with self._lock:
+            if self._build is not None:
+                self._view, self._build = self._build(), None
+            return self._view
 
     def observe_pass(self, seconds: float) -> None:
         self.pass_duration.observe(seconds)

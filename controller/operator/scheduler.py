@@ -23,9 +23,9 @@ onto the same memory, nor create the workload twice.
 lists every FineTuneJob from the API server before its first decision, so the ledger is what
 the API holds, not what a cache had time to see.
 
-**Metrics** (`metrics.py`): after each pass the state gauges are rebuilt from the jobs as the
-pass left them (`metric_view.py`, in the decider thread); a write's `Recorded` (a decision,
-a job's end) is counted once it has landed.
+**Metrics** (`metrics.py`): each pass leaves the state gauges' view of the jobs as the pass
+left them (`metric_view.py`), built by the next scrape; a write's `Recorded` (a decision, a
+job's end) is counted once it has landed.
 """
 
 from __future__ import annotations
@@ -242,11 +242,9 @@ class Scheduler:
         uids = {_uid(job) for job in left.jobs.values()}
         for uid in [u for u in self._families if u not in uids]:
             del self._families[uid]
-        packing, now = self.options.admission.packing, self.now()
-        view = await loop.run_in_executor(
-            self._decider, metric_view, left, packing, now, out.peaks, self.family
-        )
-        self.metrics.set_view(view)
+        packing, now, peaks = self.options.admission.packing, self.now(), out.peaks
+        # Built by the scrape that reads it (in the server's thread), from this pass's data.
+        self.metrics.set_view(lambda: metric_view(left, packing, now, peaks, self.family))
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

@@ -203,6 +203,22 @@ def test_a_new_view_leaves_no_series_of_what_is_gone() -> None:
     assert found["vramgate_gpunode_heartbeat_timestamp_seconds"] == []
 
 
+def test_a_view_left_to_build_is_built_by_the_first_scrape_only() -> None:
+    objects, _, _ = one_admitted_one_waiting()
+    built: list[int] = []
+
+    def build() -> tuple[Gauge, ...]:
+        built.append(1)
+        return metric_view(objects, PackingSettings(), NOW, {}, lambda job: "llama")
+
+    metrics = OperatorMetrics("r")
+    metrics.set_view(build)
+    assert built == [], "a pass does not build it"
+    first, second = scrape(metrics), scrape(metrics)
+    assert built == [1]
+    assert first["vramgate_job_predicted_bytes"] == second["vramgate_job_predicted_bytes"] != []
+
+
 def test_a_landed_decision_is_counted_and_a_first_one_timed_from_creation() -> None:
     metrics = OperatorMetrics("r")
     created = NOW - timedelta(seconds=3)
