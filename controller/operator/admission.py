@@ -392,7 +392,7 @@ def _observe(inp: PassInput, key: str, draft: _Draft, out: PassOutput, ended: st
     peaks = observed.merged(
         written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, inp.objects.gpunodes)
     )
-    if ended is None and peaks:
+    if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
     if peaks and (draft.urgent or ended is not None or observed.due(written, peaks)):
         draft.status["observed"] = observed.status(peaks)
