@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller import __version__
+from controller.api import conditions as cond
 from controller.operator.admission import Recorded
 from controller.operator.metric_view import Gauge
 
@@ -37,6 +38,15 @@ ESTIMATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 #: One admission request, as kopf's handler runs it; the API server's timeout is 10 s.
 WEBHOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)  # fmt: skip
+
+
+#: How a job ends (the Succeeded or Failed condition's reason).
+FINISHED_REASONS = (
+    cond.REASON_SUCCEEDED,
+    cond.REASON_OOM_KILLED,
+    cond.REASON_GPU_OUT_OF_MEMORY,
+    cond.REASON_WORKLOAD_FAILED,
+)
 
 
 class _State(Collector):
@@ -118,6 +128,14 @@ class OperatorMetrics:
             "under-predicted.",
             ["profile", "family"], buckets=ACCURACY_BUCKETS, registry=r,
         )  # fmt: skip
+
+        # Known label values start at 0 (Prometheus' advice): an alert on increase() or a
+        # rate panel then sees the first event instead of a series appearing from nowhere.
+        for reason in FINISHED_REASONS:
+            self.finished.labels(reason)
+        for webhook in ("validating", "mutating"):
+            for result in ("allowed", "denied", "error"):
+                self.webhook_duration.labels(webhook, result)
 
     # -- what the scheduler and the webhook call ---------------------------------------------
 

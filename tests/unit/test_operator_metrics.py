@@ -294,6 +294,14 @@ def test_webhook_requests_are_timed_by_webhook_and_result() -> None:
     assert value(found, name, webhook="mutating", result="error") == 1
 
 
+def test_end_reasons_and_webhook_results_start_at_zero() -> None:
+    found = scrape(OperatorMetrics("r"))
+    for reason in ("Succeeded", "OOMKilled", "GPUOutOfMemory", "WorkloadFailed"):
+        assert value(found, "vramgate_jobs_finished_total", reason=reason) == 0
+    name = "vramgate_webhook_request_duration_seconds_count"
+    assert value(found, name, webhook="mutating", result="error") == 0
+
+
 def test_a_pass_and_an_estimate_are_timed() -> None:
     metrics = OperatorMetrics("r")
     metrics.observe_pass(0.002)
