@@ -1,7 +1,7 @@
 # Every target installs what it needs, so each works on a fresh machine.
 PYTHON ?= python3
 
-.PHONY: install test unit integration lint binaries bench cluster-up cluster-down
+.PHONY: install test unit integration lint binaries prometheus demo bench cluster-up cluster-down
 
 install:  ## the package, its test tools and the trace extra (torch), in editable mode
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test,trace]'
@@ -17,10 +17,13 @@ unit: install
 binaries:  ## etcd, kube-*, kwok, helm, kubectl from the Go module proxy (cached)
 	$(PYTHON) -m e2e.build
 
-integration: install binaries
+prometheus: install  ## prometheus and promtool: the distribution's package (apt, as root), if missing
+	$(PYTHON) -m e2e.prometheus install
+
+integration: install binaries prometheus
 	$(PYTHON) -m pytest tests/integration
 
-test: install lint binaries  ## the whole suite: unit and integration against a real API server
+test: install lint binaries prometheus  ## the whole suite: unit and integration against a real API server
 	$(PYTHON) -m pytest tests
 
 bench: install
@@ -31,3 +34,6 @@ cluster-up: install binaries
 
 cluster-down:
 	$(PYTHON) -m e2e.cluster down
+
+demo: install binaries prometheus  ## control plane, simulated GPUs, agents, operator, Prometheus, example jobs; Ctrl-C stops all
+	$(PYTHON) -m e2e.demo
