@@ -256,6 +256,8 @@ _FAMILIES: dict[str, _Family] = {
     "gemma3": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     "phi3": _Family(fused_qkv=True, fused_gate_up=True),
     "olmo2": _Family(qk_norm="full"),
+    # DBRX: fused Wqkv, experts w1/v1/w2 and the router under ffn_config, bias-free norms.
+    "dbrx": _Family(fused_qkv=True),
     "deepseek_v3": _Family(router_correction_bias=True, peft_moe_pattern="qwen2_moe"),
     "deepseek_v2": _Family(peft_moe_pattern="qwen2_moe"),
     "gpt_oss": _Family(
@@ -272,8 +274,67 @@ def family_traits(model_type: str) -> _Family:
     return _FAMILIES.get(model_type, _LLAMA_STYLE)
 
 
-_EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_TOP_K_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "experts_per_token", "moe_topk")
+_EXPERT_COUNT_FIELDS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "ffn_config.moe_num_experts",  # DBRX
+)
+_TOP_K_FIELDS = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "experts_per_token",
+    "top_k_experts",
+    "moe_topk",
+    "moe_k",  # ERNIE 4.5
+    "ffn_config.moe_top_k",  # DBRX
+)
+_SHARED_COUNT_FIELDS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+# Fields about experts the parser reads somewhere (shape) besides the two lists above.
+_MOE_SHAPE_FIELDS = frozenset(
+    {
+        *_SHARED_COUNT_FIELDS,
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "moe_layer_freq",
+        "moe_layers",
+        "interleave_moe_layer_step",
+        "moe_layer_start_index",
+        "moe_layer_end_index",
+        "moe_layer_interval",
+        "enable_moe_block",
+    }
+)
+# Fields about experts that change no tensor shape: routing and loss hyperparameters, flags,
+# capacity limits. Any other field naming experts or MoE with an integer or a list is a
+# layout the parser does not know, and refused rather than estimated as a dense model.
+_MOE_IGNORED_FIELDS = frozenset(
+    {
+        "moe_capacity",  # ERNIE: tokens per expert at inference, not a shape
+        "moe_jitter_eps",
+        "moe_loss_weight",
+        "moe_aux_loss_coeff",
+        "moe_z_loss_coeff",
+        "moe_normalize_expert_weights",
+        "moe_router_topk_scaling_factor",
+        "moe_shared_expert_overlap",
+        "moe_group_topk",
+        "moe_group_size",
+        "num_expert_group",
+        "topk_group",
+        "n_group",
+        "moe_norm_min",
+        "expert_capacity",
+        "ep_size",
+    }
+)
+# Nested objects that hold a family's MoE fields (searched by the same rule).
+_MOE_NESTED = ("ffn_config", "moe_config")
+_KNOWN_EXPERT_FIELDS = frozenset({*_EXPERT_COUNT_FIELDS, *_TOP_K_FIELDS, *_MOE_SHAPE_FIELDS})
+_EXPERT_FIELDS_TEXT = ", ".join(_EXPERT_COUNT_FIELDS)
+# Layer types the parser builds (`layer_types`); any other is refused.
+KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 # Upper bounds on config fields, each far above any released model (126 layers, 384 experts,
 # widths of tens of thousands, vocabularies of 262,144): parsing and pricing walk the layers,
@@ -293,8 +354,19 @@ class _Reader:
     def path(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
 
+    def get(self, name: str) -> Any:
+        """The field's value; a dotted name reads a nested object (DBRX's `ffn_config.x`)."""
+        if "." not in name:
+            return self.config.get(name)
+        value: Any = self.config
+        for part in name.split("."):
+            if not isinstance(value, Mapping):
+                return None
+            value = value.get(part)
+        return value
+
     def has(self, name: str) -> bool:
-        return self.config.get(name) is not None
+        return self.get(name) is not None
 
     def int(
         self,
@@ -303,7 +375,7 @@ class _Reader:
         minimum: int = 1,
         maximum: int | None = MAX_DIMENSION,
     ) -> int | None:
-        get = self.config.get
+        get = self.get
         for name in names:
             value = get(name)
             if value is None:
@@ -340,7 +412,7 @@ class _Reader:
         return value
 
     def bool(self, name: str, default: bool) -> bool:
-        value = self.config.get(name)
+        value = self.get(name)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -395,8 +467,21 @@ def _quantization(
     )
 
 
+def _layer_list(r: _Reader, name: str, num_layers: int) -> list[int]:
+    """A list of layer indices (`moe_layers`, `mlp_only_layers`), each in [0, num_layers)."""
+    raw = r.get(name) or []
+    if not isinstance(raw, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in raw
+    ):
+        raise SpecError(r.path(name), "must be a list of layer indices")
+    if any(i < 0 or i >= num_layers for i in raw):
+        raise SpecError(r.path(name), f"indices must be in [0, {num_layers})")
+    return raw
+
+
 def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple[int, ...]:
-    """Which layers of an MoE model keep a dense MLP. Position matters (DeepSeek, Qwen-MoE)."""
+    """Which layers of an MoE model keep a dense MLP. Position matters (DeepSeek, Qwen-MoE,
+    Llama 4's interleaving, ERNIE's start/interval/end)."""
     if num_experts <= 1:
         return ()
     mlp_types = r.config.get("mlp_layer_types")
@@ -407,6 +492,21 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
                 f"must list one entry per layer ({num_layers})",
             )
         return tuple(i for i, t in enumerate(mlp_types) if str(t).lower() == "dense")
+    if r.has("moe_layers"):  # Llama 4: the MoE layers by index
+        moe = set(_layer_list(r, "moe_layers", num_layers))
+        return tuple(i for i in range(num_layers) if i not in moe)
+    if r.has("interleave_moe_layer_step"):  # Llama 4 without moe_layers, as its config class
+        interleave = r.int("interleave_moe_layer_step") or 1
+        return tuple(i for i in range(num_layers) if (i + 1) % interleave != 0)
+    if r.has("moe_layer_start_index") or r.has("moe_layer_interval"):
+        # ERNIE 4.5: MoE where (i + 1) % interval == 0 within [start, end]; end -1: the last.
+        start = r.int("moe_layer_start_index", default=0, minimum=0, maximum=MAX_LAYERS) or 0
+        interval = r.int("moe_layer_interval", default=1) or 1
+        end = r.int("moe_layer_end_index", default=-1, minimum=-1, maximum=None)
+        last = num_layers - 1 if end is None or end == -1 else min(end, num_layers - 1)
+        return tuple(
+            i for i in range(num_layers) if not (start <= i <= last and (i + 1) % interval == 0)
+        )
     first_k = r.int("first_k_dense_replace", minimum=0)
     if first_k is not None:
         if first_k > num_layers:
@@ -419,24 +519,76 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
             return tuple(range(first_k))
         return tuple(i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0)
     step = r.int("decoder_sparse_step", minimum=0)
-    only = r.config.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in only
-    ):
-        raise SpecError(r.path("mlp_only_layers"), "must be a list of layer indices")
-    if any(i < 0 or i >= num_layers for i in only):
-        raise SpecError(r.path("mlp_only_layers"), f"indices must be in [0, {num_layers})")
+    only = _layer_list(r, "mlp_only_layers", num_layers)
     if step:
         dense = set(only)
         return tuple(i for i in range(num_layers) if i in dense or (i + 1) % step != 0)
     return tuple(sorted(set(only)))
 
 
+def _check_expert_fields(r: _Reader) -> None:
+    """Refuse an MoE layout the parser would misread as something else: any field naming
+    experts or MoE that it neither reads nor knows to leave shapes alone, holding a count
+    (an integer above 1) or a list or object."""
+    scopes: list[tuple[str, Mapping[str, Any]]] = [("", r.config)]
+    scopes += [
+        (f"{name}.", r.config[name])
+        for name in _MOE_NESTED
+        if isinstance(r.config.get(name), Mapping)
+    ]
+    for prefix, fields in scopes:
+        for key, value in fields.items():
+            low = key.lower()
+            if "expert" not in low and "moe" not in low:
+                continue
+            name = prefix + key
+            if name in _KNOWN_EXPERT_FIELDS or key in _MOE_IGNORED_FIELDS:
+                continue
+            if isinstance(value, bool) or value is None or isinstance(value, float | str):
+                continue
+            if isinstance(value, int) and value <= 1:
+                continue
+            raise SpecError(
+                r.path(name),
+                "is an expert field vramgate does not understand, so the model cannot be "
+                f"estimated as what it is; expert counts are read from {_EXPERT_FIELDS_TEXT}",
+            )
+
+
+def _scalar(r: _Reader, names: tuple[str, ...], pick: str, **limits: Any) -> int | None:
+    """`r.int(*names)`, also accepting a list: ERNIE-VL states experts and their width as
+    [text, vision] pairs (the text model's is the first: `pick="first"`), Hunyuan its top-k
+    per layer (the largest bounds the activations: `pick="max"`)."""
+    for name in names:
+        value = r.get(name)
+        if isinstance(value, list):
+            if not value or any(
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_DIMENSION
+                for v in value
+            ):
+                raise SpecError(r.path(name), f"must be integers from 0 to {MAX_DIMENSION}")
+            chosen = value[0] if pick == "first" else max(value)
+            maximum = limits.get("maximum", MAX_DIMENSION)
+            if maximum is not None and chosen > maximum:
+                raise SpecError(
+                    r.path(name), f"must be less than or equal to {maximum}, got {chosen}"
+                )
+            return int(chosen)
+        if value is not None:
+            return r.int(name, **limits)
+    return limits.get("default")
+
+
 def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
-    layers = r.required_int("num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
-    heads = r.required_int("num_attention_heads", "n_head")
-    kv_heads = r.int("num_key_value_heads", "num_kv_heads", default=heads) or heads
+    layers = r.required_int(
+        "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
+    )
+    heads = r.required_int("num_attention_heads", "n_head", "n_heads")
+    kv_heads = (
+        r.int("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads", default=heads)
+        or heads
+    )
     if heads % kv_heads:
         raise SpecError(
             r.path("num_key_value_heads"),
@@ -460,21 +612,23 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             )
         intermediate = inter_raw[0]
     else:
-        intermediate = r.int("intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+        intermediate = (
+            r.int("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_config.ffn_hidden_size")
+            or 4 * hidden
+        )
     vocab = r.required_int("vocab_size")
 
-    num_experts = r.int(*_EXPERT_COUNT_FIELDS, default=1, minimum=0, maximum=MAX_EXPERTS) or 1
-    top_k = r.int(*_TOP_K_FIELDS, default=1 if num_experts == 1 else 2, maximum=MAX_EXPERTS) or 1
+    _check_expert_fields(r)
+    limits = {"minimum": 0, "maximum": MAX_EXPERTS}
+    num_experts = _scalar(r, _EXPERT_COUNT_FIELDS, "first", default=1, **limits) or 1
+    top_k = _scalar(r, _TOP_K_FIELDS, "max", default=1 if num_experts == 1 else 2, **limits) or 1
     if num_experts > 1 and top_k > num_experts:
         raise SpecError(
             r.path("num_experts_per_tok"),
             f"must not exceed the number of experts ({num_experts}), got {top_k}",
         )
     shared_size = r.dim("shared_expert_intermediate_size")
-    n_shared = (
-        r.int("n_shared_experts", "num_shared_experts", default=0, minimum=0, maximum=MAX_EXPERTS)
-        or 0
-    )
+    n_shared = _scalar(r, _SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
     if shared_size and n_shared == 0:
         n_shared = 1
 
@@ -487,6 +641,12 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
                 r.path("layer_types"),
                 f"must list one type per layer ({layers}), got {len(layer_types)}",
             )
+        for i, kind in enumerate(layer_types):
+            if kind not in KNOWN_LAYER_TYPES:
+                raise SpecError(
+                    f"{r.path('layer_types')}[{i}]",
+                    f"unknown layer type {shown(kind)}; allowed: {', '.join(KNOWN_LAYER_TYPES)}",
+                )
     kv_shared = r.int("num_kv_shared_layers", default=0, minimum=0) or 0
     if kv_shared >= layers and kv_shared:
         raise SpecError(
@@ -512,7 +672,9 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             "vocab_size": vocab,
             "num_experts": num_experts,
             "experts_per_token": top_k,
-            "moe_intermediate_size": r.dim("moe_intermediate_size"),
+            "moe_intermediate_size": _scalar(
+                r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first"
+            ),
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
             "dense_layers": _dense_layer_indices(r, layers, num_experts),
@@ -771,7 +933,13 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         embedding += dims.vocab_size_per_layer_input * pli * n  # embed_tokens_per_layer
         embedding += h * n * pli + pli  # per_layer_model_projection + its norm
     # Only compared with the sequence length, so no upper bound.
-    max_pos = r.int("max_position_embeddings", "n_positions", "max_sequence_length", maximum=None)
+    max_pos = r.int(
+        "max_position_embeddings",
+        "n_positions",
+        "max_sequence_length",
+        "max_seq_len",
+        maximum=None,
+    )
     return assemble(
         ModelShape,
         {

@@ -1,0 +1,129 @@
+"""Model families beyond the Llama layout: parsed as what they are, or refused by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.estimator import SpecError, parse_config
+
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "vocab_size": 100,
+}
+DBRX_SMALL: dict[str, Any] = {
+    "model_type": "dbrx",
+    "d_model": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "vocab_size": 100,
+    "max_seq_len": 4096,
+    "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000},
+    "ffn_config": {
+        "ffn_hidden_size": 96,
+        "moe_num_experts": 4,
+        "moe_top_k": 2,
+        "moe_jitter_eps": 0,
+        "moe_loss_weight": 0.05,
+    },
+}
+
+
+def _error(config: dict[str, Any]) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_config(config, prefix="spec.model.config")
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_dbrx_is_read_as_the_mixture_of_experts_it_is() -> None:
+    shape = parse_config(DBRX_SMALL)
+    d = shape.dims
+    assert (d.num_experts, d.experts_per_token, d.moe_intermediate_size) == (4, 2, 96)
+    assert (d.hidden_size, d.num_layers, d.num_heads, d.num_kv_heads) == (64, 2, 4, 2)
+    assert all(layer.moe for layer in shape.layers)
+    assert shape.max_position_embeddings == 4096
+    # Fused Wqkv (64 -> 64 + 2 x 32), out_proj, 4 experts x 3 x 64 x 96, router, 2 norms.
+    layer = 64 * 128 + 64 * 64 + 4 * 3 * 64 * 96 + 64 * 4 + 2 * 64
+    assert shape.total_params == 2 * layer + 2 * 100 * 64 + 64
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"num_local_experts": 4, "num_expert_slots": 8}, "spec.model.config.num_expert_slots"),
+        ({"moe_num_routed": 8}, "spec.model.config.moe_num_routed"),
+        (
+            {"ffn_config": {"moe_experts_total": 16}},
+            "spec.model.config.ffn_config.moe_experts_total",
+        ),
+        ({"moe_layer_pattern": [0, 1, 1]}, "spec.model.config.moe_layer_pattern"),
+    ],
+)
+def test_an_expert_field_not_understood_is_an_error_naming_it(
+    change: dict[str, Any], field: str
+) -> None:
+    error = _error(BASE | change)
+    assert error.field == field
+    assert "does not understand" in error.message and "num_local_experts" in error.message
+
+
+def test_expert_hyperparameters_change_nothing_and_are_accepted() -> None:
+    moe = BASE | {"num_local_experts": 4, "num_experts_per_tok": 2}
+    quiet = moe | {
+        "router_aux_loss_coef": 0.01,
+        "moe_jitter_eps": 0.01,
+        "moe_capacity": [64, 64, 64],
+        "output_router_logits": False,
+        "moe_gate": "topk",
+        "moe_use_aux_free": True,
+        "ep_size": 1,
+    }
+    assert parse_config(quiet).total_params == parse_config(moe).total_params
+
+
+def test_an_unknown_layer_type_is_an_error_naming_the_entry() -> None:
+    types = ["full_attention", "sliding_attention", "recurrent_block", "full_attention"]
+    error = _error(BASE | {"layer_types": types})
+    assert error.field == "spec.model.config.layer_types[2]"
+    assert "unknown layer type 'recurrent_block'; allowed: full_attention" in error.message
+
+
+def test_llama4_moe_layers_and_interleaving() -> None:
+    moe = BASE | {"num_local_experts": 4, "num_experts_per_tok": 1}
+    listed = parse_config(moe | {"moe_layers": [1, 3]})
+    assert [layer.moe for layer in listed.layers] == [False, True, False, True]
+    step = parse_config(moe | {"interleave_moe_layer_step": 2})
+    assert [layer.moe for layer in step.layers] == [False, True, False, True]
+    error = _error(moe | {"moe_layers": [4]})
+    assert error.field.endswith("moe_layers") and "[0, 4)" in error.message
+
+
+def test_ernie_start_interval_and_end() -> None:
+    moe = BASE | {"moe_num_experts": 4, "moe_k": 2, "num_hidden_layers": 6}
+    start = parse_config(moe | {"moe_layer_start_index": 1, "moe_layer_interval": 1})
+    assert [layer.moe for layer in start.layers] == [False, True, True, True, True, True]
+    assert start.dims.experts_per_token == 2
+    every_other = moe | {"moe_layer_start_index": 0, "moe_layer_interval": 2}
+    bounded = parse_config(every_other | {"moe_layer_end_index": 3})
+    assert [layer.moe for layer in bounded.layers] == [False, True, False, True, False, False]
+
+
+def test_list_valued_expert_fields_read_the_text_model() -> None:
+    """ERNIE-VL states experts and their width as [text, vision]; a per-layer top-k (Hunyuan)
+    is bounded by its largest entry; `top_k_experts` (Gemma 4) is a top-k."""
+    config = BASE | {
+        "moe_num_experts": [8, 4],
+        "moe_intermediate_size": [48, 16],
+        "moe_k": [2, 3, 2, 2],
+    }
+    d = parse_config(config).dims
+    assert (d.num_experts, d.moe_intermediate_size, d.experts_per_token) == (8, 48, 3)
+    gemma4 = BASE | {"num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32}
+    assert parse_config(gemma4).dims.experts_per_token == 2
+    error = _error(BASE | {"moe_num_experts": [8, "x"]})
+    assert error.field.endswith("moe_num_experts") and "integers" in error.message
