@@ -70,10 +70,13 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.log_offset = 0
+        self.metrics_port = 0
 
     def start(self, *, webhook: bool) -> None:
         assert self.proc is None, "already running"
         liveness = _free_port()
+        #: Its own metrics port, so replicas and parallel tests never contend for 8080.
+        self.metrics_port = _free_port()
         argv = [
             sys.executable, "-m", "controller.cli", "operator",
             "--webhook", "managed" if webhook else "off",
@@ -82,6 +85,8 @@ class OperatorProcess:
             "--webhook-config-name", self.webhook_config,
             "--cert-dir", str(self.workdir / "certs"),
             "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+            "--metrics-addr", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
             "--configmap-retry-seconds", "1",
             "--identity", f"{self.workdir.name}-{self.starts}",
             *self.extra,
