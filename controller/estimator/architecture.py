@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -477,6 +478,47 @@ def _layer_list(r: _Reader, name: str, num_layers: int) -> list[int]:
     if any(i < 0 or i >= num_layers for i in raw):
         raise SpecError(r.path(name), f"indices must be in [0, {num_layers})")
     return raw
+
+
+#: The roots a text model's modules sit under, by loader and class (a causal LM, a
+#: multimodal model's language model in transformers 4 and 5, a PEFT-wrapped model): a skip
+#: entry written from any of them names the same module.
+TEXT_ROOTS = (
+    "model.",
+    "model.model.",
+    "language_model.",
+    "language_model.model.",
+    "model.language_model.",
+    "model.language_model.model.",
+    "",
+)
+_BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
+
+
+@lru_cache(maxsize=1024)
+def _skip_pattern(entry: str) -> re.Pattern[str] | None:
+    try:
+        return re.compile(rf"(?:{entry}){_BOUNDARY}")
+    except re.error:
+        return None  # not a regular expression: only the suffix rule applies
+
+
+def skip_module_matches(entry: str, name: str) -> bool:
+    """Whether `llm_int8_skip_modules` entry `entry` keeps module `name` out of 4-bit, by
+    the rule of transformers' bitsandbytes integration (`should_convert_module`): the entry
+    matches from the start of the name up to a module boundary, as a regular expression
+    (`model.layers.1` is layer 1 and everything in it, not layer 11), or is a suffix of the
+    name (`q_proj` is that module in every layer, `mlp.shared_expert` every shared expert)."""
+    if name.endswith(entry):
+        return True
+    pattern = _skip_pattern(entry)
+    return pattern is not None and pattern.match(name) is not None
+
+
+def skip_module_matches_text(entry: str, name: str) -> bool:
+    """`skip_module_matches` for a text-model module named from its decoder stack
+    (`layers.3.mlp.experts`), under whichever of `TEXT_ROOTS` the entry was written for."""
+    return any(skip_module_matches(entry, root + name) for root in TEXT_ROOTS)
 
 
 def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple[int, ...]:

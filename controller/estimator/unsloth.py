@@ -25,6 +25,7 @@ from controller.estimator.architecture import (
     is_kv_shared_layer,
     layer_attention_dims,
     layer_mlp_size,
+    skip_module_matches_text,
 )
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
@@ -74,14 +75,6 @@ _TABLE_NAME = {
     "kv_a_proj_with_mqa": ("k_proj",),
     "kv_b_proj": ("v_proj",),
 }
-_TEXT_ROOTS = (
-    "model.language_model.model.",
-    "model.language_model.",
-    "language_model.model.",
-    "model.model.",
-    "language_model.",
-    "model.",
-)
 
 
 @dataclass(frozen=True)
@@ -157,12 +150,18 @@ def _mla_attention_elements(d: ArchDims) -> int:
     )
 
 
-def _moe_elements(d: ArchDims) -> int:
+def _routed_elements(d: ArchDims) -> int:
+    """Seed 1's MoE term: the routed experts and the router (`E × H`)."""
     h, e = d.hidden_size, d.num_experts
-    total = h * _routed_size(d) * 3 * e + e * h
-    if d.n_shared_experts:
-        total += h * _shared_size(d) * 3 * d.n_shared_experts + d.n_shared_experts * h
-    return total
+    return h * _routed_size(d) * 3 * e + e * h
+
+
+def _shared_elements(d: ArchDims) -> int:
+    """Shared experts (an extension of seed 1): three projections each and an h -> 1 gate."""
+    if not d.n_shared_experts:
+        return 0
+    gate = d.n_shared_experts * d.hidden_size
+    return d.hidden_size * _shared_size(d) * 3 * d.n_shared_experts + gate
 
 
 def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
@@ -184,7 +183,10 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
         h = d.hidden_size
         dense = {"mlp.gate_proj": h * inter, "mlp.up_proj": h * inter, "mlp.down_proj": inter * h}
     if _is_moe_layer(d, i):
-        modules["mlp.experts"] = _moe_elements(d)
+        modules["mlp.experts"] = _routed_elements(d)
+        shared = _shared_elements(d)
+        if shared:
+            modules["mlp.shared_expert"] = shared
         if d.moe_has_dense_mlp:
             modules |= dense
     else:
@@ -251,18 +253,25 @@ def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int
     return elements
 
 
+# Qwen-MoE calls its shared expert `mlp.shared_expert`, DeepSeek and GLM `mlp.shared_experts`.
+_SHARED = ".mlp.shared_expert"
+
+
 def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -> int:
     """Quantizable elements that `llm_int8_skip_modules` keeps in 16-bit.
 
-    Names may carry a text-model root (`model.`, `language_model.model.`, ...); other roots
-    (vision towers) and non-quantizable names (embeddings) match nothing. A module inside
-    another matched module counts once.
+    Entries match as transformers' bitsandbytes integration matches them
+    (`architecture.skip_module_matches`: a bare name in every layer, a dotted path by suffix
+    or from the model's root, under any text-model root); other roots (vision towers) and
+    non-quantizable names (embeddings) match nothing. A module inside another matched module
+    counts once.
     """
     matched: set[str] = set()
-    for raw in skip_modules:
-        name = raw.strip(".")
-        candidates = [name] + [name[len(root) :] for root in _TEXT_ROOTS if name.startswith(root)]
-        matched |= {c for c in candidates if c in elements}
+    entries = [raw.strip() for raw in skip_modules if raw.strip(". ")]
+    for key in elements:
+        names = [key, key + "s"] if key.endswith(_SHARED) else [key]
+        if any(skip_module_matches_text(e, n) for e in entries for n in names):
+            matched.add(key)
     outermost = {m for m in matched if not any(m.startswith(p + ".") for p in matched if p != m)}
     return sum(elements[m] for m in outermost)
 

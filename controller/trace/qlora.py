@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from controller.estimator.architecture import skip_module_matches, skip_module_matches_text
+
 BLOCKSIZE = 64  # transformers' BitsAndBytesConfig default for 4-bit
 NESTED_BLOCKSIZE = 256  # bitsandbytes' blocksize for the double-quantised absmax
 NF4_CODE_ENTRIES = 16
@@ -265,15 +267,23 @@ def quantize_linears(
     """Replace the decoder's linears by their NF4 storage, as transformers' bnb loader does.
 
     The loader converts every `nn.Linear` except the output embedding (`lm_head`) and the
-    modules named in `llm_int8_skip_modules`.
+    modules `llm_int8_skip_modules` names, matched by the loader's own rule
+    (`architecture.skip_module_matches`), under any text-model root.
     """
-    skipped = {"lm_head", *skip}
+    skipped = ("lm_head", *skip)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if not isinstance(child, nn.Linear) or isinstance(child, Linear4bitStorage):
                 continue
-            if any(part in skipped for part in full.split(".")) or full in skipped:
+            # The text model is traced as a causal LM (`model.layers...`); an entry written
+            # for a multimodal checkpoint's root (`language_model.model.layers...`) still
+            # names the same module.
+            text = full.removeprefix("model.")
+            if any(
+                skip_module_matches(entry, full) or skip_module_matches_text(entry, text)
+                for entry in skipped
+            ):
                 continue
             setattr(
                 module,

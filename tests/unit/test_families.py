@@ -127,3 +127,116 @@ def test_list_valued_expert_fields_read_the_text_model() -> None:
     assert parse_config(gemma4).dims.experts_per_token == 2
     error = _error(BASE | {"moe_num_experts": [8, "x"]})
     assert error.field.endswith("moe_num_experts") and "integers" in error.message
+
+
+# --- llm_int8_skip_modules, matched as transformers' bitsandbytes integration matches -------
+
+
+@pytest.mark.parametrize(
+    ("entry", "name", "matches"),
+    [
+        ("q_proj", "model.layers.7.self_attn.q_proj", True),  # bare name: every layer
+        ("lm_head", "lm_head", True),
+        ("self_attn.q_proj", "model.layers.0.self_attn.q_proj", True),  # dotted: by suffix
+        ("model.layers.1", "model.layers.1.mlp.down_proj", True),  # from the root, a subtree
+        ("model.layers.1", "model.layers.11.mlp.down_proj", False),  # at a module boundary
+        ("model.layers.1.", "model.layers.1.mlp.down_proj", True),
+        ("mlp.shared_expert", "model.layers.3.mlp.shared_expert", True),
+        ("mlp.gate", "model.layers.3.mlp.gate_proj", False),
+        (r"model\.layers\.[0-3]\.mlp", "model.layers.2.mlp.up_proj", True),  # a regex
+        ("vision_tower", "model.layers.0.self_attn.q_proj", False),
+        ("[", "model.layers.0.self_attn.q_proj", False),  # not a regex: suffix rule only
+    ],
+)
+def test_skip_entries_match_as_the_loader_matches(entry: str, name: str, matches: bool) -> None:
+    from controller.estimator.architecture import skip_module_matches
+
+    assert skip_module_matches(entry, name) is matches
+
+
+def _unsloth_weights(config: dict[str, Any], skip: list[str]) -> int:
+    from controller.estimator import Method, Profile, TrainingSettings
+    from controller.profiles import estimate
+
+    qc = {"load_in_4bit": True, "llm_int8_skip_modules": skip}
+    settings = TrainingSettings(profile=Profile.UNSLOTH, method=Method.QLORA, targets=("q_proj",))
+    return estimate(parse_config(config | {"quantization_config": qc}), settings).components[
+        "weights"
+    ]
+
+
+def _sixteen_bit_extra(elements: int) -> int:
+    """What keeping `elements` in 16-bit adds to seed 1's NF4 weights (2 - 2/3.2 bytes)."""
+    return elements * 2 - elements * 2 * 5 // 16
+
+
+@pytest.mark.parametrize(
+    ("skip", "elements"),
+    [
+        (["q_proj"], 4 * 64 * 64),  # in each of the 4 layers
+        (["self_attn.q_proj", "q_proj"], 4 * 64 * 64),  # counted once
+        (["model.layers.0.self_attn.q_proj"], 64 * 64),
+        (["language_model.model.layers.0.self_attn.q_proj"], 64 * 64),
+        (["model.language_model.layers.1.mlp"], 3 * 64 * 128),
+        (["layers.1"], 2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 128),
+        (["lm_head", "embed_tokens", "vision_tower", "multi_modal_projector"], 0),
+    ],
+)
+def test_skip_modules_price_the_matched_modules_in_16_bit(skip: list[str], elements: int) -> None:
+    base = _unsloth_weights(BASE, [])
+    assert abs(_unsloth_weights(BASE, skip) - base - _sixteen_bit_extra(elements)) <= 1
+
+
+def test_shared_experts_and_expert_stacks_are_matchable() -> None:
+    moe = BASE | {
+        "n_routed_experts": 4,
+        "moe_intermediate_size": 32,
+        "num_experts_per_tok": 2,
+        "shared_expert_intermediate_size": 48,
+    }
+    base = _unsloth_weights(moe, [])
+    shared = 3 * 64 * 48 + 64  # the shared expert and its gate
+    routed = 3 * 64 * 32 * 4 + 4 * 64  # the expert stacks and the router
+    for names in (["mlp.shared_expert"], ["mlp.shared_experts"]):
+        extra = _unsloth_weights(moe, names) - base
+        assert abs(extra - _sixteen_bit_extra(4 * shared)) <= 1
+    extra = _unsloth_weights(moe, ["model.layers.0.mlp.experts"]) - base
+    assert abs(extra - _sixteen_bit_extra(routed)) <= 1
+
+
+def test_the_trace_quantizes_what_the_loader_would() -> None:
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from controller.trace.qlora import Linear4bitStorage, quantize_linears
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj, self.k_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.self_attn = Attn()
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Layer() for _ in range(12)])
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.lm_head = Inner(), nn.Linear(8, 8)
+
+    import torch
+
+    model = Model()
+    skip = ["language_model.model.layers.1", "k_proj"]
+    quantize_linears(model, skip, torch.bfloat16)
+    kept = {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    assert kept == {"lm_head", "model.layers.1.self_attn.q_proj"} | {
+        f"model.layers.{i}.self_attn.k_proj" for i in range(12)
+    }
+    assert isinstance(model.model.layers[11].self_attn.q_proj, Linear4bitStorage)
