@@ -115,6 +115,8 @@ class ArchDims:
     moe_intermediate_size: int | None
     n_shared_experts: int
     shared_expert_intermediate_size: int | None
+    # Qwen-MoE gates its shared expert by an h -> 1 linear; DeepSeek, GLM, Llama 4 do not.
+    shared_expert_gate: bool
     dense_layers: tuple[int, ...]
     moe_has_dense_mlp: bool
     q_lora_rank: int | None
@@ -528,12 +530,11 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
         return ()
     mlp_types = r.config.get("mlp_layer_types")
     if mlp_types:
-        if not isinstance(mlp_types, list) or len(mlp_types) != num_layers:
-            raise SpecError(
-                r.path("mlp_layer_types"),
-                f"must list one entry per layer ({num_layers})",
-            )
-        return tuple(i for i, t in enumerate(mlp_types) if str(t).lower() == "dense")
+        # Entry i is layer i's MLP; a shorter list leaves the layers after it MoE and a longer
+        # one's extra entries name no layer, as seed 1's reference reads them.
+        if not isinstance(mlp_types, list) or not all(isinstance(t, str) for t in mlp_types):
+            raise SpecError(r.path("mlp_layer_types"), "must be a list of strings")
+        return tuple(i for i, t in enumerate(mlp_types[:num_layers]) if t.lower() == "dense")
     if r.has("moe_layers"):  # Llama 4: the MoE layers by index
         moe = set(_layer_list(r, "moe_layers", num_layers))
         return tuple(i for i in range(num_layers) if i not in moe)
@@ -636,13 +637,9 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             r.path("num_key_value_heads"),
             f"must divide num_attention_heads ({heads}), got {kv_heads}",
         )
+    # Absent, it is hidden_size // num_attention_heads (floored), as transformers' families
+    # derive it (`getattr(config, "head_dim", hidden_size // num_attention_heads)`).
     head_dim = r.dim("head_dim")
-    if head_dim is None and not r.has("kv_lora_rank") and hidden % heads:
-        raise SpecError(
-            r.path("head_dim"),
-            f"is required when hidden_size ({hidden}) is not a multiple of "
-            f"num_attention_heads ({heads})",
-        )
     inter_raw = r.config.get("intermediate_size")
     if isinstance(inter_raw, list):
         if not inter_raw or any(
@@ -689,11 +686,13 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
                     f"{r.path('layer_types')}[{i}]",
                     f"unknown layer type {shown(kind)}; allowed: {', '.join(KNOWN_LAYER_TYPES)}",
                 )
+    # Equal to the layer count, no layer shares (`is_kv_shared_layer`: there is no earlier
+    # layer to share with), as seed 1's reference and Gemma's modelling read it.
     kv_shared = r.int("num_kv_shared_layers", default=0, minimum=0) or 0
-    if kv_shared >= layers and kv_shared:
+    if kv_shared > layers:
         raise SpecError(
             r.path("num_kv_shared_layers"),
-            f"must be less than num_hidden_layers ({layers}), got {kv_shared}",
+            f"must be less than or equal to num_hidden_layers ({layers}), got {kv_shared}",
         )
     kv_lora = r.dim("kv_lora_rank")
     if kv_lora is not None:
@@ -719,6 +718,7 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             ),
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
+            "shared_expert_gate": bool(shared_size),
             "dense_layers": _dense_layer_indices(r, layers, num_experts),
             "moe_has_dense_mlp": r.bool("enable_moe_block", False),
             "q_lora_rank": r.dim("q_lora_rank"),
@@ -857,7 +857,8 @@ def _moe_mlp(dims: ArchDims, fam: _Family) -> tuple[list[Linear], list[int]]:
         if dims.shared_expert_intermediate_size:
             # Qwen-MoE: one shared expert of its own width, gated by a h -> 1 linear.
             linears += _dense_mlp(h, dims.shared_expert_intermediate_size, fam, False)
-            linears.append(_linear("shared_expert_gate", h, 1))
+            if dims.shared_expert_gate:
+                linears.append(_linear("shared_expert_gate", h, 1))
         else:
             # DeepSeek: the shared experts run as one MLP n_shared times as wide.
             linears += _dense_mlp(h, expert_inter * dims.n_shared_experts, fam, False)

@@ -12,7 +12,13 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from controller.estimator.errors import SpecError, shown
-from controller.estimator.settings import MAX_SEQUENCE_LENGTH, PATHS, TrainingSettings
+from controller.estimator.settings import (
+    MAX_SEQUENCE_LENGTH,
+    PATHS,
+    UNKNOWN_ATTENTION,
+    Attention,
+    TrainingSettings,
+)
 
 if TYPE_CHECKING:
     from controller.estimator.architecture import ModelShape
@@ -51,20 +57,28 @@ def context_warnings(
     shape: ModelShape, settings: TrainingSettings, paths: dict[str, str] | None = None
 ) -> list[str]:
     """One line per setting beyond what the model was built for, at its field path (or
-    flag): today, a sequence longer than the model's context."""
+    flag): a sequence longer than the model's context, an attention implementation outside
+    the known four (estimated on the quadratic path: `build_settings(any_attention=True)`)."""
     where = PATHS | (paths or {})
+    lines = []
+    unknown = settings.extras.get(UNKNOWN_ATTENTION)
+    if unknown is not None:
+        lines.append(
+            f"{where['attention']}: {shown(unknown)} is none of "
+            f"{', '.join(a.value for a in Attention)}; estimated as eager attention (the "
+            "quadratic, non-flash path)"
+        )
     limit = shape.context_length
     if limit is None or settings.seq_len <= limit:
-        return []
+        return lines
     return [
+        *lines,
         f"{where['seq_len']}: {settings.seq_len} is longer than the model's context length "
-        f"({limit}); estimating anyway"
+        f"({limit}); estimating anyway",
     ]
 
 
-def _rope_params(
-    config: Mapping[str, Any], prefix: str
-) -> Iterator[tuple[str, Mapping[str, Any]]]:
+def _rope_params(config: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Each rope parameter set with its path: one flat object, or (transformers 5, Gemma 3)
     one object per attention type."""
     for name in _ROPE_FIELDS:

@@ -193,13 +193,24 @@ def int_in_range(value: object, path: str, low: int, high: int, errors: list[Spe
     return value
 
 
+#: `TrainingSettings.extras` key of an attention implementation outside `Attention`.
+UNKNOWN_ATTENTION = "attention"
+
+
 def build_settings(
-    values: dict[str, object], paths: dict[str, str] | None = None
+    values: dict[str, object],
+    paths: dict[str, str] | None = None,
+    *,
+    any_attention: bool = False,
 ) -> tuple[TrainingSettings | None, list[SpecError]]:
     """Build settings from loosely typed values (CLI flags, a CRD spec); collect every error.
 
     `values` uses the TrainingSettings field names; missing keys take the defaults.
     `paths` overrides the field path shown in errors (the CLI passes its flag names).
+    `any_attention`: an attention implementation outside the known four is estimated on
+    the quadratic (non-flash) path, as seed 1 prices "none of flash_attention_2, sdpa, or
+    flex_attention", and recorded in `extras` for `context_warnings` to warn about; without
+    it (a CRD spec, whose schema enumerates the four) it is an error.
     """
     where = PATHS | (paths or {})
     errors: list[SpecError] = []
@@ -212,13 +223,19 @@ def build_settings(
         "precision": Precision,
         "profile": Profile,
     }
+    extras: dict[str, str] = {}
     for name, enum in choices.items():
         if values.get(name) is None:
             continue
         try:
             parsed[name] = enum.parse(values[name], where[name])
         except SpecError as error:
-            errors.append(error)
+            raw = values[name]
+            if name == "attention" and any_attention and isinstance(raw, str) and raw.strip():
+                parsed[name] = Attention.EAGER
+                extras[UNKNOWN_ATTENTION] = raw.strip()
+            else:
+                errors.append(error)
 
     limits = {
         "batch": (1, MAX_BATCH),
@@ -277,6 +294,8 @@ def build_settings(
 
     if errors:
         return None, errors
+    if extras:
+        parsed["extras"] = extras
     return TrainingSettings(**parsed), []  # type: ignore[arg-type]
 
 

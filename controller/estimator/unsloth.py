@@ -157,10 +157,12 @@ def _routed_elements(d: ArchDims) -> int:
 
 
 def _shared_elements(d: ArchDims) -> int:
-    """Shared experts (an extension of seed 1): three projections each and an h -> 1 gate."""
+    """Shared experts (an extension of seed 1): three projections each, and the h -> 1 gate
+    only where the model has one (Qwen-MoE's `shared_expert_gate`; DeepSeek has none): one
+    tensor count (`architecture.py`), whichever profile prices it."""
     if not d.n_shared_experts:
         return 0
-    gate = d.n_shared_experts * d.hidden_size
+    gate = d.n_shared_experts * d.hidden_size if d.shared_expert_gate else 0
     return d.hidden_size * _shared_size(d) * 3 * d.n_shared_experts + gate
 
 
@@ -278,8 +280,10 @@ def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -
 
 def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
     if _structured(d):
-        q, kv, has_k, has_v = layer_attention_dims(d, i)
-        qkv = q + (kv if has_k else 0) + (kv if has_v else 0)
+        # H + K + K on every layer, as seed 1 writes it: a kv-shared layer (or one whose k is
+        # its v) holds no k/v weights, but the k/v it attends with are live all the same.
+        q, kv, _, _ = layer_attention_dims(d, i)
+        qkv = q + 2 * kv
         if _is_moe_layer(d, i):
             mlp = _routed_size(d) + (layer_mlp_size(d, i) if d.moe_has_dense_mlp else 0)
         else:
@@ -343,10 +347,9 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
             mlp = dense * n
         else:
             mlp = moe_mlp * n_moe + dense * (n if d.moe_has_dense_mlp else len(d.dense_layers))
+    # `all-linear` is the seven projections of seed 1's table, nothing else (the per-layer
+    # input modules of Gemma 3n/4 included): "all known text linear modules in the table".
     total = attention + mlp
-    pli = d.hidden_size_per_layer_input
-    if pli and "all-linear" in targets:
-        total += h + n * pli + (h + pli) * n + (pli + h) * n
     shape.memo[key] = total
     return total
 

@@ -240,3 +240,95 @@ def test_the_trace_quantizes_what_the_loader_would() -> None:
         f"model.layers.{i}.self_attn.k_proj" for i in range(12)
     }
     assert isinstance(model.model.layers[11].self_attn.q_proj, Linear4bitStorage)
+
+
+# --- the unsloth profile as seed 1 writes it; inputs its reference accepts ----------------
+
+
+def _unsloth(config: dict[str, Any], **kw: Any) -> Any:
+    from controller.estimator import Profile, TrainingSettings
+    from controller.profiles import estimate
+
+    return estimate(parse_config(config), TrainingSettings(profile=Profile.UNSLOTH, **kw))
+
+
+PLE: dict[str, Any] = BASE | {
+    "head_dim": 16,
+    "num_key_value_heads": 2,
+    "num_kv_shared_layers": 2,
+    "vocab_size_per_layer_input": 50,
+    "hidden_size_per_layer_input": 8,
+}
+
+
+def test_all_linear_is_the_seven_projections_of_the_table() -> None:
+    seven = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    every = _unsloth(PLE, targets=("all-linear",))
+    assert every.trainable_params == _unsloth(PLE, targets=seven).trainable_params
+
+
+def test_activations_charge_h_k_k_on_kv_shared_layers_too() -> None:
+    from controller.estimator import Checkpointing
+
+    off = {"gradient_checkpointing": Checkpointing.OFF, "batch": 1, "seq_len": 100}
+    shared = _unsloth(PLE, **off).components["activations"]
+    unshared = _unsloth(PLE | {"num_kv_shared_layers": 0}, **off).components["activations"]
+    assert shared == unshared
+    q, kv, mlp, t = 4 * 16, 2 * 16, 128, 100
+    assert shared == 4 * (t * (q + 2 * kv + 2 + 2 * mlp) * 2 * 5 // 4)
+
+
+def test_deepseek_shared_experts_get_no_gate_in_the_unsloth_weights() -> None:
+    from controller.estimator import Method
+
+    moe = BASE | {"n_routed_experts": 4, "moe_intermediate_size": 32, "num_experts_per_tok": 2}
+    full = {"method": Method.FULL}
+    deepseek = _unsloth(moe | {"n_shared_experts": 1}, **full).components["weights"]
+    assert deepseek - _unsloth(moe, **full).components["weights"] == 2 * 4 * (3 * 64 * 32)
+    assert parse_config(moe | {"n_shared_experts": 1}).total_params - parse_config(
+        moe
+    ).total_params == 4 * (3 * 64 * 32)
+    qwen = _unsloth(moe | {"shared_expert_intermediate_size": 32}, **full).components["weights"]
+    assert qwen - deepseek == 2 * 4 * 64  # Qwen's h -> 1 gate, per layer
+
+
+def test_an_unknown_attention_implementation_takes_the_quadratic_path_with_a_warning() -> None:
+    from controller.estimator import Attention, Profile, context_warnings
+    from controller.estimator.settings import build_settings
+    from controller.profiles import estimate
+
+    values = {"profile": "unsloth", "attention": "kernels-community/flash-attn3"}
+    refused, errors = build_settings(values)
+    assert refused is None and "training.attention: unsupported value" in str(errors[0])
+    settings, errors = build_settings(values, any_attention=True)
+    assert settings is not None and not errors
+    assert settings.attention is Attention.EAGER and settings.profile is Profile.UNSLOTH
+    shape = parse_config(BASE)
+    eager, _ = build_settings(values | {"attention": "eager"})
+    assert eager is not None and estimate(shape, settings) == estimate(shape, eager)
+    (line,) = context_warnings(shape, settings)
+    assert line.startswith("training.attention: 'kernels-community/flash-attn3' is none of")
+    assert "quadratic" in line and not context_warnings(shape, eager)
+
+
+def test_head_dim_is_derived_where_the_config_has_none() -> None:
+    shape = parse_config(BASE | {"hidden_size": 66})  # 66 // 4 = 16, as transformers floors
+    q = next(lin for lin in shape.layers[0].linears if lin.name == "q_proj")
+    assert (q.in_features, q.out_features) == (66, 64)
+    assert _unsloth(BASE | {"hidden_size": 66}).total_bytes > 0
+
+
+def test_kv_shared_layers_equal_to_the_depth_share_nothing() -> None:
+    everything = parse_config(PLE | {"num_kv_shared_layers": 4})
+    none = parse_config(PLE | {"num_kv_shared_layers": 0})
+    assert everything.total_params == none.total_params
+    assert _unsloth(PLE | {"num_kv_shared_layers": 4}).total_bytes > 0
+
+
+def test_a_short_mlp_layer_types_leaves_the_later_layers_moe() -> None:
+    moe = BASE | {"num_experts": 4, "num_experts_per_tok": 2}
+    shape = parse_config(moe | {"mlp_layer_types": ["dense", "sparse"]})
+    assert [layer.moe for layer in shape.layers] == [False, True, True, True]
+    longer = parse_config(moe | {"mlp_layer_types": ["dense"] * 6})
+    assert not any(layer.moe for layer in longer.layers)
+    assert _unsloth(moe | {"mlp_layer_types": ["dense"]}).total_bytes > 0
