@@ -1,0 +1,913 @@
+"""The Helm chart: rendered, linted, installed into the real local control plane, and its RBAC
+proven enough (the operator and the agent run as the chart's ServiceAccounts) and not more
+(`kubectl auth can-i --as`).
+
+Render tests run the pinned helm on the chart alone; the install tests share one release in
+a namespace of their own, in file order: install, run the operator and the agent as the
+chart's ServiceAccounts, check their rights, upgrade, uninstall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
+from controller.operator.handlers import MUTATE_HANDLER, VALIDATE_HANDLER
+from e2e.build import ensure_binaries
+from e2e.cluster import Cluster
+from e2e.nodes import RUN_FOR_ANNOTATION
+from e2e.wait import wait_until
+from tests.integration.test_admission import QLORA, admitted, batch_job
+from tests.integration.test_agent import gpunode as read_gpunode
+from tests.integration.test_agent import gpus_yaml, wait_ready
+from tests.integration.test_operator import OperatorProcess, _free_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "vramgate"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+MONITORING = "monitoring.coreos.com/v1"
+RELEASE = "vg"
+FULLNAME = "vg-vramgate"
+OPERATOR_SA = f"{FULLNAME}-operator"
+AGENT_SA = f"{FULLNAME}-agent"
+CRD_NAMES = ("finetunejobs.vramgate.dev", "gpunodes.vramgate.dev")
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _helm() -> str:
+    return str(ensure_binaries(["helm"])["helm"])
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_helm(), *args], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/vramgate-helm-cache"},
+    )  # fmt: skip
+
+
+def render(*args: str, namespace: str = "vramgate") -> list[dict[str, Any]]:
+    """The chart's objects for these helm arguments (--set, -f, --api-versions)."""
+    done = helm("template", RELEASE, str(CHART), "--namespace", namespace, *args)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [
+        o for o in objects
+        if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]  # fmt: skip
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (found,) = find(objects, kind, name)
+    return found
+
+
+def operator_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    config_map = one(objects, "ConfigMap", f"{FULLNAME}-operator-config")
+    return dict(yaml.safe_load(config_map["data"]["operator.yaml"]))
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "defaults")
+def test_helm_lint_strict_passes_with_the_schema(values: Path | None) -> None:
+    extra = ["--values", str(values)] if values else []
+    done = helm("lint", "--strict", str(CHART), *extra)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Lint only logs a template's `fail`; rendering must pass too, with the monitoring API.
+    render(*extra, "--api-versions", MONITORING)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "operator.replicass=2"], "additional properties 'replicass' not allowed"),
+        (["--set", "operator.config.gpuModes=dra"], "additional properties 'gpuModes'"),
+        (["--set", "operator.replicas=two"], "got string, want integer"),
+        (["--set-string", "crds.install=yes"], "got string, want boolean"),
+        (["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
+        (["--set", "operator.config.headroomPercent=80"], "maximum"),
+        (["--set", "agent.backend=cuda"], "backend"),
+        (["--set", "agent.backend=static"], "minItems"),  # static needs its GPUs
+        (["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
+    ],
+    ids=["unknown-key", "unknown-config-key", "int-type", "bool-type", "enum", "maximum",
+         "backend-enum", "static-needs-gpus", "timeout-range"],
+)  # fmt: skip
+def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], message: str) -> None:
+    done = helm("template", RELEASE, str(CHART), *args)
+    assert done.returncode != 0
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert message in done.stderr, done.stderr
+
+
+def test_the_schema_forbids_unknown_keys_at_every_level() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict[str, Any], path: str) -> Iterator[str]:
+        if node.get("type") == "object" and "properties" in node:
+            if node.get("additionalProperties") is not False:
+                yield path
+            for name, sub in node["properties"].items():
+                yield from walk(sub, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            yield from walk(node["items"], f"{path}[]")
+
+    assert list(walk(schema, "")) == []
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def keys(tree: Any, node: dict[str, Any], path: str) -> Iterator[str]:
+        """Every key of values.yaml is described by the schema."""
+        if isinstance(tree, dict) and "properties" in node:
+            for key, value in tree.items():
+                assert key in node["properties"], f"{path}.{key} missing from the schema"
+                yield f"{path}.{key}"
+                yield from keys(value, node["properties"][key], f"{path}.{key}")
+
+    assert len(list(keys(values, schema, ""))) > 60
+
+
+def test_every_value_is_commented() -> None:
+    """Each key of values.yaml has a comment on the lines just above it, or its parent has."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    commented: dict[int, bool] = {}  # indent -> whether the enclosing block is commented
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        above = lines[i - 1].strip() if i else ""
+        own = above.startswith("#")
+        parent = any(v for k, v in commented.items() if k < indent)
+        assert own or parent, f"values.yaml line {i + 1}: {stripped} has no comment"
+        commented = {k: v for k, v in commented.items() if k < indent}
+        commented[indent] = own
+
+
+# -- paired render tests: X when enabled, nothing when disabled ------------------------------
+
+
+def test_certificates_from_the_operator_by_default() -> None:
+    objects = render()
+    config = operator_config(objects)
+    assert config["certSecretName"] == f"{FULLNAME}-webhook-tls"
+    assert config["webhookConfigName"] == FULLNAME
+    assert not find(objects, "Certificate") and not find(objects, "Issuer")
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        assert "annotations" not in one(objects, kind)["metadata"]
+    volumes = {v["name"]: v for v in _pod(objects, "Deployment")["volumes"]}
+    assert "emptyDir" in volumes["certs"]
+    role = one(objects, "Role")
+    assert {"secrets"} in [set(r["resources"]) for r in role["rules"]]
+
+
+def test_certificates_from_cert_manager_when_enabled() -> None:
+    objects = render("--set", "webhook.certManager.enabled=true")
+    config = operator_config(objects)
+    assert config["certSecretName"] is None
+    certificate = one(objects, "Certificate")
+    assert certificate["spec"]["secretName"] == f"{FULLNAME}-webhook-tls"
+    assert f"{FULLNAME}-webhook.vramgate.svc" in certificate["spec"]["dnsNames"]
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": f"{FULLNAME}-selfsigned"}
+    assert one(objects, "Issuer")["spec"] == {"selfSigned": {}}
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        annotations = one(objects, kind)["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": f"vramgate/{FULLNAME}-webhook"}
+    pod = _pod(objects, "Deployment")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["certs"]["secret"] == {"secretName": f"{FULLNAME}-webhook-tls"}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "certs")
+    assert mount == {"name": "certs", "mountPath": config["certDir"], "readOnly": True}
+    # cert-manager owns the Secret: the operator gets no access to Secrets at all.
+    role = one(objects, "Role")
+    assert all("secrets" not in r["resources"] for r in role["rules"])
+    cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
+    assert all("admissionregistration.k8s.io" not in r["apiGroups"] for r in cluster_role["rules"])
+    # An existing issuer instead of the chart's own.
+    issuer = {"kind": "ClusterIssuer", "name": "corp-ca", "group": "cert-manager.io"}
+    objects = render("-f", str(CHART / "ci" / "cert-manager-issuer-values.yaml"))
+    assert not find(objects, "Issuer")
+    assert one(objects, "Certificate")["spec"]["issuerRef"] == issuer | {"name": "internal-ca"}
+
+
+def test_no_webhook_objects_when_the_webhook_is_disabled() -> None:
+    objects = render("--set", "webhook.enabled=false")
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "Certificate"):
+        assert not find(objects, kind)
+    assert not find(objects, "Service", f"{FULLNAME}-webhook")
+    role = one(objects, "Role")
+    assert all("secrets" not in r["resources"] for r in role["rules"])
+    args = _pod(objects, "Deployment")["containers"][0]["args"]
+    assert args == ["operator", "--webhook", "off"]
+
+
+def test_the_webhooks_point_at_the_operators_handlers_and_fail_open() -> None:
+    objects = render()
+    service = one(objects, "Service", f"{FULLNAME}-webhook")
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    paths = {}
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        config = one(objects, kind, FULLNAME)
+        (webhook,) = config["webhooks"]
+        assert webhook["clientConfig"]["service"]["name"] == f"{FULLNAME}-webhook"
+        assert webhook["clientConfig"]["service"]["port"] == 443
+        assert "caBundle" not in webhook["clientConfig"]  # injected, never reset by upgrades
+        assert webhook["failurePolicy"] == "Ignore"
+        assert webhook["sideEffects"] == "None"
+        assert webhook["matchPolicy"] == "Equivalent"
+        assert webhook["timeoutSeconds"] == 5
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        paths[kind] = webhook["clientConfig"]["service"]["path"]
+    assert paths == {
+        "ValidatingWebhookConfiguration": f"/{VALIDATE_HANDLER}",
+        "MutatingWebhookConfiguration": f"/{MUTATE_HANDLER}",
+    }
+    args = _pod(objects, "Deployment")["containers"][0]["args"]
+    assert args == ["operator", "--webhook", "serve"]
+
+
+@pytest.mark.parametrize("available", [True, False], ids=["api-served", "api-missing"])
+def test_service_monitors_and_the_prometheus_rule_only_where_the_api_is_served(
+    available: bool,
+) -> None:
+    api = ["--api-versions", MONITORING] if available else []
+    enabled = render(*api, "-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    monitors = find(enabled, "ServiceMonitor")
+    rules = find(enabled, "PrometheusRule")
+    if not available:
+        assert monitors == [] and rules == []
+        return
+    assert sorted(m["metadata"]["name"] for m in monitors) == [
+        f"{FULLNAME}-agent",
+        f"{FULLNAME}-operator",
+    ]
+    assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
+    alerts = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert one(enabled, "PrometheusRule")["spec"] == {"groups": alerts["groups"]}
+    # The Services they select exist and name the metrics ports.
+    for monitor in monitors:
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        (service,) = [
+            s for s in find(enabled, "Service")
+            if selector.items() <= s["metadata"]["labels"].items()
+            and s["metadata"]["name"].endswith("-metrics")
+        ]  # fmt: skip
+        assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+    disabled = render(*api)
+    assert find(disabled, "ServiceMonitor") == [] and find(disabled, "PrometheusRule") == []
+
+
+def test_the_dashboard_configmap_when_enabled() -> None:
+    objects = render("--set", "dashboard.enabled=true")
+    dashboard = one(objects, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "files" / "dashboard.json").read_text())
+    assert json.loads(dashboard["data"]["vramgate.json"]) == shipped
+    assert not find(render(), "ConfigMap", f"{FULLNAME}-dashboard")
+
+
+def test_crds_are_templates_kept_on_uninstall_unless_turned_off() -> None:
+    crds = find(render(), "CustomResourceDefinition")
+    assert sorted(c["metadata"]["name"] for c in crds) == sorted(CRD_NAMES)
+    for crd in crds:
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    assert find(render("--set", "crds.install=false"), "CustomResourceDefinition") == []
+    # Helm's crds/ folder (install once, never upgrade) is not used: .helmignore hides it.
+    assert helm("show", "crds", str(CHART)).stdout.strip() == ""
+
+
+def _pod(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return dict(one(objects, kind)["spec"]["template"]["spec"])
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_pods_run_locked_down(kind: str) -> None:
+    pod = _pod(render(), kind)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "privileged" not in json.dumps(pod)
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert all("hostPath" not in v for v in pod["volumes"])
+    assert "/tmp" in [m["mountPath"] for m in container["volumeMounts"]]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_the_operator_deployment() -> None:
+    objects = render()
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"webhook": 9443, "metrics": 8080, "probes": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["VRAMGATE_OPERATOR_CONFIG"]["value"] == "/etc/vramgate/operator.yaml"
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert not find(render("--set", "operator.replicas=1"), "PodDisruptionBudget")
+    config = operator_config(objects)
+    assert config["leaseNamespace"] == "vramgate" and config["leaseName"] == f"{FULLNAME}-operator"
+    assert one(objects, "Lease")["metadata"]["name"] == config["leaseName"]
+
+
+def test_a_config_change_rolls_the_pods() -> None:
+    def checksum(*args: str) -> tuple[str, str]:
+        objects = render(*args)
+        return tuple(  # type: ignore[return-value]
+            one(objects, kind)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for kind in ("Deployment", "DaemonSet")
+        )
+
+    base = checksum()
+    assert checksum() == base
+    operator = checksum("--set", "operator.config.resyncSeconds=5")
+    agent = checksum("--set", "agent.config.pollIntervalSeconds=2")
+    assert operator[0] != base[0] and operator[1] == base[1]
+    assert agent[1] != base[1] and agent[0] == base[0]
+
+
+def _load_operator_settings(config: dict[str, Any], tmp_path: Path) -> Any:
+    from controller.operator.settings import add_arguments, load_settings
+
+    path = tmp_path / "operator.yaml"
+    path.write_text(yaml.safe_dump(config))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    environ = {"VRAMGATE_OPERATOR_CONFIG": str(path), "POD_NAME": "p", "POD_NAMESPACE": "vramgate"}
+    return load_settings(parser.parse_args([]), environ)
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "defaults")
+def test_the_rendered_config_files_load_in_the_operator_and_the_agent(
+    values: Path | None, tmp_path: Path
+) -> None:
+    from controller.agent.settings import add_arguments, load_settings
+
+    objects = render(*(["--values", str(values)] if values else []))
+    settings = _load_operator_settings(operator_config(objects), tmp_path)
+    assert settings.webhook_port == 9443 and settings.probe_port == 8081
+    assert settings.lease_namespace == "vramgate"
+    agent_cm = find(objects, "ConfigMap", f"{FULLNAME}-agent-config")
+    if not agent_cm:
+        return
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(agent_cm[0]["data"]["agent.yaml"])
+    if "gpus.yaml" in agent_cm[0]["data"]:
+        (tmp_path / "gpus.yaml").write_text(agent_cm[0]["data"]["gpus.yaml"])
+        agent_file.write_text(
+            agent_file.read_text().replace("/etc/vramgate/gpus.yaml", str(tmp_path / "gpus.yaml"))
+        )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    environ = {"VRAMGATE_AGENT_CONFIG": str(agent_file), "VRAMGATE_AGENT_NODE_NAME": "n"}
+    agent = load_settings(parser.parse_args([]), environ)
+    assert agent.metrics_port == 9402
+
+
+def test_every_operator_setting_is_a_value_or_set_by_the_chart(tmp_path: Path) -> None:
+    from controller.operator.settings import OperatorSettings
+
+    config = operator_config(render())
+    keys = {info.alias or name for name, info in OperatorSettings.model_fields.items()}
+    # webhook comes from webhook.enabled (a flag), identity from the pod's name.
+    assert keys - set(config) == {"webhook", "webhookHost", "identity"}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["config"]
+    assert set(values) <= keys
+
+
+def test_the_agent_runs_on_gpu_nodes_with_only_the_host_access_it_needs() -> None:
+    pod = _pod(render(), "DaemonSet")
+    assert pod["hostPID"] is True  # nvml: host PIDs -> /proc/<pid>/cgroup -> pod UID
+    assert pod["runtimeClassName"] == "nvidia"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = [t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]]
+    assert keys == ["nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["VRAMGATE_AGENT_NODE_NAME"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }
+    assert pod["containers"][0]["ports"] == [
+        {"name": "metrics", "containerPort": 9402, "protocol": "TCP"}
+    ]
+    for backend in ("static", "dcgm"):
+        args = ["-f", str(CHART / "ci" / f"{backend}-agent-values.yaml")]
+        other = _pod(render(*args), "DaemonSet")
+        assert "hostPID" not in other and "runtimeClassName" not in other, backend
+    assert "hostPID" not in _pod(render("--set", "agent.podAttribution=false"), "DaemonSet")
+    assert not find(render("--set", "agent.enabled=false"), "DaemonSet")
+
+
+def test_dra_rights_only_in_dra_mode() -> None:
+    def groups(*args: str) -> set[str]:
+        role = one(render(*args), "ClusterRole", f"{FULLNAME}-operator")
+        return {g for rule in role["rules"] for g in rule["apiGroups"]}
+
+    assert "resource.k8s.io" not in groups()
+    assert "resource.k8s.io" in groups("--set", "operator.config.gpuMode=dra")
+
+
+# -- installed into the local control plane ---------------------------------------------------
+
+
+class Release:
+    """One installed release in its own namespace, and kubeconfigs for its ServiceAccounts."""
+
+    def __init__(self, cluster: Cluster, api: client.ApiClient, workdir: Path) -> None:
+        self.cluster, self.api, self.workdir = cluster, api, workdir
+        self.namespace = f"chart-{uuid.uuid4().hex[:8]}"
+        self.installed = False
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.cluster.helm(*args, "--namespace", self.namespace)
+
+    def install(self, *values: str) -> subprocess.CompletedProcess[str]:
+        done = self.helm("install", RELEASE, str(CHART), "--create-namespace", *values)
+        self.installed = self.installed or done.returncode == 0
+        return done
+
+    def kubeconfig_for(self, service_account: str) -> Path:
+        """A kubeconfig that authenticates with a TokenRequest token of `service_account`."""
+        token = client.CoreV1Api(self.api).create_namespaced_service_account_token(
+            service_account, self.namespace, {"spec": {"expirationSeconds": 3600}}
+        )
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+            "clusters": [{"name": "local", "cluster": {
+                "server": self.cluster.server,
+                "certificate-authority-data": base64.b64encode(
+                    self.cluster.ca_path.read_bytes()).decode(),
+            }}],
+            "users": [{"name": service_account, "user": {"token": token.status.token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "local", "user": service_account}}],
+        }  # fmt: skip
+        path = self.workdir / f"{service_account}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def can_i(self, service_account: str, *args: str) -> bool:
+        user = f"system:serviceaccount:{self.namespace}:{service_account}"
+        done = self.cluster.kubectl("auth", "can-i", *args, "--as", user)
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode == 0
+
+    def config_file(self) -> Path:
+        """The operator config file as the chart installed it (its ConfigMap's data)."""
+        config_map = client.CoreV1Api(self.api).read_namespaced_config_map(
+            f"{FULLNAME}-operator-config", self.namespace
+        )
+        path = self.workdir / "operator.yaml"
+        path.write_text(config_map.data["operator.yaml"])
+        return path
+
+
+class _AsServiceAccount:
+    """What OperatorProcess needs of a cluster: an environment, here with the ServiceAccount's
+    kubeconfig and the pod's downward-API variables and config file, as in the chart's pod."""
+
+    def __init__(self, kubeconfig: Path, extra: dict[str, str]) -> None:
+        self.kubeconfig, self.extra = kubeconfig, extra
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra}
+
+
+def _adopt_existing_crds(cluster: Cluster, namespace: str) -> None:
+    """CRDs applied by earlier test modules (kubectl apply) are adopted into the release, the
+    way a cluster admin hands existing CRDs over to Helm."""
+    for name in CRD_NAMES:
+        if cluster.kubectl("get", "crd", name).returncode != 0:
+            continue
+        for args in (
+            ("annotate", "--overwrite", "crd", name, f"meta.helm.sh/release-name={RELEASE}",
+             f"meta.helm.sh/release-namespace={namespace}"),
+            ("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm"),
+        ):  # fmt: skip
+            done = cluster.kubectl(*args)
+            assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def release(
+    cluster: Cluster, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    made = Release(cluster, api_client, tmp_path_factory.mktemp("chart"))
+    _adopt_existing_crds(cluster, made.namespace)
+    try:
+        yield made
+    finally:
+        if made.installed:
+            made.helm("uninstall", RELEASE)
+        client.CoreV1Api(api_client).delete_namespace(made.namespace)
+
+
+def test_helm_install_refuses_an_unknown_value(release: Release) -> None:
+    done = release.install("--set", "agent.hostNetwork=true", "--dry-run=server")
+    assert done.returncode != 0
+    assert "additional properties 'hostNetwork' not allowed" in done.stderr
+
+
+def test_helm_install_succeeds(release: Release, cluster: Cluster) -> None:
+    done = release.install()
+    assert done.returncode == 0, done.stderr
+    assert "kubectl get gpunodes" in done.stdout  # NOTES.txt says what to run next
+    for name in CRD_NAMES:
+        waited = cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}")
+        assert waited.returncode == 0, waited.stderr
+    listed = release.helm("status", RELEASE, "-o", "json")
+    assert json.loads(listed.stdout)["info"]["status"] == "deployed"
+    got = cluster.kubectl(
+        "get", "deployment,daemonset,service,configmap,secret,lease,serviceaccount,role,"
+        "rolebinding,poddisruptionbudget", "-n", release.namespace, "-o", "name",
+        "-l", f"app.kubernetes.io/instance={RELEASE}",
+    )  # fmt: skip
+    assert sorted(got.stdout.split()) == sorted([
+        f"deployment.apps/{FULLNAME}-operator",
+        f"daemonset.apps/{FULLNAME}-agent",
+        f"service/{FULLNAME}-webhook",
+        f"service/{FULLNAME}-operator-metrics",
+        f"service/{FULLNAME}-agent-metrics",
+        f"configmap/{FULLNAME}-operator-config",
+        f"configmap/{FULLNAME}-agent-config",
+        f"lease.coordination.k8s.io/{FULLNAME}-operator",
+        f"serviceaccount/{OPERATOR_SA}",
+        f"serviceaccount/{AGENT_SA}",
+        f"role.rbac.authorization.k8s.io/{FULLNAME}-operator",
+        f"rolebinding.rbac.authorization.k8s.io/{FULLNAME}-operator",
+        f"poddisruptionbudget.policy/{FULLNAME}-operator",
+    ])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpu_node(release: Release, cluster: Cluster, api_client: client.ApiClient) -> Iterator[str]:
+    """A simulated GPU node with a product label of its own, removed afterwards."""
+    product = f"CHART-{uuid.uuid4().hex[:6]}-80GB"
+    (name,) = cluster.create_gpu_nodes(
+        1, gpus_per_node=2, product=product, name_prefix=f"chart-{uuid.uuid4().hex[:6]}"
+    )
+    yield name
+    for delete in (
+        lambda: client.CustomObjectsApi(api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "gpunodes", name
+        ),
+        lambda: client.CoreV1Api(api_client).delete_node(name),
+    ):
+        try:
+            delete()
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+@pytest.fixture(scope="module")
+def agent_as_its_service_account(
+    release: Release, gpu_node: str, api_client: client.ApiClient
+) -> Iterator[subprocess.Popen[str]]:
+    static = release.workdir / "gpus.yaml"
+    static.write_text(gpus_yaml([0, 0]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "agent", "--node-name", gpu_node,
+         "--backend", "static", "--static-file", str(static),
+         "--kubeconfig", str(release.kubeconfig_for(AGENT_SA)),
+         "--metrics-address", "127.0.0.1", "--metrics-port", str(_free_port()),
+         "--poll-interval-seconds", "0.5", "--heartbeat-interval-seconds", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+
+
+def test_the_agent_writes_its_gpunode_as_the_agent_service_account(
+    release: Release,
+    agent_as_its_service_account: subprocess.Popen[str],
+    gpu_node: str,
+    api_client: client.ApiClient,
+) -> None:
+    assert release.installed
+    wait_ready(api_client, gpu_node, "True", "the GPUNode the agent's SA wrote")
+    gpunode = read_gpunode(api_client, gpu_node)
+    assert len(gpunode["status"]["gpus"]) == 2
+    owner = gpunode["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", gpu_node)
+    assert agent_as_its_service_account.poll() is None
+
+
+@pytest.fixture(scope="module")
+def operator_as_its_service_account(
+    release: Release, api_client: client.ApiClient
+) -> Iterator[OperatorProcess]:
+    """`vramgate operator` with the chart's config file and the operator ServiceAccount's
+    token. Only the listen addresses differ from the pod's (loopback, free ports); it serves
+    its webhook, so it writes the certificate Secret and injects the CA like the pods do."""
+    environ = {
+        "VRAMGATE_OPERATOR_CONFIG": str(release.config_file()),
+        "POD_NAMESPACE": release.namespace,
+    }
+    process = OperatorProcess(
+        _AsServiceAccount(release.kubeconfig_for(OPERATOR_SA), environ),  # type: ignore[arg-type]
+        api_client,
+        release.workdir,
+        extra=("--webhook", "serve", "--metrics-addr", "127.0.0.1",
+               "--metrics-port", str(_free_port()), "--resync-seconds", "2"),
+        webhook_config=FULLNAME,
+    )  # fmt: skip
+    process.start(webhook=False)  # started as `--webhook off`, then `--webhook serve` wins
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _ftj(name: str, product: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {
+            **QLORA,
+            "resources": {"gpus": 1, "gpuSelector": {PRODUCT_LABEL: product}},
+            "template": {
+                "metadata": {"annotations": {RUN_FOR_ANNOTATION: "600s"}},
+                "spec": {"containers": [{"name": "trainer", "image": "trainer:v1"}]},
+            },
+        },
+    }
+
+
+def test_the_operator_admits_a_job_as_the_operator_service_account(
+    release: Release,
+    operator_as_its_service_account: OperatorProcess,
+    agent_as_its_service_account: subprocess.Popen[str],
+    gpu_node: str,
+    api_client: client.ApiClient,
+    namespace: str,
+) -> None:
+    node = client.CoreV1Api(api_client).read_node(gpu_node)
+    product = node.metadata.labels[PRODUCT_LABEL]
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "finetunejobs", _ftj("via-chart-rbac", product)
+    )
+    job = admitted(api_client, namespace, "via-chart-rbac", "True", "Fits", timeout=30)
+    assert job["status"]["placement"]["nodes"][0]["node"] == gpu_node
+    assert batch_job(api_client, namespace, "via-chart-rbac").spec.backoff_limit == 0
+    # It holds the chart's Lease, in the release namespace.
+    lease = client.CoordinationV1Api(api_client).read_namespaced_lease(
+        f"{FULLNAME}-operator", release.namespace
+    )
+    assert lease.spec.holder_identity == f"{release.workdir.name}-0"  # OperatorProcess's --identity
+
+
+def test_the_operator_filled_the_certificate_secret_and_injected_its_ca(
+    release: Release, operator_as_its_service_account: OperatorProcess, api_client: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(api_client)
+    admission = client.AdmissionregistrationV1Api(api_client)
+
+    def filled() -> client.V1Secret | None:
+        secret = core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", release.namespace)
+        return secret if (secret.data or {}).get("ca.crt") else None
+
+    secret = wait_until(filled, timeout=30, what="the operator to fill the webhook Secret")
+
+    def injected() -> bool:
+        configs = [
+            admission.read_validating_webhook_configuration(FULLNAME),
+            admission.read_mutating_webhook_configuration(FULLNAME),
+        ]
+        bundles = [c.webhooks[0].client_config.ca_bundle for c in configs]
+        return bundles == [secret.data["ca.crt"]] * 2
+
+    wait_until(injected, timeout=30, what="the CA in both webhook configurations")
+
+
+def test_no_request_of_the_operator_was_refused_by_rbac(
+    release: Release, operator_as_its_service_account: OperatorProcess
+) -> None:
+    """Stopped before the upgrade and uninstall take its rights away. (A 403 for a namespace
+    being deleted is no RBAC refusal: those name no ServiceAccount.)"""
+    operator_as_its_service_account.stop()
+    denied = [
+        line for line in operator_as_its_service_account.log().splitlines()
+        if f"system:serviceaccount:{release.namespace}:{OPERATOR_SA}" in line
+    ]  # fmt: skip
+    assert denied == [], denied[:5]
+
+
+# The ServiceAccounts' rights: enough (above) and not more. (sa, can-i arguments, expected)
+OPERATOR_CAN = [
+    ("get", "finetunejobs.vramgate.dev", "-A"),
+    ("watch", "finetunejobs.vramgate.dev", "-A"),
+    ("patch", "finetunejobs.vramgate.dev", "--subresource=status", "-n", "any"),
+    ("list", "gpunodes.vramgate.dev"),
+    ("watch", "pods", "-A"),
+    ("get", "nodes"),
+    ("create", "jobs.batch", "-n", "any"),
+    ("delete", "jobs.batch", "-n", "any"),
+    ("create", "services", "-n", "any"),
+    ("get", "configmaps", "-n", "any"),
+    ("create", "events", "-n", "any"),
+]
+OPERATOR_CANNOT = [
+    ("get", "secrets", "-n", "default"),
+    ("list", "secrets", "-A"),
+    ("create", "secrets", "-n", "default"),
+    ("create", "pods", "--subresource=exec", "-n", "any"),
+    ("create", "pods", "-n", "any"),
+    ("delete", "pods", "-n", "any"),
+    ("update", "finetunejobs.vramgate.dev", "-n", "any"),
+    ("patch", "finetunejobs.vramgate.dev", "-n", "any"),
+    ("delete", "finetunejobs.vramgate.dev", "-n", "any"),
+    ("create", "gpunodes.vramgate.dev"),
+    ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
+    ("patch", "nodes"),
+    ("list", "configmaps", "-A"),
+    ("update", "configmaps", "-n", "any"),
+    ("patch", "validatingwebhookconfigurations/some-other-webhook"),
+    ("create", "validatingwebhookconfigurations"),
+    ("create", "clusterroles"),
+    ("create", "rolebindings", "-n", "any"),
+    ("create", "deployments.apps", "-n", "any"),
+    ("delete", "namespaces"),
+    ("create", "serviceaccounts", "--subresource=token", "-n", "any"),
+    ("impersonate", "users"),
+    ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
+]
+AGENT_CAN = [
+    ("get", "gpunodes.vramgate.dev"),
+    ("create", "gpunodes.vramgate.dev"),
+    ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
+    ("get", "nodes"),
+]
+AGENT_CANNOT = [
+    ("create", "finetunejobs.vramgate.dev", "-n", "any"),
+    ("patch", "finetunejobs.vramgate.dev", "--subresource=status", "-n", "any"),
+    ("list", "finetunejobs.vramgate.dev", "-A"),
+    ("delete", "gpunodes.vramgate.dev"),
+    ("update", "gpunodes.vramgate.dev"),
+    ("list", "pods", "-A"),
+    ("create", "pods", "--subresource=exec", "-n", "any"),
+    ("get", "secrets", "-A"),
+    ("list", "nodes"),
+    ("patch", "nodes"),
+    ("create", "events", "-n", "any"),
+    ("get", "configmaps", "-n", "any"),
+]
+
+
+def _case_id(case: tuple[str, ...]) -> str:
+    return " ".join(case).replace("--subresource=", "/")
+
+
+@pytest.mark.parametrize("args", OPERATOR_CAN, ids=_case_id)
+def test_the_operator_may(release: Release, args: tuple[str, ...]) -> None:
+    assert release.can_i(OPERATOR_SA, *args)
+
+
+@pytest.mark.parametrize("args", OPERATOR_CANNOT, ids=_case_id)
+def test_the_operator_may_not(release: Release, args: tuple[str, ...]) -> None:
+    assert not release.can_i(OPERATOR_SA, *args)
+
+
+def test_the_operator_reaches_only_its_own_secret_lease_and_webhooks(release: Release) -> None:
+    ns = ("-n", release.namespace)
+    assert release.can_i(OPERATOR_SA, "get", f"secrets/{FULLNAME}-webhook-tls", *ns)
+    assert release.can_i(OPERATOR_SA, "update", f"secrets/{FULLNAME}-webhook-tls", *ns)
+    assert not release.can_i(OPERATOR_SA, "get", "secrets/someone-elses", *ns)
+    assert not release.can_i(OPERATOR_SA, "list", "secrets", *ns)
+    assert release.can_i(OPERATOR_SA, "update", f"leases/{FULLNAME}-operator", *ns)
+    assert not release.can_i(OPERATOR_SA, "update", "leases/another", *ns)
+    assert not release.can_i(OPERATOR_SA, "create", "leases", *ns)
+    for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+        assert release.can_i(OPERATOR_SA, "patch", f"{kind}/{FULLNAME}")
+        assert not release.can_i(OPERATOR_SA, "patch", f"{kind}/other")
+
+
+@pytest.mark.parametrize("args", AGENT_CAN, ids=_case_id)
+def test_the_agent_may(release: Release, args: tuple[str, ...]) -> None:
+    assert release.can_i(AGENT_SA, *args)
+
+
+@pytest.mark.parametrize("args", AGENT_CANNOT, ids=_case_id)
+def test_the_agent_may_not(release: Release, args: tuple[str, ...]) -> None:
+    assert not release.can_i(AGENT_SA, *args)
+
+
+def _ca_bundle(api: client.ApiClient) -> str | None:
+    admission = client.AdmissionregistrationV1Api(api)
+    config = admission.read_validating_webhook_configuration(FULLNAME)
+    return config.webhooks[0].client_config.ca_bundle  # type: ignore[no-any-return]
+
+
+def test_helm_upgrade_with_changed_values_rolls_the_operator_and_keeps_the_certificate(
+    release: Release, cluster: Cluster, api_client: client.ApiClient
+) -> None:
+    apps = client.AppsV1Api(api_client)
+    core = client.CoreV1Api(api_client)
+
+    def checksum() -> str:
+        deployment = apps.read_namespaced_deployment(f"{FULLNAME}-operator", release.namespace)
+        return str(deployment.spec.template.metadata.annotations["checksum/config"])
+
+    before = checksum()
+    secret_before = core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", release.namespace).data
+    bundle_before = _ca_bundle(api_client)
+    done = release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values",
+        "--set", "operator.config.resyncSeconds=5", "--set", "operator.config.headroom=1GiB",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert checksum() != before
+    config = yaml.safe_load(
+        core.read_namespaced_config_map(f"{FULLNAME}-operator-config", release.namespace).data[
+            "operator.yaml"
+        ]
+    )
+    assert (config["resyncSeconds"], config["headroom"]) == (5, "1GiB")
+    # The certificate and the injected CA survive the upgrade (caBundle is not templated).
+    secret = core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", release.namespace)
+    assert secret.data == secret_before
+    assert _ca_bundle(api_client) == bundle_before
+    history = json.loads(release.helm("history", RELEASE, "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+
+def test_helm_uninstall_leaves_only_the_crds(release: Release, cluster: Cluster) -> None:
+    done = release.helm("uninstall", RELEASE)
+    assert done.returncode == 0, done.stderr
+    release.installed = False
+    assert "These resources were kept due to the resource policy" in done.stdout + done.stderr
+    kinds = (
+        "all,configmap,secret,lease,serviceaccount,role,rolebinding,poddisruptionbudget,"
+        "clusterrole,clusterrolebinding,validatingwebhookconfiguration,"
+        "mutatingwebhookconfiguration,customresourcedefinition"
+    )
+    crds = sorted(f"customresourcedefinition.apiextensions.k8s.io/{name}" for name in CRD_NAMES)
+
+    def left() -> list[str]:
+        listed = cluster.kubectl(
+            "get", kinds, "-A", "-o", "name", "-l", f"app.kubernetes.io/instance={RELEASE}"
+        )
+        assert listed.returncode == 0, listed.stderr
+        return sorted(listed.stdout.split())
+
+    # Pods and ReplicaSets go by garbage collection, a moment after their owners.
+    wait_until(lambda: left() == crds, timeout=60, what="only the CRDs left", interval=0.5)
+    # By name too (the operator's writes replace the Lease's labels): what is left in the
+    # release namespace is the operator's own certificate Secret, labelled as its own.
+    leftover = cluster.kubectl(
+        "get", "secret,lease,configmap,serviceaccount", "-n", release.namespace, "-o", "name"
+    )
+    names = [n for n in leftover.stdout.split() if "vramgate" in n or FULLNAME in n]
+    assert names == [f"secret/{FULLNAME}-webhook-tls"]
+    # KNOWN GAP, reported: the Secret outlives the release until the operator gives it an
+    # ownerReference (or a label Helm may own); the chart cannot own it (label conflict).
+    for name in (FULLNAME,):
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            assert cluster.kubectl("get", kind, name).returncode == 1
+    for name in (f"{FULLNAME}-operator", f"{FULLNAME}-agent"):
+        assert cluster.kubectl("get", "clusterrole", name).returncode == 1
