@@ -117,6 +117,9 @@ class ArchDims:
     shared_expert_intermediate_size: int | None
     # Qwen-MoE gates its shared expert by an h -> 1 linear; DeepSeek, GLM, Llama 4 do not.
     shared_expert_gate: bool
+    # The dense layers' MLP width where it is not intermediate_size (Llama 4's
+    # intermediate_size_mlp; its experts and shared expert are intermediate_size wide).
+    dense_intermediate_size: int | None
     dense_layers: tuple[int, ...]
     moe_has_dense_mlp: bool
     q_lora_rank: int | None
@@ -229,6 +232,8 @@ class _Family:
     o_bias: bool | None = None
     norms_per_layer: int = 2
     qk_norm: str | None = None  # "head": q/k norm over head_dim; "full": over the projection
+    qk_norm_field: str = ""  # a config flag that turns "head" q/k norms on (GLM's use_qk_norm)
+    bias_field: str = "attention_bias"  # the flag of q/k/v/o biases (ERNIE: use_bias)
     fused_qkv: bool = False
     fused_gate_up: bool = False
     layernorm_bias: bool = False
@@ -261,8 +266,17 @@ _FAMILIES: dict[str, _Family] = {
     "olmo2": _Family(qk_norm="full"),
     # DBRX: fused Wqkv, experts w1/v1/w2 and the router under ffn_config, bias-free norms.
     "dbrx": _Family(fused_qkv=True),
+    # Llama 4: fused expert stacks, one shared expert per MoE layer, L2 q/k norms (no weights).
+    "llama4_text": _Family(fused_expert_gate_up=True),
+    "llama4": _Family(fused_expert_gate_up=True),
+    # ERNIE 4.5: biases by use_bias, an e_score_correction_bias per MoE layer, tied embeddings.
+    "ernie4_5_moe": _Family(bias_field="use_bias", router_correction_bias=True, tie_default=True),
+    # GLM-4.5/4.6: q/k/v biases, no o bias, q/k norms by use_qk_norm, DeepSeek-style routing.
+    "glm4_moe": _Family(o_bias=False, qk_norm_field="use_qk_norm", router_correction_bias=True),
     "deepseek_v3": _Family(router_correction_bias=True, peft_moe_pattern="qwen2_moe"),
     "deepseek_v2": _Family(peft_moe_pattern="qwen2_moe"),
+    # Kimi K2: DeepSeek-V3's layout (its config names the DeepseekV3 classes) at another size.
+    "kimi_k2": _Family(router_correction_bias=True, peft_moe_pattern="qwen2_moe"),
     "gpt_oss": _Family(
         attention_sinks=True, router_bias=True, expert_bias=True, fused_expert_gate_up=True
     ),
@@ -297,6 +311,7 @@ _SHARED_COUNT_FIELDS = ("n_shared_experts", "num_shared_experts", "moe_num_share
 # Fields about experts the parser reads somewhere (shape) besides the two lists above.
 _MOE_SHAPE_FIELDS = frozenset(
     {
+        "moe_use_aux_free",
         *_SHARED_COUNT_FIELDS,
         "moe_intermediate_size",
         "shared_expert_intermediate_size",
@@ -670,6 +685,9 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
     n_shared = _scalar(r, _SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
     if shared_size and n_shared == 0:
         n_shared = 1
+    dense_size = r.dim("intermediate_size_mlp")
+    if dense_size and num_experts > 1 and n_shared == 0:
+        n_shared = 1  # Llama 4: one shared expert in every MoE layer
 
     layer_types = r.config.get("layer_types")
     if layer_types is not None:
@@ -719,6 +737,7 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
             "shared_expert_gate": bool(shared_size),
+            "dense_intermediate_size": dense_size,
             "dense_layers": _dense_layer_indices(r, layers, num_experts),
             "moe_has_dense_mlp": r.bool("enable_moe_block", False),
             "q_lora_rank": r.dim("q_lora_rank"),
@@ -765,9 +784,10 @@ def layer_attention_dims(dims: ArchDims, index: int) -> tuple[int, int, bool, bo
 
 def layer_mlp_size(dims: ArchDims, index: int) -> int:
     """Dense MLP width of one layer: doubled on kv-shared layers with `use_double_wide_mlp`."""
+    width = dims.dense_intermediate_size or dims.intermediate_size
     if dims.use_double_wide_mlp and is_kv_shared_layer(dims, index):
-        return dims.intermediate_size * 2
-    return dims.intermediate_size
+        return width * 2
+    return width
 
 
 def _mla_linears(dims: ArchDims, bias: bool) -> tuple[list[Linear], list[int]]:
@@ -800,7 +820,7 @@ def _attention(
         return _mla_linears(dims, r.bool("attention_bias", False))
     h = dims.hidden_size
     q_width, kv_width, has_k, has_v = layer_attention_dims(dims, index)
-    attention_bias = r.bool("attention_bias", False)
+    attention_bias = r.bool(fam.bias_field, False)
     qkv_bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
     o_bias = fam.o_bias if fam.o_bias is not None else attention_bias
     if fam.fused_qkv:
@@ -814,7 +834,7 @@ def _attention(
     linears.append(_linear("o_proj", q_width, h, o_bias))
     head_dim = q_width // dims.num_heads
     other: list[int] = []
-    if fam.qk_norm == "head":
+    if fam.qk_norm == "head" or (fam.qk_norm_field and r.bool(fam.qk_norm_field, False)):
         other += [head_dim, head_dim]
     elif fam.qk_norm == "full":
         other += [q_width, kv_width]

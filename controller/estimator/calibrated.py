@@ -82,6 +82,16 @@ FAMILY_ALIASES = {
     "gemma3": "gemma3_text",
     "gemma": "gemma2",
     "deepseek_v2": "deepseek_v3",
+    # Not fitted yet: read as the fitted family of the closest layout (an approximation,
+    # not held to the 5 % of the fitted ones): Kimi K2 is DeepSeek-V3's layout; DBRX
+    # Mixtral's (routed experts only); GLM-4.5, ERNIE 4.5 and Llama 4 GQA with routed
+    # and shared experts, as Qwen-MoE.
+    "kimi_k2": "deepseek_v3",
+    "dbrx": "mixtral",
+    "glm4_moe": "qwen3_moe",
+    "ernie4_5_moe": "qwen3_moe",
+    "llama4_text": "qwen3_moe",
+    "llama4": "qwen3_moe",
 }
 
 

@@ -181,7 +181,7 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
         modules |= {f"self_attn.{n}": a * b for n, (a, b) in dims.items() if n in _ATTENTION}
     dense = {f"mlp.{n}": a * b for n, (a, b) in dims.items() if n in _MLP}
     if not _structured(d):
-        inter = d.intermediate_size
+        inter = d.dense_intermediate_size or d.intermediate_size
         h = d.hidden_size
         dense = {"mlp.gate_proj": h * inter, "mlp.up_proj": h * inter, "mlp.down_proj": inter * h}
     if _is_moe_layer(d, i):
@@ -342,7 +342,7 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
             )
     else:
         attention = _lora_attention(d, rows) * n
-        dense = _lora_mlp(h, d.intermediate_size, rows, 1)
+        dense = _lora_mlp(h, d.dense_intermediate_size or d.intermediate_size, rows, 1)
         if not moe:
             mlp = dense * n
         else:

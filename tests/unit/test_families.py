@@ -332,3 +332,58 @@ def test_a_short_mlp_layer_types_leaves_the_later_layers_moe() -> None:
     longer = parse_config(moe | {"mlp_layer_types": ["dense"] * 6})
     assert not any(layer.moe for layer in longer.layers)
     assert _unsloth(moe | {"mlp_layer_types": ["dense"]}).total_bytes > 0
+
+
+# --- families with a preset: the parser's count is transformers' count --------------------
+
+#: Each new family's preset and the count transformers 5 gives for its config (parameters,
+#: plus the fp32 e_score_correction_bias buffers GLM and DeepSeek keep in the checkpoint),
+#: measured by building the model on the meta device (see the presets' notes).
+FAMILY_COUNTS = {
+    "dbrx-instruct": 131_596_523_520,
+    "llama-4-maverick": 400_711_848_960,
+    "ernie-4.5-21b-a3b": 21_825_437_888,
+    "glm-4.5": 352_797_829_024,
+    "kimi-k2": 1_026_408_232_448,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_COUNTS))
+def test_each_family_preset_counts_as_transformers_builds_it(name: str) -> None:
+    from controller.estimator.presets import load_preset
+
+    assert parse_config(load_preset(name).config).total_params == FAMILY_COUNTS[name]
+
+
+def test_family_layouts() -> None:
+    from controller.estimator.presets import load_preset
+
+    maverick = parse_config(load_preset("llama-4-maverick").config)
+    assert [layer.moe for layer in maverick.layers[:4]] == [False, True, False, True]
+    dense = {lin.name: lin.out_features for lin in maverick.layers[0].linears}
+    assert dense["gate_proj"] == 16384  # intermediate_size_mlp
+    moe = maverick.layers[1].linears
+    assert {lin.name for lin in moe if lin.expert} == {"gate_up_proj", "down_proj"}
+    assert "shared_expert_gate" not in {lin.name for lin in moe}
+    glm = parse_config(load_preset("glm-4.5").config)
+    assert sum(not layer.moe for layer in glm.layers) == 3
+    ernie = parse_config(load_preset("ernie-4.5-21b-a3b").config)
+    assert [layer.moe for layer in ernie.layers].count(False) == 1
+    assert ernie.dims.experts_per_token == 6 and ernie.lm_head_params == 0
+    kimi = parse_config(load_preset("kimi-k2").config)
+    assert kimi.dims.num_experts == 384 and kimi.dims.kv_lora_rank == 512
+
+
+def test_meta_build_matches_where_transformers_has_the_family() -> None:
+    """The counts above, measured again (slow families skipped: DBRX and ERNIE only)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from controller.estimator.presets import load_preset
+    from controller.trace.build import text_config
+
+    for name in ("dbrx-instruct", "ernie-4.5-21b-a3b"):
+        raw = text_config(load_preset(name).config)
+        cfg = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        assert sum(p.numel() for p in model.parameters()) == FAMILY_COUNTS[name]
