@@ -66,7 +66,7 @@ GRAFANA_BUILTINS = {"__rate_interval": "10m", "__interval": "15s", "__range": "1
 #: at least one number.
 EXPECTED_EMPTY = {
     "VramgateJobQueuedTooLong": "the queued job has waited seconds; the threshold is an hour",
-    "VramgateEstimatorUnderPredicts": "2 finished GPUs observed (both above the estimate); "
+    "VramgateEstimatorUnderPredicts": "2 finished jobs observed (both above the estimate); "
                                       "the alert needs at least 5 in a day",
     "VramgateJobRanOutOfGpuMemory": "no job ran out of GPU memory",
     "VramgateWebhookErrors": "no webhook request raised",
