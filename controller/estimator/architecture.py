@@ -351,6 +351,18 @@ _MOE_IGNORED_FIELDS = frozenset(
 _MOE_NESTED = ("ffn_config", "moe_config")
 _KNOWN_EXPERT_FIELDS = frozenset({*_EXPERT_COUNT_FIELDS, *_TOP_K_FIELDS, *_MOE_SHAPE_FIELDS})
 _EXPERT_FIELDS_TEXT = ", ".join(_EXPERT_COUNT_FIELDS)
+# Fields that say some layers are not attention (Mamba / SSM, linear attention): the parser
+# builds no such layer yet, so a config carrying one is refused, not estimated as all-attention.
+_NON_ATTENTION_FIELDS = (
+    "hybrid_override_pattern",  # Nemotron-H
+    "attn_layer_period",  # Jamba
+    "full_attention_interval",  # Qwen3-Next
+    "linear_num_key_heads",
+    "mamba_d_state",  # Falcon-H1
+    "mamba_d_ssm",
+    "ssm_state_size",
+    "mamba_num_heads",
+)
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -673,6 +685,13 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
     vocab = r.required_int("vocab_size")
 
     _check_expert_fields(r)
+    for name in _NON_ATTENTION_FIELDS:
+        if r.config.get(name) is not None:
+            raise SpecError(
+                r.path(name),
+                "describes layers that are not attention (Mamba or linear attention), which "
+                "vramgate does not estimate yet; only attention decoders are supported",
+            )
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
     num_experts = _scalar(r, _EXPERT_COUNT_FIELDS, "first", default=1, **limits) or 1
     top_k = _scalar(r, _TOP_K_FIELDS, "max", default=1 if num_experts == 1 else 2, **limits) or 1

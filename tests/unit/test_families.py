@@ -387,3 +387,18 @@ def test_meta_build_matches_where_transformers_has_the_family() -> None:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(cfg)
         assert sum(p.numel() for p in model.parameters()) == FAMILY_COUNTS[name]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"hybrid_override_pattern": "M-M*-"},
+        {"full_attention_interval": 4, "linear_num_key_heads": 16},
+        {"mamba_d_state": 256},
+        {"ssm_state_size": 128},
+        {"layer_types": ["linear_attention", "full_attention"] * 2},
+    ],
+)
+def test_hybrid_models_are_refused_not_estimated_as_all_attention(change: dict[str, Any]) -> None:
+    error = _error(BASE | change)
+    assert error.field.startswith("spec.model.config.")
