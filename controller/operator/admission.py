@@ -313,7 +313,10 @@ def _decided(draft: _Draft, decision: str, reason: str) -> None:
     """Record that the write of `draft` carries a new decision."""
     before = cond.find_condition(draft.current.get("conditions") or [], cond.ADMITTED)
     first = before is None or before.get("reason") in _UNDECIDED
-    draft.recorded = Recorded(decision=decision, reason=reason, first=first)
+    estimate = draft.status.get("estimate") or {}
+    draft.recorded = Recorded(
+        decision=decision, reason=reason, first=first, profile=str(estimate.get("profile") or "")
+    )
 
 
 # -- 1. admitted jobs -----------------------------------------------------------------------

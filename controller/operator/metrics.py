@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 
 from controller import __version__
 from controller.api import conditions as cond
-from controller.operator.admission import Recorded
+from controller.estimator.settings import Profile
+from controller.operator.admission import ADVISE, Recorded
 from controller.operator.metric_view import Gauge
 
 #: Observed peak / predicted: dense around 1, where the estimator should be.
@@ -47,6 +48,23 @@ FINISHED_REASONS = (
     cond.REASON_GPU_OUT_OF_MEMORY,
     cond.REASON_WORKLOAD_FAILED,
 )
+
+
+#: Every (decision, Admitted reason) the operator writes, so each series exists from the start.
+KNOWN_DECISIONS = (
+    ("Admit", cond.REASON_FITS),
+    ("Resize", cond.REASON_RESIZED),
+    (ADVISE, cond.REASON_ADVISED),
+    (ADVISE, cond.REASON_NO_TEMPLATE),
+    ("Queue", cond.REASON_WAITING_FOR_VRAM),
+    ("Queue", cond.REASON_WAITING_FOR_GPUS),
+    ("Queue", cond.REASON_WAITING_IN_QUEUE),
+    ("Reject", cond.REASON_INSUFFICIENT_VRAM),
+    ("Reject", cond.REASON_NO_MATCHING_GPU),
+    ("Reject", cond.REASON_INSUFFICIENT_GPUS),
+)
+#: Decisions that admit a job (and so will, at its end, observe its accuracy).
+ADMITTING = frozenset({"Admit", "Resize", ADVISE})
 
 
 class _State(Collector):
@@ -133,6 +151,12 @@ class OperatorMetrics:
         # rate panel then sees the first event instead of a series appearing from nowhere.
         for reason in FINISHED_REASONS:
             self.finished.labels(reason)
+        for decision, reason in KNOWN_DECISIONS:
+            self.decisions.labels(decision, reason)
+        for decision in dict(KNOWN_DECISIONS):
+            self.decision_latency.labels(decision)
+        for profile in Profile:
+            self.estimate_duration.labels(profile.value)
         for webhook in ("validating", "mutating"):
             for result in ("allowed", "denied", "error"):
                 self.webhook_duration.labels(webhook, result)
@@ -174,6 +198,10 @@ class OperatorMetrics:
         """A status write of job `uid` that records `recorded` landed."""
         if recorded.decision is not None:
             self.decisions.labels(recorded.decision, recorded.reason or "").inc()
+            if recorded.decision in ADMITTING and recorded.profile:
+                # The job's accuracy series exists at 0 before its end is observed, so
+                # increase() over the histogram counts that first observation.
+                self.accuracy.labels(recorded.profile, family)
             if recorded.first and created is not None:
                 latency = max(0.0, (now - created).total_seconds())
                 self.decision_latency.labels(recorded.decision).observe(latency)

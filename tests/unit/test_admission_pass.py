@@ -617,18 +617,20 @@ def test_admissions_are_written_before_the_other_writes() -> None:
 def test_a_write_records_a_new_decision_and_whether_it_is_the_jobs_first() -> None:
     a = ftj("a")
     out = run(cluster(a))
-    assert write_for(out, "ns/a").recorded == Recorded(decision="Admit", reason="Fits", first=True)
+    assert write_for(out, "ns/a").recorded == Recorded(
+        decision="Admit", reason="Fits", first=True, profile="calibrated"
+    ), "the estimate's profile, so the accuracy series can exist before the job ends"
 
     waits = ftj("waits", resources={"gpus": 1})
     busy = cluster(waits, gpus={"n1": [5]})
     queued = run(busy)
     assert write_for(queued, "ns/waits").recorded == Recorded(
-        decision="Queue", reason=cond.REASON_WAITING_FOR_VRAM, first=True
+        decision="Queue", reason=cond.REASON_WAITING_FOR_VRAM, first=True, profile="calibrated"
     )
     later = written(waits, queued)
     freed = run(cluster(later), estimates={"ns/waits": estimated(waits)})
     assert write_for(freed, "ns/waits").recorded == Recorded(
-        decision="Admit", reason="Fits", first=False
+        decision="Admit", reason="Fits", first=False, profile="calibrated"
     ), "admitted after waiting: a decision, not the first"
 
 
@@ -646,7 +648,7 @@ def test_a_queued_jobs_message_refresh_records_no_new_decision() -> None:
 def test_a_job_without_a_template_is_recorded_as_advice() -> None:
     out = run(cluster(ftj("bare", template=None)))
     assert write_for(out, "ns/bare").recorded == Recorded(
-        decision="Advise", reason=cond.REASON_NO_TEMPLATE, first=True
+        decision="Advise", reason=cond.REASON_NO_TEMPLATE, first=True, profile="calibrated"
     )
 
 

@@ -232,6 +232,29 @@ def test_a_landed_decision_is_counted_and_a_first_one_timed_from_creation() -> N
     assert value(found, "vramgate_decision_latency_seconds_count", decision="Queue") == 1
 
 
+def test_every_known_decision_and_profile_has_its_series_at_zero_before_any_event() -> None:
+    # rate() and increase() cannot count an event that happens before a series' first scrape.
+    found = scrape(OperatorMetrics("r"))
+    known = (("Admit", "Fits"), ("Resize", "Resized"), ("Queue", "WaitingForVRAM"),
+             ("Reject", "InsufficientVRAM"))  # fmt: skip
+    for decision, reason in known:
+        assert value(found, "vramgate_decisions_total", decision=decision, reason=reason) == 0
+        assert value(found, "vramgate_decision_latency_seconds_count", decision=decision) == 0
+    for profile in ("calibrated", "analytic", "unsloth", "trace"):
+        assert value(found, "vramgate_estimate_duration_seconds_count", profile=profile) == 0
+
+
+def test_an_admission_creates_its_accuracy_series_at_zero_before_the_job_ends() -> None:
+    metrics = OperatorMetrics("r")
+    metrics.landed("u1", Recorded("Queue", "WaitingForVRAM", first=True, profile="calibrated"),
+                   None, NOW, "llama")  # fmt: skip
+    assert [s for s in scrape(metrics)["vramgate_estimate_accuracy_ratio"]] == []
+    metrics.landed("u1", Recorded("Resize", "Resized", profile="calibrated"), None, NOW, "llama")
+    found = scrape(metrics)
+    labels = {"profile": "calibrated", "family": "llama"}
+    assert value(found, "vramgate_estimate_accuracy_ratio_count", **labels) == 0
+
+
 def test_the_accuracy_of_a_finished_job_is_observed_once() -> None:
     metrics = OperatorMetrics("r")
     end = Recorded(finished="Succeeded", peak_bytes=11 * GIB, predicted_bytes=10 * GIB,
