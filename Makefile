@@ -1,7 +1,7 @@
 # Every target installs what it needs, so each works on a fresh machine.
 PYTHON ?= python3
 
-.PHONY: install test unit integration lint binaries prometheus demo bench cluster-up cluster-down
+.PHONY: install test unit integration lint binaries prometheus demo bench cluster-up cluster-down kind
 
 install:  ## the package, its test tools and the trace extra (torch), in editable mode
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test,trace]'
@@ -34,6 +34,9 @@ cluster-up: install binaries
 
 cluster-down:
 	$(PYTHON) -m e2e.cluster down
+
+kind: install binaries  ## the image and the chart on a kind cluster (needs Docker and kind; else skipped)
+	$(PYTHON) -m e2e.kind
 
 demo: install binaries prometheus  ## control plane, simulated GPUs, agents, operator, Prometheus, example jobs; Ctrl-C stops all
 	$(PYTHON) -m e2e.demo
