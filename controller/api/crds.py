@@ -94,7 +94,8 @@ FINETUNEJOB = CrdInfo(
     printer_columns=[
         {"name": "Method", "type": "string", "jsonPath": ".spec.method"},
         {"name": "Model", "type": "string", "jsonPath": ".status.estimate.model"},
-        {"name": "GPUs", "type": "integer", "jsonPath": ".spec.resources.gpus"},
+        # The estimate's count: the request until admitted, then the admitted count (Resize).
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.estimate.gpus"},
         {"name": "VRAM/GPU", "type": "string", "jsonPath": ".status.estimate.perGpu"},
         {"name": "Admitted", "type": "string", "jsonPath": _admitted("status")},
         {"name": "Reason", "type": "string", "jsonPath": _admitted("reason")},

@@ -38,6 +38,7 @@ from controller.operator.configmaps import ConfigMapUnavailable
 from controller.operator.errors import failure_of
 from controller.operator.observed import GROWTH_BYTES, Peaks
 from controller.packing.inventory import GpuMode, NodeGpus
+from controller.units import format_gib
 from controller.workload import Admission, build_workload
 
 GIB = 2**30
@@ -632,6 +633,19 @@ def test_a_write_records_a_new_decision_and_whether_it_is_the_jobs_first() -> No
     assert write_for(freed, "ns/waits").recorded == Recorded(
         decision="Admit", reason="Fits", first=False, profile="calibrated"
     ), "admitted after waiting: a decision, not the first"
+
+
+def test_a_resized_job_shows_its_estimate_at_the_admitted_count() -> None:
+    # Full llama-3.1-8b needs ~130 GiB on one GPU: four 80 GiB GPUs hold it with FSDP.
+    job = ftj("full", method="Full", lora=None, admissionPolicy="Resize",
+              resources={"gpus": 1, "minGPUs": 1, "maxGPUs": 8})  # fmt: skip
+    out = run(cluster(job, gpus={"n1": [80] * 8}))
+    status = written(job, out)["status"]
+    admitted = status["placement"]["admittedGPUs"]
+    assert admitted > 1, status["conditions"]
+    assert status["estimate"]["gpus"] == admitted
+    assert status["estimate"]["perGpuBytes"] == status["placement"]["perGpuBytes"]
+    assert status["estimate"]["perGpu"] == format_gib(status["placement"]["perGpuBytes"])
 
 
 def test_a_queued_jobs_message_refresh_records_no_new_decision() -> None:
