@@ -122,7 +122,9 @@ def run(options: OperatorOptions) -> int:
         cert_secret = CertSecret(
             kube.api, options.own_namespace, options.cert_secret_name, cert_hosts(options),
             options.cert_dir, config,
-        )
+            owner_lease=options.lease_name if options.leader_election
+            and options.lease_namespace == options.own_namespace else None,
+        )  # fmt: skip
     try:
         if cert_secret is not None:
             cert_secret.sync()

@@ -105,6 +105,7 @@ class CertSecret:
         cert_dir: Path,
         config_name: str | None,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        owner_lease: str | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -113,6 +114,10 @@ class CertSecret:
         self.cert_dir = cert_dir
         self.config_name = config_name
         self.clock = clock
+        #: The Lease (same namespace) that owns a Secret this operator creates: the chart
+        #: makes that Lease, so `helm uninstall` deletes it and the garbage collector then
+        #: deletes the Secret; a Lease rewritten by leader election keeps its uid.
+        self.owner_lease = owner_lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -137,8 +142,9 @@ class CertSecret:
             now = self.clock()
             if secret is None:
                 material = generate(self.hosts, now)
+                body = self._secret_body(material, owners=self._owners())
                 try:
-                    self._request("POST", self._secrets_path(), self._secret_body(material))
+                    self._request("POST", self._secrets_path(), body)
                 except _Status as error:
                     if error.status == 409:
                         continue  # another replica created it first: take theirs
@@ -158,7 +164,10 @@ class CertSecret:
                 assert current is not None
                 return current, False
             material = generate(self.hosts, now, ca=current)
-            body = self._secret_body(material, secret["metadata"].get("resourceVersion"))
+            meta = secret["metadata"]
+            body = self._secret_body(
+                material, meta.get("resourceVersion"), meta.get("ownerReferences")
+            )
             try:
                 self._request("PUT", f"{self._secrets_path()}/{self.name}", body)
             except _Status as error:
@@ -256,8 +265,29 @@ class CertSecret:
                 return None
             raise self._error("read", error) from None
 
+    def _owners(self) -> list[dict[str, Any]] | None:
+        """The owner Lease's reference, or None when there is no such Lease (yet)."""
+        if not self.owner_lease:
+            return None
+        path = (f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/"
+                f"{self.owner_lease}")  # fmt: skip
+        try:
+            lease = self._request("GET", path)
+        except _Status as error:
+            log.info("%s gets no owner: Lease %s unreadable (HTTP %d)", self.where,
+                     self.owner_lease, error.status)  # fmt: skip
+            return None
+        uid = (lease.get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        return [{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "name": self.owner_lease, "uid": uid}]  # fmt: skip
+
     def _secret_body(
-        self, material: TlsMaterial, resource_version: str | None = None
+        self,
+        material: TlsMaterial,
+        resource_version: str | None = None,
+        owners: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         data = {CA_CERT: material.ca_cert, TLS_CERT: material.cert, TLS_KEY: material.key}
         if material.ca_key is not None:
@@ -269,6 +299,8 @@ class CertSecret:
         }
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
+        if owners:
+            metadata["ownerReferences"] = owners
         return {
             "apiVersion": "v1",
             "kind": "Secret",

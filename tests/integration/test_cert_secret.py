@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 from controller.webhook.cert_secret import CertSecret, CertSecretError, Synced
 from controller.webhook.certs import VALIDITY, covered_hosts
 from e2e.cluster import Cluster
+from e2e.wait import wait_until
 from tests.integration.test_operator import OperatorProcess, crds, forget_webhook_configs
 
 __all__ = ["crds"]  # the CRDs fixture, for the operator's own test
@@ -281,3 +282,35 @@ def test_the_operator_serves_the_secrets_certificate(
     finally:
         process.stop()
         forget_webhook_configs(api_client, config)
+
+
+def test_a_created_secret_is_owned_by_the_lease_kept_on_renewal_and_goes_with_it(
+    api_client: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """The chart makes the Lease: `helm uninstall` deletes it, and with it the Secret."""
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    lease = _raw(api_client, "POST", leases, {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "vramgate-operator"}, "spec": {},
+    })  # fmt: skip
+    CertSecret(api_client, namespace, SECRET, HOSTS, tmp_path / "a", None,
+               owner_lease="vramgate-operator").sync()  # fmt: skip
+    owners = _secret(api_client, namespace)["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+        ("Lease", "vramgate-operator", lease["metadata"]["uid"])
+    ]
+    later = dt.datetime.now(dt.UTC) + VALIDITY - dt.timedelta(days=25)
+    renewed = CertSecret(api_client, namespace, SECRET, HOSTS, tmp_path / "b", None,
+                         clock=lambda: later, owner_lease="vramgate-operator").sync()  # fmt: skip
+    assert renewed.secret_written
+    assert _secret(api_client, namespace)["metadata"]["ownerReferences"] == owners
+    _raw(api_client, "DELETE", f"{leases}/vramgate-operator")
+
+    def gone() -> bool:
+        try:
+            _secret(api_client, namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_until(gone, timeout=60, what="the garbage collector to delete the Secret")
