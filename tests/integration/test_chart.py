@@ -265,6 +265,8 @@ def test_service_monitors_and_the_prometheus_rule_only_where_the_api_is_served(
         f"{FULLNAME}-operator",
     ]
     assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
+    # The operator's `namespace`/`job` labels and the agent's `node` are the series' own.
+    assert all(e["honorLabels"] is True for m in monitors for e in m["spec"]["endpoints"])
     alerts = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
     assert one(enabled, "PrometheusRule")["spec"] == {"groups": alerts["groups"]}
     # The Services they select exist and name the metrics ports.
