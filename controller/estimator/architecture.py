@@ -270,9 +270,21 @@ _FAMILIES: dict[str, _Family] = {
     "llama4_text": _Family(fused_expert_gate_up=True),
     "llama4": _Family(fused_expert_gate_up=True),
     # ERNIE 4.5: biases by use_bias, an e_score_correction_bias per MoE layer, tied embeddings.
-    "ernie4_5_moe": _Family(bias_field="use_bias", router_correction_bias=True, tie_default=True),
+    # PEFT maps "all-linear" onto its expert stacks and router by the "qwen2_moe" pattern, as
+    # transformers' conversion table lists it (GLM's too).
+    "ernie4_5_moe": _Family(
+        bias_field="use_bias",
+        router_correction_bias=True,
+        tie_default=True,
+        peft_moe_pattern="qwen2_moe",
+    ),
     # GLM-4.5/4.6: q/k/v biases, no o bias, q/k norms by use_qk_norm, DeepSeek-style routing.
-    "glm4_moe": _Family(o_bias=False, qk_norm_field="use_qk_norm", router_correction_bias=True),
+    "glm4_moe": _Family(
+        o_bias=False,
+        qk_norm_field="use_qk_norm",
+        router_correction_bias=True,
+        peft_moe_pattern="qwen2_moe",
+    ),
     "deepseek_v3": _Family(router_correction_bias=True, peft_moe_pattern="qwen2_moe"),
     "deepseek_v2": _Family(peft_moe_pattern="qwen2_moe"),
     # Kimi K2: DeepSeek-V3's layout (its config names the DeepseekV3 classes) at another size.

@@ -113,10 +113,11 @@ def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | Non
 
 
 def is_moe(cfg: Any) -> bool:
-    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+    for name in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
         if (getattr(cfg, name, None) or 0) > 1:
             return True
-    return False
+    ffn = getattr(cfg, "ffn_config", None)  # DBRX
+    return (getattr(ffn, "moe_num_experts", None) or 0) > 1
 
 
 def _materialize(model: nn.Module) -> nn.Module:
@@ -180,7 +181,7 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     hf_logging.set_verbosity_error()
     model = _from_config(AutoModelForCausalLM, cfg, DTYPES[settings.precision])
     if is_moe(cfg):
-        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+        _set_experts_implementation(model)
     model = _materialize(model)
     model.config.use_cache = False  # type: ignore[union-attr]
     model.train()
@@ -202,6 +203,26 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if quantized:
         qlora.quantize_experts(model, DTYPES[settings.precision], qlora.double_quant(config))
     return model
+
+
+def _set_experts_implementation(model: Any) -> None:
+    """`grouped_mm` where the model's experts take an implementation; Llama 4's do not (its
+    experts run every token through every expert as one batched matmul, E x t rows, which
+    does not depend on the routing either, so it is traced as it is)."""
+    try:
+        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    except ValueError as error:
+        if "does not support setting experts implementation" not in str(error):
+            raise
+        if getattr(model.config, "model_type", "") not in _DENSE_EXPERTS:
+            raise TraceUnsupported(
+                f"{model.config.model_type}'s experts loop over the experts the router picked, "
+                "which fake tensors cannot trace; use --profile calibrated or analytic"
+            ) from error
+
+
+#: Model types whose experts run every token through every expert (routing-free memory).
+_DENSE_EXPERTS = ("llama4_text", "llama4")
 
 
 _FLASH_LIKE = "vramgate_uncapped"  # no "sdpa" in the name: transformers would check it
