@@ -423,6 +423,8 @@ def run(once: bool, state_dir: Path | None, prometheus_port: int) -> int:
         print("Ctrl-C stops everything the demo started.", flush=True)
         stopped = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+        # Also where SIGINT came ignored (started in the background by a script's `&`).
+        signal.signal(signal.SIGINT, lambda *_: stopped.set())
         with suppress(KeyboardInterrupt):
             stopped.wait()
         _log("stopping")
