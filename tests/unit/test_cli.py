@@ -317,3 +317,17 @@ def test_console_script_is_installed() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["total_params"] == 494_032_768
+
+
+def test_an_unknown_attention_is_estimated_as_eager_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ("estimate", "--model", "llama-3.1-8b", "--profile", "analytic", "--json")
+    code, out, err = run(capsys, *base, "--attention", "paged_attention")
+    assert code == 0
+    assert "--attention: 'paged_attention' is none of" in err
+    assert "estimated as eager attention" in err
+    _, eager, eager_err = run(capsys, *base, "--attention", "eager")
+    assert not eager_err
+    unknown = json.loads(out)
+    assert unknown["total_bytes"] == json.loads(eager)["total_bytes"]
