@@ -437,3 +437,24 @@ def test_trace_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["trace", "--model", "qwen2.5-0.5b", "--fused-loss"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fused" in err
+
+
+# -- MoE families whose experts are not transformers' grouped_mm ---------------------------
+
+
+def test_dbrx_is_refused_not_crashed() -> None:
+    """DBRX's experts loop over the experts the router picked (data-dependent shapes)."""
+    with pytest.raises(TraceUnsupported, match="dbrx's experts loop"):
+        trace_run(load_preset("dbrx-instruct").config, FULL, layers=2)
+
+
+def test_llama4_full_fine_tuning_traces_as_the_static_count() -> None:
+    """Llama 4's experts take no experts implementation; they run as one batched matmul."""
+    config = load_preset("llama-4-maverick").config_dict()
+    config["text_config"] |= {"hidden_size": 512, "intermediate_size": 1024,
+                              "intermediate_size_mlp": 1536, "num_local_experts": 4,
+                              "vocab_size": 4096, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 128,
+                              "num_hidden_layers": 2, "moe_layers": [1]}  # fmt: skip
+    run = trace_run(config, FULL)
+    assert run.trainable_params == static_bytes(parse_config(config), FULL).trainable_params
