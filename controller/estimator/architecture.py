@@ -255,7 +255,9 @@ _FAMILIES: dict[str, _Family] = {
     "mistral": _Family(),
     "mixtral": _Family(peft_moe_pattern="mixtral"),
     "qwen2": _Family(qkv_bias=True, o_bias=False),
-    "qwen2_moe": _Family(qkv_bias=True, o_bias=False, peft_moe_pattern="qwen2_moe"),
+    # Qwen2-MoE is the pattern's namesake, not an entry of transformers' conversion table
+    # (which PEFT reads): its LoRA stays on the nn.Linear modules, shared expert included.
+    "qwen2_moe": _Family(qkv_bias=True, o_bias=False),
     "qwen3": _Family(qk_norm="head"),
     "qwen3_moe": _Family(qk_norm="head", peft_moe_pattern="qwen2_moe"),
     "gemma": _Family(tie_default=True),
