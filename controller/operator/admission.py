@@ -166,10 +166,13 @@ def admission_pass(inp: PassInput) -> PassOutput:
     jobs = dict(inp.objects.jobs)
     drafts: dict[str, _Draft] = {}
 
+    usage: observed.PodUsage | None = None  # read from the GPUNodes once, if needed
     for key, job in inp.objects.jobs.items():
         if _admitted(job):  # a finished job holds no reservation: not admitted any more
             draft = drafts[key] = _Draft(job)
-            jobs[key] = _follow_admitted(inp, key, draft, out)
+            if usage is None and inp.job_pods.get(key):
+                usage = observed.pod_usage(inp.objects.gpunodes)
+            jobs[key] = _follow_admitted(inp, key, draft, out, usage or {})
 
     requests: list[JobRequest] = []
     template_less: list[JobRequest] = []
@@ -323,7 +326,9 @@ def _decided(draft: _Draft, decision: str, reason: str) -> None:
 # -- 1. admitted jobs -----------------------------------------------------------------------
 
 
-def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -> Mapping[str, Any]:
+def _follow_admitted(
+    inp: PassInput, key: str, draft: _Draft, out: PassOutput, usage: observed.PodUsage
+) -> Mapping[str, Any]:
     """Workload state -> conditions; suspend releases; returns the job as the snapshot should
     see it (without a reservation once it finished or was suspended)."""
     job = draft.job
@@ -383,18 +388,25 @@ def _follow_admitted(inp: PassInput, key: str, draft: _Draft, out: PassOutput) -
             draft.events.append(status_rules.Event(kind, c["reason"], c["message"]))
             if c["type"] != cond.RUNNING:
                 ended = str(c["reason"])
-    _observe(inp, key, draft, out, ended)
+    _observe(inp, key, draft, out, ended, usage)
     return {**job, "status": draft.status}
 
 
-def _observe(inp: PassInput, key: str, draft: _Draft, out: PassOutput, ended: str | None) -> None:
+def _observe(
+    inp: PassInput,
+    key: str,
+    draft: _Draft,
+    out: PassOutput,
+    ended: str | None,
+    usage: observed.PodUsage,
+) -> None:
     """The job's peaks: carried to the next pass while it runs, written when due (or with
     any other write), and recorded with the write that ends it."""
     uid = str((draft.job.get("metadata") or {}).get("uid"))
     written = observed.from_status(draft.current.get("observed"))
     pod_uids = {str((p.get("metadata") or {}).get("uid")) for p in inp.job_pods.get(key, ())}
     peaks = observed.merged(
-        written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, inp.objects.gpunodes)
+        written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, usage)
     )
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks

@@ -22,6 +22,7 @@ from controller.cluster import ClusterObjects, job_key
 from controller.decision import AdmissionSettings, Outcome
 from controller.estimator import SpecError, SpecErrors
 from controller.jobspec import estimate_plan, translate
+from controller.operator import observed
 from controller.operator import status as status_rules
 from controller.operator.admission import (
     MESSAGE_REFRESH,
@@ -773,3 +774,25 @@ def test_suspending_a_job_removes_what_was_observed_with_its_placement() -> None
     a["spec"]["suspend"] = True
     out = run(cluster(a), estimates={}, workloads={"ns/a": workload("a")})
     assert write_for(out, "ns/a").patch["observed"] is None
+
+
+def test_pod_usage_is_read_once_and_a_jobs_pods_are_summed_per_gpu() -> None:
+    nodes = {
+        "n1": {"status": {"gpus": [
+            {"index": 0, "uuid": "GPU-a", "pods": [{"uid": "p1", "usedBytes": 3 * GIB},
+                                                    {"uid": "p2", "usedBytes": 2 * GIB},
+                                                    {"uid": "other", "usedBytes": 9 * GIB}]},
+            {"index": 1, "uuid": "GPU-b", "pods": [{"uid": "p1", "usedBytes": None}]},
+        ]}},
+        "n2": {"status": {"gpus": [
+            {"index": 3, "uuid": "GPU-c", "pods": [{"uid": "p2", "usedBytes": GIB}]},
+        ]}},
+    }  # fmt: skip
+    usage = observed.pod_usage(nodes)
+    assert usage["p1"] == (("n1", 0, "GPU-a", 3 * GIB),), "unknown usage is not zero usage"
+    seen = observed.seen_now({"p1", "p2"}, usage)
+    assert seen == {
+        "GPU-a": observed.GpuPeak("n1", 0, "GPU-a", 5 * GIB),
+        "GPU-c": observed.GpuPeak("n2", 3, "GPU-c", GIB),
+    }
+    assert observed.seen_now(set(), usage) == {}
