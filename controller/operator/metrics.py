@@ -106,7 +106,7 @@ class OperatorMetrics:
         self._lock = threading.Lock()
         self._view: tuple[Gauge, ...] = ()
         self._build: Callable[[], tuple[Gauge, ...]] | None = None
-        self._accuracy_seen: set[str] = set()
+        self._ended: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_State(self))
         r = self.registry
@@ -177,11 +177,19 @@ class OperatorMetrics:
         self.set_view(())
 
     def view(self) -> tuple[Gauge, ...]:
-        """The state gauges, built now if the latest pass left only how to."""
+        """The state gauges, built now if the latest pass left only how to.
+
+        Built outside the lock: the event loop takes it at the end of every pass, and a
+        view of 5,000 GPU nodes takes seconds to build."""
         with self._lock:
-            if self._build is not None:
-                self._view, self._build = self._build(), None
-            return self._view
+            build, view = self._build, self._view
+        if build is None:
+            return view
+        built = build()
+        with self._lock:
+            if self._build is build:  # no newer pass meanwhile: keep it for the next scrape
+                self._view, self._build = built, None
+        return built
 
     def observe_pass(self, seconds: float) -> None:
         self.pass_duration.observe(seconds)
@@ -205,21 +213,22 @@ class OperatorMetrics:
             if recorded.first and created is not None:
                 latency = max(0.0, (now - created).total_seconds())
                 self.decision_latency.labels(recorded.decision).observe(latency)
-        if recorded.finished is not None:
+        if recorded.finished is not None and self._once(uid):
             self.finished.labels(recorded.finished).inc()
-            if recorded.peak_bytes > 0 and recorded.predicted_bytes > 0 and self._once(uid):
+            if recorded.peak_bytes > 0 and recorded.predicted_bytes > 0:
                 ratio = recorded.peak_bytes / recorded.predicted_bytes
                 self.accuracy.labels(recorded.profile, family).observe(ratio)
 
     def _once(self, uid: str) -> bool:
-        """Whether job `uid`'s accuracy is observed for the first time by this process (a
-        retried end write must not count twice; a restart never sees the end again)."""
+        """Whether job `uid`'s end is counted for the first time by this process (an end
+        written again, after a write whose answer was lost, must not count twice; a restart
+        never sees the end again)."""
         with self._lock:
-            if uid in self._accuracy_seen:
+            if uid in self._ended:
                 return False
-            if len(self._accuracy_seen) >= 100_000:
-                self._accuracy_seen.clear()
-            self._accuracy_seen.add(uid)
+            if len(self._ended) >= 100_000:
+                self._ended.clear()
+            self._ended.add(uid)
             return True
 
 

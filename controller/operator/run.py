@@ -141,8 +141,8 @@ def run(options: OperatorOptions) -> int:
     metrics = OperatorMetrics(
         options.identity, leading=lambda: leader is None or leader.is_leader()
     )
-    metrics_addr = getattr(options, "metrics_addr", "0.0.0.0")
-    metrics_port = int(getattr(options, "metrics_port", 8080))
+    metrics_addr = options.metrics_addr
+    metrics_port = options.metrics_port
     try:
         server = start_metrics_server(metrics, metrics_addr, metrics_port)
     except OSError as error:
