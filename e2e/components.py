@@ -81,8 +81,11 @@ def apiserver_args(binary: Path, pki: Pki, ports: Ports) -> list[str]:
         f"--client-ca-file={pki.ca.cert}",
         "--authorization-mode=Node,RBAC",
         # Both webhook plugins are on by default; naming them guards against a default change.
+        # OwnerReferencesPermissionEnforcement (on in OpenShift and many hardened clusters)
+        # makes blockOwnerDeletion need update on the owner's finalizers: the chart's RBAC
+        # must grant it.
         "--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,"
-        "ValidatingAdmissionWebhook",
+        "ValidatingAdmissionWebhook,OwnerReferencesPermissionEnforcement",
         f"--service-account-issuer={SA_ISSUER}",
         f"--service-account-key-file={pki.service_account.cert}",
         f"--service-account-signing-key-file={pki.service_account.key}",

@@ -745,6 +745,9 @@ OPERATOR_CAN = [
     ("get", "finetunejobs.vramgate.dev", "-A"),
     ("watch", "finetunejobs.vramgate.dev", "-A"),
     ("patch", "finetunejobs.vramgate.dev", "--subresource=status", "-n", "any"),
+    # blockOwnerDeletion on the workloads' ownerReferences (OwnerReferencesPermissionEnforcement,
+    # on in the local control plane: the admit cycle above proves it enough).
+    ("update", "finetunejobs.vramgate.dev", "--subresource=finalizers", "-n", "any"),
     ("list", "gpunodes.vramgate.dev"),
     ("watch", "pods", "-A"),
     ("get", "nodes"),
