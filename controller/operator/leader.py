@@ -22,6 +22,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from controller.operator.kube import Conflict, Gone, Kube
 
 log = logging.getLogger("vramgate.leader")
@@ -90,6 +92,15 @@ class Leader:
                 self.kube.create_lease(self.namespace, self._body(now, transitions=0))
             except Conflict:
                 return False  # another replica created it first
+            except ApiException as error:
+                if error.status != 403:
+                    raise
+                # The chart creates the Lease and grants no `create`: deleted by hand, it is
+                # back with `helm upgrade`. Until then no replica decides; say so plainly.
+                log.error("the Lease %s/%s is missing and this ServiceAccount may not create "
+                          "it: no admission decisions until it exists again (helm upgrade "
+                          "re-creates it)", self.namespace, self.name)  # fmt: skip
+                return False
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
@@ -102,7 +113,9 @@ class Leader:
         body = self._body(now, transitions)
         if holder == self.identity and spec.get("acquireTime"):
             body["spec"]["acquireTime"] = spec["acquireTime"]
-        body["metadata"]["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        # The Lease as read, only its spec changed: the chart's labels and Helm's ownership
+        # annotations must survive every renewal (or `helm upgrade` no longer owns it).
+        body["metadata"] = {**lease["metadata"], "name": self.name, "namespace": self.namespace}
         try:
             self.kube.replace_lease(self.namespace, self.name, body)
         except (Conflict, Gone):
