@@ -758,6 +758,8 @@ OPERATOR_CAN = [
     ("create", "events", "-n", "any"),
 ]
 OPERATOR_CANNOT = [
+    # kopf posts core v1 Events only.
+    ("create", "events.events.k8s.io", "-n", "any"),
     ("get", "secrets", "-n", "default"),
     ("list", "secrets", "-A"),
     ("create", "secrets", "-n", "default"),
@@ -822,6 +824,9 @@ def test_the_operator_reaches_only_its_own_secret_lease_and_webhooks(release: Re
     ns = ("-n", release.namespace)
     assert release.can_i(OPERATOR_SA, "get", f"secrets/{FULLNAME}-webhook-tls", *ns)
     assert release.can_i(OPERATOR_SA, "update", f"secrets/{FULLNAME}-webhook-tls", *ns)
+    # Replaced (PUT), never patched; the webhook configurations are JSON-patched, never
+    # replaced (controller/webhook/cert_secret.py).
+    assert not release.can_i(OPERATOR_SA, "patch", f"secrets/{FULLNAME}-webhook-tls", *ns)
     assert not release.can_i(OPERATOR_SA, "get", "secrets/someone-elses", *ns)
     assert not release.can_i(OPERATOR_SA, "list", "secrets", *ns)
     assert release.can_i(OPERATOR_SA, "update", f"leases/{FULLNAME}-operator", *ns)
@@ -830,6 +835,7 @@ def test_the_operator_reaches_only_its_own_secret_lease_and_webhooks(release: Re
     for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
         assert release.can_i(OPERATOR_SA, "patch", f"{kind}/{FULLNAME}")
         assert not release.can_i(OPERATOR_SA, "patch", f"{kind}/other")
+        assert not release.can_i(OPERATOR_SA, "update", f"{kind}/{FULLNAME}")
 
 
 @pytest.mark.parametrize("args", AGENT_CAN, ids=_case_id)
