@@ -162,6 +162,7 @@ class CertSecret:
             reason = "incomplete" if current is None else renewal_reason(current, self.hosts, now)
             if reason is None:
                 assert current is not None
+                self._adopt(secret, current)
                 return current, False
             material = generate(self.hosts, now, ca=current)
             meta = secret["metadata"]
@@ -264,6 +265,23 @@ class CertSecret:
             if error.status == 404:
                 return None
             raise self._error("read", error) from None
+
+    def _adopt(self, secret: dict[str, Any], material: TlsMaterial) -> None:
+        """Give our Secret its owner Lease if it has none (the Lease was unreadable when the
+        Secret was made): else it would outlive `helm uninstall`. Retried at the next check."""
+        meta = secret.get("metadata") or {}
+        if not self.owner_lease or meta.get("ownerReferences"):
+            return
+        owners = self._owners()
+        if not owners:
+            return
+        body = self._secret_body(material, meta.get("resourceVersion"), owners)
+        try:
+            self._request("PUT", f"{self._secrets_path()}/{self.name}", body)
+        except _Status as error:
+            log.info("%s: owner not set yet (HTTP %d); retried", self.where, error.status)
+            return
+        log.info("%s is now owned by Lease %s", self.where, self.owner_lease)
 
     def _owners(self) -> list[dict[str, Any]] | None:
         """The owner Lease's reference, or None when there is no such Lease (yet)."""

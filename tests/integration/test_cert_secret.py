@@ -314,3 +314,22 @@ def test_a_created_secret_is_owned_by_the_lease_kept_on_renewal_and_goes_with_it
         return False
 
     wait_until(gone, timeout=60, what="the garbage collector to delete the Secret")
+
+
+def test_a_secret_made_before_its_lease_existed_is_adopted_by_the_next_check(
+    api_client: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    certs = CertSecret(api_client, namespace, SECRET, HOSTS, tmp_path, None,
+                       owner_lease="vramgate-operator")  # fmt: skip
+    certs.sync()
+    assert not _secret(api_client, namespace)["metadata"].get("ownerReferences")
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    lease = _raw(api_client, "POST", leases, {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "vramgate-operator"}, "spec": {},
+    })  # fmt: skip
+    before = _secret(api_client, namespace)
+    certs.sync()
+    after = _secret(api_client, namespace)
+    assert [o["uid"] for o in after["metadata"]["ownerReferences"]] == [lease["metadata"]["uid"]]
+    assert after["data"] == before["data"], "the certificate itself is unchanged"
