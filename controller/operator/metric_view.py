@@ -152,3 +152,19 @@ def metric_view(
         for slot in node.gpus:
             free.add((slot.node, str(slot.index), slot.uuid, slot.product), float(slot.free))
     return (predicted, peak, ratio, reserved, free, heartbeat, pending, created)
+
+
+def accuracy_series(
+    objects: ClusterObjects, family: Callable[[Mapping[str, Any]], str]
+) -> set[tuple[str, str]]:
+    """The (profile, family) of every admitted, unfinished job: the accuracy histogram's
+    series each will observe at its end, made at 0 by whichever replica leads now (a new
+    leader after a failover would otherwise create them only with their first observation,
+    which increase() cannot count)."""
+    found = set()
+    for job in objects.jobs.values():
+        if reservation(job, []) is not None:
+            profile = str(((job.get("status") or {}).get("estimate") or {}).get("profile") or "")
+            if profile:
+                found.add((profile, family(job)))
+    return found

@@ -107,6 +107,7 @@ class OperatorMetrics:
         self._view: tuple[Gauge, ...] = ()
         self._build: Callable[[], tuple[Gauge, ...]] | None = None
         self._ended: set[str] = set()
+        self._expected: set[tuple[str, str]] = set()  # accuracy series made at 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_State(self))
         r = self.registry
@@ -190,6 +191,14 @@ class OperatorMetrics:
             if self._build is build:  # no newer pass meanwhile: keep it for the next scrape
                 self._view, self._build = built, None
         return built
+
+    def expect_accuracy(self, series: set[tuple[str, str]]) -> None:
+        """Make each (profile, family) accuracy series exist at 0 before its first job ends."""
+        with self._lock:
+            new = series - self._expected
+            self._expected |= new
+        for profile, family in new:
+            self.accuracy.labels(profile, family)
 
     def observe_pass(self, seconds: float) -> None:
         self.pass_duration.observe(seconds)

@@ -56,7 +56,7 @@ from controller.operator.configmaps import read_model_config
 from controller.operator.errors import failure_of
 from controller.operator.kube import Conflict, Gone, Kube
 from controller.operator.leader import Leader
-from controller.operator.metric_view import metric_view
+from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import OperatorMetrics
 from controller.packing.view import ClusterView
 
@@ -244,7 +244,11 @@ class Scheduler:
             del self._families[uid]
         packing, now, peaks = self.options.admission.packing, self.now(), out.peaks
         # Built by the scrape that reads it (in the server's thread), from this pass's data.
-        self.metrics.set_view(lambda: metric_view(left, packing, now, peaks, self.family))
+        def build() -> tuple[Gauge, ...]:
+            self.metrics.expect_accuracy(accuracy_series(left, self.family))
+            return metric_view(left, packing, now, peaks, self.family)
+
+        self.metrics.set_view(build)
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

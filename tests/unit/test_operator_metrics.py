@@ -21,7 +21,7 @@ from prometheus_client.samples import Sample
 
 from controller.api import conditions as cond
 from controller.operator.admission import Recorded
-from controller.operator.metric_view import Gauge, metric_view
+from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
 from controller.operator.observed import GpuPeak, spec_family
 from controller.packing.inventory import PackingSettings
@@ -348,3 +348,14 @@ def test_a_pass_and_an_estimate_are_timed() -> None:
     assert value(found, "vramgate_admission_pass_duration_seconds_count") == 1
     assert value(found, "vramgate_estimate_duration_seconds_count", profile="calibrated") == 1
 
+
+
+def test_a_new_leader_makes_the_accuracy_series_of_every_admitted_job_at_zero() -> None:
+    objects, _, _ = one_admitted_one_waiting()
+    series = accuracy_series(objects, lambda job: "llama")
+    assert series == {("calibrated", "llama")}, "the admitted job only, not the waiting one"
+    metrics = OperatorMetrics("r")
+    metrics.expect_accuracy(series)
+    found = scrape(metrics)
+    assert value(found, "vramgate_estimate_accuracy_ratio_count",
+                 profile="calibrated", family="llama") == 0  # fmt: skip
