@@ -122,6 +122,15 @@ def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], messag
     assert message in done.stderr, done.stderr
 
 
+def test_more_than_one_replica_without_leader_election_is_refused() -> None:
+    done = helm("template", RELEASE, str(CHART), "--set", "operator.config.leaderElection=false")
+    assert done.returncode != 0
+    (line,) = [x for x in done.stderr.splitlines() if "leaderElection" in x]
+    assert "operator.replicas=2" in line and "operator.config.leaderElection=true" in line
+    # One replica without the Lease is fine.
+    render("--set", "operator.config.leaderElection=false", "--set", "operator.replicas=1")
+
+
 def test_the_schema_forbids_unknown_keys_at_every_level() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 
