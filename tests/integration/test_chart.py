@@ -110,10 +110,11 @@ def test_helm_lint_strict_passes_with_the_schema(values: Path | None) -> None:
         (["--set", "operator.config.headroomPercent=80"], "maximum"),
         (["--set", "agent.backend=cuda"], "backend"),
         (["--set", "agent.backend=static"], "minItems"),  # static needs its GPUs
+        (["--set", "agent.backend=dcgm"], "dcgmUrl"),  # dcgm needs the exporter's URL
         (["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
     ],
     ids=["unknown-key", "unknown-config-key", "int-type", "bool-type", "enum", "maximum",
-         "backend-enum", "static-needs-gpus", "timeout-range"],
+         "backend-enum", "static-needs-gpus", "dcgm-needs-url", "timeout-range"],
 )  # fmt: skip
 def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], message: str) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -129,6 +130,25 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
     assert "operator.replicas=2" in line and "operator.config.leaderElection=true" in line
     # One replica without the Lease is fine.
     render("--set", "operator.config.leaderElection=false", "--set", "operator.replicas=1")
+
+
+def test_the_dcgm_example_reads_the_exporter_of_its_own_node() -> None:
+    """The agent keeps only series whose Hostname is its node: the example's URL is a Service
+    with internalTrafficPolicy Local (described in the file), not one that load-balances."""
+    path = CHART / "ci" / "dcgm-agent-values.yaml"
+    url = yaml.safe_load(path.read_text())["agent"]["config"]["dcgmUrl"]
+    service, namespace = url.split("//")[1].split(".")[:2]
+    described = yaml.safe_load("\n".join(
+        line.removeprefix("#   ") for line in path.read_text().splitlines()
+        if line.startswith("#   ")
+    ))  # fmt: skip
+    assert (described["kind"], described["metadata"]) == (
+        "Service", {"name": service, "namespace": namespace}
+    )
+    assert described["spec"]["internalTrafficPolicy"] == "Local"
+    agent = yaml.safe_load(one(render("-f", str(path)), "ConfigMap", f"{FULLNAME}-agent-config")[
+        "data"]["agent.yaml"])  # fmt: skip
+    assert agent["dcgmUrl"] == url
 
 
 def test_the_schema_forbids_unknown_keys_at_every_level() -> None:
