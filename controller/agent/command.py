@@ -33,7 +33,7 @@ log = logging.getLogger("vramgate.agent")
 def make_backend(settings: AgentSettings) -> GpuBackend:
     if settings.backend == "static":
         assert settings.static_file is not None  # the settings model requires it
-        return StaticBackend(settings.static_file)
+        return StaticBackend(settings.static_file, settings.node_name)
     if settings.backend == "dcgm":
         return DcgmBackend(
             settings.dcgm_url, settings.dcgm_host or settings.node_name,

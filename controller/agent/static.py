@@ -33,11 +33,18 @@ Fields per GPU: ``index`` (NVML index, 0 or more; MIG devices repeat their paren
 spelling of the same and still accepted), ``mig`` (optional: ``parentUUID``,
 ``gpuInstanceId``, optional ``computeInstanceId``) and ``processes`` (optional: ``pid``,
 optional ``usedBytes``, optional ``podUID``, a pod's metadata.uid of at most 36 characters).
+
+UUIDs must be unique across the cluster, not only in the file: the operator packs GPUs by
+UUID cluster-wide, so two nodes reporting the same UUID collide. One file shared by many
+nodes (the chart's ConfigMap) therefore writes ``{node}`` into each ``uuid`` and MIG
+``parentUUID``, which the agent replaces with its node name (``GPU-{node}-0`` on node
+``gpu-a`` is ``GPU-gpu-a-0``); the expanded UUID is held to the 128 characters too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -130,10 +137,34 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return text.lstrip(".")
 
 
-def parse_static(text: str, source: str) -> list[GpuReading]:
-    """GPUs described by ``text``; BackendError naming ``source`` and the field when invalid."""
+#: Replaced by the agent's node name in each ``uuid`` and MIG ``parentUUID``.
+NODE_PLACEHOLDER = "{node}"
+
+
+def _expand_node(data: Any, node_name: str | None) -> Any:
+    """``data`` with NODE_PLACEHOLDER in the GPUs' UUIDs replaced by ``node_name`` (left as
+    it is when there is no node name or the shape is wrong: validation reports that)."""
+    if node_name is None or not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+        return data
+    gpus = []
+    for gpu in data["gpus"]:
+        if isinstance(gpu, dict):
+            gpu = dict(gpu)
+            if isinstance(gpu.get("uuid"), str):
+                gpu["uuid"] = gpu["uuid"].replace(NODE_PLACEHOLDER, node_name)
+            mig = gpu.get("mig")
+            if isinstance(mig, dict) and isinstance(mig.get("parentUUID"), str):
+                gpu["mig"] = {**mig,
+                              "parentUUID": mig["parentUUID"].replace(NODE_PLACEHOLDER, node_name)}
+        gpus.append(gpu)
+    return {**data, "gpus": gpus}
+
+
+def parse_static(text: str, source: str, node_name: str | None = None) -> list[GpuReading]:
+    """GPUs described by ``text``, with ``{node}`` in their UUIDs replaced by ``node_name``;
+    BackendError naming ``source`` and the field when invalid."""
     try:
-        data = yaml.safe_load(text)
+        data = _expand_node(yaml.safe_load(text), node_name)
     except yaml.YAMLError as error:
         raise BackendError(f"static: {source} is not valid YAML or JSON: {error}") from None
     try:
@@ -154,16 +185,18 @@ def parse_static(text: str, source: str) -> list[GpuReading]:
 
 
 class StaticBackend:
-    """Reads ``path`` on every read, so edits show up on the next poll."""
+    """Reads ``path`` on every read, so edits show up on the next poll; ``{node}`` in the
+    UUIDs becomes ``node_name``."""
 
     name = "static"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, node_name: str | None = None) -> None:
         self.path = path
+        self.node_name = node_name
 
     def read(self) -> list[GpuReading]:
         try:
             text = self.path.read_text()
         except OSError as error:
             raise BackendError(f"static: cannot read {self.path}: {error.strerror}") from None
-        return parse_static(text, str(self.path))
+        return parse_static(text, str(self.path), self.node_name)

@@ -151,6 +151,20 @@ def test_the_dcgm_example_reads_the_exporter_of_its_own_node() -> None:
     assert agent["dcgmUrl"] == url
 
 
+@pytest.mark.parametrize(
+    "values", [CHART / "ci" / "static-agent-values.yaml", REPO / "e2e" / "kind" / "values.yaml"],
+    ids=lambda v: str(v.relative_to(REPO)),
+)
+def test_the_example_static_gpus_get_uuids_of_their_node(values: Path) -> None:
+    """One ConfigMap for every node: {node} (the agent's node name) keeps the UUIDs unique
+    across the cluster, which packing keys GPUs by."""
+    config_map = one(render("-f", str(values)), "ConfigMap", f"{FULLNAME}-agent-config")
+    gpus = yaml.safe_load(config_map["data"]["gpus.yaml"])["gpus"]
+    assert gpus and all("{node}" in gpu["uuid"] for gpu in gpus), gpus
+    commented = (CHART / "values.yaml").read_text().split("  static:")[0].splitlines()[-4:]
+    assert "{node}" in "\n".join(commented)
+
+
 def test_the_schema_forbids_unknown_keys_at_every_level() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.agent.command import make_backend
 from controller.agent.readings import BackendError, GpuProcess, MigInstance
+from controller.agent.settings import AgentSettings
 from controller.agent.static import StaticBackend, parse_static
 
 GIB = 2**30
@@ -115,3 +117,35 @@ def test_backend_rereads_the_file_on_every_read(tmp_path: Path) -> None:
     assert len(backend.read()) == 5
     path.write_text(NODE.replace("usedBytes: 20GiB", "usedBytes: 30GiB"))
     assert backend.read()[0].used_bytes == 30 * GIB
+
+
+SHARED = """
+gpus:
+  - {index: 0, uuid: "GPU-{node}-0", product: L4, totalBytes: 1000, usedBytes: 0}
+  - {index: 1, uuid: "MIG-{node}-1", product: A100 MIG 3g.20gb, totalBytes: 20GiB, usedBytes: 0,
+     mig: {parentUUID: "GPU-{node}-p", gpuInstanceId: 1}}
+"""
+
+
+def test_node_in_the_uuids_is_the_agents_node_name() -> None:
+    """One file for every node (the chart's ConfigMap) still gives each node UUIDs of its own:
+    the operator packs GPUs by UUID cluster-wide."""
+    a, b = parse_static(SHARED, "gpus.yaml", "gpu-a"), parse_static(SHARED, "gpus.yaml", "gpu-b")
+    assert [g.uuid for g in a] == ["GPU-gpu-a-0", "MIG-gpu-a-1"]
+    assert a[1].mig == MigInstance("GPU-gpu-a-p", 1)
+    assert {g.uuid for g in a}.isdisjoint(g.uuid for g in b)
+    # Without a node name (the file read on its own) the text is kept as written.
+    assert parse_static(SHARED, "gpus.yaml")[0].uuid == "GPU-{node}-0"
+
+
+def test_the_expanded_uuid_is_held_to_the_maximum_length() -> None:
+    with pytest.raises(BackendError, match=r"gpus\[0\]\.uuid"):
+        parse_static(SHARED, "gpus.yaml", "n" * 130)
+
+
+def test_the_agent_gives_the_static_backend_its_node_name(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(SHARED)
+    settings = AgentSettings(node_name="gpu-a", backend="static", static_file=path)
+    backend = make_backend(settings)
+    assert [g.uuid for g in backend.read()][0] == "GPU-gpu-a-0"
