@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
 from controller.cluster import (
     ClusterError,
     ClusterObjects,
@@ -28,13 +29,13 @@ from controller.cluster import (
     requests,
     snapshot,
 )
-from controller.decision import AdmissionSettings, Decision, QueueingStrategy, plan
+from controller.decision import AdmissionSettings, Decision, plan
 from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
-from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
-from controller.units import GIB, parse_size
+from controller.settings import SettingsError, SettingsLoader
+from controller.units import GIB
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
 MAX_FILE_BYTES = 256 * 2**20
@@ -42,8 +43,9 @@ EXAMPLES = files("controller") / "examples"
 #: Deepest YAML nesting read: Kubernetes objects nest a few dozen levels at most.
 MAX_DEPTH = 100
 _C_LOADER = getattr(yaml, "CSafeLoader", None)
-#: Keeping more than half of every GPU free is a misconfiguration, not a margin.
-MAX_HEADROOM_PERCENT = 50
+#: The admission flags, spelled and checked as the operator's; no env prefix, since plan reads
+#: no environment (nor a config file): only the command line.
+ADMISSION = SettingsLoader(AdmissionConfig, "", typed_flags=True, shown_defaults=SHOWN_DEFAULTS)
 
 
 class PlanInputError(PermanentError, ValueError):
@@ -76,41 +78,9 @@ def add_parser(sub: Any) -> None:
 
 
 def add_admission_arguments(p: argparse.ArgumentParser) -> None:
-    """The admission settings of `vramgate plan`, spelled as the operator's flags
-    (`controller.operator.settings` has the same five, also from env and file)."""
-    p.add_argument(
-        "--gpu-mode",
-        default=GpuMode.DEVICE_PLUGIN.value,
-        choices=[m.value for m in GpuMode],
-        help="how workloads get GPUs, as the operator is set up: devicePlugin (whole GPUs), "
-        "visibleDevices (shared by memory), dra (default devicePlugin)",
-    )
-    p.add_argument(
-        "--queueing",
-        default=QueueingStrategy.BEST_EFFORT_FIFO.value,
-        choices=[m.value for m in QueueingStrategy],
-        help="BestEffortFIFO: a later job that fits may go first; StrictFIFO: never "
-        "(default BestEffortFIFO)",
-    )
-    p.add_argument(
-        "--headroom",
-        metavar="SIZE",
-        default="0GiB",
-        help="memory kept free on every GPU, e.g. 2GiB (default 0GiB)",
-    )
-    p.add_argument(
-        "--headroom-percent",
-        type=int,
-        default=0,
-        help="percent of each GPU's memory kept free, 0 to 50 (default 0)",
-    )
-    p.add_argument(
-        "--heartbeat-ttl-seconds",
-        type=int,
-        default=int(DEFAULT_HEARTBEAT_TTL.total_seconds()),
-        help="a GPU node whose agent has not written for this long takes no new job "
-        f"(default {int(DEFAULT_HEARTBEAT_TTL.total_seconds())})",
-    )
+    """The admission settings of `vramgate plan`: the operator's flags for them
+    (`controller.admission_config`), read from the command line only."""
+    ADMISSION.add_arguments(p, example=None)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -143,25 +113,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
 def admission_settings(args: argparse.Namespace) -> AdmissionSettings:
     """The settings `add_admission_arguments` parsed; one line naming the flag if bad."""
     try:
-        headroom = parse_size(args.headroom, require_unit=True) if args.headroom != "0GiB" else 0
-    except ValueError as error:
-        raise PlanInputError(f"--headroom: {error}") from None
-    if not 0 <= args.headroom_percent <= MAX_HEADROOM_PERCENT:
-        raise PlanInputError(
-            f"--headroom-percent: must be between 0 and {MAX_HEADROOM_PERCENT}, "
-            f"got {args.headroom_percent}"
-        )
-    if args.heartbeat_ttl_seconds < 1:
-        raise PlanInputError(
-            f"--heartbeat-ttl-seconds: must be at least 1, got {args.heartbeat_ttl_seconds}"
-        )
-    packing = PackingSettings(
-        heartbeat_ttl=timedelta(seconds=args.heartbeat_ttl_seconds),
-        headroom_bytes=headroom,
-        headroom_percent=args.headroom_percent,
-        gpu_mode=GpuMode(args.gpu_mode),
-    )
-    return AdmissionSettings(packing=packing, queueing=QueueingStrategy(args.queueing))
+        return ADMISSION.load(args, environ={}).admission()
+    except SettingsError as error:
+        raise PlanInputError(str(error)) from None
 
 
 def _documents(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

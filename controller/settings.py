@@ -122,19 +122,29 @@ class SettingsLoader(Generic[M]):
 
     # -- the parser -------------------------------------------------------------------------
 
-    def add_arguments(self, parser: argparse.ArgumentParser, example: str) -> None:
+    def add_arguments(self, parser: argparse.ArgumentParser, example: str | None) -> None:
         """``--config`` and one flag per field; each help names its environment variable and
-        default. `example` shows a line of the config file in ``--config``'s help."""
-        parser.add_argument(
-            "--config", metavar="FILE",
-            help=f"YAML config file of camelCase keys, e.g. {example} (env {self.config_env})",
-        )
-        for name, info in self.fields.items():
-            parser.add_argument(*self._spellings(name), dest=name, **self._argument(name, info))
+        default. `example` shows a line of the config file in ``--config``'s help.
 
-    def _argument(self, name: str, info: FieldInfo) -> dict[str, Any]:
-        help_text = f"{info.description} (env {self.env_var(name)}{self._default_text(name)})"
+        `example` None: the flags only, for a command that reads no environment and no file
+        (load it with ``environ={}``): no ``--config``, and each help names just its default.
+        """
+        if example is not None:
+            parser.add_argument(
+                "--config", metavar="FILE",
+                help=f"YAML config file of camelCase keys, e.g. {example} (env {self.config_env})",
+            )
+        for name, info in self.fields.items():
+            argument = self._argument(name, info, env=example is not None)
+            parser.add_argument(*self._spellings(name), dest=name, **argument)
+
+    def _argument(self, name: str, info: FieldInfo, *, env: bool = True) -> dict[str, Any]:
         annotation = info.annotation
+        notes = ["repeat"] if _is_list(annotation) else []
+        notes += [f"env {self.env_var(name)}"] if env else []
+        default = self._default_text(name)
+        notes += [default] if default else []
+        help_text = f"{info.description} ({'; '.join(notes)})" if notes else f"{info.description}"
         inner = _unwrap_optional(annotation)
         meta = self._flag_meta(name)
         choices = _choices(annotation)
@@ -144,8 +154,7 @@ class SettingsLoader(Generic[M]):
         if inner is bool:
             return {"action": argparse.BooleanOptionalAction, "default": None, "help": help_text}
         if _is_list(annotation):
-            return {"action": "append", "default": None, "metavar": metavar,
-                    "help": help_text.replace(" (env", " (repeat; env", 1)}
+            return {"action": "append", "default": None, "metavar": metavar, "help": help_text}
         argument: dict[str, Any] = {"metavar": metavar, "help": help_text}
         if self.typed_flags:
             if choices:
@@ -163,19 +172,19 @@ class SettingsLoader(Generic[M]):
     def _default_text(self, name: str) -> str:
         info = self.fields[name]
         if name in self.shown_defaults:
-            return f"; default {self.shown_defaults[name]}"
+            return f"default {self.shown_defaults[name]}"
         if info.is_required():
             return ""
         default = info.get_default(call_default_factory=True, validated_data={})
         if default is None:
             return ""
         if isinstance(default, bool):
-            return f"; default {'true' if default else 'false'}"
+            return f"default {'true' if default else 'false'}"
         if isinstance(default, (list, tuple)):
-            return f"; default {','.join(map(str, default)) or 'none'}"
+            return f"default {','.join(map(str, default)) or 'none'}"
         if isinstance(default, enum.Enum):
-            return f"; default {default.value}"
-        return f"; default {default}"
+            return f"default {default.value}"
+        return f"default {default}"
 
     # -- loading ----------------------------------------------------------------------------
 

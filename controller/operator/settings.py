@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 
-from controller.decision import AdmissionSettings, QueueingStrategy
+from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
 from controller.operator.options import (
     DEFAULT_CERT_DIR,
     DEFAULT_LEASE,
@@ -36,36 +33,17 @@ from controller.operator.options import (
     OperatorOptions,
     WebhookMode,
 )
-from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
 from controller.settings import Flag, SettingsError, SettingsLoader
-from controller.units import parse_size
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
-#: Keeping more than half of every GPU free is a misconfiguration, not a margin.
-MAX_HEADROOM_PERCENT = 50
 PROBE_PATH = "/healthz"
-_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
 __all__ = ["OperatorSettings", "SettingsError", "add_arguments", "load_options", "load_settings"]
 
 
-def _headroom_bytes(value: Any) -> Any:
-    """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
-    GB), zero in any unit, or an integer of bytes from YAML."""
-    if isinstance(value, str):
-        return 0 if _ZERO.match(value) else parse_size(value, require_unit=True)
-    return value
-
-
-HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
-
-
-class OperatorSettings(BaseModel):
+class OperatorSettings(AdmissionConfig):
     """Settings of ``vramgate operator``; each description says what it does and why its
-    default."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+    default. The admission settings (`AdmissionConfig`, shared with ``vramgate plan``) come
+    first."""
 
     namespaces: Annotated[list[str], Flag("-n", "--namespace", metavar="NAMESPACE")] = Field(
         default_factory=list,
@@ -113,29 +91,6 @@ class OperatorSettings(BaseModel):
         30.0, gt=0,
         description="retry interval while a job's ConfigMap cannot be read; a missing "
         "ConfigMap is usually created within seconds to minutes.",
-    )
-    gpu_mode: GpuMode = Field(
-        GpuMode.DEVICE_PLUGIN,
-        description="how workloads get GPUs: devicePlugin (whole GPUs, works everywhere), "
-        "visibleDevices (shared by memory), dra.",
-    )
-    queueing: QueueingStrategy = Field(
-        QueueingStrategy.BEST_EFFORT_FIFO,
-        description="BestEffortFIFO: a later job that fits may go first (keeps GPUs busy); "
-        "StrictFIFO: never.",
-    )
-    headroom: Annotated[HeadroomBytes, Flag(metavar="SIZE")] = Field(
-        0,
-        description="memory kept free on every GPU, a size like 2GiB; 0 because the estimate "
-        "already includes the CUDA context.",
-    )
-    headroom_percent: int = Field(
-        0, description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom."
-    )
-    heartbeat_ttl_seconds: int = Field(
-        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1,
-        description="a GPU node whose agent has not written for this long takes no new job; "
-        "a few of the agent's 30 s heartbeats.",
     )
     resync_seconds: float = Field(
         10.0, gt=0,
@@ -187,22 +142,6 @@ class OperatorSettings(BaseModel):
             raise ValueError("must be between 1 and 65535")
         return value
 
-    @field_validator("headroom_percent")
-    @classmethod
-    def _percent(cls, value: int) -> int:
-        if not 0 <= value <= MAX_HEADROOM_PERCENT:
-            raise ValueError(f"must be between 0 and {MAX_HEADROOM_PERCENT}")
-        return value
-
-    def admission(self) -> AdmissionSettings:
-        packing = PackingSettings(
-            heartbeat_ttl=timedelta(seconds=self.heartbeat_ttl_seconds),
-            headroom_bytes=self.headroom,
-            headroom_percent=self.headroom_percent,
-            gpu_mode=self.gpu_mode,
-        )
-        return AdmissionSettings(packing=packing, queueing=self.queueing)
-
     def liveness_url(self) -> str:
         host = f"[{self.probe_addr}]" if ":" in self.probe_addr else self.probe_addr
         return f"http://{host}:{self.probe_port}{PROBE_PATH}"
@@ -242,7 +181,7 @@ LOADER = SettingsLoader(
     shown_defaults={
         "namespaces": "none (every namespace)",
         "cert_hosts": ",".join(DEFAULT_SERVICE_DNS),
-        "headroom": "0GiB",
+        **SHOWN_DEFAULTS,
         "lease_namespace": "$POD_NAMESPACE, else default",
         "identity": "$POD_NAME, else the host name",
     },

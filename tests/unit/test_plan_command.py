@@ -319,3 +319,50 @@ def test_strict_fifo_lets_no_job_go_ahead(
 def test_a_missing_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "--cluster", str(tmp_path / "nope.yaml"))
     assert code == 2 and "nope.yaml: cannot read" in err
+
+
+def test_plan_and_the_operator_share_the_admission_settings(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One model (`AdmissionConfig`): the same fields, flags, defaults and checks; plan reads
+    them from its command line only, never the operator's environment or config file."""
+    from controller import plan_command
+    from controller.admission_config import AdmissionConfig
+    from controller.cli import build_parser
+    from controller.operator import settings as operator
+
+    assert issubclass(operator.OperatorSettings, AdmissionConfig)
+    names = set(AdmissionConfig.model_fields)
+    assert names == {"gpu_mode", "queueing", "headroom", "headroom_percent",
+                     "heartbeat_ttl_seconds"}  # fmt: skip
+    assert names <= set(operator.OperatorSettings.model_fields)
+    assert [plan_command.ADMISSION.flag(n) for n in names] == [
+        operator.LOADER.flag(n) for n in names
+    ]
+
+    def both(*flags: str) -> tuple[Any, Any]:
+        plan_args = build_parser().parse_args(["plan", *flags])
+        operator_args = build_parser().parse_args(["operator", *flags])
+        return (
+            plan_command.admission_settings(plan_args),
+            operator.load_settings(operator_args, environ={}).admission(),
+        )
+
+    planned, operated = both()
+    assert planned == operated  # the same defaults
+    planned, operated = both(
+        "--gpu-mode", "visibleDevices", "--queueing", "StrictFIFO", "--headroom", "2GiB",
+        "--headroom-percent", "5", "--heartbeat-ttl-seconds", "120",
+    )
+    assert planned == operated and planned.packing.headroom_bytes == 2 * GIB
+
+    monkeypatch.setenv("VRAMGATE_OPERATOR_GPU_MODE", "dra")
+    monkeypatch.setenv("GPU_MODE", "dra")
+    planned, _ = both()
+    assert planned.packing.gpu_mode.value == "devicePlugin"
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--config" not in text and "env " not in text and "VRAMGATE" not in text
+    assert "--headroom SIZE memory kept free on every GPU" in text and "(default 0GiB)" in text

@@ -141,3 +141,16 @@ def test_help_names_each_variable_and_default() -> None:
     assert "--host HOST a list (repeat; env EX_HOSTS; default d)" in text
     assert "--enabled, --no-enabled a switch (env EX_ENABLED; default true)" in text
     assert "--mode a|b a choice (env EX_MODE; default a)" in text
+
+
+def test_flags_only_add_no_config_and_name_no_environment() -> None:
+    """`example=None`: a command that reads its settings from its command line alone."""
+    parser = argparse.ArgumentParser()
+    LOADER.add_arguments(parser, example=None)
+    text = " ".join(parser.format_help().split())
+    assert "--config" not in text and "env" not in text
+    assert "--host HOST a list (repeat; default d)" in text
+    assert "--mode a|b a choice (default a)" in text
+    args = parser.parse_args(["--count", "5"])
+    s = LOADER.load(args, environ={})
+    assert (s.count, s.name_text) == (5, "default-name")

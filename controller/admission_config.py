@@ -1,0 +1,89 @@
+"""The admission settings, one model for the operator and `vramgate plan`.
+
+``gpuMode``, ``queueing``, ``headroom``, ``headroomPercent`` and ``heartbeatTtlSeconds``
+decide how jobs are packed onto GPUs. The operator reads them from flags, its environment and
+its config file (`controller.operator.settings` inherits this model); ``vramgate plan`` from
+the same flags only, so that a plan is decided as the operator so configured would decide.
+Both go through `controller.settings.SettingsLoader`, so the flag spellings, checks and
+one-line errors cannot differ.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from controller.decision import AdmissionSettings, QueueingStrategy
+from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
+from controller.settings import Flag
+from controller.units import parse_size
+
+#: Keeping more than half of every GPU free is a misconfiguration, not a margin.
+MAX_HEADROOM_PERCENT = 50
+#: How ``--help`` shows the defaults whose values read badly (bytes).
+SHOWN_DEFAULTS = {"headroom": "0GiB"}
+_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
+
+
+def _headroom_bytes(value: Any) -> Any:
+    """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
+    GB), zero in any unit, or an integer of bytes from YAML."""
+    if isinstance(value, str):
+        return 0 if _ZERO.match(value) else parse_size(value, require_unit=True)
+    return value
+
+
+HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
+
+
+class AdmissionConfig(BaseModel):
+    """How admission packs jobs onto GPUs; each description says what it does and why its
+    default."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    gpu_mode: GpuMode = Field(
+        GpuMode.DEVICE_PLUGIN,
+        description="how workloads get GPUs: devicePlugin (whole GPUs, works everywhere), "
+        "visibleDevices (shared by memory), dra.",
+    )
+    queueing: QueueingStrategy = Field(
+        QueueingStrategy.BEST_EFFORT_FIFO,
+        description="BestEffortFIFO: a later job that fits may go first (keeps GPUs busy); "
+        "StrictFIFO: never.",
+    )
+    headroom: Annotated[HeadroomBytes, Flag(metavar="SIZE")] = Field(
+        0,
+        description="memory kept free on every GPU, a size like 2GiB; 0 because the estimate "
+        "already includes the CUDA context.",
+    )
+    headroom_percent: int = Field(
+        0, description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom."
+    )
+    heartbeat_ttl_seconds: int = Field(
+        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1,
+        description="a GPU node whose agent has not written for this long takes no new job; "
+        "a few of the agent's 30 s heartbeats.",
+    )
+
+    @field_validator("headroom_percent")
+    @classmethod
+    def _percent(cls, value: int) -> int:
+        if not 0 <= value <= MAX_HEADROOM_PERCENT:
+            raise ValueError(f"must be between 0 and {MAX_HEADROOM_PERCENT}")
+        return value
+
+    def admission(self) -> AdmissionSettings:
+        packing = PackingSettings(
+            heartbeat_ttl=timedelta(seconds=self.heartbeat_ttl_seconds),
+            headroom_bytes=self.headroom,
+            headroom_percent=self.headroom_percent,
+            gpu_mode=self.gpu_mode,
+        )
+        return AdmissionSettings(packing=packing, queueing=self.queueing)
