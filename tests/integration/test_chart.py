@@ -334,6 +334,28 @@ def test_the_dashboard_configmap_when_enabled() -> None:
     assert not find(render(), "ConfigMap", f"{FULLNAME}-dashboard")
 
 
+def _panel_exprs(title: str) -> list[str]:
+    board = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panels = [p for row in board["panels"] for p in (row, *row.get("panels", []))]
+    (panel,) = [p for p in panels if p["title"] == title]
+    return [t["expr"] for t in panel["targets"]]
+
+
+def test_the_dashboard_counts_histograms_over_its_range_and_only_queued_jobs_in_queue_age() -> None:
+    """Quantiles of raw cumulative buckets would weigh every job since the operator started;
+    rejected, invalid or suspended jobs are not queued (the queue-age alert counts the same)."""
+    quantiles = _panel_exprs("Observed / predicted, finished jobs")
+    assert len(quantiles) == 3
+    windowed = (
+        "sum by (profile, family, le) (increase(vramgate_estimate_accuracy_ratio_bucket[$__range]))"
+    )
+    assert all(windowed in expr for expr in quantiles), quantiles
+    (age,) = _panel_exprs("Queue age")
+    assert 'vramgate_pending_job_created_timestamp_seconds{reason=~"Waiting.*"}' in age
+    (length,) = _panel_exprs("Pending FineTuneJobs by reason")
+    assert length.startswith("sum by (reason) (")
+
+
 def test_crds_are_templates_kept_on_uninstall_unless_turned_off() -> None:
     crds = find(render(), "CustomResourceDefinition")
     assert sorted(c["metadata"]["name"] for c in crds) == sorted(CRD_NAMES)
