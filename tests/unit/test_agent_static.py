@@ -148,4 +148,4 @@ def test_the_agent_gives_the_static_backend_its_node_name(tmp_path: Path) -> Non
     path.write_text(SHARED)
     settings = AgentSettings(node_name="gpu-a", backend="static", static_file=path)
     backend = make_backend(settings)
-    assert [g.uuid for g in backend.read()][0] == "GPU-gpu-a-0"
+    assert backend.read()[0].uuid == "GPU-gpu-a-0"
