@@ -12,7 +12,7 @@ operator's and dcgm-exporter's series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,7 @@ from controller.cluster import (
     snapshot,
 )
 from controller.operator import observed
-from controller.packing.inventory import PackingSettings, working_nodes
+from controller.packing.inventory import NodeGpus, PackingSettings, working_nodes
 
 GPU_LABELS = ("node", "gpu", "UUID", "modelName")
 JOB_LABELS = ("namespace", "job")
@@ -131,12 +131,11 @@ def metric_view(
                 created.add((namespace, name, reason), born.timestamp())
             continue
         profile = str((status.get("estimate") or {}).get("profile") or "")
-        for part in held.placement:
-            for index, uuid in zip(part.indices, part.uuids, strict=False):
-                reserved_on[uuid] = reserved_on.get(uuid, 0) + held.per_gpu_bytes
-                labels = (namespace, name, part.node, str(index), uuid, products.get(uuid, ""))
-                predicted.add((*labels, profile), float(held.per_gpu_bytes))
         found = peaks.get(str(meta.get("uid"))) or observed.from_status(status.get("observed"))
+        for node, index, uuid in _where_held(held.placement, found):
+            reserved_on[uuid] = reserved_on.get(uuid, 0) + held.per_gpu_bytes
+            labels = (namespace, name, node, str(index), uuid, products.get(uuid, ""))
+            predicted.add((*labels, profile), float(held.per_gpu_bytes))
         for p in sorted(found.values(), key=lambda p: (p.node, p.index, p.uuid)):
             where = (namespace, name, p.node, str(p.index), p.uuid, products.get(p.uuid, ""))
             peak.add(where, float(p.peak_bytes))
@@ -148,10 +147,32 @@ def metric_view(
         pending.add((reason,), float(count))
     for gpu_labels in gpus:
         reserved.add(gpu_labels, float(reserved_on.get(gpu_labels[2], 0)))
-    for node in working_nodes(snapshot(objects, now), packing):
-        for slot in node.gpus:
+    for working in working_nodes(snapshot(objects, now), packing):
+        for slot in working.gpus:
             free.add((slot.node, str(slot.index), slot.uuid, slot.product), float(slot.free))
     return (predicted, peak, ratio, reserved, free, heartbeat, pending, created)
+
+
+def _where_held(
+    placement: Iterable[NodeGpus], seen: observed.Peaks
+) -> list[tuple[str, int, str]]:
+    """The GPUs a job holds: its placement's, except that a placed GPU where its pods are not
+    seen gives way to one of the same node where they are. With the device plugin the kubelet,
+    not vramgate, picks which of a node's GPUs a pod gets; charging the placement's GPU would
+    put the prediction beside an idle GPU and the usage beside no prediction."""
+    placed = [(p.node, i, u) for p in placement for i, u in zip(p.indices, p.uuids, strict=False)]
+    uuids = {u for _, _, u in placed}
+    elsewhere = sorted((p.node, p.index, p.uuid) for p in seen.values() if p.uuid not in uuids)
+    out = []
+    for node, index, uuid in placed:
+        if uuid not in seen:
+            swap = next((s for s in elsewhere if s[0] == node), None)
+            if swap is not None:
+                elsewhere.remove(swap)
+                out.append(swap)
+                continue
+        out.append((node, index, uuid))
+    return out
 
 
 def accuracy_series(

@@ -149,6 +149,27 @@ def test_observed_peaks_and_their_ratio_to_the_prediction() -> None:
     assert ratio == pytest.approx(1.1, abs=1e-9)
 
 
+def test_a_job_seen_on_another_gpu_of_its_node_is_predicted_and_reserved_there() -> None:
+    # devicePlugin: the kubelet gave the pod GPU 1, not the placement's GPU 0.
+    objects, a, _ = one_admitted_one_waiting()
+    per_gpu = a["status"]["placement"]["perGpuBytes"]
+    peak = GpuPeak("n1", 1, "GPU-n1-1", per_gpu // 2)
+    view = view_of(objects, {"uid-a": {"GPU-n1-1": peak}})
+    assert samples(view["vramgate_gpu_reservation_bytes"]) == {
+        ("n1", "0", "GPU-n1-0", PRODUCT): 0.0,
+        ("n1", "1", "GPU-n1-1", PRODUCT): float(per_gpu),
+    }
+    assert list(samples(view["vramgate_job_predicted_bytes"])) == [
+        ("ns", "a", "n1", "1", "GPU-n1-1", PRODUCT, "calibrated")
+    ]
+    # Seen where it was placed, or not seen yet: the placement's GPU.
+    for peaks in ({"uid-a": {"GPU-n1-0": GpuPeak("n1", 0, "GPU-n1-0", 1)}}, {}):
+        view = view_of(objects, peaks)
+        assert list(samples(view["vramgate_job_predicted_bytes"])) == [
+            ("ns", "a", "n1", "0", "GPU-n1-0", PRODUCT, "calibrated")
+        ]
+
+
 def test_observed_peaks_come_from_status_after_a_restart() -> None:
     objects, a, _ = one_admitted_one_waiting()
     a["status"]["observed"] = {"peakBytes": 5 * GIB, "peak": "5.00 GiB", "gpus": [
