@@ -14,6 +14,7 @@ import base64
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -512,6 +513,38 @@ def test_dra_rights_only_in_dra_mode() -> None:
 
     assert "resource.k8s.io" not in groups()
     assert "resource.k8s.io" in groups("--set", "operator.config.gpuMode=dra")
+
+
+DNS_1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+
+
+def test_a_release_name_of_53_characters_gives_names_within_63() -> None:
+    """Helm allows 53-character release names; every object name (Services are DNS-1035
+    labels) and every label of the certificate's hosts must still fit 63."""
+    long_name = "r" * 53
+    every = [
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+        "--set", "dashboard.enabled=true", "--api-versions", MONITORING,
+    ]  # fmt: skip
+    for extra in ([], ["--set", "webhook.certManager.enabled=true"]):
+        done = helm("template", long_name, str(CHART), "--namespace", "vramgate", *every, *extra)
+        assert done.returncode == 0, done.stderr
+        objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+        names = {o["metadata"]["name"] for o in objects}
+        assert max(len(n) for n in names) <= 63, sorted(names, key=len)[-3:]
+        for service in find(objects, "Service"):
+            assert re.fullmatch(DNS_1035, service["metadata"]["name"]), service["metadata"]
+        config_map = [o for o in find(objects, "ConfigMap") if o["metadata"]["name"].endswith(
+            "-operator-config")][0]
+        hosts = yaml.safe_load(config_map["data"]["operator.yaml"])["certHosts"]
+        assert all(len(label) <= 63 for host in hosts for label in host.split(".")), hosts
+
+
+def test_a_base_name_that_is_no_dns_label_fails_in_one_line() -> None:
+    done = helm("template", "9lives", str(CHART))
+    assert done.returncode != 0
+    (line,) = [x for x in done.stderr.splitlines() if "DNS-1035" in x]
+    assert '"9lives-vramgate"' in line
 
 
 # -- installed into the local control plane ---------------------------------------------------

@@ -4,18 +4,29 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The release's base name: "vramgate" for `helm install vramgate`, else release-chart. */}}
+{{/*
+The release's base name: "vramgate" for `helm install vramgate`, else release-chart. At
+most 46 characters, so that the longest suffix (-operator-metrics, 17) keeps every object
+name within the 63 of a DNS-1035 label (Service names are), and the webhook Service within
+one DNS label of the certificate's hosts.
+*/}}
 {{- define "vramgate.fullname" -}}
+{{- $full := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- $full = .Values.fullnameOverride }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- $full = .Release.Name }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- $full = printf "%s-%s" .Release.Name $name }}
 {{- end }}
 {{- end }}
+{{- $full = $full | trunc 46 | trimSuffix "-" }}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) }}
+{{- fail (printf "resource base name %q (from the release name, nameOverride or fullnameOverride) must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter" $full) }}
+{{- end }}
+{{- $full }}
 {{- end }}
 
 {{- define "vramgate.labels" -}}
