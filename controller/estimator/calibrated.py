@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from math import ceil
 from operator import mul
 from typing import Any
 
@@ -82,12 +83,14 @@ FAMILY_ALIASES = {
     "gemma3": "gemma3_text",
     "gemma": "gemma2",
     "deepseek_v2": "deepseek_v3",
-    # Not fitted yet: read as the fitted family of the closest layout (an approximation,
-    # not held to the 5 % of the fitted ones): Kimi K2 is DeepSeek-V3's layout; DBRX
-    # Mixtral's (routed experts only); GLM-4.5, ERNIE 4.5 and Llama 4 GQA with routed
-    # and shared experts, as Qwen-MoE. Measured on 3-layer, 512-wide variants at 256
-    # tokens: full fine-tuning equals the trace, LoRA is under it (ERNIE -9.5 %, GLM
-    # -17.7 %), so these families need their own fit (`controller.trace.calibrate`).
+    # Not fitted: read as the fitted family of the closest layout. Kimi K2 is DeepSeek-V3's
+    # layout (no transformers class of its own); DBRX Mixtral's (routed experts only; its
+    # expert loop cannot be traced); Llama 4 GQA with routed and one shared expert, as
+    # Qwen-MoE (PEFT's all-linear LoRA breaks on its router): approximations, not held to
+    # the 5 % of the fitted families. GLM-4.5 and ERNIE 4.5 MoE are in the calibration grid
+    # (`controller.trace.calibrate`) but not in the data file yet: until they are, they
+    # borrow Qwen-MoE's fit with the margin of BORROWED_MARGINS, and a fit of their own,
+    # once in the file, takes precedence over the alias.
     "kimi_k2": "deepseek_v3",
     "dbrx": "mixtral",
     "glm4_moe": "qwen3_moe",
@@ -109,10 +112,32 @@ def calibration() -> dict[str, Any]:
     return data
 
 
+#: Borrowing families measured against the trace: the factor on the borrowed fit's dynamic
+#: bytes, (checkpointing on, off), that keeps the estimate at or above the traced peak on
+#: the test grid (tests/unit/test_calibrated.py: 3-layer shrunk variants, full / LoRA /
+#: QLoRA x checkpointing x 256 / 512 tokens x batch 1 / 2, sdpa). Without it the borrowed
+#: Qwen-MoE fit is under the trace there by up to 2.3 % (GLM) and 3.6 % (ERNIE) of the
+#: peak; the factors needed were at most 1.041 / 1.027 (GLM) and 1.093 / 1.059 (ERNIE).
+#: Applied only while the family has no fit of its own in the data file.
+BORROWED_MARGINS = {"glm4_moe": (1.06, 1.06), "ernie4_5_moe": (1.10, 1.065)}
+
+
 def family_of(model_type: str) -> str:
+    """The fitted family whose coefficients price `model_type`: its own when the data file
+    has them, else its alias's, else the default."""
     families = calibration()["families"]
+    if model_type in families:
+        return model_type
     name = FAMILY_ALIASES.get(model_type, model_type)
     return name if name in families else DEFAULT_FAMILY
+
+
+def margin_of(model_type: str, checkpointing: bool) -> float:
+    """The factor on the dynamic bytes of a family priced by a borrowed fit (1: none)."""
+    if model_type in calibration()["families"] or model_type not in BORROWED_MARGINS:
+        return 1.0
+    on, off = BORROWED_MARGINS[model_type]
+    return on if checkpointing else off
 
 
 def _dims(shape: ModelShape) -> tuple[int, int, int, int, int, int]:
@@ -217,10 +242,13 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     moments = _moments(family_of(shape.model_type), settings.method, gc, attention)
+    scale = _margin(shape.model_type, gc == "on")
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         dynamic = max(0, round(fitted)) * widen
+        if scale != 1.0:
+            dynamic = ceil(dynamic * scale)
         total = (at_step_base if at_optimizer else base) + dynamic
         if total > best:
             best_key, best, best_dynamic = key, total, dynamic
@@ -252,6 +280,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fixed_bytes": fixed,
         },
     )
+
+
+_margin = cache(margin_of)  # once per model type and process: estimate's hot path
 
 
 def peak_bytes(shape: ModelShape, settings: TrainingSettings) -> int:

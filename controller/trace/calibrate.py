@@ -1,6 +1,7 @@
 """Regenerate `controller/estimator/calibration.json`: fit the calibrated profile to traces.
 
     python -m controller.trace.calibrate [--samples 20] [--workers N] [--out PATH]
+        [--families F,F...]  # trace and fit only these; merged into --out, the rest kept
 
 For every architecture family among the bundled presets (the mixture-of-experts ones
 included), and every method (full / LoRA / QLoRA), checkpointing (on / off) and attention
@@ -12,7 +13,9 @@ proportions of real models (4 or 8 heads of 64 or 128, k/v heads dividing them, 
 layer holds the most memory depends on them (an MLP narrower than the hidden size peaks
 elsewhere), and the fit is linear only within one such regime. Fake tensors make a trace
 cost the same at any width; shallow depth and short sequences keep the run to about half an
-hour on 2 cores (3,840 traced variants, each at two depths).
+hour on 2 cores for the first twelve families (3,840 traced variants, each at two depths);
+GLM-4.5 and ERNIE 4.5 MoE add 960 (`--families glm4_moe,ernie4_5_moe --samples 10` traces
+them alone at half the samples, 480 variants, about 15 minutes on 2 idle cores).
 
 Each variant is traced at 2 and 3 layers (one optimizer step each). For each moment of the
 step (`calibrated.py`), the difference between the two is what one layer adds: its
@@ -66,8 +69,14 @@ FAMILY_PRESETS = {
     "qwen3_moe": "qwen3-30b-a3b",
     "deepseek_v3": "deepseek-v3",
     "gpt_oss": "gpt-oss-20b",
+    "ernie4_5_moe": "ernie-4.5-21b-a3b",
+    "glm4_moe": "glm-4.5",
 }
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+# Not in the grid: DBRX's experts (transformers' eager loop over the experts the router
+# picked) cannot be traced on fake tensors; Llama 4's router is an nn.Linear returning a
+# tuple, which PEFT 0.21's all-linear LoRA wraps and breaks. Both read as a fitted relative
+# (`calibrated.FAMILY_ALIASES`). Kimi K2 has no transformers class (DeepSeek-V3's layout).
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe")
 METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
 ATTENTIONS = (Attention.SDPA, Attention.EAGER)
@@ -112,15 +121,19 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
 
 def _shrink_moe(family: str, config: dict[str, Any], rng: random.Random, hidden: int) -> None:
     """8-32 experts, 2 or 4 per token, expert widths in the family's proportion to hidden
-    (Mixtral 2.5-4x as drawn above, GPT-OSS 0.5-1.25x, Qwen3 and DeepSeek 0.25-1x); every
-    layer an MoE layer; DeepSeek's latent ranks in its proportions to hidden (k/v 0.07-0.25x,
+    (Mixtral 2.5-4x as drawn above, GPT-OSS 0.5-1.25x, Qwen3, DeepSeek, GLM-4.5 and
+    ERNIE 4.5 0.25-1x); every layer an MoE layer (GLM's first_k_dense_replace and ERNIE's
+    moe_layer_start_index 0); DeepSeek's latent ranks in its proportions to hidden (k/v 0.07-0.25x,
     q 0.2-0.5x; DeepSeek-V3: 512 and 1536 of 7168)."""
     experts = rng.choice((8, 16, 32))
     top_k = rng.choice((2, 4))
-    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
+    for name in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
         if name in config:
             config[name] = experts
-    config["num_experts_per_tok"] = top_k
+    if family == "ernie4_5_moe":
+        config["moe_k"] = top_k
+    else:
+        config["num_experts_per_tok"] = top_k
     if "experts_per_token" in config:
         config["experts_per_token"] = top_k
     if family == "gpt_oss":
@@ -129,6 +142,11 @@ def _shrink_moe(family: str, config: dict[str, Any], rng: random.Random, hidden:
         config["moe_intermediate_size"] = _round(hidden * rng.uniform(0.25, 1.0), 64)
     if family == "qwen3_moe":
         config.update(decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "ernie4_5_moe":
+        config.update(moe_layer_start_index=0, moe_layer_interval=1)
+        config.pop("moe_layer_end_index", None)
+    if family == "glm4_moe":
+        config["first_k_dense_replace"] = 0
     if family == "deepseek_v3":
         nope = rng.choice((64, 128))
         config.update(
@@ -250,8 +268,8 @@ def sample(task: Task) -> dict[str, Any]:
 MOE_SAMPLES_FACTOR = 2
 
 
-def tasks(samples: int) -> Iterator[Task]:
-    for family in FAMILY_PRESETS:
+def tasks(samples: int, families: tuple[str, ...] = ()) -> Iterator[Task]:
+    for family in families or tuple(FAMILY_PRESETS):
         count = samples * (MOE_SAMPLES_FACTOR if family in MOE_FAMILIES else 1)
         for method in METHODS:
             for gc in CHECKPOINTING:
@@ -332,7 +350,11 @@ def fit(rows: list[dict[str, Any]]) -> tuple[dict[str, list[list[float]]], float
 
 
 def calibrate(
-    samples: int, workers: int, dump: Path | None = None, refit: Path | None = None
+    samples: int,
+    workers: int,
+    dump: Path | None = None,
+    refit: Path | None = None,
+    only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     import peft
     import torch
@@ -346,7 +368,7 @@ def calibrate(
             row["per_layer"], row["once"] = _features(tuple(row["task"]))  # type: ignore[arg-type]
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(sample, tasks(samples), chunksize=4))
+            rows = list(pool.map(sample, tasks(samples, only), chunksize=4))
     if dump is not None:
         dump.write_text(json.dumps(rows))
     by_class: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -387,6 +409,29 @@ def calibrate(
     }
 
 
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`old` with the families fitted in `new` replaced (or added); each family's fit stands
+    alone, so the others stay valid while their features and the libraries are unchanged."""
+    if old["layer_features"] != new["layer_features"] or (
+        old["local_features"] != new["local_features"]
+    ):
+        raise SystemExit("--families: the features changed; regenerate every family")
+    if old["versions"] != new["versions"]:
+        raise SystemExit("--families: the library versions changed; regenerate every family")
+    out = dict(old)
+    out["families"] = old["families"] | new["families"]
+    fitted = tuple(new["families"])
+    kept = {k: v for k, v in old["errors"].items() if k.split("/")[0] not in fitted}
+    out["errors"] = kept | new["errors"]
+    out["worst_relative_error"] = max(out["errors"].values())
+    out["samples_per_class"] = old["samples_per_class"] | {
+        f"moe ({', '.join(fitted)})": new["samples_per_class"]["moe"],
+    }
+    out["seconds"] = old["seconds"]
+    out["merged"] = sorted(set(old.get("merged", [])) | set(fitted))
+    return out
+
+
 def _count(rows: list[dict[str, Any]], chosen: Any) -> int:
     """Samples per class among the classes of the chosen families (0 when none)."""
     picked = [row for row in rows if chosen(row["class"][0])]
@@ -401,8 +446,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--rows", type=Path, help="also write the traced samples here (JSON)")
     parser.add_argument("--refit", type=Path, help="fit samples written by --rows, no tracing")
+    parser.add_argument(
+        "--families",
+        help="comma-separated: trace and fit only these families and merge them into --out, "
+        "the other families' fits kept as they are (their features must be unchanged)",
+    )
     args = parser.parse_args(argv)
-    data = calibrate(args.samples, args.workers, args.rows, args.refit)
+    families = tuple(args.families.split(",")) if args.families else ()
+    unknown = set(families) - set(FAMILY_PRESETS)
+    if unknown:
+        parser.error(f"--families: not in the grid: {', '.join(sorted(unknown))}")
+    data = calibrate(args.samples, args.workers, args.rows, args.refit, families)
+    if families:
+        data = merged(json.loads(args.out.read_text()), data)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(
         f"wrote {args.out}: {len(data['errors'])} classes, worst error "

@@ -2,11 +2,12 @@
 
 The grid (what "within 5 % of the trace" means here): for every architecture family of the
 bundled presets (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2 and the
-mixture-of-experts mixtral, qwen3_moe, deepseek_v3, gpt_oss), one shrunk config of that
+mixture-of-experts mixtral, qwen3_moe, deepseek_v3, gpt_oss, glm4_moe, ernie4_5_moe), one
+shrunk config of that
 family (3 layers, widths drawn with a seed of its own, so none of the calibration's
 samples), x full / LoRA / QLoRA x checkpointing on / off x 256 / 512 tokens x batch 1 / 2,
 sdpa attention and AdamW: the calibrated peak of tensor bytes is within 5 % of the traced
-peak. 288 traces, a few minutes on one core. A second test holds it to the trace at real
+peak. 336 traces, a few minutes on one core. A second test holds it to the trace at real
 widths (Llama 3.1 8B, Mixtral, Qwen3-30B-A3B and others at 2,048 tokens), where the trace is
 extended from 4 and 5 layers.
 """
@@ -43,7 +44,7 @@ from controller.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2")
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "ernie4_5_moe")
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 TOLERANCE = 0.05
 JOBS = [
@@ -78,7 +79,7 @@ def test_the_data_file_covers_every_family_and_job() -> None:
     data = calibration()
     assert data["layer_features"] == list(LAYER_FEATURES)
     assert data["local_features"] == list(LOCAL_FEATURES)
-    for family in FAMILIES:
+    for family in DENSE_FAMILIES + FITTED_MOE:
         for method in ("full", "lora", "qlora"):
             for gc in ("on", "off"):
                 for attention in ("sdpa", "eager"):
@@ -105,6 +106,12 @@ def test_families_resolve() -> None:
     assert family_of("qwen2_moe") == "qwen3_moe"
     assert family_of("deepseek_v2") == "deepseek_v3"
     assert family_of("gemma3") == "gemma3_text"
+    for family in BORROWING:  # their own fit once the data file has it, else Qwen-MoE's
+        assert family_of(family) == (family if family in calibration()["families"] else "qwen3_moe")
+    # Not traceable (calibrate.py says why): read as the fitted family of the closest layout.
+    assert family_of("kimi_k2") == "deepseek_v3"
+    assert family_of("dbrx") == "mixtral"
+    assert family_of("llama4_text") == "qwen3_moe"
     assert family_of("some_new_model") == "llama"
 
 
@@ -242,6 +249,12 @@ def grid_config(family: str) -> dict[str, object]:
     return shrunk(family, random.Random(f"grid/{family}"), layers=3)
 
 
+#: In the calibration grid but priced by a borrowed fit with a measured margin until the
+#: data file has their own (calibrated.BORROWED_MARGINS): within 5 %, and never under.
+BORROWING = ("glm4_moe", "ernie4_5_moe")
+FITTED_MOE = tuple(f for f in MOE_FAMILIES if f not in BORROWING)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_within_5_percent_of_the_trace_on_the_grid(family: str) -> None:
     require_trace_extra()
@@ -254,7 +267,7 @@ def test_within_5_percent_of_the_trace_on_the_grid(family: str) -> None:
         traced = trace_run(config, job, breakdowns=False).peak
         predicted = peak_bytes(shape, job)
         error = (predicted - traced) / traced
-        if abs(error) > TOLERANCE:
+        if abs(error) > TOLERANCE or (family in BORROWING and error < 0):
             misses.append(f"{job.method.value} gc={job.gradient_checkpointing.value} "
                           f"s={job.seq_len} b={job.batch}: {error:+.1%}")  # fmt: skip
     assert not misses, "; ".join(misses)
@@ -271,6 +284,8 @@ REAL = [
     ("qwen3-30b-a3b", Method.QLORA),
     ("gpt-oss-20b", Method.LORA),
     ("deepseek-v3", Method.QLORA),
+    ("glm-4.5", Method.LORA),
+    ("ernie-4.5-21b-a3b", Method.LORA),
 ]
 
 
@@ -284,6 +299,46 @@ def test_within_5_percent_of_the_trace_at_real_widths(preset: str, method: Metho
     traced = trace(load_preset(preset).config, job).peak_bytes
     predicted = peak_bytes(load_shape(preset), job)
     assert abs(predicted - traced) <= TOLERANCE * traced, (predicted, traced)
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "ernie4_5_moe", "qwen3_moe", "deepseek_v3"])
+def test_lora_trainable_params_are_what_peft_makes(family: str) -> None:
+    """PEFT puts all-linear LoRA on the expert stacks and router of the families transformers
+    converts by the qwen2_moe pattern (GLM-4.5 and ERNIE 4.5 among them)."""
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = grid_config(family)
+    job = JOBS[len(JOBS) // 3]  # LoRA
+    assert job.method is Method.LORA
+    traced = trace_run(config, job, breakdowns=False)
+    assert traced.trainable_params == static_bytes(parse_config(config), job).trainable_params
+
+
+def test_qwen2_moe_lora_stays_on_its_linear_modules() -> None:
+    """Qwen2-MoE is not in transformers' conversion table, so PEFT converts nothing: LoRA on
+    the attention, the shared expert and its gate, none on the expert stacks or router."""
+    require_trace_extra()
+    import warnings
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+           "shared_expert_intermediate_size": 512, "num_experts": 8, "num_experts_per_tok": 2,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 1024}  # fmt: skip
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **raw))
+        model.requires_grad_(False)
+        lora = LoraConfig(r=8, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    made = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    job = TrainingSettings(method=Method.LORA, rank=8)
+    shape = parse_config(raw | {"model_type": "qwen2_moe"})
+    assert made == static_bytes(shape, job).trainable_params
 
 
 def test_estimate_profile_calibrated_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
