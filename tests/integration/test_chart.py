@@ -523,7 +523,8 @@ def test_a_release_name_of_53_characters_gives_names_within_63() -> None:
     labels) and every label of the certificate's hosts must still fit 63."""
     long_name = "r" * 53
     every = [
-        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.prometheusRule.enabled=true",
         "--set", "dashboard.enabled=true", "--api-versions", MONITORING,
     ]  # fmt: skip
     for extra in ([], ["--set", "webhook.certManager.enabled=true"]):
@@ -534,8 +535,11 @@ def test_a_release_name_of_53_characters_gives_names_within_63() -> None:
         assert max(len(n) for n in names) <= 63, sorted(names, key=len)[-3:]
         for service in find(objects, "Service"):
             assert re.fullmatch(DNS_1035, service["metadata"]["name"]), service["metadata"]
-        config_map = [o for o in find(objects, "ConfigMap") if o["metadata"]["name"].endswith(
-            "-operator-config")][0]
+        (config_map,) = [
+            o
+            for o in find(objects, "ConfigMap")
+            if o["metadata"]["name"].endswith("-config") and "operator.yaml" in o["data"]
+        ]
         hosts = yaml.safe_load(config_map["data"]["operator.yaml"])["certHosts"]
         assert all(len(label) <= 63 for host in hosts for label in host.split(".")), hosts
 
