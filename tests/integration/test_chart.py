@@ -515,6 +515,49 @@ def test_dra_rights_only_in_dra_mode() -> None:
     assert "resource.k8s.io" in groups("--set", "operator.config.gpuMode=dra")
 
 
+def test_listed_namespaces_narrow_the_webhooks_and_the_operators_rights() -> None:
+    watched = ["team-a", "team-b"]
+    objects = render(
+        "--set", "operator.config.namespaces={team-a,team-b}",
+        "--set", "webhook.namespaceSelector.matchLabels.gpu=allowed",
+    )  # fmt: skip
+    expression = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": watched}
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        (hook,) = one(objects, kind)["webhooks"]
+        # Both apply: the user's selector and the watched namespaces.
+        assert hook["namespaceSelector"] == {
+            "matchLabels": {"gpu": "allowed"}, "matchExpressions": [expression]
+        }
+    cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
+    cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
+    assert cluster_wide == {
+        "gpunodes", "nodes", "customresourcedefinitions", "namespaces",
+        "validatingwebhookconfigurations", "mutatingwebhookconfigurations",
+    }  # fmt: skip
+    roles = find(objects, "Role", f"{FULLNAME}-operator-jobs")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == watched
+    for role in roles:
+        rights = {
+            (r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]
+        }
+        assert {("finetunejobs", "watch"), ("finetunejobs/status", "patch"), ("pods", "list"),
+                ("jobs", "create"), ("services", "create"), ("configmaps", "get"),
+                ("events", "create")} <= rights  # fmt: skip
+    bindings = find(objects, "RoleBinding", f"{FULLNAME}-operator-jobs")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == watched
+    for binding in bindings:
+        assert binding["roleRef"]["name"] == f"{FULLNAME}-operator-jobs"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": "vramgate"}
+        ]
+    # Every namespace: the same rights cluster-wide, no per-namespace Role, no selector.
+    objects = render()
+    assert not find(objects, "Role", f"{FULLNAME}-operator-jobs")
+    assert "namespaceSelector" not in one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    rules = one(objects, "ClusterRole", f"{FULLNAME}-operator")["rules"]
+    assert {"finetunejobs", "pods", "jobs", "events"} <= {r for x in rules for r in x["resources"]}
+
+
 DNS_1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
 
 
@@ -1001,6 +1044,31 @@ def test_helm_upgrade_with_changed_values_rolls_the_operator_and_keeps_the_certi
     assert _ca_bundle(api_client) == bundle_before
     history = json.loads(release.helm("history", RELEASE, "-o", "json").stdout)
     assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+
+def test_with_listed_namespaces_the_operator_may_act_only_in_them(release: Release) -> None:
+    """The release's own namespace listed: the namespaced rights there, none elsewhere; the
+    cluster-scoped reads stay."""
+    done = release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values",
+        "--set", f"operator.config.namespaces={{{release.namespace}}}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    listed, other = ("-n", release.namespace), ("-n", "any")
+    for args in (
+        ("watch", "finetunejobs.vramgate.dev"),
+        ("patch", "finetunejobs.vramgate.dev", "--subresource=status"),
+        ("watch", "pods"),
+        ("create", "jobs.batch"),
+        ("create", "services"),
+        ("get", "configmaps"),
+        ("create", "events"),
+    ):
+        assert release.can_i(OPERATOR_SA, *args, *listed), args
+        assert not release.can_i(OPERATOR_SA, *args, *other), args
+    assert not release.can_i(OPERATOR_SA, "watch", "finetunejobs.vramgate.dev", "-A")
+    for args in (("list", "gpunodes.vramgate.dev"), ("get", "nodes"), ("watch", "namespaces")):
+        assert release.can_i(OPERATOR_SA, *args), args
 
 
 def test_helm_uninstall_leaves_only_the_crds(release: Release, cluster: Cluster) -> None:

@@ -129,8 +129,60 @@ sideEffects: None
 failurePolicy: {{ .Values.webhook.failurePolicy }}
 matchPolicy: {{ .Values.webhook.matchPolicy }}
 timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
-{{- with .Values.webhook.namespaceSelector }}
+{{- $selector := deepCopy (default dict .Values.webhook.namespaceSelector) }}
+{{- with .Values.operator.config.namespaces }}
+{{- $watched := dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" (uniq .) }}
+{{- $_ := set $selector "matchExpressions" (append (default list $selector.matchExpressions) $watched) }}
+{{- end }}
+{{- with $selector }}
 namespaceSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/* The operator's rights on namespaced objects: cluster-wide, or per watched namespace. */}}
+{{- define "vramgate.operatorJobRules" -}}
+# kopf watches the jobs (caches, wake-ups); the scheduler lists them at each start.
+- apiGroups: ["vramgate.dev"]
+  resources: ["finetunejobs"]
+  verbs: ["get", "list", "watch"]
+# Every decision is a status patch (estimate, placement, conditions); the spec is never
+# written.
+- apiGroups: ["vramgate.dev"]
+  resources: ["finetunejobs/status"]
+  verbs: ["patch"]
+# The workloads' ownerReferences to their job set blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the
+# owner's finalizers (the operator never writes them).
+- apiGroups: ["vramgate.dev"]
+  resources: ["finetunejobs/finalizers"]
+  verbs: ["update"]
+# GPU pods hold GPUs the agents report as used; a job's pods tell its phase.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# Workloads of admitted jobs: a Job (Indexed across nodes), watched for its phase,
+# deleted on suspend or deletion.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# The headless Service of a multi-node job's torchrun rendezvous.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create", "delete"]
+{{- if eq .Values.operator.config.gpuMode "dra" }}
+# gpuMode dra: the claim (template, across nodes) naming the placement's GPUs.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims", "resourceclaimtemplates"]
+  verbs: ["create", "delete"]
+{{- end }}
+# A job's model config from the ConfigMap it names (spec.model.configMapRef), read by
+# name: get only, no list or watch of ConfigMaps.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
+# kopf reports handler failures as Events on the job (core v1 Events only).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}
