@@ -113,9 +113,18 @@ def test_helm_lint_strict_passes_with_the_schema(values: Path | None) -> None:
         (["--set", "agent.backend=static"], "minItems"),  # static needs its GPUs
         (["--set", "agent.backend=dcgm"], "dcgmUrl"),  # dcgm needs the exporter's URL
         (["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
+        (["--set", "operator.config.namespaces={Team_A}"], "namespaces"),
+        (["--set", "operator.config.leaseName=My_Lease"], "leaseName"),
+        (["--set", "nameOverride=Vram.gate"], "nameOverride"),
+        (["--set", "fullnameOverride=-x"], "fullnameOverride"),
+        (["--set", "dashboard.namespace=Grafana"], "namespace"),
+        (["--set", "image.digest=sha256:abc"], "digest"),
+        (["--set-string", "operator.podDisruptionBudget.minAvailable=one"], "minAvailable"),
     ],
     ids=["unknown-key", "unknown-config-key", "int-type", "bool-type", "enum", "maximum",
-         "backend-enum", "static-needs-gpus", "dcgm-needs-url", "timeout-range"],
+         "backend-enum", "static-needs-gpus", "dcgm-needs-url", "timeout-range",
+         "namespace-name", "lease-name", "name-override", "fullname-override",
+         "dashboard-namespace", "digest", "min-available-string"],
 )  # fmt: skip
 def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], message: str) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -131,6 +140,60 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
     assert "operator.replicas=2" in line and "operator.config.leaderElection=true" in line
     # One replica without the Lease is fine.
     render("--set", "operator.config.leaderElection=false", "--set", "operator.replicas=1")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--set", "operator.ports.probes=8080"], ["webhook=9443", "metrics=8080", "probes=8080"]),
+        (["--set", "operator.podDisruptionBudget.minAvailable=2"],
+         ["minAvailable=2", "operator.replicas=2"]),
+        (["--set-string", "operator.podDisruptionBudget.minAvailable=100%"],
+         ["minAvailable=100%", "operator.replicas=2"]),
+        (["--set", "agent.config.pollIntervalSeconds=60"],
+         ["pollIntervalSeconds=60", "heartbeatIntervalSeconds=30"]),
+        (["--set", "commonLabels.app\\.kubernetes\\.io/name=mine"],
+         ["commonLabels.app.kubernetes.io/name"]),
+        (["--set", "commonLabels.helm\\.sh/chart=mine"], ["commonLabels.helm.sh/chart"]),
+    ],
+    ids=["ports-repeat", "pdb-all-replicas", "pdb-100-percent", "poll-above-heartbeat",
+         "common-label-app", "common-label-chart"],
+)  # fmt: skip
+def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str]) -> None:
+    done = helm("template", RELEASE, str(CHART), *args)
+    assert done.returncode != 0
+    (line,) = [x for x in done.stderr.splitlines() if words[0] in x]
+    assert all(w in line for w in words), line
+    assert "execution error" in line, line
+
+
+def test_consistent_values_still_render() -> None:
+    render(
+        "--set-string", "operator.podDisruptionBudget.minAvailable=50%",
+        "--set", "agent.config.pollIntervalSeconds=30", "--set", "commonLabels.team=ml",
+    )  # fmt: skip
+
+
+def test_an_image_digest_takes_precedence_over_the_tag() -> None:
+    digest = "sha256:" + "a" * 64
+    objects = render("--set", f"image.digest={digest}", "--set", "image.tag=1.2.3")
+    for kind in ("Deployment", "DaemonSet"):
+        (container,) = one(objects, kind)["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"ghcr.io/vramgate/vramgate@{digest}"
+    (container,) = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("ghcr.io/vramgate/vramgate:")
+
+
+def test_the_notes_warn_of_a_prometheus_rule_without_the_monitoring_api() -> None:
+    def notes(*args: str) -> str:
+        # (--dry-run=client renders NOTES.txt; the client's API versions lack monitoring.)
+        done = helm("install", RELEASE, str(CHART), "--dry-run=client", *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    rule = ("--set", "metrics.prometheusRule.enabled=true")
+    assert "no PrometheusRule was created" in notes(*rule)
+    assert "no PrometheusRule was created" not in notes()
 
 
 def test_the_dcgm_example_reads_the_exporter_of_its_own_node() -> None:

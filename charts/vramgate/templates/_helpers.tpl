@@ -36,6 +36,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: vramgate
+{{- range $key, $_ := .Values.commonLabels }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") }}
+{{- fail (printf "commonLabels.%s: the chart sets app.kubernetes.io/* and helm.sh/chart itself (selectors depend on them); use another key" $key) }}
+{{- end }}
+{{- end }}
 {{- with .Values.commonLabels }}
 {{ toYaml . }}
 {{- end }}
@@ -49,7 +54,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "vramgate.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "vramgate.operatorServiceAccount" -}}
