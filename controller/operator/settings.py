@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
 from controller.operator.options import (
@@ -39,13 +40,28 @@ ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
 __all__ = ["OperatorSettings", "SettingsError", "add_arguments", "load_options", "load_settings"]
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _namespace_name(value: str) -> str:
+    """A namespace that cannot exist would be watched silently, and nothing found."""
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise ValueError(
+            "each namespace must be a DNS-1123 label (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63)"
+        )
+    return value
+
 
 class OperatorSettings(AdmissionConfig):
     """Settings of ``vramgate operator``; each description says what it does and why its
     default. The admission settings (`AdmissionConfig`, shared with ``vramgate plan``) come
     first."""
 
-    namespaces: Annotated[list[str], Flag("-n", "--namespace", metavar="NAMESPACE")] = Field(
+    namespaces: Annotated[
+        list[Annotated[str, AfterValidator(_namespace_name)]],
+        Flag("-n", "--namespace", metavar="NAMESPACE"),
+    ] = Field(
         default_factory=list,
         description="namespaces whose FineTuneJobs are watched; empty: every namespace, since "
         "one operator serves the whole cluster's GPUs.",

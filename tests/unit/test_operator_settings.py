@@ -173,6 +173,10 @@ def test_defaults_come_from_the_pod() -> None:
         (("--metrics-port", "70000"), {}, "--metrics-port: must be less than or equal to 65535"),
         (("--liveness", "http://x/healthz"), {}, "--liveness: must be http://ADDR:PORT/healthz"),
         (("-A", "-n", "a"), {}, "-A/--all-namespaces: not allowed with -n/--namespace"),
+        (("-n", "team-a", "-n", "Team_A"), {},
+         "operator: --namespace: each namespace must be a DNS-1123 label"),
+        ((), {"VRAMGATE_OPERATOR_NAMESPACES": '["a","b"]'},
+         "VRAMGATE_OPERATOR_NAMESPACES: each namespace must be a DNS-1123 label"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_source(
@@ -185,6 +189,17 @@ def test_bad_settings_exit_2_with_one_line_naming_the_source(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_bad_namespace_in_the_config_file_names_the_file_and_the_name(tmp_path: Path) -> None:
+    config = tmp_path / "operator.yaml"
+    config.write_text("namespaces: [team-a, Team_A]\n")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(parse("--config", str(config)), environ={})
+    assert str(raised.value).startswith(f"namespaces in {config}: each namespace must be")
+    assert str(raised.value).endswith("got 'Team_A'")
+    ok = load_settings(parse("-n", "team-a", "-n", "b" * 63), environ={})
+    assert ok.namespaces == ["team-a", "b" * 63]
 
 
 def test_an_unknown_config_key_is_refused(tmp_path: Path) -> None:
