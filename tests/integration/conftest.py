@@ -18,6 +18,7 @@ from kubernetes import client, config
 
 from e2e.build import BuildError, ensure_binaries
 from e2e.cluster import CLIENT_TOOLS, COMPONENTS, Cluster, ClusterError
+from e2e.prometheus import PrometheusMissing, find_binaries
 from e2e.wait import wait_until
 
 HERE = Path(__file__).parent
@@ -55,6 +56,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield instance
     finally:
         instance.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries() -> None:
+    """prometheus and promtool (`make prometheus` installs them): missing, the run fails in
+    one line, never skips."""
+    problem = ""
+    try:
+        find_binaries()
+    except PrometheusMissing as error:
+        problem = str(error)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.prometheus import PrometheusMissing, dashboard_queries, find_binaries, promtool
+from e2e.prometheus import dashboard_queries, promtool
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "charts" / "vramgate" / "files" / "alerts.yaml"
@@ -26,14 +26,8 @@ GRAFANA_BUILTINS = {"__rate_interval": "5m", "__interval": "1m", "__range": "6h"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def binaries() -> None:
-    problem = ""
-    try:
-        find_binaries()
-    except PrometheusMissing as error:
-        problem = str(error)
-    if problem:
-        pytest.fail(problem, pytrace=False)
+def binaries(prometheus_binaries: None) -> None:
+    """Every test here runs promtool."""
 
 
 def alerts() -> list[dict[str, Any]]:

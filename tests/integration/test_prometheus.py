@@ -40,9 +40,7 @@ from e2e.cluster import Cluster
 from e2e.demo import USES_ANNOTATION, SimGpu, SimNode, Stack
 from e2e.nodes import RUN_FOR_ANNOTATION
 from e2e.prometheus import (
-    PrometheusMissing,
     dashboard_queries,
-    find_binaries,
     has_numbers,
     rule_expressions,
     values,
@@ -166,14 +164,8 @@ def scenario(
     api_client: client.ApiClient,
     crds: None,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
+    prometheus_binaries: None,
 ) -> Iterator[Scenario]:
-    problem = ""
-    try:
-        find_binaries()
-    except PrometheusMissing as error:
-        problem = str(error)
-    if problem:
-        pytest.fail(problem, pytrace=False)
     tag = uuid.uuid4().hex[:6]
     products = {k: f"PROM-{tag}-{k}" for k in "ABCD"}
     sim = [
