@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import marshal
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -990,13 +991,46 @@ def _layers(
     return layers, tuple((layer, codes.count(code)) for code, layer in built.items())
 
 
+#: Parsed shapes kept by content (`parse_config`): enough for every model a cluster trains at
+#: once. A config larger than the bound (real ones are 1-10 KB) is parsed every time, so a
+#: hostile spec cannot pin much memory here.
+PARSED_CONFIGS = 128
+PARSED_CONFIG_MAX_BYTES = 32 * 1024
+
+
 def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     """Read a Hugging Face config.json (as a dict) into a `ModelShape`.
 
     `prefix` is the field path of the config in the caller's spec (e.g. `spec.model.config`),
     so errors point at the field the user wrote. Raises `SpecError` on missing or
     contradictory fields.
+
+    The operator and `vramgate plan` see the same config in many jobs (one ConfigMap, one
+    inline config copied into every manifest), and parsing costs several times the estimate
+    itself, so a shape is kept by the config's exact content and shared: `marshal` writes
+    the value with its types (1, 1.0 and true stay three different configs) and without
+    object references (format 2), so equal bytes mean an equal config, and the shape is
+    parsed from a private copy that no caller can change later. Shapes are immutable; their
+    `memo` only caches what the shape determines. Anything marshal cannot write (a mapping
+    that is not a plain dict, values YAML decoded into dates) is parsed as it is.
     """
+    try:
+        blob = marshal.dumps(config, 2)  # type: ignore[arg-type]  # any value; ValueError if not
+    except ValueError:  # not plain JSON data, or nested too deeply for marshal
+        return _parse_config(config, prefix)
+    if len(blob) > PARSED_CONFIG_MAX_BYTES:
+        return _parse_config(config, prefix)
+    return _parse_marshalled(blob, prefix)
+
+
+@lru_cache(maxsize=PARSED_CONFIGS)
+def _parse_marshalled(blob: bytes, prefix: str) -> ModelShape:
+    """A shape by its config's marshalled bytes (errors are raised, not cached)."""
+    return _parse_config(marshal.loads(blob), prefix)
+
+
+def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
+    """`parse_config` without the cache."""
     if not isinstance(config, Mapping):
         raise SpecError(prefix or "config", "must be a JSON object (a Hugging Face config.json)")
     text, text_prefix = _text_config(config, prefix)
