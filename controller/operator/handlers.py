@@ -30,9 +30,9 @@ from controller.operator import caches
 from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
 from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER
 
-VALIDATE_HANDLER = "validate-finetunejob"
-MUTATE_HANDLER = "mutate-finetunejob"
+__all__ = ["MUTATE_HANDLER", "VALIDATE_HANDLER", "register"]
 
 
 def register(
@@ -41,10 +41,12 @@ def register(
     *,
     webhooks: bool,
     background: Callable[[], list[Any]] = list,
-) -> None:
+) -> AdmissionWebhook | None:
     """Register the caches, the wake-ups and (when asked) the webhooks in `registry`.
     `background` gives the coroutines to run for the operator's lifetime (the scheduler's
-    loop, the leader election)."""
+    loop, the leader election). Returns the webhooks, which the review server answers with
+    (`controller.webhook.server`); kopf's registration of them names the paths and, in
+    managed mode, writes the webhook configurations."""
     caches.register(registry)
     digests: dict[tuple[str, str], str] = {}
 
@@ -98,19 +100,21 @@ def register(
     kopf.on.startup(registry=registry)(start)
     kopf.on.cleanup(registry=registry)(stop)
 
-    if webhooks:
-        hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook)
-        resource = (GROUP, VERSION, PLURAL)
-        # The webhook is fast feedback; the operator decides and enforces in status. An
-        # unreachable webhook must not block every FineTuneJob write in the cluster.
-        kopf.on.validate(
-            *resource, id=VALIDATE_HANDLER, operations=["CREATE", "UPDATE"],
-            ignore_failures=True, registry=registry,
-        )(cast(Any, hook.validate))  # fmt: skip
-        kopf.on.mutate(
-            *resource, id=MUTATE_HANDLER, operations=["CREATE"],
-            ignore_failures=True, registry=registry,
-        )(cast(Any, hook.mutate))  # fmt: skip
+    if not webhooks:
+        return None
+    hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook)
+    resource = (GROUP, VERSION, PLURAL)
+    # The webhook is fast feedback; the operator decides and enforces in status. An
+    # unreachable webhook must not block every FineTuneJob write in the cluster.
+    kopf.on.validate(
+        *resource, id=VALIDATE_HANDLER, operations=["CREATE", "UPDATE"],
+        ignore_failures=True, registry=registry,
+    )(cast(Any, hook.validate))  # fmt: skip
+    kopf.on.mutate(
+        *resource, id=MUTATE_HANDLER, operations=["CREATE"],
+        ignore_failures=True, registry=registry,
+    )(cast(Any, hook.mutate))  # fmt: skip
+    return hook
 
 
 def _gpunode_relevant(body: Mapping[str, Any]) -> Any:

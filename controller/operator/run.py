@@ -32,6 +32,7 @@ from controller.operator.options import OperatorOptions, StartupError, WebhookMo
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.webhook.cert_secret import CertSecret, CertSecretError
 from controller.webhook.certs import ServingCert, ensure_serving_cert
+from controller.webhook.server import ReviewServer
 
 DIFFBASE_KEY = "last-handled-configuration"
 
@@ -46,10 +47,11 @@ def cert_hosts(options: OperatorOptions) -> list[str]:
     return hosts
 
 
-def webhook_server(options: OperatorOptions, cert: ServingCert | None = None) -> kopf.WebhookServer:
-    """kopf's HTTPS server with `cert`, else a certificate from `controller.webhook.certs`."""
+def webhook_server(options: OperatorOptions, cert: ServingCert | None = None) -> ReviewServer:
+    """kopf's HTTPS server with `cert`, else a certificate from `controller.webhook.certs`,
+    answering the reviews itself (`controller.webhook.server`)."""
     cert = cert or ensure_serving_cert(options.cert_dir, cert_hosts(options))
-    return kopf.WebhookServer(
+    return ReviewServer(
         addr=options.webhook_addr,
         port=options.webhook_port,
         host=options.webhook_host,
@@ -77,8 +79,12 @@ def operator_settings(
 
 
 def build_registry(
-    options: OperatorOptions, scheduler: Scheduler, leader: Leader | None
+    options: OperatorOptions,
+    scheduler: Scheduler,
+    leader: Leader | None,
+    server: object = None,
 ) -> kopf.OperatorRegistry:
+    """The handlers; `server`, when it is a `ReviewServer`, answers with their webhooks."""
     registry = kopf.OperatorRegistry()
     # A bare registry has no login handlers (only kopf's implicit default one does): log in
     # through the kubernetes client, in-cluster first, then $KUBECONFIG.
@@ -87,12 +93,14 @@ def build_registry(
     def background() -> list[Any]:
         return [scheduler.run()] + ([] if leader is None else [leader.run()])
 
-    handlers.register(
+    hook = handlers.register(
         registry,
         scheduler,
         webhooks=options.webhook is not WebhookMode.OFF,
         background=background,
     )
+    if isinstance(server, ReviewServer):
+        server.hook = hook
     return registry
 
 
@@ -166,7 +174,7 @@ def run(options: OperatorOptions) -> int:
         leader.on_change.append(scheduler.wake)
     try:
         kopf.run(
-            registry=build_registry(options, scheduler, leader),
+            registry=build_registry(options, scheduler, leader, settings.admission.server),
             settings=settings,
             clusterwide=not options.namespaces,
             namespaces=options.namespaces,

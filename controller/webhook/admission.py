@@ -91,10 +91,21 @@ class AdmissionWebhook:
         warnings: list[str] | None = None,
         **_: Any,
     ) -> None:
+        """kopf's mutating handler: `resized`, written into kopf's patch."""
+        resources = await self.resized(spec, warnings)
+        if resources is not None:
+            patch.spec["resources"] = resources
+
+    async def resized(
+        self, spec: Mapping[str, Any], warnings: list[str] | None = None
+    ) -> dict[str, Any] | None:
+        """The mutation: `spec.resources` with the GPU count rewritten, or None to leave the
+        spec as it is (the review server turns it into a JSON patch)."""
         started, result = time.perf_counter(), ERROR
         try:
-            await self._mutate(spec, patch, warnings)
+            resources = await self._mutate(spec, warnings)
             result = ALLOWED
+            return resources
         except kopf.AdmissionError:
             result = DENIED
             raise
@@ -135,27 +146,26 @@ class AdmissionWebhook:
             )
 
     async def _mutate(
-        self, spec: Mapping[str, Any], patch: kopf.Patch, warnings: list[str] | None
-    ) -> None:
+        self, spec: Mapping[str, Any], warnings: list[str] | None
+    ) -> dict[str, Any] | None:
         plain = dict(spec)
         found = self._estimate(plain)
         view = await self.view()
         if found is None or view is None:
-            return
+            return None
         plan, estimate = found
         if plan.admission_policy is not AdmissionPolicy.RESIZE:
-            return
+            return None
         where = view.select(plan.gpu_selector)
         if where.gpus == 0:
-            return
+            return None
         if view.fits_empty(estimate, plan.parallelism, plan.gpus, where):
-            return
+            return None
         high = min(plan.max_gpus or MAX_GPUS, where.gpus)
         for n in resize_counts(plan.gpus, plan.min_gpus, high):
             if view.fits_empty(estimate, plan.parallelism, n, where):
                 resources = dict(plain.get("resources") or {})
                 resources["gpus"] = n
-                patch.spec["resources"] = resources
                 each = format_gib(estimate.per_gpu_bytes(n, plan.parallelism))
                 if warnings is not None:
                     warnings.append(
@@ -163,7 +173,8 @@ class AdmissionWebhook:
                         f"{plan.parallelism.api} ({each} each): spec.resources.gpus "
                         f"{plan.gpus} -> {n}"
                     )
-                return
+                return resources
+        return None
 
     def _validate_spec(
         self,

@@ -1,0 +1,103 @@
+"""The review server's answers: AdmissionReview in, the response the API server reads out."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from controller.packing.view import ClusterView
+from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER, answer
+from tests.unit.test_webhook_admission import FULL, admitted, body, cluster, hook
+
+RESOURCE = {"group": "vramgate.dev", "version": "v1alpha1", "resource": "finetunejobs"}
+
+
+def review(obj: dict[str, Any] | None, old: Any = None, **request: Any) -> dict[str, Any]:
+    payload = {"uid": "u-1", "resource": RESOURCE, "object": obj, "oldObject": old}
+    payload["operation"] = "UPDATE" if old is not None else "CREATE"
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {**payload, **request}}  # fmt: skip
+
+
+def ask(webhook: str, request: dict[str, Any], view: AdmissionWebhook | None = None) -> Any:
+    return asyncio.run(answer(view or hook(cluster()), webhook, request))["response"]
+
+
+def test_a_refusal_carries_the_operators_message_and_422() -> None:
+    out = asyncio.run(answer(hook(cluster()), VALIDATE_HANDLER, review(body(**FULL))))
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    response = out["response"]
+    assert response["uid"] == "u-1" and response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert response["status"]["message"].startswith("vramgate: InsufficientVRAM: needs 2 GPUs")
+    invalid = ask(VALIDATE_HANDLER, review(body(method="Partial")))
+    assert invalid["allowed"] is False and "spec.method" in invalid["status"]["message"]
+
+
+def test_a_job_that_fits_is_allowed_without_a_patch() -> None:
+    for webhook in (VALIDATE_HANDLER, MUTATE_HANDLER):
+        assert ask(webhook, review(body())) == {"uid": "u-1", "allowed": True}
+
+
+def test_resize_answers_with_a_json_patch_and_the_warning() -> None:
+    response = ask(MUTATE_HANDLER, review(body(**FULL, admissionPolicy="Resize")))
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert patch == [{"op": "add", "path": "/spec/resources", "value": {"gpus": 2}}]
+    assert response["warnings"] == [
+        "vramgate: needs 2 GPUs with FSDP (42.60 GiB each): spec.resources.gpus 1 -> 2"
+    ]
+
+
+def test_the_lock_on_an_admitted_spec_is_enforced_on_update() -> None:
+    old = admitted(body())
+    locked = ask(VALIDATE_HANDLER, review(body(training={"sequenceLength": 4096}), old=old))
+    assert (
+        locked["allowed"] is False and "only spec.suspend may change" in locked["status"]["message"]
+    )
+    assert ask(VALIDATE_HANDLER, review(body(suspend=True), old=old))["allowed"] is True
+    # The mutating webhook rewrites new jobs only.
+    resize = body(**FULL, admissionPolicy="Resize")
+    assert "patch" not in ask(MUTATE_HANDLER, review(resize, old=admitted(resize)))
+
+
+def test_a_failing_check_lets_the_write_through_with_a_warning() -> None:
+    async def broken() -> ClusterView | None:
+        raise RuntimeError("no view")
+
+    for webhook in (VALIDATE_HANDLER, MUTATE_HANDLER):
+        response = ask(webhook, review(body(**FULL)), AdmissionWebhook(broken))
+        assert response["allowed"] is True
+        assert response["warnings"] == [
+            f"vramgate: {webhook} failed (no view); the operator decides"
+        ]
+
+
+def test_a_spec_that_is_not_an_object_is_left_to_the_schema() -> None:
+    obj = {"metadata": {"name": "j"}, "spec": "x"}
+    assert ask(MUTATE_HANDLER, review(obj)) == {"uid": "u-1", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("webhook", "request_", "error"),
+    [
+        ("validate-pods", review(body()), web.HTTPNotFound),
+        (
+            VALIDATE_HANDLER,
+            review(body(), resource={**RESOURCE, "resource": "pods"}),
+            web.HTTPNotFound,
+        ),
+        (VALIDATE_HANDLER, {"kind": "AdmissionReview"}, web.HTTPBadRequest),
+    ],
+)
+def test_requests_that_are_not_ours_are_http_errors(
+    webhook: str, request_: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        asyncio.run(answer(hook(cluster()), webhook, request_))
