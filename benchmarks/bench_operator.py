@@ -218,10 +218,14 @@ def bench_webhook(rate: int, seconds: int, nodes: int) -> dict[str, Any]:
             for name, buckets in after.items():
                 delta = {le: c - before.get(name, {}).get(le, 0.0) for le, c in buckets.items()}
                 kind = name.split(".")[0]
+                calls = delta[float("inf")]
                 result[kind] = {
-                    "calls": int(delta[float("inf")]),
+                    "calls": int(calls),
                     "p50_ms": round(1000 * quantile(delta, 0.5), 1),
                     "p99_ms": round(1000 * quantile(delta, 0.99), 1),
+                    # The histogram's own buckets: the share of calls within 5 ms and 25 ms.
+                    "within_5ms": round(delta.get(0.005, 0.0) / calls, 4) if calls else None,
+                    "within_25ms": round(delta.get(0.025, 0.0) / calls, 4) if calls else None,
                 }
             return result
         finally:
