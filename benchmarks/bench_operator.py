@@ -242,6 +242,9 @@ def _rss(pid: int) -> int:
 
 
 def bench_memory(gpunodes: int, jobs: int) -> dict[str, Any]:
+    global OPERATOR_ARGS
+    if "-v" not in OPERATOR_ARGS:  # the pass log line this waits for is logged with -v
+        OPERATOR_ARGS = (*OPERATOR_ARGS, "-v")
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp:
         cluster, api, operator = start(Path(tmp), webhook=False)
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from sys import intern
 from typing import Any, cast
 
 import kopf
@@ -35,6 +36,25 @@ INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS)
 WORKLOAD_LABELS = {JOB_LABEL: kopf.PRESENT}
 
 
+#: Strings this short are shared (interned) in the caches; longer ones (messages, the
+#: last-applied copy) rarely repeat.
+_SHARED_MAX = 40
+
+
+def compact(value: Any) -> Any:
+    """`value` (decoded JSON) with its keys and short strings shared: every watch event is
+    decoded on its own, so each cached object would otherwise hold its own copy of every
+    key (`lastTransitionTime`, `gpuUUIDs`, ...) and of every repeated value (`True`, a
+    reason, a product name, a node name) — about a third of what the caches hold."""
+    if type(value) is dict:
+        return {(intern(k) if type(k) is str else k): compact(v) for k, v in value.items()}
+    if type(value) is list:
+        return [compact(v) for v in value]
+    if type(value) is str and len(value) <= _SHARED_MAX:
+        return intern(value)
+    return value
+
+
 def _meta(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return {key: meta[key] for key in keys if key in meta}
@@ -50,10 +70,8 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
     annotations = meta.get("annotations")
     if annotations and any(key in annotations for key in _HEAVY_ANNOTATIONS):
-        meta["annotations"] = {
-            k: v for k, v in annotations.items() if k not in _HEAVY_ANNOTATIONS
-        }
-    return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
+        meta["annotations"] = {k: v for k, v in annotations.items() if k not in _HEAVY_ANNOTATIONS}
+    return compact({**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta})
 
 
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +94,7 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_gpunode(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {"metadata": _meta(body, "name"), "status": dict(body.get("status") or {})}
+    return compact({"metadata": _meta(body, "name"), "status": dict(body.get("status") or {})})
 
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:

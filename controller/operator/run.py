@@ -25,7 +25,7 @@ import kopf
 
 from controller.api.base import GROUP
 from controller.errors import DeploymentError
-from controller.operator import handlers
+from controller.operator import handlers, memory
 from controller.operator.kube import Kube, api_client
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics, start_metrics_server
@@ -92,7 +92,7 @@ def build_registry(
     kopf.on.login(registry=registry)(kopf.login_via_client)
 
     def background() -> list[Any]:
-        return [scheduler.run()] + ([] if leader is None else [leader.run()])
+        return [scheduler.run(), memory.trim_every()] + ([] if leader is None else [leader.run()])
 
     hook = handlers.register(
         registry,
@@ -107,6 +107,7 @@ def build_registry(
 
 def run(options: OperatorOptions) -> int:
     """Run until SIGINT/SIGTERM; kopf then removes a managed webhook and exits."""
+    memory.limit_arenas()  # before any thread starts (memory.py)
     try:
         kube = Kube(api_client(pool_size=32))
     except DeploymentError as error:
