@@ -992,10 +992,13 @@ def _layers(
 
 
 #: Parsed shapes kept by content (`parse_config`): enough for every model a cluster trains at
-#: once. A config larger than the bound (real ones are 1-10 KB) is parsed every time, so a
-#: hostile spec cannot pin much memory here.
+#: once. A config beyond the bounds (real ones are 1-10 KB with a few dozen objects and
+#: lists) is parsed every time, so hostile specs cannot pin much memory here: a kept config
+#: holds at most about 10x its marshalled size in strings and numbers, plus its containers
+#: (an empty `{}` is 2 bytes marshalled, 64 as an object, hence their own bound).
 PARSED_CONFIGS = 128
-PARSED_CONFIG_MAX_BYTES = 32 * 1024
+PARSED_CONFIG_MAX_BYTES = 16 * 1024
+PARSED_CONFIG_MAX_CONTAINERS = 512
 
 
 def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
@@ -1010,17 +1013,25 @@ def parse_config(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     itself, so a shape is kept by the config's exact content and shared: `marshal` writes
     the value with its types (1, 1.0 and true stay three different configs) and without
     object references (format 2), so equal bytes mean an equal config, and the shape is
-    parsed from a private copy that no caller can change later. Shapes are immutable; their
-    `memo` only caches what the shape determines. Anything marshal cannot write (a mapping
+    parsed from a copy of its own, which the caller's later changes do not reach. Shapes
+    are immutable; their `memo` only caches what the shape determines, and their `source`
+    (the copy) is shared by every caller of that config: read it, never change it (the
+    trace copies what it changes). Anything marshal cannot write (a mapping
     that is not a plain dict, values YAML decoded into dates) is parsed as it is.
     """
     try:
         blob = marshal.dumps(config, 2)  # type: ignore[arg-type]  # any value; ValueError if not
     except ValueError:  # not plain JSON data, or nested too deeply for marshal
         return _parse_config(config, prefix)
-    if len(blob) > PARSED_CONFIG_MAX_BYTES:
+    if len(blob) > PARSED_CONFIG_MAX_BYTES or _containers(blob) > PARSED_CONFIG_MAX_CONTAINERS:
         return _parse_config(config, prefix)
     return _parse_marshalled(blob, prefix)
+
+
+def _containers(blob: bytes) -> int:
+    """At least the number of dicts, lists and tuples marshalled in `blob` (their type codes;
+    the same bytes inside strings count too, which only keeps a config out of the cache)."""
+    return blob.count(b"{") + blob.count(b"[") + blob.count(b"(")
 
 
 @lru_cache(maxsize=PARSED_CONFIGS)

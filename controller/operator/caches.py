@@ -45,11 +45,22 @@ def compact(value: Any) -> Any:
     """`value` (decoded JSON) with its keys and short strings shared: every watch event is
     decoded on its own, so each cached object would otherwise hold its own copy of every
     key (`lastTransitionTime`, `gpuUUIDs`, ...) and of every repeated value (`True`, a
-    reason, a product name, a node name) — about a third of what the caches hold."""
+    reason, a product name, a node name): about half of the caches' strings.
+
+    A value nested deeper than the interpreter's recursion limit (an inline model config
+    takes any fields) is kept as it is: an index handler that raised would drop the job
+    from the cache, and with it its decision."""
+    try:
+        return _compact(value)
+    except RecursionError:
+        return value
+
+
+def _compact(value: Any) -> Any:
     if type(value) is dict:
-        return {(intern(k) if type(k) is str else k): compact(v) for k, v in value.items()}
+        return {(intern(k) if type(k) is str else k): _compact(v) for k, v in value.items()}
     if type(value) is list:
-        return [compact(v) for v in value]
+        return [_compact(v) for v in value]
     if type(value) is str and len(value) <= _SHARED_MAX:
         return intern(value)
     return value

@@ -29,9 +29,9 @@ def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
-        libc.mallopt  # noqa: B018 (glibc only)
-        libc.malloc_trim  # noqa: B018
-    except (OSError, AttributeError):
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):  # not glibc: no mallopt, no malloc_trim
         return None
     return libc
 

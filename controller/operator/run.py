@@ -177,6 +177,7 @@ def run(options: OperatorOptions) -> int:
     # What exists now (modules, classes, the presets: about 80,000 objects) lives as long as
     # the process. Left to the collector, each full collection walks it again: 80 ms with
     # the event loop stopped, a webhook request's budget four times over.
+    gc.collect()  # what is garbage now would otherwise be frozen with the rest, for good
     gc.freeze()
     try:
         kopf.run(

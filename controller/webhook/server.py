@@ -11,9 +11,10 @@ AdmissionReview directly: the URL's last segment names the webhook (kopf's handl
 path the chart's configurations use too), and the response is what the API server reads:
 `allowed`, a `status` with the refusal's message and code, `warnings`, and a JSON patch.
 
-A check that fails with an unexpected error lets the write through with a warning, as the
-configurations' `failurePolicy: Ignore` does for an unreachable webhook: the operator still
-decides every job and reports what is wrong in its status.
+A check that fails with an unexpected error answers HTTP 500, so the API server applies the
+configurations' `failurePolicy`, as for an unreachable webhook: `Ignore` (the chart's
+default) lets the write through, and the operator still decides every job and reports
+what is wrong in its status; `Fail` refuses it.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ async def answer(
     hook: AdmissionWebhook, webhook: str | None, request: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The AdmissionReview response of `hook`'s `webhook` (a handler id) to `request`."""
-    payload = request.get("request")
+    payload = request.get("request") if isinstance(request, Mapping) else None
     if not isinstance(payload, Mapping):
         raise web.HTTPBadRequest(reason="not an AdmissionReview: no request")
-    resource = payload.get("resource") or {}
+    resource = payload.get("resource")
+    if not isinstance(resource, Mapping):
+        raise web.HTTPBadRequest(reason="not an AdmissionReview: no request.resource")
     if (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL):
         raise web.HTTPNotFound(reason=f"no webhook for {resource}")
     if webhook not in (VALIDATE_HANDLER, MUTATE_HANDLER):
@@ -76,9 +79,9 @@ async def answer(
         except kopf.AdmissionError as refused:
             response["allowed"] = False
             response["status"] = {"message": str(refused), "code": refused.code or 400}
-        except Exception as error:  # the check's own failure: never block the write
-            log.exception("webhook %s failed; allowed, the operator will decide", webhook)
-            warnings.append(f"vramgate: {webhook} failed ({error}); the operator decides")
+        except Exception:  # the check's own failure: the configured failurePolicy decides
+            log.exception("webhook %s failed", webhook)
+            raise web.HTTPInternalServerError(reason=f"vramgate: {webhook} failed") from None
         if warnings:
             response["warnings"] = warnings
     return {

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import aiohttp
 import kopf
 import pytest
 from kubernetes.client.rest import ApiException
@@ -33,8 +34,10 @@ from controller.operator.configmaps import ConfigMapUnavailable, read_model_conf
 from controller.operator.errors import PROFILE_RETRY_S, failure_of
 from controller.operator.kube import Kube
 from controller.operator.options import OperatorOptions
+from controller.operator.run import build_registry
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.packing.inventory import GpuMode
+from controller.webhook.server import ReviewServer
 from tests.unit.conftest import QWEN25_05B
 
 GIB = 2**30
@@ -369,3 +372,42 @@ def test_operator_flags_reach_its_options(monkeypatch: pytest.MonkeyPatch) -> No
 
     assert main(["operator", "--webhook=off"]) == 0
     assert seen[-1].leader_election is True, "leader election is on by default"
+
+
+def test_the_review_server_answers_with_the_registered_webhooks(sched: Scheduler) -> None:
+    """End to end over HTTP: build_registry hands the server its webhooks, and the server
+    answers with them, never with kopf's handler machinery (`fn`)."""
+    server = ReviewServer(addr="127.0.0.1", insecure=True)
+    build_registry(OperatorOptions(), sched, None, server)
+    assert server.hook is not None
+
+    async def kopf_fn(*_: Any, **__: Any) -> Any:
+        raise AssertionError("kopf's handlers were called")
+
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-7", "operation": "CREATE",
+            "resource": {"group": "vramgate.dev", "version": "v1alpha1",
+                         "resource": "finetunejobs"},
+            "object": {"metadata": {"name": "j"}, "spec": {"model": {"preset": "llama-3.1-8b"},
+                                                          "method": "Partial"}},
+        },
+    }  # fmt: skip
+
+    async def post() -> tuple[int, Any]:
+        iterator = server(kopf_fn).__aiter__()
+        config = await iterator.__anext__()
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"{config['url'].rstrip('/')}/{handlers.VALIDATE_HANDLER}"
+                async with session.post(url, json=review) as response:
+                    return response.status, await response.json()
+        finally:
+            await iterator.aclose()
+
+    status, answered = asyncio.run(post())
+    assert status == 200
+    assert answered["response"]["uid"] == "u-7" and answered["response"]["allowed"] is False
+    assert "spec.method" in answered["response"]["status"]["message"]

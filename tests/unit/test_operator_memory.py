@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from controller.operator import memory
 from controller.operator.caches import compact, slim_gpunode, slim_job
 
@@ -58,12 +60,27 @@ def test_trim_gives_freed_memory_back_on_glibc() -> None:
     assert len(pinned) == 4096
 
 
-def test_trim_every_runs_until_cancelled() -> None:
+def test_trim_every_trims_until_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(memory, "trim", lambda: bool(calls.append(1)))
+
     async def run() -> None:
         task = asyncio.create_task(memory.trim_every(0.01))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         assert not task.done()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(run())
+    assert len(calls) >= 3
+
+
+def test_a_value_nested_past_the_recursion_limit_is_cached_as_it_is() -> None:
+    """An inline config takes any fields; a job must never fall out of the cache."""
+    deep: dict[str, object] = {}
+    for _ in range(3000):
+        deep = {"x": deep}
+    body = {"metadata": {"name": "j"}, "spec": {"model": {"config": deep}}}
+    slim = slim_job(body)
+    assert slim["spec"]["model"]["config"] is deep
+    assert compact({"a": [deep]})["a"][0] is deep

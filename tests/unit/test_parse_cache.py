@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller.estimator import SpecError, parse_config
-from controller.estimator.architecture import PARSED_CONFIG_MAX_BYTES
+from controller.estimator.architecture import PARSED_CONFIG_MAX_BYTES, PARSED_CONFIG_MAX_CONTAINERS
 from tests.unit.conftest import LLAMA_31_8B
 
 
@@ -67,3 +67,11 @@ def test_what_marshal_cannot_write_is_parsed_as_it_is() -> None:
 def test_a_config_over_the_size_bound_is_not_kept() -> None:
     big = _config(id2label={str(i): f"label-{i}" for i in range(PARSED_CONFIG_MAX_BYTES // 8)})
     assert parse_config(big) is not parse_config(big)
+
+
+def test_a_config_of_many_small_containers_is_not_kept() -> None:
+    """2 marshalled bytes per `{}`, 64 in memory: kept, such configs could pin ~150 MB."""
+    many = _config(junk=[{} for _ in range(PARSED_CONFIG_MAX_CONTAINERS)])
+    assert parse_config(many) is not parse_config(many)
+    few = _config(junk=[{} for _ in range(PARSED_CONFIG_MAX_CONTAINERS // 2)])
+    assert parse_config(few) is parse_config(few)

@@ -67,16 +67,13 @@ def test_the_lock_on_an_admitted_spec_is_enforced_on_update() -> None:
     assert "patch" not in ask(MUTATE_HANDLER, review(resize, old=admitted(resize)))
 
 
-def test_a_failing_check_lets_the_write_through_with_a_warning() -> None:
+def test_a_failing_check_is_an_http_error_so_the_failure_policy_decides() -> None:
     async def broken() -> ClusterView | None:
         raise RuntimeError("no view")
 
     for webhook in (VALIDATE_HANDLER, MUTATE_HANDLER):
-        response = ask(webhook, review(body(**FULL)), AdmissionWebhook(broken))
-        assert response["allowed"] is True
-        assert response["warnings"] == [
-            f"vramgate: {webhook} failed (no view); the operator decides"
-        ]
+        with pytest.raises(web.HTTPInternalServerError):
+            asyncio.run(answer(AdmissionWebhook(broken), webhook, review(body(**FULL))))
 
 
 def test_a_spec_that_is_not_an_object_is_left_to_the_schema() -> None:
@@ -94,10 +91,12 @@ def test_a_spec_that_is_not_an_object_is_left_to_the_schema() -> None:
             web.HTTPNotFound,
         ),
         (VALIDATE_HANDLER, {"kind": "AdmissionReview"}, web.HTTPBadRequest),
+        (VALIDATE_HANDLER, [1, 2], web.HTTPBadRequest),
+        (VALIDATE_HANDLER, review(body(), resource="finetunejobs"), web.HTTPBadRequest),
     ],
 )
 def test_requests_that_are_not_ours_are_http_errors(
-    webhook: str, request_: dict[str, Any], error: type[Exception]
+    webhook: str, request_: Any, error: type[Exception]
 ) -> None:
     with pytest.raises(error):
         asyncio.run(answer(hook(cluster()), webhook, request_))
