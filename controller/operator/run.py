@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import kopf
 
@@ -35,7 +36,23 @@ from controller.webhook.cert_secret import CertSecret, CertSecretError
 from controller.webhook.certs import ServingCert, ensure_serving_cert
 from controller.webhook.server import ReviewServer
 
-DIFFBASE_KEY = "last-handled-configuration"
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: the operator registers no create/update/resume handlers and no daemons
+    (handlers.py; a test holds it to that), the only kopf handlers that read one. kopf's own
+    storages build it on every watch event anyway, a deep copy of the whole body (pods and
+    Jobs included): a fifth of the event loop's time while 1,000 jobs arrive."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
 
 
 def cert_hosts(options: OperatorOptions) -> list[str]:
@@ -69,9 +86,7 @@ def operator_settings(
     # Handlers' own log lines stay in the log: as Events they would cost a write per event.
     settings.posting.level = logging.WARNING
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key=DIFFBASE_KEY
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     if options.webhook is not WebhookMode.OFF:
         settings.admission.server = webhook_server(options, cert)
     if options.webhook is WebhookMode.MANAGED:

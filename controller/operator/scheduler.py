@@ -13,6 +13,10 @@ admission state, one pass at a time, so two decisions never race for the same fr
 4. **Persist** status writes concurrently; an admission's write carries the job's
    resourceVersion, so a decision made on a stale snapshot fails (409) and is forgotten.
 5. **Create** the workloads of the admissions whose write landed; delete those released.
+   These run on their own threads while the next pass decides: the reservation is the
+   status write, already landed, and a pass must not wait for 100 Job creates (and the
+   pods they set off) before it decides the next jobs. A workload being created counts as
+   there, so no pass creates it twice.
 
 **Assume.** A write that landed is not in the caches until its watch event arrives. Until
 then the pass uses the object the API server returned (`_fresh`: kept while the cached
@@ -37,7 +41,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -77,6 +81,8 @@ class SchedulerOptions:
     debounce_s: float = 0.1
     estimate_workers: int = 2
     write_workers: int = 16
+    #: Workload creates and deletes, beside the status writes: fewer, so decisions come first.
+    create_workers: int = 4
     configmap_retry_s: float = 30.0
 
 
@@ -99,6 +105,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._estimator = ThreadPoolExecutor(options.estimate_workers, "vramgate-estimate")
         self._writer = ThreadPoolExecutor(options.write_workers, "vramgate-write")
+        self._creator = ThreadPoolExecutor(options.create_workers, "vramgate-create")
         # Its own thread: a pass must not queue behind a trace estimate.
         self._decider = ThreadPoolExecutor(1, "vramgate-decide")
         self._estimates: dict[str, admission.Estimated] = {}  # job key -> for uid+generation
@@ -108,6 +115,8 @@ class Scheduler:
         self._by_spec: dict[str, tuple[JobPlan, Any]] = {}
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
+        self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
+        self._background: set[asyncio.Task[None]] = set()
         self._last_written: dict[str, datetime] = {}
         self._peaks: dict[str, observed.Peaks] = {}  # job uid -> its GPUs' observed peaks
         self._families: dict[str, str] = {}  # job uid -> model family, from its estimate
@@ -190,6 +199,9 @@ class Scheduler:
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)
         self._writer.shutdown(wait=False, cancel_futures=True)
+        self._creator.shutdown(wait=False, cancel_futures=True)
+        for task in self._background:
+            task.cancel()
         self._decider.shutdown(wait=False, cancel_futures=True)
         self._viewer.shutdown(wait=False, cancel_futures=True)
 
@@ -212,8 +224,8 @@ class Scheduler:
             for key, found in self._estimates.items()
             if key in objects.jobs and self._estimate_uid.get(key) == _uid(objects.jobs[key])
         }
-        # A workload we created but the cache has not seen is not missing.
-        known = {**workloads, **{key: {} for key in self._created}}
+        # A workload we created (or are creating) but the cache has not seen is not missing.
+        known = {**workloads, **{key: {} for key in [*self._created, *self._creating]}}
         inp = admission.PassInput(
             objects=objects,
             workloads=known,
@@ -243,6 +255,7 @@ class Scheduler:
         for uid in [u for u in self._families if u not in uids]:
             del self._families[uid]
         packing, now, peaks = self.options.admission.packing, self.now(), out.peaks
+
         # Built by the scrape that reads it (in the server's thread), from this pass's data.
         def build() -> tuple[Gauge, ...]:
             self.metrics.expect_accuracy(accuracy_series(left, self.family))
@@ -347,8 +360,8 @@ class Scheduler:
     async def _carry_out(
         self, out: admission.PassOutput, jobs: Mapping[str, Mapping[str, Any]]
     ) -> dict[str, Mapping[str, Any]] | None:
-        """Write, create, delete; the jobs whose status write landed, as written (None: the
-        pass was dropped)."""
+        """Write, then start the creates and deletes (not awaited: see the module's step 5);
+        the jobs whose status write landed, as written (None: the pass was dropped)."""
         loop = asyncio.get_running_loop()
         if self.leader is not None and not self.leader.is_leader():
             log.warning("lost the lease during a pass: its decisions are dropped")
@@ -387,7 +400,10 @@ class Scheduler:
             for event in w.events:
                 self._context.run(
                     kopf.event,
-                    cast(Any, after), type=event.type, reason=event.reason, message=event.message
+                    cast(Any, after),
+                    type=event.type,
+                    reason=event.reason,
+                    message=event.message,
                 )
             return True
 
@@ -395,34 +411,43 @@ class Scheduler:
             *(write(w) for w in out.writes)
         ), strict=True))  # fmt: skip
 
-        async def create(c: admission.CreateWorkload) -> None:
-            if c.after_write and not landed.get(c.key, False):
-                return
-            for obj in c.objects:
-                try:
-                    await loop.run_in_executor(self._writer, self.kube.create, obj)
-                except Conflict:
-                    pass  # made by an earlier pass or replica: names are deterministic
-                except Exception:
-                    log.exception("[%s] cannot create %s; retrying", c.key, obj["kind"])
-                    self.wake()
-                    return
-            job = jobs.get(c.key)
-            if job is not None:
-                self._created[c.key] = _uid(job)
+        async def create(c: admission.CreateWorkload, uid: str) -> None:
+            try:
+                for obj in c.objects:
+                    try:
+                        await loop.run_in_executor(self._creator, self.kube.create, obj)
+                    except Conflict:
+                        pass  # made by an earlier pass or replica: names are deterministic
+                    except Exception:
+                        log.exception("[%s] cannot create %s; retrying", c.key, obj["kind"])
+                        self.wake()
+                        return
+                self._created[c.key] = uid
+            finally:
+                self._creating.pop(c.key, None)
 
         async def delete(d: admission.DeleteWorkload) -> None:
             if not landed.get(d.key, True):
                 return
             for obj in d.objects:
                 try:
-                    await loop.run_in_executor(self._writer, self.kube.delete, obj)
+                    await loop.run_in_executor(self._creator, self.kube.delete, obj)
                 except Exception:
                     log.exception("[%s] cannot delete %s; retrying", d.key, obj["kind"])
                     self.wake()
             self._created.pop(d.key, None)
 
-        await asyncio.gather(*(create(c) for c in out.creates), *(delete(d) for d in out.deletes))
+        started: list[Coroutine[Any, Any, None]] = [delete(d) for d in out.deletes]
+        for c in out.creates:
+            job = jobs.get(c.key)
+            if job is None or c.key in self._creating or (c.after_write and not landed.get(c.key)):
+                continue
+            self._creating[c.key] = _uid(job)
+            started.append(create(c, _uid(job)))
+        for coroutine in started:
+            task = loop.create_task(coroutine)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         for key in [k for k in self._last_written if k not in jobs]:
             del self._last_written[key]
         return after_writes

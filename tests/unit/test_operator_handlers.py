@@ -33,8 +33,8 @@ from controller.operator.admission import Estimated
 from controller.operator.configmaps import ConfigMapUnavailable, read_model_config
 from controller.operator.errors import PROFILE_RETRY_S, failure_of
 from controller.operator.kube import Kube
-from controller.operator.options import OperatorOptions
-from controller.operator.run import build_registry
+from controller.operator.options import OperatorOptions, WebhookMode
+from controller.operator.run import NoDiffBase, build_registry, operator_settings
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.packing.inventory import GpuMode
 from controller.webhook.server import ReviewServer
@@ -276,6 +276,8 @@ def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
     activities = {str(h.activity.value) for h in registry._activities.get_all_handlers()}
     assert activities == {"startup", "cleanup"}
     assert registry._changing.get_all_handlers() == [], "no create/update handler writes"
+    # So kopf needs no diff base (run.NoDiffBase): only these two kinds of handler read one.
+    assert registry._spawning.get_all_handlers() == [], "no daemons or timers"
 
     hooks = {h.id: h for h in registry._webhooks.get_all_handlers()}
     assert set(hooks) == {handlers.VALIDATE_HANDLER, handlers.MUTATE_HANDLER}
@@ -411,3 +413,16 @@ def test_the_review_server_answers_with_the_registered_webhooks(sched: Scheduler
     assert status == 200
     assert answered["response"]["uid"] == "u-7" and answered["response"]["allowed"] is False
     assert "spec.method" in answered["response"]["status"]["message"]
+
+
+def test_kopf_builds_no_diff_base_for_the_handlers_that_do_not_read_one(sched: Scheduler) -> None:
+    """kopf's default deep-copies every watched body on every event to build a diff base; the
+    operator's handlers never read one (no change or spawn handlers, asserted above)."""
+    settings = operator_settings(OperatorOptions(webhook=WebhookMode.OFF))
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, NoDiffBase)
+    body = kopf.Body({"metadata": {"name": "j"}, "spec": {"gpus": 1}})
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+    registry: Any = build_registry(OperatorOptions(), sched, None)
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
