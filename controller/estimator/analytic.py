@@ -4,6 +4,8 @@
     gradients    = T × bytes per gradient      2 BF16 · 4 FP32
     optimizer    = T × bytes per state         8 AdamW · 2 AdamW 8-bit · 12 with FP32 master copy
     activations  = L × s × b × h × k           k = 2 with checkpointing, 34 without
+                                               (hybrid stacks without checkpointing: what
+                                               each layer's mixer saves, per mixer)
     logits       = s × b × V × 8               FP32 logits for the loss plus their gradient
     total        = (sum) × 1.1                 CUDA context, cuBLAS workspace, fragmentation
 
@@ -78,6 +80,41 @@ def trainable_params(shape: ModelShape, settings: TrainingSettings, lora_per_ran
     return (settings.rank or 0) * lora_per_rank + saved
 
 
+def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
+    """16-bit bytes one token leaves saved for backward in one layer of a hybrid stack,
+    counted tensor by tensor as Korthikanti et al. count the 34·h of an attention + MLP block
+    (where seed 2 is silent: a layer holding one mixer saves that mixer's tensors, not 34·h):
+
+    * attention alone: the norm's and the projections' inputs (2h + 2h), q, k and v for the
+      attention kernel (2q + 4kv), its output, o_proj's input (2q): no s² term (flash/sdpa);
+    * MLP alone (up, ReLU², down): the norm's and up_proj's inputs, up's output and its
+      activation (2h + 2h + 2i + 2i);
+    * Mamba-2: the norm's and in_proj's inputs (2h + 2h), in_proj's output (2P: z, x/B/C,
+      dt), the convolution's output and its SiLU (2C + 2C), the scan's output y, the gated
+      norm's input and out_proj's input (3 x 2·inner), and the fp32 state each chunk of
+      `chunk_size` tokens passes on (4 x inner x state / chunk per token): the state space's
+      memory instead of a k/v cache or score matrix.
+    """
+    d = shape.dims
+    h = d.hidden_size
+    if mixer == "attention":
+        head_dim = d.head_dim or h // d.num_heads
+        return 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
+    if mixer == "mlp":
+        return 4 * h + 4 * d.intermediate_size
+    ssm = d.ssm
+    assert ssm is not None  # parsed whenever a layer is Mamba-2
+    state = 4 * ssm.inner * ssm.state_size // ssm.chunk_size
+    return 4 * h + 2 * ssm.in_proj_width + 4 * ssm.conv_dim + 6 * ssm.inner + state
+
+
+def hybrid_bytes_per_token(shape: ModelShape) -> int:
+    """`mixer_bytes_per_token` summed over a hybrid stack's layers."""
+    return sum(
+        mixer_bytes_per_token(shape, layer.mixer) * count for layer, count in shape.layer_counts
+    )
+
+
 def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) -> Estimate:
     """Seed 2's estimate. `lora_per_rank` is the adapter size at rank 1 on the chosen targets."""
     p = shape.total_params
@@ -95,7 +132,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
     width = int(_WEIGHT_BYTES[settings.precision]) // 2
     k = K_FULL if settings.gradient_checkpointing is Checkpointing.OFF else K_CHECKPOINTED
     tokens = settings.seq_len * settings.batch
-    activations = shape.num_layers * tokens * shape.hidden_size * k * width
+    if shape.dims.mixers is None or k == K_CHECKPOINTED:
+        activations = shape.num_layers * tokens * shape.hidden_size * k * width
+    else:
+        activations = tokens * hybrid_bytes_per_token(shape) * width
     logits = 0 if settings.fused_loss else tokens * shape.vocab_size * LOGITS_BYTES
 
     subtotal = weights + gradients + optimizer + activations + logits

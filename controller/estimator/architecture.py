@@ -7,7 +7,8 @@ card publishes; it feeds the `analytic` profile and LoRA counts. The config-leve
 
 Families differ in ways a generic reader would get wrong: Qwen2 has q/k/v biases, Gemma has
 four norms per layer, Phi-3 fuses q/k/v and gate/up, Mixtral names its experts w1/w2/w3,
-DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention sinks.
+DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention sinks,
+Nemotron-H runs one mixer per layer (Mamba-2, attention or an MLP: `MIXERS`).
 `_FAMILIES` records those differences as data; an unknown `model_type` is read as Llama-style.
 """
 
@@ -83,6 +84,9 @@ class Layer:
     attention_type: str = "full_attention"
     moe: bool = False
     other_tensors: tuple[int, ...] = ()  # other_params tensor by tensor (sizes)
+    # What the block computes: an attention + MLP block (every family but the hybrids), or
+    # one mixer of a hybrid stack (`MIXERS`: Nemotron-H runs one of them per layer).
+    mixer: str = "attention_mlp"
 
     @property
     def params(self) -> int:
@@ -97,6 +101,35 @@ class Quantization:
     load_in_4bit: bool
     double_quant: bool
     skip_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SsmDims:
+    """A Mamba-2 mixer's widths as the config states them (Nemotron-H's field names)."""
+
+    num_heads: int
+    head_dim: int
+    n_groups: int
+    state_size: int
+    conv_kernel: int
+    chunk_size: int
+    conv_bias: bool
+    proj_bias: bool
+
+    @property
+    def inner(self) -> int:
+        """The SSM's width (heads x head dim): the gate z, the input x and the output y."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise causal convolution: x, B and C (one B, C per group)."""
+        return self.inner + 2 * self.n_groups * self.state_size
+
+    @property
+    def in_proj_width(self) -> int:
+        """in_proj's output: z, then x/B/C (the convolution's input), then dt per head."""
+        return self.inner + self.conv_dim + self.num_heads
 
 
 @dataclass(frozen=True)
@@ -136,6 +169,10 @@ class ArchDims:
     use_double_wide_mlp: bool
     vocab_size_per_layer_input: int
     hidden_size_per_layer_input: int
+    # Hybrid stacks (Nemotron-H): each layer's mixer (`MIXERS`), None for a stack of
+    # attention + MLP blocks; the Mamba-2 widths where some mixer is one.
+    mixers: tuple[str, ...] | None = None
+    ssm: SsmDims | None = None
 
     @cached_property
     def dense_layer_set(self) -> frozenset[int]:
@@ -295,6 +332,9 @@ _FAMILIES: dict[str, _Family] = {
     "gpt_oss": _Family(
         attention_sinks=True, router_bias=True, expert_bias=True, fused_expert_gate_up=True
     ),
+    # Nemotron-H: one mixer per layer (`MIXERS`) after one RMSNorm; attention without biases
+    # (its q/k/v/o are built bias-free whatever attention_bias says), a ReLU² MLP of up/down.
+    "nemotron_h": _Family(qkv_bias=False, o_bias=False, norms_per_layer=1),
 }
 
 
@@ -378,6 +418,26 @@ _NON_ATTENTION_FIELDS = (
     "ssm_state_size",
     "mamba_num_heads",
 )
+# Hybrid families whose stacks the parser builds layer type by layer type: their fields are
+# read, not refused. Jamba, Qwen3-Next and Falcon-H1 are still refused by the fields above.
+HYBRID_FAMILIES = frozenset({"nemotron_h"})
+#: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP alone.
+MIXERS = ("mamba2", "attention", "mlp")
+# Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
+# character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
+# "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
+_NEMOTRON_PATTERN = {"M": "mamba2", "*": "attention", "-": "mlp"}
+_NEMOTRON_BLOCKS = {
+    "mamba": "mamba2",
+    "linear_attention": "mamba2",
+    "attention": "attention",
+    "full_attention": "attention",
+    "mlp": "mlp",
+}
+# PEFT (0.21, `_check_lora_target_modules_mamba`) raises on LoRA over these modules of these
+# model types, "all-linear" included (it selects out_proj), whatever the target list says.
+PEFT_MAMBA_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
+PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -664,10 +724,80 @@ def _scalar(r: _Reader, names: tuple[str, ...], pick: str, **limits: Any) -> int
     return limits.get("default")
 
 
-def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
+def _nemotron_mixers(r: _Reader) -> tuple[str, ...]:
+    """Nemotron-H's mixer per layer, from whichever field states them (transformers 5's
+    `layers_block_type` wins over the older `hybrid_override_pattern`, as its config class
+    reads them). Its MoE layers ("E", "moe": Nemotron 3) are refused: not built yet."""
+    for name in ("layers_block_type", "layer_types"):
+        blocks = r.get(name)
+        if blocks is None:
+            continue
+        if (
+            not isinstance(blocks, list)
+            or not blocks
+            or not all(isinstance(b, str) for b in blocks)
+        ):
+            raise SpecError(r.path(name), "must be a non-empty list of layer types")
+        path, items, table = r.path(name), blocks, _NEMOTRON_BLOCKS
+        break
+    else:
+        pattern = r.get("hybrid_override_pattern")
+        path = r.path("hybrid_override_pattern")
+        if pattern is None:
+            raise SpecError(path, "is required in a nemotron_h config (or layers_block_type)")
+        if not isinstance(pattern, str) or not pattern:
+            raise SpecError(path, f"must be a non-empty string of M, * and -, got {shown(pattern)}")
+        items, table = list(pattern), _NEMOTRON_PATTERN
+    if len(items) > MAX_LAYERS:
+        raise SpecError(path, f"must list at most {MAX_LAYERS} layers, got {len(items)}")
+    mixers = []
+    for i, item in enumerate(items):
+        mixer = table.get(item)
+        if mixer is None:
+            known = ", ".join(repr(k) for k in table)
+            what = (
+                "an MoE layer, which vramgate does not estimate for nemotron_h yet"
+                if item in ("E", "moe")
+                else f"an unknown layer type; allowed: {known}"
+            )
+            raise SpecError(f"{path}[{i}]", f"{shown(item)} is {what}")
+        mixers.append(mixer)
+    stated = r.int("num_hidden_layers", maximum=MAX_LAYERS)
+    if stated is not None and stated != len(mixers):
+        raise SpecError(path, f"must give one layer type per layer ({stated}), got {len(mixers)}")
+    return tuple(mixers)
+
+
+def _ssm_dims(r: _Reader) -> SsmDims:
+    """Nemotron-H's Mamba-2 widths, with its config class's defaults; the `mamba_*` spellings
+    win where both are given, as the class's `__post_init__` reads them."""
+    heads = r.int("mamba_num_heads", default=128) or 128
+    groups = r.int("mamba_n_groups", "n_groups", default=8) or 8
+    if heads % groups:
+        raise SpecError(r.path("n_groups"), f"must divide mamba_num_heads ({heads}), got {groups}")
+    conv_bias = r.get("mamba_conv_bias")
+    return SsmDims(
+        num_heads=heads,
+        head_dim=r.int("mamba_head_dim", default=64) or 64,
+        n_groups=groups,
+        state_size=r.int("ssm_state_size", default=128) or 128,
+        conv_kernel=r.int("mamba_d_conv", "conv_kernel", default=4) or 4,
+        chunk_size=r.int("mamba_chunk_size", "chunk_size", default=128) or 128,
+        conv_bias=r.bool("mamba_conv_bias" if conv_bias is not None else "use_conv_bias", True),
+        proj_bias=r.bool("use_bias", False),
+    )
+
+
+def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
-    layers = r.required_int(
-        "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
+    hybrid = model_type in HYBRID_FAMILIES
+    mixers = _nemotron_mixers(r) if hybrid else None
+    layers = (
+        len(mixers)
+        if mixers is not None
+        else r.required_int(
+            "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
+        )
     )
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
@@ -699,17 +829,25 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
         )
     vocab = r.required_int("vocab_size")
 
-    _check_expert_fields(r)
-    for name in _NON_ATTENTION_FIELDS:
-        if r.config.get(name) is not None:
-            raise SpecError(
-                r.path(name),
-                "describes layers that are not attention (Mamba or linear attention), which "
-                "vramgate does not estimate yet; only attention decoders are supported",
-            )
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    num_experts = _scalar(r, _EXPERT_COUNT_FIELDS, "first", default=1, **limits) or 1
-    top_k = _scalar(r, _TOP_K_FIELDS, "max", default=1 if num_experts == 1 else 2, **limits) or 1
+    if hybrid:
+        # Nemotron-H's expert fields (class defaults its dense configs carry too) shape only
+        # its MoE layers, which `_nemotron_mixers` refuses: no layer built here has experts.
+        num_experts, top_k = 1, 1
+    else:
+        _check_expert_fields(r)
+        for name in _NON_ATTENTION_FIELDS:
+            if r.config.get(name) is not None:
+                raise SpecError(
+                    r.path(name),
+                    "describes layers that are not attention (Mamba or linear attention), "
+                    "which vramgate does not estimate for this model type yet; of the hybrid "
+                    f"families it builds {', '.join(sorted(HYBRID_FAMILIES))}",
+                )
+        num_experts = _scalar(r, _EXPERT_COUNT_FIELDS, "first", default=1, **limits) or 1
+        top_k = (
+            _scalar(r, _TOP_K_FIELDS, "max", default=1 if num_experts == 1 else 2, **limits) or 1
+        )
     if num_experts > 1 and top_k > num_experts:
         raise SpecError(
             r.path("num_experts_per_tok"),
@@ -723,7 +861,7 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
     if dense_size and num_experts > 1 and n_shared == 0:
         n_shared = 1  # Llama 4: one shared expert in every MoE layer
 
-    layer_types = r.config.get("layer_types")
+    layer_types = None if hybrid else r.config.get("layer_types")  # hybrid: the mixers
     if layer_types is not None:
         if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
             raise SpecError(r.path("layer_types"), "must be a list of strings")
@@ -791,8 +929,11 @@ def _read_dims(r: _Reader, tie_default: bool) -> ArchDims:
             "hidden_size_per_layer_input": (
                 r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0
             ),
-            # Read last, as ever.
-            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default),
+            # Read last, as ever. Nemotron-H never ties (its causal LM declares no tied
+            # weights, so transformers builds an lm_head of its own whatever the flag says).
+            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default) and not hybrid,
+            "mixers": mixers,
+            "ssm": _ssm_dims(r) if mixers is not None and "mamba2" in mixers else None,
         },
     )
 
@@ -954,6 +1095,7 @@ def _layer(
             "attention_type": attention_type,
             "moe": moe,
             "other_tensors": tuple(other),
+            "mixer": "attention_mlp",
         },
     )
 
@@ -989,6 +1131,58 @@ def _layers(
         built[code] = _layer(dims, fam, r, first, attention_type, bool(code & 1), mlp_bias)
     layers = tuple(map(built.__getitem__, codes))
     return layers, tuple((layer, codes.count(code)) for code, layer in built.items())
+
+
+def _mamba2(ssm: SsmDims, h: int) -> tuple[list[Linear], list[int]]:
+    """A Mamba-2 mixer as transformers builds it: in_proj (z, x/B/C, dt) and out_proj are
+    the linears; the depthwise conv1d (conv_dim x kernel, + bias), dt_bias, A_log, D (one
+    per head) and the gated RMSNorm over the SSM width are parameters of their own."""
+    linears = [
+        _linear("in_proj", h, ssm.in_proj_width, ssm.proj_bias),
+        _linear("out_proj", ssm.inner, h, ssm.proj_bias),
+    ]
+    other = [ssm.conv_dim * ssm.conv_kernel]
+    if ssm.conv_bias:
+        other.append(ssm.conv_dim)
+    other += [ssm.num_heads, ssm.num_heads, ssm.num_heads, ssm.inner]
+    return linears, other
+
+
+def _hybrid_layers(
+    dims: ArchDims, fam: _Family, r: _Reader, mlp_bias: bool
+) -> tuple[tuple[Layer, ...], tuple[tuple[Layer, int], ...]]:
+    """A hybrid stack's layers (`dims.mixers`), one shared object per mixer, each a norm and
+    its mixer alone: Nemotron-H's attention layers have no MLP and its MLP layers no
+    attention (an MLP of up_proj and down_proj, no gate: ReLU²)."""
+    mixers = dims.mixers or ()
+    h, inter = dims.hidden_size, dims.intermediate_size
+    built: dict[str, Layer] = {}
+    for kind in dict.fromkeys(mixers):
+        if kind == "attention":
+            linears, other = _attention(dims, fam, r, mixers.index(kind))
+        elif kind == "mlp":
+            linears = [
+                _linear("up_proj", h, inter, mlp_bias),
+                _linear("down_proj", inter, h, mlp_bias),
+            ]
+            other = []
+        else:
+            assert dims.ssm is not None  # read whenever a mixer is mamba2
+            linears, other = _mamba2(dims.ssm, h)
+        other = [*other, h]  # the block's norm
+        built[kind] = assemble(
+            Layer,
+            {
+                "linears": tuple(linears),
+                "other_params": sum(other),
+                "attention_type": "full_attention" if kind == "attention" else kind,
+                "moe": False,
+                "other_tensors": tuple(other),
+                "mixer": kind,
+            },
+        )
+    layers = tuple(built[kind] for kind in mixers)
+    return layers, tuple((layer, mixers.count(kind)) for kind, layer in built.items())
 
 
 #: Parsed shapes kept by content (`parse_config`): enough for every model a cluster trains at
@@ -1050,7 +1244,7 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
     if not isinstance(model_type, str):
         raise SpecError(r.path("model_type"), f"must be a string, got {shown(model_type)}")
     fam = family_traits(model_type)
-    dims = _read_dims(r, fam.tie_default)
+    dims = _read_dims(r, fam.tie_default, model_type)
     tie = dims.tie_word_embeddings
     mlp_bias = r.bool("mlp_bias", False)
     h = dims.hidden_size
@@ -1062,7 +1256,9 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
     n = dims.num_layers
     layers: tuple[Layer, ...]
     runs: tuple[tuple[Layer, int], ...]
-    if dims.layer_types is None and not dims.num_kv_shared_layers and dims.num_experts <= 1:
+    if dims.mixers is not None:
+        layers, runs = _hybrid_layers(dims, fam, r, mlp_bias)
+    elif dims.layer_types is None and not dims.num_kv_shared_layers and dims.num_experts <= 1:
         layer = _layer(dims, fam, r, 0, "full_attention", False, mlp_bias)
         layers, runs = (layer,) * n, ((layer, n),)
     else:
@@ -1110,8 +1306,17 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
     select `gate_up_proj`, which is where PEFT would put those adapters.
     """
     out: list[str] = []
+    refused = PEFT_MAMBA_REFUSED if shape.model_type in PEFT_MAMBA_TYPES else ()
     for raw in targets:
         name = raw.strip().lower().replace("_", "-") if "all" in raw.lower() else raw.strip()
+        if refused and (name == "all-linear" or name in refused):
+            what = "all-linear selects them" if name == "all-linear" else f"{name!r} is one"
+            raise SpecError(
+                path,
+                f"PEFT refuses LoRA on {' and '.join(refused)} of {shape.model_type}'s Mamba "
+                f"mixers and {what}, so the job would fail; name the targets instead, e.g. "
+                f"{', '.join(sorted(shape.module_names - set(refused)))}",
+            )
         if name == "all-linear":
             return ("all-linear",)
         name = MODULE_ALIASES.get(name, name)

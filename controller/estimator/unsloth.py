@@ -166,8 +166,39 @@ def _shared_elements(d: ArchDims) -> int:
     return d.hidden_size * _shared_size(d) * 3 * d.n_shared_experts + gate
 
 
+def _hybrid_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of the linears of layer i of a hybrid stack (Nemotron-H: one mixer a layer).
+
+    Seed 1 writes its formula for attention + MLP blocks; a hybrid layer is priced by the same
+    terms over the modules it has (an extension): attention's four projections at their
+    real widths, the MLP's up and down (no gate), the Mamba-2 mixer's in_proj and out_proj.
+    """
+    h = d.hidden_size
+    mixer = (d.mixers or ())[i]
+    if mixer == "attention":
+        q, kv, _, _ = layer_attention_dims(d, i)
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    if mixer == "mlp":
+        return {"up_proj": (h, d.intermediate_size), "down_proj": (d.intermediate_size, h)}
+    ssm = d.ssm
+    assert ssm is not None  # parsed whenever a layer is Mamba-2
+    return {"in_proj": (h, ssm.in_proj_width), "out_proj": (ssm.inner, h)}
+
+
+def _mixer_extras(d: ArchDims) -> int:
+    """A Mamba-2 mixer's parameters outside its linears (conv1d, dt_bias, A_log, D, gated
+    norm): not quantised, and charged 16-bit with the norms (an extension of seed 1)."""
+    ssm = d.ssm
+    if ssm is None:
+        return 0
+    conv = ssm.conv_dim * ssm.conv_kernel + (ssm.conv_dim if ssm.conv_bias else 0)
+    return conv + 3 * ssm.num_heads + ssm.inner
+
+
 def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
     """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`)."""
+    if d.mixers is not None:
+        return {f"mixer.{n}": a * b for n, (a, b) in _hybrid_dims(d, i).items()}
     dims = _linear_dims(d, i)
     modules: dict[str, int] = {}
     if d.q_lora_rank is not None:
@@ -202,6 +233,8 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
 
 def _layer_key(d: ArchDims, i: int) -> tuple[object, ...]:
     """What makes one layer's shapes differ from another's; equal keys, equal layers."""
+    if d.mixers is not None:
+        return (d.mixers[i],)
     layer_type = d.layer_types[i] if d.layer_types else None
     return (layer_type, is_kv_shared_layer(d, i), _is_moe_layer(d, i))
 
@@ -225,10 +258,11 @@ def _view(shape: ModelShape) -> _View:
         quantizable += h * n * pli
     embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
     lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
+    extras = _mixer_extras(d) * (d.mixers or ()).count("mamba2")
     skip = shape.quantization.skip_modules if shape.quantization else ()
     view = _View(
         quantizable=quantizable,
-        non_quantizable=2 * h * n + embed + lm_head,
+        non_quantizable=2 * h * n + embed + lm_head + extras,
         skipped=min(_skipped_elements(skip, _module_elements(d, layers)), quantizable)
         if skip
         else 0,
@@ -243,7 +277,7 @@ def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int
     elements: dict[str, int] = {}
     for i, modules in enumerate(layers):
         elements[f"layers.{i}"] = sum(modules.values())
-        for group in ("self_attn", "mlp"):
+        for group in ("self_attn", "mlp", "mixer"):
             elements[f"layers.{i}.{group}"] = sum(
                 v for k, v in modules.items() if k == group or k.startswith(group + ".")
             )
@@ -279,6 +313,18 @@ def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -
 
 
 def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
+    if d.mixers is not None:
+        # A hybrid layer (extension): the formula's q/k/v term is what the mixer projects
+        # into (attention's q + 2 kv; Mamba-2's in_proj output and the convolution's
+        # output), its 2·mlp term the MLP's two i-wide tensors (up's output, ReLU²'s).
+        mixer = d.mixers[i]
+        if mixer == "attention":
+            q, kv, _, _ = layer_attention_dims(d, i)
+            return q + 2 * kv, 0
+        if mixer == "mlp":
+            return 0, d.intermediate_size
+        assert d.ssm is not None
+        return d.ssm.in_proj_width + d.ssm.conv_dim, 0
     if _structured(d):
         # H + K + K on every layer, as seed 1 writes it: a kv-shared layer (or one whose k is
         # its v) holds no k/v weights, but the k/v it attends with are live all the same.
@@ -316,6 +362,18 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
     if cached is not None:
         return cached  # type: ignore[return-value]
     d = shape.dims
+    if d.mixers is not None:
+        # A hybrid stack: each layer's own modules, by name (all-linear, which PEFT refuses
+        # on Mamba models, never reaches here: `canonical_targets`).
+        every = "all-linear" in targets
+        total = sum(
+            a + b
+            for i in range(d.num_layers)
+            for name, (a, b) in _hybrid_dims(d, i).items()
+            if every or name in targets
+        )
+        shape.memo[key] = total
+        return total
     rows = _table_rows(targets)
     h, n = d.hidden_size, d.num_layers
     moe = d.num_experts > 1

@@ -73,6 +73,15 @@ def trace(
 
 def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | str) -> TraceReport:
     depth = int(text_config(config)["num_hidden_layers"])
+    if _is_hybrid(config):
+        # A hybrid stack's layer types do not repeat from its first layers (and transformers
+        # builds the layer list, not num_hidden_layers): only the whole model is its own.
+        if layers not in ("auto", "full"):
+            raise TraceUnsupported(
+                "a hybrid model (Mamba layers among attention) is traced whole, not from a "
+                f"few layers; pass layers 'auto' or 'full', not {layers!r}"
+            )
+        layers = "full"
     if layers == "full" or (layers == "auto" and depth <= FULL_TRACE_MAX_LAYERS):
         result = trace_run(config, settings)
         traced: tuple[int, ...] = (depth,)
@@ -87,6 +96,12 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
             result = extend(small, large, depth, lead)
             traced = (n, n + 1)
     return _report(result, settings, traced)
+
+
+def _is_hybrid(config: Mapping[str, Any]) -> bool:
+    from controller.estimator.architecture import parse_config
+
+    return parse_config(config).dims.mixers is not None
 
 
 def _leading_layers(config: Mapping[str, Any]) -> int:

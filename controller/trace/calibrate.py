@@ -119,6 +119,46 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
     return config
 
 
+#: Hybrid families: not fitted (a layer's kind depends on its place in the stack, so two
+#: depths do not isolate one layer), priced by a borrowed fit with a margin measured on
+#: shrunk variants of their preset (`shrunk_hybrid`; calibrated.BORROWED_MARGINS).
+HYBRID_PRESETS = {"nemotron_h": "nemotron-nano-9b-v2"}
+
+
+def shrunk_hybrid(family: str, rng: random.Random, pattern: str) -> dict[str, Any]:
+    """A random small config of a hybrid family with the layers of `pattern` (Nemotron-H's
+    M / * / - characters): widths drawn as `shrunk` draws them, the Mamba-2 mixer in the
+    preset's proportions (SSM width about 2.3x hidden in heads of 64, 1-8 groups, state 64
+    or 128, chunks of 128 tokens: 2-4 chunks at the grid's 256 and 512 tokens)."""
+    config = load_preset(HYBRID_PRESETS[family]).config_dict()
+    for name in (*_DROPPED, "hybrid_override_pattern"):
+        config.pop(name, None)
+    config["pad_token_id"] = 0
+    heads = rng.choice((4, 8))
+    head_dim = rng.choice((64, 128))
+    hidden = rng.choice((512, 768, 1024))
+    ssm_heads = _round(hidden * rng.uniform(2.0, 2.5), 64) // 64
+    groups = rng.choice([g for g in (1, 2, 4, 8) if ssm_heads % g == 0])
+    config.update(
+        hidden_size=hidden,
+        head_dim=head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0]),
+        intermediate_size=_round(hidden * rng.uniform(2.5, 4.0)),
+        vocab_size=_round(hidden * rng.uniform(4.0, 16.0)),
+        num_hidden_layers=len(pattern),
+        hybrid_override_pattern=pattern,
+        tie_word_embeddings=rng.random() < 0.5,
+        max_position_embeddings=4096,
+        mamba_num_heads=ssm_heads,
+        mamba_head_dim=64,
+        n_groups=groups,
+        ssm_state_size=rng.choice((64, 128)),
+        chunk_size=128,
+    )
+    return config
+
+
 def _shrink_moe(family: str, config: dict[str, Any], rng: random.Random, hidden: int) -> None:
     """8-32 experts, 2 or 4 per token, expert widths in the family's proportion to hidden
     (Mixtral 2.5-4x as drawn above, GPT-OSS 0.5-1.25x, Qwen3, DeepSeek, GLM-4.5 and

@@ -204,6 +204,10 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
 
 
 def _has_stacks(module: nn.Module) -> bool:
+    """Whether `module` holds expert stacks: 3-D parameters, but not a convolution's kernel
+    (Mamba's depthwise conv1d, out x 1 x kernel), which bitsandbytes leaves 16-bit."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return False
     return any(p is not None and p.dim() == 3 for p in module._parameters.values()) or hasattr(
         module, _STACKS
     )

@@ -90,7 +90,11 @@ def test_the_data_file_covers_every_family_and_job() -> None:
                         assert len(once) == len(LOCAL_FEATURES)
 
 
-@pytest.mark.parametrize("preset", preset_names())
+#: Hybrid stacks (Nemotron-H) have no fit: calibrated refuses them (tested below).
+FITTED_PRESETS = [name for name in preset_names() if load_shape(name).dims.mixers is None]
+
+
+@pytest.mark.parametrize("preset", FITTED_PRESETS)
 def test_every_preset_gets_an_estimate(preset: str) -> None:
     shape = load_shape(preset)
     method = Method.LORA if shape.quantization else Method.QLORA
@@ -144,7 +148,7 @@ def _runnable(shape: ModelShape, job: TrainingSettings) -> bool:
     return not (job.method is Method.FULL and shape.quantization is not None)
 
 
-@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("preset", FITTED_PRESETS)
 def test_a_raw_config_estimates_as_its_preset(preset: str) -> None:
     config = load_preset(preset).config_dict()
     for method in (Method.FULL, Method.LORA, Method.QLORA):

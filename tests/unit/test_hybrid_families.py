@@ -1,0 +1,260 @@
+"""Hybrid stacks (layers that are not all attention): Nemotron-H parsed layer type by layer
+type and priced by the formula profiles; the hybrids not built yet refused by field."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from controller.estimator import (
+    Checkpointing,
+    Method,
+    Profile,
+    SpecError,
+    TrainingSettings,
+    load_shape,
+    parse_config,
+)
+from controller.estimator.analytic import mixer_bytes_per_token
+from controller.estimator.architecture import canonical_targets
+from controller.estimator.presets import load_preset
+from controller.profiles import estimate
+from tests.unit.trace_support import require_trace_extra
+
+NANO = "nemotron-nano-9b-v2"
+# What transformers 5.24 builds from the preset's config on the meta device (sum of numel):
+#   with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+NANO_PARAMS = 8_888_227_328
+TARGETS = ("in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
+SMALL: dict[str, Any] = {
+    "model_type": "nemotron_h",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 100,
+    "hybrid_override_pattern": "M-*M",
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "ssm_state_size": 8,
+    "conv_kernel": 4,
+}
+
+
+def _error(config: dict[str, Any]) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_config(config, prefix="spec.model.config")
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+# -- weights -------------------------------------------------------------------------------
+
+
+def test_nemotron_nano_counts_what_transformers_builds() -> None:
+    shape = load_shape(NANO)
+    assert shape.total_params == NANO_PARAMS
+    assert round(shape.total_params / 1e9, 2) == 8.89  # the model page's 8.89B
+    counts = {layer.mixer: count for layer, count in shape.layer_counts}
+    assert counts == {"mamba2": 27, "mlp": 25, "attention": 4}
+
+
+def test_each_nemotron_layer_holds_one_mixer_after_one_norm() -> None:
+    shape = parse_config(SMALL)
+    h, inner, conv_dim = 64, 8 * 16, 8 * 16 + 2 * 2 * 8
+    by_mixer = {layer.mixer: layer for layer, _ in shape.layer_counts}
+    mamba = by_mixer["mamba2"]
+    assert [(lin.name, lin.in_features, lin.out_features, lin.bias) for lin in mamba.linears] == [
+        ("in_proj", h, inner + conv_dim + 8, False),  # z, x/B/C, dt per head
+        ("out_proj", inner, h, False),
+    ]
+    # conv1d weight and bias, dt_bias, A_log, D, the gated norm, the block's norm
+    assert mamba.other_tensors == (conv_dim * 4, conv_dim, 8, 8, 8, inner, h)
+    attention = by_mixer["attention"]
+    assert [lin.name for lin in attention.linears] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert not any(lin.bias for lin in attention.linears)  # bias-free whatever the config says
+    assert attention.other_tensors == (h,)
+    mlp = by_mixer["mlp"]
+    assert [(lin.name, lin.in_features, lin.out_features) for lin in mlp.linears] == [
+        ("up_proj", h, 96),
+        ("down_proj", 96, h),
+    ]  # ReLU²: no gate
+    assert [layer.mixer for layer in shape.layers] == ["mamba2", "mlp", "attention", "mamba2"]
+    assert shape.layers[0] is shape.layers[3]
+
+
+def test_every_spelling_of_the_layer_list_is_the_same_model() -> None:
+    pattern = parse_config(SMALL)
+    blocks = {k: v for k, v in SMALL.items() if k != "hybrid_override_pattern"}
+    v5 = ["linear_attention", "mlp", "full_attention", "linear_attention"]
+    remote = ["mamba", "mlp", "attention", "mamba"]
+    for config in (blocks | {"layers_block_type": v5}, blocks | {"layer_types": remote}):
+        assert parse_config(config).layers == pattern.layers
+    aliases = SMALL | {"mamba_n_groups": 4, "n_groups": 2, "mamba_d_conv": 2}
+    ssm = parse_config(aliases).dims.ssm
+    assert ssm is not None and (ssm.n_groups, ssm.conv_kernel) == (4, 2)  # mamba_* wins
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"hybrid_override_pattern": "M-E*"}, "hybrid_override_pattern[2]", "MoE layer"),
+        ({"hybrid_override_pattern": "M-X*"}, "hybrid_override_pattern[2]", "unknown layer type"),
+        ({"hybrid_override_pattern": ""}, "hybrid_override_pattern", "non-empty string"),
+        ({"hybrid_override_pattern": "M-*", "num_hidden_layers": 4}, "hybrid_override_pattern",
+         "one layer type per layer"),
+        ({"hybrid_override_pattern": None}, "hybrid_override_pattern", "is required"),
+        ({"layers_block_type": ["mamba", "moe"]}, "layers_block_type[1]", "MoE layer"),
+        ({"layers_block_type": "M-*"}, "layers_block_type", "list of layer types"),
+        ({"n_groups": 3}, "n_groups", "must divide mamba_num_heads"),
+        ({"mamba_head_dim": 0}, "mamba_head_dim", "greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_a_malformed_nemotron_config_is_one_line_naming_the_field(
+    change: dict[str, Any], field: str, words: str
+) -> None:
+    error = _error(SMALL | change)
+    assert error.field == f"spec.model.config.{field}"
+    assert words in error.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
+        ({"model_type": "qwen3_next", "full_attention_interval": 4}, "full_attention_interval"),
+        ({"model_type": "falcon_h1", "mamba_d_ssm": 3072}, "mamba_d_ssm"),
+        ({"hybrid_override_pattern": "M-*-"}, "hybrid_override_pattern"),  # not nemotron_h
+    ],
+)
+def test_hybrids_not_built_yet_stay_refused(change: dict[str, Any], field: str) -> None:
+    config = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4}
+    error = _error(config | {"vocab_size": 100} | change)
+    assert error.field == f"spec.model.config.{field}"
+
+
+def test_nemotron_never_ties_its_lm_head() -> None:
+    # NemotronHForCausalLM declares no tied weights: transformers builds an lm_head regardless
+    tied = parse_config(SMALL | {"tie_word_embeddings": True})
+    assert tied.lm_head_params == 100 * 64 and not tied.dims.tie_word_embeddings
+
+
+def test_expert_fields_of_a_dense_nemotron_shape_nothing() -> None:
+    # transformers' class defaults carry n_routed_experts even where no layer is MoE
+    with_defaults = SMALL | {"n_routed_experts": 8, "num_experts_per_tok": 2}
+    assert parse_config(with_defaults).layers == parse_config(SMALL).layers
+
+
+# -- LoRA targets --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "out_proj"], ["conv1d"]])
+def test_lora_targets_peft_refuses_on_mamba_are_refused(targets: list[str]) -> None:
+    with pytest.raises(SpecError) as info:
+        canonical_targets(targets, load_shape(NANO), "spec.lora.targetModules")
+    assert info.value.field == "spec.lora.targetModules"
+    assert "PEFT refuses LoRA on out_proj and conv1d" in info.value.message
+    assert "in_proj" in info.value.message  # what to write instead
+
+
+def test_lora_counts_each_layer_types_own_modules() -> None:
+    shape = load_shape(NANO)
+    h, i, q, kv, p = 4480, 15680, 40 * 128, 8 * 128, 10240 + 12288 + 128
+    expected = {
+        ("in_proj",): 27 * (h + p),
+        ("q_proj", "v_proj"): 4 * ((h + q) + (h + kv)),
+        ("down_proj", "up_proj"): 25 * 2 * (h + i),
+    }
+    for targets, per_rank in expected.items():
+        assert shape.lora_params_per_rank(targets) == per_rank
+        job = TrainingSettings(method=Method.LORA, rank=8, targets=targets)
+        for profile in (Profile.ANALYTIC, Profile.UNSLOTH):
+            est = estimate(shape, replace(job, profile=profile))
+            assert est.trainable_params == 8 * per_rank
+
+
+# -- activations and profiles --------------------------------------------------------------
+
+
+def test_analytic_activations_are_per_mixer_without_checkpointing() -> None:
+    shape = load_shape(NANO)
+    h, i, q, kv = 4480, 15680, 40 * 128, 8 * 128
+    inner, conv, p = 10240, 10240 + 2 * 8 * 128, 10240 + 12288 + 128
+    assert mixer_bytes_per_token(shape, "attention") == 4 * h + 4 * q + 4 * kv
+    assert mixer_bytes_per_token(shape, "mlp") == 4 * h + 4 * i
+    state = 4 * inner * 128 // 128  # fp32 state per chunk of 128 tokens, per token
+    assert mixer_bytes_per_token(shape, "mamba2") == 4 * h + 2 * p + 4 * conv + 6 * inner + state
+    per_token = sum(
+        mixer_bytes_per_token(shape, mixer) * n
+        for mixer, n in (("attention", 4), ("mlp", 25), ("mamba2", 27))
+    )
+    off = TrainingSettings(
+        method=Method.LORA, targets=TARGETS, gradient_checkpointing=Checkpointing.OFF
+    )
+    assert estimate(shape, off).components["activations"] == 2048 * per_token
+    on = TrainingSettings(method=Method.LORA, targets=TARGETS)  # one hidden state per layer
+    assert estimate(shape, on).components["activations"] == 56 * 2048 * h * 2
+
+
+def test_unsloth_prices_the_mixers_own_modules() -> None:
+    shape = load_shape(NANO)
+    est = estimate(
+        shape, TrainingSettings(method=Method.LORA, targets=TARGETS, profile=Profile.UNSLOTH)
+    )
+    # seed 1 counts two norms per layer and no final norm: 56 x 4480 - 4480 more than exact
+    assert est.total_params == NANO_PARAMS + 55 * 4480
+    assert est.components["weights"] == 2 * est.total_params
+    # the formula's (S·B·qkv + S·B·2 + S·B·2·mlp) x 2 x 1.25 of the largest layer (LoRA, gc):
+    # the Mamba-2 layer, in_proj's output and the convolution's
+    widest = 10240 + 12288 + 128 + 10240 + 2 * 8 * 128
+    assert est.components["activations"] == 2048 * (widest + 2) * 2 * 5 // 4
+
+
+def test_calibrated_refuses_a_hybrid_it_has_no_fit_for() -> None:
+    job = TrainingSettings(method=Method.LORA, targets=TARGETS, profile=Profile.CALIBRATED)
+    with pytest.raises(SpecError) as info:
+        estimate(load_shape(NANO), job)
+    assert info.value.field == "estimator.profile"
+    assert "no fit for hybrid layers" in info.value.message
+
+
+# -- trace -----------------------------------------------------------------------------------
+
+
+def _shrunk() -> dict[str, Any]:
+    from controller.trace.calibrate import shrunk_hybrid
+
+    return shrunk_hybrid("nemotron_h", random.Random("test/nemotron_h"), "M*-")
+
+
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA])
+def test_the_trace_builds_what_the_parser_counts(method: Method) -> None:
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = _shrunk()
+    targets = ("all-linear",) if method is Method.FULL else TARGETS
+    job = TrainingSettings(method=method, rank=None if method is Method.FULL else 8,
+                           targets=targets, seq_len=256)  # fmt: skip
+    result = trace_run(config, job, breakdowns=False)
+    shape = parse_config(config)
+    assert result.total_params == shape.total_params + (
+        0 if method is Method.FULL else 8 * shape.lora_params_per_rank(TARGETS)
+    )
+    expected = (
+        shape.total_params if method is Method.FULL else 8 * shape.lora_params_per_rank(TARGETS)
+    )
+    assert result.trainable_params == expected
+
+
+def test_a_hybrid_is_traced_whole() -> None:
+    require_trace_extra()
+    from controller.trace import TraceUnsupported, trace
+
+    with pytest.raises(TraceUnsupported, match="traced whole"):
+        trace(load_preset(NANO).config, TrainingSettings(method=Method.LORA, targets=TARGETS), 4)
