@@ -93,19 +93,27 @@ def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
       dt), the convolution's output and its SiLU (2C + 2C), the scan's output y, the gated
       norm's input and out_proj's input (3 x 2·inner), and the fp32 state each chunk of
       `chunk_size` tokens passes on (4 x inner x state / chunk per token): the state space's
-      memory instead of a k/v cache or score matrix.
+      memory instead of a k/v cache or score matrix;
+    * attention beside Mamba-2, then a gated MLP (Falcon-H1): see below.
     """
     d = shape.dims
     h = d.hidden_size
+    head_dim = d.head_dim or h // d.num_heads
+    attention = 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
     if mixer == "attention":
-        head_dim = d.head_dim or h // d.num_heads
-        return 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
+        return attention
     if mixer == "mlp":
         return 4 * h + 4 * d.intermediate_size
     ssm = d.ssm
     assert ssm is not None  # parsed whenever a layer is Mamba-2
     state = 4 * ssm.inner * ssm.state_size // ssm.chunk_size
-    return 4 * h + 2 * ssm.in_proj_width + 4 * ssm.conv_dim + 6 * ssm.inner + state
+    scan = 2 * ssm.in_proj_width + 4 * ssm.conv_dim + 6 * ssm.inner + state
+    if mixer == "parallel":
+        # Falcon-H1: attention and Mamba-2 read the same normed input (counted once, with
+        # attention), then a gated MLP saves its norm's and projections' inputs, gate's and
+        # up's outputs, the activation and the product (2h + 2h + 4 x 2i).
+        return attention + scan + 4 * h + 8 * d.intermediate_size
+    return 4 * h + scan
 
 
 def hybrid_bytes_per_token(shape: ModelShape) -> int:

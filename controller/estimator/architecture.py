@@ -114,7 +114,11 @@ class SsmDims:
     conv_kernel: int
     chunk_size: int
     conv_bias: bool
-    proj_bias: bool
+    proj_bias: bool  # in_proj's bias
+    # out_proj's bias (Falcon-H1 reads `projectors_bias` for it, Nemotron-H `use_bias`) and
+    # whether the mixer has its gated RMSNorm (Falcon-H1 only with `mamba_rms_norm`).
+    out_bias: bool = False
+    gated_norm: bool = True
 
     @property
     def inner(self) -> int:
@@ -335,6 +339,9 @@ _FAMILIES: dict[str, _Family] = {
     # Nemotron-H: one mixer per layer (`MIXERS`) after one RMSNorm; attention without biases
     # (its q/k/v/o are built bias-free whatever attention_bias says), a ReLU² MLP of up/down.
     "nemotron_h": _Family(qkv_bias=False, o_bias=False, norms_per_layer=1),
+    # Falcon-H1: attention (biases by attention_bias) beside a Mamba-2 mixer, then a SwiGLU
+    # MLP; input_layernorm and pre_ff_layernorm; tied only where the config says so.
+    "falcon_h1": _Family(),
 }
 
 
@@ -420,9 +427,11 @@ _NON_ATTENTION_FIELDS = (
 )
 # Hybrid families whose stacks the parser builds layer type by layer type: their fields are
 # read, not refused. Jamba, Qwen3-Next and Falcon-H1 are still refused by the fields above.
-HYBRID_FAMILIES = frozenset({"nemotron_h"})
-#: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP alone.
-MIXERS = ("mamba2", "attention", "mlp")
+HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1"})
+#: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP
+#: alone (Nemotron-H), or all three in one layer (Falcon-H1: attention and Mamba-2 side by
+#: side on the same normed input, then a gated MLP).
+MIXERS = ("mamba2", "attention", "mlp", "parallel")
 # Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
 # character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
 # "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
@@ -785,13 +794,56 @@ def _ssm_dims(r: _Reader) -> SsmDims:
         chunk_size=r.int("mamba_chunk_size", "chunk_size", default=128) or 128,
         conv_bias=r.bool("mamba_conv_bias" if conv_bias is not None else "use_conv_bias", True),
         proj_bias=r.bool("use_bias", False),
+        out_bias=r.bool("use_bias", False),
+    )
+
+
+def _falcon_ssm_dims(r: _Reader, hidden: int) -> SsmDims:
+    """Falcon-H1's Mamba-2 widths, with its config class's defaults: the SSM width is
+    `mamba_d_ssm` (1024 when absent; null: mamba_expand x hidden), its head dim
+    `mamba_d_head` ("auto": the width over the heads), and the two must agree."""
+    heads = r.int("mamba_n_heads", default=128) or 128
+    if "mamba_d_ssm" in r.config and r.config["mamba_d_ssm"] is None:
+        inner = (r.int("mamba_expand", default=2) or 2) * hidden
+    else:
+        inner = r.int("mamba_d_ssm", default=1024) or 1024
+    raw_head = r.get("mamba_d_head")
+    if raw_head is None or raw_head == "auto":
+        if inner % heads:
+            raise SpecError(
+                r.path("mamba_n_heads"), f"must divide the SSM width ({inner}), got {heads}"
+            )
+        head_dim = inner // heads
+    else:
+        head_dim = r.int("mamba_d_head") or 1
+        if head_dim * heads != inner:
+            raise SpecError(
+                r.path("mamba_d_head"),
+                f"times mamba_n_heads ({heads}) must be the SSM width ({inner}), got {head_dim}",
+            )
+    groups = r.int("mamba_n_groups", default=1) or 1
+    if heads % groups:
+        raise SpecError(
+            r.path("mamba_n_groups"), f"must divide mamba_n_heads ({heads}), got {groups}"
+        )
+    return SsmDims(
+        num_heads=heads,
+        head_dim=head_dim,
+        n_groups=groups,
+        state_size=r.int("mamba_d_state", default=256) or 256,
+        conv_kernel=r.int("mamba_d_conv", default=4) or 4,
+        chunk_size=r.int("mamba_chunk_size", default=256) or 256,
+        conv_bias=r.bool("mamba_conv_bias", True),
+        proj_bias=r.bool("mamba_proj_bias", False),
+        out_bias=r.bool("projectors_bias", False),
+        gated_norm=r.bool("mamba_rms_norm", False),
     )
 
 
 def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
     hybrid = model_type in HYBRID_FAMILIES
-    mixers = _nemotron_mixers(r) if hybrid else None
+    mixers = _nemotron_mixers(r) if model_type == "nemotron_h" else None
     layers = (
         len(mixers)
         if mixers is not None
@@ -799,6 +851,8 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
         )
     )
+    if model_type == "falcon_h1":
+        mixers = ("parallel",) * layers  # every layer the same (`layers_block_type`: "hybrid")
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
         r.int("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads", default=heads)
@@ -931,9 +985,16 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             ),
             # Read last, as ever. Nemotron-H never ties (its causal LM declares no tied
             # weights, so transformers builds an lm_head of its own whatever the flag says).
-            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default) and not hybrid,
+            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default)
+            and model_type != "nemotron_h",
             "mixers": mixers,
-            "ssm": _ssm_dims(r) if mixers is not None and "mamba2" in mixers else None,
+            "ssm": (
+                _falcon_ssm_dims(r, hidden)
+                if model_type == "falcon_h1"
+                else _ssm_dims(r)
+                if mixers is not None and "mamba2" in mixers
+                else None
+            ),
         },
     )
 
@@ -1139,12 +1200,14 @@ def _mamba2(ssm: SsmDims, h: int) -> tuple[list[Linear], list[int]]:
     per head) and the gated RMSNorm over the SSM width are parameters of their own."""
     linears = [
         _linear("in_proj", h, ssm.in_proj_width, ssm.proj_bias),
-        _linear("out_proj", ssm.inner, h, ssm.proj_bias),
+        _linear("out_proj", ssm.inner, h, ssm.out_bias),
     ]
     other = [ssm.conv_dim * ssm.conv_kernel]
     if ssm.conv_bias:
         other.append(ssm.conv_dim)
-    other += [ssm.num_heads, ssm.num_heads, ssm.num_heads, ssm.inner]
+    other += [ssm.num_heads, ssm.num_heads, ssm.num_heads]
+    if ssm.gated_norm:
+        other.append(ssm.inner)
     return linears, other
 
 
@@ -1166,16 +1229,22 @@ def _hybrid_layers(
                 _linear("down_proj", inter, h, mlp_bias),
             ]
             other = []
+        elif kind == "parallel":
+            assert dims.ssm is not None  # read for every Falcon-H1 config
+            linears, other = _mamba2(dims.ssm, h)
+            attention, attention_other = _attention(dims, fam, r, mixers.index(kind))
+            linears += attention + _dense_mlp(h, inter, fam, mlp_bias)
+            other += [*attention_other, h]  # + pre_ff_layernorm
         else:
             assert dims.ssm is not None  # read whenever a mixer is mamba2
             linears, other = _mamba2(dims.ssm, h)
-        other = [*other, h]  # the block's norm
+        other = [*other, h]  # the block's (input) norm
         built[kind] = assemble(
             Layer,
             {
                 "linears": tuple(linears),
                 "other_params": sum(other),
-                "attention_type": "full_attention" if kind == "attention" else kind,
+                "attention_type": "full_attention" if kind in ("attention", "parallel") else kind,
                 "moe": False,
                 "other_tensors": tuple(other),
                 "mixer": kind,

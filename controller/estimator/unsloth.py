@@ -166,7 +166,7 @@ def _shared_elements(d: ArchDims) -> int:
     return d.hidden_size * _shared_size(d) * 3 * d.n_shared_experts + gate
 
 
-def _hybrid_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
+def _hybrid_dims(d: ArchDims, index: int) -> dict[str, tuple[int, int]]:
     """(in, out) of the linears of layer i of a hybrid stack (Nemotron-H: one mixer a layer).
 
     Seed 1 writes its formula for attention + MLP blocks; a hybrid layer is priced by the same
@@ -174,15 +174,30 @@ def _hybrid_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
     real widths, the MLP's up and down (no gate), the Mamba-2 mixer's in_proj and out_proj.
     """
     h = d.hidden_size
-    mixer = (d.mixers or ())[i]
+    mixer = (d.mixers or ())[index]
     if mixer == "attention":
-        q, kv, _, _ = layer_attention_dims(d, i)
+        q, kv, _, _ = layer_attention_dims(d, index)
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    i = d.intermediate_size
     if mixer == "mlp":
-        return {"up_proj": (h, d.intermediate_size), "down_proj": (d.intermediate_size, h)}
+        return {"up_proj": (h, i), "down_proj": (i, h)}
     ssm = d.ssm
     assert ssm is not None  # parsed whenever a layer is Mamba-2
-    return {"in_proj": (h, ssm.in_proj_width), "out_proj": (ssm.inner, h)}
+    mamba = {"in_proj": (h, ssm.in_proj_width), "out_proj": (ssm.inner, h)}
+    if mixer == "parallel":  # Falcon-H1: attention beside Mamba-2, then a gated MLP
+        q, kv, _, _ = layer_attention_dims(d, index)
+        attention = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        mlp = {"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return mamba | attention | mlp
+    return mamba
+
+
+# Where Falcon-H1's modules sit in a layer (Nemotron-H holds its one mixer at `mixer`).
+_FALCON_PATHS = {
+    **dict.fromkeys(("in_proj", "out_proj"), "mamba"),
+    **dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "self_attn"),
+    **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "feed_forward"),
+}
 
 
 def _mixer_extras(d: ArchDims) -> int:
@@ -192,13 +207,17 @@ def _mixer_extras(d: ArchDims) -> int:
     if ssm is None:
         return 0
     conv = ssm.conv_dim * ssm.conv_kernel + (ssm.conv_dim if ssm.conv_bias else 0)
-    return conv + 3 * ssm.num_heads + ssm.inner
+    return conv + 3 * ssm.num_heads + (ssm.inner if ssm.gated_norm else 0)
 
 
 def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
     """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`)."""
     if d.mixers is not None:
-        return {f"mixer.{n}": a * b for n, (a, b) in _hybrid_dims(d, i).items()}
+        parallel = d.mixers[i] == "parallel"
+        return {
+            f"{_FALCON_PATHS[n] if parallel else 'mixer'}.{n}": a * b
+            for n, (a, b) in _hybrid_dims(d, i).items()
+        }
     dims = _linear_dims(d, i)
     modules: dict[str, int] = {}
     if d.q_lora_rank is not None:
@@ -258,7 +277,8 @@ def _view(shape: ModelShape) -> _View:
         quantizable += h * n * pli
     embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
     lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
-    extras = _mixer_extras(d) * (d.mixers or ()).count("mamba2")
+    mixers = d.mixers or ()
+    extras = _mixer_extras(d) * (mixers.count("mamba2") + mixers.count("parallel"))
     skip = shape.quantization.skip_modules if shape.quantization else ()
     view = _View(
         quantizable=quantizable,
@@ -277,7 +297,7 @@ def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int
     elements: dict[str, int] = {}
     for i, modules in enumerate(layers):
         elements[f"layers.{i}"] = sum(modules.values())
-        for group in ("self_attn", "mlp", "mixer"):
+        for group in ("self_attn", "mlp", "mixer", "mamba", "feed_forward"):
             elements[f"layers.{i}.{group}"] = sum(
                 v for k, v in modules.items() if k == group or k.startswith(group + ".")
             )
@@ -324,7 +344,11 @@ def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
         if mixer == "mlp":
             return 0, d.intermediate_size
         assert d.ssm is not None
-        return d.ssm.in_proj_width + d.ssm.conv_dim, 0
+        mamba = d.ssm.in_proj_width + d.ssm.conv_dim
+        if mixer == "parallel":  # Falcon-H1: both mixers' projections, then a gated MLP
+            q, kv, _, _ = layer_attention_dims(d, i)
+            return q + 2 * kv + mamba, d.intermediate_size
+        return mamba, 0
     if _structured(d):
         # H + K + K on every layer, as seed 1 writes it: a kv-shared layer (or one whose k is
         # its v) holds no k/v weights, but the k/v it attends with are live all the same.

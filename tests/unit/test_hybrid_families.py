@@ -1,5 +1,6 @@
-"""Hybrid stacks (layers that are not all attention): Nemotron-H parsed layer type by layer
-type and priced by the formula profiles; the hybrids not built yet refused by field."""
+"""Hybrid stacks (layers that are not all attention): Nemotron-H and Falcon-H1 parsed layer
+type by layer type and priced by the formula profiles; the hybrids not built yet refused by
+field."""
 
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ def test_a_malformed_nemotron_config_is_one_line_naming_the_field(
     [
         ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
         ({"model_type": "qwen3_next", "full_attention_interval": 4}, "full_attention_interval"),
-        ({"model_type": "falcon_h1", "mamba_d_ssm": 3072}, "mamba_d_ssm"),
+        ({"mamba_d_ssm": 3072}, "mamba_d_ssm"),  # not falcon_h1
         ({"hybrid_override_pattern": "M-*-"}, "hybrid_override_pattern"),  # not nemotron_h
     ],
 )
@@ -223,21 +224,113 @@ def test_calibrated_refuses_a_hybrid_it_has_no_fit_for() -> None:
     assert "no fit for hybrid layers" in info.value.message
 
 
+# -- Falcon-H1 ---------------------------------------------------------------------------------
+
+FALCON = "falcon-h1-1.5b"
+FALCON_PARAMS = 1_554_789_760  # transformers 5.24 on the meta device, as for Nemotron-H
+FALCON_SMALL: dict[str, Any] = {
+    "model_type": "falcon_h1",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "mamba_d_ssm": 128,
+    "mamba_n_heads": 8,
+    "mamba_d_state": 16,
+    "mamba_n_groups": 2,
+    "mamba_d_conv": 4,
+}
+
+
+def test_falcon_h1_counts_what_transformers_builds() -> None:
+    shape = load_shape(FALCON)
+    assert shape.total_params == FALCON_PARAMS
+    assert round(shape.total_params / 1e9, 2) == 1.55
+    assert [(layer.mixer, n) for layer, n in shape.layer_counts] == [("parallel", 24)]
+
+
+def test_each_falcon_layer_runs_attention_beside_mamba_then_a_gated_mlp() -> None:
+    ((layer, _),) = parse_config(FALCON_SMALL).layer_counts
+    h, inner, conv_dim, heads = 64, 128, 128 + 2 * 2 * 16, 8
+    assert [(lin.name, lin.in_features, lin.out_features) for lin in layer.linears] == [
+        ("in_proj", h, inner + conv_dim + heads),
+        ("out_proj", inner, h),
+        ("q_proj", h, 64), ("k_proj", h, 32), ("v_proj", h, 32), ("o_proj", 64, h),
+        ("gate_proj", h, 96), ("up_proj", h, 96), ("down_proj", 96, h),
+    ]  # fmt: skip
+    # conv1d and its bias, dt_bias, A_log, D; no gated norm (mamba_rms_norm false); 2 norms
+    assert layer.other_tensors == (conv_dim * 4, conv_dim, heads, heads, heads, h, h)
+    normed = parse_config(FALCON_SMALL | {"mamba_rms_norm": True, "projectors_bias": True})
+    ((layer, _),) = normed.layer_counts
+    assert inner in layer.other_tensors[:-2]  # the gated norm over the SSM width
+    assert [lin.bias for lin in layer.linears[:2]] == [False, True]  # out_proj only
+
+
+def test_falcon_ssm_width_follows_its_config_class() -> None:
+    absent = {k: v for k, v in FALCON_SMALL.items() if k != "mamba_d_ssm"}
+    ssm = parse_config(absent).dims.ssm
+    assert ssm is not None and (ssm.inner, ssm.head_dim) == (1024, 128)  # the class default
+    expanded = parse_config(FALCON_SMALL | {"mamba_d_ssm": None, "mamba_expand": 3}).dims.ssm
+    assert expanded is not None and expanded.inner == 192
+    tied = parse_config(FALCON_SMALL | {"tie_word_embeddings": True})
+    assert tied.lm_head_params == 0  # Falcon-H1 ties where the config says so
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"mamba_d_head": 8}, "mamba_d_head"),  # 8 x 8 heads is not the width 128
+        ({"mamba_n_heads": 3}, "mamba_n_heads"),  # does not divide 128
+        ({"mamba_n_groups": 3}, "mamba_n_groups"),
+        ({"mamba_d_state": "big"}, "mamba_d_state"),
+    ],
+)
+def test_a_malformed_falcon_config_is_one_line_naming_the_field(
+    change: dict[str, Any], field: str
+) -> None:
+    assert _error(FALCON_SMALL | change).field == f"spec.model.config.{field}"
+
+
+def test_falcon_activations_and_lora_price_all_three_parts() -> None:
+    shape = load_shape(FALCON)
+    h, i, q, kv = 2048, 4608, 8 * 128, 2 * 128
+    inner, conv, p = 3072, 3072 + 2 * 256, 3072 + 3072 + 2 * 256 + 48
+    state = 4 * inner * 256 // 128
+    scan = 2 * p + 4 * conv + 6 * inner + state
+    expected = (4 * h + 4 * q + 4 * kv) + scan + 4 * h + 8 * i
+    assert mixer_bytes_per_token(shape, "parallel") == expected
+    targets = ("gate_proj", "in_proj", "q_proj")
+    per_rank = 24 * ((h + i) + (h + p) + (h + q))
+    assert shape.lora_params_per_rank(targets) == per_rank
+    job = TrainingSettings(method=Method.LORA, rank=4, targets=targets, profile=Profile.UNSLOTH)
+    est = estimate(shape, job)
+    assert est.trainable_params == 4 * per_rank
+    # seed 1's activations, largest layer, LoRA with checkpointing: qkv + mamba's projections
+    assert (
+        est.components["activations"] == 2048 * ((q + 2 * kv + p + conv) + 2 + 2 * i) * 2 * 5 // 4
+    )
+    with pytest.raises(SpecError, match="PEFT refuses LoRA"):
+        canonical_targets(["all-linear"], shape, "spec.lora.targetModules")
+
+
 # -- trace -----------------------------------------------------------------------------------
 
 
-def _shrunk() -> dict[str, Any]:
+def _shrunk(family: str) -> dict[str, Any]:
     from controller.trace.calibrate import shrunk_hybrid
 
-    return shrunk_hybrid("nemotron_h", random.Random("test/nemotron_h"), "M*-")
+    return shrunk_hybrid(family, random.Random(f"test/{family}"), "M*-")
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "falcon_h1"])
 @pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA])
-def test_the_trace_builds_what_the_parser_counts(method: Method) -> None:
+def test_the_trace_builds_what_the_parser_counts(family: str, method: Method) -> None:
     require_trace_extra()
     from controller.trace.run import trace_run
 
-    config = _shrunk()
+    config = _shrunk(family)
     targets = ("all-linear",) if method is Method.FULL else TARGETS
     job = TrainingSettings(method=method, rank=None if method is Method.FULL else 8,
                            targets=targets, seq_len=256)  # fmt: skip

@@ -16,6 +16,7 @@ from controller.estimator import (
     TrainingSettings,
     load_shape,
 )
+from controller.estimator.architecture import PEFT_MAMBA_TYPES
 from controller.estimator.presets import preset_names
 from controller.packing.fit import fit
 from controller.profiles import estimate
@@ -44,6 +45,8 @@ def jobs(draw: st.DrawFn) -> tuple[str, TrainingSettings]:
     )
     if name.endswith("bnb-4bit") and s.method is Method.FULL:
         s = replace(s, method=Method.QLORA)
+    if SHAPES[name].model_type in PEFT_MAMBA_TYPES:  # all-linear is refused there, as by PEFT
+        s = replace(s, targets=tuple(sorted(SHAPES[name].module_names - {"out_proj"})))
     return name, s
 
 
