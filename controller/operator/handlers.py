@@ -59,7 +59,9 @@ def register(
         inventory: bool = False,
         **only: Any,
     ) -> None:
-        def on_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        # A coroutine: kopf runs a plain function in its thread pool, and the scheduler's
+        # wake-up (an asyncio.Event) may only be set on the loop.
+        async def on_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
             scheduler.attach(Caches.of(kwargs), contextvars.copy_context())
             meta = body.get("metadata") or {}
             key = intern(str(meta.get("uid")))  # the cached object's own copy (caches.py)

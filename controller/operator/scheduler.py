@@ -123,9 +123,11 @@ class Scheduler:
         self._leading = False
         self._view: tuple[int, ClusterView] | None = None
         self._view_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None  # kopf's: the caches are its
         self._inventory = 0
         self._viewer = ThreadPoolExecutor(1, "vramgate-view")
         self.passes = 0
+        self._decide_s = 0.0  # how long the last pass took to decide
 
     # -- what handlers call --------------------------------------------------------------
 
@@ -133,6 +135,7 @@ class Scheduler:
         """The caches, and a handler's context: kopf posts Events only from its own."""
         if self.caches is None:
             self.caches, self._context = caches, context
+            self._loop = asyncio.get_running_loop()
             self.wake()
 
     def wake(self) -> None:
@@ -146,9 +149,23 @@ class Scheduler:
     async def current_view(self) -> ClusterView | None:
         """The cluster as the caches hold it, for the webhook: rebuilt (in a worker thread,
         once for all the requests waiting on it) after a GPUNode or Node changed, so a job
-        applied right after a node joins is judged against that node."""
+        applied right after a node joins is judged against that node.
+
+        Called from the review server's own thread (`controller.webhook.server`) too: the
+        current view is read as it is, a new one is built on kopf's loop."""
         if self.caches is None:
             return None
+        cached = self._view
+        if cached is not None and cached[0] == self._inventory:
+            return cached[1]
+        loop = self._loop
+        if loop is not None and asyncio.get_running_loop() is not loop:
+            built = asyncio.run_coroutine_threadsafe(self._current_view(), loop)
+            return await asyncio.wrap_future(built)
+        return await self._current_view()
+
+    async def _current_view(self) -> ClusterView | None:
+        assert self.caches is not None
         async with self._view_lock:
             seq = self._inventory
             if self._view is not None and self._view[0] == seq:
@@ -171,7 +188,10 @@ class Scheduler:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.options.resync_s)
-            await asyncio.sleep(self.options.debounce_s)
+            # At least as long as the last pass took to decide: with 1,000 jobs a pass costs
+            # a few hundred ms of CPU, and every pod starting wakes the loop; deciding at most
+            # half the time leaves the other half to the event loop and the API server.
+            await asyncio.sleep(max(self.options.debounce_s, self._decide_s))
             self._wake.clear()
             if self.caches is None:
                 continue
@@ -238,9 +258,10 @@ class Scheduler:
         )
         decided_at = time.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
+        self._decide_s = time.monotonic() - decided_at
         log.debug(
             "decided %d jobs in %.3f s: %d writes, %d creates, %d deletes",
-            len(objects.jobs), time.monotonic() - decided_at,
+            len(objects.jobs), self._decide_s,
             len(out.writes), len(out.creates), len(out.deletes),
         )  # fmt: skip
         self._peaks = out.peaks

@@ -306,7 +306,7 @@ def test_a_gpunode_heartbeat_alone_does_not_wake_the_loop(sched: Scheduler) -> N
             "metadata": {"name": "n1", "uid": "g1"},
             "status": {"heartbeatTime": beat, "gpus": [{"index": 0, "freeBytes": free}]},
         }
-        on_gpunode.fn(body=kopf.Body(cast(Any, body)), type="MODIFIED", **indexes)
+        asyncio.run(on_gpunode.fn(body=kopf.Body(cast(Any, body)), type="MODIFIED", **indexes))
         return sched._wake.is_set()
 
     assert event("2025-03-01T12:00:00Z", 80 * GIB), "the first sight of it"

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
+import ssl
+import threading
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook
-from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER, answer
+from controller.webhook.certs import generate, write_files
+from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER, ReviewServer, answer
 from tests.unit.test_webhook_admission import FULL, admitted, body, cluster, hook
 
 RESOURCE = {"group": "vramgate.dev", "version": "v1alpha1", "resource": "finetunejobs"}
@@ -100,3 +106,61 @@ def test_requests_that_are_not_ours_are_http_errors(
 ) -> None:
     with pytest.raises(error):
         asyncio.run(answer(hook(cluster()), webhook, request_))
+
+
+# -- the server itself: TLS on its own thread, restarted on renewed files -------------------
+
+
+def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewal(
+    tmp_path: Path,
+) -> None:
+    """Reviews are answered on the server's own thread (not the loop that runs kopf, which
+    stays free to block here), and renewed certificate files restart it with the new CA."""
+    now = dt.datetime.now(dt.UTC)
+    first = generate(["127.0.0.1"], now)
+    cert = write_files(tmp_path, first)
+    server = ReviewServer(
+        addr="127.0.0.1", host="127.0.0.1", certfile=str(cert.cert), pkeyfile=str(cert.key),
+        cafile=str(cert.ca), file_check_interval=0.05,
+    )  # fmt: skip
+    threads: list[str] = []
+
+    class Recording(AdmissionWebhook):
+        async def validate(self, **kwargs: Any) -> None:
+            threads.append(threading.current_thread().name)
+
+    server.hook = Recording(_no_view, lambda *_: None)
+
+    async def kopf_fn(*_: Any, **__: Any) -> Any:
+        raise AssertionError("kopf's handlers were called")
+
+    async def post(config: Any, ca: bytes) -> int:
+        context = ssl.create_default_context(cadata=ca.decode())
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as http:
+            url = f"{config['url'].rstrip('/')}/{VALIDATE_HANDLER}"
+            async with http.post(url, json=review({"spec": {}})) as response:
+                return response.status
+
+    renewed = generate(["127.0.0.1"], now)
+
+    async def scenario() -> tuple[int, int, str, str]:
+        iterator = server(kopf_fn).__aiter__()
+        try:
+            config = await iterator.__anext__()
+            before = await post(config, first.ca_cert)
+            write_files(tmp_path, renewed)
+            config2 = await asyncio.wait_for(iterator.__anext__(), timeout=10)
+            after = await post(config2, renewed.ca_cert)
+            return before, after, config["caBundle"], config2["caBundle"]
+        finally:
+            await iterator.aclose()
+
+    before, after, bundle, bundle2 = asyncio.run(scenario())
+    assert (before, after) == (200, 200)
+    assert base64.b64decode(bundle) == first.ca_cert
+    assert base64.b64decode(bundle2) == renewed.ca_cert != first.ca_cert, "the new CA is out"
+    assert threads == ["vramgate-webhook", "vramgate-webhook"]
+
+
+async def _no_view() -> None:
+    return None
