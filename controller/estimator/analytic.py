@@ -98,6 +98,19 @@ def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
     """
     d = shape.dims
     h = d.hidden_size
+    if mixer == "attention_mlp":  # Jamba's attention layers: the standard block
+        return K_FULL * h
+    if mixer == "mamba1_mlp":
+        # Jamba's Mamba layers: the standard block less its attention and that norm (the
+        # 11h + 2h of the 34h), plus what a Mamba (1) mixer saves with its fused scan (the
+        # selective-scan kernel keeps its inputs and recomputes the states): the norm's and
+        # in_proj's inputs, in_proj's output (x, z), the convolution's output and its SiLU,
+        # x_proj's output (dt, B, C) and the three norms' outputs, dt_proj's output, the
+        # scan's output y and out_proj's input.
+        m = d.mamba1
+        assert m is not None  # parsed for every Jamba config
+        mamba = 4 * h + 14 * m.inner + 4 * (m.dt_rank + 2 * m.state_size)
+        return (K_FULL - 13) * h + mamba
     head_dim = d.head_dim or h // d.num_heads
     attention = 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
     if mixer == "attention":

@@ -136,6 +136,18 @@ class SsmDims:
         return self.inner + self.conv_dim + self.num_heads
 
 
+@dataclass(frozen=True, slots=True)
+class Mamba1Dims:
+    """A Mamba (1) mixer's widths as the config states them (Jamba's field names)."""
+
+    inner: int  # mamba_expand x hidden
+    state_size: int
+    conv_kernel: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+
+
 @dataclass(frozen=True)
 class ArchDims:
     """The config-level dimensions, as the config states them (for formula profiles)."""
@@ -177,6 +189,7 @@ class ArchDims:
     # attention + MLP blocks; the Mamba-2 widths where some mixer is one.
     mixers: tuple[str, ...] | None = None
     ssm: SsmDims | None = None
+    mamba1: Mamba1Dims | None = None  # Jamba's Mamba layers
 
     @cached_property
     def dense_layer_set(self) -> frozenset[int]:
@@ -342,6 +355,9 @@ _FAMILIES: dict[str, _Family] = {
     # Falcon-H1: attention (biases by attention_bias) beside a Mamba-2 mixer, then a SwiGLU
     # MLP; input_layernorm and pre_ff_layernorm; tied only where the config says so.
     "falcon_h1": _Family(),
+    # Jamba: bias-free attention every attn_layer_period layers, Mamba (1) in the others;
+    # an MoE (fused expert stacks, a router parameter) every expert_layer_period layers.
+    "jamba": _Family(qkv_bias=False, o_bias=False, fused_expert_gate_up=True),
 }
 
 
@@ -384,6 +400,8 @@ _MOE_SHAPE_FIELDS = frozenset(
         "moe_layer_end_index",
         "moe_layer_interval",
         "enable_moe_block",
+        "expert_layer_period",  # Jamba
+        "expert_layer_offset",
     }
 )
 # Fields about experts that change no tensor shape: routing and loss hyperparameters, flags,
@@ -427,11 +445,12 @@ _NON_ATTENTION_FIELDS = (
 )
 # Hybrid families whose stacks the parser builds layer type by layer type: their fields are
 # read, not refused. Jamba, Qwen3-Next and Falcon-H1 are still refused by the fields above.
-HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1"})
+HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1", "jamba"})
 #: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP
 #: alone (Nemotron-H), or all three in one layer (Falcon-H1: attention and Mamba-2 side by
-#: side on the same normed input, then a gated MLP).
-MIXERS = ("mamba2", "attention", "mlp", "parallel")
+#: side on the same normed input, then a gated MLP), or Jamba's blocks: attention or Mamba
+#: (1), each followed by an MLP or MoE as the standard block is.
+MIXERS = ("mamba2", "attention", "mlp", "parallel", "attention_mlp", "mamba1_mlp")
 # Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
 # character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
 # "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
@@ -639,6 +658,9 @@ def _dense_layer_indices(r: _Reader, num_layers: int, num_experts: int) -> tuple
     Llama 4's interleaving, ERNIE's start/interval/end)."""
     if num_experts <= 1:
         return ()
+    if r.config.get("model_type") == "jamba":
+        period, offset = _period(r, "expert_layer_period", 2, "expert_layer_offset", 1)
+        return tuple(i for i in range(num_layers) if i % period != offset)
     mlp_types = r.config.get("mlp_layer_types")
     if mlp_types:
         # Entry i is layer i's MLP; a shorter list leaves the layers after it MoE and a longer
@@ -840,6 +862,36 @@ def _falcon_ssm_dims(r: _Reader, hidden: int) -> SsmDims:
     )
 
 
+def _period(
+    r: _Reader, period_name: str, period_default: int, offset_name: str, offset_default: int
+) -> tuple[int, int]:
+    """Jamba's (period, offset) of a layer kind: layer i is of that kind when i % period ==
+    offset; the offset must be below the period, as its config class checks."""
+    period = r.int(period_name, default=period_default) or period_default
+    offset = r.int(offset_name, default=offset_default, minimum=0, maximum=MAX_LAYERS)
+    offset = offset_default if offset is None else offset
+    if offset >= period:
+        raise SpecError(
+            r.path(offset_name), f"must be less than {period_name} ({period}), got {offset}"
+        )
+    return period, offset
+
+
+def _mamba1_dims(r: _Reader, hidden: int) -> Mamba1Dims:
+    """Jamba's Mamba widths with its config class's defaults (`mamba_dt_rank` "auto":
+    ceil(hidden / 16))."""
+    rank = r.get("mamba_dt_rank")
+    dt_rank = -(-hidden // 16) if rank is None or rank == "auto" else r.int("mamba_dt_rank")
+    return Mamba1Dims(
+        inner=(r.int("mamba_expand", default=2) or 2) * hidden,
+        state_size=r.int("mamba_d_state", default=16) or 16,
+        conv_kernel=r.int("mamba_d_conv", default=4) or 4,
+        dt_rank=dt_rank or 1,
+        conv_bias=r.bool("mamba_conv_bias", True),
+        proj_bias=r.bool("mamba_proj_bias", False),
+    )
+
+
 def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
     hybrid = model_type in HYBRID_FAMILIES
@@ -853,6 +905,11 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     )
     if model_type == "falcon_h1":
         mixers = ("parallel",) * layers  # every layer the same (`layers_block_type`: "hybrid")
+    elif model_type == "jamba":
+        period, offset = _period(r, "attn_layer_period", 8, "attn_layer_offset", 4)
+        mixers = tuple(
+            "attention_mlp" if i % period == offset else "mamba1_mlp" for i in range(layers)
+        )
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
         r.int("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads", default=heads)
@@ -884,10 +941,14 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     vocab = r.required_int("vocab_size")
 
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    if hybrid:
+    if hybrid and model_type != "jamba":
         # Nemotron-H's expert fields (class defaults its dense configs carry too) shape only
         # its MoE layers, which `_nemotron_mixers` refuses: no layer built here has experts.
         num_experts, top_k = 1, 1
+    elif hybrid:
+        _check_expert_fields(r)
+        num_experts = r.int("num_experts", default=16, minimum=1, maximum=MAX_EXPERTS) or 1
+        top_k = r.int("num_experts_per_tok", default=2, minimum=1, maximum=MAX_EXPERTS) or 1
     else:
         _check_expert_fields(r)
         for name in _NON_ATTENTION_FIELDS:
@@ -995,6 +1056,7 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
                 if mixers is not None and "mamba2" in mixers
                 else None
             ),
+            "mamba1": _mamba1_dims(r, hidden) if model_type == "jamba" else None,
         },
     )
 
@@ -1211,6 +1273,52 @@ def _mamba2(ssm: SsmDims, h: int) -> tuple[list[Linear], list[int]]:
     return linears, other
 
 
+def _mamba1(m: Mamba1Dims, h: int) -> tuple[list[Linear], list[int]]:
+    """A Mamba (1) mixer as transformers builds Jamba's: in_proj (x and the gate z), x_proj
+    (dt, B, C), dt_proj (biased), out_proj are the linears; the depthwise conv1d (+ bias),
+    A_log (inner x state), D and the dt/B/C RMSNorms are parameters of their own."""
+    linears = [
+        _linear("in_proj", h, 2 * m.inner, m.proj_bias),
+        _linear("x_proj", m.inner, m.dt_rank + 2 * m.state_size),
+        _linear("dt_proj", m.dt_rank, m.inner, True),
+        _linear("out_proj", m.inner, h, m.proj_bias),
+    ]
+    other = [m.inner * m.conv_kernel]
+    if m.conv_bias:
+        other.append(m.inner)
+    other += [m.inner * m.state_size, m.inner, m.dt_rank, m.state_size, m.state_size]
+    return linears, other
+
+
+def _jamba_layer(
+    dims: ArchDims, fam: _Family, r: _Reader, index: int, moe: bool, mlp_bias: bool
+) -> Layer:
+    """A Jamba layer: attention (the standard block) or Mamba (1), then an MLP or an MoE."""
+    if dims.mixers is not None and dims.mixers[index] == "attention_mlp":
+        return _layer(dims, fam, r, index, "full_attention", moe, mlp_bias)
+    assert dims.mamba1 is not None  # read for every Jamba config
+    h = dims.hidden_size
+    linears, other = _mamba1(dims.mamba1, h)
+    if moe:
+        moe_linears, moe_other = _moe_mlp(dims, fam)
+        linears += moe_linears
+        other += moe_other
+    else:
+        linears += _dense_mlp(h, dims.intermediate_size, fam, mlp_bias)
+    other += [h, h]  # input_layernorm, pre_ff_layernorm
+    return assemble(
+        Layer,
+        {
+            "linears": tuple(linears),
+            "other_params": sum(other),
+            "attention_type": "mamba1_mlp",
+            "moe": moe,
+            "other_tensors": tuple(other),
+            "mixer": "mamba1_mlp",
+        },
+    )
+
+
 def _hybrid_layers(
     dims: ArchDims, fam: _Family, r: _Reader, mlp_bias: bool
 ) -> tuple[tuple[Layer, ...], tuple[tuple[Layer, int], ...]]:
@@ -1219,6 +1327,16 @@ def _hybrid_layers(
     attention (an MLP of up_proj and down_proj, no gate: ReLU²)."""
     mixers = dims.mixers or ()
     h, inter = dims.hidden_size, dims.intermediate_size
+    if dims.mamba1 is not None:  # Jamba: a layer's kind is its mixer and whether it is MoE
+        dense = frozenset(dims.dense_layers)  # not the cached property: parsing keeps the
+        # shape's __dict__ to its fields (tests/unit/test_estimator_speed.py)
+        keys = [(kind, dims.num_experts > 1 and i not in dense) for i, kind in enumerate(mixers)]
+        by_key = {
+            key: _jamba_layer(dims, fam, r, keys.index(key), key[1], mlp_bias)
+            for key in dict.fromkeys(keys)
+        }
+        layers = tuple(by_key[key] for key in keys)
+        return layers, tuple((layer, keys.count(key)) for key, layer in by_key.items())
     built: dict[str, Layer] = {}
     for kind in dict.fromkeys(mixers):
         if kind == "attention":

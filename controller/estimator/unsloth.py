@@ -200,9 +200,38 @@ _FALCON_PATHS = {
 }
 
 
+#: Jamba's blocks: attention or Mamba (1), then the MLP or MoE of the standard block, which
+#: seed 1's terms price as they are (the Mamba mixer takes attention's place).
+_BLOCKS = ("attention_mlp", "mamba1_mlp")
+
+
+def _one_mixer(d: ArchDims, i: int) -> bool:
+    """Whether layer i is a hybrid layer priced module by module (`_hybrid_dims`) rather
+    than as the standard attention + MLP block (Jamba's included, see `_BLOCKS`)."""
+    return d.mixers is not None and d.mixers[i] not in _BLOCKS
+
+
+def _mamba1_dims(d: ArchDims) -> dict[str, tuple[int, int]]:
+    """(in, out) of a Jamba Mamba (1) mixer's linears."""
+    m = d.mamba1
+    assert m is not None  # parsed for every Jamba config
+    h = d.hidden_size
+    return {
+        "in_proj": (h, 2 * m.inner),
+        "x_proj": (m.inner, m.dt_rank + 2 * m.state_size),
+        "dt_proj": (m.dt_rank, m.inner),
+        "out_proj": (m.inner, h),
+    }
+
+
 def _mixer_extras(d: ArchDims) -> int:
-    """A Mamba-2 mixer's parameters outside its linears (conv1d, dt_bias, A_log, D, gated
-    norm): not quantised, and charged 16-bit with the norms (an extension of seed 1)."""
+    """A Mamba mixer's parameters outside its linears (Mamba-2: conv1d, dt_bias, A_log, D,
+    gated norm; Mamba 1: conv1d, A_log, D, dt/B/C norms): not quantised, and charged 16-bit
+    with the norms (an extension of seed 1)."""
+    m = d.mamba1
+    if m is not None:
+        conv = m.inner * m.conv_kernel + (m.inner if m.conv_bias else 0)
+        return conv + m.inner * m.state_size + m.inner + m.dt_rank + 2 * m.state_size
     ssm = d.ssm
     if ssm is None:
         return 0
@@ -212,12 +241,21 @@ def _mixer_extras(d: ArchDims) -> int:
 
 def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
     """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`)."""
-    if d.mixers is not None:
-        parallel = d.mixers[i] == "parallel"
+    if _one_mixer(d, i):
+        parallel = (d.mixers or ())[i] == "parallel"
         return {
             f"{_FALCON_PATHS[n] if parallel else 'mixer'}.{n}": a * b
             for n, (a, b) in _hybrid_dims(d, i).items()
         }
+    if d.mixers is not None and d.mixers[i] == "mamba1_mlp":
+        block = _block_modules(d, i)
+        mamba = {f"mamba.{n}": a * b for n, (a, b) in _mamba1_dims(d).items()}
+        return mamba | {k: v for k, v in block.items() if not k.startswith("self_attn")}
+    return _block_modules(d, i)
+
+
+def _block_modules(d: ArchDims, i: int) -> dict[str, int]:
+    """`_layer_modules` of a standard attention + MLP (or MoE) block."""
     dims = _linear_dims(d, i)
     modules: dict[str, int] = {}
     if d.q_lora_rank is not None:
@@ -253,7 +291,7 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
 def _layer_key(d: ArchDims, i: int) -> tuple[object, ...]:
     """What makes one layer's shapes differ from another's; equal keys, equal layers."""
     if d.mixers is not None:
-        return (d.mixers[i],)
+        return (d.mixers[i], _is_moe_layer(d, i))
     layer_type = d.layer_types[i] if d.layer_types else None
     return (layer_type, is_kv_shared_layer(d, i), _is_moe_layer(d, i))
 
@@ -278,7 +316,8 @@ def _view(shape: ModelShape) -> _View:
     embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
     lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
     mixers = d.mixers or ()
-    extras = _mixer_extras(d) * (mixers.count("mamba2") + mixers.count("parallel"))
+    mamba_layers = mixers.count("mamba2") + mixers.count("parallel") + mixers.count("mamba1_mlp")
+    extras = _mixer_extras(d) * mamba_layers
     skip = shape.quantization.skip_modules if shape.quantization else ()
     view = _View(
         quantizable=quantizable,
@@ -333,6 +372,15 @@ def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -
 
 
 def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
+    if d.mixers is not None and d.mixers[i] == "mamba1_mlp":
+        # Jamba's Mamba layer: in_proj's output (x and z) and the convolution's take the
+        # q/k/v term's place, as in_proj's take it in a Mamba-2 layer; its MLP or MoE is
+        # the standard block's (an extension).
+        m = d.mamba1
+        assert m is not None
+        return 3 * m.inner, _standard_activation_sizes(d, i)[1]
+    if d.mixers is not None and d.mixers[i] == "attention_mlp":
+        return _standard_activation_sizes(d, i)
     if d.mixers is not None:
         # A hybrid layer (extension): the formula's q/k/v term is what the mixer projects
         # into (attention's q + 2 kv; Mamba-2's in_proj output and the convolution's
@@ -349,6 +397,10 @@ def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
             q, kv, _, _ = layer_attention_dims(d, i)
             return q + 2 * kv + mamba, d.intermediate_size
         return mamba, 0
+    return _standard_activation_sizes(d, i)
+
+
+def _standard_activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
     if _structured(d):
         # H + K + K on every layer, as seed 1 writes it: a kv-shared layer (or one whose k is
         # its v) holds no k/v weights, but the k/v it attends with are live all the same.
@@ -386,6 +438,19 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
     if cached is not None:
         return cached  # type: ignore[return-value]
     d = shape.dims
+    if d.mamba1 is not None:
+        # Jamba: seed 1's table over the standard blocks with attention only where a layer
+        # has it, plus the Mamba mixers' linears (all-linear: all four, as PEFT puts them).
+        n_mamba = (d.mixers or ()).count("mamba1_mlp")
+        mamba = sum(
+            a + b
+            for name, (a, b) in _mamba1_dims(d).items()
+            if "all-linear" in targets or name in targets
+        )
+        attention = _lora_attention(d, _table_rows(targets))
+        total = _block_lora(d, targets) - attention * n_mamba + mamba * n_mamba
+        shape.memo[key] = total
+        return total
     if d.mixers is not None:
         # A hybrid stack: each layer's own modules, by name (all-linear, which PEFT refuses
         # on Mamba models, never reaches here: `canonical_targets`).
@@ -398,6 +463,13 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
         )
         shape.memo[key] = total
         return total
+    total = _block_lora(d, targets)
+    shape.memo[key] = total
+    return total
+
+
+def _block_lora(d: ArchDims, targets: tuple[str, ...]) -> int:
+    """Seed 1's LoRA table at rank 1 over standard attention + MLP (or MoE) blocks."""
     rows = _table_rows(targets)
     h, n = d.hidden_size, d.num_layers
     moe = d.num_experts > 1
@@ -431,9 +503,7 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
             mlp = moe_mlp * n_moe + dense * (n if d.moe_has_dense_mlp else len(d.dense_layers))
     # `all-linear` is the seven projections of seed 1's table, nothing else (the per-layer
     # input modules of Gemma 3n/4 included): "all known text linear modules in the table".
-    total = attention + mlp
-    shape.memo[key] = total
-    return total
+    return attention + mlp
 
 
 def _lora_attention(d: ArchDims, rows: frozenset[str]) -> int:

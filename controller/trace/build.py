@@ -191,6 +191,9 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if quantized:
         skip, double = qlora.skip_modules(config), qlora.double_quant(config)
         qlora.quantize_linears(model, skip, DTYPES[settings.precision], double)
+        # What a quantised load sets: modelling code that reads a linear's weight directly
+        # (Jamba's dt_proj) calls the module instead when it is there.
+        model.config._is_quantized = True  # type: ignore[union-attr]
     if settings.is_adapter:
         for param in model.parameters():
             param.requires_grad_(False)

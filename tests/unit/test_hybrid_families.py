@@ -1,6 +1,6 @@
-"""Hybrid stacks (layers that are not all attention): Nemotron-H and Falcon-H1 parsed layer
-type by layer type and priced by the formula profiles; the hybrids not built yet refused by
-field."""
+"""Hybrid stacks (layers that are not all attention): Nemotron-H, Falcon-H1 and Jamba parsed
+layer type by layer type and priced by the formula profiles; the hybrids not built yet
+(Qwen3-Next) refused by field."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_a_malformed_nemotron_config_is_one_line_naming_the_field(
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"model_type": "jamba", "attn_layer_period": 8}, "attn_layer_period"),
+        ({"attn_layer_period": 8}, "attn_layer_period"),  # not jamba
         ({"model_type": "qwen3_next", "full_attention_interval": 4}, "full_attention_interval"),
         ({"mamba_d_ssm": 3072}, "mamba_d_ssm"),  # not falcon_h1
         ({"hybrid_override_pattern": "M-*-"}, "hybrid_override_pattern"),  # not nemotron_h
@@ -313,6 +313,118 @@ def test_falcon_activations_and_lora_price_all_three_parts() -> None:
     )
     with pytest.raises(SpecError, match="PEFT refuses LoRA"):
         canonical_targets(["all-linear"], shape, "spec.lora.targetModules")
+
+
+# -- Jamba ---------------------------------------------------------------------------------
+
+JAMBA = "jamba-v0.1"
+JAMBA_PARAMS = 51_570_323_328  # transformers 5.24 on the meta device, as for Nemotron-H
+JAMBA_SMALL: dict[str, Any] = {
+    "model_type": "jamba",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 0,
+    "mamba_d_state": 8,
+    "vocab_size": 100,
+}
+
+
+def test_jamba_counts_what_transformers_builds() -> None:
+    shape = load_shape(JAMBA)
+    assert shape.total_params == JAMBA_PARAMS
+    assert round(shape.total_params / 1e9, 1) == 51.6
+    kinds = {(layer.mixer, layer.moe): n for layer, n in shape.layer_counts}
+    assert kinds == {
+        ("mamba1_mlp", False): 12,
+        ("mamba1_mlp", True): 16,
+        ("attention_mlp", False): 4,
+    }
+    assert [shape.layers[i].mixer for i in (3, 4, 5, 12)] == [
+        "mamba1_mlp", "attention_mlp", "mamba1_mlp", "attention_mlp",
+    ]  # fmt: skip
+    assert [shape.layers[i].moe for i in (0, 1, 2, 3)] == [False, True, False, True]
+
+
+def test_a_jamba_mamba_layer_is_mamba_1_then_its_mlp_or_moe() -> None:
+    shape = parse_config(JAMBA_SMALL)
+    mamba_moe = shape.layers[0]  # layer 0: Mamba (0 % 2 != 1), MoE (0 % 2 == 0)
+    h, inner, rank, state = 64, 128, 4, 8  # dt_rank "auto": ceil(64 / 16)
+    names = [(lin.name, lin.in_features, lin.out_features, lin.bias) for lin in mamba_moe.linears]
+    assert names[:4] == [
+        ("in_proj", h, 2 * inner, False),
+        ("x_proj", inner, rank + 2 * state, False),
+        ("dt_proj", rank, inner, True),
+        ("out_proj", inner, h, False),
+    ]
+    assert [lin.name for lin in mamba_moe.linears[4:]] == ["gate_up_proj", "down_proj", "router"]
+    # conv1d and its bias, A_log, D, the dt/B/C norms, the two block norms
+    assert mamba_moe.other_tensors == (inner * 4, inner, inner * state, inner, rank, 8, 8, h, h)
+    attention_dense = shape.layers[1]
+    assert attention_dense.mixer == "attention_mlp" and not attention_dense.moe
+    assert [lin.name for lin in attention_dense.linears] == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"attn_layer_offset": 2}, "attn_layer_offset"),  # not below the period
+        ({"expert_layer_offset": 5, "expert_layer_period": 4}, "expert_layer_offset"),
+        ({"attn_layer_period": 0}, "attn_layer_period"),
+        ({"mamba_dt_rank": "wide"}, "mamba_dt_rank"),
+        ({"moe_layer_stride": 2}, "moe_layer_stride"),  # an expert field it does not know
+    ],
+)
+def test_a_malformed_jamba_config_is_one_line_naming_the_field(
+    change: dict[str, Any], field: str
+) -> None:
+    assert _error(JAMBA_SMALL | change).field == f"spec.model.config.{field}"
+
+
+def test_jamba_prices_its_mamba_layers_in_every_formula_profile() -> None:
+    shape = load_shape(JAMBA)
+    h, inner, rank, state = 4096, 8192, 256, 16
+    mamba = 4 * h + 14 * inner + 4 * (rank + 2 * state)
+    assert mixer_bytes_per_token(shape, "mamba1_mlp") == 21 * h + mamba
+    assert mixer_bytes_per_token(shape, "attention_mlp") == 34 * h
+    off = TrainingSettings(method=Method.LORA, gradient_checkpointing=Checkpointing.OFF)
+    per_token = 4 * 34 * h + 28 * (21 * h + mamba)
+    assert estimate(shape, off).components["activations"] == 2048 * per_token
+    # PEFT's all-linear puts LoRA on the four Mamba linears of each of the 28 Mamba layers
+    mamba_lora = (h + 2 * inner) + (inner + rank + 2 * state) + (rank + inner) + (inner + h)
+    targets = ("dt_proj", "in_proj", "out_proj", "x_proj")
+    assert shape.lora_params_per_rank(targets) == 28 * mamba_lora
+    unsloth = TrainingSettings(method=Method.LORA, rank=2, targets=targets, profile=Profile.UNSLOTH)
+    assert estimate(shape, unsloth).trainable_params == 2 * 28 * mamba_lora
+    q_only = replace(unsloth, targets=("q_proj",))  # attention in 4 layers only
+    assert estimate(shape, q_only).trainable_params == 2 * 4 * (h + h)
+    with pytest.raises(SpecError, match="no fit for hybrid layers"):
+        estimate(shape, replace(unsloth, profile=Profile.CALIBRATED))
+
+
+def test_the_jamba_trace_builds_what_the_parser_counts() -> None:
+    """Two layers at 16 tokens: Jamba's Mamba runs token by token on CPU (no fused scan), so
+    a trace of the real model at thousands of tokens takes far too long to test."""
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = JAMBA_SMALL | {"num_hidden_layers": 2, "pad_token_id": 0}
+    shape = parse_config(config)
+    targets = ("in_proj", "x_proj", "dt_proj", "out_proj", "q_proj", "gate_proj")
+    for method in (Method.LORA, Method.QLORA):  # QLoRA: dt_proj called as a module
+        job = TrainingSettings(method=method, rank=4, targets=targets, seq_len=16)
+        result = trace_run(config, job, breakdowns=False)
+        assert result.trainable_params == 4 * shape.lora_params_per_rank(targets)
+        assert result.total_params == shape.total_params + result.trainable_params
 
 
 # -- trace -----------------------------------------------------------------------------------
