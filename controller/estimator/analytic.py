@@ -35,6 +35,7 @@ OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
 K_FULL = 34  # Korthikanti et al. 2022, per layer, FlashAttention (no s² term)
 LOGITS_BYTES = 8  # FP32 logits plus their gradient
+DELTANET_CHUNK = 64  # tokens per chunk of the chunked gated delta rule (transformers, fla)
 
 _WEIGHT_BYTES = {
     Precision.FP32: Fraction(4),
@@ -111,6 +112,19 @@ def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
         assert m is not None  # parsed for every Jamba config
         mamba = 4 * h + 14 * m.inner + 4 * (m.dt_rank + 2 * m.state_size)
         return (K_FULL - 13) * h + mamba
+    if mixer == "deltanet_mlp":
+        # Qwen3-Next's linear-attention layers: the standard block less its attention and
+        # that norm, plus what Gated DeltaNet saves: the norm's and projections' inputs,
+        # in_proj_qkvz's and in_proj_ba's outputs, the convolution's output and its SiLU,
+        # the L2-normed q and k, the core's output and the gated norm's (out_proj's input),
+        # and the fp32 state (value heads x key dim x value dim) each chunk of 64 tokens
+        # passes on: a fixed-size state instead of k/v or a score matrix.
+        g = d.deltanet
+        assert g is not None  # parsed for every Qwen3-Next config
+        state = 4 * g.num_v_heads * g.head_k_dim * g.head_v_dim // DELTANET_CHUNK
+        net = 4 * h + 4 * (g.key_dim + g.value_dim) + 4 * g.num_v_heads + 4 * g.conv_dim
+        net += 4 * g.key_dim + 4 * g.value_dim + state
+        return (K_FULL - 13) * h + net
     head_dim = d.head_dim or h // d.num_heads
     attention = 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
     if mixer == "attention":

@@ -148,6 +148,30 @@ class Mamba1Dims:
     proj_bias: bool
 
 
+@dataclass(frozen=True, slots=True)
+class DeltaNetDims:
+    """A Gated DeltaNet (linear attention) mixer's widths (Qwen3-Next's `linear_*` fields)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal convolution over q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+
 @dataclass(frozen=True)
 class ArchDims:
     """The config-level dimensions, as the config states them (for formula profiles)."""
@@ -190,6 +214,9 @@ class ArchDims:
     mixers: tuple[str, ...] | None = None
     ssm: SsmDims | None = None
     mamba1: Mamba1Dims | None = None  # Jamba's Mamba layers
+    deltanet: DeltaNetDims | None = None  # Qwen3-Next's linear-attention layers
+    # Qwen3-Next's full attention gates its output: q_proj is twice q's width (q and gate).
+    attention_output_gate: bool = False
 
     @cached_property
     def dense_layer_set(self) -> frozenset[int]:
@@ -303,6 +330,7 @@ class _Family:
     # ("mixtral": w1/w2/w3, "qwen2_moe": gate_proj/up_proj/down_proj); other MoE families
     # keep LoRA to their real nn.Linear modules.
     peft_moe_pattern: str = ""
+    gated_q: bool = False  # q_proj also projects an output gate (twice q's width)
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -358,6 +386,12 @@ _FAMILIES: dict[str, _Family] = {
     # Jamba: bias-free attention every attn_layer_period layers, Mamba (1) in the others;
     # an MoE (fused expert stacks, a router parameter) every expert_layer_period layers.
     "jamba": _Family(qkv_bias=False, o_bias=False, fused_expert_gate_up=True),
+    # Qwen3-Next: Gated DeltaNet layers and, every full_attention_interval layers, gated full
+    # attention (q_proj doubled, q/k norms over the head); Qwen-MoE experts with a gated
+    # shared expert.
+    "qwen3_next": _Family(
+        qk_norm="head", gated_q=True, fused_expert_gate_up=True, peft_moe_pattern="qwen2_moe"
+    ),
 }
 
 
@@ -445,12 +479,20 @@ _NON_ATTENTION_FIELDS = (
 )
 # Hybrid families whose stacks the parser builds layer type by layer type: their fields are
 # read, not refused. Jamba, Qwen3-Next and Falcon-H1 are still refused by the fields above.
-HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1", "jamba"})
+HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1", "jamba", "qwen3_next"})
 #: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP
 #: alone (Nemotron-H), or all three in one layer (Falcon-H1: attention and Mamba-2 side by
 #: side on the same normed input, then a gated MLP), or Jamba's blocks: attention or Mamba
 #: (1), each followed by an MLP or MoE as the standard block is.
-MIXERS = ("mamba2", "attention", "mlp", "parallel", "attention_mlp", "mamba1_mlp")
+MIXERS = (
+    "mamba2",
+    "attention",
+    "mlp",
+    "parallel",
+    "attention_mlp",
+    "mamba1_mlp",
+    "deltanet_mlp",  # Qwen3-Next: Gated DeltaNet (linear attention), then its MoE or MLP
+)
 # Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
 # character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
 # "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
@@ -877,6 +919,50 @@ def _period(
     return period, offset
 
 
+def _qwen3_next_mixers(r: _Reader, layers: int) -> tuple[str, ...]:
+    """Qwen3-Next's layers: `layer_types` ("linear_attention" / "full_attention"), else full
+    attention every `full_attention_interval` layers (4), as its config class builds them."""
+    types = r.get("layer_types")
+    if types is None:
+        interval = r.int("full_attention_interval", default=4) or 4
+        return tuple(
+            "deltanet_mlp" if (i + 1) % interval else "attention_mlp" for i in range(layers)
+        )
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise SpecError(r.path("layer_types"), "must be a list of strings")
+    if len(types) != layers:
+        raise SpecError(
+            r.path("layer_types"), f"must list one type per layer ({layers}), got {len(types)}"
+        )
+    table = {"linear_attention": "deltanet_mlp", "full_attention": "attention_mlp"}
+    for i, kind in enumerate(types):
+        if kind not in table:
+            raise SpecError(
+                f"{r.path('layer_types')}[{i}]",
+                f"unknown layer type {shown(kind)}; allowed: {', '.join(table)}",
+            )
+    return tuple(table[kind] for kind in types)
+
+
+def _deltanet_dims(r: _Reader) -> DeltaNetDims:
+    """Qwen3-Next's Gated DeltaNet widths, with its config class's defaults; the value heads
+    are grouped over the key heads, so their count must divide."""
+    k_heads = r.int("linear_num_key_heads", default=16) or 16
+    v_heads = r.int("linear_num_value_heads", default=32) or 32
+    if v_heads % k_heads:
+        raise SpecError(
+            r.path("linear_num_value_heads"),
+            f"must be a multiple of linear_num_key_heads ({k_heads}), got {v_heads}",
+        )
+    return DeltaNetDims(
+        num_k_heads=k_heads,
+        num_v_heads=v_heads,
+        head_k_dim=r.int("linear_key_head_dim", default=128) or 128,
+        head_v_dim=r.int("linear_value_head_dim", default=128) or 128,
+        conv_kernel=r.int("linear_conv_kernel_dim", default=4) or 4,
+    )
+
+
 def _mamba1_dims(r: _Reader, hidden: int) -> Mamba1Dims:
     """Jamba's Mamba widths with its config class's defaults (`mamba_dt_rank` "auto":
     ceil(hidden / 16))."""
@@ -910,6 +996,8 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
         mixers = tuple(
             "attention_mlp" if i % period == offset else "mamba1_mlp" for i in range(layers)
         )
+    elif model_type == "qwen3_next":
+        mixers = _qwen3_next_mixers(r, layers)
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
         r.int("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads", default=heads)
@@ -941,17 +1029,17 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     vocab = r.required_int("vocab_size")
 
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    if hybrid and model_type != "jamba":
+    if model_type in ("nemotron_h", "falcon_h1"):
         # Nemotron-H's expert fields (class defaults its dense configs carry too) shape only
         # its MoE layers, which `_nemotron_mixers` refuses: no layer built here has experts.
         num_experts, top_k = 1, 1
-    elif hybrid:
+    elif model_type == "jamba":
         _check_expert_fields(r)
         num_experts = r.int("num_experts", default=16, minimum=1, maximum=MAX_EXPERTS) or 1
         top_k = r.int("num_experts_per_tok", default=2, minimum=1, maximum=MAX_EXPERTS) or 1
     else:
         _check_expert_fields(r)
-        for name in _NON_ATTENTION_FIELDS:
+        for name in () if hybrid else _NON_ATTENTION_FIELDS:
             if r.config.get(name) is not None:
                 raise SpecError(
                     r.path(name),
@@ -1057,6 +1145,8 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
                 else None
             ),
             "mamba1": _mamba1_dims(r, hidden) if model_type == "jamba" else None,
+            "deltanet": _deltanet_dims(r) if model_type == "qwen3_next" else None,
+            "attention_output_gate": model_type == "qwen3_next",
         },
     )
 
@@ -1124,7 +1214,7 @@ def _attention(
     if fam.fused_qkv:
         linears = [_linear("qkv_proj", h, q_width + 2 * kv_width, qkv_bias)]
     else:
-        linears = [_linear("q_proj", h, q_width, qkv_bias)]
+        linears = [_linear("q_proj", h, 2 * q_width if fam.gated_q else q_width, qkv_bias)]
         if has_k:
             linears.append(_linear("k_proj", h, kv_width, qkv_bias))
         if has_v:
@@ -1290,15 +1380,35 @@ def _mamba1(m: Mamba1Dims, h: int) -> tuple[list[Linear], list[int]]:
     return linears, other
 
 
+def _deltanet(g: DeltaNetDims, h: int) -> tuple[list[Linear], list[int]]:
+    """A Gated DeltaNet mixer as transformers builds Qwen3-Next's: in_proj_qkvz (q, k, v and
+    the output gate z), in_proj_ba (beta and the decay's a, one each per value head) and
+    out_proj are the linears; the bias-free depthwise conv1d over q/k/v, dt_bias and A_log
+    (per value head) and the gated RMSNorm over a value head are parameters of their own."""
+    linears = [
+        _linear("in_proj_qkvz", h, 2 * g.key_dim + 2 * g.value_dim),
+        _linear("in_proj_ba", h, 2 * g.num_v_heads),
+        _linear("out_proj", g.value_dim, h),
+    ]
+    other = [g.conv_dim * g.conv_kernel, g.num_v_heads, g.num_v_heads, g.head_v_dim]
+    return linears, other
+
+
 def _jamba_layer(
     dims: ArchDims, fam: _Family, r: _Reader, index: int, moe: bool, mlp_bias: bool
 ) -> Layer:
-    """A Jamba layer: attention (the standard block) or Mamba (1), then an MLP or an MoE."""
+    """A Jamba or Qwen3-Next layer: attention (the standard block) or a Mamba (1) / Gated
+    DeltaNet mixer in its place, then an MLP or an MoE."""
     if dims.mixers is not None and dims.mixers[index] == "attention_mlp":
         return _layer(dims, fam, r, index, "full_attention", moe, mlp_bias)
-    assert dims.mamba1 is not None  # read for every Jamba config
     h = dims.hidden_size
-    linears, other = _mamba1(dims.mamba1, h)
+    if dims.deltanet is not None:
+        kind = "deltanet_mlp"
+        linears, other = _deltanet(dims.deltanet, h)
+    else:
+        assert dims.mamba1 is not None  # read for every Jamba config
+        kind = "mamba1_mlp"
+        linears, other = _mamba1(dims.mamba1, h)
     if moe:
         moe_linears, moe_other = _moe_mlp(dims, fam)
         linears += moe_linears
@@ -1311,10 +1421,10 @@ def _jamba_layer(
         {
             "linears": tuple(linears),
             "other_params": sum(other),
-            "attention_type": "mamba1_mlp",
+            "attention_type": kind,
             "moe": moe,
             "other_tensors": tuple(other),
-            "mixer": "mamba1_mlp",
+            "mixer": kind,
         },
     )
 
@@ -1327,7 +1437,8 @@ def _hybrid_layers(
     attention (an MLP of up_proj and down_proj, no gate: ReLU²)."""
     mixers = dims.mixers or ()
     h, inter = dims.hidden_size, dims.intermediate_size
-    if dims.mamba1 is not None:  # Jamba: a layer's kind is its mixer and whether it is MoE
+    if dims.mamba1 is not None or dims.deltanet is not None:
+        # Jamba, Qwen3-Next: a layer's kind is its mixer and whether it is MoE
         dense = frozenset(dims.dense_layers)  # not the cached property: parsing keeps the
         # shape's __dict__ to its fields (tests/unit/test_estimator_speed.py)
         keys = [(kind, dims.num_experts > 1 and i not in dense) for i, kind in enumerate(mixers)]

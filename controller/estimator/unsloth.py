@@ -126,7 +126,8 @@ def _linear_dims(d: ArchDims, i: int) -> dict[str, tuple[int, int]]:
         mlp = layer_mlp_size(d, i)
     else:
         q, kv, has_k, has_v, mlp = h, _kv(d), True, True, _routed_size(d)
-    dims = {"q_proj": (h, q), "o_proj": (q, h)}
+    # Qwen3-Next's q_proj also projects the output gate: twice q's width
+    dims = {"q_proj": (h, 2 * q if d.attention_output_gate else q), "o_proj": (q, h)}
     if has_k:
         dims["k_proj"] = (h, kv)
     if has_v:
@@ -202,7 +203,7 @@ _FALCON_PATHS = {
 
 #: Jamba's blocks: attention or Mamba (1), then the MLP or MoE of the standard block, which
 #: seed 1's terms price as they are (the Mamba mixer takes attention's place).
-_BLOCKS = ("attention_mlp", "mamba1_mlp")
+_BLOCKS = ("attention_mlp", "mamba1_mlp", "deltanet_mlp")
 
 
 def _one_mixer(d: ArchDims, i: int) -> bool:
@@ -224,10 +225,30 @@ def _mamba1_dims(d: ArchDims) -> dict[str, tuple[int, int]]:
     }
 
 
+def _deltanet_dims(d: ArchDims) -> dict[str, tuple[int, int]]:
+    """(in, out) of a Qwen3-Next Gated DeltaNet mixer's linears."""
+    g = d.deltanet
+    assert g is not None  # parsed for every Qwen3-Next config
+    h = d.hidden_size
+    return {
+        "in_proj_qkvz": (h, 2 * g.key_dim + 2 * g.value_dim),
+        "in_proj_ba": (h, 2 * g.num_v_heads),
+        "out_proj": (g.value_dim, h),
+    }
+
+
+def _mixer_dims(d: ArchDims) -> dict[str, tuple[int, int]]:
+    """The linears of the mixer that takes attention's place in a Jamba or Qwen3-Next block."""
+    return _deltanet_dims(d) if d.deltanet is not None else _mamba1_dims(d)
+
+
 def _mixer_extras(d: ArchDims) -> int:
     """A Mamba mixer's parameters outside its linears (Mamba-2: conv1d, dt_bias, A_log, D,
     gated norm; Mamba 1: conv1d, A_log, D, dt/B/C norms): not quantised, and charged 16-bit
     with the norms (an extension of seed 1)."""
+    g = d.deltanet
+    if g is not None:  # conv1d (no bias), dt_bias, A_log, the gated norm over a value head
+        return g.conv_dim * g.conv_kernel + 2 * g.num_v_heads + g.head_v_dim
     m = d.mamba1
     if m is not None:
         conv = m.inner * m.conv_kernel + (m.inner if m.conv_bias else 0)
@@ -247,10 +268,11 @@ def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
             f"{_FALCON_PATHS[n] if parallel else 'mixer'}.{n}": a * b
             for n, (a, b) in _hybrid_dims(d, i).items()
         }
-    if d.mixers is not None and d.mixers[i] == "mamba1_mlp":
+    if d.mixers is not None and d.mixers[i] in ("mamba1_mlp", "deltanet_mlp"):
         block = _block_modules(d, i)
-        mamba = {f"mamba.{n}": a * b for n, (a, b) in _mamba1_dims(d).items()}
-        return mamba | {k: v for k, v in block.items() if not k.startswith("self_attn")}
+        where = "linear_attn" if d.deltanet is not None else "mamba"
+        mixer = {f"{where}.{n}": a * b for n, (a, b) in _mixer_dims(d).items()}
+        return mixer | {k: v for k, v in block.items() if not k.startswith("self_attn")}
     return _block_modules(d, i)
 
 
@@ -316,7 +338,7 @@ def _view(shape: ModelShape) -> _View:
     embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
     lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
     mixers = d.mixers or ()
-    mamba_layers = mixers.count("mamba2") + mixers.count("parallel") + mixers.count("mamba1_mlp")
+    mamba_layers = sum(map(mixers.count, ("mamba2", "parallel", "mamba1_mlp", "deltanet_mlp")))
     extras = _mixer_extras(d) * mamba_layers
     skip = shape.quantization.skip_modules if shape.quantization else ()
     view = _View(
@@ -379,6 +401,13 @@ def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
         m = d.mamba1
         assert m is not None
         return 3 * m.inner, _standard_activation_sizes(d, i)[1]
+    if d.mixers is not None and d.mixers[i] == "deltanet_mlp":
+        # Qwen3-Next's linear attention: its projections' outputs and the convolution's
+        # take the q/k/v term's place (an extension)
+        g = d.deltanet
+        assert g is not None
+        widths = 2 * g.key_dim + 2 * g.value_dim + 2 * g.num_v_heads + g.conv_dim
+        return widths, _standard_activation_sizes(d, i)[1]
     if d.mixers is not None and d.mixers[i] == "attention_mlp":
         return _standard_activation_sizes(d, i)
     if d.mixers is not None:
@@ -438,17 +467,19 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
     if cached is not None:
         return cached  # type: ignore[return-value]
     d = shape.dims
-    if d.mamba1 is not None:
-        # Jamba: seed 1's table over the standard blocks with attention only where a layer
-        # has it, plus the Mamba mixers' linears (all-linear: all four, as PEFT puts them).
-        n_mamba = (d.mixers or ()).count("mamba1_mlp")
-        mamba = sum(
+    if d.mamba1 is not None or d.deltanet is not None:
+        # Jamba, Qwen3-Next: seed 1's table over the standard blocks with attention only
+        # where a layer has it, plus the other mixers' linears (all-linear: all of them, as
+        # PEFT puts them).
+        n_mixer = sum(kind != "attention_mlp" for kind in d.mixers or ())
+        mixer = sum(
             a + b
-            for name, (a, b) in _mamba1_dims(d).items()
+            for name, (a, b) in _mixer_dims(d).items()
             if "all-linear" in targets or name in targets
         )
-        attention = _lora_attention(d, _table_rows(targets))
-        total = _block_lora(d, targets) - attention * n_mamba + mamba * n_mamba
+        total = _block_lora(d, targets) + mixer * n_mixer
+        if not _structured(d):  # the structured table skips attention where there is none
+            total -= _lora_attention(d, _table_rows(targets)) * n_mixer
         shape.memo[key] = total
         return total
     if d.mixers is not None:
@@ -484,7 +515,10 @@ def _block_lora(d: ArchDims, targets: tuple[str, ...]) -> int:
         dense_per_layer = []
         for i in range(n):
             dims = _linear_dims(d, i)
-            attention += sum(a + b for k, (a, b) in dims.items() if k in rows and k in _ATTENTION)
+            if d.mixers is None or d.mixers[i] == "attention_mlp":
+                attention += sum(
+                    a + b for k, (a, b) in dims.items() if k in rows and k in _ATTENTION
+                )
             dense_per_layer.append(sum(a + b for k, (a, b) in dims.items() if k in rows & _MLP))
         if not moe:
             mlp = sum(dense_per_layer)

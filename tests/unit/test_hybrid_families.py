@@ -1,6 +1,6 @@
-"""Hybrid stacks (layers that are not all attention): Nemotron-H, Falcon-H1 and Jamba parsed
-layer type by layer type and priced by the formula profiles; the hybrids not built yet
-(Qwen3-Next) refused by field."""
+"""Hybrid stacks (layers that are not all attention): Nemotron-H, Falcon-H1, Jamba and
+Qwen3-Next parsed layer type by layer type and priced by the formula profiles; their fields
+on any other model type refused by field."""
 
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ def test_a_malformed_nemotron_config_is_one_line_naming_the_field(
     ("change", "field"),
     [
         ({"attn_layer_period": 8}, "attn_layer_period"),  # not jamba
-        ({"model_type": "qwen3_next", "full_attention_interval": 4}, "full_attention_interval"),
+        ({"full_attention_interval": 4}, "full_attention_interval"),  # not qwen3_next
+        ({"linear_num_key_heads": 16}, "linear_num_key_heads"),
         ({"mamba_d_ssm": 3072}, "mamba_d_ssm"),  # not falcon_h1
         ({"hybrid_override_pattern": "M-*-"}, "hybrid_override_pattern"),  # not nemotron_h
     ],
@@ -425,6 +426,114 @@ def test_the_jamba_trace_builds_what_the_parser_counts() -> None:
         result = trace_run(config, job, breakdowns=False)
         assert result.trainable_params == 4 * shape.lora_params_per_rank(targets)
         assert result.total_params == shape.total_params + result.trainable_params
+
+
+# -- Qwen3-Next ------------------------------------------------------------------------------
+
+NEXT = "qwen3-next-80b-a3b"
+NEXT_PARAMS = 79_674_391_296  # transformers 5.24 on the meta device, as for Nemotron-H
+NEXT_SMALL: dict[str, Any] = {
+    "model_type": "qwen3_next",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 48,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "vocab_size": 100,
+    "full_attention_interval": 2,
+}
+
+
+def test_qwen3_next_counts_what_transformers_builds() -> None:
+    shape = load_shape(NEXT)
+    assert shape.total_params == NEXT_PARAMS
+    assert abs(shape.total_params - 80 * 10**9) < 10**9  # Qwen's 80B
+    kinds = {(layer.mixer, layer.moe): n for layer, n in shape.layer_counts}
+    assert kinds == {("deltanet_mlp", True): 36, ("attention_mlp", True): 12}
+    assert [shape.layers[i].mixer for i in (2, 3, 4)] == [
+        "deltanet_mlp", "attention_mlp", "deltanet_mlp",
+    ]  # fmt: skip
+
+
+def test_a_qwen3_next_layer_is_gated_deltanet_or_gated_attention() -> None:
+    shape = parse_config(NEXT_SMALL)
+    linear, full = shape.layers[0], shape.layers[1]
+    h, key, value, v_heads = 64, 2 * 8, 4 * 16, 4
+    assert [(lin.name, lin.in_features, lin.out_features) for lin in linear.linears[:3]] == [
+        ("in_proj_qkvz", h, 2 * key + 2 * value),
+        ("in_proj_ba", h, 2 * v_heads),
+        ("out_proj", value, h),
+    ]
+    conv = (2 * key + value) * 4
+    assert linear.other_tensors[:4] == (conv, v_heads, v_heads, 16)  # conv, dt_bias, A_log, norm
+    q_proj = full.linears[0]
+    assert (q_proj.name, q_proj.out_features) == ("q_proj", 2 * 4 * 16)  # q and its gate
+    assert full.linears[3].in_features == 4 * 16  # o_proj reads q's width
+    moe = [lin.name for lin in linear.linears[3:]]
+    assert moe == ["gate_up_proj", "down_proj", "router",
+                   "gate_proj", "up_proj", "down_proj", "shared_expert_gate"]  # fmt: skip
+    types = ["full_attention", "linear_attention", "linear_attention", "full_attention"]
+    listed = parse_config(NEXT_SMALL | {"layer_types": types})
+    assert [layer.mixer for layer in listed.layers] == [
+        "attention_mlp", "deltanet_mlp", "deltanet_mlp", "attention_mlp",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
+        ({"layer_types": ["linear_attention", "mamba", "x", "y"]}, "layer_types[1]"),
+        ({"linear_num_value_heads": 3}, "linear_num_value_heads"),
+        ({"full_attention_interval": 0}, "full_attention_interval"),
+        ({"linear_key_head_dim": -8}, "linear_key_head_dim"),
+    ],
+)
+def test_a_malformed_qwen3_next_config_is_one_line_naming_the_field(
+    change: dict[str, Any], field: str
+) -> None:
+    assert _error(NEXT_SMALL | change).field == f"spec.model.config.{field}"
+
+
+def test_qwen3_next_prices_its_linear_attention_layers() -> None:
+    shape = load_shape(NEXT)
+    h, key, value, v_heads = 2048, 16 * 128, 32 * 128, 32
+    state = 4 * 32 * 128 * 128 // 64
+    net = 4 * h + 4 * (key + value) + 4 * v_heads + 4 * (2 * key + value) + 4 * key + 4 * value
+    assert mixer_bytes_per_token(shape, "deltanet_mlp") == 21 * h + net + state
+    net_lora = (h + 2 * key + 2 * value) + (h + 2 * v_heads) + (value + h)
+    targets = ("in_proj_ba", "in_proj_qkvz", "out_proj")
+    assert shape.lora_params_per_rank(targets) == 36 * net_lora
+    job = TrainingSettings(method=Method.LORA, rank=2, targets=targets, profile=Profile.UNSLOTH)
+    assert estimate(shape, job).trainable_params == 2 * 36 * net_lora
+    q_only = estimate(shape, replace(job, targets=("q_proj",)))
+    assert q_only.trainable_params == 2 * 12 * (h + 2 * 16 * 256)  # 12 attention layers
+    with pytest.raises(SpecError, match="no fit for hybrid layers"):
+        estimate(shape, replace(job, profile=Profile.CALIBRATED))
+
+
+def test_the_qwen3_next_trace_builds_what_the_parser_counts() -> None:
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = NEXT_SMALL | {"num_hidden_layers": 2, "pad_token_id": 0}
+    shape = parse_config(config)
+    full = trace_run(config, TrainingSettings(method=Method.FULL, seq_len=64), breakdowns=False)
+    assert full.total_params == full.trainable_params == shape.total_params
+    targets = ("in_proj_qkvz", "in_proj_ba", "out_proj", "q_proj", "v_proj")
+    for method in (Method.LORA, Method.QLORA):
+        job = TrainingSettings(method=method, rank=4, targets=targets, seq_len=64)
+        result = trace_run(config, job, breakdowns=False)
+        assert result.trainable_params == 4 * shape.lora_params_per_rank(targets)
 
 
 # -- trace -----------------------------------------------------------------------------------
