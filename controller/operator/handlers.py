@@ -50,13 +50,15 @@ def register(
     managed mode, writes the webhook configurations."""
     caches.register(registry)
     #: Object uid (unique across resources) -> digest of what a decision reads of it: a
-    #: 20-byte digest per object, of up to 15,000 objects.
+    #: 20-byte digest per object, of up to 15,000 objects; and of the inventory's GPUNodes
+    #: and Nodes, the digest of what the webhook's view reads (`inventory`).
     digests: dict[str, bytes] = {}
+    inventories: dict[str, bytes] = {}
 
     def wake_on(
         resource: tuple[str, ...],
         relevant: Callable[[Mapping[str, Any]], Any],
-        inventory: bool = False,
+        inventory: Callable[[Mapping[str, Any]], Any] | None = None,
         **only: Any,
     ) -> None:
         # A coroutine: kopf runs a plain function in its thread pool, and the scheduler's
@@ -67,26 +69,26 @@ def register(
             key = intern(str(meta.get("uid")))  # the cached object's own copy (caches.py)
             if type == "DELETED":
                 digests.pop(key, None)
-                if inventory:
+                if inventories.pop(key, None) is not None:
                     scheduler.inventory_changed()
                 scheduler.wake()
                 return
-            digest = hashlib.sha1(
-                json.dumps(relevant(body), sort_keys=True, default=str).encode()
-            ).digest()
+            digest = _digest(relevant(body))
             if digests.get(key) != digest:
                 digests[key] = digest
-                if inventory:
+                scheduler.wake()
+            if inventory is not None:
+                seen = _digest(inventory(body))
+                if inventories.get(key) != seen:
+                    inventories[key] = seen
                     scheduler.inventory_changed()
-                else:
-                    scheduler.wake()
 
         kopf.on.event(*resource, id=f"wake-{resource[-1]}", registry=registry, **only)(on_event)
 
     wake_on((GROUP, VERSION, PLURAL), lambda body: [body.get("metadata"), body.get("spec"),
                                                     body.get("status")])  # fmt: skip
-    wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant, inventory=True)
-    wake_on(("v1", "nodes"), lambda body: caches.slim_node(body), inventory=True)
+    wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant, inventory=_gpunode_capacity)
+    wake_on(("v1", "nodes"), caches.slim_node, inventory=caches.slim_node)
     wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)
     wake_on(("batch", "v1", "jobs"), lambda body: body.get("status"), labels=caches.WORKLOAD_LABELS)
 
@@ -131,6 +133,28 @@ def _gpunode_relevant(body: Mapping[str, Any]) -> Any:
         for c in status.pop("conditions", None) or []
     ]
     return [status, conditions]
+
+
+#: What changes with use, not with the hardware: the webhook judges a job against the empty
+#: cluster (can it ever fit), so its view is not rebuilt for these.
+_USAGE_FIELDS = frozenset({"freeBytes", "usedBytes", "reservedBytes", "pods", "freeGiB"})
+
+
+def _gpunode_capacity(body: Mapping[str, Any]) -> Any:
+    """A GPUNode's hardware and readiness, without its usage: what the webhook's view of the
+    empty cluster could change on."""
+    status, conditions = _gpunode_relevant(body)
+    gpus = [
+        {k: v for k, v in gpu.items() if k not in _USAGE_FIELDS}
+        for gpu in status.get("gpus") or []
+        if isinstance(gpu, Mapping)
+    ]
+    rest = {k: v for k, v in status.items() if k != "gpus" and k not in _USAGE_FIELDS}
+    return [rest, gpus, conditions]
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).digest()
 
 
 def _pod_relevant(body: Mapping[str, Any]) -> Any:

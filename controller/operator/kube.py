@@ -21,6 +21,10 @@ from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.errors import DeploymentError
 
+#: Seconds to connect and to wait for an answer: a request that hangs (an API server gone
+#: quiet mid-request) must free its worker thread, or a few of them stop every write.
+REQUEST_TIMEOUT_S = (10.0, 60.0)
+
 
 class Conflict(Exception):
     """409: the object's resourceVersion moved on, or it already exists."""
@@ -73,7 +77,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*serialized)
+        response = self.api.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT_S)
         data = response.read()
         if response.status == 409:
             raise Conflict(_message(data, response.reason))

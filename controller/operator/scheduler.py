@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
 import logging
@@ -116,7 +117,11 @@ class Scheduler:
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
+        #: Each job's latest create or delete: the next one for that job starts after it, so
+        #: a suspension's delete never overtakes the create it must undo.
+        self._workload_tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._undeleted: dict[str, admission.DeleteWorkload] = {}  # to retry: a delete failed
         self._last_written: dict[str, datetime] = {}
         self._peaks: dict[str, observed.Peaks] = {}  # job uid -> its GPUs' observed peaks
         self._families: dict[str, str] = {}  # job uid -> model family, from its estimate
@@ -134,8 +139,8 @@ class Scheduler:
     def attach(self, caches: Caches, context: contextvars.Context) -> None:
         """The caches, and a handler's context: kopf posts Events only from its own."""
         if self.caches is None:
+            self._loop = asyncio.get_running_loop()  # first: the webhook's thread reads both
             self.caches, self._context = caches, context
-            self._loop = asyncio.get_running_loop()
             self.wake()
 
     def wake(self) -> None:
@@ -153,13 +158,13 @@ class Scheduler:
 
         Called from the review server's own thread (`controller.webhook.server`) too: the
         current view is read as it is, a new one is built on kopf's loop."""
-        if self.caches is None:
+        loop = self._loop
+        if self.caches is None or loop is None:
             return None
         cached = self._view
         if cached is not None and cached[0] == self._inventory:
             return cached[1]
-        loop = self._loop
-        if loop is not None and asyncio.get_running_loop() is not loop:
+        if asyncio.get_running_loop() is not loop:
             built = asyncio.run_coroutine_threadsafe(self._current_view(), loop)
             return await asyncio.wrap_future(built)
         return await self._current_view()
@@ -218,10 +223,11 @@ class Scheduler:
 
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)
+        for task in self._background:  # first: they hand work to the pools
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         self._writer.shutdown(wait=False, cancel_futures=True)
         self._creator.shutdown(wait=False, cancel_futures=True)
-        for task in self._background:
-            task.cancel()
         self._decider.shutdown(wait=False, cancel_futures=True)
         self._viewer.shutdown(wait=False, cancel_futures=True)
 
@@ -378,6 +384,24 @@ class Scheduler:
 
     # -- carrying out a pass ----------------------------------------------------------------
 
+    def _start(
+        self,
+        key: str,
+        work: Callable[[asyncio.Task[None] | None], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Run `work` in the background, after the job's previous create or delete."""
+        before = self._workload_tasks.get(key)
+        task = asyncio.get_running_loop().create_task(work(before))
+        self._workload_tasks[key] = task
+        self._background.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._background.discard(finished)
+            if self._workload_tasks.get(key) is finished:
+                del self._workload_tasks[key]
+
+        task.add_done_callback(done)
+
     async def _carry_out(
         self, out: admission.PassOutput, jobs: Mapping[str, Mapping[str, Any]]
     ) -> dict[str, Mapping[str, Any]] | None:
@@ -432,8 +456,11 @@ class Scheduler:
             *(write(w) for w in out.writes)
         ), strict=True))  # fmt: skip
 
-        async def create(c: admission.CreateWorkload, uid: str) -> None:
+        async def create(
+            c: admission.CreateWorkload, uid: str, before: asyncio.Task[None] | None
+        ) -> None:
             try:
+                await _after(before)
                 for obj in c.objects:
                     try:
                         await loop.run_in_executor(self._creator, self.kube.create, obj)
@@ -447,31 +474,49 @@ class Scheduler:
             finally:
                 self._creating.pop(c.key, None)
 
-        async def delete(d: admission.DeleteWorkload) -> None:
-            if not landed.get(d.key, True):
-                return
+        async def delete(d: admission.DeleteWorkload, before: asyncio.Task[None] | None) -> None:
+            await _after(before)
+            failed = False
             for obj in d.objects:
                 try:
                     await loop.run_in_executor(self._creator, self.kube.delete, obj)
                 except Exception:
                     log.exception("[%s] cannot delete %s; retrying", d.key, obj["kind"])
-                    self.wake()
+                    failed = True
             self._created.pop(d.key, None)
+            if failed:
+                self._undeleted[d.key] = d
+            else:
+                self._undeleted.pop(d.key, None)
+            self.wake()  # a workload gone: re-admitted meanwhile, it is created again
 
-        started: list[Coroutine[Any, Any, None]] = [delete(d) for d in out.deletes]
+        # A delete that failed is retried while its job is still not admitted (admitted again,
+        # the names are its new workload's); a job gone takes its workload with it (owner).
+        for key in [k for k in self._undeleted if k not in jobs or _admitted(jobs[k])]:
+            del self._undeleted[key]
+        deleting = {d.key for d in out.deletes}
+        retries = [d for key, d in self._undeleted.items() if key not in deleting]
+        for d in [*out.deletes, *retries]:
+            if landed.get(d.key, True):
+                self._start(d.key, functools.partial(delete, d))
         for c in out.creates:
             job = jobs.get(c.key)
             if job is None or c.key in self._creating or (c.after_write and not landed.get(c.key)):
                 continue
-            self._creating[c.key] = _uid(job)
-            started.append(create(c, _uid(job)))
-        for coroutine in started:
-            task = loop.create_task(coroutine)
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            uid = self._creating[c.key] = _uid(job)
+            self._start(c.key, functools.partial(create, c, uid))
         for key in [k for k in self._last_written if k not in jobs]:
             del self._last_written[key]
         return after_writes
+
+
+async def _after(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        await asyncio.wait({task})
+
+
+def _admitted(job: Mapping[str, Any]) -> bool:
+    return reservation(job, []) is not None
 
 
 def _uid(job: Mapping[str, Any]) -> str:

@@ -59,13 +59,13 @@ class ReviewServer(kopf.WebhookServer):
         of its own; as kopf's server does, yield the configuration the API server calls it
         by, and start again with the new files when the certificate files change."""
         paths = [Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
+        served = _digest(paths)  # before they are read: a renewal from now on counts
+        cadata, context = self._build_ssl()  # unreadable at start: the operator cannot serve
         while True:
-            served = _digest(paths)  # before they are read: a renewal from now on counts
-            cadata, context = self._build_ssl()
             port = self.port or self._allocate_free_port()
             thread = ServingThread(self._serve_review, self.addr or None, port, self.path, context)
-            await asyncio.to_thread(thread.start)
             try:
+                await asyncio.to_thread(thread.start)
                 scheme = "http" if context is None else "https"
                 host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
                 config = kopf.WebhookClientConfig(
@@ -74,11 +74,28 @@ class ReviewServer(kopf.WebhookServer):
                 if cadata is not None:
                     config["caBundle"] = base64.b64encode(cadata).decode("ascii")
                 yield config
-                while _digest(paths) == served:
-                    await asyncio.sleep(self.file_check_interval)
+                served, cadata, context = await self._renewed(paths, served)
                 log.info("restarting the webhook server with the renewed certificate files")
             finally:
                 await asyncio.to_thread(thread.stop)
+
+    async def _renewed(
+        self, paths: list[Path], served: bytes
+    ) -> tuple[bytes, bytes | None, ssl.SSLContext | None]:
+        """Once the files changed and load: their digest, CA bundle and TLS context. Files
+        caught mid-renewal (a key without its certificate yet) keep the old server serving
+        until the next check, instead of stopping the operator."""
+        while True:
+            await asyncio.sleep(self.file_check_interval)
+            now = _digest(paths)
+            if now == served:
+                continue
+            try:
+                cadata, context = self._build_ssl()
+            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+                log.warning("renewed certificate files do not load yet (%s); retrying", error)
+                continue
+            return now, cadata, context
 
     async def _serve_review(self, request: web.Request) -> web.Response:
         try:
@@ -94,6 +111,10 @@ class ReviewServer(kopf.WebhookServer):
         if self.hook is None:
             raise web.HTTPServiceUnavailable(reason="the webhooks are not registered yet")
         return await answer(self.hook, webhook, request)
+
+
+#: How long a stopping server waits for the reviews it is answering (each takes milliseconds).
+SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class ServingThread:
@@ -121,14 +142,17 @@ class ServingThread:
     def stop(self) -> None:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=SHUTDOWN_TIMEOUT_S + 5)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.add_routes([web.post(f"{self.path}/{{id:.*}}", self.handler)])
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner: web.AppRunner | None = None
         try:
+            app = web.Application()
+            app.add_routes([web.post(f"{self.path}/{{id:.*}}", self.handler)])
+            runner = web.AppRunner(
+                app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            )
             self._loop.run_until_complete(runner.setup())
             site = web.TCPSite(
                 runner, self.addr, self.port, ssl_context=self.context,
@@ -137,7 +161,8 @@ class ServingThread:
             self._loop.run_until_complete(site.start())
         except BaseException as error:
             self._ready.set_exception(error)
-            self._loop.run_until_complete(runner.cleanup())
+            if runner is not None:
+                self._loop.run_until_complete(runner.cleanup())
             self._loop.close()
             return
         self._ready.set_result(None)
@@ -145,6 +170,10 @@ class ServingThread:
             self._loop.run_forever()
         finally:
             self._loop.run_until_complete(runner.cleanup())
+            left = asyncio.all_tasks(self._loop)
+            for task in left:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self._loop.close()
 
 

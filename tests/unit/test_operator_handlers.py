@@ -11,6 +11,7 @@ API server in tests/integration/test_operator.py.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,6 +277,9 @@ def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
     activities = {str(h.activity.value) for h in registry._activities.get_all_handlers()}
     assert activities == {"startup", "cleanup"}
     assert registry._changing.get_all_handlers() == [], "no create/update handler writes"
+    # Coroutines: kopf runs plain functions in its thread pool, two thread hops per event.
+    watching = list(registry._watching.get_all_handlers())
+    assert all(inspect.iscoroutinefunction(h.fn) for h in [*indexes, *watching])
     # So kopf needs no diff base (run.NoDiffBase): only these two kinds of handler read one.
     assert registry._spawning.get_all_handlers() == [], "no daemons or timers"
 
@@ -300,18 +304,20 @@ def test_a_gpunode_heartbeat_alone_does_not_wake_the_loop(sched: Scheduler) -> N
     ]
     indexes: dict[str, Any] = {name: {} for name in caches.INDEXES}
 
-    def event(beat: str, free: int) -> bool:
+    def event(beat: str, free: int, total: int = 80 * GIB) -> tuple[bool, int]:
         sched._wake.clear()
-        body = {
-            "metadata": {"name": "n1", "uid": "g1"},
-            "status": {"heartbeatTime": beat, "gpus": [{"index": 0, "freeBytes": free}]},
-        }
+        inventory = sched._inventory
+        gpu = {"index": 0, "totalBytes": total, "freeBytes": free, "usedBytes": total - free}
+        body = {"metadata": {"name": "n1", "uid": "g1"},
+                "status": {"heartbeatTime": beat, "gpus": [gpu]}}  # fmt: skip
         asyncio.run(on_gpunode.fn(body=kopf.Body(cast(Any, body)), type="MODIFIED", **indexes))
-        return sched._wake.is_set()
+        return sched._wake.is_set(), sched._inventory - inventory
 
-    assert event("2025-03-01T12:00:00Z", 80 * GIB), "the first sight of it"
-    assert not event("2025-03-01T12:00:30Z", 80 * GIB), "a heartbeat only"
-    assert event("2025-03-01T12:01:00Z", 70 * GIB), "memory changed"
+    assert event("2025-03-01T12:00:00Z", 80 * GIB) == (True, 1), "the first sight of it"
+    assert event("2025-03-01T12:00:30Z", 80 * GIB) == (False, 0), "a heartbeat only"
+    # The webhook judges against the empty cluster: its view is not rebuilt for usage.
+    assert event("2025-03-01T12:01:00Z", 70 * GIB) == (True, 0), "memory in use changed"
+    assert event("2025-03-01T12:01:30Z", 70 * GIB, 40 * GIB) == (True, 1), "capacity changed"
     assert sched.caches is not None, "the handler handed the scheduler its caches"
 
 

@@ -115,7 +115,9 @@ def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewa
     tmp_path: Path,
 ) -> None:
     """Reviews are answered on the server's own thread (not the loop that runs kopf, which
-    stays free to block here), and renewed certificate files restart it with the new CA."""
+    stays free to block here); renewed certificate files restart it with the new CA, files
+    caught mid-renewal (a certificate that does not match the key yet) leave the old server
+    serving, and closing it stops the thread."""
     now = dt.datetime.now(dt.UTC)
     first = generate(["127.0.0.1"], now)
     cert = write_files(tmp_path, first)
@@ -143,23 +145,33 @@ def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewa
 
     renewed = generate(["127.0.0.1"], now)
 
-    async def scenario() -> tuple[int, int, str, str]:
-        iterator = server(kopf_fn).__aiter__()
-        try:
-            config = await iterator.__anext__()
-            before = await post(config, first.ca_cert)
-            write_files(tmp_path, renewed)
-            config2 = await asyncio.wait_for(iterator.__anext__(), timeout=10)
-            after = await post(config2, renewed.ca_cert)
-            return before, after, config["caBundle"], config2["caBundle"]
-        finally:
-            await iterator.aclose()
+    alive: list[bool] = []
 
-    before, after, bundle, bundle2 = asyncio.run(scenario())
-    assert (before, after) == (200, 200)
+    async def steps(iterator: Any) -> tuple[int, int, int, str, str]:
+        config = await iterator.__anext__()
+        before = await post(config, first.ca_cert)
+        cert.cert.write_bytes(renewed.cert)  # its key is not written yet
+        following = asyncio.ensure_future(iterator.__anext__())
+        await asyncio.sleep(0.5)  # ten checks of the files
+        assert not following.done(), "no restart on files that do not load"
+        meanwhile = await post(config, first.ca_cert)
+        write_files(tmp_path, renewed)
+        config2 = await asyncio.wait_for(following, timeout=10)
+        after = await post(config2, renewed.ca_cert)
+        return before, meanwhile, after, config["caBundle"], config2["caBundle"]
+
+    async def scenario() -> tuple[int, int, int, str, str]:
+        async with server:  # as kopf runs it: leaving closes the generators it handed out
+            found = await steps(server(kopf_fn).__aiter__())
+        alive.append(any(t.name == "vramgate-webhook" for t in threading.enumerate()))
+        return found
+
+    before, meanwhile, after, bundle, bundle2 = asyncio.run(scenario())
+    assert (before, meanwhile, after) == (200, 200, 200)
+    assert alive == [False], "closing the server stops its thread"
     assert base64.b64decode(bundle) == first.ca_cert
     assert base64.b64decode(bundle2) == renewed.ca_cert != first.ca_cert, "the new CA is out"
-    assert threads == ["vramgate-webhook", "vramgate-webhook"]
+    assert threads == ["vramgate-webhook"] * 3
 
 
 async def _no_view() -> None:
