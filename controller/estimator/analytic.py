@@ -167,6 +167,13 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
     width = int(_WEIGHT_BYTES[settings.precision]) // 2
     k = K_FULL if settings.gradient_checkpointing is Checkpointing.OFF else K_CHECKPOINTED
     tokens = settings.seq_len * settings.batch
+    streams = shape.dims.altup_num_inputs
+    if streams > 1:
+        # Gemma 3n: AltUp carries `streams` copies of the hidden state through every layer,
+        # so a checkpoint holds all of them (2 bytes x streams), and without checkpointing
+        # each extra stream is saved twice more (the stack a layer reads, the predicted
+        # stack it corrects: 4h each).
+        k = k * streams if k == K_CHECKPOINTED else k + 4 * (streams - 1)
     if shape.dims.mixers is None or k == K_CHECKPOINTED:
         activations = shape.num_layers * tokens * shape.hidden_size * k * width
     else:

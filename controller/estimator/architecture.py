@@ -217,6 +217,10 @@ class ArchDims:
     deltanet: DeltaNetDims | None = None  # Qwen3-Next's linear-attention layers
     # Qwen3-Next's full attention gates its output: q_proj is twice q's width (q and gate).
     attention_output_gate: bool = False
+    # Gemma 3n: LAuReL's rank (a low-rank residual branch per layer) and AltUp's number of
+    # predicted streams (0: none).
+    laurel_rank: int = 0
+    altup_num_inputs: int = 0
 
     @cached_property
     def dense_layer_set(self) -> frozenset[int]:
@@ -245,6 +249,10 @@ class ModelShape:
     # Derived values computed once per parsed model (LoRA counts per target set, profile
     # views): estimates run thousands of times a second on the same few shapes.
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    # Linear modules outside the decoder layers, the LM head aside (Gemma 3n's AltUp
+    # projections and per-layer model projection): PEFT's all-linear adapts them, and
+    # bitsandbytes quantises them, as it does the layers' linears.
+    outer_linears: tuple[Linear, ...] = ()
 
     @cached_property
     def layer_counts(self) -> tuple[tuple[Layer, int], ...]:
@@ -263,6 +271,7 @@ class ModelShape:
     def total_params(self) -> int:
         return (
             sum(layer.params * count for layer, count in self.layer_counts)
+            + sum(lin.params for lin in self.outer_linears)
             + self.embedding_params
             + self.lm_head_params
             + self.final_norm_params
@@ -282,7 +291,8 @@ class ModelShape:
 
     @cached_property
     def module_names(self) -> frozenset[str]:
-        return frozenset(lin.name for layer, _ in self.layer_counts for lin in layer.linears)
+        inner = {lin.name for layer, _ in self.layer_counts for lin in layer.linears}
+        return frozenset(inner | {lin.name for lin in self.outer_linears})
 
     def lora_params_per_rank(self, targets: tuple[str, ...]) -> int:
         """Adapter parameters at rank 1 on the named modules (linear in the rank).
@@ -301,6 +311,9 @@ class ModelShape:
             for layer, count in self.layer_counts
             for lin in layer.linears
             if every or lin.name in wanted
+        )
+        total += sum(
+            lin.lora_params(1) for lin in self.outer_linears if every or lin.name in wanted
         )
         self.memo[key] = total
         return total
@@ -347,6 +360,10 @@ _FAMILIES: dict[str, _Family] = {
     "gemma2": _Family(norms_per_layer=4, tie_default=True),
     "gemma3_text": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     "gemma3": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
+    # Gemma 3n: Gemma 3's block plus LAuReL and AltUp in every layer, per-layer inputs;
+    # kv-shared layers hold no k_proj, v_proj or k_norm.
+    "gemma3n_text": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
+    "gemma3n": _Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     "phi3": _Family(fused_qkv=True, fused_gate_up=True),
     "olmo2": _Family(qk_norm="full"),
     # DBRX: fused Wqkv, experts w1/v1/w2 and the router under ffn_config, bias-free norms.
@@ -504,6 +521,8 @@ _NEMOTRON_BLOCKS = {
     "full_attention": "attention",
     "mlp": "mlp",
 }
+# Gemma 3n's text model types: LAuReL and AltUp are read for these only.
+_GEMMA3N = ("gemma3n_text", "gemma3n")
 # PEFT (0.21, `_check_lora_target_modules_mamba`) raises on LoRA over these modules of these
 # model types, "all-linear" included (it selects out_proj), whatever the target list says.
 PEFT_MAMBA_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
@@ -1146,6 +1165,10 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             ),
             "mamba1": _mamba1_dims(r, hidden) if model_type == "jamba" else None,
             "deltanet": _deltanet_dims(r) if model_type == "qwen3_next" else None,
+            "laurel_rank": r.int("laurel_rank", default=64) or 0 if model_type in _GEMMA3N else 0,
+            "altup_num_inputs": (
+                r.int("altup_num_inputs", default=4) or 0 if model_type in _GEMMA3N else 0
+            ),
             "attention_output_gate": model_type == "qwen3_next",
         },
     )
@@ -1223,7 +1246,7 @@ def _attention(
     head_dim = q_width // dims.num_heads
     other: list[int] = []
     if fam.qk_norm == "head" or (fam.qk_norm_field and r.bool(fam.qk_norm_field, False)):
-        other += [head_dim, head_dim]
+        other += [head_dim, head_dim] if has_k else [head_dim]  # k_norm goes with k_proj
     elif fam.qk_norm == "full":
         other += [q_width, kv_width]
     if fam.attention_sinks:
@@ -1300,6 +1323,18 @@ def _layer(
             _linear("per_layer_projection", pli, h),
         ]
         other.append(h)  # post_per_layer_input_norm
+    if dims.laurel_rank:
+        rank = dims.laurel_rank
+        linears += [_linear("linear_left", h, rank), _linear("linear_right", rank, h)]
+        other.append(h)  # post_laurel_norm
+    if dims.altup_num_inputs:
+        n = dims.altup_num_inputs
+        linears += [
+            _linear("correction_coefs", n, n),
+            _linear("prediction_coefs", n, n * n),
+            _linear("modality_router", h, n),
+        ]
+        other += [h, h]  # correct_output_scale, router_norm
     return assemble(
         Layer,
         {
@@ -1563,10 +1598,16 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
         layers, runs = _layers(dims, fam, r, mlp_bias)
 
     embedding = dims.vocab_size * h
+    outer: list[Linear] = []
     if dims.hidden_size_per_layer_input:
         pli = dims.hidden_size_per_layer_input
         embedding += dims.vocab_size_per_layer_input * pli * n  # embed_tokens_per_layer
-        embedding += h * n * pli + pli  # per_layer_model_projection + its norm
+        embedding += pli  # per_layer_projection_norm
+        outer.append(_linear("per_layer_model_projection", h, n * pli))
+    if dims.altup_num_inputs > 1:  # one projection in and one out per extra AltUp stream
+        extra = dims.altup_num_inputs - 1
+        outer += [_linear("altup_projections", h, h)] * extra
+        outer += [_linear("altup_unembed_projections", h, h)] * extra
     # Only compared with the sequence length, so no upper bound.
     max_pos = r.int(
         "max_position_embeddings",
@@ -1589,6 +1630,7 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
             "quantization": _quantization(config, text, prefix),
             "source": config,
             "memo": {},
+            "outer_linears": tuple(outer),
             # What the `layer_counts` cached property would compute (one object per distinct
             # key, counted), where it keeps it; `dataclasses.replace` builds a shape without.
             "layer_counts": runs,

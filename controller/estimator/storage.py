@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.estimator.architecture import Linear, ModelShape, family_traits
+from controller.estimator.architecture import Layer, Linear, ModelShape, family_traits
 from controller.estimator.frozen import assemble
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 
@@ -158,7 +158,11 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     weights = lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
     # Every trainable tensor as (numel, bytes per element) -> how many the model holds.
     tensors: dict[tuple[int, int], int] = {}
-    for layer, count in shape.layer_counts:
+    priced = shape.layer_counts
+    if shape.outer_linears:  # priced as a layer of their own, once (see ModelShape)
+        outer_layer = Layer(linears=shape.outer_linears, other_params=0)
+        priced = (*priced, (outer_layer, 1))
+    for layer, count in priced:
         trainable: list[tuple[int, int]] = []
         held = grads_here = inputs_here = ranks_here = 0
         experts: list[Linear] = []

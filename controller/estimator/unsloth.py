@@ -307,6 +307,15 @@ def _block_modules(d: ArchDims, i: int) -> dict[str, int]:
         pli = d.hidden_size_per_layer_input
         modules["per_layer_input_gate"] = d.hidden_size * pli
         modules["per_layer_projection"] = pli * d.hidden_size
+    h = d.hidden_size
+    if d.laurel_rank:  # Gemma 3n's LAuReL and AltUp linears: quantised with the layer's
+        modules["laurel.linear_left"] = h * d.laurel_rank
+        modules["laurel.linear_right"] = d.laurel_rank * h
+    if d.altup_num_inputs:
+        n = d.altup_num_inputs
+        modules["altup.correction_coefs"] = n * n
+        modules["altup.prediction_coefs"] = n * n * n
+        modules["altup.modality_router"] = h * n
     return modules
 
 
@@ -335,6 +344,10 @@ def _view(shape: ModelShape) -> _View:
     pli = d.hidden_size_per_layer_input
     if pli:
         quantizable += h * n * pli
+    if d.altup_num_inputs > 1:  # Gemma 3n's AltUp projections in and out, outside the layers
+        quantizable += 2 * (d.altup_num_inputs - 1) * h * h
+    # Gemma 3n's post_laurel_norm, AltUp's correct_output_scale and router_norm per layer
+    norms = (bool(d.laurel_rank) + 2 * bool(d.altup_num_inputs)) * h * n
     embed = d.vocab_size * h + d.vocab_size_per_layer_input * pli * n + (h * n + pli if pli else 0)
     lm_head = 0 if d.tie_word_embeddings else d.vocab_size * h
     mixers = d.mixers or ()
@@ -343,7 +356,7 @@ def _view(shape: ModelShape) -> _View:
     skip = shape.quantization.skip_modules if shape.quantization else ()
     view = _View(
         quantizable=quantizable,
-        non_quantizable=2 * h * n + embed + lm_head + extras,
+        non_quantizable=2 * h * n + embed + lm_head + extras + norms,
         skipped=min(_skipped_elements(skip, _module_elements(d, layers)), quantizable)
         if skip
         else 0,
@@ -358,7 +371,8 @@ def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int
     elements: dict[str, int] = {}
     for i, modules in enumerate(layers):
         elements[f"layers.{i}"] = sum(modules.values())
-        for group in ("self_attn", "mlp", "mixer", "mamba", "feed_forward"):
+        for group in ("self_attn", "mlp", "mixer", "mamba", "feed_forward", "linear_attn",
+                      "laurel", "altup"):  # fmt: skip
             elements[f"layers.{i}.{group}"] = sum(
                 v for k, v in modules.items() if k == group or k.startswith(group + ".")
             )
@@ -367,6 +381,10 @@ def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int
         elements["per_layer_model_projection"] = (
             d.hidden_size * d.num_layers * d.hidden_size_per_layer_input
         )
+    if d.altup_num_inputs > 1:
+        extra = d.altup_num_inputs - 1
+        elements["altup_projections"] = extra * d.hidden_size * d.hidden_size
+        elements["altup_unembed_projections"] = extra * d.hidden_size * d.hidden_size
     return elements
 
 

@@ -1,0 +1,137 @@
+"""Gemma 3n's text model: per-layer inputs, kv-shared layers, LAuReL and AltUp, counted as
+transformers builds them and priced by the formula profiles (calibrated refuses it)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from controller.estimator import (
+    Checkpointing,
+    Method,
+    Profile,
+    SpecError,
+    TrainingSettings,
+    load_shape,
+    parse_config,
+)
+from controller.estimator.storage import static_bytes
+from controller.profiles import estimate
+from tests.unit.trace_support import require_trace_extra
+
+E4B = "gemma-3n-e4b"
+# What transformers 5.24 builds from the preset's text_config on the meta device:
+#   with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.for_model(**text))
+E4B_PARAMS = 6_835_235_568
+# PEFT 0.21's all-linear LoRA at rank 16 on that model (trainable parameters, built with
+# controller.trace.build.build_model on fake tensors): every nn.Linear but the LM head.
+E4B_LORA_16 = 43_871_744
+SMALL: dict[str, Any] = {
+    "model_type": "gemma3n_text",
+    "vocab_size": 512,
+    "vocab_size_per_layer_input": 256,
+    "hidden_size": 128,
+    "hidden_size_per_layer_input": 32,
+    "intermediate_size": 256,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "altup_num_inputs": 3,
+    "laurel_rank": 16,
+    "num_kv_shared_layers": 1,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 4096,
+    "pad_token_id": 0,
+}
+
+
+def test_gemma_3n_e4b_counts_what_transformers_builds() -> None:
+    shape = load_shape(E4B)
+    assert shape.total_params == E4B_PARAMS
+    assert sum(layer.params * n for layer, n in shape.layer_counts) < E4B_PARAMS
+
+
+def test_each_layer_carries_laurel_altup_and_its_per_layer_input() -> None:
+    shape = parse_config(SMALL)
+    h, r, n, pli = 128, 16, 3, 32
+    first, shared = shape.layers[0], shape.layers[2]
+    names = [lin.name for lin in first.linears]
+    assert names == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        "per_layer_input_gate", "per_layer_projection",
+        "linear_left", "linear_right", "correction_coefs", "prediction_coefs", "modality_router",
+    ]  # fmt: skip
+    sizes = {lin.name: (lin.in_features, lin.out_features) for lin in first.linears}
+    assert sizes["linear_left"] == (h, r) and sizes["linear_right"] == (r, h)
+    assert sizes["correction_coefs"] == (n, n) and sizes["prediction_coefs"] == (n, n * n)
+    assert sizes["modality_router"] == (h, n)
+    # q/k norms, 4 block norms, post_per_layer_input_norm, post_laurel_norm, AltUp's two
+    assert first.other_tensors == (64, 64, h, h, h, h, h, h, h, h)
+    # the kv-shared last layer: no k_proj, v_proj or k_norm
+    assert "k_proj" not in {lin.name for lin in shared.linears}
+    assert shared.other_tensors == (64, h, h, h, h, h, h, h, h)
+    outer = [(lin.name, lin.in_features, lin.out_features) for lin in shape.outer_linears]
+    assert (
+        outer
+        == [("per_layer_model_projection", h, 3 * pli)]
+        + [("altup_projections", h, h)] * 2
+        + [("altup_unembed_projections", h, h)] * 2
+    )
+
+
+def test_lora_is_what_peft_puts_on_every_linear() -> None:
+    shape = load_shape(E4B)
+    job = TrainingSettings(method=Method.LORA, rank=16)
+    assert 16 * shape.lora_params_per_rank(("all-linear",)) == E4B_LORA_16
+    assert estimate(shape, job).trainable_params == E4B_LORA_16
+    assert static_bytes(shape, job).trainable_params == E4B_LORA_16
+    # unsloth's all-linear: the seven projections of its table, k/v only where a layer has
+    # them (20 of 35 layers)
+    h, q, kv, i = 2048, 2048, 512, 16384
+    per_layer = 2 * (h + q) + 3 * (h + i)
+    seven = 20 * (per_layer + 2 * (h + kv)) + 15 * per_layer
+    unsloth = estimate(shape, replace(job, profile=Profile.UNSLOTH))
+    assert unsloth.trainable_params == 16 * seven
+
+
+def test_analytic_activations_carry_altups_four_streams() -> None:
+    shape = load_shape(E4B)
+    on = estimate(shape, TrainingSettings(method=Method.LORA))
+    assert on.components["activations"] == 35 * 2048 * 2048 * 2 * 4
+    off = TrainingSettings(method=Method.LORA, gradient_checkpointing=Checkpointing.OFF)
+    assert estimate(shape, off).components["activations"] == 35 * 2048 * 2048 * (34 + 4 * 3)
+
+
+def test_calibrated_refuses_gemma_3n() -> None:
+    job = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)
+    with pytest.raises(SpecError) as info:
+        estimate(load_shape(E4B), job)
+    assert info.value.field == "estimator.profile" and "AltUp" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"laurel_rank": "64"}, "laurel_rank"), ({"altup_num_inputs": 0}, "altup_num_inputs")],
+)
+def test_a_malformed_gemma_3n_field_is_one_line_naming_it(
+    change: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_config(SMALL | change, prefix="spec.model.config")
+    assert info.value.field == f"spec.model.config.{field}" and "\n" not in str(info.value)
+
+
+def test_the_trace_builds_what_the_parser_counts() -> None:
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = SMALL | {"activation_sparsity_pattern": [0.95, 0.0, 0.0]}
+    shape = parse_config(config)
+    full = trace_run(config, TrainingSettings(method=Method.FULL, seq_len=64), breakdowns=False)
+    assert full.total_params == full.trainable_params == shape.total_params
+    lora = trace_run(config, TrainingSettings(method=Method.LORA, rank=4, seq_len=64),
+                     breakdowns=False)  # fmt: skip
+    assert lora.trainable_params == 4 * shape.lora_params_per_rank(("all-linear",))
