@@ -99,9 +99,15 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
 
 
 def _is_hybrid(config: Mapping[str, Any]) -> bool:
+    """Whether the parser reads `config` as a hybrid stack (a config it refuses is traced as
+    transformers builds it, as before: the trace does not need the parser's reading)."""
     from controller.estimator.architecture import parse_config
+    from controller.estimator.errors import SpecError
 
-    return parse_config(config).dims.mixers is not None
+    try:
+        return parse_config(config).dims.mixers is not None
+    except SpecError:
+        return False
 
 
 def _leading_layers(config: Mapping[str, Any]) -> int:
