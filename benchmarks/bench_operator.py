@@ -124,26 +124,35 @@ class DecidedWatch:
         self.api, self.namespace = api, namespace
         self.decided: set[str] = set()
         self._watch = watch.Watch()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         objects = client.CustomObjectsApi(self.api)
-        stream = self._watch.stream(
-            objects.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-            timeout_seconds=900,
-        )  # fmt: skip
-        for event in stream:
-            obj = event["object"]
-            name = obj["metadata"]["name"]
-            if event["type"] == "DELETED":
-                self.decided.discard(name)
-                continue
-            for c in (obj.get("status") or {}).get("conditions") or []:
-                if c["type"] == "Admitted" and c["reason"] in DECIDED:
-                    self.decided.add(name)
+        while not self._stopped.is_set():
+            try:  # a watch from scratch replays every job's current state first
+                stream = self._watch.stream(
+                    objects.list_namespaced_custom_object, GROUP, VERSION, self.namespace,
+                    PLURAL, timeout_seconds=900,
+                )  # fmt: skip
+                for event in stream:
+                    self._saw(event)
+            except Exception:  # a stream the API server ended: watch again
+                time.sleep(0.1)
+
+    def _saw(self, event: dict[str, Any]) -> None:
+        obj = event["object"]
+        name = obj["metadata"]["name"]
+        if event["type"] == "DELETED":
+            self.decided.discard(name)
+            return
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c["type"] == "Admitted" and c["reason"] in DECIDED:
+                self.decided.add(name)
 
     def stop(self) -> None:
+        self._stopped.set()
         self._watch.stop()
 
 
