@@ -234,8 +234,9 @@ def _moments(family: str, method: Method, gc: str, attention: str) -> tuple[_Mom
 #: Qwen3-MoE is 9-33 % under likewise (4 layers, 512 x 2 tokens, full / LoRA x checkpointing).
 #: Until a hybrid fit exists, such a model is refused here, never under-estimated.
 UNFITTED_HYBRID = (
-    "calibrated has no fit for hybrid layers (Mamba-2 among attention), so it would "
-    "under-estimate this model; use the analytic, unsloth or trace profile"
+    "calibrated has no fit for hybrid layers (Mamba or linear attention among attention "
+    "layers), so it would under-estimate this model; use the analytic, unsloth or trace "
+    "profile"
 )
 #: Measured the same way: the default (Llama) fit prices a shrunk Gemma 3n 34-43 % under the
 #: trace (full / LoRA x checkpointing, 512 x 2 tokens): AltUp's four streams of the hidden
