@@ -248,30 +248,26 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             cluster.stop()
 
 
-_BUCKET = re.compile(
-    r"^apiserver_admission_webhook_admission_duration_seconds_bucket\{(?P<labels>[^}]*)\} "
-    r"(?P<count>[0-9.e+]+)$"
-)
-
-
-def webhook_histogram(cluster: Cluster) -> dict[str, dict[float, float]]:
-    """Cumulative bucket counts per webhook name, from the API server's /metrics."""
-    done = cluster.kubectl("get", "--raw", "/metrics")
+def histograms(text: str, metric: str, by: str) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts of the histogram `metric` in Prometheus text, per value of
+    the label `by` (summed over the other labels)."""
+    bucket = re.compile(rf"^{metric}_bucket\{{(?P<labels>[^}}]*)\}} (?P<count>[0-9.e+]+)$")
     out: dict[str, dict[float, float]] = {}
-    for line in done.stdout.splitlines():
-        m = _BUCKET.match(line)
+    for line in text.splitlines():
+        m = bucket.match(line)
         if not m:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
         le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
-        buckets = out.setdefault(labels["name"], {})
+        buckets = out.setdefault(labels[by], {})
         buckets[le] = buckets.get(le, 0.0) + float(m["count"])
     return out
 
 
-_OWN_BUCKET = re.compile(
-    r"^vramgate_webhook_request_duration_seconds_bucket\{(?P<labels>[^}]*)\} (?P<count>[0-9.e+]+)$"
-)
+def webhook_histogram(cluster: Cluster) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts per webhook name, from the API server's /metrics."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    return histograms(text, "apiserver_admission_webhook_admission_duration_seconds", "name")
 
 
 def operator_webhook_histogram(port: int) -> dict[str, dict[float, float]]:
@@ -279,16 +275,7 @@ def operator_webhook_histogram(port: int) -> dict[str, dict[float, float]]:
     arrival in the handler to its answer): what of the API server's figure is ours."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    out: dict[str, dict[float, float]] = {}
-    for line in text.splitlines():
-        m = _OWN_BUCKET.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
-        le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
-        buckets = out.setdefault(labels["webhook"], {})
-        buckets[le] = buckets.get(le, 0.0) + float(m["count"])
-    return out
+    return histograms(text, "vramgate_webhook_request_duration_seconds", "webhook")
 
 
 def quantile(buckets: dict[float, float], q: float) -> float:

@@ -1335,17 +1335,7 @@ def _layer(
             _linear("modality_router", h, n),
         ]
         other += [h, h]  # correct_output_scale, router_norm
-    return assemble(
-        Layer,
-        {
-            "linears": tuple(linears),
-            "other_params": sum(other),
-            "attention_type": attention_type,
-            "moe": moe,
-            "other_tensors": tuple(other),
-            "mixer": "attention_mlp",
-        },
-    )
+    return _assembled(linears, other, attention_type, moe, "attention_mlp")
 
 
 def _layers(
@@ -1379,6 +1369,23 @@ def _layers(
         built[code] = _layer(dims, fam, r, first, attention_type, bool(code & 1), mlp_bias)
     layers = tuple(map(built.__getitem__, codes))
     return layers, tuple((layer, codes.count(code)) for code, layer in built.items())
+
+
+def _assembled(
+    linears: list[Linear], other: list[int], attention_type: str, moe: bool, mixer: str
+) -> Layer:
+    """One layer from its linears and its other tensors (`assemble`: see frozen.py)."""
+    return assemble(
+        Layer,
+        {
+            "linears": tuple(linears),
+            "other_params": sum(other),
+            "attention_type": attention_type,
+            "moe": moe,
+            "other_tensors": tuple(other),
+            "mixer": mixer,
+        },
+    )
 
 
 def _mamba2(ssm: SsmDims, h: int) -> tuple[list[Linear], list[int]]:
@@ -1451,17 +1458,7 @@ def _jamba_layer(
     else:
         linears += _dense_mlp(h, dims.intermediate_size, fam, mlp_bias)
     other += [h, h]  # input_layernorm, pre_ff_layernorm
-    return assemble(
-        Layer,
-        {
-            "linears": tuple(linears),
-            "other_params": sum(other),
-            "attention_type": kind,
-            "moe": moe,
-            "other_tensors": tuple(other),
-            "mixer": kind,
-        },
-    )
+    return _assembled(linears, other, kind, moe, kind)
 
 
 def _hybrid_layers(
@@ -1503,17 +1500,8 @@ def _hybrid_layers(
             assert dims.ssm is not None  # read whenever a mixer is mamba2
             linears, other = _mamba2(dims.ssm, h)
         other = [*other, h]  # the block's (input) norm
-        built[kind] = assemble(
-            Layer,
-            {
-                "linears": tuple(linears),
-                "other_params": sum(other),
-                "attention_type": "full_attention" if kind in ("attention", "parallel") else kind,
-                "moe": False,
-                "other_tensors": tuple(other),
-                "mixer": kind,
-            },
-        )
+        attention_type = "full_attention" if kind in ("attention", "parallel") else kind
+        built[kind] = _assembled(linears, other, attention_type, False, kind)
     layers = tuple(built[kind] for kind in mixers)
     return layers, tuple((layer, mixers.count(kind)) for kind, layer in built.items())
 

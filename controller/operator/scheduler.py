@@ -525,4 +525,4 @@ def _uid(job: Mapping[str, Any]) -> str:
 
 def _settled(job: Mapping[str, Any]) -> bool:
     """Admitted (its estimate is in status and its spec locked) or finished: no estimate."""
-    return finished(job) or reservation(job, []) is not None
+    return finished(job) or _admitted(job)

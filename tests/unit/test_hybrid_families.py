@@ -23,6 +23,7 @@ from controller.estimator.analytic import mixer_bytes_per_token
 from controller.estimator.architecture import canonical_targets
 from controller.estimator.presets import load_preset
 from controller.profiles import estimate
+from tests.unit.test_families import _error
 from tests.unit.trace_support import require_trace_extra
 
 NANO = "nemotron-nano-9b-v2"
@@ -45,13 +46,6 @@ SMALL: dict[str, Any] = {
     "ssm_state_size": 8,
     "conv_kernel": 4,
 }
-
-
-def _error(config: dict[str, Any]) -> SpecError:
-    with pytest.raises(SpecError) as info:
-        parse_config(config, prefix="spec.model.config")
-    assert "\n" not in str(info.value)
-    return info.value
 
 
 # -- weights -------------------------------------------------------------------------------
