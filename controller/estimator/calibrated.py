@@ -49,7 +49,7 @@ from math import ceil
 from operator import mul
 from typing import Any
 
-from controller.estimator import overheads
+from controller.estimator import hybrid_fit, overheads
 from controller.estimator.architecture import ModelShape
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
@@ -208,14 +208,24 @@ _Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...]]
 
 
 @cache
-def _moments(family: str, method: Method, gc: str, attention: str) -> tuple[_Moment, ...]:
+def _moments(
+    family: str, method: Method, gc: str, attention: str, section: str = ""
+) -> tuple[_Moment, ...]:
     """The fitted moments of a family (`family_of`) under the settings the fit depends on,
     as a table built once per process: the data file's nested lookups cost more than the
-    fit's arithmetic. Keyed by the fitted family, so the table stays as small as the file."""
+    fit's arithmetic. Keyed by the fitted family, so the table stays as small as the file.
+    `section` "hybrid": the hybrid stacks' fit (`hybrid_fit.py`), sdpa only."""
+    data = calibration()[section] if section else calibration()
     try:
-        by_method = calibration()["families"][family][method.value]
+        by_method = data["families"][family][method.value]
         keys: dict[str, list[list[float]]] = by_method[gc][attention]
     except KeyError:
+        if section:
+            raise SpecError(
+                "estimator.profile",
+                f"calibrated fits {family} with sdpa attention (flash and flex run as sdpa) "
+                f"only, not {attention}; use the analytic, unsloth or trace profile",
+            ) from None
         raise SpecError(
             "estimator.profile",
             f"calibrated has no coefficients for {method.value}, checkpointing {gc}, "
@@ -247,15 +257,28 @@ UNFITTED_ALTUP = (
 )
 
 
+def _hybrid_section(shape: ModelShape) -> str:
+    """"hybrid" for a hybrid stack the data file fits (refused otherwise), "" for the rest."""
+    if shape.dims.mixers is None:
+        return ""
+    if shape.model_type not in calibration().get("hybrid", {}).get("families", {}):
+        raise SpecError("estimator.profile", UNFITTED_HYBRID)
+    hybrid_fit.check_stack(shape, "estimator.profile")
+    return "hybrid"
+
+
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     """The largest fitted moment of the step, plus the constants the trace adds."""
-    if shape.dims.mixers is not None:
-        raise SpecError("estimator.profile", UNFITTED_HYBRID)
+    section = _hybrid_section(shape)
     if shape.dims.altup_num_inputs:
         raise SpecError("estimator.profile", UNFITTED_ALTUP)
     static = static_bytes(shape, settings)
-    per_layer, once = features(shape, settings, static)
-    layers = shape.num_layers
+    if section:  # per-layer features summed over the layers, each by its own type
+        per_layer, once = hybrid_fit.features(shape, settings, static)
+        layers = 1
+    else:
+        per_layer, once = features(shape, settings, static)
+        layers = shape.num_layers
     widen = 2 if settings.precision is _FP32 else 1
     accumulating = settings.gradient_accumulation > 1
     base = static.weights + static.optimizer
@@ -265,7 +288,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    moments = _moments(family_of(shape.model_type), settings.method, gc, attention)
+    family = shape.model_type if section else family_of(shape.model_type)
+    moments = _moments(family, settings.method, gc, attention, section)
     scale = _margin(shape.model_type, gc == "on")
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.

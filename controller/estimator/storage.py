@@ -31,7 +31,7 @@ What each setting allocates (the trace's modelling, see controller/trace):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.estimator.architecture import Layer, Linear, ModelShape, family_traits
 from controller.estimator.frozen import assemble
@@ -87,6 +87,10 @@ class Static:
     layer_gradients: int  # gradient bytes of the largest decoder layer
     head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
     embed_gradients: int  # an untied trainable embedding: computed last in backward
+    # Per entry of `ModelShape.layer_counts`: (gradient bytes, adapted in_features, rank x
+    # adapted linears) of one such layer. The hybrid fit (`hybrid_fit.py`) prices each
+    # layer type by its own; totals above are what equality compares.
+    layer_parts: tuple[tuple[int, int, int], ...] = field(default=(), compare=False)
 
 
 def _quantized(shape: ModelShape, settings: TrainingSettings) -> tuple[bool, bool]:
@@ -158,6 +162,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     weights = lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
     # Every trainable tensor as (numel, bytes per element) -> how many the model holds.
     tensors: dict[tuple[int, int], int] = {}
+    layer_parts: list[tuple[int, int, int]] = []
     priced = shape.layer_counts
     if shape.outer_linears:  # priced as a layer of their own, once (see ModelShape)
         outer_layer = Layer(linears=shape.outer_linears, other_params=0)
@@ -228,6 +233,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                 trainable.append((numel, elem))
                 grads_here += tensor
         layer_grads = max(layer_grads, grads_here)
+        layer_parts.append((grads_here, inputs_here, ranks_here))
         weights += held * count
         lora_inputs += inputs_here * count
         lora_ranks += ranks_here * count
@@ -295,6 +301,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "layer_gradients": layer_grads,
             "head_gradients": head_grads,
             "embed_gradients": embed_grads,
+            "layer_parts": tuple(layer_parts),
         },
     )
 

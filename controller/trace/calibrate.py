@@ -119,18 +119,20 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
     return config
 
 
-#: Hybrid families: not fitted (a layer's kind depends on its place in the stack, so two
-#: depths do not isolate one layer), priced by a borrowed fit with a margin measured on
-#: shrunk variants of their preset (`shrunk_hybrid`; calibrated.BORROWED_MARGINS).
+#: Hybrid families: fitted by `controller.trace.calibrate_hybrid` (a layer's kind depends on
+#: its place in the stack, so two depths alone do not isolate one layer), on shrunk variants
+#: of these presets (`shrunk_hybrid`).
 HYBRID_PRESETS = {"nemotron_h": "nemotron-nano-9b-v2", "falcon_h1": "falcon-h1-1.5b"}
 
 
-def shrunk_hybrid(family: str, rng: random.Random, pattern: str) -> dict[str, Any]:
+def shrunk_hybrid(
+    family: str, rng: random.Random, pattern: str, chunks: tuple[int, ...] = (128,)
+) -> dict[str, Any]:
     """A random small config of a hybrid family with the layers of `pattern` (Nemotron-H's
     M / * / - characters; Falcon-H1, whose layers are all alike, takes only its length):
     widths drawn as `shrunk` draws them, the Mamba-2 mixer in the presets' proportions (SSM
-    width 2-2.5x hidden in heads of 64, 1-8 groups, state 64 or 128, chunks of 128 tokens:
-    2-4 chunks at the grid's 256 and 512 tokens)."""
+    width 2-2.5x hidden in heads of 64, 1-8 groups, state 64 or 128, chunks of one of
+    `chunks` tokens: 2-4 chunks of 128 at the grid's 256 and 512 tokens)."""
     config = load_preset(HYBRID_PRESETS[family]).config_dict()
     for name in (*_DROPPED, "hybrid_override_pattern"):
         config.pop(name, None)
@@ -153,6 +155,7 @@ def shrunk_hybrid(family: str, rng: random.Random, pattern: str) -> dict[str, An
         max_position_embeddings=4096,
     )
     state = rng.choice((64, 128))
+    chunk = rng.choice(chunks) if len(chunks) > 1 else chunks[0]
     if family == "falcon_h1":
         config.pop("hybrid_override_pattern")
         config.update(
@@ -161,7 +164,7 @@ def shrunk_hybrid(family: str, rng: random.Random, pattern: str) -> dict[str, An
             mamba_d_ssm=ssm_heads * 64,
             mamba_n_groups=groups,
             mamba_d_state=state,
-            mamba_chunk_size=128,
+            mamba_chunk_size=chunk,
         )
     else:
         config.update(
@@ -169,7 +172,7 @@ def shrunk_hybrid(family: str, rng: random.Random, pattern: str) -> dict[str, An
             mamba_head_dim=64,
             n_groups=groups,
             ssm_state_size=state,
-            chunk_size=128,
+            chunk_size=chunk,
         )
     return config
 

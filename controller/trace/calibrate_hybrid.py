@@ -1,0 +1,303 @@
+"""Fit the calibrated profile's hybrid section: Nemotron-H and Falcon-H1 (`hybrid_fit.py`).
+
+    python -m controller.trace.calibrate_hybrid [--samples 20] [--workers N] [--out PATH]
+        [--rows PATH] [--refit PATH]
+
+Writes the `hybrid` section of `calibration.json` and leaves the rest of the file as it is
+(the uniform families' features are not these). For each family, method (full / LoRA /
+QLoRA) and checkpointing, sdpa attention only, `--samples` shrunk variants of the family's
+preset (`calibrate.shrunk_hybrid`, chunks of 64, 128 or 256 tokens): each one traced as a
+two-layer stack of the family's first and last layer types (`hybrid_fit.STACKS`) and once
+more with one layer of each type put between them. Per moment of the step, what a layer of
+a type adds (the three-layer trace less the two-layer one) is fitted against the summed
+per-layer features, one coefficient vector for every type; what is left of the two-layer
+stack once its own two layers are taken off is fitted against the once-per-step features.
+About 15 minutes on 2 idle cores at the default samples. LoRA adapts every linear PEFT
+accepts on these models (PEFT refuses `out_proj` and so `all-linear` on Mamba mixers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from controller.estimator import hybrid_fit
+from controller.estimator.architecture import parse_config
+from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY
+from controller.estimator.presets import load_preset
+from controller.estimator.settings import Attention, Checkpointing, Method, TrainingSettings
+from controller.estimator.storage import static_bytes
+from controller.trace.calibrate import (
+    CHECKPOINTING,
+    HYBRID_PRESETS,
+    KEEP_WITHIN,
+    METHODS,
+    _lstsq,
+    _measure,
+    shrunk_hybrid,
+)
+
+#: LoRA's targets in the fit: every linear PEFT 0.21 adapts on the family's layers.
+TARGETS = {
+    "nemotron_h": ("in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"),
+    "falcon_h1": (
+        "in_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ),
+}
+_CHAR = {"mamba2": "M", "attention": "*", "mlp": "-", "parallel": "P"}
+CHUNKS = (64, 128, 256)
+#: Real depths a moment is checked at before it is dropped, in the preset's layer mix.
+DEPTHS = (32, 80)
+
+Task = tuple[str, str, str, int]  # family, method, checkpointing, seed
+_CLASSES = len(METHODS) * len(CHECKPOINTING)  # per family: sdpa only
+
+
+def with_layers(family: str, config: dict[str, Any], types: tuple[str, ...]) -> dict[str, Any]:
+    """`config` cut to the stack of `types`."""
+    out = config | {"num_hidden_layers": len(types)}
+    if family == "nemotron_h":
+        out["hybrid_override_pattern"] = "".join(_CHAR[t] for t in types)
+    return out
+
+
+def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
+    """The two-layer config and the settings of one sample (deterministic in the task)."""
+    family, method, gc, seed = task
+    rng = random.Random(f"hybrid/{family}/{method}/{gc}/{seed}")
+    first, last, _ = hybrid_fit.STACKS[family]
+    config = shrunk_hybrid(family, rng, "".join(_CHAR[t] for t in (first, last)), CHUNKS)
+    config = with_layers(family, config, (first, last))
+    adapter = method != "full"
+    settings = TrainingSettings(
+        method=Method.parse(method, "method"),
+        rank=rng.choice((8, 16, 32)) if adapter else None,
+        targets=TARGETS[family] if adapter else ("all-linear",),
+        batch=rng.choice((1, 2)),
+        seq_len=rng.choice((128, 256, 384, 512)),
+        gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
+        attention=Attention.SDPA,
+    )
+    return config, settings
+
+
+def _features(config: dict[str, Any], settings: TrainingSettings) -> tuple[list[int], list[int]]:
+    shape = parse_config(config)
+    return hybrid_fit.features(shape, settings, static_bytes(shape, settings))
+
+
+def stacks(task: Task) -> dict[str, tuple[str, ...]]:
+    """The traced stacks of a sample: "2" (first, last) and one per type put between."""
+    first, last, middle = hybrid_fit.STACKS[task[0]]
+    return {"2": (first, last)} | {t: (first, t, last) for t in middle}
+
+
+def sample(task: Task) -> dict[str, Any]:
+    """Trace one sample's stacks; keep each one's features, moments and static parts."""
+    config, settings = variant(task)
+    runs = {}
+    for name, types in stacks(task).items():
+        cfg = with_layers(task[0], config, types)
+        per_layer, once = _features(cfg, settings)
+        runs[name] = _measure(cfg, settings) | {"per_layer": per_layer, "once": once}
+    return {"task": list(task), "class": task[:3], "runs": runs}
+
+
+def _refeatured(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row with its features recomputed (they may have changed since)."""
+    task: Task = tuple(row["task"])  # type: ignore[assignment]
+    config, settings = variant(task)
+    for name, types in stacks(task).items():
+        per_layer, once = _features(with_layers(task[0], config, types), settings)
+        row["runs"][name] |= {"per_layer": per_layer, "once": once}
+    return row
+
+
+def _dynamic(coefs: list[list[float]], run: dict[str, Any]) -> float:
+    layer, local = coefs
+    value = sum(a * f for a, f in zip(layer, run["per_layer"], strict=True))
+    return max(0.0, value + sum(b * f for b, f in zip(local, run["once"], strict=True)))
+
+
+def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
+    """The row's traced stacks, plus stacks at DEPTHS in the family preset's layer mix
+    (static parts and features are affine in the number of layers of each type)."""
+    runs = row["runs"]
+    base = runs["2"]
+    mix = Counter(parse_config(load_preset(HYBRID_PRESETS[family]).config_dict()).dims.mixers)
+    first, last, middle = hybrid_fit.STACKS[family]
+    points = list(runs.values())
+    for depth in DEPTHS:
+        extra = {t: round(depth * mix[t] / mix.total()) for t in middle}
+        extra[first] -= 1
+        extra[last] -= 1
+        point = {"per_layer": list(base["per_layer"]), "once": base["once"]}
+        for name in ("base", "static_step"):
+            point[name] = base[name] + sum(
+                n * (runs[t][name] - base[name]) for t, n in extra.items()
+            )
+        for t, n in extra.items():
+            point["per_layer"] = [
+                p + n * (x - y)
+                for p, x, y in zip(
+                    point["per_layer"], runs[t]["per_layer"], base["per_layer"], strict=True
+                )
+            ]
+        points.append(point)
+    return points
+
+
+def _predict(key: str, coefs: list[list[float]], point: dict[str, Any]) -> float:
+    static = point["static_step" if key == OPTIMIZER_KEY else "base"]
+    return float(static) + _dynamic(coefs, point)
+
+
+def _dot(coefs: list[float], values: list[int]) -> float:
+    return sum(a * f for a, f in zip(coefs, values, strict=True))
+
+
+def fit(rows: list[dict[str, Any]], family: str) -> tuple[dict[str, list[list[float]]], float]:
+    """Per moment: the per-layer coefficients from what each added layer adds (three layers
+    less two), then the once coefficients from what they leave of every traced stack. Keeps
+    the moments that decide some point, as `calibrate._deciding` does; returns them and the
+    worst relative error of the predicted peak over the traced stacks."""
+    middle = hybrid_fit.STACKS[family][2]
+    runs = [run for row in rows for run in row["runs"].values()]
+    keys = set.intersection(*(set(run["dynamic"]) for run in runs))
+    fitted: dict[str, list[list[float]]] = {}
+    for key in sorted(keys):
+        layer_rows, layer_targets = [], []
+        for row in rows:
+            base = row["runs"]["2"]
+            for t in middle:
+                run = row["runs"][t]
+                layer_rows.append(
+                    [x - y for x, y in zip(run["per_layer"], base["per_layer"], strict=True)]
+                )
+                layer_targets.append(run["dynamic"][key] - base["dynamic"][key])
+        per_layer = _lstsq(layer_rows, layer_targets)
+        left = [run["dynamic"][key] - _dot(per_layer, run["per_layer"]) for run in runs]
+        fitted[key] = [per_layer, _lstsq([run["once"] for run in runs], left)]
+    points = [p for row in rows for p in _points(row, family)]
+    values = [{k: _predict(k, c, p) for k, c in fitted.items()} for p in points]
+    tops = [max(v.values()) for v in values]
+    keep: set[str] = set()
+    open_points = set(range(len(points)))
+    while open_points:
+        best = max(
+            fitted, key=lambda k: sum(values[i][k] >= KEEP_WITHIN * tops[i] for i in open_points)
+        )
+        keep.add(best)
+        open_points = {i for i in open_points if values[i][best] < KEEP_WITHIN * tops[i]}
+    coefficients = {k: fitted[k] for k in sorted(keep)}
+    worst = max(
+        abs(max(_predict(k, c, run) for k, c in coefficients.items()) - run["peak"]) / run["peak"]
+        for run in runs
+    )
+    return coefficients, worst
+
+
+def tasks(samples: int) -> list[Task]:
+    """Every sample; a family of one layer type adds one layer per sample, not three, so it
+    gets twice the samples."""
+    return [
+        (family, method.value, gc.value, seed)
+        for family, (_, _, middle) in hybrid_fit.STACKS.items()
+        for method in METHODS
+        for gc in CHECKPOINTING
+        for seed in range(samples * (2 if len(middle) == 1 else 1))
+    ]
+
+
+def calibrate(
+    samples: int, workers: int, dump: Path | None = None, refit: Path | None = None
+) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    started = time.perf_counter()
+    if refit is not None:
+        rows = [_refeatured(row) for row in json.loads(refit.read_text())]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(sample, tasks(samples), chunksize=2))
+    if dump is not None:
+        dump.write_text(json.dumps(rows))
+    by_class: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_class.setdefault(tuple(row["class"]), []).append(row)
+    families: dict[str, Any] = {}
+    errors: dict[str, float] = {}
+    for (family, method, gc), group in sorted(by_class.items()):
+        coefficients, worst = fit(group, family)
+        families.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = (
+            coefficients
+        )
+        errors[f"{family}/{method}/{gc}/sdpa"] = worst
+    return {
+        "generated_by": "python -m controller.trace.calibrate_hybrid",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+        },
+        "samples_per_class": {
+            f: sum(r["class"][0] == f for r in rows) // _CLASSES for f in hybrid_fit.STACKS
+        },
+        "seconds": round(time.perf_counter() - started, 1),
+        "refit_of_stored_samples": refit is not None,
+        "scope": (
+            "bf16, AdamW, LoRA on every linear PEFT adapts there, sdpa (also used for "
+            "flash/flex; eager is not fitted), transformers' torch path of the Mamba-2 scan "
+            "(the fused CUDA kernel holds less); stacks whose first and last layers are of "
+            "the types in `stacks`"
+        ),
+        "stacks": {
+            f: {"first": a, "last": b, "between": list(m)}
+            for f, (a, b, m) in hybrid_fit.STACKS.items()
+        },
+        "layer_features": list(hybrid_fit.HYBRID_LAYER_FEATURES),
+        "local_features": list(hybrid_fit.HYBRID_LOCAL_FEATURES),
+        "worst_relative_error": max(errors.values()),
+        "errors": errors,
+        "families": families,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=20, help="samples per class")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    default_out = Path(__file__).resolve().parents[1] / "estimator" / DATA_FILE
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--rows", type=Path, help="also write the traced samples here (JSON)")
+    parser.add_argument("--refit", type=Path, help="fit samples written by --rows, no tracing")
+    args = parser.parse_args(argv)
+    section = calibrate(args.samples, args.workers, args.rows, args.refit)
+    data = json.loads(args.out.read_text())
+    data["hybrid"] = section
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(
+        f"wrote the hybrid section of {args.out}: {len(section['errors'])} classes, worst "
+        f"error {section['worst_relative_error']:.4%}, {section['seconds']} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
