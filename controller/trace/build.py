@@ -98,11 +98,19 @@ def text_config(config: Mapping[str, Any], layers: int | None = None) -> dict[st
     return raw
 
 
+#: Model types transformers has no class for, whose checkpoints ship another family's
+#: modelling code as remote code: built as that family. Kimi K2's config names
+#: `DeepseekV3ForCausalLM` and its remote code is DeepSeek-V3's, at another size.
+BUILT_AS = {"kimi_k2": "deepseek_v3"}
+
+
 def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | None = None) -> Any:
     from transformers import AutoConfig
 
     raw = text_config(config, layers)
     model_type = raw.pop("model_type", None) or "llama"
+    model_type = BUILT_AS.get(model_type, model_type)
+    raw.pop("auto_map", None)  # remote code is never run
     try:
         cfg = AutoConfig.for_model(model_type, **raw)
     except (KeyError, ValueError) as error:
@@ -191,6 +199,7 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if quantized:
         skip, double = qlora.skip_modules(config), qlora.double_quant(config)
         qlora.quantize_linears(model, skip, DTYPES[settings.precision], double)
+        _refuse_clamped_4bit(model)
         # What a quantised load sets: modelling code that reads a linear's weight directly
         # (Jamba's dt_proj) calls the module instead when it is there.
         model.config._is_quantized = True  # type: ignore[union-attr]
@@ -206,6 +215,22 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if quantized:
         qlora.quantize_experts(model, DTYPES[settings.precision], qlora.double_quant(config))
     return model
+
+
+#: Linears whose weights Gemma 3n's AltUp clamps while training (`weight.data.clamp_`,
+#: `weight.clamp`). A 4-bit weight is packed bytes, here as in bitsandbytes' `Params4bit`,
+#: and clamping bytes to floats fails: such a job would fail on the GPU as it fails here.
+_CLAMPED = ("prediction_coefs", "correction_coefs")
+
+
+def _refuse_clamped_4bit(model: Any) -> None:
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in _CLAMPED and isinstance(module, qlora.Linear4bitStorage):
+            raise TraceUnsupported(
+                "Gemma 3n's AltUp clamps the weights of prediction_coefs and correction_coefs "
+                "while training, which a 4-bit weight cannot take (bitsandbytes' neither): "
+                "list both in quantization_config.llm_int8_skip_modules"
+            )
 
 
 def _set_experts_implementation(model: Any) -> None:

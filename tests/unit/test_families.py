@@ -389,6 +389,44 @@ def test_meta_build_matches_where_transformers_has_the_family() -> None:
         assert sum(p.numel() for p in model.parameters()) == FAMILY_COUNTS[name]
 
 
+def test_kimi_k2_is_built_by_the_trace_as_deepseek_v3s_code() -> None:
+    """Kimi K2 has no transformers class: its checkpoints ship DeepSeek-V3's modelling code
+    (`architectures`: DeepseekV3ForCausalLM), so the trace builds it as that class. At the
+    preset's widths it holds the parser's count (parameters plus the 60 MoE layers' fp32
+    score-correction buffers of 384, which the parser counts with them), and a small variant
+    trains with the trainable tensors the estimator prices."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from controller.estimator import Attention, Method, TrainingSettings
+    from controller.estimator.presets import load_preset
+    from controller.estimator.storage import static_bytes
+    from controller.trace.build import hf_config
+    from controller.trace.run import trace_run
+
+    config = load_preset("kimi-k2").config_dict()
+    cfg = hf_config(config, Attention.SDPA)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    params = sum(p.numel() for p in model.parameters())
+    assert params + 60 * 384 == FAMILY_COUNTS["kimi-k2"]
+
+    for name in ("bos_token_id", "eos_token_id", "rope_scaling"):
+        config.pop(name)
+    small = config | {
+        "hidden_size": 256, "num_hidden_layers": 2, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 128, "intermediate_size": 512,
+        "kv_lora_rank": 64, "q_lora_rank": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 1024, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 32, "v_head_dim": 32, "pad_token_id": 0,
+    }  # fmt: skip
+    shape = parse_config(small)
+    for method in (Method.FULL, Method.LORA):
+        job = TrainingSettings(method=method, rank=None if method is Method.FULL else 4, seq_len=32)
+        traced = trace_run(small, job, breakdowns=False)
+        assert traced.trainable_params == static_bytes(shape, job).trainable_params
+
+
 @pytest.mark.parametrize(
     "change",
     [
