@@ -15,8 +15,11 @@ What each setting allocates (the trace's modelling, see controller/trace):
   the names gate_proj/up_proj/down_proj to the stacks in the "qwen2_moe" pattern, so the
   dense MLPs and shared experts of those models (DeepSeek, Qwen2-MoE) get no LoRA.
 * weights in the training precision; QLoRA: every decoder linear as bitsandbytes NF4
-  (packed 4-bit, per-64 absmax, double-quantised unless the checkpoint says otherwise),
-  embeddings, norms and LM head 16-bit; PEFT LoRA adapters A (r x in) and B (out x r) in
+  (packed 4-bit, per-64 absmax, double-quantised unless the checkpoint says otherwise)
+  but those `llm_int8_skip_modules` names (matched by path, as the loader and the trace's
+  `qlora.quantize_linears` match them: `_skip_correction`), embeddings, norms and LM head
+  16-bit; the expert stacks NF4 whatever the skip list says, as `qlora.quantize_experts`
+  holds them; PEFT LoRA adapters A (r x in) and B (out x r) in
   fp32; `modules_to_save` as trainable 16-bit copies beside the frozen originals.
 * gradients: one per trainable tensor, in its dtype.
 * optimizer state per trainable tensor of n elements, e bytes each (see trace/optim.py):
@@ -33,8 +36,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.estimator.architecture import Layer, Linear, ModelShape, family_traits
+from controller.estimator.architecture import (
+    Layer,
+    Linear,
+    ModelShape,
+    family_traits,
+    skip_module_matches_text,
+)
 from controller.estimator.frozen import assemble
+from controller.estimator.module_paths import layer_linear_paths, outer_linear_paths
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 
 BLOCK = 512
@@ -239,6 +249,9 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
         lora_ranks += ranks_here * count
         for pair_key in trainable:
             tensors[pair_key] = tensors.get(pair_key, 0) + count
+    if quantized and shape.quantization is not None and shape.quantization.skip_modules:
+        extra, dequantized = _skip_correction(shape, elem, double)
+        weights += extra
 
     trainable = []  # the tensors outside the decoder layers
     tied = not shape.lm_head_params
@@ -304,6 +317,78 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "layer_parts": tuple(layer_parts),
         },
     )
+
+
+def _skipped_linears(shape: ModelShape) -> tuple[tuple[frozenset[int], ...], frozenset[int]]:
+    """Which linears `llm_int8_skip_modules` keeps 16-bit: per layer index, the indices into
+    its `Layer.linears`; then the indices into `shape.outer_linears`. Matched by each
+    linear's path (`module_paths`) under every text-model root, as `qlora.quantize_linears`
+    matches the model's modules; expert stacks and routers are never among them (the
+    trace's `quantize_experts` quantises every stack, the router is never quantised)."""
+    cached = shape.memo.get("skipped-linears")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    assert shape.quantization is not None
+    entries = shape.quantization.skip_modules
+    paths_of: dict[int, tuple[str, ...]] = {}
+    per_layer = []
+    for i, layer in enumerate(shape.layers):
+        paths = paths_of.get(id(layer))
+        if paths is None:
+            paths = paths_of[id(layer)] = layer_linear_paths(shape.model_type, shape.dims, layer)
+        per_layer.append(
+            frozenset(
+                k
+                for k, (lin, path) in enumerate(zip(layer.linears, paths, strict=True))
+                if not lin.expert
+                and lin.name != "router"
+                and any(skip_module_matches_text(e, f"layers.{i}.{path}") for e in entries)
+            )
+        )
+    outer = frozenset(
+        k
+        for k, path in enumerate(outer_linear_paths(shape.outer_linears))
+        if any(skip_module_matches_text(e, path) for e in entries)
+    )
+    result = (tuple(per_layer), outer)
+    shape.memo["skipped-linears"] = result
+    return result
+
+
+def _skip_correction(shape: ModelShape, elem: int, double: bool) -> tuple[int, int]:
+    """For a 4-bit job with a skip list: the bytes its 16-bit linears add to the all-NF4
+    weights `_price` counts (each one's 16-bit block instead of its NF4 storage; biases are
+    16-bit either way), and the largest dequantised weight among the linears still 4-bit.
+
+    Layers are grouped by (layer object, skipped set): a skip entry naming one layer
+    (`model.layers.3.mlp`) sets that layer apart from the others of its kind."""
+    per_layer, outer = _skipped_linears(shape)
+    counts: dict[tuple[int, frozenset[int]], int] = {}
+    layer_of: dict[int, Layer] = {}
+    for layer, skipped in zip(shape.layers, per_layer, strict=True):
+        key = (id(layer), skipped)
+        counts[key] = counts.get(key, 0) + 1
+        layer_of[id(layer)] = layer
+    priced = [(layer_of[key].linears, skipped, n) for (key, skipped), n in counts.items()]
+    if shape.outer_linears:
+        priced.append((shape.outer_linears, outer, 1))
+    extra = dequantized = 0
+    for linears, skipped, count in priced:
+        experts = []
+        for k, lin in enumerate(linears):
+            if lin.expert:
+                experts.append(lin)
+                continue
+            if lin.name == "router":
+                continue
+            tensor = block(lin.weight_params * elem)
+            if k in skipped:
+                extra += (tensor - nf4_bytes(lin.weight_params, double)) * count
+            else:
+                dequantized = max(dequantized, tensor)
+        for stack, _ in _expert_stacks(experts) if experts else ():
+            dequantized = max(dequantized, block(stack.weight_params * elem))
+    return extra, dequantized
 
 
 _GATE_UP = ("gate_proj", "up_proj", "w1", "w3")

@@ -27,6 +27,7 @@ from controller.estimator.architecture import (
     layer_mlp_size,
     skip_module_matches_text,
 )
+from controller.estimator.module_paths import name_part, part_path
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     Attention,
@@ -193,14 +194,6 @@ def _hybrid_dims(d: ArchDims, index: int) -> dict[str, tuple[int, int]]:
     return mamba
 
 
-# Where Falcon-H1's modules sit in a layer (Nemotron-H holds its one mixer at `mixer`).
-_FALCON_PATHS = {
-    **dict.fromkeys(("in_proj", "out_proj"), "mamba"),
-    **dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "self_attn"),
-    **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "feed_forward"),
-}
-
-
 #: Jamba's blocks: attention or Mamba (1), then the MLP or MoE of the standard block, which
 #: seed 1's terms price as they are (the Mamba mixer takes attention's place).
 _BLOCKS = ("attention_mlp", "mamba1_mlp", "deltanet_mlp")
@@ -260,17 +253,19 @@ def _mixer_extras(d: ArchDims) -> int:
     return conv + 3 * ssm.num_heads + (ssm.inner if ssm.gated_norm else 0)
 
 
-def _layer_modules(d: ArchDims, i: int) -> dict[str, int]:
-    """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`)."""
+def _layer_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
+    """Quantizable elements of layer i by module path (for `llm_int8_skip_modules`), where
+    `module_paths` puts each module (Nemotron-H: all at `mixer`; Falcon-H1: `mamba`,
+    `self_attn`, `feed_forward`; Jamba's Mamba at `mamba`, Qwen3-Next's DeltaNet at
+    `linear_attn`)."""
     if _one_mixer(d, i):
-        parallel = (d.mixers or ())[i] == "parallel"
         return {
-            f"{_FALCON_PATHS[n] if parallel else 'mixer'}.{n}": a * b
+            f"{part_path(model_type, d, name_part(n))}.{n}": a * b
             for n, (a, b) in _hybrid_dims(d, i).items()
         }
     if d.mixers is not None and d.mixers[i] in ("mamba1_mlp", "deltanet_mlp"):
         block = _block_modules(d, i)
-        where = "linear_attn" if d.deltanet is not None else "mamba"
+        where = part_path(model_type, d, "mixer")
         mixer = {f"{where}.{n}": a * b for n, (a, b) in _mixer_dims(d).items()}
         return mixer | {k: v for k, v in block.items() if not k.startswith("self_attn")}
     return _block_modules(d, i)
@@ -338,7 +333,7 @@ def _view(shape: ModelShape) -> _View:
     for i in range(n):
         key = _layer_key(d, i)
         if key not in by_key:
-            by_key[key] = _layer_modules(d, i)
+            by_key[key] = _layer_modules(d, i, shape.model_type)
         layers.append(by_key[key])
     quantizable = sum(sum(modules.values()) for modules in layers)
     pli = d.hidden_size_per_layer_input

@@ -135,3 +135,45 @@ def test_the_trace_builds_what_the_parser_counts() -> None:
     lora = trace_run(config, TrainingSettings(method=Method.LORA, rank=4, seq_len=64),
                      breakdowns=False)  # fmt: skip
     assert lora.trainable_params == 4 * shape.lora_params_per_rank(("all-linear",))
+
+
+def test_qlora_traces_once_altups_clamped_linears_stay_16_bit() -> None:
+    """AltUp clamps prediction_coefs' and correction_coefs' weights while training: in 4-bit
+    that fails (a packed byte tensor takes no float clamp, bitsandbytes' `Params4bit` neither),
+    so the trace refuses it with the fix, and with the two skipped the trace holds what the
+    parser counts, the other linears in 4-bit."""
+    require_trace_extra()
+    from controller.estimator.storage import block, nf4_bytes, static_bytes
+    from controller.trace.build import TraceUnsupported
+    from controller.trace.run import trace_run
+
+    job = TrainingSettings(method=Method.QLORA, rank=4, seq_len=64)
+    with pytest.raises(TraceUnsupported, match="llm_int8_skip_modules"):
+        trace_run(SMALL, job, breakdowns=False)
+    skipped = SMALL | {
+        "quantization_config": {
+            "quant_method": "bitsandbytes",
+            "load_in_4bit": True,
+            "llm_int8_skip_modules": ["prediction_coefs", "correction_coefs"],
+        }
+    }
+    shape = parse_config(skipped)
+    result = trace_run(skipped, job)
+    static = static_bytes(shape, job)
+    assert (
+        result.trainable_params
+        == static.trainable_params
+        == 4 * shape.lora_params_per_rank(("all-linear",))
+    )
+    assert result.total_params == shape.total_params + result.trainable_params
+    # the weights the trace holds are the parser's, the two 16-bit linears included (per
+    # layer 9 and 27 elements, a 16-bit block each instead of NF4), plus the model's fp32
+    # buffers, one block each: two RoPE tables (inv_freq, original_inv_freq) of 32, and
+    # scalars: per_layer_projection_scale, per_layer_input_scale, both embeddings'
+    # embed_scale and each layer's altup.router_input_scale
+    buffers = 4 * block(32 * 4) + (4 + 3) * block(4)
+    assert result.breakdown["weights"] == static.weights + buffers == 687104 + buffers
+    unskipped = skipped | {"quantization_config": {"load_in_4bit": True}}
+    all_nf4 = static_bytes(parse_config(unskipped), job)  # the skip list ignored
+    per_layer = sum(nf4_bytes(n, double_quant=False) - block(n * 2) for n in (3 * 3, 3 * 27))
+    assert all_nf4.weights - static.weights == 3 * per_layer == 3 * 2048
