@@ -38,6 +38,12 @@ exact static part; fp32 training doubles the fitted 16-bit terms (an approximati
 loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first three) are
 charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
 together).
+
+Hybrid stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers)
+are priced from a section of their own in the file (`hybrid`, written by `python -m
+controller.trace.calibrate_hybrid`) where it has one: the per-layer features summed over the
+layers, each by its own type, with the Mamba-2 scan's terms (`hybrid_fit.py`). The file has
+none yet (see UNFITTED_HYBRID), so calibrated refuses them.
 """
 
 from __future__ import annotations
@@ -45,7 +51,6 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from math import ceil
 from operator import mul
 from typing import Any
 
@@ -84,17 +89,13 @@ FAMILY_ALIASES = {
     "gemma": "gemma2",
     "deepseek_v2": "deepseek_v3",
     # Not fitted: read as the fitted family of the closest layout. Kimi K2 is DeepSeek-V3's
-    # layout (no transformers class of its own); DBRX Mixtral's (routed experts only; its
-    # expert loop cannot be traced); Llama 4 GQA with routed and one shared expert, as
-    # Qwen-MoE (PEFT's all-linear LoRA breaks on its router): approximations, not held to
-    # the 5 % of the fitted families. GLM-4.5 and ERNIE 4.5 MoE are in the calibration grid
-    # (`controller.trace.calibrate`) but not in the data file yet: until they are, they
-    # borrow Qwen-MoE's fit with the margin of BORROWED_MARGINS, and a fit of their own,
-    # once in the file, takes precedence over the alias.
+    # code at another size (the trace builds it as that class, `trace.build.BUILT_AS`, and
+    # tests/unit/test_calibrated.py holds it to the trace at its real widths); DBRX
+    # Mixtral's (routed experts only; its expert loop cannot be traced); Llama 4 GQA with
+    # routed and one shared expert, as Qwen-MoE (PEFT's all-linear LoRA breaks on its
+    # router): approximations, not held to the 5 % of the fitted families.
     "kimi_k2": "deepseek_v3",
     "dbrx": "mixtral",
-    "glm4_moe": "qwen3_moe",
-    "ernie4_5_moe": "qwen3_moe",
     "llama4_text": "qwen3_moe",
     "llama4": "qwen3_moe",
 }
@@ -112,16 +113,6 @@ def calibration() -> dict[str, Any]:
     return data
 
 
-#: Borrowing families measured against the trace: the factor on the borrowed fit's dynamic
-#: bytes, (checkpointing on, off), that keeps the estimate at or above the traced peak on
-#: the test grid (tests/unit/test_calibrated.py: 3-layer shrunk variants, full / LoRA /
-#: QLoRA x checkpointing x 256 / 512 tokens x batch 1 / 2, sdpa). Without it the borrowed
-#: Qwen-MoE fit is under the trace there by up to 2.3 % (GLM) and 3.6 % (ERNIE) of the
-#: peak; the factors needed were at most 1.041 / 1.027 (GLM) and 1.093 / 1.059 (ERNIE).
-#: Applied only while the family has no fit of its own in the data file.
-BORROWED_MARGINS = {"glm4_moe": (1.06, 1.06), "ernie4_5_moe": (1.10, 1.065)}
-
-
 def family_of(model_type: str) -> str:
     """The fitted family whose coefficients price `model_type`: its own when the data file
     has them, else its alias's, else the default."""
@@ -130,14 +121,6 @@ def family_of(model_type: str) -> str:
         return model_type
     name = FAMILY_ALIASES.get(model_type, model_type)
     return name if name in families else DEFAULT_FAMILY
-
-
-def margin_of(model_type: str, checkpointing: bool) -> float:
-    """The factor on the dynamic bytes of a family priced by a borrowed fit (1: none)."""
-    if model_type in calibration()["families"] or model_type not in BORROWED_MARGINS:
-        return 1.0
-    on, off = BORROWED_MARGINS[model_type]
-    return on if checkpointing else off
 
 
 def _dims(shape: ModelShape) -> tuple[int, int, int, int, int, int]:
@@ -237,12 +220,12 @@ def _moments(
     )
 
 
-#: Measured: the nearest fit (Llama's) prices shrunk Nemotron-H variants 13-36 % under the
-#: trace (`controller.trace.calibrate.shrunk_hybrid`, patterns M*- and MM-*-, full / LoRA /
-#: QLoRA x checkpointing, 256 x 1 and 512 x 2 tokens): the Mamba-2 scan's chunk tensors are
-#: no feature of the fit, and no one factor brings every point within 5 %. Qwen3-Next read as
-#: Qwen3-MoE is 9-33 % under likewise (4 layers, 512 x 2 tokens, full / LoRA x checkpointing).
-#: Until a hybrid fit exists, such a model is refused here, never under-estimated.
+#: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
+#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`). Measured: the nearest uniform fit
+#: (Llama's) prices shrunk Nemotron-H variants 13-36 % under the trace, and Qwen3-Next read
+#: as Qwen3-MoE is 9-33 % under; a hybrid fit from 20 samples per class (Nemotron-H,
+#: Falcon-H1) was within 9.2 % of its own samples but 5-50 % off on held-out ones (four-fold
+#: cross-validation), so the file carries none yet. Refused, never under-estimated.
 UNFITTED_HYBRID = (
     "calibrated has no fit for hybrid layers (Mamba or linear attention among attention "
     "layers), so it would under-estimate this model; use the analytic, unsloth or trace "
@@ -258,7 +241,8 @@ UNFITTED_ALTUP = (
 
 
 def _hybrid_section(shape: ModelShape) -> str:
-    """"hybrid" for a hybrid stack the data file fits (refused otherwise), "" for the rest."""
+    """The data file's section for a hybrid stack it fits ("hybrid"; refused otherwise), "" for
+    the rest."""
     if shape.dims.mixers is None:
         return ""
     if shape.model_type not in calibration().get("hybrid", {}).get("families", {}):
@@ -290,13 +274,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = shape.model_type if section else family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, section)
-    scale = _margin(shape.model_type, gc == "on")
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         dynamic = max(0, round(fitted)) * widen
-        if scale != 1.0:
-            dynamic = ceil(dynamic * scale)
         total = (at_step_base if at_optimizer else base) + dynamic
         if total > best:
             best_key, best, best_dynamic = key, total, dynamic
@@ -328,9 +309,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fixed_bytes": fixed,
         },
     )
-
-
-_margin = cache(margin_of)  # once per model type and process: estimate's hot path
 
 
 def peak_bytes(shape: ModelShape, settings: TrainingSettings) -> int:

@@ -211,14 +211,6 @@ def test_unsloth_prices_the_mixers_own_modules() -> None:
     assert est.components["activations"] == 2048 * (widest + 2) * 2 * 5 // 4
 
 
-def test_calibrated_refuses_a_hybrid_it_has_no_fit_for() -> None:
-    job = TrainingSettings(method=Method.LORA, targets=TARGETS, profile=Profile.CALIBRATED)
-    with pytest.raises(SpecError) as info:
-        estimate(load_shape(NANO), job)
-    assert info.value.field == "estimator.profile"
-    assert "no fit for hybrid layers" in info.value.message
-
-
 # -- Falcon-H1 ---------------------------------------------------------------------------------
 
 FALCON = "falcon-h1-1.5b"
