@@ -65,7 +65,7 @@ def check_stack(shape: ModelShape, field: str) -> None:
         )
 
 
-def _widths(layer: Layer) -> int:
+def _mlp_width(layer: Layer) -> int:
     """The MLP width of a layer (0: it has none)."""
     for lin in layer.linears:
         if lin.name in _MLP_NAMES:
@@ -104,7 +104,7 @@ def features(
     ):
         attn = layer.mixer in _ATTENTION
         mamba = layer.mixer in _MAMBA2
-        vector = [t * h, t * q if attn else 0, t * kv if attn else 0, t * _widths(layer),
+        vector = [t * h, t * q if attn else 0, t * kv if attn else 0, t * _mlp_width(layer),
                   t * inputs, t * ranks, t * n if attn else 0, t, grads,
                   *(scan if mamba else [0] * 6), 1]  # fmt: skip
         for i, value in enumerate(vector):
@@ -117,7 +117,7 @@ def features(
     end_grads = sum(parts[0] for _, parts in ends.values())
     logits = 0 if settings.fused_loss else t * shape.vocab_size
     once = [t * h, t * q if attn_end else 0, t * kv if attn_end else 0,
-            t * max(map(_widths, end_layers)), t * end_inputs, t * end_ranks, logits,
+            t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
             b * s * s, t * n if attn_end else 0, t, static.head_gradients,
             static.embed_gradients, end_grads, static.dequantized,
             *(scan if mamba_end else [0] * 6), 1]  # fmt: skip

@@ -98,8 +98,9 @@ class Static:
     head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
     embed_gradients: int  # an untied trainable embedding: computed last in backward
     # Per entry of `ModelShape.layer_counts`: (gradient bytes, adapted in_features, rank x
-    # adapted linears) of one such layer. The hybrid fit (`hybrid_fit.py`) prices each
-    # layer type by its own; totals above are what equality compares.
+    # adapted linears) of one such layer, then the outer linears' if the model has any. The
+    # hybrid fit (`hybrid_fit.py`) prices each layer type by its own; equality compares the
+    # totals above.
     layer_parts: tuple[tuple[int, int, int], ...] = field(default=(), compare=False)
 
 

@@ -358,24 +358,54 @@ def _predict(key: str, coefs: list[list[float]], row: dict[str, Any], layers: in
 
 
 def _deciding(fitted: dict[str, list[list[float]]], rows: list[dict[str, Any]]) -> set[str]:
+    """The deciding moments (`keep_deciding`) at every sample, at 2 and 3 layers and at the
+    real depths."""
+    return keep_deciding(
+        [
+            {k: _predict(k, c, row, layers) for k, c in fitted.items()}
+            for row in rows
+            for layers in (2, 3, *DEPTHS)
+        ]
+    )
+
+
+def keep_deciding(points: list[dict[str, float]]) -> set[str]:
     """The fewest moments (greedily) whose largest is within KEEP_WITHIN of the largest of
-    all, at every sample, at 2 and 3 layers and at the real depths."""
-    points = [
-        {k: _predict(k, c, row, layers) for k, c in fitted.items()}
-        for row in rows
-        for layers in (2, 3, *DEPTHS)
-    ]
+    all at every point (each point: every moment's predicted bytes)."""
+    if not points:
+        return set()
     tops = [max(p.values()) for p in points]
     keep: set[str] = set()
     open_points = set(range(len(points)))
     while open_points:
         best = max(
-            fitted,
+            points[0],
             key=lambda k: sum(points[i][k] >= KEEP_WITHIN * tops[i] for i in open_points),
         )
         keep.add(best)
         open_points = {i for i in open_points if points[i][best] < KEEP_WITHIN * tops[i]}
     return keep
+
+
+def library_versions() -> dict[str, str]:
+    """The versions a fit was traced with (a refit under others is not the same fit)."""
+    import peft
+    import torch
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
+
+
+def by_class(rows: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """The samples grouped by their class (family, method, checkpointing[, attention])."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row["class"]), []).append(row)
+    return dict(sorted(groups.items()))
 
 
 def _lstsq(rows: list[list[int]], targets: list[int]) -> list[float]:
@@ -415,10 +445,6 @@ def calibrate(
     refit: Path | None = None,
     only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    import peft
-    import torch
-    import transformers
-
     started = time.perf_counter()
     if refit is not None:  # traced moments kept, features recomputed (they may have changed)
         rows = json.loads(refit.read_text())
@@ -430,12 +456,9 @@ def calibrate(
             rows = list(pool.map(sample, tasks(samples, only), chunksize=4))
     if dump is not None:
         dump.write_text(json.dumps(rows))
-    by_class: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        by_class.setdefault(tuple(row["class"]), []).append(row)
     families: dict[str, Any] = {}
     errors: dict[str, float] = {}
-    for (family, method, gc, attention), group in sorted(by_class.items()):
+    for (family, method, gc, attention), group in by_class(rows).items():
         coefficients, worst = fit(group)
         families.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})[attention] = (
             coefficients
@@ -443,11 +466,7 @@ def calibrate(
         errors[f"{family}/{method}/{gc}/{attention}"] = worst
     return {
         "generated_by": "python -m controller.trace.calibrate",
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-        },
+        "versions": library_versions(),
         "samples_per_class": {
             "dense": _count(rows, lambda family: family not in MOE_FAMILIES),
             "moe": _count(rows, lambda family: family in MOE_FAMILIES),

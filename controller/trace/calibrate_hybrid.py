@@ -31,22 +31,26 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
+from operator import mul
 from pathlib import Path
 from typing import Any
 
 from controller.estimator import hybrid_fit
 from controller.estimator.architecture import parse_config
-from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY
+from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY, dynamic_bytes
 from controller.estimator.presets import load_preset
 from controller.estimator.settings import Attention, Checkpointing, Method, TrainingSettings
 from controller.estimator.storage import static_bytes
 from controller.trace.calibrate import (
     CHECKPOINTING,
     HYBRID_PRESETS,
-    KEEP_WITHIN,
     METHODS,
     _lstsq,
     _measure,
+    by_class,
+    keep_deciding,
+    library_versions,
     shrunk_hybrid,
 )
 
@@ -134,9 +138,14 @@ def _refeatured(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dynamic(coefs: list[list[float]], run: dict[str, Any]) -> float:
-    layer, local = coefs
-    value = sum(a * f for a, f in zip(layer, run["per_layer"], strict=True))
-    return max(0.0, value + sum(b * f for b, f in zip(local, run["once"], strict=True)))
+    """A moment's fitted bytes: the per-layer features are already summed over the layers."""
+    return max(0.0, dynamic_bytes(1, run["per_layer"], run["once"], coefs))
+
+
+@cache
+def _preset_mix(family: str) -> Counter[str]:
+    """How many layers of each type the family's preset stacks."""
+    return Counter(parse_config(load_preset(HYBRID_PRESETS[family]).config_dict()).dims.mixers)
 
 
 def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
@@ -144,7 +153,7 @@ def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
     (static parts and features are affine in the number of layers of each type)."""
     runs = row["runs"]
     base = runs["2"]
-    mix = Counter(parse_config(load_preset(HYBRID_PRESETS[family]).config_dict()).dims.mixers)
+    mix = _preset_mix(family)
     first, last, middle = hybrid_fit.STACKS[family]
     points = list(runs.values())
     for depth in DEPTHS:
@@ -173,7 +182,7 @@ def _predict(key: str, coefs: list[list[float]], point: dict[str, Any]) -> float
 
 
 def _dot(coefs: list[float], values: list[int]) -> float:
-    return sum(a * f for a, f in zip(coefs, values, strict=True))
+    return sum(map(mul, coefs, values))
 
 
 def fit(rows: list[dict[str, Any]], family: str) -> tuple[dict[str, list[list[float]]], float]:
@@ -199,16 +208,7 @@ def fit(rows: list[dict[str, Any]], family: str) -> tuple[dict[str, list[list[fl
         left = [run["dynamic"][key] - _dot(per_layer, run["per_layer"]) for run in runs]
         fitted[key] = [per_layer, _lstsq([run["once"] for run in runs], left)]
     points = [p for row in rows for p in _points(row, family)]
-    values = [{k: _predict(k, c, p) for k, c in fitted.items()} for p in points]
-    tops = [max(v.values()) for v in values]
-    keep: set[str] = set()
-    open_points = set(range(len(points)))
-    while open_points:
-        best = max(
-            fitted, key=lambda k: sum(values[i][k] >= KEEP_WITHIN * tops[i] for i in open_points)
-        )
-        keep.add(best)
-        open_points = {i for i in open_points if values[i][best] < KEEP_WITHIN * tops[i]}
+    keep = keep_deciding([{k: _predict(k, c, p) for k, c in fitted.items()} for p in points])
     coefficients = {k: fitted[k] for k in sorted(keep)}
     worst = max(
         abs(max(_predict(k, c, run) for k, c in coefficients.items()) - run["peak"]) / run["peak"]
@@ -236,10 +236,6 @@ def calibrate(
     refit: list[Path] | None = None,
     first_seed: int = 0,
 ) -> dict[str, Any]:
-    import peft
-    import torch
-    import transformers
-
     started = time.perf_counter()
     if refit:
         rows = [_refeatured(row) for path in refit for row in json.loads(path.read_text())]
@@ -248,12 +244,9 @@ def calibrate(
             rows = list(pool.map(sample, tasks(samples, first_seed), chunksize=2))
     if dump is not None:
         dump.write_text(json.dumps(rows))
-    by_class: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        by_class.setdefault(tuple(row["class"]), []).append(row)
     families: dict[str, Any] = {}
     errors: dict[str, float] = {}
-    for (family, method, gc), group in sorted(by_class.items()):
+    for (family, method, gc), group in by_class(rows).items():
         coefficients, worst = fit(group, family)
         families.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = (
             coefficients
@@ -261,11 +254,7 @@ def calibrate(
         errors[f"{family}/{method}/{gc}/sdpa"] = worst
     return {
         "generated_by": "python -m controller.trace.calibrate_hybrid",
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-        },
+        "versions": library_versions(),
         "samples_per_class": {
             f: sum(r["class"][0] == f for r in rows) // _CLASSES for f in hybrid_fit.STACKS
         },
