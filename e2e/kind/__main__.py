@@ -2,11 +2,12 @@
 
 Creates a kind cluster (e2e/kind/kind-config.yaml), builds the image from the repository's
 Dockerfile and loads it into the nodes, gives the two workers simulated GPUs (nvidia.com/gpu
-capacity for the scheduler, the agents' static backend for the memory), installs the chart
-with e2e/kind/values.yaml, and checks the whole path: agents publish GPUNodes, the webhook
-(served through its Service, with the operator's generated CA) refuses a job that can never
-fit, and a job that fits is admitted and its Job runs. The cluster is deleted at the end
-unless --keep.
+capacity for the scheduler, the agents' static backend for the memory: the end-to-end
+suite's layout, `e2e/suite/layout.py`), installs the chart with e2e/kind/values.yaml, waits
+for the agents' GPUNodes, and runs the end-to-end suite (`e2e/suite`), the same scenarios
+the test suite runs on the local control plane: best fit, refusal at apply through the
+webhook's Service, resize at apply with FSDP across nodes, queue until a job finishes, a
+cordoned node. The cluster is deleted at the end unless --keep.
 
 Where Docker or kind is missing (CI here has neither) it says so in one line and exits 0:
 skipped, not failed.
@@ -23,13 +24,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from e2e.suite import layout
+from e2e.suite.__main__ import run_all
+from e2e.suite.target import Target
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHART = REPO / "charts" / "vramgate"
 IMAGE = "vramgate:e2e"
 NAMESPACE = "vramgate-system"
 RELEASE = "vramgate"
-GPUS_PER_NODE = 2
 
 
 class E2EError(Exception):
@@ -106,8 +110,9 @@ class Kind:
         advertise it (a status patch: the kubelet keeps extended resources it did not set)."""
         names = self.kubectl("get", "nodes", "-l", "vramgate.dev/simulated-gpus=true",
                              "-o", "jsonpath={.items[*].metadata.name}").split()  # fmt: skip
+        capacity = str(layout.GPUS_PER_NODE)
         patch = json.dumps([
-            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(GPUS_PER_NODE)},
+            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": capacity},
         ])  # fmt: skip
         for name in names:
             self.kubectl("patch", "node", name, "--subresource=status", "--type=json", "-p", patch)
@@ -115,7 +120,9 @@ class Kind:
 
     def install(self) -> None:
         self.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                  "--values", str(HERE / "values.yaml"), "--wait", "--timeout", "5m")  # fmt: skip
+                  "--values", str(HERE / "values.yaml"),
+                  "--set-json", f"agent.static.gpus={json.dumps(layout.static_gpus())}",
+                  "--wait", "--timeout", "5m")  # fmt: skip
 
     def jsonpath(self, *args: str) -> str:
         try:
@@ -124,39 +131,18 @@ class Kind:
             return ""
 
 
-def check(cluster: Kind, nodes: list[str]) -> None:
-    """The e2e path through the installed chart."""
+def check(cluster: Kind, nodes: list[str]) -> bool:
+    """The end-to-end suite through the installed chart; True when every scenario passed."""
     def gpunodes() -> list[str]:
         names = cluster.jsonpath("get", "gpunodes", "-o", "jsonpath={.items[*].metadata.name}")
         return sorted(names.split())
 
     wait_for(lambda: gpunodes() == sorted(nodes), "a GPUNode per simulated GPU node")
-    jobs = (HERE / "job.yaml").read_text().split("\n---\n")
-    cluster.kubectl("create", "namespace", "e2e")
-
-    def refused() -> bool:
-        done = subprocess.run(
-            [cluster.kubectl_bin, "--kubeconfig", str(cluster.kubeconfig), "apply", "-n", "e2e",
-             "--dry-run=server", "-f", "-"],
-            input=jobs[1], capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        return done.returncode != 0 and "validate-finetunejob" in done.stderr
-
-    wait_for(refused, "the webhook (through its Service, with the injected CA) to refuse a "
-             "job that can never fit")  # fmt: skip
-    cluster.kubectl("apply", "-n", "e2e", "-f", "-", stdin=jobs[0])
-    admitted = '{.status.conditions[?(@.type=="Admitted")].status}'
-    wait_for(
-        lambda: cluster.jsonpath("get", "ftj", "e2e-llama-qlora", "-n", "e2e", "-o",
-                                 f"jsonpath={admitted}") == "True",
-        "e2e-llama-qlora Admitted=True",
-    )  # fmt: skip
-    wait_for(
-        lambda: cluster.jsonpath("get", "job", "e2e-llama-qlora", "-n", "e2e", "-o",
-                                 "jsonpath={.status.succeeded}") == "1",
-        "its Job to run and succeed on a simulated GPU node", timeout=300,
-    )  # fmt: skip
-    print(cluster.kubectl("get", "ftj", "-n", "e2e"), flush=True)
+    target = Target(cluster.kubectl_bin, cluster.kubeconfig, sorted(nodes), layout.PRODUCT,
+                    timeout_s=180)  # fmt: skip
+    _, failed = run_all(target)
+    print(cluster.kubectl("get", "ftj", "-A"), flush=True)
+    return failed == 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.build_and_load()
         nodes = cluster.simulate_gpus()
         cluster.install()
-        check(cluster, nodes)
+        if not check(cluster, nodes):
+            print("e2e/kind: failed: see the scenarios above", file=sys.stderr)
+            return 1
     except E2EError as error:
         print(f"e2e/kind: failed: {error}", file=sys.stderr)
         return 1

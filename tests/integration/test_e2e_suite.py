@@ -1,0 +1,194 @@
+"""The end-to-end suite (`e2e/suite`, the scenarios `make kind` runs on kind) on the local
+control plane, installed the way a platform team installs it.
+
+The chart is installed by helm; `vramgate operator` runs with the chart's config file and a
+token of the operator's ServiceAccount, `vramgate agent` (static backend, the suite's
+layout) with the agent's, one per kwok GPU node. The operator serves its webhooks on the
+webhook Service's ClusterIP, port 443: the local control plane's service and pod IPs are on
+loopback, and the API server resolves a webhook's `service` reference to that ClusterIP, so
+the API server calls the operator exactly as in a cluster, through the Service, checking the
+certificate the operator made against the CA it injected. Only pods are simulated (kwok).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
+from e2e.cluster import Cluster
+from e2e.suite import layout
+from e2e.suite.scenarios import SCENARIOS
+from e2e.suite.target import Target
+from e2e.wait import wait_until
+from tests.integration.test_agent import wait_ready
+from tests.integration.test_chart import (
+    AGENT_SA,
+    FULLNAME,
+    OPERATOR_SA,
+    REPO,
+    Release,
+    _adopt_existing_crds,
+    _AsServiceAccount,
+    render,
+)
+from tests.integration.test_operator import OperatorProcess, _free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def installed(
+    cluster: Cluster, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    release = Release(cluster, api_client, tmp_path_factory.mktemp("e2e-suite"))
+    _adopt_existing_crds(cluster, release.namespace)
+    done = release.install("--set", "webhook.timeoutSeconds=10")
+    assert done.returncode == 0, done.stderr
+    try:
+        yield release
+    finally:
+        release.helm("uninstall", RELEASE_NAME)
+        client.CoreV1Api(api_client).delete_namespace(release.namespace)
+
+
+RELEASE_NAME = FULLNAME.removesuffix("-vramgate")
+
+
+@pytest.fixture(scope="module")
+def suite_nodes(cluster: Cluster, api_client: client.ApiClient) -> Iterator[tuple[str, list[str]]]:
+    """The layout's nodes, with a product label of their own (other tests' nodes share the
+    cluster), deleted afterwards with their GPUNodes."""
+    tag = uuid.uuid4().hex[:6]
+    product = f"E2E-{tag}-80GB"
+    names = cluster.create_gpu_nodes(
+        layout.NODES, gpus_per_node=layout.GPUS_PER_NODE, product=product, name_prefix=f"e2e-{tag}"
+    )
+    yield product, sorted(names)
+    objects, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    for name in names:
+        for delete, args in (
+            (objects.delete_cluster_custom_object, (GROUP, VERSION, "gpunodes", name)),
+            (core.delete_node, (name,)),
+        ):
+            try:
+                delete(*args)
+            except client.ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+def _agent(node: str, static: Path, kubeconfig: Path) -> subprocess.Popen[bytes]:
+    """The agent's log goes to a file beside its static file: a pipe nobody reads would
+    fill and stop it in a long run."""
+    argv = [
+        sys.executable, "-m", "controller.cli", "agent", "--node-name", node,
+        "--backend", "static", "--static-file", str(static), "--kubeconfig", str(kubeconfig),
+        "--metrics-address", "127.0.0.1", "--metrics-port", str(_free_port()),
+        "--poll-interval-seconds", "1", "--heartbeat-interval-seconds", "5",
+    ]  # fmt: skip
+    with (static.parent / f"agent-{node}.log").open("wb") as log:
+        return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def agents(
+    installed: Release, suite_nodes: tuple[str, list[str]], api_client: client.ApiClient
+) -> Iterator[None]:
+    """`vramgate agent` per node as the agent's ServiceAccount, publishing the layout."""
+    product, names = suite_nodes
+    static = installed.workdir / "layout.yaml"
+    static.write_text(yaml.safe_dump({"gpus": layout.static_gpus(product)}))
+    kubeconfig = installed.kubeconfig_for(AGENT_SA)
+    procs = [_agent(name, static, kubeconfig) for name in names]
+    try:
+        for name in names:
+            wait_ready(api_client, name, "True", f"{name}'s GPUNode from its agent")
+        yield
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc, name in zip(procs, names, strict=True):
+            proc.wait(timeout=20)
+            log = (static.parent / f"agent-{name}.log").read_text(errors="replace")
+            assert proc.returncode == 0, log[-4000:]
+
+
+@pytest.fixture(scope="module")
+def operator(installed: Release, api_client: client.ApiClient) -> Iterator[OperatorProcess]:
+    """The operator as the chart's pod runs it, serving the webhooks on the Service's
+    ClusterIP:443 with the certificate it keeps in the chart's Secret."""
+    service = client.CoreV1Api(api_client).read_namespaced_service(
+        f"{FULLNAME}-webhook", installed.namespace
+    )
+    environ = {
+        "VRAMGATE_OPERATOR_CONFIG": str(installed.config_file()),
+        "POD_NAMESPACE": installed.namespace,
+    }
+    process = OperatorProcess(
+        _AsServiceAccount(installed.kubeconfig_for(OPERATOR_SA), environ),  # type: ignore[arg-type]
+        api_client,
+        installed.workdir,
+        extra=("--webhook", "serve", "--webhook-addr", service.spec.cluster_ip,
+               "--webhook-port", "443", "--metrics-addr", "127.0.0.1",
+               "--metrics-port", str(_free_port()), "--resync-seconds", "2"),
+        webhook_config=FULLNAME,
+    )  # fmt: skip
+    process.start(webhook=False)  # `--webhook serve` in extra wins over start's `off`
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def target(
+    cluster: Cluster,
+    suite_nodes: tuple[str, list[str]],
+    agents: None,
+    operator: OperatorProcess,
+    api_client: client.ApiClient,
+) -> Target:
+    """The cluster as the suite sees it, once the webhook answers through its Service and
+    judges the layout's GPUs (a job no GPU of the product holds is refused)."""
+    product, names = suite_nodes
+    made = Target(str(cluster.binaries["kubectl"]), cluster.kubeconfig, names, product, log=print)
+    probe = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "FineTuneJob",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"model": {"preset": "qwen2.5-72b"}, "method": "Full",
+                 "resources": {"gpus": 1, "gpuSelector": {PRODUCT_LABEL: product}}},
+    }  # fmt: skip
+
+    def refused() -> bool:
+        done = made.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(probe),
+                            check=False)  # fmt: skip
+        return "vramgate: InsufficientVRAM" in done.stderr
+
+    wait_until(refused, timeout=60, what="the webhook to answer through its Service")
+    return made
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_scenario(target: Target, scenario: Callable[[Target], None]) -> None:
+    scenario(target)
+
+
+def test_the_kind_run_installs_the_layout_the_suite_expects(tmp_path: Path) -> None:
+    """`e2e.kind` hands the chart the layout with --set-json: the agent's config file the
+    chart renders from it is the file this module gives its agents."""
+    objects = render("--values", str(REPO / "e2e" / "kind" / "values.yaml"), "--set-json",
+                     f"agent.static.gpus={json.dumps(layout.static_gpus())}")  # fmt: skip
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"]
+                 .endswith("-agent-config")]  # fmt: skip
+    files = {key: yaml.safe_load(value) for key, value in config["data"].items()}
+    assert {"gpus": layout.static_gpus()} in files.values()
