@@ -180,7 +180,7 @@ def resizes_at_apply_and_spreads_fsdp_across_nodes(target: Target) -> None:
                "full has no headless Service")  # fmt: skip
         env = _env(_trainer(workload))
         expect(env.get("NNODES") == "2" and env.get("NPROC_PER_NODE") == "1"
-               and env.get("MASTER_ADDR", "").startswith("full-0.full."),
+               and env.get("MASTER_ADDR") == "full-0.full",
                f"full's torchrun env: {env}")  # fmt: skip
         target.wait(_condition_is(target, namespace, "full", "Succeeded"),
                     "full's two pods to finish: Succeeded=True", timeout=180)  # fmt: skip

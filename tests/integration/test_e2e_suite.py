@@ -183,7 +183,7 @@ def test_scenario(target: Target, scenario: Callable[[Target], None]) -> None:
     scenario(target)
 
 
-def test_the_kind_run_installs_the_layout_the_suite_expects(tmp_path: Path) -> None:
+def test_the_kind_run_installs_the_layout_the_suite_expects() -> None:
     """`e2e.kind` hands the chart the layout with --set-json: the agent's config file the
     chart renders from it is the file this module gives its agents."""
     objects = render("--values", str(REPO / "e2e" / "kind" / "values.yaml"), "--set-json",
@@ -192,3 +192,4 @@ def test_the_kind_run_installs_the_layout_the_suite_expects(tmp_path: Path) -> N
                  .endswith("-agent-config")]  # fmt: skip
     files = {key: yaml.safe_load(value) for key, value in config["data"].items()}
     assert {"gpus": layout.static_gpus()} in files.values()
+    assert all("{node}" in gpu["uuid"] for gpu in layout.static_gpus())  # unique per node
