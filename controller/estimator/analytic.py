@@ -95,7 +95,8 @@ def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
       norm's input and out_proj's input (3 x 2·inner), and the fp32 state each chunk of
       `chunk_size` tokens passes on (4 x inner x state / chunk per token): the state space's
       memory instead of a k/v cache or score matrix;
-    * attention beside Mamba-2, then a gated MLP (Falcon-H1): see below.
+    * attention beside Mamba-2, then a gated MLP (Falcon-H1), and an MoE alone (Nemotron
+      3): see below.
     """
     d = shape.dims
     h = d.hidden_size
@@ -125,6 +126,19 @@ def mixer_bytes_per_token(shape: ModelShape, mixer: str) -> int:
         net = 4 * h + 4 * (g.key_dim + g.value_dim) + 4 * g.num_v_heads + 4 * g.conv_dim
         net += 4 * g.key_dim + 4 * g.value_dim + state
         return (K_FULL - 13) * h + net
+    if mixer == "moe":
+        # Nemotron 3's MoE alone: the norm's input and output (which the router, the shared
+        # expert and the latent projection all read: 2h + 2h), the router's fp32 copy of it
+        # and its fp32 scores (4h + 4E), the shared expert's up output and its ReLU² (2s +
+        # 2s), and for each of the k experts a token goes to: its gathered input, up's
+        # output, ReLU²'s, and down's output that the routing weight scales (2w + 2i + 2i +
+        # 2w, w the latent width or h); with a latent projection, fc2's input too (2w).
+        width = d.moe_latent_size or h
+        inner = d.moe_intermediate_size or d.intermediate_size
+        shared = d.shared_expert_intermediate_size or inner
+        routed = d.experts_per_token * (4 * width + 4 * inner)
+        latent = 2 * width if d.moe_latent_size else 0
+        return 8 * h + 4 * d.num_experts + 4 * shared + routed + latent
     head_dim = d.head_dim or h // d.num_heads
     attention = 4 * h + 4 * d.num_heads * head_dim + 4 * d.num_kv_heads * head_dim
     if mixer == "attention":

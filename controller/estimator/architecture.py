@@ -8,7 +8,8 @@ card publishes; it feeds the `analytic` profile and LoRA counts. The config-leve
 Families differ in ways a generic reader would get wrong: Qwen2 has q/k/v biases, Gemma has
 four norms per layer, Phi-3 fuses q/k/v and gate/up, Mixtral names its experts w1/w2/w3,
 DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention sinks,
-Nemotron-H runs one mixer per layer (Mamba-2, attention or an MLP: `MIXERS`).
+Nemotron-H runs one mixer per layer (Mamba-2, attention, an MLP or, in Nemotron 3, an MoE:
+`MIXERS`).
 `_FAMILIES` records those differences as data; an unknown `model_type` is read as Llama-style.
 """
 
@@ -221,6 +222,9 @@ class ArchDims:
     # predicted streams (0: none).
     laurel_rank: int = 0
     altup_num_inputs: int = 0
+    # Nemotron 3's MoE layers: the width its experts read and write when a latent projection
+    # (fc1/fc2_latent_proj) narrows the hidden state for them; None: the hidden size.
+    moe_latent_size: int | None = None
 
     @cached_property
     def dense_layer_set(self) -> frozenset[int]:
@@ -306,11 +310,14 @@ class ModelShape:
             return cached  # type: ignore[return-value]
         wanted = set(targets)
         every = "all-linear" in wanted
+        # An expert stack is a 3-D parameter in transformers 5, no nn.Linear: PEFT adapts it
+        # only where it maps the family's names onto stacks (`_Family.peft_moe_pattern`).
+        stacks = bool(family_traits(self.model_type).peft_moe_pattern)
         total = sum(
             lin.lora_params(1) * count
             for layer, count in self.layer_counts
             for lin in layer.linears
-            if every or lin.name in wanted
+            if (every or lin.name in wanted) and (stacks or not lin.expert)
         )
         total += sum(
             lin.lora_params(1) for lin in self.outer_linears if every or lin.name in wanted
@@ -395,8 +402,11 @@ _FAMILIES: dict[str, _Family] = {
         attention_sinks=True, router_bias=True, expert_bias=True, fused_expert_gate_up=True
     ),
     # Nemotron-H: one mixer per layer (`MIXERS`) after one RMSNorm; attention without biases
-    # (its q/k/v/o are built bias-free whatever attention_bias says), a ReLU² MLP of up/down.
-    "nemotron_h": _Family(qkv_bias=False, o_bias=False, norms_per_layer=1),
+    # (its q/k/v/o are built bias-free whatever attention_bias says), a ReLU² MLP of up/down;
+    # Nemotron 3's MoE routes as DeepSeek-V3 does (an fp32 router with a correction bias).
+    "nemotron_h": _Family(
+        qkv_bias=False, o_bias=False, norms_per_layer=1, router_correction_bias=True
+    ),
     # Falcon-H1: attention (biases by attention_bias) beside a Mamba-2 mixer, then a SwiGLU
     # MLP; input_layernorm and pre_ff_layernorm; tied only where the config says so.
     "falcon_h1": _Family(),
@@ -509,17 +519,19 @@ MIXERS = (
     "attention_mlp",
     "mamba1_mlp",
     "deltanet_mlp",  # Qwen3-Next: Gated DeltaNet (linear attention), then its MoE or MLP
+    "moe",  # Nemotron 3: an MoE alone (ReLU² experts of up and down, a shared expert)
 )
 # Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
 # character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
 # "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
-_NEMOTRON_PATTERN = {"M": "mamba2", "*": "attention", "-": "mlp"}
+_NEMOTRON_PATTERN = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 _NEMOTRON_BLOCKS = {
     "mamba": "mamba2",
     "linear_attention": "mamba2",
     "attention": "attention",
     "full_attention": "attention",
     "mlp": "mlp",
+    "moe": "moe",
 }
 # Gemma 3n's text model types: LAuReL and AltUp are read for these only.
 _GEMMA3N = ("gemma3n_text", "gemma3n")
@@ -819,7 +831,7 @@ def _scalar(r: _Reader, names: tuple[str, ...], pick: str, **limits: Any) -> int
 def _nemotron_mixers(r: _Reader) -> tuple[str, ...]:
     """Nemotron-H's mixer per layer, from whichever field states them (transformers 5's
     `layers_block_type` wins over the older `hybrid_override_pattern`, as its config class
-    reads them). Its MoE layers ("E", "moe": Nemotron 3) are refused: not built yet."""
+    reads them), MoE layers ("E", "moe": Nemotron 3) included."""
     for name in ("layers_block_type", "layer_types"):
         blocks = r.get(name)
         if blocks is None:
@@ -838,7 +850,9 @@ def _nemotron_mixers(r: _Reader) -> tuple[str, ...]:
         if pattern is None:
             raise SpecError(path, "is required in a nemotron_h config (or layers_block_type)")
         if not isinstance(pattern, str) or not pattern:
-            raise SpecError(path, f"must be a non-empty string of M, * and -, got {shown(pattern)}")
+            raise SpecError(
+                path, f"must be a non-empty string of M, E, * and -, got {shown(pattern)}"
+            )
         items, table = list(pattern), _NEMOTRON_PATTERN
     if len(items) > MAX_LAYERS:
         raise SpecError(path, f"must list at most {MAX_LAYERS} layers, got {len(items)}")
@@ -847,12 +861,9 @@ def _nemotron_mixers(r: _Reader) -> tuple[str, ...]:
         mixer = table.get(item)
         if mixer is None:
             known = ", ".join(repr(k) for k in table)
-            what = (
-                "an MoE layer, which vramgate does not estimate for nemotron_h yet"
-                if item in ("E", "moe")
-                else f"an unknown layer type; allowed: {known}"
+            raise SpecError(
+                f"{path}[{i}]", f"{shown(item)} is an unknown layer type; allowed: {known}"
             )
-            raise SpecError(f"{path}[{i}]", f"{shown(item)} is {what}")
         mixers.append(mixer)
     stated = r.int("num_hidden_layers", maximum=MAX_LAYERS)
     if stated is not None and stated != len(mixers):
@@ -1048,9 +1059,15 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     vocab = r.required_int("vocab_size")
 
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    if model_type in ("nemotron_h", "falcon_h1"):
-        # Nemotron-H's expert fields (class defaults its dense configs carry too) shape only
-        # its MoE layers, which `_nemotron_mixers` refuses: no layer built here has experts.
+    nemotron_moe = mixers is not None and "moe" in mixers
+    if nemotron_moe:
+        # Nemotron 3: its config class's names and defaults; the fields shape the MoE layers
+        # only (dense Nemotron-H configs carry them too, as class defaults, and are read as
+        # one expert below).
+        num_experts = r.int("n_routed_experts", default=8, minimum=1, maximum=MAX_EXPERTS) or 1
+        top_k = r.int("num_experts_per_tok", default=2, minimum=1, maximum=MAX_EXPERTS) or 1
+    elif model_type in ("nemotron_h", "falcon_h1"):
+        # Expert fields without an MoE layer (Nemotron-H's class defaults) shape nothing.
         num_experts, top_k = 1, 1
     elif model_type == "jamba":
         _check_expert_fields(r)
@@ -1077,6 +1094,15 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
         )
     shared_size = r.dim("shared_expert_intermediate_size")
     n_shared = _scalar(r, _SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
+    moe_size = _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
+    if model_type == "nemotron_h":
+        # One shared expert in every MoE layer, whatever n_shared_experts says (transformers
+        # builds one MLP of moe_shared_expert_intermediate_size), with no gate.
+        n_shared = 1 if nemotron_moe else 0
+        shared_size = (
+            r.int("moe_shared_expert_intermediate_size", default=7688) if nemotron_moe else None
+        )
+        moe_size = r.int("moe_intermediate_size", default=7688) if nemotron_moe else None
     if shared_size and n_shared == 0:
         n_shared = 1
     dense_size = r.dim("intermediate_size_mlp")
@@ -1125,12 +1151,10 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "vocab_size": vocab,
             "num_experts": num_experts,
             "experts_per_token": top_k,
-            "moe_intermediate_size": _scalar(
-                r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first"
-            ),
+            "moe_intermediate_size": moe_size,
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
-            "shared_expert_gate": bool(shared_size),
+            "shared_expert_gate": bool(shared_size) and model_type != "nemotron_h",
             "dense_intermediate_size": dense_size,
             "dense_layers": _dense_layer_indices(r, layers, num_experts),
             "moe_has_dense_mlp": r.bool("enable_moe_block", False),
@@ -1170,6 +1194,7 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
                 r.int("altup_num_inputs", default=4) or 0 if model_type in _GEMMA3N else 0
             ),
             "attention_output_gate": model_type == "qwen3_next",
+            "moe_latent_size": r.dim("moe_latent_size") if nemotron_moe else None,
         },
     )
 
@@ -1436,6 +1461,30 @@ def _deltanet(g: DeltaNetDims, h: int) -> tuple[list[Linear], list[int]]:
     return linears, other
 
 
+def _nemotron_moe(dims: ArchDims, mlp_bias: bool) -> tuple[list[Linear], list[int]]:
+    """A Nemotron 3 MoE mixer as transformers builds it: expert stacks of up and down only
+    (ReLU², no gate) over the latent width where fc1/fc2_latent_proj narrow the hidden state
+    for them, an fp32 router (a parameter) with its fp32 score-correction bias (a buffer,
+    counted as DeepSeek-V3's is), and one shared expert, an MLP of up and down."""
+    h, e = dims.hidden_size, dims.num_experts
+    inner = dims.moe_intermediate_size or dims.intermediate_size
+    width = dims.moe_latent_size or h
+    linears = []
+    if dims.moe_latent_size:
+        linears += [
+            _linear("fc1_latent_proj", h, width, mlp_bias),
+            _linear("fc2_latent_proj", width, h, mlp_bias),
+        ]
+    linears += [
+        _linear("up_proj", width, inner, False, e, True),
+        _linear("down_proj", inner, width, False, e, True),
+        _linear("router", h, e),
+    ]
+    shared = dims.shared_expert_intermediate_size or inner
+    linears += [_linear("up_proj", h, shared, mlp_bias), _linear("down_proj", shared, h, mlp_bias)]
+    return linears, [e]
+
+
 def _jamba_layer(
     dims: ArchDims, fam: _Family, r: _Reader, index: int, moe: bool, mlp_bias: bool
 ) -> Layer:
@@ -1490,6 +1539,8 @@ def _hybrid_layers(
                 _linear("down_proj", inter, h, mlp_bias),
             ]
             other = []
+        elif kind == "moe":
+            linears, other = _nemotron_moe(dims, mlp_bias)
         elif kind == "parallel":
             assert dims.ssm is not None  # read for every Falcon-H1 config
             linears, other = _mamba2(dims.ssm, h)
@@ -1501,7 +1552,7 @@ def _hybrid_layers(
             linears, other = _mamba2(dims.ssm, h)
         other = [*other, h]  # the block's (input) norm
         attention_type = "full_attention" if kind in ("attention", "parallel") else kind
-        built[kind] = _assembled(linears, other, attention_type, False, kind)
+        built[kind] = _assembled(linears, other, attention_type, kind == "moe", kind)
     layers = tuple(built[kind] for kind in mixers)
     return layers, tuple((layer, mixers.count(kind)) for kind, layer in built.items())
 

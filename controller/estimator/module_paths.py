@@ -10,7 +10,8 @@ the form `architecture.skip_module_matches_text` matches under every root of
 A layer's linears sit in one of its parts (`PARTS`), each a module of the layer whose name
 depends on the family (checked against the models transformers 5.24 builds):
 
-* attention at `self_attn` (Nemotron-H: `mixer`, which holds whichever mixer the layer has);
+* attention at `self_attn` (Nemotron-H: `mixer`, which holds whichever mixer the layer has,
+  Nemotron 3's MoE with its `experts`, `gate` and `shared_experts`);
 * the MLP at `mlp` (Jamba, Falcon-H1, Llama 4: `feed_forward`; Nemotron-H: `mixer`), an MoE
   layer's expert stacks at `<mlp>.experts`, its shared expert at `<mlp>.shared_expert` where
   it is gated or one expert (Qwen-MoE, Qwen3-Next, Llama 4) and `<mlp>.shared_experts`
@@ -62,7 +63,9 @@ def part_path(model_type: str, dims: ArchDims, part: str) -> str:
     if part in ("laurel", "altup"):
         return part
     if model_type == "nemotron_h":
-        return "mixer"  # one mixer a layer: attention, the MLP or Mamba-2
+        # one mixer a layer: attention, the MLP, Mamba-2 or (Nemotron 3) the MoE, whose
+        # expert stacks and one shared expert sit inside it
+        return {"experts": "mixer.experts", "shared": "mixer.shared_experts"}.get(part, "mixer")
     if part == "attention":
         return "self_attn"
     if part == "mixer":

@@ -183,6 +183,13 @@ def _hybrid_dims(d: ArchDims, index: int) -> dict[str, tuple[int, int]]:
     i = d.intermediate_size
     if mixer == "mlp":
         return {"up_proj": (h, i), "down_proj": (i, h)}
+    if mixer == "moe":  # Nemotron 3: the MoE's nn.Linear modules (`_nemotron_moe_modules`)
+        shared = _shared_size(d)
+        linears = {"up_proj": (h, shared), "down_proj": (shared, h)}
+        if d.moe_latent_size:
+            w = d.moe_latent_size
+            linears |= {"fc1_latent_proj": (h, w), "fc2_latent_proj": (w, h)}
+        return linears
     ssm = d.ssm
     assert ssm is not None  # parsed whenever a layer is Mamba-2
     mamba = {"in_proj": (h, ssm.in_proj_width), "out_proj": (ssm.inner, h)}
@@ -258,6 +265,8 @@ def _layer_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
     `module_paths` puts each module (Nemotron-H: all at `mixer`; Falcon-H1: `mamba`,
     `self_attn`, `feed_forward`; Jamba's Mamba at `mamba`, Qwen3-Next's DeltaNet at
     `linear_attn`)."""
+    if d.mixers is not None and d.mixers[i] == "moe":
+        return _nemotron_moe_modules(d, model_type)
     if _one_mixer(d, i):
         return {
             f"{part_path(model_type, d, name_part(n))}.{n}": a * b
@@ -269,6 +278,18 @@ def _layer_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
         mixer = {f"{where}.{n}": a * b for n, (a, b) in _mixer_dims(d).items()}
         return mixer | {k: v for k, v in block.items() if not k.startswith("self_attn")}
     return _block_modules(d, i)
+
+
+def _nemotron_moe_modules(d: ArchDims, model_type: str) -> dict[str, int]:
+    """A Nemotron 3 MoE layer's elements by path: seed 1's MoE term over its expert stacks
+    of up and down (two projections, no gate) with the router (`E × H`) at `mixer.experts`,
+    its one shared expert and latent projections (an extension)."""
+    h, e, w = d.hidden_size, d.num_experts, d.moe_latent_size or d.hidden_size
+    modules = {part_path(model_type, d, "experts"): w * _routed_size(d) * 2 * e + e * h}
+    for name, (a, b) in _hybrid_dims(d, d.mixers.index("moe") if d.mixers else 0).items():
+        part = "shared" if name in ("up_proj", "down_proj") else "mixer"
+        modules[f"{part_path(model_type, d, part)}.{name}"] = a * b
+    return modules
 
 
 def _block_modules(d: ArchDims, i: int) -> dict[str, int]:
@@ -433,6 +454,8 @@ def _activation_sizes(d: ArchDims, i: int) -> tuple[int, int]:
             return q + 2 * kv, 0
         if mixer == "mlp":
             return 0, d.intermediate_size
+        if mixer == "moe":  # as seed 1 prices an MoE block's MLP term: one expert's width
+            return 0, _routed_size(d)
         assert d.ssm is not None
         mamba = d.ssm.in_proj_width + d.ssm.conv_dim
         if mixer == "parallel":  # Falcon-H1: both mixers' projections, then a gated MLP

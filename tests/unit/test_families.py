@@ -440,3 +440,24 @@ def test_kimi_k2_is_built_by_the_trace_as_deepseek_v3s_code() -> None:
 def test_hybrid_models_are_refused_not_estimated_as_all_attention(change: dict[str, Any]) -> None:
     error = _error(BASE | change)
     assert error.field.startswith("spec.model.config.")
+
+
+@pytest.mark.parametrize(
+    "preset", ["gpt-oss-20b", "llama-4-maverick", "dbrx-instruct", "jamba-v0.1"]
+)
+def test_analytic_lora_adapts_no_expert_stack_peft_does_not(preset: str) -> None:
+    """Expert stacks are 3-D parameters in transformers 5, no nn.Linear: where PEFT maps no
+    names onto them (no `peft_moe_pattern`), analytic's adapter count leaves them out, and
+    equals the exact placement (`storage.py`, held to the trace's PEFT model)."""
+    from controller.estimator import Method, TrainingSettings, load_shape
+    from controller.estimator.storage import static_bytes
+
+    shape = load_shape(preset)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    job = TrainingSettings(method=Method.LORA, rank=8, targets=targets)
+    stacks = sum(
+        lin.lora_params(8) * n for layer, n in shape.layer_counts for lin in layer.linears
+        if lin.expert and lin.name in targets
+    )  # fmt: skip
+    assert stacks > 0  # the model has stacks those names would have reached
+    assert 8 * shape.lora_params_per_rank(targets) == static_bytes(shape, job).trainable_params

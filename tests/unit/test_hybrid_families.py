@@ -21,7 +21,9 @@ from controller.estimator import (
 )
 from controller.estimator.analytic import mixer_bytes_per_token
 from controller.estimator.architecture import canonical_targets
+from controller.estimator.module_paths import layer_linear_paths
 from controller.estimator.presets import load_preset
+from controller.estimator.storage import static_bytes
 from controller.profiles import estimate
 from tests.unit.test_families import _error
 from tests.unit.trace_support import require_trace_extra
@@ -98,13 +100,18 @@ def test_every_spelling_of_the_layer_list_is_the_same_model() -> None:
 @pytest.mark.parametrize(
     ("change", "field", "words"),
     [
-        ({"hybrid_override_pattern": "M-E*"}, "hybrid_override_pattern[2]", "MoE layer"),
+        ({"hybrid_override_pattern": "M-E*", "n_routed_experts": 0}, "n_routed_experts",
+         "greater than or equal to 1"),
+        ({"hybrid_override_pattern": "M-E*", "n_routed_experts": 4, "num_experts_per_tok": 6},
+         "num_experts_per_tok", "must not exceed the number of experts (4)"),
+        ({"hybrid_override_pattern": "M-E*", "moe_latent_size": 0}, "moe_latent_size",
+         "greater than or equal to 1"),
         ({"hybrid_override_pattern": "M-X*"}, "hybrid_override_pattern[2]", "unknown layer type"),
         ({"hybrid_override_pattern": ""}, "hybrid_override_pattern", "non-empty string"),
         ({"hybrid_override_pattern": "M-*", "num_hidden_layers": 4}, "hybrid_override_pattern",
          "one layer type per layer"),
         ({"hybrid_override_pattern": None}, "hybrid_override_pattern", "is required"),
-        ({"layers_block_type": ["mamba", "moe"]}, "layers_block_type[1]", "MoE layer"),
+        ({"layers_block_type": ["mamba", "moa"]}, "layers_block_type[1]", "unknown layer type"),
         ({"layers_block_type": "M-*"}, "layers_block_type", "list of layer types"),
         ({"n_groups": 3}, "n_groups", "must divide mamba_num_heads"),
         ({"mamba_head_dim": 0}, "mamba_head_dim", "greater than or equal to 1"),
@@ -209,6 +216,111 @@ def test_unsloth_prices_the_mixers_own_modules() -> None:
     # the Mamba-2 layer, in_proj's output and the convolution's
     widest = 10240 + 12288 + 128 + 10240 + 2 * 8 * 128
     assert est.components["activations"] == 2048 * (widest + 2) * 2 * 5 // 4
+
+
+# -- Nemotron 3 (MoE layers) ------------------------------------------------------------------
+
+NANO3 = "nemotron-3-nano-30b-a3b"
+# transformers 5.24 on the meta device: 31,577,937,344 parameters, plus the 23 MoE layers'
+# fp32 score-correction biases (buffers of 128), which the parser counts as DeepSeek-V3's
+NANO3_PARAMS = 31_577_937_344 + 23 * 128
+SMALL_MOE: dict[str, Any] = SMALL | {
+    "hybrid_override_pattern": "ME*E",
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 48,
+    "moe_shared_expert_intermediate_size": 80,
+}
+
+
+def test_nemotron_3_nano_counts_what_transformers_builds() -> None:
+    shape = load_shape(NANO3)
+    assert shape.total_params == NANO3_PARAMS
+    assert round(shape.total_params / 1e9, 1) == 31.6  # the model card's 31.6B
+    counts = {layer.mixer: count for layer, count in shape.layer_counts}
+    assert counts == {"mamba2": 23, "moe": 23, "attention": 6}
+
+
+@pytest.mark.parametrize("latent", [None, 32])
+def test_a_nemotron_moe_layer_is_two_expert_stacks_a_router_and_a_shared_expert(
+    latent: int | None,
+) -> None:
+    shape = parse_config(SMALL_MOE | {"moe_latent_size": latent})
+    moe = shape.layers[1]
+    h, w = 64, latent or 64
+    assert moe.mixer == "moe" and moe.moe and shape.layers[3] is moe
+    projections = [("fc1_latent_proj", h, w, 1, False), ("fc2_latent_proj", w, h, 1, False)]
+    assert [(lin.name, lin.in_features, lin.out_features, lin.copies, lin.expert)
+            for lin in moe.linears] == [
+        *(projections if latent else []),
+        ("up_proj", w, 48, 8, True), ("down_proj", 48, w, 8, True),  # ReLU², no gate
+        ("router", h, 8, 1, False),
+        ("up_proj", h, 80, 1, False), ("down_proj", 80, h, 1, False),  # the shared expert
+    ]  # fmt: skip
+    assert moe.other_tensors == (8, h)  # the score-correction bias, the block's norm
+    assert layer_linear_paths("nemotron_h", shape.dims, moe)[-5:] == (
+        "mixer.experts", "mixer.experts", "mixer.gate",
+        "mixer.shared_experts.up_proj", "mixer.shared_experts.down_proj",
+    )  # fmt: skip
+
+
+def test_nemotron_moe_activations_and_lora() -> None:
+    shape = parse_config(SMALL_MOE | {"moe_latent_size": 32})
+    h, e, k, i, s, w = 64, 8, 2, 48, 80, 32
+    assert mixer_bytes_per_token(shape, "moe") == (
+        8 * h + 4 * e + 4 * s + k * (4 * w + 4 * i) + 2 * w
+    )
+    # LoRA only on nn.Linear modules (the shared experts' here: "ME*E" has no MLP layer):
+    # the expert stacks are 3-D parameters PEFT does not adapt, in every formula profile
+    assert shape.lora_params_per_rank(("up_proj", "down_proj")) == 2 * ((h + s) + (s + h))
+    for profile in (Profile.ANALYTIC, Profile.UNSLOTH):
+        job = TrainingSettings(Method.LORA, rank=4, targets=("up_proj",), profile=profile)
+        assert estimate(shape, job).trainable_params == 4 * 2 * (h + s)
+    with pytest.raises(SpecError, match="no fit for hybrid layers"):
+        estimate(shape, replace(job, profile=Profile.CALIBRATED))
+
+
+def test_the_nemotron_3_trace_trains_what_every_profile_counts() -> None:
+    """The trace builds and trains transformers' NemotronHMoE: its full fine-tune trains the
+    parser's parameters (less the buffers), and LoRA PEFT's adapters, which the formula
+    profiles count too."""
+    require_trace_extra()
+    from controller.trace.run import trace_run
+
+    config = SMALL_MOE | {"moe_latent_size": 32, "pad_token_id": 0}
+    shape = parse_config(config)
+    buffers = 2 * 8  # two MoE layers' score-correction biases
+    full = trace_run(config, TrainingSettings(method=Method.FULL, seq_len=32), breakdowns=False)
+    assert full.trainable_params == shape.total_params - buffers
+    for method in (Method.LORA, Method.QLORA):
+        job = TrainingSettings(method=method, rank=4, targets=TARGETS, seq_len=32)
+        traced = trace_run(config, job, breakdowns=False).trainable_params
+        for profile in (Profile.ANALYTIC, Profile.UNSLOTH):
+            assert estimate(shape, replace(job, profile=profile)).trainable_params == traced
+
+
+@pytest.mark.parametrize("latent", [None, 32])
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA], ids=lambda m: m.value)
+def test_nemotron_moe_resident_bytes_are_storages_exactly(
+    latent: int | None, method: Method
+) -> None:
+    """What the traced model holds before the step (the fp32 router and its fp32 bias, the
+    expert stacks, 4-bit under QLoRA; PEFT's adapters on the shared expert) is what the
+    exact static bytes (`storage.py`, the calibrated profile's static part) say."""
+    require_trace_extra()
+    from tests.unit.test_trace import resident_bytes
+
+    config = SMALL_MOE | {"moe_latent_size": latent, "pad_token_id": 0}
+    job = TrainingSettings(
+        method=method, rank=None if method is Method.FULL else 16, seq_len=64,
+        targets=() if method is Method.FULL else TARGETS,
+    )  # fmt: skip
+    static = static_bytes(parse_config(config), job)
+    assert resident_bytes(config, job) == {
+        "weights": static.weights,
+        "gradients": static.gradients,
+        "trainable": static.trainable_params,
+    }
 
 
 # -- Falcon-H1 ---------------------------------------------------------------------------------
