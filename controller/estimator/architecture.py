@@ -1094,7 +1094,7 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
         )
     shared_size = r.dim("shared_expert_intermediate_size")
     n_shared = _scalar(r, _SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
-    moe_size = _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
+    moe_size = None
     if model_type == "nemotron_h":
         # One shared expert in every MoE layer, whatever n_shared_experts says (transformers
         # builds one MLP of moe_shared_expert_intermediate_size), with no gate.
@@ -1151,7 +1151,11 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "vocab_size": vocab,
             "num_experts": num_experts,
             "experts_per_token": top_k,
-            "moe_intermediate_size": moe_size,
+            "moe_intermediate_size": (
+                moe_size
+                if model_type == "nemotron_h"
+                else _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
+            ),
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
             "shared_expert_gate": bool(shared_size) and model_type != "nemotron_h",
