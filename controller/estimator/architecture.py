@@ -539,6 +539,18 @@ _GEMMA3N = ("gemma3n_text", "gemma3n")
 # model types, "all-linear" included (it selects out_proj), whatever the target list says.
 PEFT_MAMBA_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
 PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
+# Llama 4's router is an nn.Linear whose forward returns a tuple (scores, logits): PEFT 0.21
+# wraps it (by name, or under "all-linear"), and its LoRA layer fails on the tuple in the
+# first forward, so such a job fails in training.
+PEFT_LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
+#: What LoRA may not target, by model type ("all-linear" selects these too, so it is refused
+#: with them), and why, for the one-line refusal.
+PEFT_REFUSED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
+    **dict.fromkeys(PEFT_MAMBA_TYPES, (PEFT_MAMBA_REFUSED, "PEFT refuses LoRA on {modules} "
+                                       "of {model_type}'s Mamba mixers")),
+    **dict.fromkeys(PEFT_LLAMA4_TYPES, (("router",), "PEFT's LoRA layer fails on the tuple "
+                                        "that {model_type}'s {modules} (an nn.Linear) returns,")),
+}  # fmt: skip
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -1689,15 +1701,16 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
     select `gate_up_proj`, which is where PEFT would put those adapters.
     """
     out: list[str] = []
-    refused = PEFT_MAMBA_REFUSED if shape.model_type in PEFT_MAMBA_TYPES else ()
+    refused, why = PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))
     for raw in targets:
         name = raw.strip().lower().replace("_", "-") if "all" in raw.lower() else raw.strip()
         if refused and (name == "all-linear" or name in refused):
-            what = "all-linear selects them" if name == "all-linear" else f"{name!r} is one"
+            them = "them" if len(refused) > 1 else "it"
+            what = f"all-linear selects {them}" if name == "all-linear" else f"{name!r} is one"
+            reason = why.format(modules=" and ".join(refused), model_type=shape.model_type)
             raise SpecError(
                 path,
-                f"PEFT refuses LoRA on {' and '.join(refused)} of {shape.model_type}'s Mamba "
-                f"mixers and {what}, so the job would fail; name the targets instead, e.g. "
+                f"{reason} and {what}, so the job would fail; name the targets instead, e.g. "
                 f"{', '.join(sorted(shape.module_names - set(refused)))}",
             )
         if name == "all-linear":

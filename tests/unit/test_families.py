@@ -461,3 +461,20 @@ def test_analytic_lora_adapts_no_expert_stack_peft_does_not(preset: str) -> None
     )  # fmt: skip
     assert stacks > 0  # the model has stacks those names would have reached
     assert 8 * shape.lora_params_per_rank(targets) == static_bytes(shape, job).trainable_params
+
+
+@pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "router"]])
+def test_llama4_lora_on_its_router_is_refused_as_training_would_fail(targets: list[str]) -> None:
+    """PEFT wraps Llama 4's tuple-returning router and its LoRA layer fails on the tuple in
+    the first forward (the trace shows it: tests/unit/test_trace.py), so a job that would
+    adapt the router is refused in one line that says what to write instead."""
+    from controller.estimator import load_shape
+    from controller.estimator.architecture import canonical_targets
+
+    shape = load_shape("llama-4-maverick")
+    with pytest.raises(SpecError) as info:
+        canonical_targets(targets, shape, "spec.lora.targetModules")
+    assert info.value.field == "spec.lora.targetModules"
+    assert "router (an nn.Linear) returns" in info.value.message
+    assert "q_proj" in info.value.message and "\n" not in info.value.message
+    assert canonical_targets(["q_proj", "down_proj"], shape, "t") == ("down_proj", "q_proj")

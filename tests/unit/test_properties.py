@@ -16,7 +16,7 @@ from controller.estimator import (
     TrainingSettings,
     load_shape,
 )
-from controller.estimator.architecture import PEFT_MAMBA_TYPES
+from controller.estimator.architecture import PEFT_REFUSED_MODULES
 from controller.estimator.presets import preset_names
 from controller.packing.fit import fit
 from controller.profiles import estimate
@@ -45,8 +45,9 @@ def jobs(draw: st.DrawFn) -> tuple[str, TrainingSettings]:
     )
     if name.endswith("bnb-4bit") and s.method is Method.FULL:
         s = replace(s, method=Method.QLORA)
-    if SHAPES[name].model_type in PEFT_MAMBA_TYPES:  # all-linear is refused there, as by PEFT
-        s = replace(s, targets=tuple(sorted(SHAPES[name].module_names - {"out_proj"})))
+    refused, _ = PEFT_REFUSED_MODULES.get(SHAPES[name].model_type, ((), ""))
+    if refused:  # all-linear is refused there, as PEFT refuses it or fails on it
+        s = replace(s, targets=tuple(sorted(SHAPES[name].module_names - set(refused))))
     return name, s
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -46,8 +47,6 @@ BATCH_BYTES = 3 * block(256 * 8)
 
 
 def settings(base: TrainingSettings, **changes: Any) -> TrainingSettings:
-    from dataclasses import replace
-
     return replace(base, **changes)
 
 
@@ -458,3 +457,23 @@ def test_llama4_full_fine_tuning_traces_as_the_static_count() -> None:
                               "num_hidden_layers": 2, "moe_layers": [1]}  # fmt: skip
     run = trace_run(config, FULL)
     assert run.trainable_params == static_bytes(parse_config(config), FULL).trainable_params
+
+
+def test_llama4_lora_traces_with_named_targets_and_fails_on_its_router() -> None:
+    """With the router left out, PEFT's LoRA on Llama 4 trains what every count says; with
+    it (all-linear), PEFT's LoRA layer fails on the router's tuple, which is why the
+    estimator refuses such targets (`architecture.PEFT_REFUSED_MODULES`)."""
+    config = load_preset("llama-4-maverick").config_dict()
+    config["text_config"] |= {"hidden_size": 512, "intermediate_size": 1024,
+                              "intermediate_size_mlp": 1536, "num_local_experts": 4,
+                              "vocab_size": 4096, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 128,
+                              "num_hidden_layers": 2, "moe_layers": [1]}  # fmt: skip
+    shape = parse_config(config)
+    targets = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
+    job = TrainingSettings(method=Method.LORA, rank=8, seq_len=64, targets=targets)
+    run = trace_run(config, job, breakdowns=False)
+    assert run.trainable_params == static_bytes(shape, job).trainable_params
+    assert run.trainable_params == 8 * shape.lora_params_per_rank(targets)
+    with pytest.raises(AttributeError, match="'tuple' object has no attribute"):
+        trace_run(config, replace(job, targets=("all-linear",)), breakdowns=False)
