@@ -311,13 +311,18 @@ class ModelShape:
         wanted = set(targets)
         every = "all-linear" in wanted
         # An expert stack is a 3-D parameter in transformers 5, no nn.Linear: PEFT adapts it
-        # only where it maps the family's names onto stacks (`_Family.peft_moe_pattern`).
-        stacks = bool(family_traits(self.model_type).peft_moe_pattern)
+        # only where it maps the family's names onto stacks (`_Family.peft_moe_pattern`),
+        # and a router that is a parameter too; an nn.Linear router like any linear.
+        fam = family_traits(self.model_type)
+        stacks = bool(fam.peft_moe_pattern)
+        router = stacks or fam.router_linear
         total = sum(
             lin.lora_params(1) * count
             for layer, count in self.layer_counts
             for lin in layer.linears
-            if (every or lin.name in wanted) and (stacks or not lin.expert)
+            if (every or lin.name in wanted)
+            and (stacks or not lin.expert)
+            and (router or lin.name != "router")
         )
         total += sum(
             lin.lora_params(1) for lin in self.outer_linears if every or lin.name in wanted
@@ -344,6 +349,13 @@ class _Family:
     expert_bias: bool = False
     fused_expert_gate_up: bool = False
     router_correction_bias: bool = False
+    # The router is an nn.Linear (DBRX's `router.layer`), which PEFT adapts by name or under
+    # all-linear like any other linear; elsewhere it is a parameter PEFT adapts only through
+    # `peft_moe_pattern` (or, Llama 4's, a linear PEFT breaks on: PEFT_REFUSED_MODULES).
+    router_linear: bool = False
+    # transformers 5 holds an MoE's gate and up experts as one stack; DBRX keeps w1 and v1
+    # apart (2-D, E·i x h each).
+    fused_expert_stacks: bool = True
     tie_default: bool = False
     # PEFT (0.21) maps "all-linear" onto this family's fused expert stacks and router, as
     # it targeted their nn.Linear modules under transformers 4, by one of two name patterns
@@ -374,7 +386,7 @@ _FAMILIES: dict[str, _Family] = {
     "phi3": _Family(fused_qkv=True, fused_gate_up=True),
     "olmo2": _Family(qk_norm="full"),
     # DBRX: fused Wqkv, experts w1/v1/w2 and the router under ffn_config, bias-free norms.
-    "dbrx": _Family(fused_qkv=True),
+    "dbrx": _Family(fused_qkv=True, router_linear=True, fused_expert_stacks=False),
     # Llama 4: fused expert stacks, one shared expert per MoE layer, L2 q/k norms (no weights).
     "llama4_text": _Family(fused_expert_gate_up=True),
     "llama4": _Family(fused_expert_gate_up=True),

@@ -165,6 +165,8 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     h, vocab = shape.hidden_size, shape.vocab_size
     fam = family_traits(shape.model_type)
     lora_on_experts = adapter and bool(fam.peft_moe_pattern)
+    lora_on_router = lora_on_experts or (adapter and fam.router_linear)
+    fused = fam.fused_expert_stacks
     # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
     moved = _MOVED if fam.peft_moe_pattern == "qwen2_moe" else ()
     # The router is a parameter, never quantised; fp32 in DeepSeek-V3.
@@ -207,7 +209,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                     grads_here += block(bias * size)
             elif every or name in targets:
                 if router:
-                    if lora_on_experts:
+                    if lora_on_router:
                         a, b = rank * fan_in, rank * fan_out
                         trainable += [(a, _FP32), (b, _FP32)]
                         pair = block(a * _FP32) + block(b * _FP32)
@@ -220,7 +222,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                     inputs_here += fan_in * copies
                     ranks_here += rank * copies
         stacks_here = 0
-        for stack, parts in _expert_stacks(experts) if experts else ():
+        for stack, parts in _expert_stacks(experts, fused) if experts else ():
             stacks_here += stack.weight_params * elem
             weight, grads = _base(stack, quantized, double, elem, adapter, trainable)
             held, grads_here = held + weight, grads_here + grads
@@ -374,6 +376,7 @@ def _skip_correction(shape: ModelShape, elem: int, double: bool) -> tuple[int, i
     if shape.outer_linears:
         priced.append((shape.outer_linears, outer, 1))
     extra = dequantized = 0
+    fused = family_traits(shape.model_type).fused_expert_stacks
     for linears, skipped, count in priced:
         experts = []
         for k, lin in enumerate(linears):
@@ -387,7 +390,7 @@ def _skip_correction(shape: ModelShape, elem: int, double: bool) -> tuple[int, i
                 extra += (tensor - nf4_bytes(lin.weight_params, double)) * count
             else:
                 dequantized = max(dequantized, tensor)
-        for stack, _ in _expert_stacks(experts) if experts else ():
+        for stack, _ in _expert_stacks(experts, fused) if experts else ():
             dequantized = max(dequantized, block(stack.weight_params * elem))
     return extra, dequantized
 
@@ -396,10 +399,14 @@ _GATE_UP = ("gate_proj", "up_proj", "w1", "w3")
 _MOVED = ("gate_proj", "up_proj", "down_proj")
 
 
-def _expert_stacks(experts: list[Linear]) -> list[tuple[Linear, tuple[str, ...]]]:
+def _expert_stacks(
+    experts: list[Linear], fused: bool = True
+) -> list[tuple[Linear, tuple[str, ...]]]:
     """A layer's expert stacks (its `expert` linears) as transformers 5 holds them, each with
     the names of the projections fused into it (gate and up become one `gate_up_proj` of
-    twice the width)."""
+    twice the width, unless the family keeps them apart: DBRX's w1 and v1)."""
+    if not fused:
+        return [(lin, (lin.name,)) for lin in experts]
     gate_up = [lin for lin in experts if lin.name in _GATE_UP]
     out: list[tuple[Linear, tuple[str, ...]]] = []
     if gate_up:

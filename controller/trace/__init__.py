@@ -18,7 +18,7 @@ from typing import Any
 from controller.estimator import overheads
 from controller.estimator.result import Estimate
 from controller.estimator.settings import TrainingSettings
-from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
+from controller.trace.build import TRACED_ATTENTION, TraceUnsupported
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
@@ -72,7 +72,7 @@ def trace(
 
 
 def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | str) -> TraceReport:
-    depth = int(text_config(config)["num_hidden_layers"])
+    depth = _depth(config)
     if _is_hybrid(config):
         # A hybrid stack's layer types do not repeat from its first layers (and transformers
         # builds the layer list, not num_hidden_layers): only the whole model is its own.
@@ -96,6 +96,13 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
             result = extend(small, large, depth, lead)
             traced = (n, n + 1)
     return _report(result, settings, traced)
+
+
+def _depth(config: Mapping[str, Any]) -> int:
+    """The model's layer count under whichever name its config gives it (DBRX: `n_layers`)."""
+    from controller.estimator.architecture import parse_config
+
+    return parse_config(config).num_layers
 
 
 def _is_hybrid(config: Mapping[str, Any]) -> bool:

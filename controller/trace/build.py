@@ -14,7 +14,8 @@
   t x k token-expert pairs by expert and multiplies each group with one grouped GEMM, so
   every tensor it allocates is t x k rows (or the expert stack itself), whatever the router
   chose: memory does not depend on the routing, which fake tensors cannot compute. (The
-  `eager` implementation, a loop over the experts the router hit, is not traced.)
+  `eager` implementation, a loop over the experts the router hit, is not traced; DBRX,
+  which has no other, runs its loop over a uniform routing: `dbrx.py`.)
 * Gradient checkpointing through transformers' own switch (non-reentrant, the default).
   `unsloth` checkpointing (which offloads the checkpoints to host memory) is traced as `on`:
   the offload is not modelled, so the checkpoints (L x tokens x hidden x 2 bytes) are
@@ -43,7 +44,7 @@ from torch import nn
 from controller.errors import PermanentError
 from controller.estimator.settings import Attention, Checkpointing, Method, Precision
 from controller.estimator.settings import TrainingSettings as Settings
-from controller.trace import qlora
+from controller.trace import dbrx, qlora
 
 DTYPES = {
     Precision.BF16: torch.bfloat16,
@@ -242,6 +243,8 @@ def _set_experts_implementation(model: Any) -> None:
     except ValueError as error:
         if "does not support setting experts implementation" not in str(error):
             raise
+        if dbrx.uniform_routing(model):  # DBRX's loop over a uniform routing (dbrx.py)
+            return
         if getattr(model.config, "model_type", "") not in _DENSE_EXPERTS:
             raise TraceUnsupported(
                 f"{model.config.model_type}'s experts loop over the experts the router picked, "

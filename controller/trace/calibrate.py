@@ -72,9 +72,9 @@ FAMILY_PRESETS = {
     "ernie4_5_moe": "ernie-4.5-21b-a3b",
     "glm4_moe": "glm-4.5",
 }
-# Not in the grid: DBRX's experts (transformers' eager loop over the experts the router
-# picked) cannot be traced on fake tensors; Llama 4's router is an nn.Linear returning a
-# tuple, which PEFT 0.21's all-linear LoRA wraps and breaks. Both read as a fitted relative
+# Not in the grid: DBRX (traced since its experts' loop runs over a uniform routing,
+# `dbrx.py`, but not fitted yet) and Llama 4 (its router is an nn.Linear returning a tuple,
+# which PEFT 0.21's all-linear LoRA wraps and breaks). Both read as a fitted relative
 # (`calibrated.FAMILY_ALIASES`). Kimi K2 is DeepSeek-V3's code at another size (the trace
 # builds it as that class, `build.BUILT_AS`): DeepSeek-V3's fit prices it.
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe")

@@ -185,6 +185,10 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
     reads the stack to fold the LoRA update in) puts the dequantised stacks in their place
     while it runs (checkpointing's recomputation included) and the packed ones back after.
     The router and expert biases stay 16-bit.
+
+    DBRX keeps its stacks 2-D (E·i x h: `w1`, `v1`, `w2` of its `DbrxExpertGLU`), and its
+    experts module reads them (`w.view(E, i, h)[e]`) before it calls the GLU: they are
+    quantised as E x i x h stacks, dequantised while the experts module runs.
     """
     for parent in list(model.modules()):
         for child in list(parent.children()):
@@ -195,12 +199,13 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
                 continue
             stacks = {}
             for name, param in list(experts._parameters.items()):
-                if param is not None and param.dim() == 3:
-                    shape = (param.shape[0], param.shape[1], param.shape[2])
+                shape = _stack_shape(experts, param)
+                if shape is not None:
                     stacks[name] = ExpertStack4bit(shape, dtype, double)
                     experts._parameters[name] = stacks[name].packed
             setattr(experts, _STACKS, stacks)
-            child.forward = _dequantizing(child.forward, experts, stacks)  # type: ignore[method-assign]
+            runner = parent if _flat_stacks(experts) else child
+            runner.forward = _dequantizing(runner.forward, experts, stacks)  # type: ignore[method-assign]
 
 
 def _has_stacks(module: nn.Module) -> bool:
@@ -208,9 +213,29 @@ def _has_stacks(module: nn.Module) -> bool:
     (Mamba's depthwise conv1d, out x 1 x kernel), which bitsandbytes leaves 16-bit."""
     if isinstance(module, nn.modules.conv._ConvNd):
         return False
-    return any(p is not None and p.dim() == 3 for p in module._parameters.values()) or hasattr(
+    return any(_stack_shape(module, p) for p in module._parameters.values()) or hasattr(
         module, _STACKS
     )
+
+
+#: Experts modules whose stacks are 2-D (E·i x h) with the expert count in this attribute.
+_FLAT_STACKS = {"DbrxExpertGLU": "moe_num_experts"}
+
+
+def _flat_stacks(module: nn.Module) -> bool:
+    return type(module).__name__ in _FLAT_STACKS
+
+
+def _stack_shape(module: nn.Module, param: Any) -> tuple[int, int, int] | None:
+    """E x out x in of `param` if it is an expert stack of `module`, else None."""
+    if param is None or isinstance(module, nn.modules.conv._ConvNd):
+        return None
+    if param.dim() == 3:
+        return (param.shape[0], param.shape[1], param.shape[2])
+    if _flat_stacks(module) and param.dim() == 2:
+        experts = getattr(module, _FLAT_STACKS[type(module).__name__])
+        return (experts, param.shape[0] // experts, param.shape[1])
+    return None
 
 
 def _dequantizing(forward: Any, experts: nn.Module, stacks: dict[str, ExpertStack4bit]) -> Any:

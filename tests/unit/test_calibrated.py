@@ -293,6 +293,7 @@ REAL = [
     ("kimi-k2", Method.QLORA),  # DeepSeek-V3's fit, traced as DeepSeek-V3's code
     ("glm-4.5", Method.LORA),
     ("ernie-4.5-21b-a3b", Method.LORA),
+    ("dbrx-instruct", Method.QLORA),  # Mixtral's fit; its experts' loop over a uniform routing
 ]
 
 
