@@ -2,7 +2,8 @@
 
 The cluster needs GPU nodes labelled with `--product` whose agents publish the suite's
 layout (`e2e/suite/layout.py`); `e2e.kind` sets that up and calls `run_all`. Prints a line
-per scenario and a closing `N passed, N failed`; exits 1 when one failed.
+per scenario and a closing `N passed, N failed`; exits 1 when one failed, 2 (one line) when
+the cluster cannot be reached.
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--product", default=layout.PRODUCT,
                         help="the GPU product label of the suite's nodes")  # fmt: skip
     args = parser.parse_args(argv)
-    nodes = suite_nodes(args.kubectl, args.kubeconfig, args.product)
     try:
-        _, failed = run_all(Target(args.kubectl, args.kubeconfig, nodes, args.product))
-    except ScenarioFailed as error:
-        print(f"e2e.suite: {error}", file=sys.stderr)
-        return 1
+        nodes = suite_nodes(args.kubectl, args.kubeconfig, args.product)
+    except (ScenarioFailed, OSError) as error:  # no cluster, or no kubectl
+        print(f"e2e.suite: cannot list the suite's nodes: {error}", file=sys.stderr)
+        return 2
+    _, failed = run_all(Target(args.kubectl, args.kubeconfig, nodes, args.product))
     return 1 if failed else 0
 
 

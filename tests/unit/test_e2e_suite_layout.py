@@ -111,3 +111,14 @@ def test_condition_reads_a_type_or_none() -> None:
     assert condition(job, "Admitted") == {"type": "Admitted", "status": "True"}
     assert condition(job, "Running") is None
     assert condition(None, "Admitted") is None
+
+
+def test_the_suite_says_in_one_line_when_it_cannot_reach_the_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from e2e.suite.__main__ import main as suite
+
+    code = suite(["--kubeconfig", str(tmp_path / "none"), "--kubectl", str(tmp_path / "kubectl")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("e2e.suite: cannot list the suite's nodes:") and err.count("\n") == 1
