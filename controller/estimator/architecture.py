@@ -561,8 +561,26 @@ PEFT_REFUSED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     **dict.fromkeys(PEFT_MAMBA_TYPES, (PEFT_MAMBA_REFUSED, "PEFT refuses LoRA on {modules} "
                                        "of {model_type}'s Mamba mixers")),
     **dict.fromkeys(PEFT_LLAMA4_TYPES, (("router",), "PEFT's LoRA layer fails on the tuple "
-                                        "that {model_type}'s {modules} (an nn.Linear) returns,")),
+                                        "that {model_type}'s {modules} (an nn.Linear) returns")),
 }  # fmt: skip
+#: Names that select no nn.Linear in the model, so PEFT refuses them as targets although
+#: all-linear adapts the linear inside (DBRX's router module holds its linear as `layer`).
+PEFT_UNNAMEABLE: dict[str, dict[str, str]] = {
+    "dbrx": {"router": "dbrx's router is a module around an nn.Linear (router.layer), which "
+                       "PEFT cannot adapt by that name; all-linear adapts the linear"},
+}  # fmt: skip
+
+
+def peft_adaptable_modules(shape: ModelShape) -> tuple[str, ...]:
+    """The module names LoRA can target by name on this model: those PEFT neither refuses
+    nor fails on, and that select some linear (not only expert stacks it does not adapt)."""
+    refused = set(PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))[0])
+    refused |= set(PEFT_UNNAMEABLE.get(shape.model_type, {}))
+    return tuple(
+        name
+        for name in sorted(shape.module_names - refused)
+        if shape.lora_params_per_rank((name,)) > 0
+    )
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -1714,17 +1732,24 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
     """
     out: list[str] = []
     refused, why = PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))
+    unnameable = PEFT_UNNAMEABLE.get(shape.model_type, {})
     for raw in targets:
         name = raw.strip().lower().replace("_", "-") if "all" in raw.lower() else raw.strip()
         if refused and (name == "all-linear" or name in refused):
-            them = "them" if len(refused) > 1 else "it"
-            what = f"all-linear selects {them}" if name == "all-linear" else f"{name!r} is one"
+            many = len(refused) > 1
+            if name == "all-linear":
+                what = f"all-linear selects {'them' if many else 'it'}"
+            else:
+                what = f"{name!r} is one of them" if many else f"{name!r} names it"
             reason = why.format(modules=" and ".join(refused), model_type=shape.model_type)
             raise SpecError(
                 path,
-                f"{reason} and {what}, so the job would fail; name the targets instead, e.g. "
-                f"{', '.join(sorted(shape.module_names - set(refused)))}",
+                f"{reason}, and {what}, so the job would fail; name the targets instead, e.g. "
+                f"{', '.join(peft_adaptable_modules(shape))}",
             )
+        if name in unnameable:
+            raise SpecError(path, f"{unnameable[name]}; adaptable by name: "
+                                  f"{', '.join(peft_adaptable_modules(shape))}")  # fmt: skip
         if name == "all-linear":
             return ("all-linear",)
         name = MODULE_ALIASES.get(name, name)
@@ -1740,4 +1765,13 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
             out.append(name)
     if not out:
         raise SpecError(path, "must name at least one module (or all-linear)")
-    return tuple(sorted(out))
+    chosen = tuple(sorted(out))
+    if shape.lora_params_per_rank(chosen) == 0:  # only expert stacks PEFT does not adapt
+        raise SpecError(
+            path,
+            f"{', '.join(chosen)} {'selects' if len(chosen) == 1 else 'select'} no module PEFT "
+            f"adapts on this model (its expert stacks are parameters, not linears); adaptable "
+            f"by name: "
+            f"{', '.join(peft_adaptable_modules(shape))}",
+        )
+    return chosen

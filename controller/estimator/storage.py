@@ -7,9 +7,10 @@ data flow (activations, temporaries). Pure: no torch.
 
 What each setting allocates (the trace's modelling, see controller/trace):
 * an MoE layer as transformers 5 holds it: each expert projection as one stack (a 3-D
-  parameter, E x out x in; gate and up fused into one), the router as a parameter (fp32 in
-  DeepSeek-V3, whose score-correction bias is an fp32 buffer); QLoRA holds the stacks as
-  NF4 (trace/qlora.py) and leaves the router 16-bit; LoRA on them is PEFT's
+  parameter, E x out x in; gate and up fused into one; DBRX's 2-D, its w1 and v1 apart),
+  the router as a parameter (fp32 in DeepSeek-V3, whose score-correction bias is an fp32
+  buffer) or, DBRX's, an nn.Linear priced as any linear; QLoRA holds the stacks as NF4
+  (trace/qlora.py) and leaves a parameter router 16-bit; LoRA on them is PEFT's
   `ParamWrapper` (A: r·E x in, B: out x r·E, the fused gate/up at rank 2r), for the
   families PEFT maps "all-linear" onto them (`peft_moe_pattern`), else none. PEFT moves
   the names gate_proj/up_proj/down_proj to the stacks in the "qwen2_moe" pattern, so the
@@ -165,7 +166,8 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     h, vocab = shape.hidden_size, shape.vocab_size
     fam = family_traits(shape.model_type)
     lora_on_experts = adapter and bool(fam.peft_moe_pattern)
-    lora_on_router = lora_on_experts or (adapter and fam.router_linear)
+    # A router that is an nn.Linear (DBRX's) is priced as any linear: quantised, adapted.
+    router_name = "" if fam.router_linear else "router"
     fused = fam.fused_expert_stacks
     # Names PEFT turns into the stacks' parameter targets: no nn.Linear keeps them.
     moved = _MOVED if fam.peft_moe_pattern == "qwen2_moe" else ()
@@ -191,7 +193,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             name, fan_in, fan_out, copies = lin.name, lin.in_features, lin.out_features, lin.copies
             numel = fan_in * fan_out * copies
             bias = fan_out * copies if lin.bias else 0
-            router = name == "router"
+            router = name == router_name
             size = router_elem if router else elem
             tensor = block(numel * size)
             if quantized and not router:
@@ -209,7 +211,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                     grads_here += block(bias * size)
             elif every or name in targets:
                 if router:
-                    if lora_on_router:
+                    if lora_on_experts:
                         a, b = rank * fan_in, rank * fan_out
                         trainable += [(a, _FP32), (b, _FP32)]
                         pair = block(a * _FP32) + block(b * _FP32)
@@ -376,14 +378,15 @@ def _skip_correction(shape: ModelShape, elem: int, double: bool) -> tuple[int, i
     if shape.outer_linears:
         priced.append((shape.outer_linears, outer, 1))
     extra = dequantized = 0
-    fused = family_traits(shape.model_type).fused_expert_stacks
+    fam = family_traits(shape.model_type)
+    fused, router_name = fam.fused_expert_stacks, "" if fam.router_linear else "router"
     for linears, skipped, count in priced:
         experts = []
         for k, lin in enumerate(linears):
             if lin.expert:
                 experts.append(lin)
                 continue
-            if lin.name == "router":
+            if lin.name == router_name:
                 continue
             tensor = block(lin.weight_params * elem)
             if k in skipped:

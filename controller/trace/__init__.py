@@ -18,7 +18,7 @@ from typing import Any
 from controller.estimator import overheads
 from controller.estimator.result import Estimate
 from controller.estimator.settings import TrainingSettings
-from controller.trace.build import TRACED_ATTENTION, TraceUnsupported
+from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
@@ -99,10 +99,17 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
 
 
 def _depth(config: Mapping[str, Any]) -> int:
-    """The model's layer count under whichever name its config gives it (DBRX: `n_layers`)."""
+    """The model's layer count under whichever name its config gives it (DBRX: `n_layers`),
+    read by the parser; a config the parser refuses is traced as transformers builds it,
+    from the field transformers reads."""
     from controller.estimator.architecture import parse_config
+    from controller.estimator.errors import SpecError
 
-    return parse_config(config).num_layers
+    try:
+        return parse_config(config).num_layers
+    except SpecError:
+        text = text_config(config)
+        return int(text.get("num_hidden_layers") or text["n_layers"])
 
 
 def _is_hybrid(config: Mapping[str, Any]) -> bool:

@@ -40,8 +40,10 @@ def _forward(
     stacks = (self.mlp.w1.view(split), self.mlp.v1.view(split), self.mlp.w2.view(split))
     out = torch.zeros_like(flat)
     pairs = pair_token.shape[0]
-    for expert in range(min(self.num_experts, pairs)):
+    for expert in range(self.num_experts):
         rows = slice(expert * pairs // self.num_experts, (expert + 1) * pairs // self.num_experts)
+        if rows.start == rows.stop:  # fewer pairs than experts: this one gets none
+            continue
         w1, v1, w2 = (stack[expert] for stack in stacks)
         states = self.mlp(flat[pair_token[rows]], w1, v1, w2)
         states = states.view(-1, self.hidden_size) * pair_weight[rows]

@@ -30,7 +30,11 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
-from controller.estimator.architecture import PEFT_REFUSED_MODULES, ModelShape
+from controller.estimator.architecture import (
+    PEFT_REFUSED_MODULES,
+    ModelShape,
+    peft_adaptable_modules,
+)
 from controller.estimator.calibrated import (
     LAYER_FEATURES,
     LOCAL_FEATURES,
@@ -104,9 +108,8 @@ def test_every_preset_gets_an_estimate(preset: str) -> None:
     shape = load_shape(preset)
     method = Method.LORA if shape.quantization else Method.QLORA
     job = TrainingSettings(method=method, profile=Profile.CALIBRATED)
-    refused, _ = PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))
-    if refused:  # all-linear is refused there (Llama 4's router): the modules PEFT can adapt
-        job = replace(job, targets=tuple(sorted(shape.module_names - set(refused))))
+    if shape.model_type in PEFT_REFUSED_MODULES:  # all-linear is refused (Llama 4's router)
+        job = replace(job, targets=peft_adaptable_modules(shape))
     est = estimate(shape, job)
     assert est.profile == "calibrated"
     assert est.total_bytes == sum(est.components.values())

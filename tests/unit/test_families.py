@@ -478,3 +478,26 @@ def test_llama4_lora_on_its_router_is_refused_as_training_would_fail(targets: li
     assert "router (an nn.Linear) returns" in info.value.message
     assert "q_proj" in info.value.message and "\n" not in info.value.message
     assert canonical_targets(["q_proj", "down_proj"], shape, "t") == ("down_proj", "q_proj")
+
+
+@pytest.mark.parametrize(
+    ("preset", "targets", "words"),
+    [
+        ("dbrx-instruct", ["router"], "cannot adapt by that name; all-linear adapts the linear"),
+        ("gpt-oss-20b", ["gate_up_proj", "down_proj"], "select no module PEFT adapts"),
+        ("nemotron-nano-9b-v2", ["out_proj"], "'out_proj' is one of them"),
+    ],
+)
+def test_targets_peft_cannot_adapt_are_refused_naming_those_it_can(
+    preset: str, targets: list[str], words: str
+) -> None:
+    from controller.estimator import load_shape
+    from controller.estimator.architecture import canonical_targets, peft_adaptable_modules
+
+    shape = load_shape(preset)
+    with pytest.raises(SpecError) as info:
+        canonical_targets(targets, shape, "spec.lora.targetModules")
+    assert words in info.value.message and "\n" not in info.value.message
+    adaptable = peft_adaptable_modules(shape)
+    assert adaptable and info.value.message.endswith(", ".join(adaptable))
+    assert all(shape.lora_params_per_rank((name,)) > 0 for name in adaptable)

@@ -16,7 +16,7 @@ from controller.estimator import (
     TrainingSettings,
     load_shape,
 )
-from controller.estimator.architecture import PEFT_REFUSED_MODULES
+from controller.estimator.architecture import PEFT_REFUSED_MODULES, peft_adaptable_modules
 from controller.estimator.presets import preset_names
 from controller.packing.fit import fit
 from controller.profiles import estimate
@@ -45,9 +45,8 @@ def jobs(draw: st.DrawFn) -> tuple[str, TrainingSettings]:
     )
     if name.endswith("bnb-4bit") and s.method is Method.FULL:
         s = replace(s, method=Method.QLORA)
-    refused, _ = PEFT_REFUSED_MODULES.get(SHAPES[name].model_type, ((), ""))
-    if refused:  # all-linear is refused there, as PEFT refuses it or fails on it
-        s = replace(s, targets=tuple(sorted(SHAPES[name].module_names - set(refused))))
+    if SHAPES[name].model_type in PEFT_REFUSED_MODULES:  # all-linear is refused there
+        s = replace(s, targets=peft_adaptable_modules(SHAPES[name]))
     return name, s
 
 

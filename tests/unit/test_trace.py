@@ -441,14 +441,24 @@ def test_trace_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None
 # -- MoE families whose experts are not transformers' grouped_mm ---------------------------
 
 
+def test_a_config_the_parser_refuses_is_traced_as_transformers_builds_it() -> None:
+    """The trace needs no parser's reading (its depth included): a field the parser refuses
+    and transformers ignores leaves the trace as it was."""
+    config = TINY_LLAMA | {"moe_layer_stride": 2}  # an expert field the parser does not know
+    with pytest.raises(SpecError, match="moe_layer_stride"):
+        parse_config(config)
+    assert trace(config, settings(LORA)).peak_bytes == trace(TINY_LLAMA, settings(LORA)).peak_bytes
+
+
 def dbrx_config() -> dict[str, Any]:
-    """DBRX's preset shrunk: two layers of 4 experts (top 2), widths of a few hundred."""
+    """DBRX's preset shrunk to two layers and widths of a few hundred, its 16 experts (top
+    4) kept: a router wide enough that 4-bit and 16-bit differ by whole blocks."""
     from controller.trace.build import text_config
 
     config = text_config(load_preset("dbrx-instruct").config, 2)
     config |= {"d_model": 512, "n_heads": 4, "vocab_size": 4096}
     config["ffn_config"] = dict(config["ffn_config"]) | {
-        "ffn_hidden_size": 1024, "moe_num_experts": 4, "moe_top_k": 2,
+        "ffn_hidden_size": 256, "moe_num_experts": 16, "moe_top_k": 4,
     }  # fmt: skip
     config["attn_config"] = dict(config["attn_config"]) | {"kv_n_heads": 2}
     return config
@@ -457,8 +467,9 @@ def dbrx_config() -> dict[str, Any]:
 @pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA], ids=lambda m: m.value)
 def test_dbrx_resident_bytes_are_the_estimators_exactly(method: Method) -> None:
     """DBRX's 2-D expert stacks (w1 and v1 apart, 4-bit under QLoRA) and its nn.Linear
-    router (which PEFT's all-linear adapts) as storage and analytic count them; and the
-    step runs (its experts' loop over a uniform routing, `trace/dbrx.py`)."""
+    router (4-bit under QLoRA, adapted by PEFT's all-linear, as any linear) as storage and
+    analytic count them; and the step runs (its experts' loop over a uniform routing,
+    `trace/dbrx.py`)."""
     config = dbrx_config()
     shape = parse_config(config)
     job = TrainingSettings(method=method, rank=None if method is Method.FULL else 8, seq_len=64)
@@ -473,7 +484,9 @@ def test_dbrx_resident_bytes_are_the_estimators_exactly(method: Method) -> None:
     assert trace_run(config, job, breakdowns=False).trainable_params == static.trainable_params
 
 
-@pytest.mark.parametrize(("experts", "tokens"), [(4, 64), (8, 256), (16, 64), (8, 1024)])
+@pytest.mark.parametrize(
+    ("experts", "tokens"), [(4, 64), (8, 256), (16, 64), (8, 1024), (16, 2)]
+)
 def test_dbrx_uniform_routing_allocates_what_its_eager_loop_does(experts: int, tokens: int) -> None:
     """On real tensors with a real (random) routing, DBRX's own loop and the trace's uniform
     one save the same tensors for backward and reach the same peak over forward and
