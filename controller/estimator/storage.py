@@ -415,8 +415,8 @@ def _expert_stacks(
     if gate_up:
         first = gate_up[0]
         width = sum(lin.out_features for lin in gate_up)
-        fused = Linear("gate_up_proj", first.in_features, width, first.bias, first.copies, True)
-        out.append((fused, tuple(lin.name for lin in gate_up)))
+        stack = Linear("gate_up_proj", first.in_features, width, first.bias, first.copies, True)
+        out.append((stack, tuple(lin.name for lin in gate_up)))
     for lin in experts:
         if lin.name not in _GATE_UP:
             parts = ("gate_proj", "up_proj") if lin.name == "gate_up_proj" else (lin.name,)

@@ -266,7 +266,7 @@ def _layer_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
     `self_attn`, `feed_forward`; Jamba's Mamba at `mamba`, Qwen3-Next's DeltaNet at
     `linear_attn`)."""
     if d.mixers is not None and d.mixers[i] == "moe":
-        return _nemotron_moe_modules(d, model_type)
+        return _nemotron_moe_modules(d, i, model_type)
     if _one_mixer(d, i):
         return {
             f"{part_path(model_type, d, name_part(n))}.{n}": a * b
@@ -280,13 +280,14 @@ def _layer_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
     return _block_modules(d, i)
 
 
-def _nemotron_moe_modules(d: ArchDims, model_type: str) -> dict[str, int]:
-    """A Nemotron 3 MoE layer's elements by path: seed 1's MoE term over its expert stacks
+def _nemotron_moe_modules(d: ArchDims, i: int, model_type: str) -> dict[str, int]:
+    """Nemotron 3 MoE layer i's elements by path: seed 1's MoE term over its expert stacks
     of up and down (two projections, no gate) with the router (`E × H`) at `mixer.experts`,
-    its one shared expert and latent projections (an extension)."""
+    then, beyond seed 1's table (which has neither), its one shared expert and its latent
+    projections."""
     h, e, w = d.hidden_size, d.num_experts, d.moe_latent_size or d.hidden_size
     modules = {part_path(model_type, d, "experts"): w * _routed_size(d) * 2 * e + e * h}
-    for name, (a, b) in _hybrid_dims(d, d.mixers.index("moe") if d.mixers else 0).items():
+    for name, (a, b) in _hybrid_dims(d, i).items():
         part = "shared" if name in ("up_proj", "down_proj") else "mixer"
         modules[f"{part_path(model_type, d, part)}.{name}"] = a * b
     return modules

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from e2e.suite import layout
-from e2e.suite.__main__ import run_all
+from e2e.suite.run import run_all
 from e2e.suite.target import Target
 
 HERE = Path(__file__).resolve().parent
@@ -141,7 +141,9 @@ def check(cluster: Kind, nodes: list[str]) -> bool:
     target = Target(cluster.kubectl_bin, cluster.kubeconfig, sorted(nodes), layout.PRODUCT,
                     timeout_s=180)  # fmt: skip
     _, failed = run_all(target)
-    print(cluster.kubectl("get", "ftj", "-A"), flush=True)
+    if failed:  # what the operator said while the scenarios ran
+        print(cluster.jsonpath("logs", "-n", NAMESPACE, f"deployment/{RELEASE}-operator",
+                               "--tail", "200"), flush=True)  # fmt: skip
     return failed == 0
 
 

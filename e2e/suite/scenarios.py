@@ -8,7 +8,6 @@ simulated one (the local control plane), so the same manifest runs N seconds on 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,9 +18,6 @@ from e2e.suite.target import Target, condition, expect
 API_VERSION = "vramgate.dev/v1alpha1"
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full", "parallelism": "FSDP"}
-#: The operator's watch of Nodes sees a cordon within this long; nothing a user can read
-#: says it has, so the scenario waits this long before it applies.
-NODE_EVENT_S = 3.0
 
 
 def finetunejob(
@@ -39,7 +35,9 @@ def finetunejob(
         "metadata": {"annotations": {RUN_FOR_ANNOTATION: f"{run_s}s"}},
         "spec": {"containers": [{
             "name": "trainer", "image": "busybox:1.36",
-            "command": ["sh", "-c", f"echo training; sleep {run_s}"],
+            # exec: sleep is PID 1 then, which a pod's deletion stops at once (a shell would
+            # ignore SIGTERM and hold the namespace's deletion for the 30 s grace period)
+            "command": ["sh", "-c", f"echo training; exec sleep {run_s}"],
         }]},
     }  # fmt: skip
     return {
@@ -191,7 +189,8 @@ def queues_until_a_job_finishes_then_admits_it(target: Target) -> None:
     while the first holds the free GPUs, and is admitted by itself once the first's
     workload finishes, without anyone touching it."""
     with target.namespace("queue") as namespace:
-        _applied(target, namespace, finetunejob(target, "first", FULL, gpus=2, run_s=20))
+        # 60 s: long enough that second is applied and decided while first runs
+        _applied(target, namespace, finetunejob(target, "first", FULL, gpus=2, run_s=60))
         _admitted_as(_decided(target, namespace, "first"), {"Fits"})
         _applied(target, namespace, finetunejob(target, "second", FULL, gpus=2, run_s=5))
         queued = condition(_decided(target, namespace, "second"), "Admitted") or {}
@@ -209,14 +208,31 @@ def a_cordoned_node_gets_nothing(target: Target) -> None:
     """With the first node cordoned, the small job that would go there goes to the second."""
     target.kubectl("cordon", target.nodes[0])
     try:
-        time.sleep(NODE_EVENT_S)
         with target.namespace("cordon") as namespace:
+            _wait_until_the_operator_sees(target, namespace, f"placed on {target.nodes[1]} GPU 0")
             _applied(target, namespace, finetunejob(target, "small", QLORA, gpus=1))
             placement = _admitted_as(_decided(target, namespace, "small"), {"Fits"})
             expect(_where(placement) == [(target.nodes[1], [0])],
                    f"small: expected {target.nodes[1]} GPU 0, got {_where(placement)}")  # fmt: skip
     finally:
         target.kubectl("uncordon", target.nodes[0])
+
+
+def _wait_until_the_operator_sees(target: Target, namespace: str, placement: str) -> None:
+    """Until a job without a trainer template, which admission only tells what it would
+    decide, is told `placement`: the operator's view has the change (a cordon) then, and
+    decides every later job with it. (A watch event on Nodes and one on FineTuneJobs may
+    reach the operator in either order; the webhook judges the empty cluster and cannot
+    tell.) Its message is rewritten at most every 30 s, hence the longer wait."""
+    probe = finetunejob(target, "probe", QLORA, gpus=1)
+    del probe["spec"]["template"]
+    _applied(target, namespace, probe)
+
+    def told() -> bool:
+        found = condition(target.get("finetunejob", "probe", namespace), "Admitted") or {}
+        return found.get("reason") == "NoTemplate" and placement in str(found.get("message"))
+
+    target.wait(told, f"the operator to tell a probe job it would be {placement}", timeout=120)
 
 
 #: In the order they run: each leaves the layout empty for the next.

@@ -43,12 +43,15 @@ class Target:
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [self.kubectl_bin, "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin, capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
+        try:
+            done = subprocess.run(
+                [self.kubectl_bin, "--kubeconfig", str(self.kubeconfig), *args],
+                input=stdin, capture_output=True, text=True, check=False, timeout=120,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise ScenarioFailed(f"kubectl {' '.join(args)} did not answer in 120 s") from None
         if check and done.returncode != 0:
-            raise ScenarioFailed(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+            raise ScenarioFailed(f"kubectl {' '.join(args)} failed: {last_line(done.stderr)}")
         return done
 
     def apply(
@@ -67,7 +70,7 @@ class Target:
         if done.returncode != 0:
             if "NotFound" in done.stderr or "not found" in done.stderr:
                 return None
-            raise ScenarioFailed(f"kubectl get {kind} {name} failed: {done.stderr.strip()}")
+            raise ScenarioFailed(f"kubectl get {kind} {name} failed: {last_line(done.stderr)}")
         return dict(json.loads(done.stdout))
 
     def wait(self, check: Callable[[], T | None], what: str, timeout: float | None = None) -> T:
@@ -104,6 +107,12 @@ class Target:
         if found is None or (found["status"] != "True" and found["reason"] == "Pending"):
             return None
         return job
+
+
+def last_line(text: str) -> str:
+    """kubectl's last word on stderr (retries and warnings come before it)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
 
 
 def condition(job: Mapping[str, Any] | None, kind: str) -> dict[str, Any] | None:

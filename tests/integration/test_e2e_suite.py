@@ -13,6 +13,7 @@ certificate the operator made against the CA it injected. Only pods are simulate
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,10 +36,12 @@ from tests.integration.test_chart import (
     AGENT_SA,
     FULLNAME,
     OPERATOR_SA,
+    RELEASE,
     REPO,
     Release,
     _adopt_existing_crds,
     _AsServiceAccount,
+    one,
     render,
 )
 from tests.integration.test_operator import OperatorProcess, _free_port
@@ -57,11 +60,8 @@ def installed(
     try:
         yield release
     finally:
-        release.helm("uninstall", RELEASE_NAME)
+        release.helm("uninstall", RELEASE)
         client.CoreV1Api(api_client).delete_namespace(release.namespace)
-
-
-RELEASE_NAME = FULLNAME.removesuffix("-vramgate")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,9 @@ def agents(
 def operator(installed: Release, api_client: client.ApiClient) -> Iterator[OperatorProcess]:
     """The operator as the chart's pod runs it, serving the webhooks on the Service's
     ClusterIP:443 with the certificate it keeps in the chart's Secret."""
+    if not _may_bind(443):  # fail in one line, not as a webhook that never answers
+        pytest.fail("serving the webhook Service's port 443 needs root (or "
+                    "net.ipv4.ip_unprivileged_port_start <= 443)", pytrace=False)  # fmt: skip
     service = client.CoreV1Api(api_client).read_namespaced_service(
         f"{FULLNAME}-webhook", installed.namespace
     )
@@ -148,6 +151,13 @@ def operator(installed: Release, api_client: client.ApiClient) -> Iterator[Opera
         yield process
     finally:
         process.stop()
+
+
+def _may_bind(port: int) -> bool:
+    if os.geteuid() == 0:
+        return True
+    start = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+    return start.exists() and int(start.read_text()) <= port
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +198,10 @@ def test_the_kind_run_installs_the_layout_the_suite_expects() -> None:
     chart renders from it is the file this module gives its agents."""
     objects = render("--values", str(REPO / "e2e" / "kind" / "values.yaml"), "--set-json",
                      f"agent.static.gpus={json.dumps(layout.static_gpus())}")  # fmt: skip
-    (config,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"]
-                 .endswith("-agent-config")]  # fmt: skip
-    files = {key: yaml.safe_load(value) for key, value in config["data"].items()}
-    assert {"gpus": layout.static_gpus()} in files.values()
-    assert all("{node}" in gpu["uuid"] for gpu in layout.static_gpus())  # unique per node
+    config = one(objects, "ConfigMap", f"{FULLNAME}-agent-config")
+    assert yaml.safe_load(config["data"]["gpus.yaml"]) == {"gpus": layout.static_gpus()}
+    # and the kind cluster's GPU workers carry the product the scenarios select
+    kind = yaml.safe_load((REPO / "e2e" / "kind" / "kind-config.yaml").read_text())
+    workers = [n for n in kind["nodes"] if n["role"] == "worker"]
+    assert len(workers) == layout.NODES
+    assert all(w["labels"][PRODUCT_LABEL] == layout.PRODUCT for w in workers)
