@@ -310,9 +310,10 @@ class ModelShape:
             return cached  # type: ignore[return-value]
         wanted = set(targets)
         every = "all-linear" in wanted
-        # An expert stack is a 3-D parameter in transformers 5, no nn.Linear: PEFT adapts it
-        # only where it maps the family's names onto stacks (`_Family.peft_moe_pattern`),
-        # and a router that is a parameter too; an nn.Linear router like any linear.
+        # An expert stack is a parameter in transformers 5 (3-D; DBRX's 2-D), no nn.Linear:
+        # PEFT adapts it only where it maps the family's names onto stacks
+        # (`_Family.peft_moe_pattern`). The same holds for a router that is a parameter; a
+        # router that is an nn.Linear (`_Family.router_linear`) is adapted as any linear.
         fam = family_traits(self.model_type)
         stacks = bool(fam.peft_moe_pattern)
         router = stacks or fam.router_linear
