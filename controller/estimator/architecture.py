@@ -564,23 +564,31 @@ PEFT_REFUSED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     **dict.fromkeys(PEFT_LLAMA4_TYPES, (("router",), "PEFT's LoRA layer fails on the tuple "
                                         "that {model_type}'s {modules} (an nn.Linear) returns")),
 }  # fmt: skip
-#: Names that select no nn.Linear in the model, so PEFT refuses them as targets although
-#: all-linear adapts the linear inside (DBRX's router module holds its linear as `layer`).
-PEFT_UNNAMEABLE: dict[str, dict[str, str]] = {
-    "dbrx": {"router": "dbrx's router is a module around an nn.Linear (router.layer), which "
-                       "PEFT cannot adapt by that name; all-linear adapts the linear"},
-}  # fmt: skip
+#: The names transformers gives a family's linears where they are not the canonical ones
+#: `module_names` holds (DBRX: its fused attention `Wqkv` and `out_proj`, and its router
+#: module's linear, `layer`): PEFT matches those, so a job's targets may say them, and the
+#: trace hands them to PEFT.
+PEFT_NAMES: dict[str, dict[str, str]] = {
+    "dbrx": {"qkv_proj": "Wqkv", "o_proj": "out_proj", "router": "layer"},
+}
+
+
+def peft_name(model_type: str, module: str) -> str:
+    """What PEFT calls the canonical `module` of `model_type`'s models."""
+    return PEFT_NAMES.get(model_type, {}).get(module, module)
 
 
 def peft_adaptable_modules(shape: ModelShape) -> tuple[str, ...]:
-    """The module names LoRA can target by name on this model: those PEFT neither refuses
-    nor fails on, and that select some linear (not only expert stacks it does not adapt)."""
+    """The names LoRA can target on this model, as PEFT matches them: modules PEFT neither
+    refuses nor fails on, that select some linear (not only expert stacks it does not
+    adapt)."""
     refused = set(PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))[0])
-    refused |= set(PEFT_UNNAMEABLE.get(shape.model_type, {}))
     return tuple(
-        name
-        for name in sorted(shape.module_names - refused)
-        if shape.lora_params_per_rank((name,)) > 0
+        sorted(
+            peft_name(shape.model_type, name)
+            for name in shape.module_names - refused
+            if shape.lora_params_per_rank((name,)) > 0
+        )
     )
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
@@ -1729,11 +1737,14 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
 
     Accepts `all-linear` (PEFT's spelling, also `all_linear`), PEFT module names, and the
     Mixtral aliases w1/w2/w3. On Phi-3's fused modules, q/k/v select `qkv_proj` and gate/up
-    select `gate_up_proj`, which is where PEFT would put those adapters.
+    select `gate_up_proj`, which is where PEFT would put those adapters. Where transformers
+    names a module otherwise (`PEFT_NAMES`: DBRX's `Wqkv`), that name, the one PEFT matches,
+    is accepted too (the trace hands PEFT that one). Idempotent: its output is its input's
+    canonical form, which it accepts again.
     """
     out: list[str] = []
     refused, why = PEFT_REFUSED_MODULES.get(shape.model_type, ((), ""))
-    unnameable = PEFT_UNNAMEABLE.get(shape.model_type, {})
+    canonical = {real: name for name, real in PEFT_NAMES.get(shape.model_type, {}).items()}
     for raw in targets:
         name = raw.strip().lower().replace("_", "-") if "all" in raw.lower() else raw.strip()
         if refused and (name == "all-linear" or name in refused):
@@ -1748,11 +1759,9 @@ def canonical_targets(targets: Sequence[str], shape: ModelShape, path: str) -> t
                 f"{reason}, and {what}, so the job would fail; name the targets instead, e.g. "
                 f"{', '.join(peft_adaptable_modules(shape))}",
             )
-        if name in unnameable:
-            raise SpecError(path, f"{unnameable[name]}; adaptable by name: "
-                                  f"{', '.join(peft_adaptable_modules(shape))}")  # fmt: skip
         if name == "all-linear":
             return ("all-linear",)
+        name = canonical.get(name, name)  # the model's own name (DBRX's Wqkv) is accepted
         name = MODULE_ALIASES.get(name, name)
         if name not in shape.module_names:
             if name in ("q_proj", "k_proj", "v_proj") and "qkv_proj" in shape.module_names:

@@ -296,8 +296,13 @@ def _from_config(auto: Any, cfg: Any, dtype: torch.dtype) -> Any:
 def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
     from peft import LoraConfig, get_peft_model
 
+    from controller.estimator.architecture import peft_name
+
+    model_type = getattr(model.config, "model_type", "")
     targets: str | list[str] = (
-        "all-linear" if "all-linear" in settings.targets else list(settings.targets)
+        "all-linear"
+        if "all-linear" in settings.targets
+        else [peft_name(model_type, name) for name in settings.targets]
     )
     lora = LoraConfig(
         r=settings.rank or 16,

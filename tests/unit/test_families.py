@@ -483,7 +483,7 @@ def test_llama4_lora_on_its_router_is_refused_as_training_would_fail(targets: li
 @pytest.mark.parametrize(
     ("preset", "targets", "words"),
     [
-        ("dbrx-instruct", ["router"], "cannot adapt by that name; all-linear adapts the linear"),
+        ("dbrx-instruct", ["gate_proj"], "selects no module PEFT adapts"),
         ("gpt-oss-20b", ["gate_up_proj", "down_proj"], "select no module PEFT adapts"),
         ("nemotron-nano-9b-v2", ["out_proj"], "'out_proj' is one of them"),
     ],
@@ -500,4 +500,19 @@ def test_targets_peft_cannot_adapt_are_refused_naming_those_it_can(
     assert words in info.value.message and "\n" not in info.value.message
     adaptable = peft_adaptable_modules(shape)
     assert adaptable and info.value.message.endswith(", ".join(adaptable))
-    assert all(shape.lora_params_per_rank((name,)) > 0 for name in adaptable)
+    for name in adaptable:  # each accepted, and adapting something
+        assert shape.lora_params_per_rank(canonical_targets([name], shape, "t")) > 0
+
+
+def test_dbrx_targets_may_use_its_own_module_names() -> None:
+    """PEFT matches DBRX's modules by transformers' names (Wqkv, out_proj, the router's
+    layer): those are accepted as the canonical names are, and listed as what can be
+    adapted; canonicalising twice changes nothing."""
+    from controller.estimator import load_shape
+    from controller.estimator.architecture import canonical_targets, peft_adaptable_modules
+
+    shape = load_shape("dbrx-instruct")
+    own = canonical_targets(["Wqkv", "out_proj", "layer"], shape, "t")
+    assert own == canonical_targets(["qkv_proj", "o_proj", "router"], shape, "t")
+    assert canonical_targets(own, shape, "t") == own
+    assert peft_adaptable_modules(shape) == ("Wqkv", "layer", "out_proj")

@@ -484,6 +484,21 @@ def test_dbrx_resident_bytes_are_the_estimators_exactly(method: Method) -> None:
     assert trace_run(config, job, breakdowns=False).trainable_params == static.trainable_params
 
 
+def test_dbrx_lora_on_named_modules_is_what_peft_adapts() -> None:
+    """Targets in DBRX's own names (what PEFT matches) train what storage and analytic
+    count; the trace hands PEFT those names whichever spelling the job used."""
+    from controller.estimator.architecture import canonical_targets
+
+    config = dbrx_config()
+    shape = parse_config(config)
+    for written in (["Wqkv", "layer"], ["qkv_proj", "router"]):
+        job = TrainingSettings(method=Method.LORA, rank=8, seq_len=64,
+                               targets=canonical_targets(written, shape, "t"))  # fmt: skip
+        traced = trace_run(config, job, breakdowns=False).trainable_params
+        assert traced == static_bytes(shape, job).trainable_params
+        assert traced == 8 * shape.lora_params_per_rank(job.targets)
+
+
 @pytest.mark.parametrize(
     ("experts", "tokens"), [(4, 64), (8, 256), (16, 64), (8, 1024), (16, 2)]
 )
