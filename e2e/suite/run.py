@@ -7,7 +7,7 @@ from pathlib import Path
 
 from controller.api.base import PRODUCT_LABEL
 from e2e.suite import layout
-from e2e.suite.scenarios import SCENARIOS
+from e2e.suite.scenarios import SCENARIOS, wait_for_the_webhook
 from e2e.suite.target import ScenarioFailed, Target
 
 
@@ -20,11 +20,13 @@ def suite_nodes(kubectl_bin: str, kubeconfig: Path, product: str) -> list[str]:
 
 
 def run_all(target: Target) -> tuple[int, int]:
-    """Every scenario in order; (passed, failed). A failure is reported and the next runs."""
+    """Every scenario in order, once the webhook judges the layout; (passed, failed). A
+    failure is reported and the next runs; a webhook that never answers raises."""
     if len(target.nodes) != layout.NODES:
         target.log(f"[e2e] the layout needs {layout.NODES} nodes labelled "
                    f"{PRODUCT_LABEL}={target.product}, found {len(target.nodes)}")  # fmt: skip
         return 0, len(SCENARIOS)
+    wait_for_the_webhook(target)
     passed = failed = 0
     for scenario in SCENARIOS:
         try:

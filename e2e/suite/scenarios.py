@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import yaml
+
 from controller.api.base import GPU_RESOURCE, PRODUCT_LABEL
 from e2e.nodes import RUN_FOR_ANNOTATION
 from e2e.suite.target import Target, condition, expect
@@ -233,6 +235,21 @@ def _wait_until_the_operator_sees(target: Target, namespace: str, placement: str
         return found.get("reason") == "NoTemplate" and placement in str(found.get("message"))
 
     target.wait(told, f"the operator to tell a probe job it would be {placement}", timeout=120)
+
+
+def wait_for_the_webhook(target: Target) -> None:
+    """Before the scenarios: until the webhook answers (through its Service) and judges the
+    layout's GPUs, which it does once the operator has seen their GPUNodes: a server-side
+    dry run of a job no GPU of the product holds is refused with InsufficientVRAM."""
+    huge = finetunejob(target, "probe", {"model": {"preset": "qwen2.5-72b"}, "method": "Full"},
+                       gpus=1)  # fmt: skip
+
+    def judged() -> bool:
+        done = target.kubectl("apply", "--dry-run=server", "-n", "default", "-f", "-",
+                              stdin=yaml.safe_dump(huge), check=False)  # fmt: skip
+        return "vramgate: InsufficientVRAM" in done.stderr
+
+    target.wait(judged, "the webhook to judge the layout's GPUs")
 
 
 #: In the order they run: each leaves the layout empty for the next.

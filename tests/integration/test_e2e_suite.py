@@ -28,9 +28,8 @@ from kubernetes import client
 from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
 from e2e.cluster import Cluster
 from e2e.suite import layout
-from e2e.suite.scenarios import SCENARIOS
+from e2e.suite.scenarios import SCENARIOS, wait_for_the_webhook
 from e2e.suite.target import Target
-from e2e.wait import wait_until
 from tests.integration.test_agent import wait_ready
 from tests.integration.test_chart import (
     AGENT_SA,
@@ -169,22 +168,10 @@ def target(
     api_client: client.ApiClient,
 ) -> Target:
     """The cluster as the suite sees it, once the webhook answers through its Service and
-    judges the layout's GPUs (a job no GPU of the product holds is refused)."""
+    judges the layout's GPUs (as `run_all` waits on kind)."""
     product, names = suite_nodes
     made = Target(str(cluster.binaries["kubectl"]), cluster.kubeconfig, names, product, log=print)
-    probe = {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "FineTuneJob",
-        "metadata": {"name": "probe", "namespace": "default"},
-        "spec": {"model": {"preset": "qwen2.5-72b"}, "method": "Full",
-                 "resources": {"gpus": 1, "gpuSelector": {PRODUCT_LABEL: product}}},
-    }  # fmt: skip
-
-    def refused() -> bool:
-        done = made.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(probe),
-                            check=False)  # fmt: skip
-        return "vramgate: InsufficientVRAM" in done.stderr
-
-    wait_until(refused, timeout=60, what="the webhook to answer through its Service")
+    wait_for_the_webhook(made)
     return made
 
 
