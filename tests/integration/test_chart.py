@@ -845,13 +845,13 @@ def test_the_agent_writes_its_gpunode_as_the_agent_service_account(
     assert agent_as_its_service_account.poll() is None
 
 
-@pytest.fixture(scope="module")
-def operator_as_its_service_account(
-    release: Release, api_client: client.ApiClient
-) -> Iterator[OperatorProcess]:
-    """`vramgate operator` with the chart's config file and the operator ServiceAccount's
-    token. Only the listen addresses differ from the pod's (loopback, free ports); it serves
-    its webhook, so it writes the certificate Secret and injects the CA like the pods do."""
+def operator_as_the_chart_runs_it(
+    release: Release, api_client: client.ApiClient, *listen: str
+) -> OperatorProcess:
+    """`vramgate operator` started with the release's config file, the operator
+    ServiceAccount's token and the pod's environment, serving the webhooks (`--webhook
+    serve`, so it keeps the certificate Secret and injects the CA as the pods do); `listen`
+    adds flags such as the webhook's address."""
     environ = {
         "VRAMGATE_OPERATOR_CONFIG": str(release.config_file()),
         "POD_NAMESPACE": release.namespace,
@@ -861,10 +861,21 @@ def operator_as_its_service_account(
         api_client,
         release.workdir,
         extra=("--webhook", "serve", "--metrics-addr", "127.0.0.1",
-               "--metrics-port", str(_free_port()), "--resync-seconds", "2"),
+               "--metrics-port", str(_free_port()), "--resync-seconds", "2", *listen),
         webhook_config=FULLNAME,
     )  # fmt: skip
     process.start(webhook=False)  # started as `--webhook off`, then `--webhook serve` wins
+    return process
+
+
+@pytest.fixture(scope="module")
+def operator_as_its_service_account(
+    release: Release, api_client: client.ApiClient
+) -> Iterator[OperatorProcess]:
+    """`vramgate operator` with the chart's config file and the operator ServiceAccount's
+    token. Only the listen addresses differ from the pod's (loopback, free ports); it serves
+    its webhook, so it writes the certificate Secret and injects the CA like the pods do."""
+    process = operator_as_the_chart_runs_it(release, api_client)
     try:
         yield process
     finally:

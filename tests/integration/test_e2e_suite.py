@@ -34,13 +34,12 @@ from tests.integration.test_agent import wait_ready
 from tests.integration.test_chart import (
     AGENT_SA,
     FULLNAME,
-    OPERATOR_SA,
     RELEASE,
     REPO,
     Release,
     _adopt_existing_crds,
-    _AsServiceAccount,
     one,
+    operator_as_the_chart_runs_it,
     render,
 )
 from tests.integration.test_operator import OperatorProcess, _free_port
@@ -132,20 +131,9 @@ def operator(installed: Release, api_client: client.ApiClient) -> Iterator[Opera
     service = client.CoreV1Api(api_client).read_namespaced_service(
         f"{FULLNAME}-webhook", installed.namespace
     )
-    environ = {
-        "VRAMGATE_OPERATOR_CONFIG": str(installed.config_file()),
-        "POD_NAMESPACE": installed.namespace,
-    }
-    process = OperatorProcess(
-        _AsServiceAccount(installed.kubeconfig_for(OPERATOR_SA), environ),  # type: ignore[arg-type]
-        api_client,
-        installed.workdir,
-        extra=("--webhook", "serve", "--webhook-addr", service.spec.cluster_ip,
-               "--webhook-port", "443", "--metrics-addr", "127.0.0.1",
-               "--metrics-port", str(_free_port()), "--resync-seconds", "2"),
-        webhook_config=FULLNAME,
-    )  # fmt: skip
-    process.start(webhook=False)  # `--webhook serve` in extra wins over start's `off`
+    process = operator_as_the_chart_runs_it(
+        installed, api_client, "--webhook-addr", service.spec.cluster_ip, "--webhook-port", "443"
+    )
     try:
         yield process
     finally:

@@ -544,14 +544,20 @@ def test_dbrx_uniform_routing_allocates_what_its_eager_loop_does(experts: int, t
     assert abs(uniform_peak - loop_peak) <= 0.02 * loop_peak
 
 
-def test_llama4_full_fine_tuning_traces_as_the_static_count() -> None:
-    """Llama 4's experts take no experts implementation; they run as one batched matmul."""
+def llama4_config() -> dict[str, Any]:
+    """Llama 4 Maverick's preset shrunk: two layers (the second MoE, 4 experts), narrow."""
     config = load_preset("llama-4-maverick").config_dict()
     config["text_config"] |= {"hidden_size": 512, "intermediate_size": 1024,
                               "intermediate_size_mlp": 1536, "num_local_experts": 4,
                               "vocab_size": 4096, "num_attention_heads": 4,
                               "num_key_value_heads": 2, "head_dim": 128,
                               "num_hidden_layers": 2, "moe_layers": [1]}  # fmt: skip
+    return config
+
+
+def test_llama4_full_fine_tuning_traces_as_the_static_count() -> None:
+    """Llama 4's experts take no experts implementation; they run as one batched matmul."""
+    config = llama4_config()
     run = trace_run(config, FULL)
     assert run.trainable_params == static_bytes(parse_config(config), FULL).trainable_params
 
@@ -560,12 +566,7 @@ def test_llama4_lora_traces_with_named_targets_and_fails_on_its_router() -> None
     """With the router left out, PEFT's LoRA on Llama 4 trains what every count says; with
     it (all-linear), PEFT's LoRA layer fails on the router's tuple, which is why the
     estimator refuses such targets (`architecture.PEFT_REFUSED_MODULES`)."""
-    config = load_preset("llama-4-maverick").config_dict()
-    config["text_config"] |= {"hidden_size": 512, "intermediate_size": 1024,
-                              "intermediate_size_mlp": 1536, "num_local_experts": 4,
-                              "vocab_size": 4096, "num_attention_heads": 4,
-                              "num_key_value_heads": 2, "head_dim": 128,
-                              "num_hidden_layers": 2, "moe_layers": [1]}  # fmt: skip
+    config = llama4_config()
     shape = parse_config(config)
     targets = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
     job = TrainingSettings(method=Method.LORA, rank=8, seq_len=64, targets=targets)
