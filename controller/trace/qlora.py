@@ -209,10 +209,8 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
 
 
 def _has_stacks(module: nn.Module) -> bool:
-    """Whether `module` holds expert stacks: 3-D parameters, but not a convolution's kernel
-    (Mamba's depthwise conv1d, out x 1 x kernel), which bitsandbytes leaves 16-bit."""
-    if isinstance(module, nn.modules.conv._ConvNd):
-        return False
+    """Whether `module` holds expert stacks (`_stack_shape`), or held them before
+    `quantize_experts` packed them."""
     return any(_stack_shape(module, p) for p in module._parameters.values()) or hasattr(
         module, _STACKS
     )
@@ -227,7 +225,9 @@ def _flat_stacks(module: nn.Module) -> bool:
 
 
 def _stack_shape(module: nn.Module, param: Any) -> tuple[int, int, int] | None:
-    """E x out x in of `param` if it is an expert stack of `module`, else None."""
+    """E x out x in of `param` if it is an expert stack of `module`, else None: a 3-D
+    parameter, but not a convolution's kernel (Mamba's depthwise conv1d, out x 1 x kernel),
+    which bitsandbytes leaves 16-bit; or one of DBRX's 2-D stacks (`_FLAT_STACKS`)."""
     if param is None or isinstance(module, nn.modules.conv._ConvNd):
         return None
     if param.dim() == 3:

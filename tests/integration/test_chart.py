@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import functools
 import json
 import os
@@ -736,11 +737,13 @@ def _adopt_existing_crds(cluster: Cluster, namespace: str) -> None:
             assert done.returncode == 0, done.stderr
 
 
-@pytest.fixture(scope="module")
-def release(
-    cluster: Cluster, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def release_in_its_namespace(
+    cluster: Cluster, api_client: client.ApiClient, workdir: Path
 ) -> Iterator[Release]:
-    made = Release(cluster, api_client, tmp_path_factory.mktemp("chart"))
+    """A release (installed by the caller) in a namespace of its own, adopting the CRDs
+    earlier modules applied; uninstalled, if installed, and its namespace deleted after."""
+    made = Release(cluster, api_client, workdir)
     _adopt_existing_crds(cluster, made.namespace)
     try:
         yield made
@@ -748,6 +751,14 @@ def release(
         if made.installed:
             made.helm("uninstall", RELEASE)
         client.CoreV1Api(api_client).delete_namespace(made.namespace)
+
+
+@pytest.fixture(scope="module")
+def release(
+    cluster: Cluster, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
+    with release_in_its_namespace(cluster, api_client, tmp_path_factory.mktemp("chart")) as made:
+        yield made
 
 
 def test_helm_install_refuses_an_unknown_value(release: Release) -> None:

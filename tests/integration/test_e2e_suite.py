@@ -34,12 +34,11 @@ from tests.integration.test_agent import wait_ready
 from tests.integration.test_chart import (
     AGENT_SA,
     FULLNAME,
-    RELEASE,
     REPO,
     Release,
-    _adopt_existing_crds,
     one,
     operator_as_the_chart_runs_it,
+    release_in_its_namespace,
     render,
 )
 from tests.integration.test_operator import OperatorProcess, _free_port
@@ -51,15 +50,11 @@ pytestmark = pytest.mark.integration
 def installed(
     cluster: Cluster, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    release = Release(cluster, api_client, tmp_path_factory.mktemp("e2e-suite"))
-    _adopt_existing_crds(cluster, release.namespace)
-    done = release.install("--set", "webhook.timeoutSeconds=10")
-    assert done.returncode == 0, done.stderr
-    try:
+    workdir = tmp_path_factory.mktemp("e2e-suite")
+    with release_in_its_namespace(cluster, api_client, workdir) as release:
+        done = release.install("--set", "webhook.timeoutSeconds=10")
+        assert done.returncode == 0, done.stderr
         yield release
-    finally:
-        release.helm("uninstall", RELEASE)
-        client.CoreV1Api(api_client).delete_namespace(release.namespace)
 
 
 @pytest.fixture(scope="module")

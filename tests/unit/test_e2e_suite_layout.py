@@ -20,7 +20,7 @@ from controller.api.finetunejob import FineTuneJobSpec
 from controller.cli import main
 from controller.units import GIB, MIB
 from e2e.suite import layout
-from e2e.suite.scenarios import FULL, QLORA, finetunejob
+from e2e.suite.scenarios import FULL, HUGE, QLORA, finetunejob
 from e2e.suite.target import Target, condition
 
 NODES = ["suite-0", "suite-1"]
@@ -100,8 +100,7 @@ def test_a_second_full_fine_tune_waits_for_the_first(plan: Any) -> None:
 
 
 def test_the_72b_full_fine_tune_never_fits(plan: Any) -> None:
-    huge = finetunejob(TARGET, "huge", {"model": {"preset": "qwen2.5-72b"}, "method": "Full"},
-                       gpus=1)  # fmt: skip
+    huge = finetunejob(TARGET, "huge", HUGE, gpus=1)
     got = plan(huge)["huge"]
     assert (got["decision"], got["reason"]) == ("Reject", "InsufficientVRAM")
 
