@@ -69,6 +69,19 @@ def in_parallel(work: list[Callable[[], object]], clients: int) -> None:
             future.result()
 
 
+def _http(api: client.ApiClient) -> tuple[ssl.SSLContext, dict[str, str]]:
+    """The TLS context and headers of `api`'s credentials, for an aiohttp session."""
+    conf = api.configuration
+    context = ssl.create_default_context(cafile=conf.ssl_ca_cert)
+    if conf.cert_file:
+        context.load_cert_chain(conf.cert_file, conf.key_file)
+    headers = {"Content-Type": "application/json"}
+    token = conf.get_api_key_with_prefix("authorization")
+    if token:
+        headers["Authorization"] = token
+    return context, headers
+
+
 def create_at_once(
     api: client.ApiClient,
     bodies: list[dict[str, Any]],
@@ -80,15 +93,8 @@ def create_at_once(
     from one asyncio loop: the official client's threads cost the benchmark a core's worth
     of Python on the machine the API server and the operator share, and "at once" should not
     wait for the client. A dry run counts its failures (returned); a real one raises."""
-    conf = api.configuration
-    context = ssl.create_default_context(cafile=conf.ssl_ca_cert)
-    if conf.cert_file:
-        context.load_cert_chain(conf.cert_file, conf.key_file)
-    headers = {"Content-Type": "application/json"}
-    token = conf.get_api_key_with_prefix("authorization")
-    if token:
-        headers["Authorization"] = token
-    url = f"{conf.host}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"
+    context, headers = _http(api)
+    url = f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"
     if dry_run:
         url += "?dryRun=All"
     errors = 0
@@ -117,10 +123,137 @@ def create_at_once(
     return errors
 
 
+def decision_status(name: str) -> dict[str, Any]:
+    """A status of the size and shape the operator writes for an admitted job."""
+    now = "2026-12-02T00:00:00Z"
+    condition = {"lastTransitionTime": now, "observedGeneration": 1, "status": "True"}
+    # fmt: off
+    return {
+        "observedGeneration": 1,
+        "conditions": [
+            condition | {"type": "Estimated", "reason": "Estimated",
+                         "message": "11.64 GiB in total, 11.64 GiB per GPU on 1 GPU with FSDP"},
+            condition | {"type": "Admitted", "reason": "Fits",
+                         "message": "needs 11.64 GiB per GPU on 1 GPU with FSDP; placed on "
+                                    "bench-0 GPU 0, 68.36 GiB left on the tightest"},
+        ],
+        "estimate": {
+            "components": {"activations": 3728179599, "allocator_slack": 993447975,
+                           "cublas_workspace": 67108864, "cuda_context": 1503238553,
+                           "gradients": 0, "optimizer": 335773696, "optimizer_scratch": 0,
+                           "weights": 5870526464},
+            "gpus": 1, "model": "llama-3.1-8b", "parallelism": "FSDP", "perGpu": "11.64 GiB",
+            "perGpuBytes": 12498275151, "profile": "calibrated", "total": "11.64 GiB",
+            "totalBytes": 12498275151, "totalParams": 8072204288,
+            "trainableParams": 41943040,
+        },
+        "placement": {
+            "admittedGPUs": 1, "perGpuBytes": 12498275151, "requestedGPUs": 1,
+            "nodes": [{"node": "bench-0", "gpuIndices": [0], "gpuUUIDs": ["GPU-bench-0-0"]}],
+        },
+        "workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name},
+    }
+    # fmt: on
+
+
+def bench_floor(jobs: int, clients: int) -> dict[str, Any]:
+    """What the API server alone needs for the writes any deciding operator makes per job
+    (the create, one status write of a decision's size, one Event), sent as fast as it takes
+    them from one client with `clients` in flight: no operator, no webhooks, no workloads.
+    The decisions benchmark cannot end sooner on the same machine."""
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        cluster = Cluster(Path(tmp) / "cluster")
+        cluster.start()
+        try:
+            cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+            context, headers = _http(api)
+            base = f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"
+            events = f"{api.configuration.host}/api/v1/namespaces/default/events"
+            patch_headers = headers | {"Content-Type": "application/merge-patch+json"}
+
+            async def run() -> None:
+                connector = aiohttp.TCPConnector(ssl=context, limit=clients)
+                async with aiohttp.ClientSession(connector=connector) as session:
+                    gate = asyncio.Semaphore(clients)
+
+                    async def send(method: str, url: str, body: Any, head: dict[str, str]) -> Any:
+                        async with session.request(method, url, data=json.dumps(body),
+                                                   headers=head) as r:  # fmt: skip
+                            if r.status >= 300:
+                                raise RuntimeError(f"{method} {url}: {r.status} {await r.text()}")
+                            return await r.json()
+
+                    async def one(name: str) -> None:
+                        async with gate:
+                            made = await send("POST", base, job(name), headers)
+                            status = {"status": decision_status(name)}
+                            await send("PATCH", f"{base}/{name}/status", status, patch_headers)
+                            meta = made["metadata"]
+                            await send("POST", events, {
+                                "metadata": {"generateName": f"{name}."},
+                                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}",
+                                                   "kind": "FineTuneJob", "namespace": "default",
+                                                   "name": name, "uid": meta["uid"]},
+                                "reason": "Fits", "type": "Normal",
+                                "message": "needs 11.64 GiB per GPU on 1 GPU with FSDP",
+                                "source": {"component": "vramgate"},
+                            }, headers)  # fmt: skip
+
+                    await asyncio.gather(*(one(f"f{i:04d}") for i in range(jobs)))
+
+            programs_before = cpu_by_program()
+            began = time.monotonic()
+            asyncio.run(run())
+            elapsed = time.monotonic() - began
+            return {"jobs": jobs, "clients": clients, "all_written_s": round(elapsed, 2),
+                    "per_second": round(jobs / elapsed, 1),
+                    "cpu_s_by_program": cpu_spent(programs_before, cpu_by_program())}  # fmt: skip
+        finally:
+            cluster.stop()
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (the load-independent share of a run)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_program() -> dict[str, float]:
+    """CPU seconds so far of every process on the machine, summed by program name: what the
+    API server, etcd, the controllers, kwok, the operator and this client each spend of a run
+    on a machine they all share."""
+    out: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1]
+        ticks = int(fields.split()[11]) + int(fields.split()[12])
+        out[name] = out.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per program between two `cpu_by_program` readings, largest first (processes
+    that ended meanwhile are not counted)."""
+    spent = {n: round(after[n] - before.get(n, 0.0), 1) for n in after}
+    return dict(sorted(((n, c) for n, c in spent.items() if c >= 0.1), key=lambda x: -x[1]))
+
+
+def api_requests(cluster: Cluster) -> dict[str, float]:
+    """The API server's requests so far, by "VERB resource[/subresource]" (its own
+    `apiserver_request_total`, summed over codes, scopes and clients)."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+        sub = labels.get("subresource", "")
+        key = f"{labels['verb']} {labels['resource']}{'/' + sub if sub else ''}"
+        out[key] = out.get(key, 0.0) + float(m[2])
+    return out
 
 
 def decided(api: client.ApiClient, namespace: str) -> tuple[int, int]:
@@ -216,6 +349,8 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
             assert operator.proc is not None
             cpu_before = cpu_seconds(operator.proc.pid)
+            programs_before = cpu_by_program()
+            requests_before = api_requests(cluster)
             seen = DecidedWatch(api, "default")
             began = time.monotonic()
             create_at_once(api, bodies, clients)
@@ -226,6 +361,11 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
+            programs = cpu_spent(programs_before, cpu_by_program())
+            requests = {k: int(v - requests_before.get(k, 0.0))
+                        for k, v in api_requests(cluster).items()}  # fmt: skip
+            requests = dict(sorted(((k, v) for k, v in requests.items() if v >= 10),
+                                   key=lambda x: -x[1]))  # fmt: skip
             admitted = sum(
                 1 for obj in objects.list_namespaced_custom_object(
                     GROUP, VERSION, "default", PLURAL)["items"]
@@ -241,7 +381,8 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
                     "created_s": round(created, 2), "all_decided_s": round(total, 2),
                     "decided_after_last_create_s": round(total - created, 2),
                     "operator_cpu_s": round(operator_cpu, 1),
-                    "per_second": round(jobs / total, 1), "admitted": admitted}  # fmt: skip
+                    "per_second": round(jobs / total, 1), "admitted": admitted,
+                    "cpu_s_by_program": programs, "api_requests": requests}  # fmt: skip
         finally:
             stop.set()
             operator.stop()
@@ -409,7 +550,7 @@ def main() -> None:
     parser.add_argument("--webhook-seconds", type=int, default=20)
     parser.add_argument("--memory-gpunodes", type=int, default=5000)
     parser.add_argument("--memory-jobs", type=int, default=10000)
-    parser.add_argument("--only", choices=["decisions", "webhook", "memory"])
+    parser.add_argument("--only", choices=["decisions", "webhook", "memory", "floor"])
     parser.add_argument("--no-webhook", action="store_true",
                         help="decisions without the webhooks (creation speed alone)")  # fmt: skip
     parser.add_argument("--operator-arg", action="append", default=[],
@@ -423,6 +564,9 @@ def main() -> None:
             args.jobs, args.nodes, args.clients, webhook=not args.no_webhook
         )
         print(json.dumps(results["decisions"]), flush=True)
+    if args.only in (None, "floor"):
+        results["floor"] = bench_floor(args.jobs, args.clients)
+        print(json.dumps(results["floor"]), flush=True)
     if args.only in (None, "webhook"):
         results["webhook"] = bench_webhook(args.webhook_rate, args.webhook_seconds, 10)
         print(json.dumps(results["webhook"]), flush=True)
