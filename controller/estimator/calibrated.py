@@ -39,11 +39,12 @@ loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first thre
 charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
 together).
 
-Hybrid stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers)
-are priced from a section of their own in the file (`hybrid`, written by `python -m
-controller.trace.calibrate_hybrid`) where it has one: the per-layer features summed over the
-layers, each by its own type, with the Mamba-2 scan's terms (`hybrid_fit.py`). The file has
-none yet (see UNFITTED_HYBRID), so calibrated refuses them.
+Hybrid stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
+Falcon-H1's attention beside Mamba-2) are priced from a section of their own in the file
+(`hybrid`, written by `python -m controller.trace.calibrate_hybrid`): the per-layer features
+summed over the layers, each by its own type, with the Mamba-2 scan's terms
+(`hybrid_fit.py`). The hybrids it has no fit for (Jamba, Qwen3-Next, Nemotron 3's MoE
+layers) are refused (UNFITTED_HYBRID, `hybrid_fit.check_stack`).
 """
 
 from __future__ import annotations
@@ -221,11 +222,10 @@ def _moments(
 
 
 #: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
-#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`). Measured: the nearest uniform fit
-#: (Llama's) prices shrunk Nemotron-H variants 13-36 % under the trace, and Qwen3-Next read
-#: as Qwen3-MoE is 9-33 % under; a hybrid fit from 20 samples per class (Nemotron-H,
-#: Falcon-H1) was within 9.2 % of its own samples but 5-50 % off on held-out ones (four-fold
-#: cross-validation), so the file carries none yet. Refused, never under-estimated.
+#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H and Falcon-H1 have one.
+#: Measured before they had: the nearest uniform fit (Llama's) prices shrunk Nemotron-H
+#: variants 13-36 % under the trace, and Qwen3-Next read as Qwen3-MoE is 9-33 % under.
+#: Refused, never under-estimated.
 UNFITTED_HYBRID = (
     "calibrated has no fit for hybrid layers (Mamba or linear attention among attention "
     "layers), so it would under-estimate this model; use the analytic, unsloth or trace "

@@ -12,11 +12,18 @@ The Mamba-2 terms are the tensors transformers' chunked scan holds for backward 
 path; the fused CUDA kernel holds less, so the fit errs high there): the gate and output
 (t·D, D the SSM width), the convolution's channels (t·C), per-head terms (t·Hs), the
 within-chunk score and decay tensors (t·Hs·c for chunks of c tokens), B and C repeated to
-the heads (t·Hs·N, state size N) and the chunk states (t·D·N / c); the scan pads the
-sequence to whole chunks, so these three use the padded tokens tp.
+the heads (t·Hs·N, state size N) and the chunk states (t·D·N / c), with the state each
+sequence starts from (b·D·N); the scan pads the sequence to whole chunks, so the chunked
+terms use the padded tokens tp.
 
-Only stacks whose first and last layers are of the types the fit was traced with are priced
-(the moments of the first and last layer are part of the fit); any other stack is refused.
+The scan is some fifty tensor operations between two modules, so its traces are cut op by
+op in forward and in checkpointing's recomputation, each op named by the model's line that
+runs it (`StorageTracker.split_ops`): each op's peak is linear in these features, a coarser
+region's is not (its peak moves between ops as widths change). The fit is traced at two
+chunks or more, as at real lengths: a one-chunk scan skips copies a longer one makes.
+
+Only stacks of the layer types the fit was traced with, whose first and last layers are of
+the traced types (their moments are part of the fit), are priced; any other is refused.
 """
 
 from __future__ import annotations
@@ -29,13 +36,13 @@ from controller.estimator.storage import Static
 #: What each layer adds, summed over the layers (each by its own type).
 HYBRID_LAYER_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*n", "t", "G_layer",
-    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "1",
+    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N", "1",
 )  # fmt: skip
 #: What the step holds once: the loss and the first and last layers' own transients.
 HYBRID_LOCAL_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*V", "b*s2", "t*n", "t",
     "G_head", "G_embed", "G_layer", "D",
-    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "1",
+    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N", "1",
 )  # fmt: skip
 
 _ATTENTION = frozenset({"attention", "parallel", "attention_mlp"})
@@ -52,10 +59,19 @@ STACKS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 
 def check_stack(shape: ModelShape, field: str) -> None:
-    """Refuse a stack the fit was not traced with (its first or last layer's moments are
-    not in the fit)."""
-    first, last, _ = STACKS[shape.model_type]
+    """Refuse a stack the fit was not traced with: a layer type it never traced (Nemotron
+    3's MoE layers), or other first and last layers (their moments are not in the fit)."""
+    first, last, middle = STACKS[shape.model_type]
     mixers = shape.dims.mixers or ()
+    traced = {first, last, *middle}
+    unfitted = sorted(set(mixers) - traced)
+    if unfitted:
+        raise SpecError(
+            field,
+            f"calibrated fits {shape.model_type} stacks of {', '.join(sorted(traced))} layers, "
+            f"this one has {', '.join(unfitted)} layers too; use the analytic, unsloth or "
+            "trace profile",
+        )
     if not mixers or mixers[0] != first or mixers[-1] != last:
         raise SpecError(
             field,
@@ -84,13 +100,13 @@ def features(
     head_dim = d.head_dim or h // d.num_heads
     q, kv, n = d.num_heads * head_dim, d.num_kv_heads * head_dim, d.num_heads
     ssm = d.ssm
-    scan = [0] * 6
+    scan = [0] * 7
     if ssm is not None:
         c = ssm.chunk_size
         tp = b * -(-s // c) * c
         heads, state = ssm.num_heads, ssm.state_size
         scan = [t * ssm.inner, t * ssm.conv_dim, t * heads, tp * heads * c,
-                tp * heads * state, tp * ssm.inner * state // c]  # fmt: skip
+                tp * heads * state, tp * ssm.inner * state // c, b * ssm.inner * state]  # fmt: skip
     summed = [0] * len(HYBRID_LAYER_FEATURES)
     ends: dict[int, tuple[Layer, tuple[int, int, int]]] = {}
     by_id = dict(
@@ -106,7 +122,7 @@ def features(
         mamba = layer.mixer in _MAMBA2
         vector = [t * h, t * q if attn else 0, t * kv if attn else 0, t * _mlp_width(layer),
                   t * inputs, t * ranks, t * n if attn else 0, t, grads,
-                  *(scan if mamba else [0] * 6), 1]  # fmt: skip
+                  *(scan if mamba else [0] * 7), 1]  # fmt: skip
         for i, value in enumerate(vector):
             summed[i] += value * count
     end_layers = [layer for layer, _ in ends.values()]
@@ -120,5 +136,5 @@ def features(
             t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
             b * s * s, t * n if attn_end else 0, t, static.head_gradients,
             static.embed_gradients, end_grads, static.dequantized,
-            *(scan if mamba_end else [0] * 6), 1]  # fmt: skip
+            *(scan if mamba_end else [0] * 7), 1]  # fmt: skip
     return summed, once

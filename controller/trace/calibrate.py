@@ -241,8 +241,9 @@ def moments(result: Any) -> dict[str, int]:
 
 
 def _place(region: str, layers: int) -> str | None:
+    region, split, op = region.partition("#")  # an op of its own (`StorageTracker.split_ops`)
     if region.startswith("tail"):
-        return region
+        return region + split + op
     if not region.startswith("layer "):
         return None
     layer, _, part = region.partition("/")
@@ -250,16 +251,24 @@ def _place(region: str, layers: int) -> str | None:
     name = "last" if index == layers - 1 else "first" if index == 0 else None
     if name is None:
         return None
-    return f"{name}/{part}" if part else name
+    return (f"{name}/{part}" if part else name) + split + op
 
 
-def _measure(config: dict[str, Any], settings: TrainingSettings) -> dict[str, Any]:
-    """One single-step trace: each moment's dynamic bytes, the static part, the peak."""
+def _in_a_layer(region: str) -> bool:
+    return region.startswith("layer ")
+
+
+def _measure(
+    config: dict[str, Any], settings: TrainingSettings, split_layers: bool = False
+) -> dict[str, Any]:
+    """One single-step trace: each moment's dynamic bytes, the static part, the peak.
+    `split_layers`: each op run inside a layer is a moment of its own."""
     from controller.trace.run import trace_run
 
     # One step: its forward and backward run without optimizer state, which the calibrated
     # profile adds exactly (the steady step allocates the same plus the state).
-    result = trace_run(config, settings, steps=1, breakdowns=False)
+    split = _in_a_layer if split_layers else None
+    result = trace_run(config, settings, steps=1, breakdowns=False, split_ops=split)
     static = static_bytes(parse_config(config), settings)
     step = static.weights + static.gradients + static.optimizer + static.optimizer_scratch
     dynamic = {

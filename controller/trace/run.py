@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,17 +174,20 @@ def trace_run(
     layers: int | None = None,
     steps: int = MIN_STEPS,
     breakdowns: bool = True,
+    split_ops: Callable[[str], bool] | None = None,
 ) -> RunResult:
     """Trace `steps` optimizer steps of the model cut to `layers` layers (None: all).
 
     `steps=1` and `breakdowns=False` serve the calibration, which reads segment peaks of the
-    first step only (and adds the optimizer state itself): half the time.
+    first step only (and adds the optimizer state itself): half the time. `split_ops`: the
+    regions whose ops are regions of their own (`StorageTracker.split_ops`).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     started = time.perf_counter()
     micro_batches = 2 if settings.gradient_accumulation > 1 else 1
     tracker = StorageTracker()
+    tracker.split_ops = split_ops
     with FakeTensorMode():
         model = build_model(config, settings, layers)
         count = layers if layers is not None else model.config.num_hidden_layers

@@ -24,8 +24,11 @@ what the few-layer extrapolation works from.
 
 from __future__ import annotations
 
+import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,6 +73,24 @@ class Segment:
     peak_at: int = -1
 
 
+_TORCH = str(Path(torch.__file__).parent)
+_DRIVER = str(Path(__file__).with_name("run.py"))
+
+
+def _op_site() -> str | None:
+    """The model code's line an op runs for ("modeling_x.py:321": the innermost frame outside
+    torch and this file); None for the autograd engine's own ops in backward, which runs
+    from the trace's driver."""
+    frame = sys._getframe(2)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_TORCH) or frame.f_code.co_filename == __file__
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None or frame.f_code.co_filename == _DRIVER:
+        return None
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+
+
 class StorageTracker(TorchDispatchMode):
     """Records every storage created while active (and those `register`ed before)."""
 
@@ -82,6 +103,13 @@ class StorageTracker(TorchDispatchMode):
         self.peak = 0
         self.peak_at = 0
         self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
+        #: Regions whose ops each start a region of their own ("<region>#<site>:<op>:<n>",
+        #: the n-th run of that op from that line of the model's code): what runs outside
+        #: modules (a Mamba-2 scan is some fifty ops between two modules) then peaks op by op,
+        #: not wherever the widths put it. Backward's own ops (the autograd engine's) stay in
+        #: their module's region: which of them run changes with the widths.
+        self.split_ops: Callable[[str], bool] | None = None
+        self._op_runs: dict[tuple[int, str, str, str], int] = {}
 
     # -- recording ------------------------------------------------------------------------
 
@@ -127,6 +155,8 @@ class StorageTracker(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if self.split_ops is not None:
+            self._enter_op(str(func.overloadpacket.__name__))
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
@@ -134,6 +164,22 @@ class StorageTracker(TorchDispatchMode):
         return out
 
     # -- segments -------------------------------------------------------------------------
+
+    def _enter_op(self, op: str) -> None:
+        last = self.segments[-1]
+        region = last.region.partition("#")[0]
+        if self.split_ops is None or not self.split_ops(region):
+            return
+        site = _op_site()
+        if site is None:  # backward's own ops: which of them runs depends on the widths
+            if region != last.region:  # (a view here, a copy there), so no name stays put
+                self.enter(last.step, last.phase, region)
+            return
+        op = f"{site}:{op}"
+        key = (last.step, last.phase, region, op)
+        runs = self._op_runs.get(key, 0)
+        self._op_runs[key] = runs + 1
+        self.enter(last.step, last.phase, f"{region}#{op}:{runs}")
 
     def enter(self, step: int, phase: str, region: str) -> None:
         """Start a new segment now (the previous one ends here)."""

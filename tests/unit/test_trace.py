@@ -73,6 +73,28 @@ def test_tracker_counts_storages_not_views_and_sees_frees() -> None:
     assert tracker.peak == 2048 + 512
 
 
+def test_split_ops_cut_a_layer_op_by_op_at_the_same_peaks() -> None:
+    """A Mamba-2 scan runs between two modules: cut op by op, each op is a region named by
+    the model's line that ran it, and every module region's peak is the largest of its
+    ops' (nothing moves, the same run is only seen finer)."""
+    import random
+
+    from controller.trace.calibrate import _in_a_layer, moments, shrunk_hybrid
+
+    config = shrunk_hybrid("nemotron_h", random.Random("split"), "M-")
+    job = TrainingSettings(method=Method.LORA, rank=8, targets=("in_proj",), seq_len=256)
+    whole = trace_run(config, job, steps=1, breakdowns=False)
+    cut = trace_run(config, job, steps=1, breakdowns=False, split_ops=_in_a_layer)
+    assert cut.peak == whole.peak
+    regions = [seg.region for seg in cut.segments]
+    scan = {r for r in regions if r.startswith("layer 0/") and "#modeling_nemotron_h.py:" in r}
+    assert any(":bmm:" in r for r in scan) and len(scan) > 50
+    assert not any("#" in r for r in regions if not r.startswith("layer "))
+    fine = moments(cut)
+    for key, peak in moments(whole).items():
+        assert max(v for k, v in fine.items() if k.partition("#")[0] == key) == peak, key
+
+
 def test_allocator_rounding() -> None:
     assert allocated_bytes(0) == 0
     assert allocated_bytes(1) == 512
