@@ -203,13 +203,13 @@ def bench_floor(jobs: int, clients: int) -> dict[str, Any]:
 
                     await asyncio.gather(*(one(f"f{i:04d}") for i in range(jobs)))
 
-            programs_before = cpu_by_program()
+            programs_before = cpu_by_process()
             began = time.monotonic()
             asyncio.run(run())
             elapsed = time.monotonic() - began
             return {"jobs": jobs, "clients": clients, "all_written_s": round(elapsed, 2),
                     "per_second": round(jobs / elapsed, 1),
-                    "cpu_s_by_program": cpu_spent(programs_before, cpu_by_program())}  # fmt: skip
+                    "cpu_s_by_program": cpu_spent(programs_before, cpu_by_process())}  # fmt: skip
         finally:
             cluster.stop()
 
@@ -220,27 +220,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_by_program() -> dict[str, float]:
-    """CPU seconds so far of every process on the machine, summed by program name: what the
-    API server, etcd, the controllers, kwok, the operator and this client each spend of a run
-    on a machine they all share."""
-    out: dict[str, float] = {}
+def cpu_by_process() -> dict[tuple[int, str, str], float]:
+    """CPU seconds so far of every process on the machine, by (pid, start time, name)."""
+    out: dict[tuple[int, str, str], float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:  # the process ended meanwhile
             continue
         name, fields = text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1]
-        ticks = int(fields.split()[11]) + int(fields.split()[12])
-        out[name] = out.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+        values = fields.split()
+        ticks = int(values[11]) + int(values[12])
+        out[(int(stat.parent.name), values[19], name)] = ticks / os.sysconf("SC_CLK_TCK")
     return out
 
 
-def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds per program between two `cpu_by_program` readings, largest first (processes
-    that ended meanwhile are not counted)."""
-    spent = {n: round(after[n] - before.get(n, 0.0), 1) for n in after}
-    return dict(sorted(((n, c) for n, c in spent.items() if c >= 0.1), key=lambda x: -x[1]))
+def cpu_spent(
+    before: dict[tuple[int, str, str], float], after: dict[tuple[int, str, str], float]
+) -> dict[str, float]:
+    """CPU seconds each program (all its processes) spent between two `cpu_by_process`
+    readings, largest first: what the API server, etcd, the controllers, kwok, the operator
+    and this client each took of a run on a machine they share. Processes that ended before
+    the second reading are not counted."""
+    spent: dict[str, float] = {}
+    for key, seconds in after.items():
+        name = key[2]
+        spent[name] = spent.get(name, 0.0) + seconds - before.get(key, 0.0)
+    rounded = {n: round(c, 1) for n, c in spent.items() if c >= 0.05}
+    return dict(sorted(rounded.items(), key=lambda x: -x[1]))
 
 
 def api_requests(cluster: Cluster) -> dict[str, float]:
@@ -349,7 +356,7 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
             assert operator.proc is not None
             cpu_before = cpu_seconds(operator.proc.pid)
-            programs_before = cpu_by_program()
+            programs_before = cpu_by_process()
             requests_before = api_requests(cluster)
             seen = DecidedWatch(api, "default")
             began = time.monotonic()
@@ -361,7 +368,7 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
-            programs = cpu_spent(programs_before, cpu_by_program())
+            programs = cpu_spent(programs_before, cpu_by_process())
             requests = {k: int(v - requests_before.get(k, 0.0))
                         for k, v in api_requests(cluster).items()}  # fmt: skip
             requests = dict(sorted(((k, v) for k, v in requests.items() if v >= 10),

@@ -33,17 +33,18 @@ from controller.estimator.errors import SpecError
 from controller.estimator.settings import TrainingSettings
 from controller.estimator.storage import Static
 
+#: The Mamba-2 scan's terms, in both lists below (zero for a layer without the scan).
+SCAN_FEATURES = ("t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N")
 #: What each layer adds, summed over the layers (each by its own type).
 HYBRID_LAYER_FEATURES = (
-    "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*n", "t", "G_layer",
-    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N", "1",
+    "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*n", "t", "G_layer", *SCAN_FEATURES, "1",
 )  # fmt: skip
 #: What the step holds once: the loss and the first and last layers' own transients.
 HYBRID_LOCAL_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*V", "b*s2", "t*n", "t",
-    "G_head", "G_embed", "G_layer", "D",
-    "t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N", "1",
+    "G_head", "G_embed", "G_layer", "D", *SCAN_FEATURES, "1",
 )  # fmt: skip
+_NO_SCAN = [0] * len(SCAN_FEATURES)
 
 _ATTENTION = frozenset({"attention", "parallel", "attention_mlp"})
 _MAMBA2 = frozenset({"mamba2", "parallel"})
@@ -100,7 +101,7 @@ def features(
     head_dim = d.head_dim or h // d.num_heads
     q, kv, n = d.num_heads * head_dim, d.num_kv_heads * head_dim, d.num_heads
     ssm = d.ssm
-    scan = [0] * 7
+    scan = _NO_SCAN
     if ssm is not None:
         c = ssm.chunk_size
         tp = b * -(-s // c) * c
@@ -122,7 +123,7 @@ def features(
         mamba = layer.mixer in _MAMBA2
         vector = [t * h, t * q if attn else 0, t * kv if attn else 0, t * _mlp_width(layer),
                   t * inputs, t * ranks, t * n if attn else 0, t, grads,
-                  *(scan if mamba else [0] * 7), 1]  # fmt: skip
+                  *(scan if mamba else _NO_SCAN), 1]  # fmt: skip
         for i, value in enumerate(vector):
             summed[i] += value * count
     end_layers = [layer for layer, _ in ends.values()]
@@ -136,5 +137,5 @@ def features(
             t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
             b * s * s, t * n if attn_end else 0, t, static.head_gradients,
             static.embed_gradients, end_grads, static.dequantized,
-            *(scan if mamba_end else [0] * 7), 1]  # fmt: skip
+            *(scan if mamba_end else _NO_SCAN), 1]  # fmt: skip
     return summed, once

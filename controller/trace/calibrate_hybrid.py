@@ -20,8 +20,10 @@ Measured (2 idle cores): 60 samples per class (2,880 traces) in 20 minutes, with
 its own samples; in four-fold cross-validation (a quarter of each class's samples held out
 in turn), every held-out peak within 3.6 %. The first fit, from whole module regions and
 one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's fifty ops
-peaks at whichever op the widths favour, and a one-chunk scan skips copies. `--first-seed` traces further seeds into another `--rows` file and `--refit` fits
-several files together, so samples can be added in parts.
+peaks at whichever op the widths favour, and a one-chunk scan skips copies.
+`--first-seed` traces further seeds into another `--rows` file and `--refit` fits several
+files together, so samples can be added in parts (rows keep their task, not their config:
+a change to `variant` or `shrunk_hybrid` makes earlier rows unusable).
 """
 
 from __future__ import annotations

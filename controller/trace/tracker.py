@@ -24,6 +24,7 @@ what the few-layer extrapolation works from.
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -73,7 +74,7 @@ class Segment:
     peak_at: int = -1
 
 
-_TORCH = str(Path(torch.__file__).parent)
+_TORCH = str(Path(torch.__file__).parent) + os.sep
 _DRIVER = str(Path(__file__).with_name("run.py"))
 
 
@@ -81,7 +82,7 @@ def _op_site() -> str | None:
     """The model code's line an op runs for ("modeling_x.py:321": the innermost frame outside
     torch and this file); None for the autograd engine's own ops in backward, which runs
     from the trace's driver."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     while frame is not None and (
         frame.f_code.co_filename.startswith(_TORCH) or frame.f_code.co_filename == __file__
     ):
@@ -107,7 +108,8 @@ class StorageTracker(TorchDispatchMode):
         #: the n-th run of that op from that line of the model's code): what runs outside
         #: modules (a Mamba-2 scan is some fifty ops between two modules) then peaks op by op,
         #: not wherever the widths put it. Backward's own ops (the autograd engine's) stay in
-        #: their module's region: which of them run changes with the widths.
+        #: their module's region: which of them run changes with the widths. The counts run
+        #: over the whole step (calibration traces one micro-batch).
         self.split_ops: Callable[[str], bool] | None = None
         self._op_runs: dict[tuple[int, str, str, str], int] = {}
 
@@ -168,7 +170,7 @@ class StorageTracker(TorchDispatchMode):
     def _enter_op(self, op: str) -> None:
         last = self.segments[-1]
         region = last.region.partition("#")[0]
-        if self.split_ops is None or not self.split_ops(region):
+        if not self.split_ops(region):  # type: ignore[misc]  # set: the caller checks
             return
         site = _op_site()
         if site is None:  # backward's own ops: which of them runs depends on the widths

@@ -75,6 +75,16 @@ def test_the_summed_features_price_each_layer_by_its_type() -> None:
     assert all(twice[k] - two[k] == 2 * adds["mamba"][k] for k in names)
 
 
+@pytest.mark.parametrize("family", list(PRESETS))
+def test_the_feature_vectors_are_as_long_as_their_names(family: str) -> None:
+    """The estimate multiplies them with `map`, which would stop at the shorter silently."""
+    shape = load_shape(PRESETS[family])
+    for method in (Method.FULL, Method.QLORA):
+        job = TrainingSettings(method=method, targets=calibrate_hybrid.TARGETS[family])
+        per_layer, once = hybrid_fit.features(shape, job, static_bytes(shape, job))
+        assert (len(per_layer), len(once)) == (LAYER_N, LOCAL_N)
+
+
 def _truth(seed: int) -> list[list[float]]:
     rng = random.Random(seed)
     return [

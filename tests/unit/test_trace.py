@@ -8,6 +8,7 @@ the real widths. Needs the `trace` extra; CI installs it, and there a missing to
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -85,11 +86,13 @@ def test_split_ops_cut_a_layer_op_by_op_at_the_same_peaks() -> None:
     job = TrainingSettings(method=Method.LORA, rank=8, targets=("in_proj",), seq_len=256)
     whole = trace_run(config, job, steps=1, breakdowns=False)
     cut = trace_run(config, job, steps=1, breakdowns=False, split_ops=_in_a_layer)
-    assert cut.peak == whole.peak
     regions = [seg.region for seg in cut.segments]
     scan = {r for r in regions if r.startswith("layer 0/") and "#modeling_nemotron_h.py:" in r}
     assert any(":bmm:" in r for r in scan) and len(scan) > 50
-    assert not any("#" in r for r in regions if not r.startswith("layer "))
+    # every cut op is named by a line of the model's code (or PEFT's); backward's own ops,
+    # run from the trace's driver, are not cut: they stay in their module's region
+    for site in {r.partition("#")[2] for r in regions if "#" in r}:
+        assert re.fullmatch(r"[\w.]+\.py:\d+:\w+:\d+", site) and not site.startswith("run.py")
     fine = moments(cut)
     for key, peak in moments(whole).items():
         assert max(v for k, v in fine.items() if k.partition("#")[0] == key) == peak, key
