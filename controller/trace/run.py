@@ -186,8 +186,7 @@ def trace_run(
 
     started = time.perf_counter()
     micro_batches = 2 if settings.gradient_accumulation > 1 else 1
-    tracker = StorageTracker()
-    tracker.split_ops = split_ops
+    tracker = StorageTracker(split_ops)
     with FakeTensorMode():
         model = build_model(config, settings, layers)
         count = layers if layers is not None else model.config.num_hidden_layers

@@ -95,7 +95,7 @@ def _op_site() -> str | None:
 class StorageTracker(TorchDispatchMode):
     """Records every storage created while active (and those `register`ed before)."""
 
-    def __init__(self) -> None:
+    def __init__(self, split_ops: Callable[[str], bool] | None = None) -> None:
         super().__init__()
         self.records: list[_Record] = []
         self.segments = [Segment(step=-1, phase="setup", region="setup", start=0)]
@@ -110,7 +110,7 @@ class StorageTracker(TorchDispatchMode):
         #: not wherever the widths put it. Backward's own ops (the autograd engine's) stay in
         #: their module's region: which of them run changes with the widths. The counts run
         #: over the whole step (calibration traces one micro-batch).
-        self.split_ops: Callable[[str], bool] | None = None
+        self.split_ops = split_ops
         self._op_runs: dict[tuple[int, str, str, str], int] = {}
 
     # -- recording ------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class StorageTracker(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if self.split_ops is not None:
-            self._enter_op(str(func.overloadpacket.__name__))
+            self._enter_op(self.split_ops, str(func.overloadpacket.__name__))
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
@@ -167,10 +167,10 @@ class StorageTracker(TorchDispatchMode):
 
     # -- segments -------------------------------------------------------------------------
 
-    def _enter_op(self, op: str) -> None:
+    def _enter_op(self, split: Callable[[str], bool], op: str) -> None:
         last = self.segments[-1]
         region = last.region.partition("#")[0]
-        if not self.split_ops(region):  # type: ignore[misc]  # set: the caller checks
+        if not split(region):
             return
         site = _op_site()
         if site is None:  # backward's own ops: which of them runs depends on the widths
