@@ -40,11 +40,13 @@ charged as MoE layers (their MLP is about as wide as the routed experts and the 
 together).
 
 Hybrid stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
-Falcon-H1's attention beside Mamba-2) are priced from a section of their own in the file
-(`hybrid`, written by `python -m controller.trace.calibrate_hybrid`): the per-layer features
-summed over the layers, each by its own type, with the Mamba-2 scan's terms
-(`hybrid_fit.py`). The hybrids it has no fit for (Jamba, Qwen3-Next, Nemotron 3's MoE
-layers) are refused (UNFITTED_HYBRID, `hybrid_fit.check_stack`).
+Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mamba-2;
+Qwen3-Next's Gated DeltaNet and gated attention, each with an MoE) are priced from a section
+of their own in the file (`hybrid`, written by `python -m controller.trace.calibrate_hybrid`):
+the per-layer features summed over the layers, each by its own type, with the chunked scans'
+and the MoE layers' terms (`hybrid_fit.py`). The hybrid it has no fit for (Jamba) is refused
+(UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never traced
+(`hybrid_fit.check_stack`).
 """
 
 from __future__ import annotations
@@ -222,14 +224,14 @@ def _moments(
 
 
 #: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
-#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H and Falcon-H1 have one.
-#: Measured before they had: the nearest uniform fit (Llama's) prices shrunk Nemotron-H
-#: variants 13-36 % under the trace, and Qwen3-Next read as Qwen3-MoE is 9-33 % under.
+#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1
+#: and Qwen3-Next have one; Jamba (Mamba-1 layers, run token by token) has none. Measured
+#: before those fits existed: the nearest uniform fit (Llama's) priced shrunk Nemotron-H
+#: variants 13-36 % under the trace, and Qwen3-Next read as Qwen3-MoE 9-33 % under.
 #: Refused, never under-estimated.
 UNFITTED_HYBRID = (
-    "calibrated has no fit for hybrid layers (Mamba or linear attention among attention "
-    "layers), so it would under-estimate this model; use the analytic, unsloth or trace "
-    "profile"
+    "calibrated has no fit for hybrid layers of this family (Jamba's Mamba layers), so it "
+    "would under-estimate this model; use the analytic, unsloth or trace profile"
 )
 #: Measured the same way: the default (Llama) fit prices a shrunk Gemma 3n 34-43 % under the
 #: trace (full / LoRA x checkpointing, 512 x 2 tokens): AltUp's four streams of the hidden
@@ -245,7 +247,7 @@ def _hybrid_section(shape: ModelShape) -> str:
     the rest."""
     if shape.dims.mixers is None:
         return ""
-    if shape.model_type not in calibration().get("hybrid", {}).get("families", {}):
+    if hybrid_fit.fit_family(shape) not in calibration().get("hybrid", {}).get("families", {}):
         raise SpecError("estimator.profile", UNFITTED_HYBRID)
     hybrid_fit.check_stack(shape, "estimator.profile")
     return "hybrid"
@@ -272,7 +274,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = shape.model_type if section else family_of(shape.model_type)
+    family = hybrid_fit.fit_family(shape) if section else family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, section)
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.

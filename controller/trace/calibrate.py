@@ -123,7 +123,14 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
 #: Hybrid families: fitted by `controller.trace.calibrate_hybrid` (a layer's kind depends on
 #: its place in the stack, so two depths alone do not isolate one layer), on shrunk variants
 #: of these presets (`shrunk_hybrid`).
-HYBRID_PRESETS = {"nemotron_h": "nemotron-nano-9b-v2", "falcon_h1": "falcon-h1-1.5b"}
+HYBRID_PRESETS = {
+    "nemotron_h": "nemotron-nano-9b-v2",
+    "nemotron_3": "nemotron-3-nano-30b-a3b",
+    "falcon_h1": "falcon-h1-1.5b",
+    "qwen3_next": "qwen3-next-80b-a3b",
+}
+#: Qwen3-Next's layer types by `shrunk_hybrid`'s pattern characters.
+QWEN3_NEXT_LAYERS = {"L": "linear_attention", "A": "full_attention"}
 
 
 def shrunk_hybrid(
@@ -133,7 +140,10 @@ def shrunk_hybrid(
     M / * / - characters; Falcon-H1, whose layers are all alike, takes only its length):
     widths drawn as `shrunk` draws them, the Mamba-2 mixer in the presets' proportions (SSM
     width 2-2.5x hidden in heads of 64, 1-8 groups, state 64 or 128 (Falcon-H1: or 256),
-    chunks of one of `chunks` tokens: 2-4 chunks of 128 at the grid's 256 and 512 tokens)."""
+    chunks of one of `chunks` tokens: 2-4 chunks of 128 at the grid's 256 and 512 tokens);
+    `nemotron_3` (Nemotron-H with MoE layers, E in `pattern`) draws its experts too."""
+    if family == "qwen3_next":
+        return _shrunk_qwen3_next(rng, pattern)
     config = load_preset(HYBRID_PRESETS[family]).config_dict()
     for name in (*_DROPPED, "hybrid_override_pattern"):
         config.pop(name, None)
@@ -177,7 +187,63 @@ def shrunk_hybrid(
             ssm_state_size=state,
             chunk_size=chunk,
         )
+    if family == "nemotron_3":  # drawn last: the other families' draws stay as they were
+        _shrink_nemotron_moe(config, rng, hidden)
     return config
+
+
+def _shrunk_qwen3_next(rng: random.Random, pattern: str) -> dict[str, Any]:
+    """A small Qwen3-Next with the layers of `pattern` (L: Gated DeltaNet, A: gated
+    attention), every one with an MoE: attention drawn as `shrunk_hybrid` draws it, the
+    DeltaNet in the preset's proportions (2-8 key heads, 1-2x as many value heads, heads of
+    64 or 128; the 80B: 16 key heads and 32 value heads of 128 over 2048), 8-32 experts of
+    0.25-1x hidden, 2-8 per token, a shared expert of 0.25-1x (the 80B: 512 experts of 0.25x,
+    10 per token, a shared expert of 0.25x)."""
+    config = load_preset(HYBRID_PRESETS["qwen3_next"]).config_dict()
+    for name in _DROPPED:
+        config.pop(name, None)
+    heads = rng.choice((4, 8))
+    hidden = rng.choice((512, 768, 1024))
+    k_heads = rng.choice((2, 4, 8))
+    config.update(
+        pad_token_id=0,
+        hidden_size=hidden,
+        head_dim=rng.choice((64, 128)),
+        num_attention_heads=heads,
+        num_key_value_heads=rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0]),
+        intermediate_size=_round(hidden * rng.uniform(2.5, 4.0)),
+        vocab_size=_round(hidden * rng.uniform(4.0, 16.0)),
+        num_hidden_layers=len(pattern),
+        layer_types=[QWEN3_NEXT_LAYERS[c] for c in pattern],
+        tie_word_embeddings=rng.random() < 0.5,
+        max_position_embeddings=4096,
+        linear_num_key_heads=k_heads,
+        linear_num_value_heads=k_heads * rng.choice((1, 2)),
+        linear_key_head_dim=rng.choice((64, 128)),
+        linear_value_head_dim=rng.choice((64, 128)),
+        num_experts=rng.choice((8, 16, 32)),
+        num_experts_per_tok=rng.choice((2, 4, 8)),
+        moe_intermediate_size=_round(hidden * rng.uniform(0.25, 1.0), 64),
+        shared_expert_intermediate_size=_round(hidden * rng.uniform(0.25, 1.0), 64),
+    )
+    return config
+
+
+def _shrink_nemotron_moe(config: dict[str, Any], rng: random.Random, hidden: int) -> None:
+    """Nemotron 3's MoE layers in its proportions to hidden (Nano 30B-A3B: 128 experts of
+    0.69x, 6 per token, a shared expert of 1.38x): 8-32 experts of 0.25-1x, 2-6 per token, a
+    shared expert of 0.5-2x, and in half the samples a latent width of 0.25-0.5x
+    (`moe_latent_size`, which Nemotron 3's larger models use); one router group."""
+    latent = _round(hidden * rng.uniform(0.25, 0.5), 64)
+    config.update(
+        n_routed_experts=rng.choice((8, 16, 32)),
+        num_experts_per_tok=rng.choice((2, 4, 6)),
+        moe_intermediate_size=_round(hidden * rng.uniform(0.25, 1.0), 64),
+        moe_shared_expert_intermediate_size=_round(hidden * rng.uniform(0.5, 2.0), 64),
+        moe_latent_size=latent if rng.random() < 0.5 else None,
+        n_group=1,
+        topk_group=1,
+    )
 
 
 def _shrink_moe(family: str, config: dict[str, Any], rng: random.Random, hidden: int) -> None:

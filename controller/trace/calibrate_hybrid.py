@@ -1,12 +1,15 @@
-"""Fit the calibrated profile's hybrid section: Nemotron-H and Falcon-H1 (`hybrid_fit.py`).
+"""Fit the calibrated profile's hybrid section: Nemotron-H, Nemotron 3, Falcon-H1 and
+Qwen3-Next (`hybrid_fit.py`).
 
     python -m controller.trace.calibrate_hybrid [--samples 60] [--first-seed 0] [--workers N]
-        [--out PATH] [--rows PATH] [--refit PATH...]
+        [--out PATH] [--rows PATH] [--refit PATH...] [--families nemotron_3,...]
+        [--cross-validate FOLDS]
 
 Writes the `hybrid` section of `calibration.json` and leaves the rest of the file as it is
 (the uniform families' features are not these). For each family, method (full / LoRA /
 QLoRA) and checkpointing, sdpa attention only, `--samples` shrunk variants of the family's
-preset (`calibrate.shrunk_hybrid`, chunks of 64, 128 or 256 tokens, two chunks or more):
+preset (`calibrate.shrunk_hybrid`, chunks of 64, 128 or 256 tokens, two chunks or more;
+Qwen3-Next's are always 64):
 each one traced as a two-layer stack of the family's first and last layer types
 (`hybrid_fit.STACKS`) and once more with one layer of each type put between them, every op
 of a layer a moment of its own (`StorageTracker.split_ops`). Per moment of the step, what a
@@ -14,16 +17,24 @@ layer of a type adds (the three-layer trace less the two-layer one) is fitted ag
 summed per-layer features, one coefficient vector for every type; what is left of the
 two-layer stack once its own two layers are taken off is fitted against the once-per-step
 features. LoRA adapts every linear PEFT accepts on these models (PEFT refuses `out_proj` and
-so `all-linear` on Mamba mixers).
+so `all-linear` on Mamba mixers; on Qwen3-Next the MLP names reach the routed experts' stacks
+too, as PEFT maps them).
 
-Measured (2 idle cores): 60 samples per class (2,880 traces) in 20 minutes, within 2.0 % of
-its own samples; in four-fold cross-validation (a quarter of each class's samples held out
-in turn), every held-out peak within 3.6 %. The first fit, from whole module regions and
+Measured (2 cores): Nemotron-H and Falcon-H1, 60 samples per class (2,880 traces) in 13-20
+minutes, within 2.0 % of its own samples; in four-fold cross-validation (a quarter of each
+class's samples held out in turn), every held-out peak within 3.6 %. Nemotron 3 (1,440 traces)
+in 4 minutes, within 1.9 %, held out within 2.6 %. Qwen3-Next (1,080 traces) in 6 minutes,
+within 2.0 %, held out within 4.4 %: 17.7 % under on one sample until the moments to keep
+were chosen at the preset's widths too (`_preset_points`), that sample being the only one
+whose peak is the loss's. The first fit, from whole module regions and
 one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's fifty ops
 peaks at whichever op the widths favour, and a one-chunk scan skips copies.
 `--first-seed` traces further seeds into another `--rows` file and `--refit` fits several
 files together, so samples can be added in parts (rows keep their task, not their config:
-a change to `variant` or `shrunk_hybrid` makes earlier rows unusable).
+a change to `variant` or `shrunk_hybrid` makes earlier rows unusable). `--families` fits
+some families and keeps the others' fits in `--out` (refused if the features or the library
+versions changed since). `--refit ROWS --cross-validate 4` prints each class's worst error on
+held-out samples (the figures above).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from controller.trace.calibrate import (
     CHECKPOINTING,
     HYBRID_PRESETS,
     METHODS,
+    QWEN3_NEXT_LAYERS,
     _lstsq,
     _measure,
     by_class,
@@ -58,9 +70,22 @@ from controller.trace.calibrate import (
     shrunk_hybrid,
 )
 
-#: LoRA's targets in the fit: every linear PEFT 0.21 adapts on the family's layers.
+#: LoRA's targets in the fit: every linear PEFT 0.21 adapts on the family's layers (less
+#: Nemotron 3's latent projections where there are none: `lora_targets`).
 TARGETS = {
     "nemotron_h": ("in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"),
+    # up and down: the shared experts' (the routed experts are 3-D parameters, not linears)
+    "nemotron_3": (
+        "in_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "up_proj",
+        "down_proj",
+        "fc1_latent_proj",
+        "fc2_latent_proj",
+    ),
     "falcon_h1": (
         "in_proj",
         "q_proj",
@@ -71,8 +96,30 @@ TARGETS = {
         "up_proj",
         "down_proj",
     ),
+    # the DeltaNet's projections, gated attention, the shared expert's MLP; PEFT also maps
+    # gate/up/down onto the routed experts' stacks here (Qwen2-MoE's names), as it does for a user
+    "qwen3_next": (
+        "in_proj_qkvz",
+        "in_proj_ba",
+        "out_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ),
 }
-_CHAR = {"mamba2": "M", "attention": "*", "mlp": "-", "parallel": "P"}
+_CHAR = {
+    "mamba2": "M",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
+    "parallel": "P",
+    "deltanet_mlp": "L",  # Qwen3-Next (`calibrate.QWEN3_NEXT_LAYERS`)
+    "attention_mlp": "A",
+}
 CHUNKS = (64, 128, 256)
 #: Real depths a moment is checked at before it is dropped, in the preset's layer mix.
 DEPTHS = (32, 80)
@@ -81,10 +128,23 @@ Task = tuple[str, str, str, int]  # family, method, checkpointing, seed
 _CLASSES = len(METHODS) * len(CHECKPOINTING)  # per family: sdpa only
 
 
+_LATENT = ("fc1_latent_proj", "fc2_latent_proj")
+
+
+def lora_targets(family: str, config: dict[str, Any]) -> tuple[str, ...]:
+    """TARGETS of a config: without `moe_latent_size` Nemotron 3's latent projections are
+    nn.Identity, which PEFT refuses to adapt."""
+    if config.get("moe_latent_size"):
+        return TARGETS[family]
+    return tuple(name for name in TARGETS[family] if name not in _LATENT)
+
+
 def with_layers(family: str, config: dict[str, Any], types: tuple[str, ...]) -> dict[str, Any]:
     """`config` cut to the stack of `types`."""
     out = config | {"num_hidden_layers": len(types)}
-    if family == "nemotron_h":
+    if family == "qwen3_next":
+        out["layer_types"] = [QWEN3_NEXT_LAYERS[_CHAR[t]] for t in types]
+    elif family != "falcon_h1":  # Nemotron-H and Nemotron 3 name their layers in a pattern
         out["hybrid_override_pattern"] = "".join(_CHAR[t] for t in types)
     return out
 
@@ -101,11 +161,12 @@ def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
     # Two chunks or more, as at real lengths (2,048 tokens and up in chunks of 128 or 256):
     # a one-chunk scan skips copies a longer one makes, so its moments are not the same.
     chunk = rng.choice([c for c in CHUNKS if 2 * c <= seq_len])
-    config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
+    if family != "qwen3_next":  # its chunk is fixed (hybrid_fit.DELTANET_CHUNK)
+        config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
     settings = TrainingSettings(
         method=Method.parse(method, "method"),
         rank=rng.choice((8, 16, 32)) if adapter else None,
-        targets=TARGETS[family] if adapter else ("all-linear",),
+        targets=lora_targets(family, config) if adapter else ("all-linear",),
         batch=rng.choice((1, 2)),
         seq_len=seq_len,
         gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
@@ -188,6 +249,41 @@ def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
     return points
 
 
+#: Lengths and batches the family's preset is priced at when the moments to keep are chosen:
+#: a moment that decides only at real widths is kept too. The loss (`backward/tail`, t x a
+#: real vocabulary) decides Falcon-H1 1.5B's LoRA at 2,048 tokens and no shrunk sample; the
+#: fit without these points left it out and priced that job 4.3 % under the trace.
+PRESET_LENGTHS = (512, 2048, 8192)
+PRESET_BATCHES = (1, 4)
+
+
+@cache
+def _preset_points(family: str, method: str, gc: str) -> tuple[dict[str, Any], ...]:
+    """The family preset's features and static parts at PRESET_LENGTHS x PRESET_BATCHES,
+    as the samples of the class are set up (no trace: only the fit's predictions count)."""
+    config = load_preset(HYBRID_PRESETS[family]).config_dict()
+    shape = parse_config(config)
+    adapter = method != "full"
+    points = []
+    for seq_len in PRESET_LENGTHS:
+        for batch in PRESET_BATCHES:
+            settings = TrainingSettings(
+                method=Method.parse(method, "method"),
+                rank=16 if adapter else None,
+                targets=lora_targets(family, config) if adapter else ("all-linear",),
+                batch=batch,
+                seq_len=seq_len,
+                gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
+                attention=Attention.SDPA,
+            )
+            static = static_bytes(shape, settings)
+            per_layer, once = hybrid_fit.features(shape, settings, static)
+            base = static.weights + static.optimizer
+            step = base + static.gradients + static.optimizer_scratch
+            points.append({"per_layer": per_layer, "once": once, "base": base, "static_step": step})
+    return tuple(points)
+
+
 def _predict(key: str, coefs: list[list[float]], point: dict[str, Any]) -> float:
     static = point["static_step" if key == OPTIMIZER_KEY else "base"]
     return float(static) + _dynamic(coefs, point)
@@ -220,6 +316,7 @@ def fit(rows: list[dict[str, Any]], family: str) -> tuple[dict[str, list[list[fl
         left = [run["dynamic"][key] - _dot(per_layer, run["per_layer"]) for run in runs]
         fitted[key] = [per_layer, _lstsq([run["once"] for run in runs], left)]
     points = [p for row in rows for p in _points(row, family)]
+    points += _preset_points(family, *rows[0]["class"][1:3])
     keep = keep_deciding([{k: _predict(k, c, p) for k, c in fitted.items()} for p in points])
     coefficients = {k: fitted[k] for k in sorted(keep)}
     worst = max(
@@ -229,16 +326,40 @@ def fit(rows: list[dict[str, Any]], family: str) -> tuple[dict[str, list[list[fl
     return coefficients, worst
 
 
-def tasks(samples: int, first_seed: int = 0) -> list[Task]:
-    """Every sample; a family of one layer type adds one layer per sample, not three, so it
-    gets twice the samples."""
+def tasks(samples: int, first_seed: int = 0, families: list[str] | None = None) -> list[Task]:
+    """Every sample of `families` (all by default); a family of one layer type adds one
+    layer per sample, not three, so it gets twice the samples."""
     return [
         (family, method.value, gc.value, seed)
         for family, (_, _, middle) in hybrid_fit.STACKS.items()
+        if families is None or family in families
         for method in METHODS
         for gc in CHECKPOINTING
         for seed in range(first_seed, first_seed + samples * (2 if len(middle) == 1 else 1))
     ]
+
+
+def stored_rows(paths: list[Path], families: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of `--rows` files, of `families` (all by default), features recomputed."""
+    rows = [row for path in paths for row in json.loads(path.read_text())]
+    return [_refeatured(row) for row in rows if families is None or row["task"][0] in families]
+
+
+def cross_validate(rows: list[dict[str, Any]], folds: int) -> dict[str, float]:
+    """Per class, the worst relative error of the predicted peak over the samples held out of
+    the fit: every `folds`-th sample in turn, fitted from the others."""
+    worst: dict[str, float] = {}
+    for (family, method, gc), group in by_class(rows).items():
+        name = f"{family}/{method}/{gc}/sdpa"
+        for fold in range(folds):
+            kept = [row for i, row in enumerate(group) if i % folds != fold]
+            coefficients, _ = fit(kept, family)
+            for row in group[fold::folds]:
+                for run in row["runs"].values():
+                    predicted = max(_predict(k, c, run) for k, c in coefficients.items())
+                    error = abs(predicted - run["peak"]) / run["peak"]
+                    worst[name] = max(worst.get(name, 0.0), error)
+    return worst
 
 
 def calibrate(
@@ -247,20 +368,24 @@ def calibrate(
     dump: Path | None = None,
     refit: list[Path] | None = None,
     first_seed: int = 0,
+    families: list[str] | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     if refit:
-        rows = [_refeatured(row) for path in refit for row in json.loads(path.read_text())]
+        rows = stored_rows(refit, families)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(sample, tasks(samples, first_seed), chunksize=2))
+            rows = list(pool.map(sample, tasks(samples, first_seed, families), chunksize=2))
+    missing = sorted({f for f in families or hybrid_fit.STACKS} - {r["task"][0] for r in rows})
+    if missing:
+        raise SystemExit(f"no samples of {', '.join(missing)} to fit")
     if dump is not None:
         dump.write_text(json.dumps(rows))
-    families: dict[str, Any] = {}
+    fits: dict[str, Any] = {}
     errors: dict[str, float] = {}
     for (family, method, gc), group in by_class(rows).items():
         coefficients, worst = fit(group, family)
-        families.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = (
+        fits.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = (
             coefficients
         )
         errors[f"{family}/{method}/{gc}/sdpa"] = worst
@@ -268,15 +393,18 @@ def calibrate(
         "generated_by": "python -m controller.trace.calibrate_hybrid",
         "versions": library_versions(),
         "samples_per_class": {
-            f: sum(r["class"][0] == f for r in rows) // _CLASSES for f in hybrid_fit.STACKS
+            f: sum(r["class"][0] == f for r in rows) // _CLASSES
+            for f in hybrid_fit.STACKS
+            if families is None or f in families
         },
         "seconds": round(time.perf_counter() - started, 1),
         "refit_of_stored_samples": bool(refit),
         "scope": (
             "bf16, AdamW, LoRA on every linear PEFT adapts there, sdpa (also used for "
             "flash/flex; eager is not fitted), transformers' torch path of the Mamba-2 scan "
-            "(the fused CUDA kernel holds less); stacks whose first and last layers are of "
-            "the types in `stacks`"
+            "(the fused CUDA kernel holds less) and of Qwen3-Next's gated delta rule (fla's "
+            "kernels hold less), MoE experts as transformers' grouped_mm; stacks whose first "
+            "and last layers are of the types in `stacks`"
         ),
         "stacks": {
             f: {"first": a, "last": b, "between": list(m)}
@@ -286,8 +414,40 @@ def calibrate(
         "local_features": list(hybrid_fit.HYBRID_LOCAL_FEATURES),
         "worst_relative_error": max(errors.values()),
         "errors": errors,
-        "families": families,
+        "families": fits,
     }
+
+
+def merged(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`old` with the families fitted in `new` replaced (or added), as `calibrate.merged`
+    does for the uniform families: each family's fit stands alone while the features and the
+    libraries are those `old` was fitted with."""
+    if old is None:
+        return new
+    if (old["layer_features"], old["local_features"]) != (
+        new["layer_features"],
+        new["local_features"],
+    ):
+        raise SystemExit("--families: the features changed; fit every family")
+    if old["versions"] != new["versions"]:
+        raise SystemExit("--families: the library versions changed; fit every family")
+    fitted = tuple(new["families"])
+    others = [f for f in old["families"] if f not in fitted]
+    changed = [f for f in others if old["stacks"][f] != new["stacks"][f]]
+    if changed:
+        raise SystemExit(f"--families: the stacks of {', '.join(changed)} changed; fit them too")
+    out = old | {
+        "families": old["families"] | new["families"],
+        "stacks": new["stacks"],
+        "scope": new["scope"],
+        "samples_per_class": old["samples_per_class"] | new["samples_per_class"],
+        "merged": sorted(set(old.get("merged", [])) | set(fitted)),
+        "merged_seconds": old.get("merged_seconds", {}) | {",".join(fitted): new["seconds"]},
+    }
+    kept = {k: v for k, v in old["errors"].items() if k.split("/")[0] not in fitted}
+    out["errors"] = kept | new["errors"]
+    out["worst_relative_error"] = max(out["errors"].values())
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,10 +461,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--refit", type=Path, nargs="+", help="fit samples written by --rows, no tracing"
     )
+    parser.add_argument(
+        "--families",
+        type=lambda text: text.split(","),
+        help=f"only these (comma-separated, of {', '.join(hybrid_fit.STACKS)}); the other "
+        "families' fits in --out are kept",
+    )
+    parser.add_argument(
+        "--cross-validate",
+        type=int,
+        metavar="FOLDS",
+        help="with --refit: print each class's worst error on held-out samples, write nothing",
+    )
     args = parser.parse_args(argv)
-    section = calibrate(args.samples, args.workers, args.rows, args.refit, args.first_seed)
+    unknown = sorted(set(args.families or ()) - set(hybrid_fit.STACKS))
+    if unknown:
+        parser.error(f"--families: unknown {', '.join(unknown)}; of {', '.join(hybrid_fit.STACKS)}")
+    if args.cross_validate is not None:
+        if not args.refit or args.cross_validate < 2:
+            parser.error("--cross-validate needs --refit (the stored samples) and 2 folds or more")
+        held_out = cross_validate(stored_rows(args.refit, args.families), args.cross_validate)
+        for name, error in sorted(held_out.items()):
+            print(f"{name}: worst held-out error {error:.2%}")
+        return 0
+    section = calibrate(
+        args.samples, args.workers, args.rows, args.refit, args.first_seed, args.families
+    )
     data = json.loads(args.out.read_text())
-    data["hybrid"] = section
+    data["hybrid"] = merged(data.get("hybrid"), section) if args.families else section
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(
         f"wrote the hybrid section of {args.out}: {len(section['errors'])} classes, worst "
