@@ -161,18 +161,34 @@ def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
     # Two chunks or more, as at real lengths (2,048 tokens and up in chunks of 128 or 256):
     # a one-chunk scan skips copies a longer one makes, so its moments are not the same.
     chunk = rng.choice([c for c in CHUNKS if 2 * c <= seq_len])
-    if family != "qwen3_next":  # its chunk is fixed (hybrid_fit.DELTANET_CHUNK)
+    if family != "qwen3_next":  # its chunk is fixed (analytic.DELTANET_CHUNK)
         config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
-    settings = TrainingSettings(
+    rank = rng.choice((8, 16, 32)) if adapter else None
+    batch = rng.choice((1, 2))
+    return config, _settings(family, config, (method, gc), rank, batch, seq_len)
+
+
+def _settings(
+    family: str,
+    config: dict[str, Any],
+    job_class: tuple[str, str],
+    rank: int | None,
+    batch: int,
+    seq_len: int,
+) -> TrainingSettings:
+    """A job of a class (method, checkpointing) as the fit sets it up: LoRA on `lora_targets`,
+    a full fine-tune on every linear, sdpa attention."""
+    method, gc = job_class
+    adapter = method != "full"
+    return TrainingSettings(
         method=Method.parse(method, "method"),
-        rank=rng.choice((8, 16, 32)) if adapter else None,
+        rank=rank,
         targets=lora_targets(family, config) if adapter else ("all-linear",),
-        batch=rng.choice((1, 2)),
+        batch=batch,
         seq_len=seq_len,
         gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
         attention=Attention.SDPA,
     )
-    return config, settings
 
 
 def _features(config: dict[str, Any], settings: TrainingSettings) -> tuple[list[int], list[int]]:
@@ -263,19 +279,11 @@ def _preset_points(family: str, method: str, gc: str) -> tuple[dict[str, Any], .
     as the samples of the class are set up (no trace: only the fit's predictions count)."""
     config = load_preset(HYBRID_PRESETS[family]).config_dict()
     shape = parse_config(config)
-    adapter = method != "full"
+    rank = 16 if method != "full" else None
     points = []
     for seq_len in PRESET_LENGTHS:
         for batch in PRESET_BATCHES:
-            settings = TrainingSettings(
-                method=Method.parse(method, "method"),
-                rank=16 if adapter else None,
-                targets=lora_targets(family, config) if adapter else ("all-linear",),
-                batch=batch,
-                seq_len=seq_len,
-                gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
-                attention=Attention.SDPA,
-            )
+            settings = _settings(family, config, (method, gc), rank, batch, seq_len)
             static = static_bytes(shape, settings)
             per_layer, once = hybrid_fit.features(shape, settings, static)
             base = static.weights + static.optimizer
