@@ -51,6 +51,15 @@ CASES = {
         "deepseek-v3",
         TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED),
     ),
+    # hybrid stacks: per-layer features summed by layer type (hybrid_fit.py)
+    "qwen3-next-80b-a3b qlora calibrated": (
+        "qwen3-next-80b-a3b",
+        TrainingSettings(profile=Profile.CALIBRATED),
+    ),
+    "nemotron-3-nano-30b-a3b qlora calibrated": (
+        "nemotron-3-nano-30b-a3b",
+        TrainingSettings(targets=("in_proj", "q_proj", "v_proj"), profile=Profile.CALIBRATED),
+    ),
 }
 
 
@@ -103,8 +112,9 @@ def main() -> None:
         )
         results[f"new config: {label}"] = rate(_unseen(config, settings), args.seconds, clock)
     print(f"python {platform.python_version()} on {platform.machine()}, one core, {args.clock}")
+    width = max(map(len, results))
     for label, value in results.items():
-        print(f"{label:45s} {value:12,.0f} estimates/s")
+        print(f"{label:{width}s} {value:12,.0f} estimates/s")
     print(json.dumps({k: round(v) for k, v in results.items()}))
 
 
