@@ -402,3 +402,17 @@ def test_within_5_percent_of_the_trace_at_real_widths(
     traced = trace(load_preset(preset).config, job).peak_bytes
     predicted = calibrated.peak_bytes(shape, job)
     assert abs(predicted - traced) <= TOLERANCE * traced, (predicted, traced)
+
+
+def test_a_latent_moe_at_real_widths_is_within_5_percent_of_the_trace() -> None:
+    """Nemotron 3 Nano's widths with its experts behind a latent projection of 1,024 (as
+    Nemotron 3's larger models narrow them), QLoRA without checkpointing, where the MoE
+    layers' saved tensors decide: half the fit's samples drew a latent width."""
+    require_trace_extra()
+    from controller.trace import trace
+
+    config = load_preset("nemotron-3-nano-30b-a3b").config_dict() | {"moe_latent_size": 1024}
+    job = _job("nemotron_3", config, Method.QLORA, gradient_checkpointing=Checkpointing.OFF)
+    traced = trace(config, job).peak_bytes
+    predicted = calibrated.peak_bytes(parse_config(config), job)
+    assert abs(predicted - traced) <= TOLERANCE * traced, (predicted, traced)
