@@ -70,42 +70,22 @@ from controller.trace.calibrate import (
     shrunk_hybrid,
 )
 
+_ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_LATENT = ("fc1_latent_proj", "fc2_latent_proj")
 #: LoRA's targets in the fit: every linear PEFT 0.21 adapts on the family's layers (less
 #: Nemotron 3's latent projections where there are none: `lora_targets`).
 TARGETS = {
-    "nemotron_h": ("in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"),
+    "nemotron_h": ("in_proj", *_ATTENTION_LINEARS, "up_proj", "down_proj"),
     # up and down: the shared experts' (the routed experts are 3-D parameters, not linears)
-    "nemotron_3": (
-        "in_proj",
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "up_proj",
-        "down_proj",
-        "fc1_latent_proj",
-        "fc2_latent_proj",
-    ),
-    "falcon_h1": (
-        "in_proj",
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ),
+    "nemotron_3": ("in_proj", *_ATTENTION_LINEARS, "up_proj", "down_proj", *_LATENT),
+    "falcon_h1": ("in_proj", *_ATTENTION_LINEARS, "gate_proj", "up_proj", "down_proj"),
     # the DeltaNet's projections, gated attention, the shared expert's MLP; PEFT also maps
     # gate/up/down onto the routed experts' stacks here (Qwen2-MoE's names), as it does for a user
     "qwen3_next": (
         "in_proj_qkvz",
         "in_proj_ba",
         "out_proj",
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
+        *_ATTENTION_LINEARS,
         "gate_proj",
         "up_proj",
         "down_proj",
@@ -126,9 +106,6 @@ DEPTHS = (32, 80)
 
 Task = tuple[str, str, str, int]  # family, method, checkpointing, seed
 _CLASSES = len(METHODS) * len(CHECKPOINTING)  # per family: sdpa only
-
-
-_LATENT = ("fc1_latent_proj", "fc2_latent_proj")
 
 
 def lora_targets(family: str, config: dict[str, Any]) -> tuple[str, ...]:
