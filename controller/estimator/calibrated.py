@@ -242,24 +242,25 @@ UNFITTED_ALTUP = (
 )
 
 
-def _hybrid_section(shape: ModelShape) -> str:
-    """The data file's section for a hybrid stack it fits ("hybrid"; refused otherwise), "" for
-    the rest."""
+def _hybrid_family(shape: ModelShape) -> str:
+    """The `hybrid` section's fit that prices a hybrid stack (`hybrid_fit.fit_family`;
+    refused when there is none or the stack is not one it was traced with), "" for the rest."""
     if shape.dims.mixers is None:
         return ""
-    if hybrid_fit.fit_family(shape) not in calibration().get("hybrid", {}).get("families", {}):
+    family = hybrid_fit.fit_family(shape)
+    if family not in calibration().get("hybrid", {}).get("families", {}):
         raise SpecError("estimator.profile", UNFITTED_HYBRID)
     hybrid_fit.check_stack(shape, "estimator.profile")
-    return "hybrid"
+    return family
 
 
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     """The largest fitted moment of the step, plus the constants the trace adds."""
-    section = _hybrid_section(shape)
+    hybrid = _hybrid_family(shape)
     if shape.dims.altup_num_inputs:
         raise SpecError("estimator.profile", UNFITTED_ALTUP)
     static = static_bytes(shape, settings)
-    if section:  # per-layer features summed over the layers, each by its own type
+    if hybrid:  # per-layer features summed over the layers, each by its own type
         per_layer, once = hybrid_fit.features(shape, settings, static)
         layers = 1
     else:
@@ -274,8 +275,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = hybrid_fit.fit_family(shape) if section else family_of(shape.model_type)
-    moments = _moments(family, settings.method, gc, attention, section)
+    family = hybrid or family_of(shape.model_type)
+    moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))

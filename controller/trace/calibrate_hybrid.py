@@ -361,7 +361,7 @@ def calibrate(
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             rows = list(pool.map(sample, tasks(samples, first_seed, families), chunksize=2))
-    missing = sorted({f for f in families or hybrid_fit.STACKS} - {r["task"][0] for r in rows})
+    missing = sorted(set(families or hybrid_fit.STACKS) - {r["task"][0] for r in rows})
     if missing:
         raise SystemExit(f"no samples of {', '.join(missing)} to fit")
     if dump is not None:
