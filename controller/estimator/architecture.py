@@ -222,6 +222,12 @@ class ArchDims:
     # predicted streams (0: none).
     laurel_rank: int = 0
     altup_num_inputs: int = 0
+    # Gemma 3n: each layer's activation sparsity (`activation_sparsity_pattern`; above 0 the
+    # MLP cuts its gate at a Gaussian quantile, which holds one more t x MLP-width tensor).
+    activation_sparsity: tuple[float, ...] = ()
+    # Gemma 3n's sliding window (its config class's default 512): from this many tokens on,
+    # transformers materialises the sliding layers' mask (b x s x s).
+    sliding_window: int | None = None
     # Nemotron 3's MoE layers: the width its experts read and write when a latent projection
     # (fc1/fc2_latent_proj) narrows the hidden state for them; None: the hidden size.
     moe_latent_size: int | None = None
@@ -1248,10 +1254,39 @@ def _read_dims(r: _Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "altup_num_inputs": (
                 r.int("altup_num_inputs", default=4) or 0 if model_type in _GEMMA3N else 0
             ),
+            "activation_sparsity": (
+                _activation_sparsity(r, layers) if model_type in _GEMMA3N else ()
+            ),
+            "sliding_window": (
+                r.int("sliding_window", default=_GEMMA3N_WINDOW) if model_type in _GEMMA3N else None
+            ),
             "attention_output_gate": model_type == "qwen3_next",
             "moe_latent_size": r.dim("moe_latent_size") if nemotron_moe else None,
         },
     )
+
+
+#: Gemma 3n's default when the config leaves `activation_sparsity_pattern` out (its config
+#: class's): the first ten layers at 0.95 in a model of more than ten, none otherwise.
+_SPARSE_LAYERS, _SPARSITY = 10, 0.95
+_GEMMA3N_WINDOW = 512
+
+
+def _activation_sparsity(r: _Reader, layers: int) -> tuple[float, ...]:
+    """Gemma 3n's `activation_sparsity_pattern`: one number in [0, 1) per layer."""
+    pattern = r.get("activation_sparsity_pattern")
+    if pattern is None:
+        sparse = _SPARSE_LAYERS if layers > _SPARSE_LAYERS else 0
+        return (_SPARSITY,) * sparse + (0.0,) * (layers - sparse)
+    field = r.path("activation_sparsity_pattern")
+    if not isinstance(pattern, list) or len(pattern) != layers:
+        raise SpecError(
+            field, f"must be a list of one number per layer ({layers}), got {shown(pattern)}"
+        )
+    for i, value in enumerate(pattern):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise SpecError(f"{field}[{i}]", f"must be a number in [0, 1), got {shown(value)}")
+    return tuple(float(value) for value in pattern)
 
 
 def is_kv_shared_layer(dims: ArchDims, index: int) -> bool:

@@ -73,13 +73,15 @@ def trace(
 
 def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | str) -> TraceReport:
     depth = _depth(config)
-    if _is_hybrid(config):
+    if _traced_whole(config):
         # A hybrid stack's layer types do not repeat from its first layers (and transformers
-        # builds the layer list, not num_hidden_layers): only the whole model is its own.
+        # builds the layer list, not num_hidden_layers), nor do Gemma 3n's (sparse first,
+        # kv-shared last, both per-layer lists): only the whole model is its own.
         if layers not in ("auto", "full"):
             raise TraceUnsupported(
-                "a hybrid model (Mamba layers among attention) is traced whole, not from a "
-                f"few layers; pass layers 'auto' or 'full', not {layers!r}"
+                "a model whose layers are not alike (a hybrid's Mamba layers among attention, "
+                "Gemma 3n's kv-shared layers) is traced whole, not from a few layers; pass "
+                f"layers 'auto' or 'full', not {layers!r}"
             )
         layers = "full"
     if layers == "full" or (layers == "auto" and depth <= FULL_TRACE_MAX_LAYERS):
@@ -112,16 +114,18 @@ def _depth(config: Mapping[str, Any]) -> int:
         return int(text.get("num_hidden_layers") or text["n_layers"])
 
 
-def _is_hybrid(config: Mapping[str, Any]) -> bool:
-    """Whether the parser reads `config` as a hybrid stack (a config it refuses is traced as
-    transformers builds it, as before: the trace does not need the parser's reading)."""
+def _traced_whole(config: Mapping[str, Any]) -> bool:
+    """Whether the parser reads `config` as a stack of unlike layers: a hybrid's mixers, or
+    Gemma 3n's (a config it refuses is traced as transformers builds it, as before: the
+    trace does not need the parser's reading)."""
     from controller.estimator.architecture import parse_config
     from controller.estimator.errors import SpecError
 
     try:
-        return parse_config(config).dims.mixers is not None
+        dims = parse_config(config).dims
     except SpecError:
         return False
+    return dims.mixers is not None or dims.altup_num_inputs > 0
 
 
 def _leading_layers(config: Mapping[str, Any]) -> int:
