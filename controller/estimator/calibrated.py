@@ -39,14 +39,15 @@ loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first thre
 charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
 together).
 
-Hybrid stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
+Stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
 Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mamba-2;
-Qwen3-Next's Gated DeltaNet and gated attention, each with an MoE) are priced from a section
-of their own in the file (`hybrid`, written by `python -m controller.trace.calibrate_hybrid`):
-the per-layer features summed over the layers, each by its own type, with the chunked scans'
-and the MoE layers' terms (`hybrid_fit.py`). The hybrid it has no fit for (Jamba) is refused
-(UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never traced
-(`hybrid_fit.check_stack`).
+Qwen3-Next's Gated DeltaNet and gated attention, each with an MoE; Gemma 3n's
+activation-sparse, dense and kv-shared layers, each with AltUp, LAuReL and a per-layer
+input) are priced from a section of their own in the file (`hybrid`, written by
+`python -m controller.trace.calibrate_hybrid`): the per-layer features summed over the
+layers, each by its own type, with the chunked scans', the MoE layers' and Gemma 3n's terms
+(`hybrid_fit.py`). The hybrid it has no fit for (Jamba) is refused (UNFITTED_HYBRID), and so
+are stacks of layer types or ends a fit never traced (`hybrid_fit.check_stack`).
 """
 
 from __future__ import annotations
@@ -224,28 +225,20 @@ def _moments(
 
 
 #: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
-#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1
-#: and Qwen3-Next have one; Jamba (Mamba-1 layers, run token by token) has none. Measured
-#: before those fits existed: the nearest uniform fit (Llama's) priced shrunk Nemotron-H
-#: variants 13-36 % under the trace, and Qwen3-Next read as Qwen3-MoE 9-33 % under.
-#: Refused, never under-estimated.
+#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1,
+#: Qwen3-Next and Gemma 3n have one; Jamba (Mamba-1 layers, run token by token) has none.
+#: Measured before those fits existed: the nearest uniform fit (Llama's) priced shrunk
+#: Nemotron-H variants 13-36 % under the trace, Gemma 3n 34-43 % under (AltUp's streams and
+#: LAuReL are no feature of it), and Qwen3-Next read as Qwen3-MoE 9-33 % under. Refused,
+#: never under-estimated.
 UNFITTED_HYBRID = (
     "calibrated has no fit for hybrid layers of this family (Jamba's Mamba layers), so it "
     "would under-estimate this model; use the analytic, unsloth or trace profile"
 )
-#: Measured the same way: the default (Llama) fit prices a shrunk Gemma 3n 34-43 % under the
-#: trace (full / LoRA x checkpointing, 512 x 2 tokens): AltUp's four streams of the hidden
-#: state and LAuReL are no feature of any fit.
-UNFITTED_ALTUP = (
-    "calibrated has no fit for Gemma 3n's AltUp and LAuReL layers, so it would under-estimate "
-    "this model; use the analytic, unsloth or trace profile"
-)
-
-
 def _hybrid_family(shape: ModelShape) -> str:
     """The `hybrid` section's fit that prices a hybrid stack (`hybrid_fit.fit_family`;
     refused when there is none or the stack is not one it was traced with), "" for the rest."""
-    if shape.dims.mixers is None:
+    if hybrid_fit.layer_kinds(shape) is None:
         return ""
     family = hybrid_fit.fit_family(shape)
     if family not in calibration().get("hybrid", {}).get("families", {}):
@@ -257,8 +250,6 @@ def _hybrid_family(shape: ModelShape) -> str:
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     """The largest fitted moment of the step, plus the constants the trace adds."""
     hybrid = _hybrid_family(shape)
-    if shape.dims.altup_num_inputs:
-        raise SpecError("estimator.profile", UNFITTED_ALTUP)
     static = static_bytes(shape, settings)
     if hybrid:  # per-layer features summed over the layers, each by its own type
         per_layer, once = hybrid_fit.features(shape, settings, static)

@@ -1,5 +1,5 @@
-"""The calibrated profile's features for hybrid stacks: Mamba-2 or Gated DeltaNet layers
-among attention, MLP and MoE layers.
+"""The calibrated profile's features for stacks of unlike layers: Mamba-2 or Gated DeltaNet
+layers among attention, MLP and MoE layers, and Gemma 3n's.
 
 A dense or MoE family's layers are all alike, so the fit charges L x (what one layer adds).
 In Nemotron-H each layer is one mixer (Mamba-2, attention or an MLP), so what a layer adds
@@ -36,34 +36,51 @@ with an MoE: the DeltaNet is transformers' chunked torch path of the gated delta
 holds the tensors Mamba-2's scan does in other widths, so it takes the scan's terms in its own
 (`_scan_terms`), and every layer the MoE terms; a stack with dense MLP layers is refused.
 
+Gemma 3n's layers are all attention + MLP, but not alike (`layer_kinds`): its first layers'
+MLPs cut their gate at a Gaussian quantile (activation sparsity: one more t x MLP-width
+tensor, t·x), its last layers reuse an earlier layer's k/v (no t·kv, no k/v LoRA inputs),
+and every layer carries AltUp's streams of the hidden state (t·h·a), LAuReL's low-rank branch
+(t·lr) and its per-layer input (t·p, whose table and projection, trained in a full fine-tune,
+grow with the depth: G_p per layer). transformers materialises the sliding layers' mask
+(b·s²) from the window's length on.
+
 Only stacks of the layer types the fit was traced with, whose first and last layers are of
 the traced types (their moments are part of the fit), are priced; any other is refused.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 from controller.estimator.analytic import DELTANET_CHUNK
-from controller.estimator.architecture import Layer, ModelShape
+from controller.estimator.architecture import Layer, ModelShape, is_kv_shared_layer
 from controller.estimator.errors import SpecError
-from controller.estimator.settings import TrainingSettings
+from controller.estimator.settings import Method, Precision, TrainingSettings
 from controller.estimator.storage import Static
 
 #: The Mamba-2 scan's terms, in both lists below (zero for a layer without the scan).
 SCAN_FEATURES = ("t*D", "t*C", "t*Hs", "tp*Hs*c", "tp*Hs*N", "tp*D*N/c", "b*D*N")
 #: An MoE layer's terms (Nemotron 3, Qwen3-Next), in both lists below (zero without experts).
 MOE_FEATURES = ("t*k*w", "t*k*e", "t*E", "W_E", "t*l")
+#: Gemma 3n's terms, in both lists below (zero for the other families): AltUp's streams of
+#: the hidden state (t·h·a, a streams), an activation-sparse MLP's cut gate (t·x, x the MLP
+#: width of such a layer), the per-layer input (t·p) and LAuReL's low-rank branch (t·lr),
+#: and G_p, the gradients of a layer's share of the per-layer inputs' table and projection
+#: (a full fine-tune's: they grow with the depth, so they are not the embedding's G_embed).
+ALTUP_FEATURES = ("t*h*a", "t*x", "t*p", "t*lr", "G_p")
 #: What each layer adds, summed over the layers (each by its own type).
 HYBRID_LAYER_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*n", "t", "G_layer", *SCAN_FEATURES,
-    *MOE_FEATURES, "1",
+    *MOE_FEATURES, *ALTUP_FEATURES, "1",
 )  # fmt: skip
 #: What the step holds once: the loss and the first and last layers' own transients.
 HYBRID_LOCAL_FEATURES = (
     "t*h", "t*q", "t*kv", "t*i", "t*A", "t*R", "t*V", "b*s2", "t*n", "t",
-    "G_head", "G_embed", "G_layer", "D", *SCAN_FEATURES, *MOE_FEATURES, "1",
+    "G_head", "G_embed", "G_layer", "D", *SCAN_FEATURES, *MOE_FEATURES, *ALTUP_FEATURES, "1",
 )  # fmt: skip
 _NO_SCAN = [0] * len(SCAN_FEATURES)
 _NO_MOE = [0] * len(MOE_FEATURES)
+_NO_ALTUP = [0] * len(ALTUP_FEATURES)
 
 _ATTENTION = frozenset({"attention", "parallel", "attention_mlp"})
 #: Layers whose mixer runs a chunked scan: Mamba-2's, or Qwen3-Next's Gated DeltaNet.
@@ -80,15 +97,40 @@ STACKS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "falcon_h1": ("parallel", "parallel", ("parallel",)),
     # Qwen3-Next: three Gated DeltaNet layers to one gated-attention layer, each with an MoE.
     "qwen3_next": ("deltanet_mlp", "attention_mlp", ("deltanet_mlp", "attention_mlp")),
+    # Gemma 3n (E2B, E4B): activation-sparse layers first, kv-shared layers last.
+    "gemma3n": ("sparse", "shared", ("sparse", "dense", "shared")),
 }
 
 
 def fit_family(shape: ModelShape) -> str:
-    """The fit that prices a hybrid stack: its model type's, or `nemotron_3` for a
-    Nemotron-H config with MoE layers (the same model type, other layers)."""
+    """The fit that prices a hybrid stack: its model type's, `nemotron_3` for a Nemotron-H
+    config with MoE layers (the same model type, other layers), `gemma3n` for Gemma 3n's
+    text model under either model type."""
     if shape.model_type == "nemotron_h" and "moe" in (shape.dims.mixers or ()):
         return "nemotron_3"
+    if shape.dims.altup_num_inputs:
+        return "gemma3n"
     return shape.model_type
+
+
+def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
+    """Each layer's type as the fit tells them apart, None for a stack of alike layers: a
+    hybrid's mixers; Gemma 3n's layers with activation sparsity ("sparse"), without
+    ("dense") and kv-shared ("shared", no k/v of their own; "sparse_shared" is no published
+    model's and was never traced)."""
+    d = shape.dims
+    if d.mixers is not None:
+        return d.mixers
+    if not d.altup_num_inputs:
+        return None
+    kinds = []
+    for index, sparsity in enumerate(d.activation_sparsity):
+        shared = is_kv_shared_layer(d, index)
+        if sparsity > 0:
+            kinds.append("sparse_shared" if shared else "sparse")
+        else:
+            kinds.append("shared" if shared else "dense")
+    return tuple(kinds)
 
 
 def check_stack(shape: ModelShape, field: str) -> None:
@@ -96,9 +138,9 @@ def check_stack(shape: ModelShape, field: str) -> None:
     first and last layers (their moments are not in the fit)."""
     family = fit_family(shape)
     first, last, middle = STACKS[family]
-    mixers = shape.dims.mixers or ()
+    kinds = layer_kinds(shape) or ()
     traced = {first, last, *middle}
-    unfitted = sorted(set(mixers) - traced)
+    unfitted = sorted(set(kinds) - traced)
     if unfitted:
         raise SpecError(
             field,
@@ -113,12 +155,12 @@ def check_stack(shape: ModelShape, field: str) -> None:
             "dense MLP layers (mlp_only_layers or decoder_sparse_step); use the analytic, "
             "unsloth or trace profile",
         )
-    if not mixers or mixers[0] != first or mixers[-1] != last:
+    if not kinds or kinds[0] != first or kinds[-1] != last:
         raise SpecError(
             field,
             f"calibrated fits {family} stacks whose first layer is {first} and "
-            f"last is {last}, this one runs {mixers[0] if mixers else 'none'} ... "
-            f"{mixers[-1] if mixers else 'none'}; use the analytic, unsloth or trace profile",
+            f"last is {last}, this one runs {kinds[0] if kinds else 'none'} ... "
+            f"{kinds[-1] if kinds else 'none'}; use the analytic, unsloth or trace profile",
         )
 
 
@@ -165,6 +207,62 @@ def _moe_terms(layer: Layer, shape: ModelShape, t: int) -> list[int]:
     return [pairs * width, pairs * inner, t * d.num_experts, stacks, t * (d.moe_latent_size or 0)]
 
 
+def _per_layer_input_gradients(shape: ModelShape, settings: TrainingSettings) -> tuple[int, int]:
+    """(a layer's share of the gradients of Gemma 3n's per-layer inputs: its slice of the
+    table and of the projection to them, the whole table's gradients): what a full
+    fine-tune trains there."""
+    d = shape.dims
+    if settings.method is not Method.FULL or not d.hidden_size_per_layer_input:
+        return 0, 0
+    elem = 4 if settings.precision is Precision.FP32 else 2
+    p, vocab = d.hidden_size_per_layer_input, d.vocab_size_per_layer_input
+    return (vocab + d.hidden_size) * p * elem, len(shape.layers) * vocab * p * elem
+
+
+def _altup_terms(shape: ModelShape, t: int, mlp: int, sparse: bool, g_p: int) -> list[int]:
+    """ALTUP_FEATURES of one layer (zeros but in Gemma 3n)."""
+    d = shape.dims
+    if not d.altup_num_inputs:
+        return _NO_ALTUP
+    h, p, rank = d.hidden_size, d.hidden_size_per_layer_input, d.laurel_rank
+    return [t * h * d.altup_num_inputs, t * mlp if sparse else 0, t * p, t * rank, g_p]
+
+
+_Group = tuple[Layer, int, tuple[int, int, int], bool]
+
+
+def _groups(shape: ModelShape, static: Static) -> tuple[list[_Group], list[_Group]]:
+    """(every group of alike layers, the first and the last layer): each as (layer, how
+    many, its static parts (gradients, adapted inputs, ranks), whether its MLP is
+    activation-sparse). Gemma 3n's sparse and dense layers can be one Layer (the same
+    tensors), so there layers are told apart by index."""
+    # `layer_parts` ends with the outer linears' (Gemma 3n's AltUp and per-layer input
+    # projections), which the once terms price by the hidden width: not a layer's.
+    parts = {
+        id(layer): part
+        for (layer, _), part in zip(shape.layer_counts, static.layer_parts, strict=False)
+    }
+    sparsity = shape.dims.activation_sparsity or (0.0,) * len(shape.layers)
+    ends_at = {0, len(shape.layers) - 1}
+    ends = [
+        (shape.layers[i], 1, parts[id(shape.layers[i])], sparsity[i] > 0) for i in sorted(ends_at)
+    ]
+    if not shape.dims.activation_sparsity:
+        groups = [(layer, count, parts[id(layer)], False) for layer, count in shape.layer_counts]
+        return groups, ends
+    counts = Counter(
+        (id(layer), value > 0) for layer, value in zip(shape.layers, sparsity, strict=True)
+    )
+    layers = {id(layer): layer for layer in shape.layers}
+    groups = [(layers[key], n, parts[key], sparse) for (key, sparse), n in counts.items()]
+    return groups, ends
+
+
+def _has_kv(layer: Layer) -> bool:
+    """Whether an attention layer computes its own k/v (Gemma 3n's kv-shared layers do not)."""
+    return any(lin.name == "k_proj" for lin in layer.linears)
+
+
 def features(
     shape: ModelShape, settings: TrainingSettings, static: Static
 ) -> tuple[list[int], list[int]]:
@@ -177,35 +275,49 @@ def features(
     q, kv, n = d.num_heads * head_dim, d.num_kv_heads * head_dim, d.num_heads
     scan = _scan_terms(shape, b, s)
     summed = [0] * len(HYBRID_LAYER_FEATURES)
-    ends: dict[int, tuple[Layer, tuple[int, int, int]]] = {}
-    by_id = dict(
-        zip(map(id, (lay for lay, _ in shape.layer_counts)), static.layer_parts, strict=False)
-    )
-    for index in {0, len(shape.layers) - 1}:
-        layer = shape.layers[index]
-        ends[index] = (layer, by_id[id(layer)])
-    for (layer, count), (grads, inputs, ranks) in zip(
-        shape.layer_counts, static.layer_parts, strict=False
-    ):
+    groups, ends = _groups(shape, static)
+    g_p, table = _per_layer_input_gradients(shape, settings)
+    for layer, count, (grads, inputs, ranks), sparse in groups:
         attn = layer.mixer in _ATTENTION
-        scanned = layer.mixer in _SCANNED
-        vector = [t * h, t * q if attn else 0, t * kv if attn else 0, t * _mlp_width(layer),
-                  t * inputs, t * ranks, t * n if attn else 0, t, grads,
-                  *(scan if scanned else _NO_SCAN), *_moe_terms(layer, shape, t), 1]  # fmt: skip
+        mlp = _mlp_width(layer)
+        vector = [t * h, t * q if attn else 0, t * kv if attn and _has_kv(layer) else 0,
+                  t * mlp, t * inputs, t * ranks, t * n if attn else 0, t, grads,
+                  *(scan if layer.mixer in _SCANNED else _NO_SCAN), *_moe_terms(layer, shape, t),
+                  *_altup_terms(shape, t, mlp, sparse, g_p), 1]  # fmt: skip
         for i, value in enumerate(vector):
             summed[i] += value * count
-    end_layers = [layer for layer, _ in ends.values()]
+    end_layers = [layer for layer, *_ in ends]
     attn_end = any(layer.mixer in _ATTENTION for layer in end_layers)
+    kv_end = any(layer.mixer in _ATTENTION and _has_kv(layer) for layer in end_layers)
     scanned_end = any(layer.mixer in _SCANNED for layer in end_layers)
-    end_inputs = sum(parts[1] for _, parts in ends.values())
-    end_ranks = sum(parts[2] for _, parts in ends.values())
-    end_grads = sum(parts[0] for _, parts in ends.values())
+    end_grads, end_inputs, end_ranks = (sum(part[i] for _, _, part, _ in ends) for i in range(3))
     logits = 0 if settings.fused_loss else t * shape.vocab_size
-    end_terms = [_moe_terms(layer, shape, t) for layer in end_layers]
-    end_moe = [max(terms) for terms in zip(*end_terms, strict=True)]
-    once = [t * h, t * q if attn_end else 0, t * kv if attn_end else 0,
+    end_moe = [
+        max(terms) for terms in zip(*(_moe_terms(lay, shape, t) for lay in end_layers), strict=True)
+    ]
+    end_altup = [
+        max(terms)
+        for terms in zip(
+            *(_altup_terms(shape, t, _mlp_width(lay), sp, 0) for lay, _, _, sp in ends),
+            strict=True,
+        )
+    ]
+    # Gemma 3n: transformers materialises the sliding layers' mask from the window's length
+    # on (the full layers' causal mask is sdpa's is_causal); the others as traced.
+    window = d.sliding_window
+    mask = 0 if window is not None and s < window else b * s * s
+    # The per-layer inputs' table is part of the embedding (tied to the LM head or not), but
+    # its gradients are G_p's, layer by layer.
+    head, embed = static.head_gradients, static.embed_gradients
+    table = len(shape.layers) * d.vocab_size_per_layer_input * d.hidden_size_per_layer_input
+    if g_p and shape.lm_head_params:
+        embed -= table * (
+            g_p // (d.vocab_size_per_layer_input + h) // d.hidden_size_per_layer_input
+        )
+    elif g_p:
+        head -= table * (g_p // (d.vocab_size_per_layer_input + h) // d.hidden_size_per_layer_input)
+    once = [t * h, t * q if attn_end else 0, t * kv if kv_end else 0,
             t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
-            b * s * s, t * n if attn_end else 0, t, static.head_gradients,
-            static.embed_gradients, end_grads, static.dequantized,
-            *(scan if scanned_end else _NO_SCAN), *end_moe, 1]  # fmt: skip
+            mask, t * n if attn_end else 0, t, head, embed, end_grads, static.dequantized,
+            *(scan if scanned_end else _NO_SCAN), *end_moe, *end_altup, 1]  # fmt: skip
     return summed, once

@@ -128,9 +128,12 @@ HYBRID_PRESETS = {
     "nemotron_3": "nemotron-3-nano-30b-a3b",
     "falcon_h1": "falcon-h1-1.5b",
     "qwen3_next": "qwen3-next-80b-a3b",
+    "gemma3n": "gemma-3n-e4b",
 }
 #: Qwen3-Next's layer types by `shrunk_hybrid`'s pattern characters.
 QWEN3_NEXT_LAYERS = {"L": "linear_attention", "A": "full_attention"}
+#: Gemma 3n's layer kinds (`hybrid_fit.layer_kinds`) by `shrunk_hybrid`'s pattern characters.
+GEMMA3N_LAYERS = {"S": "sparse", "D": "dense", "H": "shared"}
 
 
 def shrunk_hybrid(
@@ -144,6 +147,8 @@ def shrunk_hybrid(
     `nemotron_3` (Nemotron-H with MoE layers, E in `pattern`) draws its experts too."""
     if family == "qwen3_next":
         return _shrunk_qwen3_next(rng, pattern)
+    if family == "gemma3n":
+        return _shrunk_gemma3n(rng, pattern)
     config = load_preset(HYBRID_PRESETS[family]).config_dict()
     for name in (*_DROPPED, "hybrid_override_pattern"):
         config.pop(name, None)
@@ -227,6 +232,54 @@ def _shrunk_qwen3_next(rng: random.Random, pattern: str) -> dict[str, Any]:
         shared_expert_intermediate_size=_round(hidden * rng.uniform(0.25, 1.0), 64),
     )
     return config
+
+
+def _shrunk_gemma3n(rng: random.Random, pattern: str) -> dict[str, Any]:
+    """A small Gemma 3n text model with the layers of `pattern` (S: activation-sparse, D:
+    dense, H: kv-shared; `gemma3n_layers`): attention as `shrunk` draws it with heads of 128
+    or 256 (the E2B's and E4B's: 256), an MLP 4-8x hidden (8x), 2-4 AltUp streams (4),
+    LAuReL rank 16-64 (64), per-layer inputs of 64-256 (256) from a table as large as the
+    vocabulary, a sliding window of 64-256 tokens (512: the samples' 128-512 tokens reach it
+    as real lengths reach 512, so the window's mask is there as it is at 2,048 tokens)."""
+    config = dict(load_preset(HYBRID_PRESETS["gemma3n"]).config_dict()["text_config"])
+    for name in (*_DROPPED, "activation_sparsity_pattern"):
+        config.pop(name, None)
+    heads = rng.choice((4, 8))
+    hidden = rng.choice((512, 768, 1024))
+    head_dim = rng.choice((128, 256))
+    vocab = _round(hidden * rng.uniform(4.0, 16.0))
+    config.update(
+        pad_token_id=0,
+        hidden_size=hidden,
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=rng.choice([d for d in (1, 2, 4) if heads % d == 0]),
+        intermediate_size=_round(hidden * rng.uniform(4.0, 8.0)),
+        vocab_size=vocab,
+        vocab_size_per_layer_input=vocab,
+        hidden_size_per_layer_input=rng.choice((64, 128, 256)),
+        laurel_rank=rng.choice((16, 32, 64)),
+        altup_num_inputs=rng.choice((2, 3, 4)),
+        sliding_window=rng.choice((64, 128, 256)),
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    )
+    return config | gemma3n_layers(pattern)
+
+
+def gemma3n_layers(pattern: str) -> dict[str, Any]:
+    """The fields that make a Gemma 3n stack of `pattern`'s kinds: the kv-shared layers come
+    last (transformers shares from the last layer before them of the same attention type),
+    every layer a sliding one (a full-attention layer adds, once, its RoPE table: t x head
+    dim x 4 bytes, 0.07 % of a shrunk stack's peak as measured, 2 MB of E4B's 2,048 tokens)."""
+    kinds = [GEMMA3N_LAYERS[c] for c in pattern]
+    return {
+        "num_hidden_layers": len(kinds),
+        "activation_sparsity_pattern": [0.95 if k == "sparse" else 0.0 for k in kinds],
+        "num_kv_shared_layers": kinds.count("shared"),
+        "layer_types": ["sliding_attention"] * len(kinds),
+    }
 
 
 def _shrink_nemotron_moe(config: dict[str, Any], rng: random.Random, hidden: int) -> None:

@@ -1,5 +1,5 @@
-"""Fit the calibrated profile's hybrid section: Nemotron-H, Nemotron 3, Falcon-H1 and
-Qwen3-Next (`hybrid_fit.py`).
+"""Fit the calibrated profile's hybrid section: Nemotron-H, Nemotron 3, Falcon-H1,
+Qwen3-Next and Gemma 3n (`hybrid_fit.py`).
 
     python -m controller.trace.calibrate_hybrid [--samples 60] [--first-seed 0] [--workers N]
         [--out PATH] [--rows PATH] [--refit PATH...] [--families nemotron_3,...]
@@ -10,15 +10,17 @@ Writes the `hybrid` section of `calibration.json` and leaves the rest of the fil
 QLoRA) and checkpointing, sdpa attention only, `--samples` shrunk variants of the family's
 preset (`calibrate.shrunk_hybrid`, chunks of 64, 128 or 256 tokens, two chunks or more;
 Qwen3-Next's are always 64):
-each one traced as a two-layer stack of the family's first and last layer types
-(`hybrid_fit.STACKS`) and once more with one layer of each type put between them, every op
+each one traced as a base stack (`base_stack`: the family's first and last layer types
+(`hybrid_fit.STACKS`); Gemma 3n's sparse, dense and kv-shared layer, `BASES` says why) and
+once more with one layer of each type added to it, every op
 of a layer a moment of its own (`StorageTracker.split_ops`). Per moment of the step, what a
-layer of a type adds (the three-layer trace less the two-layer one) is fitted against the
+layer of a type adds (the grown trace less the base) is fitted against the
 summed per-layer features, one coefficient vector for every type; what is left of the
-two-layer stack once its own two layers are taken off is fitted against the once-per-step
+base stack once its own layers are taken off is fitted against the once-per-step
 features. LoRA adapts every linear PEFT accepts on these models (PEFT refuses `out_proj` and
 so `all-linear` on Mamba mixers; on Qwen3-Next the MLP names reach the routed experts' stacks
-too, as PEFT maps them).
+too, as PEFT maps them; Gemma 3n takes `all-linear`, its QLoRA keeps AltUp's clamped linears
+in 16 bits, `GEMMA3N_QLORA`).
 
 Measured (2 cores): Nemotron-H and Falcon-H1, 60 samples per class (2,880 traces) in 13-20
 minutes, within 2.0 % of its own samples; in four-fold cross-validation (a quarter of each
@@ -26,7 +28,8 @@ class's samples held out in turn), every held-out peak within 3.6 %. Nemotron 3 
 in 4 minutes, within 1.9 %, held out within 2.6 %. Qwen3-Next (1,080 traces) in 6 minutes,
 within 2.0 %, held out within 4.4 %: 17.7 % under on one sample until the moments to keep
 were chosen at the preset's widths too (`_preset_points`), that sample being the only one
-whose peak is the loss's. The first fit, from whole module regions and
+whose peak is the loss's. Gemma 3n, 40 samples per class (960 traces) in 20 minutes, within
+1.8 %, held out within 4.2 %. The first fit, from whole module regions and
 one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's fifty ops
 peaks at whichever op the widths favour, and a one-chunk scan skips copies.
 `--first-seed` traces further seeds into another `--rows` file and `--refit` fits several
@@ -65,6 +68,7 @@ from controller.trace.calibrate import (
     _lstsq,
     _measure,
     by_class,
+    gemma3n_layers,
     keep_deciding,
     library_versions,
     shrunk_hybrid,
@@ -90,6 +94,17 @@ TARGETS = {
         "up_proj",
         "down_proj",
     ),
+    # all-linear: PEFT's every nn.Linear but the LM head (AltUp's, LAuReL's and the
+    # per-layer inputs' too), as a user asks for it
+    "gemma3n": ("all-linear",),
+}
+#: What Gemma 3n's QLoRA keeps in 16 bits: AltUp clamps these weights in place while
+#: training, which 4-bit weights cannot take (`trace.build._refuse_clamped_4bit`).
+GEMMA3N_QLORA = {
+    "quant_method": "bitsandbytes",
+    "load_in_4bit": True,
+    "bnb_4bit_use_double_quant": True,
+    "llm_int8_skip_modules": ["prediction_coefs", "correction_coefs"],
 }
 _CHAR = {
     "mamba2": "M",
@@ -99,6 +114,9 @@ _CHAR = {
     "parallel": "P",
     "deltanet_mlp": "L",  # Qwen3-Next (`calibrate.QWEN3_NEXT_LAYERS`)
     "attention_mlp": "A",
+    "sparse": "S",  # Gemma 3n (`calibrate.GEMMA3N_LAYERS`)
+    "dense": "D",
+    "shared": "H",
 }
 CHUNKS = (64, 128, 256)
 #: Real depths a moment is checked at before it is dropped, in the preset's layer mix.
@@ -121,28 +139,39 @@ def with_layers(family: str, config: dict[str, Any], types: tuple[str, ...]) -> 
     out = config | {"num_hidden_layers": len(types)}
     if family == "qwen3_next":
         out["layer_types"] = [QWEN3_NEXT_LAYERS[_CHAR[t]] for t in types]
+    elif family == "gemma3n":
+        out |= gemma3n_layers("".join(_CHAR[t] for t in types))
     elif family != "falcon_h1":  # Nemotron-H and Nemotron 3 name their layers in a pattern
         out["hybrid_override_pattern"] = "".join(_CHAR[t] for t in types)
     return out
 
 
 def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
-    """The two-layer config and the settings of one sample (deterministic in the task)."""
+    """The base stack's config (`base_stack`) and the settings of one sample (deterministic
+    in the task)."""
     family, method, gc, seed = task
     rng = random.Random(f"hybrid/{family}/{method}/{gc}/{seed}")
     first, last, _ = hybrid_fit.STACKS[family]
     config = shrunk_hybrid(family, rng, "".join(_CHAR[t] for t in (first, last)), CHUNKS)
-    config = with_layers(family, config, (first, last))
+    config = with_layers(family, config, base_stack(family))
     adapter = method != "full"
     seq_len = rng.choice((128, 256, 384, 512))
     # Two chunks or more, as at real lengths (2,048 tokens and up in chunks of 128 or 256):
     # a one-chunk scan skips copies a longer one makes, so its moments are not the same.
     chunk = rng.choice([c for c in CHUNKS if 2 * c <= seq_len])
-    if family != "qwen3_next":  # its chunk is fixed (analytic.DELTANET_CHUNK)
+    if family not in ("qwen3_next", "gemma3n"):  # Qwen3-Next's chunk is fixed, Gemma 3n scans not
         config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
+    config = with_method(family, config, method)
     rank = rng.choice((8, 16, 32)) if adapter else None
     batch = rng.choice((1, 2))
     return config, _settings(family, config, (method, gc), rank, batch, seq_len)
+
+
+def with_method(family: str, config: dict[str, Any], method: str) -> dict[str, Any]:
+    """`config` as a job of `method` loads it: Gemma 3n's QLoRA with GEMMA3N_QLORA."""
+    if family == "gemma3n" and method == Method.QLORA.value:
+        return config | {"quantization_config": GEMMA3N_QLORA}
+    return config
 
 
 def _settings(
@@ -173,10 +202,31 @@ def _features(config: dict[str, Any], settings: TrainingSettings) -> tuple[list[
     return hybrid_fit.features(shape, settings, static_bytes(shape, settings))
 
 
+#: The stack a sample's others add one layer to, where it is not the first and last layer
+#: alone. Gemma 3n's first layer is never the one whose k/v the kv-shared layers reuse
+#: (transformers' last layer before them), as it is in [sparse, shared]: there the first
+#: layer's recomputation held 17 MB less (the shrunk grid's LoRA, 1,024 tokens) than in any
+#: deeper stack, and a fit from that base read the jump as what a layer adds (6.6-11.4 % over
+#: the trace of a six-layer stack).
+BASES = {"gemma3n": ("sparse", "dense", "shared")}
+
+
+def base_stack(family: str) -> tuple[str, ...]:
+    """A sample's base stack: BASES's, else the family's first and last layer types."""
+    first, last, _ = hybrid_fit.STACKS[family]
+    return BASES.get(family, (first, last))
+
+
 def stacks(task: Task) -> dict[str, tuple[str, ...]]:
-    """The traced stacks of a sample: "2" (first, last) and one per type put between."""
-    first, last, middle = hybrid_fit.STACKS[task[0]]
-    return {"2": (first, last)} | {t: (first, t, last) for t in middle}
+    """The traced stacks of a sample: "2", the base stack (`base_stack`; the name is the
+    two-layer one's, as stored rows have it), and one per type with a layer of that type put
+    after the base's last one (after the first layer where the base has none)."""
+    base = base_stack(task[0])
+    out = {"2": base}
+    for kind in hybrid_fit.STACKS[task[0]][2]:
+        at = max((i for i, k in enumerate(base) if k == kind), default=0) + 1
+        out[kind] = (*base[:at], kind, *base[at:])
+    return out
 
 
 def sample(task: Task) -> dict[str, Any]:
@@ -211,7 +261,8 @@ def _dynamic(coefs: list[list[float]], run: dict[str, Any]) -> float:
 @cache
 def _preset_mix(family: str) -> Counter[str]:
     """How many layers of each type the family's preset stacks."""
-    return Counter(parse_config(load_preset(HYBRID_PRESETS[family]).config_dict()).dims.mixers)
+    shape = parse_config(load_preset(HYBRID_PRESETS[family]).config_dict())
+    return Counter(hybrid_fit.layer_kinds(shape))
 
 
 def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
@@ -220,12 +271,11 @@ def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
     runs = row["runs"]
     base = runs["2"]
     mix = _preset_mix(family)
-    first, last, middle = hybrid_fit.STACKS[family]
+    middle = hybrid_fit.STACKS[family][2]
+    in_base = Counter(base_stack(family))
     points = list(runs.values())
     for depth in DEPTHS:
-        extra = {t: round(depth * mix[t] / mix.total()) for t in middle}
-        extra[first] -= 1
-        extra[last] -= 1
+        extra = {t: round(depth * mix[t] / mix.total()) - in_base[t] for t in middle}
         point = {"per_layer": list(base["per_layer"]), "once": base["once"]}
         for name in ("base", "static_step"):
             point[name] = base[name] + sum(
@@ -254,7 +304,7 @@ PRESET_BATCHES = (1, 4)
 def _preset_points(family: str, method: str, gc: str) -> tuple[dict[str, Any], ...]:
     """The family preset's features and static parts at PRESET_LENGTHS x PRESET_BATCHES,
     as the samples of the class are set up (no trace: only the fit's predictions count)."""
-    config = load_preset(HYBRID_PRESETS[family]).config_dict()
+    config = with_method(family, load_preset(HYBRID_PRESETS[family]).config_dict(), method)
     shape = parse_config(config)
     rank = 16 if method != "full" else None
     points = []
@@ -370,9 +420,7 @@ def calibrate(
     errors: dict[str, float] = {}
     for (family, method, gc), group in by_class(rows).items():
         coefficients, worst = fit(group, family)
-        fits.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = (
-            coefficients
-        )
+        fits.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = coefficients
         errors[f"{family}/{method}/{gc}/sdpa"] = worst
     return {
         "generated_by": "python -m controller.trace.calibrate_hybrid",
@@ -388,8 +436,10 @@ def calibrate(
             "bf16, AdamW, LoRA on every linear PEFT adapts there, sdpa (also used for "
             "flash/flex; eager is not fitted), transformers' torch path of the Mamba-2 scan "
             "(the fused CUDA kernel holds less) and of Qwen3-Next's gated delta rule (fla's "
-            "kernels hold less), MoE experts as transformers' grouped_mm; stacks whose first "
-            "and last layers are of the types in `stacks`"
+            "kernels hold less), MoE experts as transformers' grouped_mm; Gemma 3n traced "
+            "with sliding-attention layers only (a full-attention layer's RoPE table, t x "
+            "head dim x 4 bytes once, is not fitted); stacks whose first and last layers are "
+            "of the types in `stacks`"
         ),
         "stacks": {
             f: {"first": a, "last": b, "between": list(m)}

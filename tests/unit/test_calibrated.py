@@ -27,6 +27,7 @@ from controller.estimator import (
     Optimizer,
     Profile,
     TrainingSettings,
+    hybrid_fit,
     load_shape,
     parse_config,
 )
@@ -94,12 +95,10 @@ def test_the_data_file_covers_every_family_and_job() -> None:
                         assert len(once) == len(LOCAL_FEATURES)
 
 
-#: Hybrid stacks (Nemotron-H ...) and Gemma 3n have no fit: calibrated refuses them
-#: (tests/unit/test_hybrid_families.py).
+#: Hybrid stacks (Nemotron-H ...) and Gemma 3n are priced by the hybrid section, layer by
+#: layer (tests/unit/test_calibrated_hybrid.py); Jamba is refused.
 FITTED_PRESETS = [
-    name
-    for name in preset_names()
-    if load_shape(name).dims.mixers is None and not load_shape(name).dims.altup_num_inputs
+    name for name in preset_names() if hybrid_fit.layer_kinds(load_shape(name)) is None
 ]
 
 

@@ -1,5 +1,5 @@
-"""The calibrated profile for hybrid stacks (Nemotron-H, Nemotron 3, Falcon-H1, Qwen3-Next):
-within 5 % of the trace.
+"""The calibrated profile for hybrid stacks (Nemotron-H, Nemotron 3, Falcon-H1, Qwen3-Next,
+Gemma 3n): within 5 % of the trace.
 
 The machinery: the features price each layer by its type, the fit recovers a linear truth
 from the stacks it is given, and the estimate applies a section as the fit predicts it,
@@ -33,7 +33,7 @@ from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
 from controller.profiles import estimate
 from controller.trace import calibrate_hybrid
-from controller.trace.calibrate import QWEN3_NEXT_LAYERS
+from controller.trace.calibrate import QWEN3_NEXT_LAYERS, gemma3n_layers
 from tests.unit.trace_support import require_trace_extra
 
 PRESETS = {
@@ -41,6 +41,7 @@ PRESETS = {
     "nemotron_3": "nemotron-3-nano-30b-a3b",
     "falcon_h1": "falcon-h1-1.5b",
     "qwen3_next": "qwen3-next-80b-a3b",
+    "gemma3n": "gemma-3n-e4b",
 }
 TOLERANCE = 0.05
 LAYER_N, LOCAL_N = len(hybrid_fit.HYBRID_LAYER_FEATURES), len(hybrid_fit.HYBRID_LOCAL_FEATURES)
@@ -55,6 +56,8 @@ def _config(family: str, pattern: str) -> dict[str, Any]:
 def _summed(config: dict[str, Any], pattern: str, job: TrainingSettings) -> dict[str, int]:
     if config["model_type"] == "qwen3_next":
         layers: dict[str, Any] = {"layer_types": [QWEN3_NEXT_LAYERS[c] for c in pattern]}
+    elif config["model_type"] == "gemma3n_text":
+        layers = gemma3n_layers(pattern)
     else:
         layers = {"hybrid_override_pattern": pattern}
     shape = parse_config(config | layers | {"num_hidden_layers": len(pattern)})
@@ -114,6 +117,97 @@ def test_a_qwen3_next_stack_with_dense_layers_is_refused() -> None:
     config = _config("qwen3_next", "LLLA") | {"mlp_only_layers": [1]}
     job = TrainingSettings(method=Method.FULL, profile=Profile.CALIBRATED)
     with pytest.raises(SpecError, match="with experts in every layer, this one has dense") as info:
+        estimate(parse_config(config), job)
+    assert info.value.field == "estimator.profile" and "\n" not in info.value.message
+
+
+def test_a_gemma_3n_layer_adds_its_kind_s_terms() -> None:
+    """Every Gemma 3n layer adds AltUp's streams, its per-layer input and LAuReL's branch; an
+    activation-sparse one its cut gate (t·x) too, a kv-shared one no k/v; in a full fine-tune
+    its share of the per-layer inputs' gradients (G_p); the mask is once, from the sliding
+    window's length on."""
+    config = _config("gemma3n", "SH")
+    job = TrainingSettings(method=Method.LORA, rank=8, batch=2, seq_len=256)
+    two = _summed(config, "SH", job)
+    adds = {
+        kind: {k: v - two[k] for k, v in _summed(config, f"S{char}H", job).items()}
+        for kind, char in (("sparse", "S"), ("dense", "D"), ("shared", "H"))
+    }
+    t, h, mlp = 512, config["hidden_size"], config["intermediate_size"]
+    streams, p, rank = (config[k] for k in ("altup_num_inputs", "hidden_size_per_layer_input",
+                                            "laurel_rank"))  # fmt: skip
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    for kind in adds:
+        assert (adds[kind]["t*h*a"], adds[kind]["t*p"], adds[kind]["t*lr"]) == (
+            t * h * streams,
+            t * p,
+            t * rank,
+        )
+        assert adds[kind]["t*i"] == t * mlp and adds[kind]["t*q"] > 0
+    assert adds["sparse"]["t*x"] == t * mlp and adds["dense"]["t*x"] == adds["shared"]["t*x"] == 0
+    assert adds["sparse"]["t*kv"] == adds["dense"]["t*kv"] == t * kv and adds["shared"]["t*kv"] == 0
+    assert adds["dense"]["t*A"] > adds["shared"]["t*A"] > 0  # LoRA's k/v inputs are not there
+    assert adds["dense"]["G_p"] == 0  # the table is frozen
+    full = TrainingSettings(method=Method.FULL, batch=2, seq_len=256)
+    grown = _summed(config, "SDH", full)["G_p"] - _summed(config, "SH", full)["G_p"]
+    assert grown == (config["vocab_size_per_layer_input"] + h) * p * 2
+    window = config["sliding_window"]
+    shape = parse_config(config | gemma3n_layers("SH"))
+    for seq_len in (window - 1, window):
+        short = TrainingSettings(method=Method.FULL, seq_len=seq_len)
+        once = hybrid_fit.features(shape, short, static_bytes(shape, short))[1]
+        mask = dict(zip(hybrid_fit.HYBRID_LOCAL_FEATURES, once, strict=True))["b*s2"]
+        assert mask == (0 if seq_len < window else seq_len**2)
+
+
+def test_gemma_3n_s_layer_kinds_follow_its_sparsity_and_kv_sharing() -> None:
+    shape = load_shape(PRESETS["gemma3n"])
+    assert hybrid_fit.layer_kinds(shape) == ("sparse",) * 10 + ("dense",) * 10 + ("shared",) * 15
+    assert hybrid_fit.fit_family(shape) == "gemma3n"
+    assert hybrid_fit.layer_kinds(load_shape("llama-3.1-8b")) is None
+    for pattern in ("SH", "SSDH", "SDHH"):
+        config = _config("gemma3n", pattern)
+        kinds = hybrid_fit.layer_kinds(parse_config(config))
+        assert "".join(k[0].upper() if k != "shared" else "H" for k in kinds or ()) == pattern
+
+
+def test_gemma_3n_samples_grow_a_base_whose_first_layer_stores_no_k_v() -> None:
+    """The kv-shared layers reuse the k/v of the last layer before them; in a two-layer
+    [sparse, shared] that is the first layer, whose recomputation then holds less than in any
+    real stack. Each sample's stacks add one layer of a kind to [sparse, dense, shared], in
+    the place a real stack has it, and parse back to those kinds."""
+    task = ("gemma3n", "lora", "on", 0)
+    assert calibrate_hybrid.stacks(task) == {
+        "2": ("sparse", "dense", "shared"),
+        "sparse": ("sparse", "sparse", "dense", "shared"),
+        "dense": ("sparse", "dense", "dense", "shared"),
+        "shared": ("sparse", "dense", "shared", "shared"),
+    }
+    config, _ = calibrate_hybrid.variant(task)
+    for kinds in calibrate_hybrid.stacks(task).values():
+        shape = parse_config(calibrate_hybrid.with_layers("gemma3n", config, kinds))
+        assert hybrid_fit.layer_kinds(shape) == kinds
+    # the other families' bases are their first and last layers, a layer put between
+    assert calibrate_hybrid.stacks(("nemotron_h", "lora", "on", 0))["attention"] == (
+        "mamba2", "attention", "mlp"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # a sparse layer among the kv-shared ones: no published model's, never traced
+        ({"activation_sparsity_pattern": [0.95, 0.0, 0.95]}, "this one has sparse_shared"),
+        # a dense first layer: the fit's stacks begin with a sparse one, as Google's do
+        ({"activation_sparsity_pattern": [0.0, 0.0, 0.0]}, "first layer is sparse"),
+    ],
+)
+def test_a_gemma_3n_stack_the_fit_never_traced_is_refused(
+    change: dict[str, Any], message: str
+) -> None:
+    config = _config("gemma3n", "SDH") | change
+    job = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)
+    with pytest.raises(SpecError, match=message) as info:
         estimate(parse_config(config), job)
     assert info.value.field == "estimator.profile" and "\n" not in info.value.message
 
@@ -330,6 +424,7 @@ GRID_PATTERNS = {
     "nemotron_3": "MEM*E",
     "falcon_h1": "PPPP",
     "qwen3_next": "LLALLA",
+    "gemma3n": "SSDDHH",
 }
 GRID_JOBS = [
     (method, gc, seq_len, batch)
@@ -360,12 +455,12 @@ def test_within_5_percent_of_the_trace_on_the_grid(family: str) -> None:
     from controller.trace.run import trace_run
 
     config = shrunk_hybrid(family, random.Random(f"grid/{family}"), GRID_PATTERNS[family])
-    shape = parse_config(config)
     misses = []
     for method, gc, seq_len, batch in GRID_JOBS:
         job = _job(family, config, method, gradient_checkpointing=gc, seq_len=seq_len, batch=batch)
-        traced = trace_run(config, job, breakdowns=False).peak
-        error = (calibrated.peak_bytes(shape, job) - traced) / traced
+        loaded = calibrate_hybrid.with_method(family, config, method.value)
+        traced = trace_run(loaded, job, breakdowns=False).peak
+        error = (calibrated.peak_bytes(parse_config(loaded), job) - traced) / traced
         if abs(error) > TOLERANCE:
             misses.append(f"{method.value} gc={gc.value} s={seq_len} b={batch}: {error:+.1%}")
     assert not misses, "; ".join(misses)
@@ -382,6 +477,8 @@ REAL = [
     ("qwen3-next-80b-a3b", Method.QLORA, _OFF),
     ("falcon-h1-1.5b", Method.FULL, _ON),
     ("falcon-h1-1.5b", Method.LORA, _ON),
+    ("gemma-3n-e4b", Method.LORA, _ON),
+    ("gemma-3n-e4b", Method.QLORA, _OFF),
 ]
 
 
@@ -396,11 +493,11 @@ def test_within_5_percent_of_the_trace_at_real_widths(
     require_trace_extra()
     from controller.trace import trace
 
-    shape = load_shape(preset)
-    config = load_preset(preset).config_dict()
-    job = _job(hybrid_fit.fit_family(shape), config, method, gradient_checkpointing=gc)
-    traced = trace(load_preset(preset).config, job).peak_bytes
-    predicted = calibrated.peak_bytes(shape, job)
+    family = hybrid_fit.fit_family(load_shape(preset))
+    config = calibrate_hybrid.with_method(family, load_preset(preset).config_dict(), method.value)
+    job = _job(family, config, method, gradient_checkpointing=gc)
+    traced = trace(config, job).peak_bytes
+    predicted = calibrated.peak_bytes(parse_config(config), job)
     assert abs(predicted - traced) <= TOLERANCE * traced, (predicted, traced)
 
 

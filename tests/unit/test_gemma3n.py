@@ -1,5 +1,6 @@
 """Gemma 3n's text model: per-layer inputs, kv-shared layers, LAuReL and AltUp, counted as
-transformers builds them and priced by the formula profiles (calibrated refuses it)."""
+transformers builds them and priced by the formula profiles (the calibrated profile's fit is
+held to the trace in test_calibrated_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -105,11 +106,59 @@ def test_analytic_activations_carry_altups_four_streams() -> None:
     assert estimate(shape, off).components["activations"] == 35 * 2048 * 2048 * (34 + 4 * 3)
 
 
-def test_calibrated_refuses_gemma_3n() -> None:
+def test_calibrated_prices_gemma_3n_from_its_own_fit() -> None:
+    """Priced by the hybrid section's `gemma3n` fit (layer by layer: sparse, dense and
+    kv-shared layers), not read as Llama: more than the analytic profile's activations here."""
+    shape = load_shape(E4B)
     job = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)
+    est = estimate(shape, job)
+    assert est.profile == "calibrated" and est.total_bytes == sum(est.components.values())
+    assert est.trainable_params == E4B_LORA_16
+    longer = estimate(shape, replace(job, seq_len=8192))
+    assert longer.components["activations"] > 3 * est.components["activations"] > 0
+
+
+def test_activation_sparsity_defaults_as_transformers_does() -> None:
+    """Left out, the first ten layers of a model deeper than ten are sparse (Gemma3nTextConfig);
+    a shallower one has none."""
+    deep = parse_config(SMALL | {"num_hidden_layers": 12, "layer_types": None})
+    assert deep.dims.activation_sparsity == (0.95,) * 10 + (0.0,) * 2
+    assert parse_config(SMALL).dims.activation_sparsity == (0.0,) * 3
+    given = parse_config(SMALL | {"activation_sparsity_pattern": [0.5, 0, 0.0]})
+    assert given.dims.activation_sparsity == (0.5, 0.0, 0.0)
+    assert parse_config(SMALL).dims.sliding_window == 512
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "message"),
+    [
+        (0.95, "activation_sparsity_pattern", "must be a list of one number per layer (3)"),
+        ([0.95, 0.0], "activation_sparsity_pattern", "must be a list of one number per layer"),
+        ([0.95, "0", 0.0], "activation_sparsity_pattern[1]", "must be a number in [0, 1)"),
+        ([0.95, 0.0, 1.0], "activation_sparsity_pattern[2]", "must be a number in [0, 1)"),
+        ([True, 0.0, 0.0], "activation_sparsity_pattern[0]", "must be a number in [0, 1)"),
+    ],
+)
+def test_a_malformed_sparsity_pattern_is_one_line_naming_the_entry(
+    value: Any, field: str, message: str
+) -> None:
     with pytest.raises(SpecError) as info:
-        estimate(load_shape(E4B), job)
-    assert info.value.field == "estimator.profile" and "AltUp" in info.value.message
+        parse_config(SMALL | {"activation_sparsity_pattern": value}, prefix="spec.model.config")
+    assert info.value.field == f"spec.model.config.{field}"
+    assert info.value.message.startswith(message) and "\n" not in str(info.value)
+
+
+def test_a_deep_gemma_3n_is_traced_whole() -> None:
+    """Its layers do not repeat from the first ones (sparse first, kv-shared last, per-layer
+    lists transformers checks against the depth): traced whole, never extrapolated."""
+    require_trace_extra()
+    from controller.trace import TraceUnsupported, trace
+
+    deep = SMALL | {"num_hidden_layers": 12, "layer_types": None, "num_kv_shared_layers": 4}
+    job = TrainingSettings(method=Method.LORA, rank=4, seq_len=64)
+    assert trace(deep, job).traced_layers == (12,)
+    with pytest.raises(TraceUnsupported, match="traced whole"):
+        trace(deep, job, 4)
 
 
 @pytest.mark.parametrize(
