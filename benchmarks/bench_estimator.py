@@ -60,6 +60,11 @@ CASES = {
         "nemotron-3-nano-30b-a3b",
         TrainingSettings(targets=("in_proj", "q_proj", "v_proj"), profile=Profile.CALIBRATED),
     ),
+    # Gemma 3n: sparse, dense and kv-shared layers told apart by index
+    "gemma-3n-e4b lora calibrated": (
+        "gemma-3n-e4b",
+        TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED),
+    ),
 }
 
 
