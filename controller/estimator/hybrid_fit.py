@@ -51,9 +51,10 @@ the traced types (their moments are part of the fit), are priced; any other is r
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from controller.estimator.analytic import DELTANET_CHUNK
-from controller.estimator.architecture import Layer, ModelShape, is_kv_shared_layer
+from controller.estimator.architecture import Layer, ModelShape
 from controller.estimator.errors import SpecError
 from controller.estimator.settings import Method, Precision, TrainingSettings
 from controller.estimator.storage import Static
@@ -123,14 +124,26 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
         return d.mixers
     if not d.altup_num_inputs:
         return None
-    kinds = []
-    for index, sparsity in enumerate(d.activation_sparsity):
-        shared = is_kv_shared_layer(d, index)
-        if sparsity > 0:
-            kinds.append("sparse_shared" if shared else "sparse")
-        else:
-            kinds.append("shared" if shared else "dense")
-    return tuple(kinds)
+    return _gemma3n_kinds(d.activation_sparsity, d.num_kv_shared_layers)
+
+
+@lru_cache(maxsize=256)
+def _gemma3n_kinds(sparsity: tuple[float, ...], kv_shared: int) -> tuple[str, ...]:
+    """`layer_kinds` of a Gemma 3n stack, once per layout (every estimate asks)."""
+    first_shared = len(sparsity) - kv_shared if 0 < kv_shared < len(sparsity) else len(sparsity)
+    return tuple(
+        ("sparse_" if value > 0 else "") + "shared"
+        if index >= first_shared
+        else "sparse"
+        if value > 0
+        else "dense"
+        for index, value in enumerate(sparsity)
+    )
+
+
+@lru_cache(maxsize=256)
+def _sparse_flags(sparsity: tuple[float, ...]) -> tuple[bool, ...]:
+    return tuple(value > 0 for value in sparsity)
 
 
 def check_stack(shape: ModelShape, field: str) -> None:
@@ -250,9 +263,7 @@ def _groups(shape: ModelShape, static: Static) -> tuple[list[_Group], list[_Grou
     if not shape.dims.activation_sparsity:
         groups = [(layer, count, parts[id(layer)], False) for layer, count in shape.layer_counts]
         return groups, ends
-    counts = Counter(
-        (id(layer), value > 0) for layer, value in zip(shape.layers, sparsity, strict=True)
-    )
+    counts = Counter(zip(map(id, shape.layers), _sparse_flags(sparsity), strict=True))
     layers = {id(layer): layer for layer in shape.layers}
     groups = [(layers[key], n, parts[key], sparse) for (key, sparse), n in counts.items()]
     return groups, ends
