@@ -127,22 +127,28 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
     return _gemma3n_kinds(d.activation_sparsity, d.num_kv_shared_layers)
 
 
+#: Gemma 3n's layer kinds by (activation-sparse, kv-shared).
+_GEMMA3N_KIND = {
+    (True, False): "sparse",
+    (False, False): "dense",
+    (False, True): "shared",
+    (True, True): "sparse_shared",
+}
+
+
 @lru_cache(maxsize=256)
 def _gemma3n_kinds(sparsity: tuple[float, ...], kv_shared: int) -> tuple[str, ...]:
-    """`layer_kinds` of a Gemma 3n stack, once per layout (every estimate asks)."""
+    """`layer_kinds` of a Gemma 3n stack, once per layout (every estimate asks). The last
+    `kv_shared` layers share, unless that is every layer (`is_kv_shared_layer`)."""
     first_shared = len(sparsity) - kv_shared if 0 < kv_shared < len(sparsity) else len(sparsity)
     return tuple(
-        ("sparse_" if value > 0 else "") + "shared"
-        if index >= first_shared
-        else "sparse"
-        if value > 0
-        else "dense"
-        for index, value in enumerate(sparsity)
+        _GEMMA3N_KIND[value > 0, index >= first_shared] for index, value in enumerate(sparsity)
     )
 
 
 @lru_cache(maxsize=256)
 def _sparse_flags(sparsity: tuple[float, ...]) -> tuple[bool, ...]:
+    """Which layers are activation-sparse, once per layout (`features` counts them)."""
     return tuple(value > 0 for value in sparsity)
 
 

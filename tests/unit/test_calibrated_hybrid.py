@@ -28,6 +28,7 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
+from controller.estimator.architecture import is_kv_shared_layer
 from controller.estimator.calibrated import OPTIMIZER_KEY
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
@@ -169,6 +170,16 @@ def test_gemma_3n_s_layer_kinds_follow_its_sparsity_and_kv_sharing() -> None:
         config = _config("gemma3n", pattern)
         kinds = hybrid_fit.layer_kinds(parse_config(config))
         assert "".join(k[0].upper() if k != "shared" else "H" for k in kinds or ()) == pattern
+    # as the parser reads kv sharing: as many shared layers as layers means none shares
+    config = _config("gemma3n", "SDH")
+    for shared, kinds in [(0, ("sparse", "dense", "dense")), (2, ("sparse", "shared", "shared")),
+                          (3, ("sparse", "dense", "dense"))]:  # fmt: skip
+        layout = {"num_kv_shared_layers": shared, "activation_sparsity_pattern": [0.9, 0, 0]}
+        shape = parse_config(config | layout)
+        assert hybrid_fit.layer_kinds(shape) == kinds
+        assert [kind.endswith("shared") for kind in kinds] == [
+            is_kv_shared_layer(shape.dims, i) for i in range(3)
+        ]
 
 
 def test_gemma_3n_samples_grow_a_base_whose_first_layer_stores_no_k_v() -> None:
