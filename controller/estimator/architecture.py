@@ -1273,7 +1273,8 @@ _GEMMA3N_WINDOW = 512
 
 
 def _activation_sparsity(r: _Reader, layers: int) -> tuple[float, ...]:
-    """Gemma 3n's `activation_sparsity_pattern`: one number in [0, 1) per layer."""
+    """Gemma 3n's `activation_sparsity_pattern`: one number in [0, 1] per layer (at 1 the
+    Gaussian cut is infinite and the gate all zeros, as transformers runs it)."""
     pattern = r.get("activation_sparsity_pattern")
     if pattern is None:
         sparse = _SPARSE_LAYERS if layers > _SPARSE_LAYERS else 0
@@ -1284,8 +1285,8 @@ def _activation_sparsity(r: _Reader, layers: int) -> tuple[float, ...]:
             field, f"must be a list of one number per layer ({layers}), got {shown(pattern)}"
         )
     for i, value in enumerate(pattern):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise SpecError(f"{field}[{i}]", f"must be a number in [0, 1), got {shown(value)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise SpecError(f"{field}[{i}]", f"must be a number in [0, 1], got {shown(value)}")
     return tuple(float(value) for value in pattern)
 
 

@@ -167,6 +167,13 @@ def check_stack(shape: ModelShape, field: str) -> None:
             f"this one has {', '.join(unfitted)} layers too; use the analytic, unsloth or "
             "trace profile",
         )
+    if family == "gemma3n" and shape.lm_head_params:
+        raise SpecError(
+            field,
+            "calibrated fits gemma3n with its LM head tied to the embedding, as Google's "
+            "models are; this one unties it (tie_word_embeddings false): use the analytic, "
+            "unsloth or trace profile",
+        )
     if family == "qwen3_next" and not all(layer.moe for layer in shape.layers):
         raise SpecError(
             field,
@@ -231,8 +238,8 @@ def _per_layer_input_gradients(shape: ModelShape, settings: TrainingSettings) ->
     table and of the projection to them, the whole table's gradients): what a full
     fine-tune trains there."""
     d = shape.dims
-    if settings.method is not Method.FULL or not d.hidden_size_per_layer_input:
-        return 0, 0
+    if settings.method is not Method.FULL or not d.altup_num_inputs:
+        return 0, 0  # Gemma 3n's alone (another family's config may carry the field)
     elem = 4 if settings.precision is Precision.FP32 else 2
     p, vocab = d.hidden_size_per_layer_input, d.vocab_size_per_layer_input
     return (vocab + d.hidden_size) * p * elem, len(shape.layers) * vocab * p * elem
@@ -256,7 +263,7 @@ def _groups(shape: ModelShape, static: Static) -> tuple[list[_Group], list[_Grou
     activation-sparse). Gemma 3n's sparse and dense layers can be one Layer (the same
     tensors), so there layers are told apart by index."""
     # `layer_parts` ends with the outer linears' (Gemma 3n's AltUp and per-layer input
-    # projections), which the once terms price by the hidden width: not a layer's.
+    # projections): no layer's, and no feature's (the fit's coefficients absorb them).
     parts = {
         id(layer): part
         for (layer, _), part in zip(shape.layer_counts, static.layer_parts, strict=False)
@@ -323,16 +330,13 @@ def features(
     # on (the full layers' causal mask is sdpa's is_causal); the others as traced.
     window = d.sliding_window
     mask = 0 if window is not None and s < window else b * s * s
-    # The per-layer inputs' table is part of the embedding (tied to the LM head or not), but
-    # its gradients are G_p's, layer by layer.
+    # The per-layer inputs' table is part of the embedding (`storage`: the LM head's when
+    # tied, else the embedding's), but its gradients are G_p's, layer by layer.
     head, embed = static.head_gradients, static.embed_gradients
-    table = len(shape.layers) * d.vocab_size_per_layer_input * d.hidden_size_per_layer_input
-    if g_p and shape.lm_head_params:
-        embed -= table * (
-            g_p // (d.vocab_size_per_layer_input + h) // d.hidden_size_per_layer_input
-        )
-    elif g_p:
-        head -= table * (g_p // (d.vocab_size_per_layer_input + h) // d.hidden_size_per_layer_input)
+    if shape.lm_head_params:
+        embed -= table
+    else:
+        head -= table
     once = [t * h, t * q if attn_end else 0, t * kv if kv_end else 0,
             t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
             mask, t * n if attn_end else 0, t, head, embed, end_grads, static.dequantized,

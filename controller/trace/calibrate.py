@@ -274,6 +274,8 @@ def gemma3n_layers(pattern: str) -> dict[str, Any]:
     every layer a sliding one (a full-attention layer adds, once, its RoPE table: t x head
     dim x 4 bytes, 0.07 % of a shrunk stack's peak as measured, 2 MB of E4B's 2,048 tokens)."""
     kinds = [GEMMA3N_LAYERS[c] for c in pattern]
+    if "H" in pattern.rstrip("H"):
+        raise ValueError(f"kv-shared layers (H) come last in a Gemma 3n stack, not {pattern!r}")
     return {
         "num_hidden_layers": len(kinds),
         "activation_sparsity_pattern": [0.95 if k == "sparse" else 0.0 for k in kinds],

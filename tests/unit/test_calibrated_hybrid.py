@@ -182,6 +182,22 @@ def test_gemma_3n_s_layer_kinds_follow_its_sparsity_and_kv_sharing() -> None:
         ]
 
 
+def test_per_layer_input_gradients_are_gemma_3n_s_alone() -> None:
+    """G_p and its share taken off the embedding's gradients are Gemma 3n's: a Nemotron-H
+    config that carries the fields (the parser reads them for any model) keeps its G_head
+    and G_embed whole and has no G_p."""
+    config = load_preset(PRESETS["nemotron_h"]).config_dict()
+    extra = {"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 4096}
+    job = TrainingSettings(method=Method.FULL, seq_len=4096)
+    shape = parse_config(config | extra)
+    static = static_bytes(shape, job)
+    per_layer, once = hybrid_fit.features(shape, job, static)
+    layer = dict(zip(hybrid_fit.HYBRID_LAYER_FEATURES, per_layer, strict=True))
+    local = dict(zip(hybrid_fit.HYBRID_LOCAL_FEATURES, once, strict=True))
+    assert layer["G_p"] == 0 and static.embed_gradients > 0
+    assert (local["G_head"], local["G_embed"]) == (static.head_gradients, static.embed_gradients)
+
+
 def test_gemma_3n_samples_grow_a_base_whose_first_layer_stores_no_k_v() -> None:
     """The kv-shared layers reuse the k/v of the last layer before them; in a two-layer
     [sparse, shared] that is the first layer, whose recomputation then holds less than in any
@@ -490,6 +506,8 @@ REAL = [
     ("falcon-h1-1.5b", Method.LORA, _ON),
     ("gemma-3n-e4b", Method.LORA, _ON),
     ("gemma-3n-e4b", Method.QLORA, _OFF),
+    # the per-layer inputs' gradients (G_p) at a real vocabulary: 16x the samples' largest
+    ("gemma-3n-e4b", Method.FULL, _OFF),
 ]
 
 

@@ -15,9 +15,11 @@ from controller.estimator import (
     Profile,
     SpecError,
     TrainingSettings,
+    calibrated,
     load_shape,
     parse_config,
 )
+from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
 from controller.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
@@ -116,6 +118,13 @@ def test_calibrated_prices_gemma_3n_from_its_own_fit() -> None:
     assert est.trainable_params == E4B_LORA_16
     longer = estimate(shape, replace(job, seq_len=8192))
     assert longer.components["activations"] > 3 * est.components["activations"] > 0
+    analytic = estimate(shape, replace(job, profile=Profile.ANALYTIC))
+    assert est.components["activations"] > 2 * analytic.components["activations"]
+    assert calibrated._hybrid_family(shape) == "gemma3n"  # not the default (Llama) fit
+    untied = load_preset(E4B).config_dict() | {"tie_word_embeddings": False}
+    with pytest.raises(SpecError, match="tie_word_embeddings false") as info:
+        estimate(parse_config(untied), job)  # a fit whose samples all tie: refused
+    assert info.value.field == "estimator.profile"
 
 
 def test_activation_sparsity_defaults_as_transformers_does() -> None:
@@ -124,8 +133,8 @@ def test_activation_sparsity_defaults_as_transformers_does() -> None:
     deep = parse_config(SMALL | {"num_hidden_layers": 12, "layer_types": None})
     assert deep.dims.activation_sparsity == (0.95,) * 10 + (0.0,) * 2
     assert parse_config(SMALL).dims.activation_sparsity == (0.0,) * 3
-    given = parse_config(SMALL | {"activation_sparsity_pattern": [0.5, 0, 0.0]})
-    assert given.dims.activation_sparsity == (0.5, 0.0, 0.0)
+    given = parse_config(SMALL | {"activation_sparsity_pattern": [0.5, 0, 1.0]})
+    assert given.dims.activation_sparsity == (0.5, 0.0, 1.0)
     assert parse_config(SMALL).dims.sliding_window == 512
 
 
@@ -134,9 +143,10 @@ def test_activation_sparsity_defaults_as_transformers_does() -> None:
     [
         (0.95, "activation_sparsity_pattern", "must be a list of one number per layer (3)"),
         ([0.95, 0.0], "activation_sparsity_pattern", "must be a list of one number per layer"),
-        ([0.95, "0", 0.0], "activation_sparsity_pattern[1]", "must be a number in [0, 1)"),
-        ([0.95, 0.0, 1.0], "activation_sparsity_pattern[2]", "must be a number in [0, 1)"),
-        ([True, 0.0, 0.0], "activation_sparsity_pattern[0]", "must be a number in [0, 1)"),
+        ([0.95, "0", 0.0], "activation_sparsity_pattern[1]", "must be a number in [0, 1]"),
+        ([0.95, 0.0, 1.5], "activation_sparsity_pattern[2]", "must be a number in [0, 1]"),
+        ([0.95, 0.0, float("nan")], "activation_sparsity_pattern[2]", "must be a number in"),
+        ([True, 0.0, 0.0], "activation_sparsity_pattern[0]", "must be a number in [0, 1]"),
     ],
 )
 def test_a_malformed_sparsity_pattern_is_one_line_naming_the_entry(
