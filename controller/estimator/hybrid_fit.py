@@ -268,12 +268,12 @@ def _groups(shape: ModelShape, static: Static) -> tuple[list[_Group], list[_Grou
         id(layer): part
         for (layer, _), part in zip(shape.layer_counts, static.layer_parts, strict=False)
     }
-    sparsity = shape.dims.activation_sparsity or (0.0,) * len(shape.layers)
-    ends_at = {0, len(shape.layers) - 1}
+    sparsity = shape.dims.activation_sparsity
     ends = [
-        (shape.layers[i], 1, parts[id(shape.layers[i])], sparsity[i] > 0) for i in sorted(ends_at)
+        (shape.layers[i], 1, parts[id(shape.layers[i])], bool(sparsity) and sparsity[i] > 0)
+        for i in sorted({0, len(shape.layers) - 1})
     ]
-    if not shape.dims.activation_sparsity:
+    if not sparsity:
         groups = [(layer, count, parts[id(layer)], False) for layer, count in shape.layer_counts]
         return groups, ends
     counts = Counter(zip(map(id, shape.layers), _sparse_flags(sparsity), strict=True))
