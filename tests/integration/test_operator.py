@@ -467,16 +467,23 @@ def test_the_schema_refuses_an_ambiguous_model_without_the_webhook(
 def test_without_the_webhook_an_invalid_job_is_marked_invalid(
     operator: OperatorProcess, api_client: client.ApiClient, namespace: str
 ) -> None:
-    operator.restart(webhook=False)
-    try:
-        create(api_client, namespace, finetunejob("typo", model={"preset": "llama-8b"}))
-        obj = expect_condition(api_client, namespace, "typo", "Estimated", "False", "InvalidSpec")
-    finally:
-        operator.restart(webhook=True)
     message = (
         "spec.model.preset: unknown preset 'llama-8b'; closest: llama-3.1-8b, llama-3.2-3b, "
         "llama-3.2-1b, llama-3.3-70b, llama-3.1-70b (see `vramgate presets`)"
     )
+    operator.restart(webhook=False)
+    try:
+        create(api_client, namespace, finetunejob("typo", model={"preset": "llama-8b"}))
+        obj = expect_condition(api_client, namespace, "typo", "Estimated", "False", "InvalidSpec")
+        # kopf posts events from a queue after the status write: wait for it before the
+        # restart stops the operator that queued it (CI once stopped it first).
+        warnings = wait_until(
+            lambda: [e for e in events_for(api_client, namespace, "typo") if e.type == "Warning"],
+            timeout=STATUS_DEADLINE_S,
+            what="the InvalidSpec event",
+        )
+    finally:
+        operator.restart(webhook=True)
     estimated, admitted = condition(obj, "Estimated"), condition(obj, "Admitted")
     assert estimated is not None and estimated["message"] == message
     assert admitted is not None and (admitted["status"], admitted["reason"]) == (
@@ -484,11 +491,6 @@ def test_without_the_webhook_an_invalid_job_is_marked_invalid(
         "InvalidSpec",
     )
     assert "estimate" not in obj["status"]
-    warnings = wait_until(
-        lambda: [e for e in events_for(api_client, namespace, "typo") if e.type == "Warning"],
-        timeout=STATUS_DEADLINE_S,
-        what="the InvalidSpec event",
-    )
     assert warnings[0].reason == "InvalidSpec" and warnings[0].message == message
 
     # With the webhook back: metadata of the invalid object can still change, its spec
