@@ -30,9 +30,9 @@ within 2.0 %, held out within 4.4 %: 17.7 % under on one sample until the moment
 were chosen at the preset's widths too (`_preset_points`), that sample being the only one
 whose peak is the loss's. Gemma 3n, 40 samples per class (960 traces) in 43 minutes beside a
 Go build, within 2.0 %, held out within 5.2 % (one LoRA sample without checkpointing; the
-other classes within 3.8 %) (its per-layer table drawn up to 64k rows; before, with the
-vocabulary's at most 16k, within 1.8 % and held out within 4.2 %, but 1.8 % under E4B's full
-fine-tune without checkpointing, now 0.6 %). The first fit, from whole module regions and
+other classes within 3.8 %). Its per-layer tables are drawn up to 64k rows; with the
+vocabulary's (at most 16k) the fit was within 1.8 %, held out within 4.2 %, but 1.8 % under
+E4B's full fine-tune without checkpointing, now 0.6 %. The first fit, from whole module regions and
 one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's fifty ops
 peaks at whichever op the widths favour, and a one-chunk scan skips copies.
 `--first-seed` traces further seeds into another `--rows` file and `--refit` fits several
