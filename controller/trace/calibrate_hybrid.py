@@ -32,9 +32,9 @@ whose peak is the loss's. Gemma 3n, 40 samples per class (960 traces) in 43 minu
 Go build, within 2.0 %, held out within 5.2 % (one LoRA sample without checkpointing; the
 other classes within 3.8 %). Its per-layer tables are drawn up to 64k rows; with the
 vocabulary's (at most 16k) the fit was within 1.8 %, held out within 4.2 %, but 1.8 % under
-E4B's full fine-tune without checkpointing, now 0.6 %. The first fit, from whole module regions and
-one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's fifty ops
-peaks at whichever op the widths favour, and a one-chunk scan skips copies.
+E4B's full fine-tune without checkpointing, now 0.6 %. The first fit, from whole module
+regions and one-chunk scans, was 5-50 % off on held-out samples: a region holding the scan's
+fifty ops peaks at whichever op the widths favour, and a one-chunk scan skips copies.
 `--first-seed` traces further seeds into another `--rows` file and `--refit` fits several
 files together, so samples can be added in parts (rows keep their task, not their config:
 a change to `variant` or `shrunk_hybrid` makes earlier rows unusable). `--families` fits
