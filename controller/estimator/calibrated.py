@@ -43,11 +43,12 @@ Stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layer
 Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mamba-2;
 Qwen3-Next's Gated DeltaNet and gated attention, each with an MoE; Gemma 3n's
 activation-sparse, dense and kv-shared layers, each with AltUp, LAuReL and a per-layer
-input) are priced from a section of their own in the file (`hybrid`, written by
-`python -m controller.trace.calibrate_hybrid`): the per-layer features summed over the
-layers, each by its own type, with the chunked scans', the MoE layers' and Gemma 3n's terms
-(`hybrid_fit.py`). The hybrid it has no fit for (Jamba) is refused (UNFITTED_HYBRID), and so
-are stacks of layer types or ends a fit never traced (`hybrid_fit.check_stack`).
+input; Jamba's Mamba-1 and attention layers, each dense or MoE) are priced from a section of
+their own in the file (`hybrid`, written by `python -m controller.trace.calibrate_hybrid`):
+the per-layer features summed over the layers, each by its own type, with the scans', the
+MoE layers' and Gemma 3n's terms (`hybrid_fit.py`). A hybrid the file has no fit for is
+refused (UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never traced
+(`hybrid_fit.check_stack`).
 """
 
 from __future__ import annotations
@@ -226,14 +227,14 @@ def _moments(
 
 #: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
 #: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1,
-#: Qwen3-Next and Gemma 3n have one; Jamba (Mamba-1 layers, run token by token) has none.
+#: Qwen3-Next, Gemma 3n and Jamba have one (a file fitted before one of them was has not).
 #: Measured before those fits existed: the nearest uniform fit (Llama's) priced shrunk
 #: Nemotron-H variants 13-36 % under the trace, Gemma 3n 34-43 % under (AltUp's streams and
 #: LAuReL are no feature of it), and Qwen3-Next read as Qwen3-MoE 9-33 % under. Refused,
 #: never under-estimated.
 UNFITTED_HYBRID = (
-    "calibrated has no fit for hybrid layers of this family (Jamba's Mamba layers), so it "
-    "would under-estimate this model; use the analytic, unsloth or trace profile"
+    "calibrated has no fit for hybrid layers of this family in its data file, so it would "
+    "under-estimate this model; use the analytic, unsloth or trace profile"
 )
 def _hybrid_family(shape: ModelShape) -> str:
     """The `hybrid` section's fit that prices a hybrid stack (`hybrid_fit.fit_family`;

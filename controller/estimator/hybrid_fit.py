@@ -44,6 +44,14 @@ and every layer carries AltUp's streams of the hidden state (t·h·a), LAuReL's 
 grow with the depth: G_p per layer). transformers materialises the sliding layers' mask
 (b·s²) from the window's length on.
 
+Jamba runs a Mamba (1) mixer or attention in each layer, each before a dense MLP or an MoE,
+so its layers are of four kinds (`layer_kinds`; its published models have no attention layer
+with experts). transformers' torch path of the Mamba-1 scan discretises the whole sequence at
+once in fp32 (exp(A·dt), dt·B, dt·B·u: t·D·N each, D the inner width, N the state) and then
+loops token by token, keeping each token's state for backward (t·D·N again, and b·D·N for the
+first): those map onto the scan's terms, with the x projection's dt, B and C (t·(r + 2N), r
+the dt rank) as the channels and no chunks (`_scan_terms`).
+
 Only stacks of the layer types the fit was traced with, whose first and last layers are of
 the traced types (their moments are part of the fit), are priced; any other is refused.
 """
@@ -84,8 +92,8 @@ _NO_MOE = [0] * len(MOE_FEATURES)
 _NO_ALTUP = [0] * len(ALTUP_FEATURES)
 
 _ATTENTION = frozenset({"attention", "parallel", "attention_mlp"})
-#: Layers whose mixer runs a chunked scan: Mamba-2's, or Qwen3-Next's Gated DeltaNet.
-_SCANNED = frozenset({"mamba2", "parallel", "deltanet_mlp"})
+#: Layers whose mixer runs a scan: Mamba-2's, Qwen3-Next's Gated DeltaNet, Jamba's Mamba-1.
+_SCANNED = frozenset({"mamba2", "parallel", "deltanet_mlp", "mamba1_mlp"})
 _MLP_NAMES = ("up_proj", "gate_proj")
 
 #: The stacks each fitted family is traced with: (first layer, last layer, the layer types
@@ -100,6 +108,9 @@ STACKS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "qwen3_next": ("deltanet_mlp", "attention_mlp", ("deltanet_mlp", "attention_mlp")),
     # Gemma 3n (E2B, E4B): activation-sparse layers first, kv-shared layers last.
     "gemma3n": ("sparse", "shared", ("sparse", "dense", "shared")),
+    # Jamba (v0.1, 1.5 Mini and Large): a dense Mamba layer first, an MoE one last, dense
+    # attention layers between (attention never has experts there).
+    "jamba": ("mamba_dense", "mamba_moe", ("mamba_dense", "mamba_moe", "attention_dense")),
 }
 
 
@@ -118,13 +129,25 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
     """Each layer's type as the fit tells them apart, None for a stack of alike layers: a
     hybrid's mixers; Gemma 3n's layers with activation sparsity ("sparse"), without
     ("dense") and kv-shared ("shared", no k/v of their own; "sparse_shared" is no published
-    model's and was never traced)."""
+    model's and was never traced); Jamba's mixer with its MLP ("mamba_moe": a Mamba layer
+    with experts; "attention_moe" is no published model's)."""
     d = shape.dims
+    if d.mamba1 is not None:
+        return _jamba_kinds(shape.layers)
     if d.mixers is not None:
         return d.mixers
     if not d.altup_num_inputs:
         return None
     return _gemma3n_kinds(d.activation_sparsity, d.num_kv_shared_layers)
+
+
+def _jamba_kinds(layers: tuple[Layer, ...]) -> tuple[str, ...]:
+    """`layer_kinds` of a Jamba stack: its mixer and whether it has experts."""
+    return tuple(
+        f"{'attention' if layer.mixer == 'attention_mlp' else 'mamba'}_"
+        f"{'moe' if layer.moe else 'dense'}"
+        for layer in layers
+    )
 
 
 #: Gemma 3n's layer kinds by (activation-sparse, kv-shared).
@@ -202,9 +225,15 @@ def _scan_terms(shape: ModelShape, b: int, s: int) -> list[int]:
     """SCAN_FEATURES of a scanning layer. A Gated DeltaNet's map onto Mamba-2's: its value
     width as D, its convolution's channels as C, its value heads as Hs, the key head width as
     N (keys are repeated to the value heads, and each head's state is key x value wide) and
-    chunks of DELTANET_CHUNK tokens."""
+    chunks of DELTANET_CHUNK tokens. A Mamba-1 scan's (the module docstring): its inner width
+    as D, x_proj's output (dt, B, C) as C, no heads and no chunks, and its whole-sequence
+    tensors (t·D·N) in the place of B and C repeated to the heads."""
     d = shape.dims
     t = b * s
+    if d.mamba1 is not None:
+        m = d.mamba1
+        return [t * m.inner, t * (m.dt_rank + 2 * m.state_size), 0, 0,
+                t * m.inner * m.state_size, 0, b * m.inner * m.state_size]  # fmt: skip
     if d.ssm is not None:
         ssm = d.ssm
         c, heads, state, inner, conv = (ssm.chunk_size, ssm.num_heads, ssm.state_size,

@@ -129,11 +129,14 @@ HYBRID_PRESETS = {
     "falcon_h1": "falcon-h1-1.5b",
     "qwen3_next": "qwen3-next-80b-a3b",
     "gemma3n": "gemma-3n-e4b",
+    "jamba": "jamba-v0.1",
 }
 #: Qwen3-Next's layer types by `shrunk_hybrid`'s pattern characters.
 QWEN3_NEXT_LAYERS = {"L": "linear_attention", "A": "full_attention"}
 #: Gemma 3n's layer kinds (`hybrid_fit.layer_kinds`) by `shrunk_hybrid`'s pattern characters.
 GEMMA3N_LAYERS = {"S": "sparse", "D": "dense", "H": "shared"}
+#: Jamba's layer kinds by `shrunk_hybrid`'s pattern characters: (attention, experts).
+JAMBA_LAYERS = {"m": (False, False), "e": (False, True), "a": (True, False), "x": (True, True)}
 
 
 def shrunk_hybrid(
@@ -149,6 +152,8 @@ def shrunk_hybrid(
         return _shrunk_qwen3_next(rng, pattern)
     if family == "gemma3n":
         return _shrunk_gemma3n(rng, pattern)
+    if family == "jamba":
+        return _shrunk_jamba(rng, pattern)
     config = load_preset(HYBRID_PRESETS[family]).config_dict()
     for name in (*_DROPPED, "hybrid_override_pattern"):
         config.pop(name, None)
@@ -288,6 +293,56 @@ def gemma3n_layers(pattern: str) -> dict[str, Any]:
         "num_kv_shared_layers": kinds.count("shared"),
         "layer_types": ["sliding_attention"] * len(kinds),
     }
+
+
+def _shrunk_jamba(rng: random.Random, pattern: str) -> dict[str, Any]:
+    """A small Jamba with the layers of `pattern` (`jamba_layers`): attention as `shrunk`
+    draws it, the Mamba mixer in the preset's proportions (inner width 2x hidden, a dt rank of
+    1/32-1/8 hidden (1/16), state 8, 16 or 32 (16)), 4-16 experts of the MLP's width, 1-2 per
+    token (16, top 2)."""
+    config = load_preset(HYBRID_PRESETS["jamba"]).config_dict()
+    for name in _DROPPED:
+        config.pop(name, None)
+    heads = rng.choice((4, 8))
+    hidden = rng.choice((512, 768, 1024))
+    config.update(
+        pad_token_id=0,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0]),
+        intermediate_size=_round(hidden * rng.uniform(2.5, 4.0)),
+        vocab_size=_round(hidden * rng.uniform(4.0, 16.0)),
+        tie_word_embeddings=rng.random() < 0.5,
+        max_position_embeddings=4096,
+        mamba_d_state=rng.choice((8, 16, 32)),
+        mamba_dt_rank=_round(hidden * rng.uniform(1 / 32, 1 / 8), 16),
+        num_experts=rng.choice((4, 8, 16)),
+        num_experts_per_tok=rng.choice((1, 2)),
+    )
+    return config | jamba_layers(pattern)
+
+
+def jamba_layers(pattern: str) -> dict[str, Any]:
+    """The fields that make a Jamba stack of `pattern`'s kinds (JAMBA_LAYERS): Jamba places
+    attention and experts by period and offset (layer i has them when i % period == offset),
+    so only stacks those can say are made, the smallest periods first."""
+    kinds = [JAMBA_LAYERS[c] for c in pattern]
+    out: dict[str, Any] = {"num_hidden_layers": len(kinds)}
+    for which, field in enumerate(("attn_layer", "expert_layer")):
+        wanted = [kind[which] for kind in kinds]
+        layout = next(
+            (
+                (period, offset)
+                for period in range(1, len(kinds) + 2)
+                for offset in range(period)
+                if wanted == [i % period == offset for i in range(len(kinds))]
+            ),
+            None,
+        )
+        if layout is None:
+            raise ValueError(f"Jamba's {field}_period and _offset cannot make {pattern!r}")
+        out[f"{field}_period"], out[f"{field}_offset"] = layout
+    return out
 
 
 def _shrink_nemotron_moe(config: dict[str, Any], rng: random.Random, hidden: int) -> None:

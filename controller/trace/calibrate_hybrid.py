@@ -1,5 +1,5 @@
 """Fit the calibrated profile's hybrid section: Nemotron-H, Nemotron 3, Falcon-H1,
-Qwen3-Next and Gemma 3n (`hybrid_fit.py`).
+Qwen3-Next, Gemma 3n and Jamba (`hybrid_fit.py`).
 
     python -m controller.trace.calibrate_hybrid [--samples 60] [--first-seed 0] [--workers N]
         [--out PATH] [--rows PATH] [--refit PATH...] [--families nemotron_3,...]
@@ -12,15 +12,18 @@ preset (`calibrate.shrunk_hybrid`, chunks of 64, 128 or 256 tokens, two chunks o
 Qwen3-Next's are always 64):
 each one traced as a base stack (`base_stack`: the family's first and last layer types
 (`hybrid_fit.STACKS`); Gemma 3n's sparse, dense and kv-shared layer, `BASES` says why) and
-once more with one layer of each type added to it, every op
+once more with one layer of each type added to it (Jamba's MoE layer with a dense one,
+`GROWN`: its periods cannot place one alone), every op
 of a layer a moment of its own (`StorageTracker.split_ops`). Per moment of the step, what a
 layer of a type adds (the grown trace less the base) is fitted against the
 summed per-layer features, one coefficient vector for every type; what is left of the
 base stack once its own layers are taken off is fitted against the once-per-step
 features. LoRA adapts every linear PEFT accepts on these models (PEFT refuses `out_proj` and
-so `all-linear` on Mamba mixers; on Qwen3-Next the MLP names reach the routed experts' stacks
-too, as PEFT maps them; Gemma 3n takes `all-linear`, its QLoRA keeps AltUp's clamped linears
-in 16 bits, `GEMMA3N_QLORA`).
+so `all-linear` on Mamba-2 mixers; on Qwen3-Next the MLP names reach the routed experts'
+stacks too, as PEFT maps them; Gemma 3n takes `all-linear`, its QLoRA keeps AltUp's clamped
+linears in 16 bits, `GEMMA3N_QLORA`; Jamba takes its Mamba mixers', attention's and dense
+MLPs' linears). Jamba's Mamba-1 scan loops token by token: every run of an op in the loop is
+one moment (`LOOPED`), and its samples are 64-256 tokens long.
 
 Measured (2 cores): Nemotron-H and Falcon-H1, 60 samples per class (2,880 traces) in 13-20
 minutes, within 2.0 % of its own samples; in four-fold cross-validation (a quarter of each
@@ -72,6 +75,7 @@ from controller.trace.calibrate import (
     _measure,
     by_class,
     gemma3n_layers,
+    jamba_layers,
     keep_deciding,
     library_versions,
     shrunk_hybrid,
@@ -100,6 +104,18 @@ TARGETS = {
     # all-linear: PEFT's every nn.Linear but the LM head (AltUp's, LAuReL's and the
     # per-layer inputs' too), as a user asks for it
     "gemma3n": ("all-linear",),
+    # the Mamba mixer's four linears, attention's, the dense MLPs' (the experts are 3-D
+    # parameters PEFT leaves alone on Jamba), not the router
+    "jamba": (
+        "in_proj",
+        "x_proj",
+        "dt_proj",
+        "out_proj",
+        *_ATTENTION_LINEARS,
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ),
 }
 #: What Gemma 3n's QLoRA keeps in 16 bits: AltUp clamps these weights in place while
 #: training, which 4-bit weights cannot take (`trace.build._refuse_clamped_4bit`).
@@ -120,6 +136,10 @@ _CHAR = {
     "sparse": "S",  # Gemma 3n (`calibrate.GEMMA3N_LAYERS`)
     "dense": "D",
     "shared": "H",
+    "mamba_dense": "m",  # Jamba (`calibrate.JAMBA_LAYERS`)
+    "mamba_moe": "e",
+    "attention_dense": "a",
+    "attention_moe": "x",
 }
 CHUNKS = (64, 128, 256)
 #: Real depths a moment is checked at before it is dropped, in the preset's layer mix.
@@ -144,6 +164,8 @@ def with_layers(family: str, config: dict[str, Any], types: tuple[str, ...]) -> 
         out["layer_types"] = [QWEN3_NEXT_LAYERS[_CHAR[t]] for t in types]
     elif family == "gemma3n":
         out |= gemma3n_layers("".join(_CHAR[t] for t in types))
+    elif family == "jamba":
+        out |= jamba_layers("".join(_CHAR[t] for t in types))
     elif family != "falcon_h1":  # Nemotron-H and Nemotron 3 name their layers in a pattern
         out["hybrid_override_pattern"] = "".join(_CHAR[t] for t in types)
     return out
@@ -158,12 +180,16 @@ def variant(task: Task) -> tuple[dict[str, Any], TrainingSettings]:
     config = shrunk_hybrid(family, rng, "".join(_CHAR[t] for t in (first, last)), CHUNKS)
     config = with_layers(family, config, base_stack(family))
     adapter = method != "full"
-    seq_len = rng.choice((128, 256, 384, 512))
-    # Two chunks or more, as at real lengths (2,048 tokens and up in chunks of 128 or 256):
-    # a one-chunk scan skips copies a longer one makes, so its moments are not the same.
-    chunk = rng.choice([c for c in CHUNKS if 2 * c <= seq_len])
-    if family not in ("qwen3_next", "gemma3n"):  # Qwen3-Next's chunk is fixed, Gemma 3n scans not
-        config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
+    if family in LOOPED:  # a scan token by token: no chunks
+        seq_len = rng.choice(LOOPED_LENGTHS)
+    else:
+        seq_len = rng.choice((128, 256, 384, 512))
+        # Two chunks or more, as at real lengths (2,048 tokens and up in chunks of 128 or
+        # 256): a one-chunk scan skips copies a longer one makes, so its moments differ.
+        chunk = rng.choice([c for c in CHUNKS if 2 * c <= seq_len])
+        # Qwen3-Next's chunk is fixed, Gemma 3n does not scan
+        if family not in ("qwen3_next", "gemma3n"):
+            config["mamba_chunk_size" if family == "falcon_h1" else "chunk_size"] = chunk
     config = with_method(family, config, method)
     rank = rng.choice((8, 16, 32)) if adapter else None
     batch = rng.choice((1, 2))
@@ -212,6 +238,21 @@ def _features(config: dict[str, Any], settings: TrainingSettings) -> tuple[list[
 #: deeper stack, and a fit from that base read the jump as what a layer adds (6.6-11.4 % over
 #: the trace of a six-layer stack).
 BASES = {"gemma3n": ("sparse", "dense", "shared")}
+#: Stacks that add more than one layer where one alone cannot be written: Jamba places its
+#: experts by period and offset (`calibrate.jamba_layers`), so [dense, MoE, MoE] cannot be
+#: made, and its MoE layer comes in a pair with a dense one. The per-layer fit takes stack
+#: differences of any size (its features are sums); `_points` solves for the mix.
+GROWN = {
+    "jamba": {"mamba_moe": ("mamba_dense", "mamba_moe", "mamba_dense", "mamba_moe")},
+}
+#: Families whose scan loops token by token (transformers' Mamba-1 torch path): each run of
+#: an op in the loop would be a moment of its own, named by its count, and a sample of 128
+#: tokens has none of a longer one's later tokens. Their runs are one moment, the largest
+#: (`_merged_loops`): the loop's last token, whose held states are linear in the features.
+LOOPED = frozenset({"jamba"})
+#: A LOOPED family's sample lengths: its trace costs some 35 ms per token and layer (Jamba,
+#: LoRA with checkpointing, 2 cores), linear in the length, so its samples are shorter.
+LOOPED_LENGTHS = (64, 128, 192, 256)
 
 
 def base_stack(family: str) -> tuple[str, ...]:
@@ -223,12 +264,23 @@ def base_stack(family: str) -> tuple[str, ...]:
 def stacks(task: Task) -> dict[str, tuple[str, ...]]:
     """The traced stacks of a sample: "2", the base stack (`base_stack`; the name is the
     two-layer one's, as stored rows have it), and one per type with a layer of that type put
-    after the base's last one (after the first layer where the base has none)."""
-    base = base_stack(task[0])
+    after the base's last one (after the first layer where the base has none), or GROWN's."""
+    family = task[0]
+    base = base_stack(family)
     out = {"2": base}
-    for kind in hybrid_fit.STACKS[task[0]][2]:
+    for kind in hybrid_fit.STACKS[family][2]:
         at = max((i for i, k in enumerate(base) if k == kind), default=0) + 1
-        out[kind] = (*base[:at], kind, *base[at:])
+        out[kind] = GROWN.get(family, {}).get(kind) or (*base[:at], kind, *base[at:])
+    return out
+
+
+def _merged_loops(dynamic: dict[str, int]) -> dict[str, int]:
+    """A LOOPED family's moments with every run of an op one moment (`LOOPED`)."""
+    out: dict[str, int] = {}
+    for key, value in dynamic.items():
+        if "#" in key:
+            key = key.rpartition(":")[0]
+        out[key] = max(out.get(key, 0), value)
     return out
 
 
@@ -243,6 +295,8 @@ def sample(task: Task) -> dict[str, Any]:
             "per_layer": per_layer,
             "once": once,
         }
+        if task[0] in LOOPED:
+            runs[name]["dynamic"] = _merged_loops(runs[name]["dynamic"])
     return {"task": list(task), "class": task[:3], "runs": runs}
 
 
@@ -278,7 +332,9 @@ def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
     in_base = Counter(base_stack(family))
     points = list(runs.values())
     for depth in DEPTHS:
-        extra = {t: round(depth * mix[t] / mix.total()) - in_base[t] for t in middle}
+        extra = _multiples(
+            family, {t: round(depth * mix[t] / mix.total()) - in_base[t] for t in middle}
+        )
         point = {"per_layer": list(base["per_layer"]), "once": base["once"]}
         for name in ("base", "static_step"):
             point[name] = base[name] + sum(
@@ -293,6 +349,23 @@ def _points(row: dict[str, Any], family: str) -> list[dict[str, Any]]:
             ]
         points.append(point)
     return points
+
+
+def _multiples(family: str, needed: dict[str, int]) -> dict[str, int]:
+    """How many times to add each traced stack's layers (`stacks`) to the base for `needed`
+    more layers of each type: `needed` itself where each adds one layer of its type, else
+    the integer solution of the stacks' layer counts (GROWN's pairs)."""
+    grown = GROWN.get(family, {})
+    if not grown:
+        return needed
+    import numpy as np
+
+    base = Counter(base_stack(family))
+    names = list(needed)
+    traced = stacks((family, "", "", 0))
+    added = [[Counter(traced[name])[kind] - base[kind] for name in names] for kind in names]
+    solution = np.linalg.solve(np.array(added, dtype=float), [needed[k] for k in names])
+    return {name: round(float(n)) for name, n in zip(names, solution, strict=True)}
 
 
 #: Lengths and batches the family's preset is priced at when the moments to keep are chosen:
@@ -438,7 +511,8 @@ def calibrate(
         "scope": (
             "bf16, AdamW, LoRA on every linear PEFT adapts there, sdpa (also used for "
             "flash/flex; eager is not fitted), transformers' torch path of the Mamba-2 scan "
-            "(the fused CUDA kernel holds less) and of Qwen3-Next's gated delta rule (fla's "
+            "(the fused CUDA kernel holds less), of Jamba's Mamba-1 scan (token by token; "
+            "the fused kernel holds less) and of Qwen3-Next's gated delta rule (fla's "
             "kernels hold less), MoE experts as transformers' grouped_mm; Gemma 3n traced "
             "with sliding-attention layers only (a full-attention layer's RoPE table, t x "
             "head dim x 4 bytes once, is not fitted); stacks whose first and last layers are "
