@@ -65,6 +65,13 @@ CASES = {
         "gemma-3n-e4b",
         TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED),
     ),
+    # Jamba: Mamba-1 and attention layers, dense or MoE, told apart layer by layer
+    "jamba-v0.1 lora calibrated": (
+        "jamba-v0.1",
+        TrainingSettings(
+            method=Method.LORA, targets=("in_proj", "q_proj", "v_proj"), profile=Profile.CALIBRATED
+        ),
+    ),
 }
 
 
