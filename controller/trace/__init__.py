@@ -54,7 +54,8 @@ def trace(
     config: Mapping[str, Any], settings: TrainingSettings, layers: int | str = "auto"
 ) -> TraceReport:
     """Trace the job. `layers`: "auto" (whole model when shallow, else extrapolated),
-    "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1.
+    "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1 (n + a
+    period of dense and MoE layers, `_layout`; n rounded up to end as the model does).
 
     The config is user input run through transformers: whatever transformers raises while
     building or running it (a field its strict config refuses, a window that overflows its
@@ -88,15 +89,17 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
         result = trace_run(config, settings)
         traced: tuple[int, ...] = (depth,)
     else:
-        lead = _leading_layers(config)
+        lead, period = _layout(config)
         n = min_layers(lead) if layers == "auto" else int(layers)
-        if n < min_layers(lead) or n + 1 >= depth:
+        n += (depth - n) % period  # both traces end as the model does
+        if n < min_layers(lead) or n + period >= depth:
             result = trace_run(config, settings)
             traced = (depth,)
         else:
-            small, large = trace_run(config, settings, n), trace_run(config, settings, n + 1)
-            result = extend(small, large, depth, lead)
-            traced = (n, n + 1)
+            small = trace_run(config, settings, n)
+            large = trace_run(config, settings, n + period)
+            result = extend(small, large, depth, lead, period)
+            traced = (n, n + period)
     return _report(result, settings, traced)
 
 
@@ -128,13 +131,24 @@ def _traced_whole(config: Mapping[str, Any]) -> bool:
     return dims.mixers is not None or dims.altup_num_inputs > 0
 
 
-def _leading_layers(config: Mapping[str, Any]) -> int:
-    """How many layers come before the model's repeating kind (DeepSeek-V3: three dense
-    layers before its MoE ones)."""
+#: The longest period of dense and MoE layers looked for (Llama 4 Maverick's is 2).
+MAX_PERIOD = 4
+
+
+def _layout(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(how many layers come before the model's repeating pattern of dense and MoE layers,
+    how many layers that pattern repeats in): DeepSeek-V3's three dense layers before its
+    MoE ones (3, 1), Llama 4 Maverick's dense and MoE layers in turn (0, 2). A pattern that
+    does not repeat twice in the model is read from its last layer's kind, as before."""
     from controller.estimator.architecture import parse_config
 
     kinds = [layer.moe for layer in parse_config(config).layers]
-    return next((i for i, kind in enumerate(kinds) if kind == kinds[-1]), 0)
+    for lead in range(len(kinds)):
+        rest = kinds[lead:]
+        for period in range(1, min(MAX_PERIOD, len(rest) // 2) + 1):
+            if all(kind == rest[i % period] for i, kind in enumerate(rest)):
+                return lead, period
+    return next((i for i, kind in enumerate(kinds) if kind == kinds[-1]), 0), 1
 
 
 def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ...]) -> TraceReport:

@@ -16,9 +16,15 @@ before its MoE ones) also keys those layers and the first two of the repeating k
 their index ("start 3"): the backward peak can sit in the first MoE layer, where the most
 gradients have accumulated, and it is a middle layer otherwise.
 
-With traces at n and n+1 layers (n >= lead + 4, so the layer positions are distinct):
+A model whose layers repeat in a period of more than one (Llama 4 Maverick: a dense layer,
+then an MoE one, in turn) is traced at n and n + period layers, n as far from the depth as a
+whole number of periods, so both traces end as the model does; each period adds what one
+more layer would add elsewhere. (Extended one layer at a time, Maverick's every layer was
+read as an MoE one: 736 billion parameters for its 401.)
 
-    peak_key(L) = peak_key(n) + (L - n) x (peak_key(n+1) - peak_key(n))
+With traces at n and n+p layers (n >= lead + 4, so the layer positions are distinct):
+
+    peak_key(L) = peak_key(n) + (L - n) / p x (peak_key(n+p) - peak_key(n))
 
 and the same for each category of its breakdown; the model's peak is the largest key.
 Tests hold this to the full trace within 0.5 % where both run.
@@ -67,12 +73,21 @@ def _affine(a: int, b: int, steps: int) -> int:
     return a + steps * (b - a)
 
 
-def extend(small: RunResult, large: RunResult, layers: int, lead: int = 0) -> RunResult:
-    """The run at `layers` layers from runs at n and n + 1 layers (`lead`: leading layers
-    of another kind, see the module docstring)."""
-    if large.layers != small.layers + 1 or small.layers < min_layers(lead):
-        raise ValueError(f"extend needs runs at n and n + 1 layers, n >= {min_layers(lead)}")
-    steps = layers - small.layers
+def extend(
+    small: RunResult, large: RunResult, layers: int, lead: int = 0, period: int = 1
+) -> RunResult:
+    """The run at `layers` layers from runs at n and n + `period` layers (`lead`: leading
+    layers of another kind, `period`: the layers the rest repeats in; the module docstring)."""
+    if (
+        large.layers != small.layers + period
+        or small.layers < min_layers(lead)
+        or (layers - small.layers) % period
+    ):
+        raise ValueError(
+            f"extend needs runs at n and n + {period} layers, n >= {min_layers(lead)}, "
+            f"{layers} layers a whole number of periods from n"
+        )
+    steps = (layers - small.layers) // period
     a, b = keyed(small, lead), keyed(large, lead)
     segments: list[SegmentPeak] = []
     for key in a.keys() & b.keys():

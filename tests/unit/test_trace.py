@@ -396,6 +396,24 @@ def test_moe_extrapolation_agrees_with_the_full_trace(preset: str) -> None:
     assert extended.total_params == whole.total_params
 
 
+def test_interleaved_moe_extrapolation_adds_a_period_and_agrees_with_the_full_trace() -> None:
+    """Llama 4 Maverick's widths over 12 layers, dense and MoE in turn: traced at 4 and 6
+    layers and extended per period, within 0.5 % of tracing all 12 and with their parameter
+    count (one layer at a time, every added layer was read as an MoE one)."""
+    from controller.trace.build import text_config
+
+    config = text_config(load_preset("llama-4-maverick").config, 12)
+    config["moe_layers"] = [i for i in config["moe_layers"] if i < 12]
+    job = settings(LORA, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    whole = trace(config, job, layers="full")
+    extended = trace(config, job)
+    assert extended.traced_layers == (4, 6)
+    assert extended.total_params == whole.total_params
+    # the trace counts the adapters too
+    assert whole.total_params - whole.trainable_params == parse_config(config).total_params
+    assert abs(extended.peak_bytes - whole.peak_bytes) <= 0.005 * whole.peak_bytes
+
+
 def test_auto_traces_shallow_models_whole_and_deep_ones_extended() -> None:
     shallow = trace(with_layers(TINY_LLAMA, 6), LORA)
     assert shallow.traced_layers == (6,)
