@@ -133,7 +133,8 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
     with experts; "attention_moe" is no published model's)."""
     d = shape.dims
     if d.mamba1 is not None:
-        return _jamba_kinds(shape.layers)
+        assert d.mixers is not None  # read for every Jamba config
+        return _jamba_kinds(d.mixers, d.dense_layers, d.num_experts > 1)
     if d.mixers is not None:
         return d.mixers
     if not d.altup_num_inputs:
@@ -141,12 +142,16 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
     return _gemma3n_kinds(d.activation_sparsity, d.num_kv_shared_layers)
 
 
-def _jamba_kinds(layers: tuple[Layer, ...]) -> tuple[str, ...]:
-    """`layer_kinds` of a Jamba stack: its mixer and whether it has experts."""
+@lru_cache(maxsize=256)
+def _jamba_kinds(
+    mixers: tuple[str, ...], dense: tuple[int, ...], experts: bool
+) -> tuple[str, ...]:
+    """`layer_kinds` of a Jamba stack, once per layout (every estimate asks): its mixer and
+    whether it has experts, as the parser builds its layers (`_hybrid_layers`)."""
     return tuple(
-        f"{'attention' if layer.mixer == 'attention_mlp' else 'mamba'}_"
-        f"{'moe' if layer.moe else 'dense'}"
-        for layer in layers
+        f"{'attention' if mixer == 'attention_mlp' else 'mamba'}_"
+        f"{'moe' if experts and i not in dense else 'dense'}"
+        for i, mixer in enumerate(mixers)
     )
 
 
