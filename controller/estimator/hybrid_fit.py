@@ -59,6 +59,7 @@ the traced types (their moments are part of the fit), are priced; any other is r
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 
 from controller.estimator.analytic import DELTANET_CHUNK
@@ -88,8 +89,6 @@ HYBRID_LOCAL_FEATURES = (
     "G_head", "G_embed", "G_layer", "D", *SCAN_FEATURES, *MOE_FEATURES, *ALTUP_FEATURES, "1",
 )  # fmt: skip
 _NO_SCAN = [0] * len(SCAN_FEATURES)
-_NO_MOE = [0] * len(MOE_FEATURES)
-_NO_ALTUP = [0] * len(ALTUP_FEATURES)
 
 _ATTENTION = frozenset({"attention", "parallel", "attention_mlp"})
 #: Layers whose mixer runs a scan: Mamba-2's, Qwen3-Next's Gated DeltaNet, Jamba's Mamba-1.
@@ -180,42 +179,52 @@ def _sparse_flags(sparsity: tuple[float, ...]) -> tuple[bool, ...]:
     return tuple(value > 0 for value in sparsity)
 
 
+_UNCHECKED = object()
+
+
 def check_stack(shape: ModelShape, field: str) -> None:
     """Refuse a stack the fit was not traced with: a layer type it never traced, or other
-    first and last layers (their moments are not in the fit)."""
+    first and last layers (their moments are not in the fit). Decided once per shape
+    (every estimate asks); each refusal is a new error, so no traceback grows."""
+    refusal = shape.memo.get("hybrid-refusal", _UNCHECKED)
+    if refusal is _UNCHECKED:
+        refusal = shape.memo["hybrid-refusal"] = _refusal(shape)
+    if refusal is not None:
+        raise SpecError(field, str(refusal))
+
+
+def _refusal(shape: ModelShape) -> str | None:
+    """Why `check_stack` refuses the stack, None if it does not."""
     family = fit_family(shape)
     first, last, middle = STACKS[family]
     kinds = layer_kinds(shape) or ()
     traced = {first, last, *middle}
     unfitted = sorted(set(kinds) - traced)
     if unfitted:
-        raise SpecError(
-            field,
+        return (
             f"calibrated fits {family} stacks of {', '.join(sorted(traced))} layers, "
             f"this one has {', '.join(unfitted)} layers too; use the analytic, unsloth or "
-            "trace profile",
+            "trace profile"
         )
     if family == "gemma3n" and shape.lm_head_params:
-        raise SpecError(
-            field,
+        return (
             "calibrated fits gemma3n with its LM head tied to the embedding, as Google's "
             "models are; this one unties it (tie_word_embeddings false): use the analytic, "
-            "unsloth or trace profile",
+            "unsloth or trace profile"
         )
     if family == "qwen3_next" and not all(layer.moe for layer in shape.layers):
-        raise SpecError(
-            field,
+        return (
             "calibrated fits qwen3_next stacks with experts in every layer, this one has "
             "dense MLP layers (mlp_only_layers or decoder_sparse_step); use the analytic, "
-            "unsloth or trace profile",
+            "unsloth or trace profile"
         )
     if not kinds or kinds[0] != first or kinds[-1] != last:
-        raise SpecError(
-            field,
+        return (
             f"calibrated fits {family} stacks whose first layer is {first} and "
             f"last is {last}, this one runs {kinds[0] if kinds else 'none'} ... "
-            f"{kinds[-1] if kinds else 'none'}; use the analytic, unsloth or trace profile",
+            f"{kinds[-1] if kinds else 'none'}; use the analytic, unsloth or trace profile"
         )
+    return None
 
 
 def _mlp_width(layer: Layer) -> int:
@@ -254,17 +263,17 @@ def _scan_terms(shape: ModelShape, b: int, s: int) -> list[int]:
             tp * inner * state // c, b * inner * state]  # fmt: skip
 
 
-def _moe_terms(layer: Layer, shape: ModelShape, t: int) -> list[int]:
-    """MOE_FEATURES of one layer (zeros without experts)."""
+def _moe_widths(layer: Layer, shape: ModelShape) -> tuple[list[int], int]:
+    """(MOE_FEATURES of one layer per token, its expert stacks W_E): zeros without experts."""
     experts = [lin for lin in layer.linears if lin.expert]
     if not experts:
-        return _NO_MOE
+        return [0] * len(MOE_FEATURES), 0
     d = shape.dims
-    pairs = t * d.experts_per_token
+    k = d.experts_per_token
     width = d.moe_latent_size or d.hidden_size
     inner = d.moe_intermediate_size or d.intermediate_size
     stacks = 2 * sum(lin.weight_params for lin in experts)
-    return [pairs * width, pairs * inner, t * d.num_experts, stacks, t * (d.moe_latent_size or 0)]
+    return [k * width, k * inner, d.num_experts, 0, d.moe_latent_size or 0], stacks
 
 
 def _per_layer_input_gradients(shape: ModelShape, settings: TrainingSettings) -> tuple[int, int]:
@@ -279,41 +288,13 @@ def _per_layer_input_gradients(shape: ModelShape, settings: TrainingSettings) ->
     return (vocab + d.hidden_size) * p * elem, len(shape.layers) * vocab * p * elem
 
 
-def _altup_terms(shape: ModelShape, t: int, mlp: int, sparse: bool, g_p: int) -> list[int]:
-    """ALTUP_FEATURES of one layer (zeros but in Gemma 3n)."""
+def _altup_widths(shape: ModelShape, mlp: int, sparse: bool) -> list[int]:
+    """ALTUP_FEATURES of one layer per token, G_p aside (zeros but in Gemma 3n)."""
     d = shape.dims
     if not d.altup_num_inputs:
-        return _NO_ALTUP
+        return [0] * len(ALTUP_FEATURES)
     h, p, rank = d.hidden_size, d.hidden_size_per_layer_input, d.laurel_rank
-    return [t * h * d.altup_num_inputs, t * mlp if sparse else 0, t * p, t * rank, g_p]
-
-
-_Group = tuple[Layer, int, tuple[int, int, int], bool]
-
-
-def _groups(shape: ModelShape, static: Static) -> tuple[list[_Group], list[_Group]]:
-    """(every group of alike layers, the first and the last layer): each as (layer, how
-    many, its static parts (gradients, adapted inputs, ranks), whether its MLP is
-    activation-sparse). Gemma 3n's sparse and dense layers can be one Layer (the same
-    tensors), so there layers are told apart by index."""
-    # `layer_parts` ends with the outer linears' (Gemma 3n's AltUp and per-layer input
-    # projections): no layer's, and no feature's (the fit's coefficients absorb them).
-    parts = {
-        id(layer): part
-        for (layer, _), part in zip(shape.layer_counts, static.layer_parts, strict=False)
-    }
-    sparsity = shape.dims.activation_sparsity
-    ends = [
-        (shape.layers[i], 1, parts[id(shape.layers[i])], bool(sparsity) and sparsity[i] > 0)
-        for i in sorted({0, len(shape.layers) - 1})
-    ]
-    if not sparsity:
-        groups = [(layer, count, parts[id(layer)], False) for layer, count in shape.layer_counts]
-        return groups, ends
-    counts = Counter(zip(map(id, shape.layers), _sparse_flags(sparsity), strict=True))
-    layers = {id(layer): layer for layer in shape.layers}
-    groups = [(layers[key], n, parts[key], sparse) for (key, sparse), n in counts.items()]
-    return groups, ends
+    return [h * d.altup_num_inputs, mlp if sparse else 0, p, rank, 0]
 
 
 def _has_kv(layer: Layer) -> bool:
@@ -321,48 +302,145 @@ def _has_kv(layer: Layer) -> bool:
     return any(lin.name == "k_proj" for lin in layer.linears)
 
 
+#: Where `features` fills in what the settings decide, in HYBRID_LAYER_FEATURES ...
+_LAYER = {name: i for i, name in enumerate(HYBRID_LAYER_FEATURES)}
+_L_INPUTS, _L_RANKS, _L_GRADS, _L_SCAN, _L_G_P = (
+    _LAYER["t*A"], _LAYER["t*R"], _LAYER["G_layer"], _LAYER[SCAN_FEATURES[0]], _LAYER["G_p"]
+)  # fmt: skip
+#: ... and in HYBRID_LOCAL_FEATURES.
+_LOCAL = {name: i for i, name in enumerate(HYBRID_LOCAL_FEATURES)}
+_O_INPUTS, _O_RANKS, _O_LOGITS, _O_MASK, _O_HEAD, _O_EMBED, _O_GRADS, _O_DEQUANT, _O_SCAN = (
+    _LOCAL[name]
+    for name in ("t*A", "t*R", "t*V", "b*s2", "G_head", "G_embed", "G_layer", "D", SCAN_FEATURES[0])
+)
+_SCAN_SPAN = len(SCAN_FEATURES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stack:
+    """What `features` needs of a stack that no training setting changes, summed over its
+    layers once per shape. Every feature is t times a width, a constant, the scan's terms
+    (alike in every scanning layer), or a layer's static parts, so an estimate multiplies a
+    few sums instead of building each group of layers' vector (exact: integers)."""
+
+    per_token: tuple[int, ...]  # HYBRID_LAYER_FEATURES' widths, summed over the layers
+    constant: tuple[int, ...]  # their constants: the expert stacks, the "1"
+    scanned: int  # layers that run the scan
+    altup_layers: int  # layers that carry G_p (Gemma 3n's: every one)
+    parts: tuple[tuple[int, int], ...]  # (index in `Static.layer_parts`, how many layers)
+    end_per_token: tuple[int, ...]  # HYBRID_LOCAL_FEATURES' widths, the end layers' largest
+    end_constant: tuple[int, ...]
+    end_scanned: bool  # whether the first or the last layer runs the scan
+    end_parts: tuple[int, ...]  # the first and the last layer's indexes in `layer_parts`
+
+
+def _stack(shape: ModelShape) -> _Stack:
+    """The shape's `_Stack`, built on its first estimate."""
+    cached = shape.memo.get("hybrid-stack")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    stack = _build_stack(shape)
+    shape.memo["hybrid-stack"] = stack
+    return stack
+
+
+def _build_stack(shape: ModelShape) -> _Stack:
+    d = shape.dims
+    h = d.hidden_size
+    head_dim = d.head_dim or h // d.num_heads
+    q, kv, n = d.num_heads * head_dim, d.num_kv_heads * head_dim, d.num_heads
+    index = {id(layer): i for i, (layer, _) in enumerate(shape.layer_counts)}
+    # Groups of alike layers: (layer, whether its MLP is activation-sparse, how many). Gemma
+    # 3n's sparse and dense layers can be one Layer (the same tensors): told apart by index.
+    sparsity = d.activation_sparsity
+    flags = _sparse_flags(sparsity) if sparsity else (False,) * len(shape.layers)
+    if sparsity:
+        layer_of = {id(layer): layer for layer in shape.layers}
+        counted = Counter(zip(map(id, shape.layers), flags, strict=True))
+        groups = [(layer_of[key], sparse, count) for (key, sparse), count in counted.items()]
+    else:
+        groups = [(layer, False, count) for layer, count in shape.layer_counts]
+
+    per_token = [0] * len(HYBRID_LAYER_FEATURES)
+    stacks = 0
+    for layer, sparse, count in groups:
+        attn = layer.mixer in _ATTENTION
+        mlp = _mlp_width(layer)
+        moe, layer_stacks = _moe_widths(layer, shape)
+        widths = [h, q if attn else 0, kv if attn and _has_kv(layer) else 0, mlp, 0, 0,
+                  n if attn else 0, 1, 0, *[0] * _SCAN_SPAN, *moe,
+                  *_altup_widths(shape, mlp, sparse), 0]  # fmt: skip
+        per_token = [total + w * count for total, w in zip(per_token, widths, strict=True)]
+        stacks += layer_stacks * count
+    constant = [0] * len(HYBRID_LAYER_FEATURES)
+    constant[_LAYER["W_E"]], constant[_LAYER["1"]] = stacks, len(shape.layers)
+
+    ends = [(shape.layers[i], flags[i]) for i in sorted({0, len(shape.layers) - 1})]
+    end_layers = [layer for layer, _ in ends]
+    attn_end = any(layer.mixer in _ATTENTION for layer in end_layers)
+    kv_end = any(layer.mixer in _ATTENTION and _has_kv(layer) for layer in end_layers)
+    # The end layers' transients are the larger of theirs, feature by feature.
+    moes = [_moe_widths(layer, shape) for layer in end_layers]
+    end_moe = [max(column) for column in zip(*(moe for moe, _ in moes), strict=True)]
+    end_altup = [
+        max(column)
+        for column in zip(
+            *(_altup_widths(shape, _mlp_width(lay), sparse) for lay, sparse in ends), strict=True
+        )
+    ]
+    end_per_token = [h, q if attn_end else 0, kv if kv_end else 0,
+                     max(map(_mlp_width, end_layers)), 0, 0, 0, 0, n if attn_end else 0, 1,
+                     0, 0, 0, 0, *[0] * _SCAN_SPAN, *end_moe, *end_altup, 0]  # fmt: skip
+    end_constant = [0] * len(HYBRID_LOCAL_FEATURES)
+    end_constant[_LOCAL["W_E"]] = max(stacks for _, stacks in moes)
+    end_constant[_LOCAL["1"]] = 1
+    return _Stack(
+        per_token=tuple(per_token),
+        constant=tuple(constant),
+        scanned=sum(count for layer, _, count in groups if layer.mixer in _SCANNED),
+        altup_layers=len(shape.layers) if d.altup_num_inputs else 0,
+        parts=tuple((index[id(layer)], count) for layer, _, count in groups),
+        end_per_token=tuple(end_per_token),
+        end_constant=tuple(end_constant),
+        end_scanned=any(layer.mixer in _SCANNED for layer in end_layers),
+        end_parts=tuple(index[id(layer)] for layer in end_layers),
+    )
+
+
 def features(
     shape: ModelShape, settings: TrainingSettings, static: Static
 ) -> tuple[list[int], list[int]]:
     """(per-layer features summed over the layers, once-per-step features), in the order of
     HYBRID_LAYER_FEATURES and HYBRID_LOCAL_FEATURES."""
-    d = shape.dims
+    stack = _stack(shape)
     b, s = settings.batch, settings.seq_len
-    t, h = b * s, d.hidden_size
-    head_dim = d.head_dim or h // d.num_heads
-    q, kv, n = d.num_heads * head_dim, d.num_kv_heads * head_dim, d.num_heads
+    t = b * s
     scan = _scan_terms(shape, b, s)
-    summed = [0] * len(HYBRID_LAYER_FEATURES)
-    groups, ends = _groups(shape, static)
+    # `layer_parts` ends with the outer linears' (Gemma 3n's AltUp and per-layer input
+    # projections): no layer's, and no feature's (the fit's coefficients absorb them).
+    layer_parts = static.layer_parts
+    grads = inputs = ranks = 0
+    for i, count in stack.parts:
+        part = layer_parts[i]
+        grads += part[0] * count
+        inputs += part[1] * count
+        ranks += part[2] * count
     g_p, table = _per_layer_input_gradients(shape, settings)
-    for layer, count, (grads, inputs, ranks), sparse in groups:
-        attn = layer.mixer in _ATTENTION
-        mlp = _mlp_width(layer)
-        vector = [t * h, t * q if attn else 0, t * kv if attn and _has_kv(layer) else 0,
-                  t * mlp, t * inputs, t * ranks, t * n if attn else 0, t, grads,
-                  *(scan if layer.mixer in _SCANNED else _NO_SCAN), *_moe_terms(layer, shape, t),
-                  *_altup_terms(shape, t, mlp, sparse, g_p), 1]  # fmt: skip
-        for i, value in enumerate(vector):
-            summed[i] += value * count
-    end_layers = [layer for layer, *_ in ends]
-    attn_end = any(layer.mixer in _ATTENTION for layer in end_layers)
-    kv_end = any(layer.mixer in _ATTENTION and _has_kv(layer) for layer in end_layers)
-    scanned_end = any(layer.mixer in _SCANNED for layer in end_layers)
-    end_grads, end_inputs, end_ranks = (sum(part[i] for _, _, part, _ in ends) for i in range(3))
-    logits = 0 if settings.fused_loss else t * shape.vocab_size
-    end_moe = [
-        max(terms) for terms in zip(*(_moe_terms(lay, shape, t) for lay in end_layers), strict=True)
-    ]
-    end_altup = [
-        max(terms)
-        for terms in zip(
-            *(_altup_terms(shape, t, _mlp_width(lay), sp, 0) for lay, _, _, sp in ends),
-            strict=True,
-        )
-    ]
+    summed = [t * w + c for w, c in zip(stack.per_token, stack.constant, strict=True)]
+    summed[_L_INPUTS], summed[_L_RANKS], summed[_L_GRADS] = t * inputs, t * ranks, grads
+    summed[_L_G_P] = g_p * stack.altup_layers
+    if stack.scanned:
+        summed[_L_SCAN : _L_SCAN + _SCAN_SPAN] = [v * stack.scanned for v in scan]
+
+    end_grads = end_inputs = end_ranks = 0
+    for i in stack.end_parts:
+        part = layer_parts[i]
+        end_grads, end_inputs, end_ranks = (
+            end_grads + part[0], end_inputs + part[1], end_ranks + part[2]
+        )  # fmt: skip
     # Gemma 3n: transformers materialises the sliding layers' mask from the window's length
     # on (the full layers' causal mask is sdpa's is_causal); the others as traced.
-    window = d.sliding_window
+    window = shape.dims.sliding_window
     mask = 0 if window is not None and s < window else b * s * s
     # The per-layer inputs' table is part of the embedding (`storage`: the LM head's when
     # tied, else the embedding's), but its gradients are G_p's, layer by layer.
@@ -371,8 +449,11 @@ def features(
         embed -= table
     else:
         head -= table
-    once = [t * h, t * q if attn_end else 0, t * kv if kv_end else 0,
-            t * max(map(_mlp_width, end_layers)), t * end_inputs, t * end_ranks, logits,
-            mask, t * n if attn_end else 0, t, head, embed, end_grads, static.dequantized,
-            *(scan if scanned_end else _NO_SCAN), *end_moe, *end_altup, 1]  # fmt: skip
+    once = [t * w + c for w, c in zip(stack.end_per_token, stack.end_constant, strict=True)]
+    once[_O_INPUTS], once[_O_RANKS] = t * end_inputs, t * end_ranks
+    once[_O_LOGITS] = 0 if settings.fused_loss else t * shape.vocab_size
+    once[_O_MASK], once[_O_HEAD], once[_O_EMBED] = mask, head, embed
+    once[_O_GRADS], once[_O_DEQUANT] = end_grads, static.dequantized
+    if stack.end_scanned:
+        once[_O_SCAN : _O_SCAN + _SCAN_SPAN] = scan
     return summed, once

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from controller.estimator import Method, Profile, SpecError, TrainingSettings, parse_config
+from controller.estimator import (
+    Method,
+    Precision,
+    Profile,
+    SpecError,
+    TrainingSettings,
+    parse_config,
+)
 from controller.estimator.architecture import ArchDims, Layer, ModelShape, _parse_config
 from controller.estimator.calibrated import estimate as calibrated_estimate
 from controller.estimator.presets import load_preset, preset_names
@@ -95,3 +102,50 @@ def test_an_int_subclass_in_range_reads_as_before() -> None:
     config = load_preset("deepseek-v3").config_dict()
     plain = parse_config(config)
     assert parse_config(config | {"qk_rope_head_dim": Width(64)}).dims == plain.dims
+
+
+#: One preset of each hybrid fit (`hybrid_fit.STACKS`): their layer sums are kept per shape.
+HYBRIDS = (
+    "nemotron-nano-9b-v2", "nemotron-3-nano-30b-a3b", "falcon-h1-1.5b", "qwen3-next-80b-a3b",
+    "gemma-3n-e4b", "jamba-v0.1",
+)  # fmt: skip
+#: Jobs that change every setting a hybrid's features read: method, adapters, batch, length
+#: (past and short of Gemma 3n's window, across scan chunks), precision, the fused loss.
+HYBRID_JOBS = (
+    TrainingSettings(method=Method.FULL, rank=None, batch=3, seq_len=700, fused_loss=True),
+    TrainingSettings(method=Method.LORA, rank=64, targets=("q_proj", "v_proj"), seq_len=100),
+    TrainingSettings(seq_len=4097, batch=2),
+    TrainingSettings(method=Method.FULL, rank=None, precision=Precision.FP32, seq_len=300),
+)
+
+
+@pytest.mark.parametrize("preset", HYBRIDS)
+def test_a_hybrid_s_layer_sums_kept_per_shape_hold_nothing_a_job_sets(preset: str) -> None:
+    """`hybrid_fit.features` sums the layers' widths once per shape and multiplies them per
+    job: a shape that priced other jobs first must give what a fresh parse gives."""
+    from controller.estimator import hybrid_fit
+
+    kept = parse_config(load_preset(preset).config_dict())
+    for job in HYBRID_JOBS:
+        hybrid_fit.features(kept, job, static_bytes(kept, job))
+    for job in reversed(HYBRID_JOBS):
+        fresh = _parse_config(load_preset(preset).config_dict(), "")
+        assert hybrid_fit.features(kept, job, static_bytes(kept, job)) == hybrid_fit.features(
+            fresh, job, static_bytes(fresh, job)
+        )
+
+
+def test_a_refused_hybrid_stack_is_refused_on_every_estimate_with_the_field() -> None:
+    """The refusal is decided once per shape; each estimate raises it anew, by its field."""
+    from controller.estimator import hybrid_fit
+
+    config = load_preset("qwen3-next-80b-a3b").config_dict() | {"mlp_only_layers": [3]}
+    shape = parse_config(config)
+    raised = []
+    for field in ("estimator.profile", "spec.estimator.profile"):
+        with pytest.raises(SpecError, match="dense MLP layers") as error:
+            hybrid_fit.check_stack(shape, field)
+        assert error.value.field == field
+        raised.append(error.value)
+    assert raised[0] is not raised[1]
+    hybrid_fit.check_stack(parse_config(load_preset("qwen3-next-80b-a3b").config_dict()), "x")
