@@ -49,6 +49,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from controller.api import conditions as cond
 from controller.cluster import finished, job_key, parse_time, reservation, snapshot
@@ -69,6 +70,11 @@ log = logging.getLogger("vramgate.scheduler")
 
 #: How many cached estimates are kept, by spec: 1,000 jobs of one spec cost one estimate.
 ESTIMATE_CACHE_SIZE = 4096
+#: A workload create that failed is retried after this many seconds, doubling per failure up
+#: to CREATE_RETRY_MAX_S: a template the API server refuses (422) fails every time, and a
+#: retry on every pass would hammer it ten times a second and flood the log.
+CREATE_RETRY_S = 1.0
+CREATE_RETRY_MAX_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class Scheduler:
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
+        #: job key -> (creates failed in a row, monotonic time of the next try)
+        self._create_failures: dict[str, tuple[int, float]] = {}
         #: Each job's latest create or delete: the next one for that job starts after it, so
         #: a suspension's delete never overtakes the create it must undo.
         self._workload_tasks: dict[str, asyncio.Task[None]] = {}
@@ -466,11 +474,11 @@ class Scheduler:
                         await loop.run_in_executor(self._creator, self.kube.create, obj)
                     except Conflict:
                         pass  # made by an earlier pass or replica: names are deterministic
-                    except Exception:
-                        log.exception("[%s] cannot create %s; retrying", c.key, obj["kind"])
-                        self.wake()
+                    except Exception as error:
+                        self._create_failed(c.key, obj, error, jobs.get(c.key))
                         return
                 self._created[c.key] = uid
+                self._create_failures.pop(c.key, None)
             finally:
                 self._creating.pop(c.key, None)
 
@@ -499,15 +507,44 @@ class Scheduler:
         for d in [*out.deletes, *retries]:
             if landed.get(d.key, True):
                 self._start(d.key, functools.partial(delete, d))
+        for key in [k for k in self._create_failures if k not in jobs]:
+            del self._create_failures[key]
         for c in out.creates:
             job = jobs.get(c.key)
             if job is None or c.key in self._creating or (c.after_write and not landed.get(c.key)):
                 continue
+            if self._create_failures.get(c.key, (0, 0.0))[1] > time.monotonic():
+                continue  # backing off: `_create_failed` wakes a pass when it is time
             uid = self._creating[c.key] = _uid(job)
             self._start(c.key, functools.partial(create, c, uid))
         for key in [k for k in self._last_written if k not in jobs]:
             del self._last_written[key]
         return after_writes
+
+
+    def _create_failed(
+        self, key: str, obj: Mapping[str, Any], error: Exception, job: Mapping[str, Any] | None
+    ) -> None:
+        """Back off before the next try, and say why on the FineTuneJob: a Warning Event
+        (`kubectl describe`) with the API server's message, one per try."""
+        failures = self._create_failures.get(key, (0, 0.0))[0] + 1
+        delay = min(CREATE_RETRY_MAX_S, CREATE_RETRY_S * 2 ** (failures - 1))
+        self._create_failures[key] = (failures, time.monotonic() + delay)
+        what = f"{obj['kind']} {obj['metadata'].get('name')}"
+        reason = getattr(error, "reason", None) if isinstance(error, ApiException) else None
+        if reason:  # the API server refused it: its message says why, no traceback needed
+            log.warning("[%s] cannot create %s: %s; retrying in %.0f s", key, what, reason, delay)
+        else:
+            log.exception("[%s] cannot create %s; retrying in %.0f s", key, what, delay)
+        if job is not None:
+            self._context.run(
+                kopf.event,
+                cast(Any, job),
+                type="Warning",
+                reason=cond.REASON_WORKLOAD_NOT_CREATED,
+                message=f"cannot create {what}: {reason or error}; retrying in {delay:.0f} s",
+            )
+        asyncio.get_running_loop().call_later(delay, self.wake)
 
 
 async def _after(task: asyncio.Task[None] | None) -> None:

@@ -36,6 +36,7 @@ from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixtur
     OperatorProcess,
     condition,
     crds,
+    events_for,
     forget_webhook_configs,
 )
 
@@ -422,6 +423,37 @@ def test_an_oom_killed_trainer_is_reported_as_such(
     )  # fmt: skip
     assert failed["reason"] == "OOMKilled"
     assert "OOMKilled" in failed["message"] and pod.metadata.name in failed["message"]
+
+
+def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_the_job(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """A pod template the CRD keeps but the Job API refuses (422): the operator says why in a
+    Warning Event and retries after 1, 2, 4 ... s, not on every pass (it retried ten times a
+    second, a traceback each time), and the job's fix (suspend, or delete) still works."""
+    gpus.add([80])
+    body = job("bad-template", gpus)
+    body["spec"]["template"]["spec"]["containers"] = [{"name": "Bad Name!", "image": ""}]
+    create(api_client, namespace, body)
+    admitted(api_client, namespace, "bad-template", "True", "Fits")
+    warned = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "bad-template")
+                 if e.reason == "WorkloadNotCreated"],
+        timeout=DEADLINE_S, what="a WorkloadNotCreated event",
+    )  # fmt: skip
+    assert warned[0].type == "Warning"
+    assert "cannot create Job bad-template" in warned[0].message
+    assert "containers[0].name" in warned[0].message and "retrying in" in warned[0].message
+    time.sleep(6)  # tries at 0, 1, 3 and 7 s: four at most, where every pass (0.1 s) retried
+    log = admitting.log_path.read_text(errors="replace")
+    tries = [line for line in log.splitlines() if "cannot create Job bad-template" in line]
+    assert 1 <= len(tries) <= 5, tries
+    assert "Traceback" not in log[log.find(tries[0]):], "a refusal is one line, not a traceback"
+    assert _read_job(api_client, namespace, "bad-template") is None
+    objects(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "bad-template", {"spec": {"suspend": True}}
+    )
+    admitted(api_client, namespace, "bad-template", "False", "Suspended")
 
 
 def test_fsdp_across_nodes_runs_as_an_indexed_job_with_the_torchrun_rendezvous(
