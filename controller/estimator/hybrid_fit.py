@@ -175,7 +175,7 @@ def _gemma3n_kinds(sparsity: tuple[float, ...], kv_shared: int) -> tuple[str, ..
 
 @lru_cache(maxsize=256)
 def _sparse_flags(sparsity: tuple[float, ...]) -> tuple[bool, ...]:
-    """Which layers are activation-sparse, once per layout (`features` counts them)."""
+    """Which layers are activation-sparse, once per layout (`_build_stack` groups by it)."""
     return tuple(value > 0 for value in sparsity)
 
 
@@ -334,6 +334,20 @@ class _Stack:
     end_parts: tuple[int, ...]  # the first and the last layer's indexes in `layer_parts`
 
 
+def _by_name(
+    index: dict[str, int], widths: dict[str, int], moe: list[int], altup: list[int]
+) -> list[int]:
+    """A per-token width vector in `index`'s order: the named widths, the MoE and AltUp
+    terms in their places, zero elsewhere (the settings' and the scan's, filled per job)."""
+    vector = [0] * len(index)
+    for name, width in widths.items():
+        vector[index[name]] = width
+    for names, values in ((MOE_FEATURES, moe), (ALTUP_FEATURES, altup)):
+        for name, width in zip(names, values, strict=True):
+            vector[index[name]] = width
+    return vector
+
+
 def _stack(shape: ModelShape) -> _Stack:
     """The shape's `_Stack`, built on its first estimate."""
     cached = shape.memo.get("hybrid-stack")
@@ -345,6 +359,7 @@ def _stack(shape: ModelShape) -> _Stack:
 
 
 def _build_stack(shape: ModelShape) -> _Stack:
+    """What `_stack` keeps: each layer's widths by name, summed over its group."""
     d = shape.dims
     h = d.hidden_size
     head_dim = d.head_dim or h // d.num_heads
@@ -367,9 +382,12 @@ def _build_stack(shape: ModelShape) -> _Stack:
         attn = layer.mixer in _ATTENTION
         mlp = _mlp_width(layer)
         moe, layer_stacks = _moe_widths(layer, shape)
-        widths = [h, q if attn else 0, kv if attn and _has_kv(layer) else 0, mlp, 0, 0,
-                  n if attn else 0, 1, 0, *[0] * _SCAN_SPAN, *moe,
-                  *_altup_widths(shape, mlp, sparse), 0]  # fmt: skip
+        widths = _by_name(
+            _LAYER,
+            {"t*h": h, "t*q": q if attn else 0, "t*kv": kv if attn and _has_kv(layer) else 0,
+             "t*i": mlp, "t*n": n if attn else 0, "t": 1},
+            moe, _altup_widths(shape, mlp, sparse),
+        )  # fmt: skip
         per_token = [total + w * count for total, w in zip(per_token, widths, strict=True)]
         stacks += layer_stacks * count
     constant = [0] * len(HYBRID_LAYER_FEATURES)
@@ -388,9 +406,12 @@ def _build_stack(shape: ModelShape) -> _Stack:
             *(_altup_widths(shape, _mlp_width(lay), sparse) for lay, sparse in ends), strict=True
         )
     ]
-    end_per_token = [h, q if attn_end else 0, kv if kv_end else 0,
-                     max(map(_mlp_width, end_layers)), 0, 0, 0, 0, n if attn_end else 0, 1,
-                     0, 0, 0, 0, *[0] * _SCAN_SPAN, *end_moe, *end_altup, 0]  # fmt: skip
+    end_per_token = _by_name(
+        _LOCAL,
+        {"t*h": h, "t*q": q if attn_end else 0, "t*kv": kv if kv_end else 0,
+         "t*i": max(map(_mlp_width, end_layers)), "t*n": n if attn_end else 0, "t": 1},
+        end_moe, end_altup,
+    )  # fmt: skip
     end_constant = [0] * len(HYBRID_LOCAL_FEATURES)
     end_constant[_LOCAL["W_E"]] = max(stacks for _, stacks in moes)
     end_constant[_LOCAL["1"]] = 1
@@ -435,9 +456,9 @@ def features(
     end_grads = end_inputs = end_ranks = 0
     for i in stack.end_parts:
         part = layer_parts[i]
-        end_grads, end_inputs, end_ranks = (
-            end_grads + part[0], end_inputs + part[1], end_ranks + part[2]
-        )  # fmt: skip
+        end_grads += part[0]
+        end_inputs += part[1]
+        end_ranks += part[2]
     # Gemma 3n: transformers materialises the sliding layers' mask from the window's length
     # on (the full layers' causal mask is sdpa's is_causal); the others as traced.
     window = shape.dims.sliding_window

@@ -3,6 +3,8 @@ layer grouping the shape would compute, a changed config read again, the same er
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import fields, replace
 from typing import Any
 
@@ -133,6 +135,29 @@ def test_a_hybrid_s_layer_sums_kept_per_shape_hold_nothing_a_job_sets(preset: st
         assert hybrid_fit.features(kept, job, static_bytes(kept, job)) == hybrid_fit.features(
             fresh, job, static_bytes(fresh, job)
         )
+
+
+#: Digests of `hybrid_fit.features` over HYBRID_JOBS, recorded from the code before the
+#: layer sums were kept per shape (f13a7d9, which built each group's vector per call): a
+#: width moved to another feature's place changes them.
+PINNED = {
+    "nemotron-nano-9b-v2": "fb2b5d12576f8dab",
+    "nemotron-3-nano-30b-a3b": "f5ca15dddc6b70ca",
+    "falcon-h1-1.5b": "1fa09e0004768632",
+    "qwen3-next-80b-a3b": "add1b64c06077b13",
+    "gemma-3n-e4b": "ef0ac33a2f682a5f",
+    "jamba-v0.1": "56587d7c3c25ef86",
+}
+
+
+@pytest.mark.parametrize("preset", HYBRIDS)
+def test_a_hybrid_s_features_are_what_the_per_layer_code_gave(preset: str) -> None:
+    from controller.estimator import hybrid_fit
+
+    shape = parse_config(load_preset(preset).config_dict())
+    values = [hybrid_fit.features(shape, job, static_bytes(shape, job)) for job in HYBRID_JOBS]
+    digest = hashlib.sha256(json.dumps([[list(a), list(b)] for a, b in values]).encode())
+    assert digest.hexdigest()[:16] == PINNED[preset]
 
 
 def test_a_refused_hybrid_stack_is_refused_on_every_estimate_with_the_field() -> None:
