@@ -115,9 +115,9 @@ REASON_GPU_OUT_OF_MEMORY = "GPUOutOfMemory"
 #: WorkloadFailed indicates that the job's workload failed because a pod failed for a reason
 #: Kubernetes did not name; the message holds the container's exit code and reason.
 REASON_WORKLOAD_FAILED = "WorkloadFailed"
-#: WorkloadNotCreated (an Event, not a condition) indicates that the API server refused the
-#: job's workload (e.g. an invalid pod template: 422); the operator retries with backoff, up
-#: to every five minutes, and the job keeps its GPUs until it is fixed, suspended or deleted.
+#: WorkloadNotCreated indicates that the API server refused the job's workload (e.g. an
+#: invalid pod template: 422); an Event's reason, not a condition's. The operator retries with
+#: backoff, up to every five minutes; the job keeps its GPUs until fixed, suspended or deleted.
 REASON_WORKLOAD_NOT_CREATED = "WorkloadNotCreated"
 
 # -- GPUNode condition types ----------------------------------------------------------------

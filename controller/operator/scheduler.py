@@ -507,7 +507,10 @@ class Scheduler:
         for d in [*out.deletes, *retries]:
             if landed.get(d.key, True):
                 self._start(d.key, functools.partial(delete, d))
-        for key in [k for k in self._create_failures if k not in jobs]:
+        # A job no longer waiting for its workload (suspended, deleted, no longer admitted)
+        # starts afresh: once fixed and resumed, its create is not minutes away.
+        waiting = {c.key for c in out.creates} | set(self._creating)
+        for key in [k for k in self._create_failures if k not in waiting]:
             del self._create_failures[key]
         for c in out.creates:
             job = jobs.get(c.key)

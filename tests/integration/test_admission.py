@@ -454,6 +454,18 @@ def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_t
         GROUP, VERSION, namespace, PLURAL, "bad-template", {"spec": {"suspend": True}}
     )
     admitted(api_client, namespace, "bad-template", "False", "Suspended")
+    # Fixed and resumed, it is created at once: the backoff (next try 8 s away by now) is
+    # forgotten while the job does not wait for a workload.
+    fixed = {"name": "trainer", "image": "trainer:v1"}
+    template = {**body["spec"]["template"], "spec": {"containers": [fixed]}}
+    objects(api_client).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "bad-template",
+        {"spec": {"suspend": False, "template": template}},
+    )  # fmt: skip
+    resumed = time.monotonic()
+    wait_until(lambda: _read_job(api_client, namespace, "bad-template"), timeout=DEADLINE_S,
+               what="the fixed job's workload")  # fmt: skip
+    assert time.monotonic() - resumed < 5.0
 
 
 def test_fsdp_across_nodes_runs_as_an_indexed_job_with_the_torchrun_rendezvous(
