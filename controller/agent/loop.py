@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from controller.agent.backoff import Backoff
 from controller.agent.change import Written, write_reason
 from controller.agent.clock import Clock
 from controller.agent.metrics import AgentMetrics
@@ -22,6 +21,7 @@ from controller.agent.pods import PodResolver
 from controller.agent.publisher import PublishError
 from controller.agent.readings import BackendError, GpuBackend, GpuReading
 from controller.agent.status import Observation
+from controller.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from controller.api import conditions as cond
+from controller.backoff import Backoff
 from controller.cluster import finished, job_key, parse_time, reservation, snapshot
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
@@ -70,9 +71,9 @@ log = logging.getLogger("vramgate.scheduler")
 
 #: How many cached estimates are kept, by spec: 1,000 jobs of one spec cost one estimate.
 ESTIMATE_CACHE_SIZE = 4096
-#: A workload create that failed is retried after this many seconds, doubling per failure up
-#: to CREATE_RETRY_MAX_S: a template the API server refuses (422) fails every time, and a
-#: retry on every pass would hammer it ten times a second and flood the log.
+#: A workload create that failed is retried after about this many seconds, doubling per failure
+#: up to CREATE_RETRY_MAX_S (`Backoff`, jittered): a template the API server refuses (422)
+#: fails every time, and a retry on every pass would hammer it ten times a second.
 CREATE_RETRY_S = 1.0
 CREATE_RETRY_MAX_S = 300.0
 
@@ -123,8 +124,8 @@ class Scheduler:
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
-        #: job key -> (creates failed in a row, monotonic time of the next try)
-        self._create_failures: dict[str, tuple[int, float]] = {}
+        #: job key -> (its failed creates' backoff, monotonic time of the next try)
+        self._create_failures: dict[str, tuple[Backoff, float]] = {}
         #: Each job's latest create or delete: the next one for that job starts after it, so
         #: a suspension's delete never overtakes the create it must undo.
         self._workload_tasks: dict[str, asyncio.Task[None]] = {}
@@ -516,7 +517,8 @@ class Scheduler:
             job = jobs.get(c.key)
             if job is None or c.key in self._creating or (c.after_write and not landed.get(c.key)):
                 continue
-            if self._create_failures.get(c.key, (0, 0.0))[1] > time.monotonic():
+            failed = self._create_failures.get(c.key)
+            if failed is not None and failed[1] > time.monotonic():
                 continue  # backing off: `_create_failed` wakes a pass when it is time
             uid = self._creating[c.key] = _uid(job)
             self._start(c.key, functools.partial(create, c, uid))
@@ -524,15 +526,15 @@ class Scheduler:
             del self._last_written[key]
         return after_writes
 
-
     def _create_failed(
         self, key: str, obj: Mapping[str, Any], error: Exception, job: Mapping[str, Any] | None
     ) -> None:
         """Back off before the next try, and say why on the FineTuneJob: a Warning Event
         (`kubectl describe`) with the API server's message, one per try."""
-        failures = self._create_failures.get(key, (0, 0.0))[0] + 1
-        delay = min(CREATE_RETRY_MAX_S, CREATE_RETRY_S * 2 ** (failures - 1))
-        self._create_failures[key] = (failures, time.monotonic() + delay)
+        failed = self._create_failures.get(key)
+        backoff = failed[0] if failed else Backoff(CREATE_RETRY_S, CREATE_RETRY_MAX_S)
+        delay = backoff.next_delay()
+        self._create_failures[key] = (backoff, time.monotonic() + delay)
         what = f"{obj['kind']} {obj['metadata'].get('name')}"
         reason = getattr(error, "reason", None) if isinstance(error, ApiException) else None
         if reason:  # the API server refused it: its message says why, no traceback needed

@@ -444,7 +444,7 @@ def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_t
     assert warned[0].type == "Warning"
     assert "cannot create Job bad-template" in warned[0].message
     assert "containers[0].name" in warned[0].message and "retrying in" in warned[0].message
-    time.sleep(6)  # tries at 0, 1, 3 and 7 s: four at most, where every pass (0.1 s) retried
+    time.sleep(6)  # tries 0.5-1, 1-2, 2-4 s apart: five at most, where every pass retried
     log = admitting.log_path.read_text(errors="replace")
     tries = [line for line in log.splitlines() if "cannot create Job bad-template" in line]
     assert 1 <= len(tries) <= 5, tries
