@@ -305,6 +305,7 @@ def _placement(
         errors,
     )
     resources = objects["spec.resources"]
+    before = len(errors)
     gpus = resources.get("gpus", _default(ResourcesSpec, "gpus"))
     gpus = int_in_range(gpus, "spec.resources.gpus", 1, MAX_GPUS, errors)
     min_gpus = int_in_range(
@@ -320,6 +321,8 @@ def _placement(
                     f"must be greater than or equal to minGPUs ({min_gpus}), got {max_gpus}",
                 )
             )
+    if len(errors) == before:  # a refused count's stand-in would make a second, false error
+        errors.extend(_outside_bounds(gpus, min_gpus, max_gpus))
     priority = int_in_range(
         spec.get("priority", 0), "spec.priority", -MAX_PRIORITY, MAX_PRIORITY, errors
     )
@@ -347,6 +350,26 @@ def _placement(
         "suspend": suspend is True,
         "gpu_selector": dict(selector),
     }
+
+
+def _outside_bounds(gpus: int, low: int, high: int | None) -> list[SpecError]:
+    """The request must lie in Resize's bounds: the admission core tries the requested count
+    first, so a request outside them would be admitted as asked."""
+    if high is not None and not low <= gpus <= high:
+        return [
+            SpecError(
+                "spec.resources.gpus",
+                f"must be between minGPUs ({low}) and maxGPUs ({high}), got {gpus}",
+            )
+        ]
+    if gpus < low:
+        return [
+            SpecError(
+                "spec.resources.gpus",
+                f"must be greater than or equal to minGPUs ({low}), got {gpus}",
+            )
+        ]
+    return []
 
 
 def _model_errors_despite(

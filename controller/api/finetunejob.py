@@ -208,13 +208,20 @@ class EstimatorSpec(ApiModel):
     )
 
 
-# CEL, so that the API server refuses inverted Resize bounds even when the webhook is down.
+# CEL, so that the API server refuses inverted Resize bounds, and a request outside them,
+# even when the webhook is down. A request outside the bounds would be admitted as asked
+# before Resize ever looked at the bounds.
 GPU_BOUNDS_ORDERED: JsonDict = {
     "x-kubernetes-validations": [
         {
             "rule": "!has(self.maxGPUs) || !has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
             "message": "minGPUs must be less than or equal to maxGPUs",
-        }
+        },
+        {
+            "rule": "!has(self.gpus) || ((!has(self.minGPUs) || self.minGPUs <= self.gpus) && "
+            "(!has(self.maxGPUs) || self.gpus <= self.maxGPUs))",
+            "message": "gpus must be between minGPUs and maxGPUs",
+        },
     ]
 }
 
@@ -226,8 +233,9 @@ class ResourcesSpec(ApiModel):
         1,
         ge=1,
         le=MAX_GPUS,
-        description=f"gpus is the number of GPUs requested. Between 1 and {MAX_GPUS}; "
-        "default 1. With admissionPolicy Resize, admission may change it.",
+        description=f"gpus is the number of GPUs requested. Between 1 and {MAX_GPUS}, and "
+        "between minGPUs and maxGPUs; default 1. With admissionPolicy Resize, admission may "
+        "change it.",
     )
     min_gpus: int = Field(
         1,

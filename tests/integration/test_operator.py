@@ -464,6 +464,21 @@ def test_the_schema_refuses_an_ambiguous_model_without_the_webhook(
     assert "must set exactly one of preset, config, configMapRef" in applied.stderr
 
 
+def test_the_schema_refuses_a_gpu_count_outside_the_resize_bounds_without_the_webhook(
+    crds: None, cluster: Cluster, namespace: str
+) -> None:
+    """Resize tries the asked count first, so a count outside its bounds would be admitted."""
+    low = finetunejob("below", admissionPolicy="Resize", resources={"gpus": 1, "minGPUs": 2})
+    high = finetunejob("above", resources={"gpus": 8, "maxGPUs": 4})
+    inside = finetunejob("inside", resources={"gpus": 3, "minGPUs": 2, "maxGPUs": 4})
+    for body in (low, high):
+        applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+        assert applied.returncode != 0
+        assert "gpus must be between minGPUs and maxGPUs" in applied.stderr
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(inside))
+    assert applied.returncode == 0, applied.stderr
+
+
 def test_without_the_webhook_an_invalid_job_is_marked_invalid(
     operator: OperatorProcess, api_client: client.ApiClient, namespace: str
 ) -> None:

@@ -232,6 +232,18 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
         ),
         (job(resources={"minGPUs": 0}), "spec.resources.minGPUs: must be greater than or equal"),
         (
+            job(resources={"gpus": 1, "minGPUs": 2}),
+            "spec.resources.gpus: must be greater than or equal to minGPUs (2), got 1",
+        ),
+        (
+            job(resources={"gpus": 8, "minGPUs": 2, "maxGPUs": 4}),
+            "spec.resources.gpus: must be between minGPUs (2) and maxGPUs (4), got 8",
+        ),
+        (
+            job(resources={"gpus": 0, "minGPUs": 2}),
+            "spec.resources.gpus: must be greater than or equal to 1, got 0",
+        ),
+        (
             job(model={"config": {"hidden_size": "big"}}),
             "spec.model.config.hidden_size: must be an integer, got 'big'",
         ),

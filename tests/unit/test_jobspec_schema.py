@@ -32,6 +32,8 @@ BEYOND_THE_SCHEMA = (
     "spec.model: must set exactly one of",
     "spec.lora.rank: is required when method is LoRA or QLoRA",
     "spec.resources.maxGPUs: must be greater than or equal to minGPUs",
+    "spec.resources.gpus: must be greater than or equal to minGPUs",
+    "spec.resources.gpus: must be between minGPUs",
 )
 
 #: The cases of `test_each_bad_input_names_its_field`, so that each new one is checked here.
