@@ -12,7 +12,6 @@ clusters that do not exist yet.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,8 @@ class ClusterError(PermanentError, ValueError):
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
+        self.where = where
+        self.message = message
 
 
 @dataclass
@@ -295,13 +296,11 @@ def job_plan(
     if ref is not None:
         namespace = (job.get("metadata") or {}).get("namespace") or "default"
         found = config_maps.get(f"{namespace}/{ref.name}")
-        text = ((found or {}).get("data") or {}).get(ref.key)
-        if text is None:
-            return None, [SpecError("spec.model.configMapRef", f"{ref.label} is not given")]
+        data = None if found is None else found.get("data") or {}
         try:
-            config = json.loads(text)
-        except json.JSONDecodeError as error:
-            return None, [SpecError(ref.label, f"is not valid JSON ({error})")]
+            config = ref.config_in(namespace, data if isinstance(data, Mapping | None) else {})
+        except SpecError as error:
+            return None, [error]
     return translate(spec, config)
 
 
@@ -327,21 +326,25 @@ def requests(
     config_maps: Mapping[str, Mapping[str, Any]],
     estimator: Estimator,
     origin: Mapping[str, str] | None = None,
-) -> tuple[list[JobRequest], dict[str, JobPlan]]:
-    """Every job as a request; raises ClusterError naming the job on the first invalid one."""
-    out, plans = [], {}
+) -> tuple[list[JobRequest], dict[str, JobPlan], dict[str, ClusterError]]:
+    """Every valid job as a request, and each invalid one's error naming it (where it came
+    from, the field): the caller decides whether an invalid job is the user's input to refuse
+    or the cluster's state to report."""
+    out, plans, invalid = [], {}, {}
     for key, job in jobs.items():
         where = f"{(origin or {}).get(key, 'FineTuneJob')} ({key})"
         plan, errors = job_plan(job, config_maps)
         if plan is None:
-            raise ClusterError(where, str(SpecErrors(errors)))
+            invalid[key] = ClusterError(where, str(SpecErrors(errors)))
+            continue
         try:
             estimate = estimator(plan)
         except SpecError as error:
-            raise ClusterError(where, str(error)) from None
+            invalid[key] = ClusterError(where, str(error))
+            continue
         out.append(job_request(job, plan, estimate))
         plans[key] = plan
-    return out, plans
+    return out, plans, invalid
 
 
 # -- the compact description ----------------------------------------------------------------

@@ -20,6 +20,7 @@ error found here that a schema can state.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -105,6 +106,26 @@ class ConfigMapKey:
     def label(self) -> str:
         """`configmaps/<name>[<key>]`: how messages and status name the model."""
         return f"configmaps/{self.name}[{self.key}]"
+
+    def config_in(self, namespace: str, data: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The JSON object under `key` of the ConfigMap's `data` (None: no such ConfigMap).
+        The operator (reading the API) and `vramgate plan` (reading a dump) both read it here,
+        so they say the same thing; a SpecError names the field and the ConfigMap."""
+        field, where = "spec.model.configMapRef", f"ConfigMap {namespace}/{self.name}"
+        if data is None:
+            raise SpecError(f"{field}.name", f"{where} not found")
+        if self.key not in data:
+            keys = ", ".join(sorted(data)) or "none"
+            raise SpecError(f"{field}.key", f"{where} has no key {self.key!r} (keys: {keys})")
+        try:
+            config = json.loads(data[self.key])
+        except (json.JSONDecodeError, TypeError) as error:
+            message = f"{where} key {self.key!r} is not valid JSON ({error})"
+            raise SpecError(f"{field}.key", message) from None
+        if not isinstance(config, dict):
+            message = f"{where} key {self.key!r} must hold a JSON object (a config.json)"
+            raise SpecError(f"{field}.key", message)
+        return config
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--cluster",
         metavar="FILE",
-        help="the cluster: `kubectl get nodes,gpunodes,finetunejobs,pods -A -o yaml` output, "
-        "or a compact `nodes:` description (default: the built-in example)",
+        help="the cluster: `kubectl get nodes,gpunodes,finetunejobs,pods,configmaps -A -o yaml` "
+        "output, or a compact `nodes:` description (default: the built-in example)",
     )
     p.add_argument(
         "--profile",
@@ -88,25 +88,43 @@ def run(args: argparse.Namespace, console: Console) -> int:
     objects = ClusterObjects()
     cluster_file = args.cluster or str(EXAMPLES / "cluster.yaml")
     job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
+    from_cluster: set[str] = set()
     for path in [cluster_file, *job_files]:
         for where, document in _documents(path):
             try:
                 objects.add(document, where)
             except ClusterError as error:
                 raise PlanInputError(str(error)) from None
+        if path == cluster_file:
+            from_cluster = set(objects.jobs)
     try:
         snap = snapshot(objects, _newest_heartbeat(objects))
-        jobs, plans = requests(
-            pending_jobs(objects), objects.config_maps, _estimator(profile), objects.origin
-        )
     except ClusterError as error:
         raise PlanInputError(str(error)) from None
+    jobs, plans, invalid = requests(
+        pending_jobs(objects), objects.config_maps, _estimator(profile), objects.origin
+    )
+    # A job file's error is the user's to fix now; a dumped job's is the cluster's state,
+    # which the operator leaves undecided too (Invalid, or waiting for its ConfigMap).
+    for key, refused in invalid.items():
+        if key not in from_cluster:
+            raise PlanInputError(str(refused))
+    undecided = {key: refused.message for key, refused in invalid.items()}
     settings = admission_settings(args)
     decisions = plan(snap, jobs, settings)
     if args.json:
-        print(json.dumps({"decisions": [decision_json(d) for d in decisions]}))
+        print(
+            json.dumps(
+                {
+                    "decisions": [decision_json(d) for d in decisions],
+                    "undecided": [{"job": k, "error": m} for k, m in undecided.items()],
+                }
+            )
+        )
     else:
         render(console, decisions, plans)
+        for key, message in undecided.items():
+            console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
 
 

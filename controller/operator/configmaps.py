@@ -7,12 +7,12 @@ records and retries.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
 from controller.errors import TemporaryError
+from controller.estimator import SpecError
 from controller.jobspec import ConfigMapKey
 
 
@@ -32,27 +32,16 @@ FIELD = "spec.model.configMapRef"
 
 def read_model_config(core: ConfigMapReader, namespace: str, ref: ConfigMapKey) -> dict[str, Any]:
     """The JSON object stored under `ref.key` of ConfigMap `ref.name` in `namespace`."""
-    where = f"ConfigMap {namespace}/{ref.name}"
     try:
         config_map = core.read_namespaced_config_map(ref.name, namespace)
     except ApiException as error:
-        if error.status == 404:
-            raise ConfigMapUnavailable(f"{FIELD}.name: {where} not found") from None
-        raise ConfigMapUnavailable(
-            f"{FIELD}: cannot read {where}: {error.status} {error.reason}"
-        ) from None
-    data = config_map.data or {}
-    if ref.key not in data:
-        keys = ", ".join(sorted(data)) or "none"
-        raise ConfigMapUnavailable(f"{FIELD}.key: {where} has no key {ref.key!r} (keys: {keys})")
+        if error.status != 404:
+            raise ConfigMapUnavailable(
+                f"{FIELD}: cannot read ConfigMap {namespace}/{ref.name}: "
+                f"{error.status} {error.reason}"
+            ) from None
+        config_map = None
     try:
-        config = json.loads(data[ref.key])
-    except json.JSONDecodeError as error:
-        raise ConfigMapUnavailable(
-            f"{FIELD}.key: {where} key {ref.key!r} is not valid JSON ({error})"
-        ) from None
-    if not isinstance(config, dict):
-        raise ConfigMapUnavailable(
-            f"{FIELD}.key: {where} key {ref.key!r} must hold a JSON object (a config.json)"
-        )
-    return config
+        return ref.config_in(namespace, None if config_map is None else config_map.data or {})
+    except SpecError as error:
+        raise ConfigMapUnavailable(str(error)) from None

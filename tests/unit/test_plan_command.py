@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from controller.cli import main
+from controller.estimator.presets import load_preset
 from controller.units import GIB
 
 LLAMA_QLORA = {
@@ -99,7 +100,7 @@ def test_the_profile_flag_overrides_the_spec(
 
 
 def _kubectl_dump(used_by_job: int) -> dict[str, Any]:
-    """What `kubectl get nodes,gpunodes,finetunejobs,pods -A -o yaml` prints, in part."""
+    """What `kubectl get nodes,gpunodes,finetunejobs,pods,configmaps -A -o yaml` prints, in part."""
     heartbeat = "2026-12-01T10:00:00Z"
     node = {
         "kind": "Node",
@@ -239,6 +240,64 @@ def test_a_bad_job_names_its_file_document_and_field(
     code, _, err = run(capsys, "--cluster", cluster, jobs)
     assert code == 2
     assert "jobs.yaml: document 2 (team/qlora): spec.lora.rank: must be greater than" in err
+
+
+def _config_job(name: str, config_map: str) -> dict[str, Any]:
+    spec = dict(LLAMA_QLORA["spec"], model={"configMapRef": {"name": config_map}})
+    return dict(LLAMA_QLORA, metadata={"name": name, "namespace": "team"}, spec=spec)
+
+
+def _config_map(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"kind": "ConfigMap", "metadata": {"name": name, "namespace": "team"}, "data": data}
+
+
+def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decided(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A broken job in the cluster is the cluster's state, not the user's input: the operator
+    leaves it undecided, so the plan does too, and decides the rest."""
+    config = json.dumps(load_preset("llama-3.1-8b").config_dict())
+    dump = _kubectl_dump(0)
+    dump["items"] += [
+        _config_job("missing", "nowhere"),
+        _config_job("no-key", "other-key"),
+        _config_job("not-json", "garbled"),
+        _config_job("fine", "llama"),
+        _config_map("other-key", {"model.json": config}),
+        _config_map("garbled", {"config.json": "{not json"}),
+        _config_map("llama", {"config.json": config}),
+    ]
+    cluster = write(tmp_path, "dump.yaml", dump)
+    code, out, _ = run(capsys, "--cluster", cluster, "--json")
+    assert code == 0
+    assert [d["job"] for d in decisions(out)] == ["team/fine"]
+    undecided = {u["job"]: u["error"] for u in json.loads(out)["undecided"]}
+    assert undecided == {
+        "team/missing": "spec.model.configMapRef.name: ConfigMap team/nowhere not found",
+        "team/no-key": "spec.model.configMapRef.key: ConfigMap team/other-key has no key "
+        "'config.json' (keys: model.json)",
+        "team/not-json": undecided["team/not-json"],
+    }
+    assert undecided["team/not-json"].startswith(
+        "spec.model.configMapRef.key: ConfigMap team/garbled key 'config.json' is not valid JSON"
+    )
+    code, out, _ = run(capsys, "--cluster", cluster)
+    assert code == 0
+    assert "team/missing: not decided: spec.model.configMapRef.name: ConfigMap" in out
+
+
+def test_a_job_file_naming_a_missing_config_map_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    jobs = write(tmp_path, "jobs.yaml", _config_job("mine", "nowhere"))
+    code, out, err = run(capsys, "--cluster", cluster, jobs)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1
+    assert (
+        "jobs.yaml: document 1 (team/mine): spec.model.configMapRef.name: "
+        "ConfigMap team/nowhere not found" in err
+    )
 
 
 @pytest.mark.parametrize(
