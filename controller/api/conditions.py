@@ -94,6 +94,18 @@ REASON_NO_TEMPLATE = "NoTemplate"
 #: spec.suspend may change once a job is admitted (suspend, edit, resume to change the rest).
 REASON_SPEC_LOCKED = "SpecLocked"
 
+#: Admitted reasons a job has before admission first decides it: set while the job cannot be
+#: estimated (Admitted False, with the estimation's reason) or waits for its first decision.
+BEFORE_ADMISSION = frozenset(
+    {
+        REASON_PENDING,
+        REASON_INVALID_SPEC,
+        REASON_CONFIGMAP_UNAVAILABLE,
+        REASON_PROFILE_UNAVAILABLE,
+        REASON_ESTIMATION_FAILED,
+    }
+)
+
 # Reasons of Running, Succeeded and Failed. Where Kubernetes says why a pod waits or a batch
 # Job failed (ImagePullBackOff, Unschedulable, BackoffLimitExceeded, DeadlineExceeded ...),
 # the reason is Kubernetes' own word, passed through: those are documented upstream.

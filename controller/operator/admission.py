@@ -309,14 +309,10 @@ def _set_admitted(
     return False
 
 
-#: Admitted reasons a job has before admission first decides it.
-_UNDECIDED = {cond.REASON_PENDING, cond.REASON_INVALID_SPEC}
-
-
 def _decided(draft: _Draft, decision: str, reason: str) -> None:
     """Record that the write of `draft` carries a new decision."""
     before = cond.find_condition(draft.current.get("conditions") or [], cond.ADMITTED)
-    first = before is None or before.get("reason") in _UNDECIDED
+    first = before is None or before.get("reason") in cond.BEFORE_ADMISSION
     estimate = draft.status.get("estimate") or {}
     draft.recorded = Recorded(
         decision=decision, reason=reason, first=first, profile=str(estimate.get("profile") or "")

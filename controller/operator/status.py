@@ -27,8 +27,6 @@ from controller.units import format_gib
 #: Longest condition message we write; the API allows 32768 and people read one line.
 MAX_MESSAGE = 4096
 NORMAL, WARNING = "Normal", "Warning"
-# Admitted reasons this module may overwrite; any other reason is an admission decision.
-_PRE_ADMISSION = {cond.REASON_PENDING, cond.REASON_INVALID_SPEC}
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,18 @@ def not_estimated(
         generation,
         now,
     )
-    conditions = _admission_pending(conditions, generation, now)
+    admitted = cond.find_condition(conditions, cond.ADMITTED)
+    if admitted is None or admitted.get("reason") in cond.BEFORE_ADMISSION:
+        # `kubectl get ftj` shows Admitted and its reason: say there why nothing is decided.
+        conditions = cond.set_condition(
+            conditions,
+            cond.ADMITTED,
+            ConditionStatus.FALSE,
+            reason,
+            one_line(f"not admitted until estimated: {message}"),
+            generation,
+            now,
+        )
     return _update(
         status,
         {"estimate": None, "observedGeneration": generation, "conditions": conditions},
@@ -151,7 +160,7 @@ def _admission_pending(
     conditions: list[dict[str, Any]], generation: int, now: datetime
 ) -> list[dict[str, Any]]:
     admitted = cond.find_condition(conditions, cond.ADMITTED)
-    if admitted is not None and admitted.get("reason") not in _PRE_ADMISSION:
+    if admitted is not None and admitted.get("reason") not in cond.BEFORE_ADMISSION:
         return conditions
     return cond.set_condition(
         conditions,

@@ -552,6 +552,10 @@ def test_a_model_from_a_configmap_is_estimated_once_the_configmap_exists(
     )
     message = condition(waiting, "Estimated")["message"]  # type: ignore[index]
     assert message == f"spec.model.configMapRef.name: ConfigMap {namespace}/qwen not found"
+    admitted = condition(waiting, "Admitted")  # what `kubectl get ftj` shows
+    assert admitted is not None
+    assert (admitted["status"], admitted["reason"]) == ("False", "ConfigMapUnavailable")
+    assert admitted["message"] == f"not admitted until estimated: {message}"
 
     config = json.dumps(load_preset("qwen2.5-0.5b").config_dict())
     client.CoreV1Api(api_client).create_namespaced_config_map(

@@ -119,15 +119,39 @@ def test_an_admission_decision_is_left_alone() -> None:
     assert _by_type(update.patch)["Admitted"] == admitted
 
 
-def test_not_estimated_keeps_admission_pending_and_says_why() -> None:
+def test_not_estimated_says_why_in_admitted_too() -> None:
+    """`kubectl get ftj` shows Admitted's status and reason, not Estimated's."""
     update = rules.not_estimated(
         cond.REASON_CONFIGMAP_UNAVAILABLE, "spec.model.configMapRef.name: not found", 1, {}, T0
     )
     conditions = _by_type(update.patch)
     assert conditions["Estimated"]["reason"] == "ConfigMapUnavailable"
-    assert conditions["Admitted"]["reason"] == "Pending"
+    admitted = conditions["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("False", "ConfigMapUnavailable")
+    assert admitted["message"] == (
+        "not admitted until estimated: spec.model.configMapRef.name: not found"
+    )
     assert "estimate" not in update.patch, "nothing to remove"
     assert update.event is not None and update.event.type == "Warning"
+    # Once the ConfigMap is there, the job waits for admission like any estimated job.
+    later = _estimated({"conditions": update.patch["conditions"]}, generation=1, now=LATER)
+    admitted = _by_type(later.patch)["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("Unknown", "Pending")
+
+
+def test_not_estimated_leaves_a_decision_alone() -> None:
+    decided = {
+        "type": "Admitted",
+        "status": "True",
+        "reason": "Fits",
+        "message": "admitted",
+        "observedGeneration": 1,
+        "lastTransitionTime": "2025-03-01T12:00:30Z",
+    }
+    update = rules.not_estimated(
+        cond.REASON_CONFIGMAP_UNAVAILABLE, "gone", 1, {"conditions": [decided]}, T0
+    )
+    assert _by_type(update.patch)["Admitted"] == decided
 
 
 def test_messages_are_one_bounded_line() -> None:
