@@ -73,8 +73,23 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         "in use)"
     )
     largest = f"; the cluster's largest holds {gib(empty[0])} usable" if empty else ""
+    per_gpu = job.estimate.per_gpu_bytes(n, job.parallelism)
+    if now is not None and now[0] >= per_gpu and n > 1:
+        # The most free GPU holds it: the blocker is how many others do, or where they are.
+        have = view.count_now(at, per_gpu)
+        verb = "have" if have > 1 else "has"
+        most = f"{plural(have, 'matching GPU')} {verb} {gib(per_gpu)} free now"
+        if have >= n:
+            most += f", but not {n} in a placement it can use ({_shape(job, view)})"
     prefix = "" if n == job.gpus else f"{plural(job.gpus)} never fit; "
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
+
+
+def _shape(job: JobRequest, view: ClusterView) -> str:
+    """The placements a job's GPUs may form."""
+    if job.parallelism is Parallelism.DEVICE_MAP or view.one_node:
+        return "all on one node"
+    return "k nodes x g GPUs, the same g on every node"
 
 
 def never_fits(
@@ -93,6 +108,8 @@ def never_fits(
         # One node per job (visibleDevices): counts above the widest node are no shape at all.
         top = min(high, view.widest_empty(at)) if view.one_node else high
         note = _one_node_note(view, at, high)
+        if not note and empty and job.estimate.per_gpu_bytes(top, job.parallelism) <= empty[0]:
+            note = f"the GPUs that hold it are in no placement it can use ({_shape(job, view)})"
         return (
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
             f"{need(job, top)} at the most; {largest}{'; ' + note if note else ''}"

@@ -112,6 +112,11 @@ class FreeIndex:
         caps = self._caps.get(g, _EMPTY)
         return len(caps) - caps.bisect_left((need,))  # type: ignore[no-any-return]
 
+    def count_free(self, need: int, ok: NodeFilter) -> int:
+        """How many GPUs of the nodes `ok` admits take work and hold `need`."""
+        start = self._gpus.bisect_left((need,))
+        return sum(1 for i in range(start, len(self._gpus)) if ok(self._gpus[i][1]))
+
     def largest_free(self, ok: NodeFilter) -> tuple[int, int, int] | None:
         """(free, node position, GPU index) of the GPU with the most free memory."""
         for free, pos, index, _ in reversed(self._gpus):

@@ -168,6 +168,24 @@ def test_a_job_that_fits_the_empty_cluster_but_not_its_free_memory_waits_for_vra
     )
 
 
+def test_a_job_waiting_for_more_gpus_says_how_many_hold_it_not_the_most_free() -> None:
+    """The most free GPU holds the per-GPU need: what blocks is how many do, or where."""
+    d = decide(job("j", est(30), gpus=2, parallelism=DDP), view(node("a", [80, 10])))
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "30.00 GiB per GPU on 2 GPUs with DDP", "1 matching GPU has 30.00 GiB free now")
+    assert "most free GPU" not in d.message and "but not" not in d.message
+    apart = view(node("a", [80, 10]), node("b", [80, 10]))  # visibleDevices: one node per job
+    d = decide(job("j", est(30), gpus=2, parallelism=DDP), apart)
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "2 matching GPUs have 30.00 GiB free now, but not 2 in a placement it can use "
+         "(all on one node)")  # fmt: skip
+    spans = view(node("a", [80, 80, 10]), node("b", [80, 10, 10]), settings=SPANS)
+    d = decide(job("j", est(30), gpus=3, parallelism=DDP), spans)
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "3 matching GPUs have 30.00 GiB free now, but not 3 in a placement it can use "
+         "(k nodes x g GPUs, the same g on every node)")  # fmt: skip
+
+
 def test_a_job_waits_while_its_only_big_enough_node_is_not_ready() -> None:
     v = view(node("a", [80], ready=False), node("b", [24], total=24))
     d = decide(job("j", est(30)), v)
@@ -571,3 +589,10 @@ def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() ->
     spans = decide(resize, view(*nodes, settings=SPANS))
     says(spans, "no count in [1, 8] fits", "85.00 GiB per GPU on 8 GPUs with FSDP at the most")
     assert ONE_NODE not in spans.message
+    # Enough GPUs hold the need at the widest count, but no k x g placement has that many.
+    lopsided = view(node("a", [80] * 8), node("b", [80] * 2), settings=SPANS)
+    d = decide(resize, lopsided)
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
+    says(d, "no count in [1, 10] fits", "70.00 GiB per GPU on 10 GPUs with FSDP at the most",
+         "the largest GPU holds 80.00 GiB usable; the GPUs that hold it are in no placement it "
+         "can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
