@@ -107,7 +107,8 @@ FINETUNEJOB = CrdInfo(
             "jsonPath": '.status.conditions[?(@.type=="Estimated")].status',
         },
         {
-            "name": "Total",
+            # The whole job on one GPU (what it would need there), not a sum over its GPUs.
+            "name": "VRAM@1GPU",
             "type": "string",
             "priority": 1,
             "jsonPath": ".status.estimate.total",

@@ -355,7 +355,9 @@ class EstimateStatus(ApiModel):
         ge=0, description="trainableParams is the number of parameters that get gradients."
     )
     total_gib: str = Field(
-        alias="total", description="total is totalBytes in GiB, for people (7.25 GiB)."
+        alias="total",
+        description="total is totalBytes in GiB, for people (7.25 GiB): the job on one GPU, "
+        "not a sum over its GPUs.",
     )
     per_gpu_gib: str = Field(
         alias="perGpu", description="perGpu is perGpuBytes in GiB, for people."

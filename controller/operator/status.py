@@ -70,9 +70,10 @@ def estimated(
     """The job was estimated: Estimated=True with the figures, Admitted pending."""
     estimate = estimate_status(plan, est)
     gpus = plan.gpus
+    # The total is the job on one GPU, not a sum over its GPUs: say so where they differ.
     message = (
-        f"{estimate['total']} in total, {estimate['perGpu']} per GPU on {gpus} "
-        f"GPU{'s' if gpus > 1 else ''} with {estimate['parallelism']}"
+        f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
+        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if gpus > 1 else "")
     )
     message += "".join(f"; warning: {warning}" for warning in plan.warnings)
     conditions = cond.set_condition(

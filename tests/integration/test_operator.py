@@ -310,7 +310,7 @@ def test_a_job_is_estimated_within_ten_seconds(
     assert status["observedGeneration"] == obj["metadata"]["generation"] == 1
     estimated = condition(obj, "Estimated")
     assert estimated is not None
-    assert estimated["message"] == "7.25 GiB in total, 7.25 GiB per GPU on 1 GPU with FSDP"
+    assert estimated["message"] == "7.25 GiB per GPU on 1 GPU with FSDP"
     admitted = condition(obj, "Admitted")
     assert admitted is not None and (admitted["status"], admitted["reason"]) == (
         "False",

@@ -48,13 +48,11 @@ def test_first_estimate_sets_status_conditions_and_an_event() -> None:
     assert update.patch["observedGeneration"] == 1
     conditions = _by_type(update.patch)
     assert conditions["Estimated"]["status"] == "True"
-    assert conditions["Estimated"]["message"] == (
-        "7.25 GiB in total, 7.25 GiB per GPU on 1 GPU with FSDP"
-    )
+    assert conditions["Estimated"]["message"] == "7.25 GiB per GPU on 1 GPU with FSDP"
     assert conditions["Admitted"]["status"] == "Unknown"
     assert conditions["Admitted"]["reason"] == cond.REASON_PENDING
     assert update.event is not None and update.event.type == "Normal"
-    assert update.event.message.startswith("7.25 GiB in total")
+    assert update.event.message.startswith("7.25 GiB per GPU on 1 GPU")
     assert "QLoRA r=16, 2048 tokens x batch 1" in update.event.message
 
 
@@ -166,7 +164,12 @@ def test_per_gpu_figures_follow_the_gpu_count() -> None:
     estimate = update.patch["estimate"]
     assert estimate["gpus"] == 4 and estimate["parallelism"] == "FSDP"
     assert estimate["perGpuBytes"] < estimate["totalBytes"]
-    assert "per GPU on 4 GPUs with FSDP" in _by_type(update.patch)["Estimated"]["message"]
+    message = _by_type(update.patch)["Estimated"]["message"]
+    # The 1-GPU total is named as such, so it does not read as a sum over the four.
+    assert (
+        message
+        == f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP ({estimate['total']} on one GPU)"
+    )
 
 
 def test_a_sequence_beyond_the_context_is_estimated_and_the_condition_says_so() -> None:
