@@ -69,7 +69,12 @@ class ClusterObjects:
                 self.add(item, f"{where} item {i}")
             return
         if kind is None and "nodes" in obj:
-            self.compact += compact_nodes(obj, where)
+            known = {node.name for node in self.compact}
+            for node in compact_nodes(obj, where):
+                if node.name in known:  # merged, it would plan on half of what was described
+                    raise ClusterError(where, f"nodes: node {node.name!r} is described twice")
+                known.add(node.name)
+                self.compact.append(node)
             return
         if not isinstance(kind, str):
             raise ClusterError(where, "must be a Kubernetes object (kind) or a `nodes:` list")

@@ -219,6 +219,10 @@ def test_jobs_in_the_cluster_dump_are_decided_without_job_files(
             {"nodes": [{"name": "a", "gpus": {"memory": "0GiB"}}]},
             "nodes[0].gpus[0].memory: must be greater than 0",
         ),
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}] * 2},
+            "c.yaml: document 1: nodes: node 'a' is described twice",
+        ),
         (["a list"], "c.yaml: document 1: must be a mapping"),
         ({"kind": "Node", "metadata": {}}, "c.yaml: document 1: metadata.name is required"),
     ],
