@@ -12,15 +12,18 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
+from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
+from controller.api.finetunejob import FineTuneJobSpec
 from controller.cluster import (
     ClusterError,
     ClusterObjects,
@@ -109,6 +112,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for key, refused in invalid.items():
         if key not in from_cluster:
             raise PlanInputError(str(refused))
+    if job_files and len(objects.jobs) == len(from_cluster):
+        raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob in it")
+    for key in plans.keys() - from_cluster:
+        problem = _refused_at_apply(objects.jobs[key])
+        if problem:
+            raise PlanInputError(f"{objects.origin[key]} ({key}): {problem}")
     undecided = {key: refused.message for key, refused in invalid.items()}
     settings = admission_settings(args)
     decisions = plan(snap, jobs, settings)
@@ -126,6 +135,45 @@ def run(args: argparse.Namespace, console: Console) -> int:
         for key, message in undecided.items():
             console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
+
+
+#: What the API server accepts as a FineTuneJob's name (a DNS-1123 subdomain) and namespace.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _refused_at_apply(job: Mapping[str, Any]) -> str | None:
+    """What `kubectl apply` would refuse in a job `translate` accepts: a name the API server
+    refuses, or a spelling the CRD's schema does not allow (translate takes `method: lora` as
+    the CLI does; the CRD wants `LoRA`). A plan is only worth having for jobs that apply."""
+    meta = job.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not (isinstance(name, str) and len(name) <= 253 and _SUBDOMAIN.match(name)):
+        return (
+            f"metadata.name: {name!r} must be a DNS-1123 subdomain (lower-case letters, digits, "
+            "'-' and '.', at most 253 characters)"
+        )
+    if namespace is not None and not (
+        isinstance(namespace, str) and len(namespace) <= 63 and _LABEL.match(namespace)
+    ):
+        return (
+            f"metadata.namespace: {namespace!r} must be a DNS-1123 label (lower-case letters, "
+            "digits and '-', at most 63 characters)"
+        )
+    return _schema_problem(json.dumps(job.get("spec"), sort_keys=True))
+
+
+@lru_cache(maxsize=4096)
+def _schema_problem(spec: str) -> str | None:
+    """The CRD schema's first complaint about a spec (JSON): cached, since a queue of
+    10,000 manifests holds few distinct specs."""
+    try:
+        FineTuneJobSpec.model_validate_json(spec, strict=True)
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = ".".join(["spec", *(str(part) for part in first["loc"])])
+        return f"{path}: {first['msg']}"
+    return None
 
 
 def admission_settings(args: argparse.Namespace) -> AdmissionSettings:

@@ -290,6 +290,45 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
     assert "team/missing: not decided: spec.model.configMapRef.name: ConfigMap" in out
 
 
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"spec": {**LLAMA_QLORA["spec"], "method": "qlora"}},
+            "spec.method: unsupported value 'qlora'; allowed: Full, LoRA, QLoRA",
+        ),
+        (
+            {"metadata": {"name": "My_Job", "namespace": "team"}},
+            "metadata.name: 'My_Job' must be a DNS-1123 subdomain",
+        ),
+        (
+            {"metadata": {"name": "ok", "namespace": "Team A"}},
+            "metadata.namespace: 'Team A' must be a DNS-1123 label",
+        ),
+    ],
+)
+def test_a_job_kubectl_apply_would_refuse_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, changes: dict[str, Any], expected: str
+) -> None:
+    """`translate` is lenient where the CLI wants it (`qlora`); a plan is for jobs that apply."""
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    jobs = write(tmp_path, "jobs.yaml", LLAMA_QLORA | changes)
+    code, out, err = run(capsys, "--cluster", cluster, jobs)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1
+    assert "jobs.yaml: document 1 (" in err and expected in err
+
+
+def test_job_files_without_a_finetunejob_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    other = write(tmp_path, "other.yaml", {"kind": "ConfigMap", "metadata": {"name": "x"}})
+    code, out, err = run(capsys, "--cluster", cluster, other)
+    assert code == 2 and out == ""
+    assert err.strip().endswith("other.yaml: no FineTuneJob in it")
+
+
 def test_a_job_file_naming_a_missing_config_map_exits_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
