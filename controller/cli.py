@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
@@ -420,6 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, VramgateError) as error:
         print(f"vramgate: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `vramgate plan --json | head`: the reader left, which is no error of ours. Point
+        # stdout at /dev/null so that the interpreter's final flush does not raise again.
+        # Exit 1, as rich's Console does for the tables.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

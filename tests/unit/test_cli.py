@@ -331,3 +331,31 @@ def test_an_unknown_attention_is_estimated_as_eager_with_a_warning(
     assert not eager_err
     unknown = json.loads(out)
     assert unknown["total_bytes"] == json.loads(eager)["total_bytes"]
+
+
+@pytest.mark.parametrize("json_flag", [("--json",), ()])
+def test_a_reader_that_leaves_early_gets_no_traceback(
+    tmp_path: Path, json_flag: tuple[str, ...]
+) -> None:
+    """`vramgate plan --json | head`: more output than a pipe holds, and the reader closes."""
+    nodes = {"nodes": [{"name": "a", "gpus": {"count": 8, "memory": "80GiB"}}]}
+    (tmp_path / "c.json").write_text(json.dumps(nodes))
+    job = {
+        "apiVersion": "vramgate.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "spec": {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}},
+    }
+    items = [{**job, "metadata": {"name": f"job-{i}"}} for i in range(600)]
+    (tmp_path / "j.json").write_text(json.dumps({"kind": "List", "items": items}))
+    argv = ["plan", "--cluster", str(tmp_path / "c.json"), str(tmp_path / "j.json"), *json_flag]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == ""
