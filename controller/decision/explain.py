@@ -41,7 +41,8 @@ def fits(job: JobRequest, view: ClusterView, placed: Placed, resized: bool) -> s
     text += f", {gib(left)} left on the tightest"
     if resized:
         text = (
-            f"resized spec.resources.gpus {job.gpus} -> {placed.gpus} (policy Resize): "
+            # The spec keeps the request (the operator never writes it): say the count only.
+            f"resized {job.gpus} -> {plural(placed.gpus)} (policy Resize): "
             f"{plural(job.gpus)} {'does' if job.gpus == 1 else 'do'} not fit now; {text}"
         )
     return text

@@ -42,7 +42,7 @@ def test_demo_prints_admit_resize_queue_and_reject_and_stops_everything() -> Non
     assert rows["llama-full"][-3:-1] == ["True", "Resized"]
     assert rows["qwen-72b-lora"][-3:-1] == ["False", "WaitingForVRAM"]
     assert rows["llama-405b-full"][-3:-1] == ["False", "InsufficientVRAM"]
-    assert "llama-full: resized spec.resources.gpus 8 -> 4" in done.stdout
+    assert "llama-full: resized 8 -> 4 GPUs (policy Resize)" in done.stdout
     assert 'denied the request: vramgate: InsufficientVRAM' in done.stdout  # the preset, at apply
     assert "Prometheus: http://127.0.0.1:" in done.stdout
     # Everything it started ran from its work dir (control plane, agents' static files,
