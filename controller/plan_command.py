@@ -303,7 +303,9 @@ def decision_json(decision: Decision) -> dict[str, Any]:
 def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobPlan]) -> None:
     """A row per job in queue order, then each job's message (too long for a column)."""
     table = Table(show_edge=False)
-    table.add_column("job", no_wrap=True)
+    # Whole names up to 64 characters; a longer one (they may have 253) folds onto more lines
+    # rather than squeezing the other columns to nothing.
+    table.add_column("job", max_width=64, overflow="fold")
     for column in ("decision", "reason", "where", "GiB/GPU"):
         table.add_column(column, justify="right" if column == "GiB/GPU" else "left")
     for decision in decisions:

@@ -329,6 +329,18 @@ def test_job_files_without_a_finetunejob_are_refused(
     assert err.strip().endswith("other.yaml: no FineTuneJob in it")
 
 
+def test_a_long_job_name_folds_and_leaves_the_other_columns_whole(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    long = dict(LLAMA_QLORA, metadata={"name": "x" * 200, "namespace": "team"})
+    code, out, _ = run(capsys, "--cluster", cluster, write(tmp_path, "jobs.yaml", long))
+    assert code == 0
+    row = next(line for line in out.splitlines() if "team/xxx" in line)
+    assert all(cell in row for cell in ("Admit", "Fits", "a:0", "11.64"))
+
+
 def test_a_job_file_naming_a_missing_config_map_exits_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
