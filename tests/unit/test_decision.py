@@ -113,7 +113,7 @@ def test_resize_goes_down_to_the_nearest_count_that_fits_now() -> None:
     assert (d.outcome, d.reason, d.admitted) == (Outcome.RESIZE, cond.REASON_RESIZED, True)
     assert (d.requested_gpus, d.admitted_gpus, d.per_gpu_bytes) == (4, 2, 30 * GIB)
     assert where(d) == [("a", (0, 1))]
-    says(d, "spec.resources.gpus 4 -> 2", "Resize", "30.00 GiB per GPU on 2 GPUs with DDP")
+    says(d, "resized 4 -> 2 GPUs (policy Resize)", "30.00 GiB per GPU on 2 GPUs with DDP")
     says(d, "a GPUs 0, 1", "50.00 GiB left")
     # The same job under Enforce waits for its 4 GPUs.
     enforce = decide(job("j", est(30), gpus=4, parallelism=DDP), view(*nodes))
@@ -124,7 +124,7 @@ def test_resize_goes_up_when_more_fsdp_shards_fit_where_fewer_do_not() -> None:
     # FSDP 120 GiB: 60 per GPU at 2, 40 at 3; the four GPUs have 45 free each.
     d = decide(job("j", est(120), gpus=2, policy=RESIZE), view(node("a", [45] * 4)))
     assert (d.outcome, d.admitted_gpus, d.per_gpu_bytes) == (Outcome.RESIZE, 3, 40 * GIB)
-    says(d, "spec.resources.gpus 2 -> 3", "40.00 GiB per GPU on 3 GPUs with FSDP")
+    says(d, "resized 2 -> 3 GPUs", "40.00 GiB per GPU on 3 GPUs with FSDP")
 
 
 def test_resize_prefers_the_larger_of_two_equally_near_counts() -> None:
@@ -566,7 +566,7 @@ def test_visible_devices_resizes_a_job_too_wide_for_any_node_to_one_node() -> No
     d = decide(job("j", est(160, 10), gpus=8, policy=RESIZE), view(*nodes))
     assert (d.outcome, d.admitted_gpus, d.per_gpu_bytes) == (Outcome.RESIZE, 4, 50 * GIB)
     assert where(d) == [("a", (0, 1, 2, 3))]
-    says(d, "spec.resources.gpus 8 -> 4")
+    says(d, "resized 8 -> 4 GPUs")
 
 
 def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() -> None:

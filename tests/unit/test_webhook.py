@@ -42,6 +42,19 @@ def test_an_update_to_an_invalid_spec_is_refused() -> None:
         validate_finetunejob(spec=INVALID_SPEC, old={"spec": VALID}, operation="UPDATE")
 
 
+def test_an_update_is_refused_only_for_errors_the_old_spec_did_not_have() -> None:
+    """A job stored before a rule existed (here gpus below minGPUs) can still be suspended:
+    the API server ratchets its own checks the same way."""
+    stored = {**VALID, "resources": {"gpus": 1, "minGPUs": 2}}
+    validate_finetunejob(spec={**stored, "suspend": True}, old={"spec": stored}, operation="UPDATE")
+    worse = {**stored, "suspend": True, "lora": {"rank": 0}}
+    with pytest.raises(kopf.AdmissionError) as caught:
+        validate_finetunejob(spec=worse, old={"spec": stored}, operation="UPDATE")
+    assert str(caught.value) == "spec.lora.rank: must be greater than or equal to 1, got 0"
+    with pytest.raises(kopf.AdmissionError, match="minGPUs"):
+        validate_finetunejob(spec=stored, old=None, operation="CREATE")
+
+
 # -- certificates --------------------------------------------------------------------------
 
 

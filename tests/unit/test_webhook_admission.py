@@ -99,6 +99,16 @@ def test_an_admitted_jobs_spec_is_locked_but_suspend_may_change() -> None:
     validate(hook(cluster()), body(suspend=True), old=old)
 
 
+def test_an_admitted_job_stored_before_a_rule_can_still_be_suspended() -> None:
+    """gpus below minGPUs was accepted before the bounds rule: suspend must still work, since
+    the spec lock forbids fixing the spec first."""
+    stored = {"resources": {"gpus": 1, "minGPUs": 2}}
+    old = admitted(body(**stored))
+    validate(hook(cluster()), body(**stored, suspend=True), old=old)
+    with pytest.raises(kopf.AdmissionError, match="minGPUs"):
+        validate(hook(cluster()), body(**stored))
+
+
 def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> None:
     patch, warnings = mutate(hook(cluster()), body(**FULL, admissionPolicy="Resize"))
     assert patch["spec"]["resources"]["gpus"] == 2
