@@ -160,7 +160,9 @@ def _refused_at_apply(job: Mapping[str, Any]) -> str | None:
             f"metadata.namespace: {namespace!r} must be a DNS-1123 label (lower-case letters, "
             "digits and '-', at most 63 characters)"
         )
-    return _schema_problem(json.dumps(job.get("spec"), sort_keys=True))
+    # default=str: YAML reads an unquoted date (an annotation, an env value) as a date, which
+    # kubectl sends as the string it was written as.
+    return _schema_problem(json.dumps(job.get("spec"), sort_keys=True, default=str))
 
 
 @lru_cache(maxsize=4096)

@@ -77,11 +77,15 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
     per_gpu = job.estimate.per_gpu_bytes(n, job.parallelism)
     if now is not None and now[0] >= per_gpu and n > 1:
         # The most free GPU holds it: the blocker is how many others do, or where they are.
-        have = view.count_now(at, per_gpu)
-        verb = "have" if have > 1 else "has"
-        most = f"{plural(have, 'matching GPU')} {verb} {gib(per_gpu)} free now"
+        have = view.count_now(at, per_gpu, enough=n)  # counted up to n: enough to say why
         if have >= n:
-            most += f", but not {n} in a placement it can use ({_shape(job, view)})"
+            most = (
+                f"{n} or more matching GPUs have {gib(per_gpu)} free now, but no {n} of them "
+                f"in a placement it can use ({_shape(job, view)})"
+            )
+        else:
+            verb = "have" if have > 1 else "has"
+            most = f"only {plural(have, 'matching GPU')} {verb} {gib(per_gpu)} free now"
     prefix = "" if n == job.gpus else f"{plural(job.gpus)} never fit; "
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
 
@@ -109,8 +113,14 @@ def never_fits(
         # One node per job (visibleDevices): counts above the widest node are no shape at all.
         top = min(high, view.widest_empty(at)) if view.one_node else high
         note = _one_node_note(view, at, high)
-        if not note and empty and job.estimate.per_gpu_bytes(top, job.parallelism) <= empty[0]:
-            note = f"the GPUs that hold it are in no placement it can use ({_shape(job, view)})"
+        each = job.estimate.per_gpu_bytes(top, job.parallelism)
+        if not note and empty and each <= empty[0]:
+            have = view.count_empty(at, each, enough=top)
+            note = (
+                f"the GPUs that hold it are in no placement it can use ({_shape(job, view)})"
+                if have >= top
+                else f"only {plural(have)} {'holds' if have == 1 else 'hold'} {gib(each)}"
+            )
         return (
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
             f"{need(job, top)} at the most; {largest}{'; ' + note if note else ''}"

@@ -112,10 +112,17 @@ class FreeIndex:
         caps = self._caps.get(g, _EMPTY)
         return len(caps) - caps.bisect_left((need,))  # type: ignore[no-any-return]
 
-    def count_free(self, need: int, ok: NodeFilter) -> int:
-        """How many GPUs of the nodes `ok` admits take work and hold `need`."""
-        start = self._gpus.bisect_left((need,))
-        return sum(1 for i in range(start, len(self._gpus)) if ok(self._gpus[i][1]))
+    def count_free(self, need: int, ok: NodeFilter, enough: int) -> int:
+        """How many GPUs of the nodes `ok` admits take work and hold `need`, counted up to
+        `enough`: a message needs "fewer than n" or "n", and a pass must not walk every GPU
+        of a large cluster for each waiting job."""
+        found = 0
+        for entry in self._gpus.irange((need,)):
+            if ok(entry[1]):
+                found += 1
+                if found >= enough:
+                    break
+        return found
 
     def largest_free(self, ok: NodeFilter) -> tuple[int, int, int] | None:
         """(free, node position, GPU index) of the GPU with the most free memory."""

@@ -144,9 +144,13 @@ class ClusterView:
         found = self.now.largest_free(where.now)
         return None if found is None else (found[0], self.now.nodes[found[1]].name, found[2])
 
-    def count_now(self, where: Selection, need: int) -> int:
-        """How many matching GPUs take work and have `need` free now."""
-        return self.now.count_free(need, where.now)
+    def count_now(self, where: Selection, need: int, enough: int) -> int:
+        """How many matching GPUs take work and have `need` free now, up to `enough`."""
+        return self.now.count_free(need, where.now, enough)
+
+    def count_empty(self, where: Selection, need: int, enough: int) -> int:
+        """How many matching GPUs hold `need` when the cluster is empty, up to `enough`."""
+        return self.empty.count_free(need, where.empty, enough)
 
     def largest_empty(self, where: Selection) -> tuple[int, str, int] | None:
         found = self.empty.largest_free(where.empty)

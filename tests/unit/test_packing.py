@@ -639,3 +639,14 @@ def test_visible_devices_places_a_job_that_fits_one_node_there() -> None:
     spans = view(*nodes, settings=SPANS)
     placed = on(spans, place(spans.now, job, Parallelism.FSDP, 4, everywhere))
     assert sorted(placed) == [("a", (2, 3)), ("b", (0, 1))]
+
+
+def test_counting_gpus_that_hold_a_need_stops_at_enough() -> None:
+    """Messages need "fewer than n" or "n or more"; a pass must not walk a whole cluster."""
+    v = view(node("a", [80, 40, 10]), node("b", [50, 30]), settings=SPANS)
+    everywhere = v.select({})
+    assert v.count_now(everywhere, 35 * GIB, enough=10) == 3  # 80, 50 and 40 hold 35
+    assert v.count_now(everywhere, 35 * GIB, enough=2) == 2
+    assert v.count_now(everywhere, 90 * GIB, enough=2) == 0
+    assert v.count_now(everywhere, 50 * GIB, enough=5) == 2  # exactly the need holds it
+    assert v.count_empty(everywhere, 35 * GIB, enough=10) == 5  # empty: 80 GiB each

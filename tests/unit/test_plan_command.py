@@ -319,6 +319,20 @@ def test_a_job_kubectl_apply_would_refuse_is_refused(
     assert "jobs.yaml: document 1 (" in err and expected in err
 
 
+def test_a_date_in_a_job_file_is_read_as_kubectl_sends_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """YAML reads `released: 2024-01-01` as a date; kubectl sends the string."""
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    template = {"metadata": {"annotations": {"released": "DATE"}}, "spec": {"containers": []}}
+    job = dict(LLAMA_QLORA, spec=dict(LLAMA_QLORA["spec"], template=template))
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(job).replace("DATE", "2024-01-01"))
+    code, out, err = run(capsys, "--cluster", cluster, str(path), "--json")
+    assert (code, err) == (0, "")
+    assert [d["decision"] for d in decisions(out)] == ["Admit"]
+
+
 def test_job_files_without_a_finetunejob_are_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
