@@ -111,20 +111,20 @@ class ConfigMapKey:
         """The JSON object under `key` of the ConfigMap's `data` (None: no such ConfigMap).
         The operator (reading the API) and `vramgate plan` (reading a dump) both read it here,
         so they say the same thing; a SpecError names the field and the ConfigMap."""
-        field, where = "spec.model.configMapRef", f"ConfigMap {namespace}/{self.name}"
+        path, where = "spec.model.configMapRef", f"ConfigMap {namespace}/{self.name}"
         if data is None:
-            raise SpecError(f"{field}.name", f"{where} not found")
+            raise SpecError(f"{path}.name", f"{where} not found")
         if self.key not in data:
             keys = ", ".join(sorted(data)) or "none"
-            raise SpecError(f"{field}.key", f"{where} has no key {self.key!r} (keys: {keys})")
+            raise SpecError(f"{path}.key", f"{where} has no key {self.key!r} (keys: {keys})")
         try:
             config = json.loads(data[self.key])
         except (json.JSONDecodeError, TypeError) as error:
             message = f"{where} key {self.key!r} is not valid JSON ({error})"
-            raise SpecError(f"{field}.key", message) from None
+            raise SpecError(f"{path}.key", message) from None
         if not isinstance(config, dict):
             message = f"{where} key {self.key!r} must hold a JSON object (a config.json)"
-            raise SpecError(f"{field}.key", message)
+            raise SpecError(f"{path}.key", message)
         return config
 
 

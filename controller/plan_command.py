@@ -88,18 +88,7 @@ def add_admission_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     profile = None if args.profile is None else Profile.parse(args.profile, "--profile")
-    objects = ClusterObjects()
-    cluster_file = args.cluster or str(EXAMPLES / "cluster.yaml")
-    job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
-    from_cluster: set[str] = set()
-    for path in [cluster_file, *job_files]:
-        for where, document in _documents(path):
-            try:
-                objects.add(document, where)
-            except ClusterError as error:
-                raise PlanInputError(str(error)) from None
-        if path == cluster_file:
-            from_cluster = set(objects.jobs)
+    objects, dumped = _load(args)
     try:
         snap = snapshot(objects, _newest_heartbeat(objects))
     except ClusterError as error:
@@ -110,31 +99,50 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # A job file's error is the user's to fix now; a dumped job's is the cluster's state,
     # which the operator leaves undecided too (Invalid, or waiting for its ConfigMap).
     for key, refused in invalid.items():
-        if key not in from_cluster:
+        if key not in dumped:
             raise PlanInputError(str(refused))
-    if job_files and len(objects.jobs) == len(from_cluster):
-        raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob in it")
-    for key in plans.keys() - from_cluster:
+    for key in plans.keys() - dumped:
         problem = _refused_at_apply(objects.jobs[key])
         if problem:
             raise PlanInputError(f"{objects.origin[key]} ({key}): {problem}")
     undecided = {key: refused.message for key, refused in invalid.items()}
-    settings = admission_settings(args)
-    decisions = plan(snap, jobs, settings)
+    decisions = plan(snap, jobs, admission_settings(args))
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "decisions": [decision_json(d) for d in decisions],
-                    "undecided": [{"job": k, "error": m} for k, m in undecided.items()],
-                }
-            )
-        )
+        out = {
+            "decisions": [decision_json(d) for d in decisions],
+            "undecided": [{"job": key, "error": message} for key, message in undecided.items()],
+        }
+        print(json.dumps(out))
     else:
         render(console, decisions, plans)
         for key, message in undecided.items():
             console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:
+    """The objects of the cluster file and the job files, and the keys of the jobs that came
+    with the cluster (its state, where the job files' jobs are the user's input)."""
+    objects = ClusterObjects()
+    cluster_file = args.cluster or str(EXAMPLES / "cluster.yaml")
+    job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
+    _add(objects, cluster_file)
+    dumped, config_maps = set(objects.jobs), len(objects.config_maps)
+    for path in job_files:
+        _add(objects, path)
+    # ConfigMaps alone are input too: those a dump taken without `configmaps` lacks.
+    if job_files and objects.jobs.keys() == dumped and len(objects.config_maps) == config_maps:
+        them = "it" if len(job_files) == 1 else "them"
+        raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob or ConfigMap in {them}")
+    return objects, dumped
+
+
+def _add(objects: ClusterObjects, path: str) -> None:
+    for where, document in _documents(path):
+        try:
+            objects.add(document, where)
+        except ClusterError as error:
+            raise PlanInputError(str(error)) from None
 
 
 #: What the API server accepts as a FineTuneJob's name (a DNS-1123 subdomain) and namespace.

@@ -243,7 +243,8 @@ class ResourcesSpec(ApiModel):
         le=MAX_GPUS,
         alias="minGPUs",
         description=f"minGPUs is the fewest GPUs admissionPolicy Resize may admit the job "
-        f"on. Between 1 and {MAX_GPUS}, at most maxGPUs; default 1.",
+        f"on. Between 1 and {MAX_GPUS}, at most maxGPUs and gpus (so set gpus too when "
+        "minGPUs is above 1); default 1.",
     )
     max_gpus: int | None = Field(
         None,

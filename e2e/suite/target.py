@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from controller.api import conditions as cond
+
 T = TypeVar("T")
 
 
@@ -100,11 +102,13 @@ class Target:
                       f"namespace {name} to be deleted", timeout=180)  # fmt: skip
 
     def admitted(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job once its Admitted condition has a decision (True, or False with a reason
-        other than Pending), else None."""
+        """The job once its Admitted condition has a decision (True, or a reason admission
+        gave), else None: a job not estimated yet (ConfigMapUnavailable ...) is undecided."""
         job = self.get("finetunejob", name, namespace)
         found = condition(job, "Admitted")
-        if found is None or (found["status"] != "True" and found["reason"] == "Pending"):
+        if found is None or (
+            found["status"] != "True" and found["reason"] in cond.BEFORE_ADMISSION
+        ):
             return None
         return job
 

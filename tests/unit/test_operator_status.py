@@ -140,9 +140,9 @@ def test_not_estimated_says_why_in_admitted_too() -> None:
 def test_not_estimated_leaves_a_decision_alone() -> None:
     decided = {
         "type": "Admitted",
-        "status": "True",
-        "reason": "Fits",
-        "message": "admitted",
+        "status": "False",
+        "reason": "WaitingForVRAM",
+        "message": "queued",
         "observedGeneration": 1,
         "lastTransitionTime": "2025-03-01T12:00:30Z",
     }

@@ -337,10 +337,23 @@ def test_job_files_without_a_finetunejob_are_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
-    other = write(tmp_path, "other.yaml", {"kind": "ConfigMap", "metadata": {"name": "x"}})
+    other = write(tmp_path, "other.yaml", {"kind": "Secret", "metadata": {"name": "x"}})
     code, out, err = run(capsys, "--cluster", cluster, other)
     assert code == 2 and out == ""
-    assert err.strip().endswith("other.yaml: no FineTuneJob in it")
+    assert err.strip().endswith("other.yaml: no FineTuneJob or ConfigMap in it")
+
+
+def test_a_config_map_file_completes_a_dump_taken_without_config_maps(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    dump = _kubectl_dump(0)
+    dump["items"].append(_config_job("from-map", "llama"))
+    config = json.dumps(load_preset("llama-3.1-8b").config_dict())
+    maps = write(tmp_path, "maps.yaml", _config_map("llama", {"config.json": config}))
+    code, out, _ = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), maps, "--json")
+    assert code == 0
+    assert [d["job"] for d in decisions(out)] == ["team/from-map"]
+    assert json.loads(out)["undecided"] == []
 
 
 def test_a_long_job_name_folds_and_leaves_the_other_columns_whole(
