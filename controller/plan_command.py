@@ -12,18 +12,16 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
-from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
-from controller.api.finetunejob import FineTuneJobSpec
+from controller.apply_checks import refused_at_apply
 from controller.cluster import (
     ClusterError,
     ClusterObjects,
@@ -101,8 +99,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for key, refused in invalid.items():
         if key not in dumped:
             raise PlanInputError(str(refused))
-    for key in plans.keys() - dumped:
-        problem = _refused_at_apply(objects.jobs[key])
+    for key in (key for key in plans if key not in dumped):  # in file order: one answer
+        problem = refused_at_apply(objects.jobs[key])
         if problem:
             raise PlanInputError(f"{objects.origin[key]} ({key}): {problem}")
     undecided = {key: refused.message for key, refused in invalid.items()}
@@ -127,11 +125,13 @@ def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:
     cluster_file = args.cluster or str(EXAMPLES / "cluster.yaml")
     job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
     _add(objects, cluster_file)
-    dumped, config_maps = set(objects.jobs), len(objects.config_maps)
+    dumped, config_maps = set(objects.jobs), dict(objects.config_maps)
     for path in job_files:
         _add(objects, path)
-    # ConfigMaps alone are input too: those a dump taken without `configmaps` lacks.
-    if job_files and objects.jobs.keys() == dumped and len(objects.config_maps) == config_maps:
+    # ConfigMaps alone are input too: those a dump taken without `configmaps` lacks, or
+    # fixed versions of the dump's own (the one given last counts, as a later apply would).
+    given = any(config_maps.get(key) is not cm for key, cm in objects.config_maps.items())
+    if job_files and objects.jobs.keys() == dumped and not given:
         them = "it" if len(job_files) == 1 else "them"
         raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob or ConfigMap in {them}")
     return objects, dumped
@@ -143,47 +143,6 @@ def _add(objects: ClusterObjects, path: str) -> None:
             objects.add(document, where)
         except ClusterError as error:
             raise PlanInputError(str(error)) from None
-
-
-#: What the API server accepts as a FineTuneJob's name (a DNS-1123 subdomain) and namespace.
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def _refused_at_apply(job: Mapping[str, Any]) -> str | None:
-    """What `kubectl apply` would refuse in a job `translate` accepts: a name the API server
-    refuses, or a spelling the CRD's schema does not allow (translate takes `method: lora` as
-    the CLI does; the CRD wants `LoRA`). A plan is only worth having for jobs that apply."""
-    meta = job.get("metadata") or {}
-    name, namespace = meta.get("name"), meta.get("namespace")
-    if not (isinstance(name, str) and len(name) <= 253 and _SUBDOMAIN.match(name)):
-        return (
-            f"metadata.name: {name!r} must be a DNS-1123 subdomain (lower-case letters, digits, "
-            "'-' and '.', at most 253 characters)"
-        )
-    if namespace is not None and not (
-        isinstance(namespace, str) and len(namespace) <= 63 and _LABEL.match(namespace)
-    ):
-        return (
-            f"metadata.namespace: {namespace!r} must be a DNS-1123 label (lower-case letters, "
-            "digits and '-', at most 63 characters)"
-        )
-    # default=str: YAML reads an unquoted date (an annotation, an env value) as a date, which
-    # kubectl sends as the string it was written as.
-    return _schema_problem(json.dumps(job.get("spec"), sort_keys=True, default=str))
-
-
-@lru_cache(maxsize=4096)
-def _schema_problem(spec: str) -> str | None:
-    """The CRD schema's first complaint about a spec (JSON): cached, since a queue of
-    10,000 manifests holds few distinct specs."""
-    try:
-        FineTuneJobSpec.model_validate_json(spec, strict=True)
-    except ValidationError as error:
-        first = error.errors()[0]
-        path = ".".join(["spec", *(str(part) for part in first["loc"])])
-        return f"{path}: {first['msg']}"
-    return None
 
 
 def admission_settings(args: argparse.Namespace) -> AdmissionSettings:

@@ -80,13 +80,14 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         have = view.count_now(at, per_gpu, enough=n)  # counted up to n: enough to say why
         if have >= n:
             most = (
-                f"{n} or more matching GPUs have {gib(per_gpu)} free now, but no {n} of them "
-                f"in a placement it can use ({_shape(job, view)})"
+                f"{n} or more matching GPUs that take work have {gib(per_gpu)} free now, but "
+                f"no {n} of them in a placement it can use ({_shape(job, view)})"
             )
         else:
-            verb = "have" if have > 1 else "has"
-            most = f"only {plural(have, 'matching GPU')} {verb} {gib(per_gpu)} free now"
-    prefix = "" if n == job.gpus else f"{plural(job.gpus)} never fit; "
+            verb = "has" if have == 1 else "have"
+            most = f"only {have} of the matching GPUs that take work {verb} {gib(per_gpu)} free now"
+    never = "never fits" if job.gpus == 1 else "never fit"
+    prefix = "" if n == job.gpus else f"{plural(job.gpus)} {never}; "
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
 
 
@@ -112,19 +113,15 @@ def never_fits(
     if high != job.gpus:
         # One node per job (visibleDevices): counts above the widest node are no shape at all.
         top = min(high, view.widest_empty(at)) if view.one_node else high
-        note = _one_node_note(view, at, high)
-        each = job.estimate.per_gpu_bytes(top, job.parallelism)
-        if not note and empty and each <= empty[0]:
-            have = view.count_empty(at, each, enough=top)
-            note = (
-                f"the GPUs that hold it are in no placement it can use ({_shape(job, view)})"
-                if have >= top
-                else f"only {plural(have)} {'holds' if have == 1 else 'hold'} {gib(each)}"
-            )
+        notes = [_one_node_note(view, at, high), _too_few_or_apart(job, view, at, top)]
+        note = "; ".join(part for part in notes if part)
         return (
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
             f"{need(job, top)} at the most; {largest}{'; ' + note if note else ''}"
         )
+    apart = _too_few_or_apart(job, view, at, job.gpus)
+    if apart:  # the largest GPU holds the need: saying so alone would contradict the refusal
+        return f"needs {need(job, job.gpus)}; {largest}, but even when the cluster is empty {apart}"
     hint = ""
     if empty and job.parallelism is Parallelism.FSDP:
         enough = _fsdp_count(job, empty[0])
@@ -133,6 +130,23 @@ def never_fits(
             but = f", but {note}" if note else ""
             hint = f" (at least {enough} GPUs of that size would hold it with FSDP{but})"
     return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty{hint}"
+
+
+def _too_few_or_apart(job: JobRequest, view: ClusterView, at: Selection, n: int) -> str:
+    """Why n GPUs fail the empty cluster although its largest GPU holds their per-GPU need:
+    too few GPUs hold it, or those that do are in no placement the job can use ('' when the
+    largest GPU is too small, which the message says already)."""
+    each = job.estimate.per_gpu_bytes(n, job.parallelism)
+    empty = view.largest_empty(at)
+    if empty is None or each > empty[0]:
+        return ""
+    have = view.count_empty(at, each, enough=n)
+    if have >= n:
+        return (
+            f"the {n} or more GPUs that hold {gib(each)} are in no placement it can use "
+            f"({_shape(job, view)})"
+        )
+    return f"only {plural(have)} {'holds' if have == 1 else 'hold'} {gib(each)}"
 
 
 def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) -> str:

@@ -71,9 +71,10 @@ def estimated(
     estimate = estimate_status(plan, est)
     gpus = plan.gpus
     # The total is the job on one GPU, not a sum over its GPUs: say so where they differ.
+    differs = estimate["total"] != estimate["perGpu"]  # FSDP and device maps split it; DDP not
     message = (
         f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
-        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if gpus > 1 else "")
+        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if differs else "")
     )
     message += "".join(f"; warning: {warning}" for warning in plan.warnings)
     conditions = cond.set_condition(

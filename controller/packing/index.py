@@ -113,12 +113,16 @@ class FreeIndex:
         return len(caps) - caps.bisect_left((need,))  # type: ignore[no-any-return]
 
     def count_free(self, need: int, ok: NodeFilter, enough: int) -> int:
-        """How many GPUs of the nodes `ok` admits take work and hold `need`, counted up to
-        `enough`: a message needs "fewer than n" or "n", and a pass must not walk every GPU
-        of a large cluster for each waiting job."""
+        """How many GPUs of the nodes `ok` admits take work and hold `need`, at most as many
+        per node as it has device slots open (GPUs allocated to other pods take no work),
+        counted up to `enough`: a message needs "fewer than n" or "n", and a pass must not
+        walk every GPU of a large cluster for each waiting job."""
         found = 0
+        per_node: dict[int, int] = {}
         for entry in self._gpus.irange((need,)):
-            if ok(entry[1]):
+            pos = entry[1]
+            if per_node.get(pos, 0) < self.nodes[pos].slots and ok(pos):
+                per_node[pos] = per_node.get(pos, 0) + 1
                 found += 1
                 if found >= enough:
                     break

@@ -172,18 +172,25 @@ def test_a_job_waiting_for_more_gpus_says_how_many_hold_it_not_the_most_free() -
     """The most free GPU holds the per-GPU need: what blocks is how many do, or where."""
     d = decide(job("j", est(30), gpus=2, parallelism=DDP), view(node("a", [80, 10])))
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(d, "30.00 GiB per GPU on 2 GPUs with DDP", "only 1 matching GPU has 30.00 GiB free now")
+    says(d, "30.00 GiB per GPU on 2 GPUs with DDP",
+         "only 1 of the matching GPUs that take work has 30.00 GiB free now")  # fmt: skip
     assert "most free GPU" not in d.message and "placement" not in d.message
     apart = view(node("a", [80, 10]), node("b", [80, 10]))  # visibleDevices: one node per job
     d = decide(job("j", est(30), gpus=2, parallelism=DDP), apart)
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(d, "2 or more matching GPUs have 30.00 GiB free now, but no 2 of them in a placement "
-         "it can use (all on one node)")  # fmt: skip
+    says(d, "2 or more matching GPUs that take work have 30.00 GiB free now, but no 2 of them "
+         "in a placement it can use (all on one node)")  # fmt: skip
     spans = view(node("a", [80, 80, 10]), node("b", [80, 10, 10]), settings=SPANS)
     d = decide(job("j", est(30), gpus=3, parallelism=DDP), spans)
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(d, "3 or more matching GPUs have 30.00 GiB free now, but no 3 of them in a placement "
-         "it can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
+    says(d, "3 or more matching GPUs that take work have 30.00 GiB free now, but no 3 of them "
+         "in a placement it can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
+    # Device plugin: a GPU allocated to another pod takes no work, whatever its free memory.
+    busy = view(node("a", [80, 80, 80, 10], gpu_allocatable=4, gpu_allocated=3),
+                settings=EXCLUSIVE)  # fmt: skip
+    d = decide(job("j", est(30), gpus=2, parallelism=DDP), busy)
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "only 1 of the matching GPUs that take work has 30.00 GiB free now")
 
 
 def test_a_job_waits_while_its_only_big_enough_node_is_not_ready() -> None:
@@ -594,8 +601,8 @@ def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() ->
     d = decide(resize, lopsided)
     assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
     says(d, "no count in [1, 10] fits", "70.00 GiB per GPU on 10 GPUs with FSDP at the most",
-         "the largest GPU holds 80.00 GiB usable; the GPUs that hold it are in no placement it "
-         "can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
+         "the largest GPU holds 80.00 GiB usable; the 10 or more GPUs that hold 70.00 GiB are "
+         "in no placement it can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
     # One GPU holds the need at the widest count: too few GPUs, not the layout, is the cause.
     mixed = view(node("a", [80]), node("b", [24] * 8, total=24), settings=SPANS)
     d = decide(job("j", est(600), gpus=2, policy=RESIZE), mixed)
@@ -603,3 +610,21 @@ def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() ->
     says(d, "no count in [1, 9] fits", "66.67 GiB per GPU on 9 GPUs with FSDP at the most",
          "the largest GPU holds 80.00 GiB usable; only 1 GPU holds 66.67 GiB")  # fmt: skip
     assert "no placement" not in d.message
+
+
+def test_a_rejection_whose_largest_gpu_holds_the_need_says_what_does_not() -> None:
+    """"the largest GPU holds 80 GiB" alone contradicts refusing a 42 GiB-per-GPU need."""
+    apart = (node("a", [24, 24], total=24), node("b", [80]), node("c", [80]))
+    d = decide(job("j", est(80, 2), gpus=2, parallelism=DEVICE_MAP), view(*apart))
+    assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
+    says(d, "needs 42.00 GiB per GPU on 2 GPUs with DeviceMap; the largest GPU holds 80.00 GiB "
+         "usable, but even when the cluster is empty the 2 or more GPUs that hold 42.00 GiB are "
+         "in no placement it can use (all on one node)")  # fmt: skip
+    # visibleDevices keeps FSDP on one node too: no "2 GPUs of that size would hold it" hint.
+    fsdp = decide(job("j", est(80, 2), gpus=2), view(*apart))
+    says(fsdp, "in no placement it can use (all on one node)")
+    assert "would hold it" not in fsdp.message
+    # Too few, not apart: one 80 GiB GPU and small ones.
+    few = (node("a", [24, 24], total=24), node("b", [80]))
+    d = decide(job("j", est(80, 2), gpus=2, parallelism=DEVICE_MAP), view(*few))
+    says(d, "but even when the cluster is empty only 1 GPU holds 42.00 GiB")

@@ -154,6 +154,8 @@ def test_not_estimated_leaves_a_decision_alone() -> None:
 
 def test_messages_are_one_bounded_line() -> None:
     update = rules.not_estimated(cond.REASON_ESTIMATION_FAILED, "a\nb " + "x" * 10_000, 1, {}, T0)
+    ddp = _by_type(_estimated({}, resources={"gpus": 4}, parallelism="DDP").patch)["Estimated"]
+    assert ddp["message"].endswith("per GPU on 4 GPUs with DDP")  # every GPU holds it all
     message = _by_type(update.patch)["Estimated"]["message"]
     assert "\n" not in message and len(message) == rules.MAX_MESSAGE
     assert message.startswith("a b x") and message.endswith("...")
@@ -164,6 +166,8 @@ def test_per_gpu_figures_follow_the_gpu_count() -> None:
     estimate = update.patch["estimate"]
     assert estimate["gpus"] == 4 and estimate["parallelism"] == "FSDP"
     assert estimate["perGpuBytes"] < estimate["totalBytes"]
+    ddp = _by_type(_estimated({}, resources={"gpus": 4}, parallelism="DDP").patch)["Estimated"]
+    assert ddp["message"].endswith("per GPU on 4 GPUs with DDP")  # every GPU holds it all
     message = _by_type(update.patch)["Estimated"]["message"]
     # The 1-GPU total is named as such, so it does not read as a sum over the four.
     assert (

@@ -305,6 +305,22 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
             {"metadata": {"name": "ok", "namespace": "Team A"}},
             "metadata.namespace: 'Team A' must be a DNS-1123 label",
         ),
+        (
+            {"apiVersion": "vramgate.dev/v1"},
+            "apiVersion: 'vramgate.dev/v1' must be vramgate.dev/v1alpha1",
+        ),
+        (
+            {"metadata": {"name": "ok", "annotations": {"a": 1}}},
+            "metadata.annotations.a: must be a string, got 1 (quote it)",
+        ),
+        (
+            {"metadata": {"name": "ok", "labels": {"bad key!": "x"}}},
+            "metadata.labels: key 'bad key!' must be a name of at most 63",
+        ),
+        (
+            {"metadata": {"name": "ok", "labels": {"team": "a b"}}},
+            "metadata.labels.team: 'a b' must be at most 63 letters",
+        ),
     ],
 )
 def test_a_job_kubectl_apply_would_refuse_is_refused(
@@ -341,6 +357,30 @@ def test_job_files_without_a_finetunejob_are_refused(
     code, out, err = run(capsys, "--cluster", cluster, other)
     assert code == 2 and out == ""
     assert err.strip().endswith("other.yaml: no FineTuneJob or ConfigMap in it")
+
+
+def test_a_config_map_file_replaces_a_broken_one_of_the_dump(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """ "Would it be admitted once I fix its ConfigMap?"""
+    dump = _kubectl_dump(0)
+    dump["items"] += [_config_job("from-map", "llama"), _config_map("llama", {"config.json": "{"})]
+    config = json.dumps(load_preset("llama-3.1-8b").config_dict())
+    fixed = write(tmp_path, "fixed.yaml", _config_map("llama", {"config.json": config}))
+    code, out, _ = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), fixed, "--json")
+    assert code == 0
+    assert [d["job"] for d in decisions(out)] == ["team/from-map"]
+
+
+def test_the_first_bad_job_of_a_file_is_the_one_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
+    bad = [dict(LLAMA_QLORA, metadata={"name": f"bad-{i}-"}) for i in range(50)]
+    jobs = write(tmp_path, "jobs.yaml", *bad)
+    for _ in range(3):
+        code, _, err = run(capsys, "--cluster", cluster, jobs)
+        assert code == 2 and "jobs.yaml: document 1 (default/bad-0-)" in err
 
 
 def test_a_config_map_file_completes_a_dump_taken_without_config_maps(
@@ -434,6 +474,7 @@ def test_strict_fifo_lets_no_job_go_ahead(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     full = {
+        "apiVersion": "vramgate.dev/v1alpha1",
         "kind": "FineTuneJob",
         "metadata": {"name": "first", "creationTimestamp": "2026-12-01T08:00:00Z"},
         "spec": {"model": {"preset": "qwen2.5-1.5b"}, "method": "Full"},
@@ -492,8 +533,16 @@ def test_plan_and_the_operator_share_the_admission_settings(
     planned, operated = both()
     assert planned == operated  # the same defaults
     planned, operated = both(
-        "--gpu-mode", "visibleDevices", "--queueing", "StrictFIFO", "--headroom", "2GiB",
-        "--headroom-percent", "5", "--heartbeat-ttl-seconds", "120",
+        "--gpu-mode",
+        "visibleDevices",
+        "--queueing",
+        "StrictFIFO",
+        "--headroom",
+        "2GiB",
+        "--headroom-percent",
+        "5",
+        "--heartbeat-ttl-seconds",
+        "120",
     )
     assert planned == operated and planned.packing.headroom_bytes == 2 * GIB
 
