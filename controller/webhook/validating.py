@@ -7,9 +7,8 @@ from getting in anyone's way:
 * An UPDATE that leaves the spec as it was is allowed even if that spec is invalid (objects
   created while the webhook was down, or before a validator change). Otherwise metadata
   writes, such as kopf's own annotations or a user's labels, would fail on such an object.
-* An UPDATE is refused only for errors the old spec did not have already (as the API
-  server ratchets its own schema checks): a job stored before a rule was added can still be
-  suspended, and fixed once suspended.
+* An UPDATE that changes only `spec.suspend` is allowed too: a job stored before a rule was
+  added (and admitted, so its spec is locked) can still be suspended, then fixed.
 * ConfigMaps are not read here: a model in a ConfigMap is checked by the operator, which
   reports problems in the `Estimated` condition. The webhook stays fast and needs no RBAC on
   ConfigMaps.
@@ -40,13 +39,18 @@ def validate_finetunejob(
     adds what is estimated but unusual (a sequence beyond the model's context) to the
     admission warnings, which kubectl prints."""
     plain = dict(spec)  # kopf passes a read-only view; compare and validate the plain dict
-    if operation == "UPDATE" and old is not None and old.get("spec") == plain:
+    if (
+        operation == "UPDATE"
+        and old is not None
+        and _but_suspend(old.get("spec")) == (_but_suspend(plain))
+    ):
         return
     plan, errors = translate(plain)
-    if errors and operation == "UPDATE" and old is not None:
-        before = {str(error) for error in translate(dict(old.get("spec") or {}))[1]}
-        errors = [error for error in errors if str(error) not in before]
     if errors:
         raise kopf.AdmissionError(str(SpecErrors(errors)), code=INVALID)
     if plan is not None and warnings is not None:
         warnings.extend(f"vramgate: {warning}" for warning in plan.warnings)
+
+
+def _but_suspend(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {key: value for key, value in (spec or {}).items() if key != "suspend"}

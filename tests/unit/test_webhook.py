@@ -42,15 +42,20 @@ def test_an_update_to_an_invalid_spec_is_refused() -> None:
         validate_finetunejob(spec=INVALID_SPEC, old={"spec": VALID}, operation="UPDATE")
 
 
-def test_an_update_is_refused_only_for_errors_the_old_spec_did_not_have() -> None:
-    """A job stored before a rule existed (here gpus below minGPUs) can still be suspended:
-    the API server ratchets its own checks the same way."""
+def test_an_update_of_suspend_alone_is_allowed_even_if_the_spec_is_invalid() -> None:
+    """A job stored before a rule existed (here gpus below minGPUs) can still be suspended;
+    any other change must make the spec valid."""
     stored = {**VALID, "resources": {"gpus": 1, "minGPUs": 2}}
     validate_finetunejob(spec={**stored, "suspend": True}, old={"spec": stored}, operation="UPDATE")
-    worse = {**stored, "suspend": True, "lora": {"rank": 0}}
-    with pytest.raises(kopf.AdmissionError) as caught:
-        validate_finetunejob(spec=worse, old={"spec": stored}, operation="UPDATE")
-    assert str(caught.value) == "spec.lora.rank: must be greater than or equal to 1, got 0"
+    resumed = {"spec": {**stored, "suspend": True}}
+    validate_finetunejob(spec=stored, old=resumed, operation="UPDATE")  # suspend key removed
+    with pytest.raises(kopf.AdmissionError, match="minGPUs") as caught:
+        validate_finetunejob(
+            spec={**stored, "suspend": True, "priority": 5},
+            old={"spec": stored},
+            operation="UPDATE",
+        )
+    assert str(caught.value).startswith("spec.resources.gpus: must be greater than or equal")
     with pytest.raises(kopf.AdmissionError, match="minGPUs"):
         validate_finetunejob(spec=stored, old=None, operation="CREATE")
 
