@@ -113,13 +113,13 @@ def never_fits(
     if high != job.gpus:
         # One node per job (visibleDevices): counts above the widest node are no shape at all.
         top = min(high, view.widest_empty(at)) if view.one_node else high
-        notes = [_one_node_note(view, at, high), _too_few_or_apart(job, view, at, top)]
+        notes = [_one_node_note(view, at, high), _too_few_or_apart(job, view, at, top, empty)]
         note = "; ".join(part for part in notes if part)
         return (
             f"no count in [{job.min_gpus}, {high}] fits even when the cluster is empty: it needs "
             f"{need(job, top)} at the most; {largest}{'; ' + note if note else ''}"
         )
-    apart = _too_few_or_apart(job, view, at, job.gpus)
+    apart = _too_few_or_apart(job, view, at, job.gpus, empty)
     if apart:  # the largest GPU holds the need: saying so alone would contradict the refusal
         return f"needs {need(job, job.gpus)}; {largest}, but even when the cluster is empty {apart}"
     hint = ""
@@ -132,12 +132,13 @@ def never_fits(
     return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty{hint}"
 
 
-def _too_few_or_apart(job: JobRequest, view: ClusterView, at: Selection, n: int) -> str:
-    """Why n GPUs fail the empty cluster although its largest GPU holds their per-GPU need:
-    too few GPUs hold it, or those that do are in no placement the job can use ('' when the
-    largest GPU is too small, which the message says already)."""
+def _too_few_or_apart(
+    job: JobRequest, view: ClusterView, at: Selection, n: int, empty: tuple[int, str, int] | None
+) -> str:
+    """Why n GPUs fail the empty cluster although its largest GPU (`empty`) holds their
+    per-GPU need: too few GPUs hold it, or those that do are in no placement the job can use
+    ('' when the largest GPU is too small, which the message says already)."""
     each = job.estimate.per_gpu_bytes(n, job.parallelism)
-    empty = view.largest_empty(at)
     if empty is None or each > empty[0]:
         return ""
     have = view.count_empty(at, each, enough=n)

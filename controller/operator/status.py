@@ -139,18 +139,15 @@ def not_estimated(
         generation,
         now,
     )
-    admitted = cond.find_condition(conditions, cond.ADMITTED)
-    if admitted is None or admitted.get("reason") in cond.BEFORE_ADMISSION:
-        # `kubectl get ftj` shows Admitted and its reason: say there why nothing is decided.
-        conditions = cond.set_condition(
-            conditions,
-            cond.ADMITTED,
-            ConditionStatus.FALSE,
-            reason,
-            one_line(f"not admitted until estimated: {message}"),
-            generation,
-            now,
-        )
+    # `kubectl get ftj` shows Admitted and its reason: say there why nothing is decided.
+    conditions = _before_decision(
+        conditions,
+        ConditionStatus.FALSE,
+        reason,
+        one_line(f"not admitted until estimated: {message}"),
+        generation,
+        now,
+    )
     return _update(
         status,
         {"estimate": None, "observedGeneration": generation, "conditions": conditions},
@@ -161,18 +158,29 @@ def not_estimated(
 def _admission_pending(
     conditions: list[dict[str, Any]], generation: int, now: datetime
 ) -> list[dict[str, Any]]:
-    admitted = cond.find_condition(conditions, cond.ADMITTED)
-    if admitted is not None and admitted.get("reason") not in cond.BEFORE_ADMISSION:
-        return conditions
-    return cond.set_condition(
+    return _before_decision(
         conditions,
-        cond.ADMITTED,
         ConditionStatus.UNKNOWN,
         cond.REASON_PENDING,
         "not evaluated by admission yet",
         generation,
         now,
     )
+
+
+def _before_decision(
+    conditions: list[dict[str, Any]],
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Admitted as given, unless admission has decided the job: its decision stays."""
+    admitted = cond.find_condition(conditions, cond.ADMITTED)
+    if admitted is not None and admitted.get("reason") not in cond.BEFORE_ADMISSION:
+        return conditions
+    return cond.set_condition(conditions, cond.ADMITTED, status, reason, message, generation, now)
 
 
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
