@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
@@ -413,10 +414,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _signed_values_attached(argv: Sequence[str] | None) -> list[str]:
+    """`--gpu-memory -1GiB` as `--gpu-memory=-1GiB`: argparse takes a value that starts with
+    a dash and is not a bare number for an option of its own, and would say "expected one
+    argument" instead of our message about the value."""
+    out: list[str] = []
+    for token in sys.argv[1:] if argv is None else argv:
+        last = out[-1] if out else ""
+        if re.match(r"-[0-9.]", token) and last.startswith("--") and "=" not in last:
+            out[-1] = f"{last}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_signed_values_attached(argv))
         return int(args.run(args, console))
     except (UsageError, VramgateError) as error:
         print(f"vramgate: {error}", file=sys.stderr)

@@ -184,6 +184,12 @@ def test_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
             "--gpus: must be less than or equal to 4096, got 4097",
         ),
         (["--model", "llama-3.1-8b", "--gpu-memory", ""], "--gpu-memory: invalid size ''"),
+        # a value with a leading dash is the option's value, not an option argparse looks up
+        (
+            ["--model", "llama-3.1-8b", "--gpu-memory", "-1GiB"],
+            "--gpu-memory: invalid size '-1GiB'",
+        ),
+        (["--model", "llama-3.1-8b", "--gpu-memory", "-.5GiB"], "--gpu-memory: invalid size"),
         (
             ["--model", "llama-3.1-8b", "--gpu-memory", "80"],
             "--gpu-memory: invalid size '80': needs a unit, e.g. 80GB or 80GiB",
