@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client, config
@@ -111,10 +111,15 @@ class Kube:
         with contextlib.suppress(Gone):
             self._call("DELETE", path, {"propagationPolicy": "Background"})
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        """Every FineTuneJob, read from the API server now (not from a cache)."""
-        listed = self._call("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-        return list(listed.get("items") or [])
+    def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API
+        server now (not from a cache). Per namespace when named, since an operator confined
+        to some namespaces has no right to list the others."""
+        paths = [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+        items: list[dict[str, Any]] = []
+        for path in paths or [f"/apis/{GROUP}/{VERSION}/{PLURAL}"]:
+            items.extend(self._call("GET", path).get("items") or [])
+        return items
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any]:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

@@ -183,6 +183,7 @@ def run(options: OperatorOptions) -> int:
             admission=options.admission,
             resync_s=options.resync_s,
             configmap_retry_s=options.configmap_retry_s,
+            namespaces=tuple(options.namespaces),
         ),
         leader,
         metrics=metrics,

@@ -92,6 +92,8 @@ class SchedulerOptions:
     #: Workload creates and deletes, beside the status writes: fewer, so decisions come first.
     create_workers: int = 4
     configmap_retry_s: float = 30.0
+    #: The namespaces the operator watches (none: all); a new leader relists only these.
+    namespaces: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -245,7 +247,9 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         objects, workloads, job_pods = self.caches.objects()
         if relist:  # a new leader: the ledger as the API server holds it now
-            listed = await loop.run_in_executor(self._writer, self.kube.list_jobs)
+            listed = await loop.run_in_executor(
+                self._writer, self.kube.list_jobs, self.options.namespaces
+            )
             objects.jobs = {job_key(job): slim_job(job) for job in listed}
             self._fresh.clear()
         objects.jobs = {key: self._assumed(key, job) for key, job in objects.jobs.items()}

@@ -1154,6 +1154,29 @@ def test_with_listed_namespaces_the_operator_may_act_only_in_them(release: Relea
         assert release.can_i(OPERATOR_SA, *args), args
 
 
+def test_with_listed_namespaces_the_operator_decides_as_its_service_account(
+    release: Release,
+    agent_as_its_service_account: subprocess.Popen[str],
+    gpu_node: str,
+    api_client: client.ApiClient,
+) -> None:
+    """A new leader relists the jobs of its own namespaces: a cluster-wide list is one the
+    narrowed rights refuse, and every pass used to fail on it while the job never got a
+    status."""
+    node = client.CoreV1Api(api_client).read_node(gpu_node)
+    product = node.metadata.labels[PRODUCT_LABEL]
+    process = operator_as_the_chart_runs_it(release, api_client)
+    try:
+        client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+            GROUP, VERSION, release.namespace, "finetunejobs", _ftj("in-listed", product)
+        )
+        admitted(api_client, release.namespace, "in-listed", "True", "Fits", timeout=30)
+    finally:
+        process.stop()
+    failed = [line for line in process.log().splitlines() if "pass failed" in line]
+    assert failed == [], failed[:3]
+
+
 def test_helm_uninstall_leaves_only_the_crds(release: Release, cluster: Cluster) -> None:
     done = release.helm("uninstall", RELEASE)
     assert done.returncode == 0, done.stderr
