@@ -27,11 +27,17 @@ _UNITS = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 2**40,
+    # Kubernetes quantities' binary suffixes, as people write them in Helm values (2Gi).
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
 }
 
 
 def parse_size(text: str, require_unit: bool = False) -> int:
-    """Parse `80GB` (decimal, as GPU vendors label cards), `80GiB`, `24G` or plain bytes.
+    """Parse `80GB` (decimal, as GPU vendors label cards), `80GiB`, `80Gi`, `24G` or plain
+    bytes.
 
     Decimal suffixes follow the vendors' labels ("80 GB" H100 is 80e9 bytes nominal); binary
     suffixes (GiB) follow NVML and the seeds. `require_unit` refuses a bare number, where a
@@ -44,7 +50,7 @@ def parse_size(text: str, require_unit: bool = False) -> int:
         plain = "" if require_unit else ", or plain bytes"
         raise ValueError(
             f"invalid size {text!r}: use a number with B, KB, MB, GB, TB (decimal), "
-            f"KiB, MiB, GiB, TiB (binary){plain}"
+            f"KiB, MiB, GiB, TiB or Ki, Mi, Gi, Ti (binary){plain}"
         )
     if require_unit and not unit:
         number = text.strip()

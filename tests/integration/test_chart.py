@@ -153,11 +153,16 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
          ["minAvailable=100%", "operator.replicas=2"]),
         (["--set", "agent.config.pollIntervalSeconds=60"],
          ["pollIntervalSeconds=60", "heartbeatIntervalSeconds=30"]),
+        (["--set", "operator.config.heartbeatTtlSeconds=50"],
+         ["heartbeatIntervalSeconds=30", "heartbeatTtlSeconds=50"]),
+        (["--set", "agent.config.backoffInitialSeconds=120"],
+         ["backoffInitialSeconds=120", "backoffMaxSeconds=60"]),
         (["--set", "commonLabels.app\\.kubernetes\\.io/name=mine"],
          ["commonLabels.app.kubernetes.io/name"]),
         (["--set", "commonLabels.helm\\.sh/chart=mine"], ["commonLabels.helm.sh/chart"]),
     ],
     ids=["ports-repeat", "pdb-all-replicas", "pdb-100-percent", "poll-above-heartbeat",
+         "heartbeat-above-half-the-ttl", "backoff-initial-above-max",
          "common-label-app", "common-label-chart"],
 )  # fmt: skip
 def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str]) -> None:
@@ -530,6 +535,33 @@ def test_the_rendered_config_files_load_in_the_operator_and_the_agent(
     environ = {"VRAMGATE_AGENT_CONFIG": str(agent_file), "VRAMGATE_AGENT_NODE_NAME": "n"}
     agent = load_settings(parser.parse_args([]), environ)
     assert agent.metrics_port == 9402
+
+
+SIZES = ["2Gi", "2GiB", "2G", "2gb", "0.5Gi", "1.5 TB", "0", "2", "2 Gi", "lots", "2Gx", "-1G"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_schema_and_the_binaries_agree_on_sizes(size: str, tmp_path: Path) -> None:
+    """A size the schema lets through is one the operator and the agent load (else a good
+    install crash-loops its pods), and one it refuses they refuse too."""
+    from controller.agent.settings import AgentSettings
+
+    done = helm("template", RELEASE, str(CHART), "--set-string",
+                f"operator.config.headroom={size}")  # fmt: skip
+    try:
+        _load_operator_settings({"headroom": size}, tmp_path)
+    except Exception as error:  # any refusal: both must refuse
+        assert done.returncode != 0, f"the schema passes {size!r}, the operator says {error}"
+    else:
+        assert done.returncode == 0, done.stderr
+    done = helm("template", RELEASE, str(CHART), "--set-string",
+                f"agent.config.changeThresholdBytes={size}")  # fmt: skip
+    try:
+        AgentSettings(node_name="n", change_threshold_bytes=size)
+    except Exception as error:  # any refusal
+        assert done.returncode != 0, f"the schema passes {size!r}, the agent says {error}"
+    else:
+        assert done.returncode == 0, done.stderr
 
 
 def test_every_operator_setting_is_a_value_or_set_by_the_chart(tmp_path: Path) -> None:

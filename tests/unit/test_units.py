@@ -19,6 +19,9 @@ from controller.units import GIB, format_gib, parse_size
         ("81559MiB", 81559 * 2**20),
         ("17179869184", 16 * GIB),
         ("1TB", 10**12),
+        ("80Gi", 80 * GIB),  # Kubernetes quantities' binary suffixes, as in Helm values
+        ("256Mi", 256 * 2**20),
+        ("0.5Ti", 2**39),
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
