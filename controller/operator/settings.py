@@ -53,6 +53,12 @@ def _namespace_name(value: str) -> str:
     return value
 
 
+def _process_identity() -> str:
+    """Outside a pod: the host name alone would be shared by two operators run side by side
+    on one machine, and both would hold the Lease as the same holder."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 class OperatorSettings(AdmissionConfig):
     """Settings of ``vramgate operator``; each description says what it does and why its
     default. The admission settings (`AdmissionConfig`, shared with ``vramgate plan``) come
@@ -127,7 +133,7 @@ class OperatorSettings(AdmissionConfig):
         DEFAULT_LEASE, min_length=1, description="name of the Lease the replicas share."
     )
     identity: str = Field(
-        default_factory=socket.gethostname, min_length=1,
+        default_factory=_process_identity, min_length=1,
         description="this replica's name in the Lease; the pod's name, so a restarted "
         "container takes its own Lease back at once.",
     )
@@ -199,7 +205,7 @@ LOADER = SettingsLoader(
         "cert_hosts": ",".join(DEFAULT_SERVICE_DNS),
         **SHOWN_DEFAULTS,
         "lease_namespace": "$POD_NAMESPACE, else default",
-        "identity": "$POD_NAME, else the host name",
+        "identity": "$POD_NAME, else HOSTNAME-PID",
     },
 )
 
@@ -236,7 +242,7 @@ def load_settings(
         implied["log_level"] = ("verbose", "--verbose")
     defaults = {
         "lease_namespace": environ.get("POD_NAMESPACE") or "default",
-        "identity": environ.get("POD_NAME") or socket.gethostname(),
+        "identity": environ.get("POD_NAME") or _process_identity(),
     }
     return LOADER.load(args, environ, defaults=defaults, flags=implied)
 

@@ -4,6 +4,8 @@ flags of earlier releases; one-line errors, exit 2."""
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,8 @@ def test_defaults_come_from_the_pod() -> None:
         "vramgate", "vramgate-operator-abc", "vramgate",
     )  # fmt: skip
     assert load_options(parse(), environ={}).lease_namespace == "default"
+    # Outside a pod, two operators on one host must not share a holder name in the Lease.
+    assert load_options(parse(), environ={}).identity == f"{socket.gethostname()}-{os.getpid()}"
     assert o.liveness == "http://0.0.0.0:8081/healthz"
     assert (o.metrics_addr, o.metrics_port) == ("0.0.0.0", 8080)
     assert o.cert_secret_name is None
