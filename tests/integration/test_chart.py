@@ -830,6 +830,37 @@ def test_helm_install_succeeds(release: Release, cluster: Cluster) -> None:
     ])  # fmt: skip
 
 
+def test_users_bound_to_the_builtin_roles_may_submit_or_read_jobs_never_write_status(
+    release: Release, cluster: Cluster
+) -> None:
+    """The chart's user roles are aggregated into `edit` and `view`: a namespace's editors
+    submit jobs there without a custom role, and nobody but the operator writes status."""
+    for role, user in (("edit", "alice"), ("view", "bob")):
+        done = cluster.kubectl("create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}",
+                               f"--user={user}", "-n", release.namespace)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def may(user: str, *args: str) -> bool:
+        done = cluster.kubectl("auth", "can-i", *args, "finetunejobs.vramgate.dev",
+                               "--as", user, "-n", release.namespace)  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode == 0
+
+    # The aggregation controller fills `edit` and `view` a moment after the install.
+    wait_until(lambda: may("alice", "create") and may("bob", "list"), timeout=30,
+               what="the user roles aggregated into edit and view")  # fmt: skip
+    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+        assert may("alice", verb), verb
+    for verb in ("get", "list", "watch"):
+        assert may("bob", verb), verb
+    for verb in ("create", "patch", "delete"):
+        assert not may("bob", verb), verb
+    for user in ("alice", "bob"):
+        assert not may(user, "patch", "--subresource=status")
+        assert not may(user, "update", "--subresource=status")
+    assert not may("carol", "get")  # bound to nothing
+
+
 @pytest.fixture(scope="module")
 def gpu_node(release: Release, cluster: Cluster, api_client: client.ApiClient) -> Iterator[str]:
     """A simulated GPU node with a product label of its own, removed afterwards."""
