@@ -478,7 +478,18 @@ class Scheduler:
                     try:
                         await loop.run_in_executor(self._creator, self.kube.create, obj)
                     except Conflict:
-                        pass  # made by an earlier pass or replica: names are deterministic
+                        # Made by an earlier pass or replica (names are deterministic), or
+                        # the name is someone else's object, which is no workload of this job.
+                        try:
+                            owners = await loop.run_in_executor(
+                                self._creator, self.kube.owner_uids, obj
+                            )
+                        except Exception as error:
+                            self._create_failed(c.key, obj, error, jobs.get(c.key))
+                            return
+                        if uid not in owners:
+                            self._create_failed(c.key, obj, NameTaken(obj), jobs.get(c.key))
+                            return
                     except Exception as error:
                         self._create_failed(c.key, obj, error, jobs.get(c.key))
                         return
@@ -540,7 +551,11 @@ class Scheduler:
         delay = backoff.next_delay()
         self._create_failures[key] = (backoff, time.monotonic() + delay)
         what = f"{obj['kind']} {obj['metadata'].get('name')}"
-        reason = getattr(error, "reason", None) if isinstance(error, ApiException) else None
+        reason: str | None = None
+        if isinstance(error, ApiException):
+            reason = error.reason
+        elif isinstance(error, NameTaken):
+            reason = str(error)
         if reason:  # the API server refused it: its message says why, no traceback needed
             log.warning("[%s] cannot create %s: %s; retrying in %.0f s", key, what, reason, delay)
         else:
@@ -554,6 +569,17 @@ class Scheduler:
                 message=f"cannot create {what}: {reason or error}; retrying in {delay:.0f} s",
             )
         asyncio.get_running_loop().call_later(delay, self.wake)
+
+
+class NameTaken(Exception):
+    """The workload's name belongs to an object this job does not own."""
+
+    def __init__(self, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        super().__init__(
+            f"a {obj['kind']} named {meta['name']} already exists in {meta['namespace']} and "
+            "is not this FineTuneJob's; delete or rename it (its GPUs stay reserved meanwhile)"
+        )
 
 
 async def _after(task: asyncio.Task[None] | None) -> None:

@@ -226,7 +226,9 @@ def _pending(name: str, pods: Sequence[Mapping[str, Any]], expected: int) -> Wor
                 ))
     if not pods:
         return WorkloadState(
-            Phase.PENDING, cond.REASON_STARTING, f"Job {name} is created; no pod yet"
+            Phase.PENDING,
+            cond.REASON_STARTING,
+            f"Job {name} is created; no pod yet" if name else "the workload is being created",
         )
     return WorkloadState(
         Phase.PENDING, cond.REASON_STARTING, f"{len(pods)} of {expected} pods starting"

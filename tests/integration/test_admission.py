@@ -468,6 +468,51 @@ def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_t
     assert time.monotonic() - resumed < 5.0
 
 
+def test_a_workload_name_taken_by_another_job_is_said_and_the_workload_follows_once_free(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """A batch Job of the FineTuneJob's name that it does not own: the 409 on create meant
+    "made by an earlier pass", so the job held its GPU for good with no workload and no word
+    (`Job  is created`). Now a Warning says whose name it is, and once that Job is gone the
+    operator's own is created on the next try."""
+    gpus.add([80])
+    foreign = client.V1Job(
+        metadata=client.V1ObjectMeta(name="taken"),
+        spec=client.V1JobSpec(
+            template=client.V1PodTemplateSpec(spec=client.V1PodSpec(
+                restart_policy="Never",
+                containers=[client.V1Container(name="other", image="other:v1")],
+                node_selector={"no-such-node": "true"},
+            )),
+        ),
+    )  # fmt: skip
+    batch = client.BatchV1Api(api_client)
+    batch.create_namespaced_job(namespace, foreign)
+    create(api_client, namespace, job("taken", gpus))
+    admitted(api_client, namespace, "taken", "True", "Fits")
+    warned = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "taken")
+                 if e.reason == "WorkloadNotCreated"],
+        timeout=DEADLINE_S, what="a WorkloadNotCreated event",
+    )  # fmt: skip
+    assert "a Job named taken already exists" in warned[0].message, warned[0].message
+    assert "is not this FineTuneJob's" in warned[0].message
+    running = wait_until(
+        lambda: next((c for c in get(api_client, namespace, "taken")["status"]["conditions"]
+                      if c["type"] == "Running"), None),
+        timeout=DEADLINE_S, what="a Running condition",
+    )  # fmt: skip
+    assert "Job  is" not in running["message"], running
+    batch.delete_namespaced_job("taken", namespace, propagation_policy="Background")
+    workload = wait_until(
+        lambda: (found := _read_job(api_client, namespace, "taken")) is not None
+        and any(ref.kind == "FineTuneJob" for ref in found.metadata.owner_references or [])
+        and found,
+        timeout=30, what="the FineTuneJob's own Job, once the name is free",
+    )  # fmt: skip
+    assert workload.metadata.owner_references[0].name == "taken"
+
+
 def test_fsdp_across_nodes_runs_as_an_indexed_job_with_the_torchrun_rendezvous(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
 ) -> None:

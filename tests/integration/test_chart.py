@@ -1059,6 +1059,7 @@ OPERATOR_CAN = [
     ("create", "jobs.batch", "-n", "any"),
     ("delete", "jobs.batch", "-n", "any"),
     ("create", "services", "-n", "any"),
+    ("get", "services", "-n", "any"),  # whose object a workload's taken name is
     ("get", "configmaps", "-n", "any"),
     ("create", "events", "-n", "any"),
 ]

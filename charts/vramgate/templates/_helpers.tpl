@@ -175,15 +175,16 @@ namespaceSelector:
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# The headless Service of a multi-node job's torchrun rendezvous.
+# The headless Service of a multi-node job's torchrun rendezvous; get: whether an object
+# holding a workload's name is the job's own (a create answered 409).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "delete"]
+  verbs: ["get", "create", "delete"]
 {{- if eq .Values.operator.config.gpuMode "dra" }}
 # gpuMode dra: the claim (template, across nodes) naming the placement's GPUs.
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims", "resourceclaimtemplates"]
-  verbs: ["create", "delete"]
+  verbs: ["get", "create", "delete"]
 {{- end }}
 # A job's model config from the ConfigMap it names (spec.model.configMapRef), read by
 # name: get only, no list or watch of ConfigMaps.
