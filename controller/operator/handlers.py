@@ -118,7 +118,7 @@ def register(
         ignore_failures=True, registry=registry,
     )(cast(Any, hook.validate))  # fmt: skip
     kopf.on.mutate(
-        *resource, id=MUTATE_HANDLER, operations=["CREATE"],
+        *resource, id=MUTATE_HANDLER, operations=["CREATE", "UPDATE"],
         ignore_failures=True, registry=registry,
     )(cast(Any, hook.mutate))  # fmt: skip
     return hook

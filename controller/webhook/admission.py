@@ -5,11 +5,15 @@ Validating (CREATE and UPDATE):
 * every invalid field, as the operator would record it (`validating.validate_finetunejob`);
 * an admitted job's spec is locked: only `spec.suspend` may change;
 * a job that can never fit this cluster, even empty, is refused with the numbers of the
-  Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`).
+  Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`), except in an
+  UPDATE that only suspends or resumes it (the cluster may have shrunk since its create).
 
-Mutating (CREATE): with `admissionPolicy: Resize`, a requested GPU count that can never fit
-is rewritten to the count nearest it in `[minGPUs, maxGPUs]` that fits the empty cluster,
-with an admission warning kubectl prints.
+Mutating (CREATE, and an UPDATE that changes the GPU count): with `admissionPolicy:
+Resize`, a requested GPU count that can never fit is rewritten to the count nearest it in
+`[minGPUs, maxGPUs]` that fits the empty cluster, with an admission warning kubectl prints.
+On UPDATE this is what lets the same manifest be applied again: `kubectl apply` sends the
+count the manifest asks for, which the webhook had rewritten at create, and the rewrite
+gives the stored count back, so an admitted job's locked spec does not change.
 
 The cluster checks need the operator's inventory (`view`, the latest pass's view): before it
 has one (the operator just started, or no GPU reported yet), and for jobs it cannot estimate
@@ -42,7 +46,7 @@ from controller.estimator.settings import MAX_GPUS, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.view import ClusterView
 from controller.units import format_gib
-from controller.webhook.validating import INVALID, validate_finetunejob
+from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 
 _NEVER = {cond.REASON_INSUFFICIENT_VRAM, cond.REASON_NO_MATCHING_GPU, cond.REASON_INSUFFICIENT_GPUS}
 _CACHE_SIZE = 1024
@@ -89,20 +93,29 @@ class AdmissionWebhook:
         spec: Mapping[str, Any],
         patch: kopf.Patch,
         warnings: list[str] | None = None,
+        old: Mapping[str, Any] | None = None,
+        operation: str | None = None,
         **_: Any,
     ) -> None:
         """kopf's mutating handler: `resized`, written into kopf's patch."""
-        resources = await self.resized(spec, warnings)
+        resources = await self.resized(spec, warnings, old if operation == "UPDATE" else None)
         if resources is not None:
             patch.spec["resources"] = resources
 
     async def resized(
-        self, spec: Mapping[str, Any], warnings: list[str] | None = None
+        self,
+        spec: Mapping[str, Any],
+        warnings: list[str] | None = None,
+        old: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """The mutation: `spec.resources` with the GPU count rewritten, or None to leave the
-        spec as it is (the review server turns it into a JSON patch)."""
+        spec as it is (the review server turns it into a JSON patch). With `old` (an
+        UPDATE), only a GPU count that differs from the stored one is looked at."""
         started, result = time.perf_counter(), ERROR
         try:
+            if old is not None and _gpus(old.get("spec")) == _gpus(spec):
+                result = ALLOWED
+                return None
             resources = await self._mutate(spec, warnings)
             result = ALLOWED
             return resources
@@ -123,8 +136,8 @@ class AdmissionWebhook:
         plain = dict(spec)
         self._validate_spec(plain, old, operation, warnings)
         if operation == "UPDATE" and old is not None:
-            if old.get("spec") == plain:
-                return
+            if old.get("spec") == plain or but_suspend(old.get("spec")) == but_suspend(plain):
+                return  # the spec as it was, suspended or resumed: nothing new to judge
             if reservation(old, []) is not None and not finished(old):
                 before = {**dict(old.get("spec") or {}), "suspend": plain.get("suspend")}
                 if before != plain:
@@ -227,6 +240,10 @@ class AdmissionWebhook:
             self._estimates.pop(next(iter(self._estimates)))
         self._estimates[key] = found
         return found
+
+
+def _gpus(spec: Mapping[str, Any] | None) -> object:
+    return ((spec or {}).get("resources") or {}).get("gpus")
 
 
 def _key(spec: Mapping[str, Any]) -> str:

@@ -242,9 +242,10 @@ async def _check(
             warnings=warnings,
         )  # fmt: skip
         return
-    if operation != "CREATE":
+    if operation not in ("CREATE", "UPDATE"):
         return
-    resources = await hook.resized(spec, warnings)
+    old = payload.get("oldObject") if operation == "UPDATE" else None
+    resources = await hook.resized(spec, warnings, old or None)
     if resources is not None:
         patch = [{"op": "add", "path": "/spec/resources", "value": resources}]
         response["patchType"] = "JSONPatch"

@@ -42,7 +42,7 @@ def validate_finetunejob(
     if (
         operation == "UPDATE"
         and old is not None
-        and _but_suspend(old.get("spec")) == (_but_suspend(plain))
+        and but_suspend(old.get("spec")) == (but_suspend(plain))
     ):
         return
     plan, errors = translate(plain)
@@ -52,5 +52,6 @@ def validate_finetunejob(
         warnings.extend(f"vramgate: {warning}" for warning in plan.warnings)
 
 
-def _but_suspend(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+def but_suspend(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The spec without `suspend`: two specs equal here differ at most in being suspended."""
     return {key: value for key, value in (spec or {}).items() if key != "suspend"}

@@ -299,6 +299,11 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
     assert obj["status"]["placement"]["admittedGPUs"] == 2
     workload = batch_job(api_client, namespace, "needs-two")
     assert workload.spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "2"}
+    # The same manifest applied again (GitOps, `kubectl apply -f dir/` in a loop) is no edit
+    # of the locked spec, though the stored count is the webhook's.
+    again = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+    assert again.returncode == 0, again.stderr
+    assert get(api_client, namespace, "needs-two")["spec"]["resources"]["gpus"] == 2
 
 
 def test_resize_down_to_what_fits_now(

@@ -47,9 +47,14 @@ def validate(webhook: AdmissionWebhook, obj: dict[str, Any], old: Any = None) ->
     asyncio.run(webhook.validate(body=obj, spec=obj["spec"], old=old, operation=operation))
 
 
-def mutate(webhook: AdmissionWebhook, obj: dict[str, Any]) -> tuple[kopf.Patch, list[str]]:
+def mutate(
+    webhook: AdmissionWebhook, obj: dict[str, Any], old: Any = None
+) -> tuple[kopf.Patch, list[str]]:
     patch, warnings = kopf.Patch(), []
-    asyncio.run(webhook.mutate(spec=obj["spec"], patch=patch, warnings=warnings))
+    operation = "UPDATE" if old is not None else "CREATE"
+    asyncio.run(webhook.mutate(
+        spec=obj["spec"], patch=patch, warnings=warnings, old=old, operation=operation
+    ))  # fmt: skip
     return patch, warnings
 
 
@@ -115,6 +120,30 @@ def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> N
     assert warnings == [
         "vramgate: needs 2 GPUs with FSDP (42.60 GiB each): spec.resources.gpus 1 -> 2"
     ]
+
+
+def test_the_manifest_resized_at_create_can_be_applied_again() -> None:
+    """`kubectl apply` of the same manifest sends the count it asks for (1); the stored job
+    holds the webhook's (2). The UPDATE's count is rewritten as at create, so the locked spec
+    of the admitted job is unchanged and the validation lets it through."""
+    manifest = body(**FULL, admissionPolicy="Resize")
+    stored = admitted(body(**FULL, admissionPolicy="Resize", resources={"gpus": 2}))
+    patch, warnings = mutate(hook(cluster()), manifest, old=stored)
+    assert patch["spec"]["resources"]["gpus"] == 2 and warnings
+    validate(hook(cluster()), {**manifest, "spec": {**manifest["spec"], **patch["spec"]}}, stored)
+    # An UPDATE that leaves the count alone is not looked at (a label, a suspend).
+    assert mutate(hook(cluster()), body(**FULL, admissionPolicy="Resize"), old=body(
+        **FULL, admissionPolicy="Resize")) == ({}, [])  # fmt: skip
+
+
+def test_suspending_a_job_the_cluster_no_longer_fits_is_allowed() -> None:
+    """The cluster shrank after the create: the job cannot fit any more, but suspending it (or
+    resuming it) is no new request to refuse; any other change is judged as before."""
+    waiting = body(resources={"gpus": 8})
+    small = hook(cluster(gpus=4))
+    validate(small, body(resources={"gpus": 8}, suspend=True), old=waiting)
+    with pytest.raises(kopf.AdmissionError, match="InsufficientGPUs"):
+        validate(small, body(resources={"gpus": 8}, training={"sequenceLength": 1024}), waiting)
 
 
 def test_resize_leaves_a_count_that_fits_and_other_policies_alone() -> None:
