@@ -99,6 +99,13 @@ FINETUNEJOB = CrdInfo(
         {"name": "VRAM/GPU", "type": "string", "jsonPath": ".status.estimate.perGpu"},
         {"name": "Admitted", "type": "string", "jsonPath": _admitted("status")},
         {"name": "Reason", "type": "string", "jsonPath": _admitted("reason")},
+        # Where an admitted job's run is (Starting, Running, Succeeded, OOMKilled ...): a
+        # finished job stays Admitted, as in Kueue, and only this says it is over.
+        {
+            "name": "Workload",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Running")].reason',
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         {
             "name": "Estimated",

@@ -3,7 +3,8 @@
 Validating (CREATE and UPDATE):
 
 * every invalid field, as the operator would record it (`validating.validate_finetunejob`);
-* an admitted job's spec is locked: only `spec.suspend` may change;
+* an admitted job's spec is locked: only `spec.suspend` may change; a finished job's spec
+  may not change at all (nothing would run it again: delete it and create it anew);
 * a job that can never fit this cluster, even empty, is refused with the numbers of the
   Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`), except in an
   UPDATE that only suspends or resumes it (the cluster may have shrunk since its create).
@@ -138,7 +139,13 @@ class AdmissionWebhook:
         if operation == "UPDATE" and old is not None:
             if old.get("spec") == plain or but_suspend(old.get("spec")) == but_suspend(plain):
                 return  # the spec as it was, suspended or resumed: nothing new to judge
-            if reservation(old, []) is not None and not finished(old):
+            if finished(old):
+                raise kopf.AdmissionError(
+                    "spec: the job has finished, and a finished job is final: changing its "
+                    "spec would run nothing; to run it again, delete it and apply it again",
+                    code=INVALID,
+                )
+            if reservation(old, []) is not None:
                 before = {**dict(old.get("spec") or {}), "suspend": plain.get("suspend")}
                 if before != plain:
                     raise kopf.AdmissionError(

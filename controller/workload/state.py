@@ -165,13 +165,15 @@ def _diagnoses(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append((cond.REASON_OOM_KILLED, (
                 f"{who} was OOMKilled (exit {code}): the node ran out of host memory, or the "
                 "container reached its memory limit; this is host RAM, not GPU memory, so "
-                "raise the container's memory request and limit"
+                "raise the container's memory request and limit, then run it again as a new "
+                "job (a finished job is final: delete it and apply it again)"
             )))
         elif any(marker in text for marker in GPU_OOM_MARKERS):
             out.append((cond.REASON_GPU_OUT_OF_MEMORY, (
                 f"{who} ran out of GPU memory (exit {code}): the GPU memory estimate was too "
-                "low for this job; give it more GPUs (FSDP shards the memory) or a smaller "
-                f"batch or sequence: {_oom_line(text)}"
+                "low for this job; run it again as a new job (delete it and apply it again) "
+                "with more GPUs (FSDP shards the memory) or a smaller batch or sequence: "
+                f"{_oom_line(text)}"
             )))
         else:
             said = f": {_quote(text)}" if text.strip() else ""

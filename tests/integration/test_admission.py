@@ -400,8 +400,9 @@ def test_a_silent_agent_or_a_cordoned_node_gets_nothing(
 
 
 def test_an_oom_killed_trainer_is_reported_as_such(
-    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
-) -> None:
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
+    cluster: Cluster,
+) -> None:  # fmt: skip
     gpus.add([80])
     create(api_client, namespace, job("ooms", gpus))
     admitted(api_client, namespace, "ooms", "True", "Fits")
@@ -428,6 +429,13 @@ def test_an_oom_killed_trainer_is_reported_as_such(
     )  # fmt: skip
     assert failed["reason"] == "OOMKilled"
     assert "OOMKilled" in failed["message"] and pod.metadata.name in failed["message"]
+    # `kubectl get ftj` tells it from a running job (Admitted stays True, as in Kueue).
+    header, row = cluster.kubectl("get", "ftj", "ooms", "-n", namespace).stdout.splitlines()
+    assert row[header.index("WORKLOAD"):].split()[0] == "OOMKilled", (header, row)
+    # The fix its message suggests is a new job: an edit of the finished one is refused.
+    edited = cluster.kubectl("patch", "ftj", "ooms", "-n", namespace, "--type", "merge",
+                             "-p", '{"spec": {"training": {"microBatchSize": 2}}}')  # fmt: skip
+    assert edited.returncode != 0 and "delete it and apply it again" in edited.stderr, edited
 
 
 def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_the_job(

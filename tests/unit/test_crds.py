@@ -76,7 +76,9 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
 
 def test_finetunejob_printer_columns_are_the_documented_ones() -> None:
     shown = [c["name"] for c in crds.FINETUNEJOB.printer_columns if "priority" not in c]
-    assert shown == ["Method", "Model", "GPUs", "VRAM/GPU", "Admitted", "Reason", "Age"]
+    assert shown == [
+        "Method", "Model", "GPUs", "VRAM/GPU", "Admitted", "Reason", "Workload", "Age"
+    ]  # fmt: skip
 
 
 def test_finetunejob_names_and_scope() -> None:

@@ -104,6 +104,19 @@ def test_an_admitted_jobs_spec_is_locked_but_suspend_may_change() -> None:
     validate(hook(cluster()), body(suspend=True), old=old)
 
 
+def test_a_finished_jobs_spec_may_not_change_and_the_refusal_says_how_to_run_it_again() -> None:
+    """A failed job's message suggests another batch or more GPUs: an edit of the finished
+    job was accepted and ignored (nothing runs a finished job again)."""
+    old = admitted(body())
+    old["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "GPUOutOfMemory"}
+    )
+    with pytest.raises(kopf.AdmissionError, match="delete it and apply it again"):
+        validate(hook(cluster()), body(training={"sequenceLength": 1024}), old=old)
+    validate(hook(cluster()), body(suspend=True), old=old)  # suspend: harmless, allowed
+    validate(hook(cluster()), body(), old=old)  # metadata writes: the spec as it was
+
+
 def test_an_admitted_job_stored_before_a_rule_can_still_be_suspended() -> None:
     """gpus below minGPUs was accepted before the bounds rule: suspend must still work, since
     the spec lock forbids fixing the spec first."""
