@@ -37,6 +37,7 @@ from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
 from controller.settings import SettingsError, SettingsLoader
 from controller.units import GIB
+from controller.workload import workload_problem
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
 MAX_FILE_BYTES = 256 * 2**20
@@ -99,12 +100,22 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for key, refused in invalid.items():
         if key not in dumped:
             raise PlanInputError(str(refused))
+    settings = admission_settings(args)
+    # A pod template the workload cannot be built from: refused at apply by the webhook, and
+    # left InvalidSpec by the operator, never admitted.
+    unusable = {
+        key: problem
+        for key in plans
+        if objects.jobs[key]["spec"].get("template") is not None
+        and (problem := workload_problem(objects.jobs[key], settings.packing.gpu_mode))
+    }
     for key in (key for key in plans if key not in dumped):  # in file order: one answer
-        problem = refused_at_apply(objects.jobs[key])
+        problem = refused_at_apply(objects.jobs[key]) or unusable.get(key)
         if problem:
             raise PlanInputError(f"{objects.origin[key]} ({key}): {problem}")
-    undecided = {key: refused.message for key, refused in invalid.items()}
-    decisions = plan(snap, jobs, admission_settings(args))
+    undecided = {key: refused.message for key, refused in invalid.items()} | unusable
+    jobs = [job for job in jobs if job.key not in unusable]
+    decisions = plan(snap, jobs, settings)
     if args.json:
         out = {
             "decisions": [decision_json(d) for d in decisions],

@@ -60,6 +60,7 @@ from controller.workload import (
     build_workload,
     workload_conditions,
     workload_name,
+    workload_problem,
     workload_state,
 )
 
@@ -67,7 +68,6 @@ from controller.workload import (
 #: this often when nothing but the numbers changed: 1,000 queued jobs must not cost 1,000
 #: writes for every GPUNode heartbeat.
 MESSAGE_REFRESH = timedelta(seconds=30)
-_TRIAL = NodeGpus("trial-node", (0,), ("trial-gpu",))
 _WORKLOAD_TYPES = (cond.RUNNING, cond.SUCCEEDED, cond.FAILED)
 _QUIET_REASONS = {
     cond.REASON_WAITING_FOR_VRAM,
@@ -475,11 +475,7 @@ def _template_error(job: Mapping[str, Any], inp: PassInput) -> str | None:
     key = (str((job.get("metadata") or {}).get("uid")), _generation(job), mode.value)
     if key in _TEMPLATE_CHECKS:
         return _TEMPLATE_CHECKS[key]
-    try:
-        build_workload(job, Admission((_TRIAL,), 0, mode))
-        found = None
-    except WorkloadError as error:
-        found = str(error)
+    found = workload_problem(job, mode)
     if len(_TEMPLATE_CHECKS) >= _TEMPLATE_CHECKS_MAX:
         _TEMPLATE_CHECKS.clear()
     _TEMPLATE_CHECKS[key] = found

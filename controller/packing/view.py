@@ -48,6 +48,7 @@ class ClusterView:
             working_nodes(snapshot, settings), exclusive=exclusive, one_node=self.one_node
         )
         self._snapshot, self._settings = snapshot, settings
+        self.gpu_mode = settings.gpu_mode
         self._selections: dict[tuple[tuple[str, str], ...], Selection] = {}
 
     @cached_property

@@ -45,9 +45,11 @@ from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
 from controller.estimator.settings import MAX_GPUS, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView
 from controller.units import format_gib
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
+from controller.workload import workload_problem
 
 _NEVER = {cond.REASON_INSUFFICIENT_VRAM, cond.REASON_NO_MATCHING_GPU, cond.REASON_INSUFFICIENT_GPUS}
 _CACHE_SIZE = 1024
@@ -69,6 +71,7 @@ class AdmissionWebhook:
         self.observe = observe
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
         self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
+        self._workload_problems: dict[tuple[str, GpuMode], str | None] = {}
 
     async def validate(
         self,
@@ -154,8 +157,12 @@ class AdmissionWebhook:
                         code=INVALID,
                     )
                 return
-        found = self._estimate(plain)
         view = await self.view()
+        if view is not None and plain.get("template") is not None:
+            problem = self._workload_problem(body, plain, view.gpu_mode)
+            if problem is not None:
+                raise kopf.AdmissionError(problem, code=INVALID)
+        found = self._estimate(plain)
         if found is None or view is None or view.select({}).gpus == 0:
             return
         plan, estimate = found
@@ -225,6 +232,19 @@ class AdmissionWebhook:
             raise refusal
         if warnings is not None:
             warnings.extend(said_before)
+
+    def _workload_problem(
+        self, body: Mapping[str, Any], spec: dict[str, Any], mode: GpuMode
+    ) -> str | None:
+        """What the operator would record as InvalidSpec when it builds the workload (a pod
+        template the Job cannot use), remembered by spec and GPU mode."""
+        key = (_key(spec), mode)
+        if key not in self._workload_problems:
+            if len(self._workload_problems) >= _CACHE_SIZE:
+                self._workload_problems.pop(next(iter(self._workload_problems)))
+            job = {"metadata": dict(body.get("metadata") or {}), "spec": spec}
+            self._workload_problems[key] = workload_problem(job, mode)
+        return self._workload_problems[key]
 
     def _estimate(self, spec: dict[str, Any]) -> tuple[JobPlan, Estimate] | None:
         """The spec's plan and estimate when they can be had in microseconds, else None."""

@@ -12,7 +12,7 @@ Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator create
 """
 
 from controller.api.names import job_label_value, workload_name
-from controller.workload.build import Admission, WorkloadError, build_workload
+from controller.workload.build import Admission, WorkloadError, build_workload, workload_problem
 from controller.workload.state import Phase, WorkloadState, workload_conditions, workload_state
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "job_label_value",
     "workload_conditions",
     "workload_name",
+    "workload_problem",
     "workload_state",
 ]

@@ -199,6 +199,23 @@ def _check_admission(admission: Admission) -> None:
             )
 
 
+#: The stand-in placement of `workload_problem`: one GPU on one node.
+_TRIAL = NodeGpus("trial-node", (0,), ("trial-gpu",))
+
+
+def workload_problem(job: Mapping[str, Any], mode: GpuMode) -> str | None:
+    """What building the job's workload would refuse (its pod template, mostly), on a
+    stand-in placement, or None. The operator records it as InvalidSpec before it promises
+    the job any GPU; the webhook refuses it at `kubectl apply`, and `vramgate plan` with it.
+    A job not yet created has no uid or name: stand-ins take their place."""
+    meta = {"name": "trial", "uid": "trial", **dict(job.get("metadata") or {})}
+    try:
+        build_workload({**job, "metadata": meta}, Admission((_TRIAL,), 0, mode))
+    except WorkloadError as error:
+        return str(error)
+    return None
+
+
 def _pod_template(job: Mapping[str, Any]) -> dict[str, Any]:
     """A deep, plain copy of spec.template with at least one container."""
     spec = job.get("spec")

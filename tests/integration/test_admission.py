@@ -368,6 +368,29 @@ def test_a_job_that_never_fits_is_refused_at_apply_with_the_numbers(
     assert "at least 10 GPUs of that size would hold it with FSDP" in message
 
 
+def test_a_template_the_workload_cannot_use_is_refused_at_apply(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """The operator would record InvalidSpec (it builds the workload before any GPU is
+    promised); the webhook says so at `kubectl apply` time instead."""
+    gpus.add([80])
+    body = job("pinned", gpus)
+    body["spec"]["template"]["spec"]["nodeName"] = "somewhere"
+
+    def refused() -> str | None:
+        try:
+            create(api_client, namespace, body)
+        except ApiException as error:
+            return str(error.body) if error.status == 422 else None
+        objects(api_client).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "pinned"
+        )
+        return None
+
+    message = wait_until(refused, timeout=DEADLINE_S, what="the webhook to refuse")
+    assert "spec.template.spec.nodeName: must not be set; admission chooses the node" in message
+
+
 def test_without_the_webhook_a_job_that_never_fits_is_rejected_in_status(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
 ) -> None:

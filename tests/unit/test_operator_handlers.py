@@ -287,7 +287,7 @@ def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
     assert set(hooks) == {handlers.VALIDATE_HANDLER, handlers.MUTATE_HANDLER}
     validate, mutate = hooks[handlers.VALIDATE_HANDLER], hooks[handlers.MUTATE_HANDLER]
     assert str(validate.reason.value) == "validating" and str(mutate.reason.value) == "mutating"
-    assert validate.operations == ["CREATE", "UPDATE"] and mutate.operations == ["CREATE"]
+    assert validate.operations == ["CREATE", "UPDATE"] and mutate.operations == ["CREATE", "UPDATE"]
     assert validate.ignore_failures and mutate.ignore_failures, "a down webhook blocks nothing"
 
     bare: Any = kopf.OperatorRegistry()

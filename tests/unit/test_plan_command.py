@@ -290,6 +290,24 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
     assert "team/missing: not decided: spec.model.configMapRef.name: ConfigMap" in out
 
 
+def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The operator records it InvalidSpec before promising it a GPU: plan does not admit it."""
+    dump = _kubectl_dump(0)
+    template = {"spec": {"nodeName": "gpu-1", "containers": [{"name": "t", "image": "t:v1"}]}}
+    pinned = dict(LLAMA_QLORA, metadata={"name": "pinned", "namespace": "team"},
+                  spec={**LLAMA_QLORA["spec"], "template": template})  # fmt: skip
+    dump["items"].append(pinned)
+    code, out, _ = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), "--json")
+    assert code == 0
+    assert "team/pinned" not in [d["job"] for d in decisions(out)]
+    assert json.loads(out)["undecided"] == [{
+        "job": "team/pinned",
+        "error": "spec.template.spec.nodeName: must not be set; admission chooses the node",
+    }]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
@@ -321,6 +339,16 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
             {"metadata": {"name": "ok", "labels": {"team": "a b"}}},
             "metadata.labels.team: 'a b' must be at most 63 letters",
         ),
+        # What the webhook refuses because the workload could not be built from it.
+        (
+            {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {
+                "nodeName": "a", "containers": [{"name": "t", "image": "t:v1"}]}}}},
+            "spec.template.spec.nodeName: must not be set; admission chooses the node",
+        ),
+        (
+            {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {"containers": []}}}},
+            "spec.template.spec.containers: must list at least one container, got none",
+        ),
     ],
 )
 def test_a_job_kubectl_apply_would_refuse_is_refused(
@@ -340,7 +368,10 @@ def test_a_date_in_a_job_file_is_read_as_kubectl_sends_it(
 ) -> None:
     """YAML reads `released: 2024-01-01` as a date; kubectl sends the string."""
     cluster = write(tmp_path, "c.yaml", {"nodes": [{"name": "a", "gpus": {"memory": "80GiB"}}]})
-    template = {"metadata": {"annotations": {"released": "DATE"}}, "spec": {"containers": []}}
+    template = {
+        "metadata": {"annotations": {"released": "DATE"}},
+        "spec": {"containers": [{"name": "t"}]},
+    }
     job = dict(LLAMA_QLORA, spec=dict(LLAMA_QLORA["spec"], template=template))
     path = tmp_path / "jobs.yaml"
     path.write_text(yaml.safe_dump(job).replace("DATE", "2024-01-01"))

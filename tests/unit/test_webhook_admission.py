@@ -127,6 +127,17 @@ def test_an_admitted_job_stored_before_a_rule_can_still_be_suspended() -> None:
         validate(hook(cluster()), body(**stored))
 
 
+def test_a_template_the_workload_cannot_be_built_from_is_refused_at_apply() -> None:
+    """The operator records it InvalidSpec before admission: say so at `kubectl apply`."""
+    pinned = {"spec": {"nodeName": "n0", "containers": [{"name": "t", "image": "t:v1"}]}}
+    with pytest.raises(kopf.AdmissionError, match=r"spec\.template\.spec\.nodeName: must not"):
+        validate(hook(cluster()), body(template=pinned))
+    with pytest.raises(kopf.AdmissionError, match="at least one container"):
+        validate(hook(cluster()), body(template={"spec": {"containers": []}}))
+    validate(hook(cluster()), body(template={"spec": {"containers": [{"name": "t"}]}}))
+    validate(hook(None), body(template=pinned))  # no view yet: the operator decides
+
+
 def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> None:
     patch, warnings = mutate(hook(cluster()), body(**FULL, admissionPolicy="Resize"))
     assert patch["spec"]["resources"]["gpus"] == 2
