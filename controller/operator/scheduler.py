@@ -340,7 +340,12 @@ class Scheduler:
                 and found.generation == generation
                 and self._estimate_uid.get(key) == uid
             )
-            if current and (
+            # A model in a ConfigMap can change under the same spec: while the job waits, its
+            # ConfigMap is read again every configmap_retry_s (an unchanged one hits the
+            # estimate cache), so a fixed config ends an InvalidSpec and a changed one is not
+            # admitted on its old estimate.
+            recheck = config_map_ref(job.get("spec") or {}) is not None
+            if current and not recheck and (
                 found is None or found.failure is None or found.failure.retry_s is None
             ):
                 continue
@@ -368,6 +373,8 @@ class Scheduler:
         if found.failure is not None and found.failure.retry_s is not None:
             self._retry_at[key] = time.monotonic() + found.failure.retry_s
             loop.call_later(found.failure.retry_s, self.wake)
+        elif config_map_ref(job.get("spec") or {}) is not None:
+            self._retry_at[key] = time.monotonic() + self.options.configmap_retry_s
         self.wake()
 
     def _estimate_now(self, job: Mapping[str, Any]) -> admission.Estimated:

@@ -111,8 +111,9 @@ class OperatorSettings(AdmissionConfig):
     )
     configmap_retry_seconds: float = Field(
         30.0, gt=0,
-        description="retry interval while a job's ConfigMap cannot be read; a missing "
-        "ConfigMap is usually created within seconds to minutes.",
+        description="retry interval while a job's ConfigMap cannot be read, and how often a "
+        "waiting job's ConfigMap is read again; a missing ConfigMap is usually created, and a "
+        "wrong one fixed, within seconds to minutes.",
     )
     resync_seconds: float = Field(
         10.0, gt=0,

@@ -565,3 +565,31 @@ def test_a_model_from_a_configmap_is_estimated_once_the_configmap_exists(
     estimate = obj["status"]["estimate"]
     assert estimate["model"] == "configmaps/qwen[config.json]"
     assert estimate["totalBytes"] == expected_bytes(**{**spec, "model": {"preset": "qwen2.5-0.5b"}})
+
+
+def test_a_waiting_jobs_configmap_is_read_again_when_it_changes(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> None:
+    """The spec does not change when its ConfigMap does: a job estimated once was InvalidSpec
+    for good after its config was fixed, and a queued job was admitted on the estimate of a
+    config since replaced. While it waits, the ConfigMap is read again (here every 1 s, on
+    the next pass)."""
+    core = client.CoreV1Api(api_client)
+    spec = {"model": {"configMapRef": {"name": "changing"}}, "method": "LoRA", "lora": {"rank": 8}}
+    broken = {**load_preset("qwen2.5-0.5b").config_dict(), "hidden_size": -5}
+    core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "changing"}, "data": {"config.json": json.dumps(broken)}})  # fmt: skip
+    create(api_client, namespace, finetunejob("follows-configmap", **spec))
+    expect_condition(api_client, namespace, "follows-configmap", "Estimated", "False",
+                     "InvalidSpec")  # fmt: skip
+    for preset in ("qwen2.5-0.5b", "qwen2.5-1.5b"):  # fixed, then another model
+        config = json.dumps(load_preset(preset).config_dict())
+        core.patch_namespaced_config_map("changing", namespace, {"data": {"config.json": config}})
+        expected = expected_bytes(**{**spec, "model": {"preset": preset}})
+        wait_until(
+            lambda want=expected: get(api_client, namespace, "follows-configmap")["status"]
+            .get("estimate", {}).get("totalBytes") == want,
+            # read again on the first pass 1 s after the last read: the resync's, 10 s apart
+            timeout=STATUS_DEADLINE_S + 15, what=f"the estimate of {preset}'s config",
+        )  # fmt: skip
+        expect_condition(api_client, namespace, "follows-configmap", "Estimated", "True")
