@@ -70,7 +70,8 @@ class OperatorSettings(AdmissionConfig):
     ] = Field(
         default_factory=list,
         description="namespaces whose FineTuneJobs are watched; empty: every namespace, since "
-        "one operator serves the whole cluster's GPUs.",
+        "one operator serves the whole cluster's GPUs (listed, pods are seen only there too: "
+        "a GPU given to an idle pod elsewhere looks free).",
     )
     webhook: WebhookMode = Field(
         WebhookMode.MANAGED,
