@@ -147,8 +147,10 @@ def run(options: OperatorOptions) -> int:
         cert_secret = CertSecret(
             kube.api, options.own_namespace, options.cert_secret_name, cert_hosts(options),
             options.cert_dir, config,
-            owner_lease=options.lease_name if options.leader_election
-            and options.lease_namespace == options.own_namespace else None,
+            # The chart's Lease, with or without leader election: uninstalled, it takes the
+            # Secret (and its CA key) with it.
+            owner_lease=options.lease_name
+            if options.lease_namespace == options.own_namespace else None,
         )  # fmt: skip
     try:
         if cert_secret is not None:

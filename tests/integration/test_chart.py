@@ -1279,6 +1279,41 @@ def test_helm_uninstall_leaves_only_the_crds(release: Release, cluster: Cluster)
         assert cluster.kubectl("get", "clusterrole", name).returncode == 1
 
 
+def test_without_leader_election_uninstall_still_takes_the_certificate_secret(
+    cluster: Cluster, api_client: client.ApiClient, tmp_path: Path
+) -> None:
+    """The Secret holds the webhook CA's private key. It is owned by the chart's Lease, which
+    was rendered only for leader election: with one replica and no election, `helm
+    uninstall` left the Secret behind. (After the release above is gone: same names.)"""
+    core = client.CoreV1Api(api_client)
+    with release_in_its_namespace(cluster, api_client, tmp_path) as made:
+        done = made.install("--set", "operator.replicas=1",
+                            "--set", "operator.config.leaderElection=false")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        process = operator_as_the_chart_runs_it(made, api_client)
+        try:
+            secret = wait_until(
+                lambda: (found := core.read_namespaced_secret(
+                    f"{FULLNAME}-webhook-tls", made.namespace))
+                and (found.metadata.owner_references or []) and found,
+                timeout=30, what="the Secret, owned",
+            )  # fmt: skip
+        finally:
+            process.stop()
+        assert [o.kind for o in secret.metadata.owner_references] == ["Lease"]
+        assert made.helm("uninstall", RELEASE).returncode == 0
+        made.installed = False
+
+        def gone() -> bool:
+            try:
+                core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", made.namespace)
+            except ApiException as error:
+                return error.status == 404
+            return False
+
+        wait_until(gone, timeout=60, what="the Secret gone with the release", interval=0.5)
+
+
 # -- e2e/kind ---------------------------------------------------------------------------------
 
 
