@@ -53,6 +53,7 @@ from controller.webhook.certs import (
     TlsMaterial,
     generate,
     renewal_reason,
+    unusable_reason,
     write_files,
 )
 
@@ -158,7 +159,16 @@ class CertSecret:
                 )
             current = _material(secret)
             if current is not None and current.ca_key is None:
-                return current, False  # someone else's: use it as it is
+                # Someone else's (cert-manager's, a person's): used as it is, not ours to
+                # renew. Said when it cannot work, since the webhooks then fail open quietly.
+                problem = unusable_reason(current, self.hosts, now)
+                if problem:
+                    log.warning(
+                        "%s has no ca.key, so the operator does not manage it, and %s: the "
+                        "API server cannot call the webhooks (they fail open); renew it, or "
+                        "delete it and the operator makes its own", self.where, problem,
+                    )  # fmt: skip
+                return current, False
             reason = "incomplete" if current is None else renewal_reason(current, self.hosts, now)
             if reason is None:
                 assert current is not None

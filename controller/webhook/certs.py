@@ -115,6 +115,26 @@ def renewal_reason(
     return None
 
 
+def unusable_reason(
+    material: TlsMaterial, hosts: Iterable[str], now: dt.datetime
+) -> str | None:
+    """Why the API server would refuse to call a webhook serving this material (expired,
+    not yet valid, hosts not covered, unreadable), or None. For material the operator did not
+    make and cannot renew (no CA key), where only a person can fix it."""
+    try:
+        cert = x509.load_pem_x509_certificate(material.cert)
+    except ValueError:
+        return "its certificate is unreadable"
+    if cert.not_valid_after_utc <= now:
+        return f"its certificate expired {cert.not_valid_after_utc:%Y-%m-%d}"
+    if cert.not_valid_before_utc > now:
+        return f"its certificate is valid only from {cert.not_valid_before_utc:%Y-%m-%d}"
+    missing = sorted(set(wanted_hosts(hosts)) - _san(cert))
+    if missing:
+        return f"its certificate does not cover {', '.join(missing)}"
+    return None
+
+
 def write_files(directory: Path, material: TlsMaterial, with_ca_key: bool = False) -> ServingCert:
     """The material as files kopf's server reads (`ca.key` only when asked: a directory
     holding it is one `ensure_serving_cert` may renew)."""

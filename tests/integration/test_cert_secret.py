@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,7 +233,7 @@ def test_missing_configurations_are_logged_not_fatal(
 
 
 def test_someone_elses_secret_is_used_as_it_is_and_a_wrong_type_refused(
-    api_client: client.ApiClient, namespace: str, tmp_path: Path
+    api_client: client.ApiClient, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     generated = _certs(api_client, namespace, tmp_path / "gen", None).sync().material
     core = client.CoreV1Api(api_client)
@@ -245,9 +246,20 @@ def test_someone_elses_secret_is_used_as_it_is_and_a_wrong_type_refused(
         "metadata": {"name": SECRET}, "data": foreign,
     })  # fmt: skip
     later = dt.datetime.now(dt.UTC) + VALIDITY - dt.timedelta(days=1)
-    synced = _certs(api_client, namespace, tmp_path / "use", None, later).sync()
+    with caplog.at_level(logging.WARNING, logger="vramgate.webhook.certs"):
+        synced = _certs(api_client, namespace, tmp_path / "use", None, later).sync()
     assert not synced.secret_written, "without ca.key it is not vramgate's to renew"
     assert synced.material.cert == generated.cert
+    assert caplog.records == []  # valid a day longer: nothing to say
+    # Expired (a leftover of cert-manager, say): still not ours, but the webhooks fail open
+    # without a word unless the operator says it.
+    expired = dt.datetime.now(dt.UTC) + VALIDITY + dt.timedelta(days=1)
+    with caplog.at_level(logging.WARNING, logger="vramgate.webhook.certs"):
+        synced = _certs(api_client, namespace, tmp_path / "old", None, expired).sync()
+    assert not synced.secret_written
+    (record,) = caplog.records
+    assert "its certificate expired" in record.getMessage()
+    assert "delete it and the operator makes its own" in record.getMessage()
     core.delete_namespaced_secret(SECRET, namespace)
     _raw(api_client, "POST", f"/api/v1/namespaces/{namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET}, "data": foreign,
