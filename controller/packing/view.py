@@ -141,9 +141,12 @@ class ClusterView:
         return min(self.now.nodes[pos].gpus[i].free for pos, gpus in placed.parts for i in gpus)
 
     def largest_now(self, where: Selection) -> tuple[int, str, int] | None:
-        """(free, node, GPU index) of the matching GPU with the most free memory now."""
+        """(free, node, GPU index) of the matching GPU with the most free memory now; for
+        messages, so never below 0 (effective free is, past a headroom larger than the GPU)."""
         found = self.now.largest_free(where.now)
-        return None if found is None else (found[0], self.now.nodes[found[1]].name, found[2])
+        if found is None:
+            return None
+        return max(0, found[0]), self.now.nodes[found[1]].name, found[2]
 
     def count_now(self, where: Selection, need: int, enough: int) -> int:
         """How many matching GPUs take work and have `need` free now, up to `enough`."""
@@ -154,5 +157,8 @@ class ClusterView:
         return self.empty.count_free(need, where.empty, enough)
 
     def largest_empty(self, where: Selection) -> tuple[int, str, int] | None:
+        """`largest_now` in the empty cluster: what a GPU holds at most, less headroom."""
         found = self.empty.largest_free(where.empty)
-        return None if found is None else (found[0], self.empty.nodes[found[1]].name, found[2])
+        if found is None:
+            return None
+        return max(0, found[0]), self.empty.nodes[found[1]].name, found[2]

@@ -501,6 +501,16 @@ def test_headroom_is_kept_free_on_every_gpu(
     assert code == 2 and "--headroom:" in err
 
 
+def test_a_headroom_larger_than_the_gpus_says_0_usable_not_a_negative_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--headroom", "100GiB", "--json")
+    assert code == 0
+    messages = [d["message"] for d in decisions(out)]
+    assert all(d["decision"] == "Reject" for d in decisions(out))
+    assert all("holds 0.00 GiB usable" in m and "-" not in m.split("holds")[1] for m in messages)
+
+
 def test_strict_fifo_lets_no_job_go_ahead(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
