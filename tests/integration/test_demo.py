@@ -4,6 +4,7 @@ it started outlives it. Beside the session's control plane: the demo brings its 
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -37,11 +38,18 @@ def test_demo_prints_admit_resize_queue_and_reject_and_stops_everything() -> Non
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     table = done.stdout.split("$ kubectl get ftj -A\n", 1)[1].split("\n\n", 1)[0]
-    rows = {line.split()[1]: line.split() for line in table.splitlines()[1:] if line.strip()}
-    assert rows["llama-qlora"][-3:-1] == ["True", "Fits"]
-    assert rows["llama-full"][-3:-1] == ["True", "Resized"]
-    assert rows["qwen-72b-lora"][-3:-1] == ["False", "WaitingForVRAM"]
-    assert rows["llama-405b-full"][-3:-1] == ["False", "InsufficientVRAM"]
+    header, *lines = [line for line in table.splitlines() if line.strip()]
+    # A column's cells start where its header does; an empty cell (no workload yet) is blank.
+    starts = [header.index(name) for name in ("ADMITTED", "REASON", "WORKLOAD", "AGE")]
+    rows = {
+        line.split()[1]: [line[a:b].strip() for a, b in itertools.pairwise(starts)]
+        for line in lines
+    }
+    assert rows["llama-qlora"][:2] == ["True", "Fits"]
+    assert rows["llama-qlora"][2] in ("Starting", "Running")
+    assert rows["llama-full"][:2] == ["True", "Resized"]
+    assert rows["qwen-72b-lora"] == ["False", "WaitingForVRAM", ""]
+    assert rows["llama-405b-full"] == ["False", "InsufficientVRAM", ""]
     assert "llama-full: resized 8 -> 4 GPUs (policy Resize)" in done.stdout
     assert 'denied the request: vramgate: InsufficientVRAM' in done.stdout  # the preset, at apply
     assert "Prometheus: http://127.0.0.1:" in done.stdout
