@@ -283,6 +283,9 @@ def build_settings(
             if not adapter:
                 errors.append(SpecError(where[name], "applies only when method is lora or qlora"))
                 continue
+            # Once each, in the order given: a repeat trains no second copy, as a repeated
+            # target gets no second adapter (`canonical_targets`).
+            names = list(dict.fromkeys(names))
         parsed[name] = tuple(names)
 
     fused = values.get("fused_loss")

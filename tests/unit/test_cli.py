@@ -301,6 +301,16 @@ def test_a_sequence_beyond_the_context_is_estimated_with_one_warning(
     assert err == ""
 
 
+def test_a_module_to_save_named_twice_is_counted_once(capsys: pytest.CaptureFixture[str]) -> None:
+    totals = []
+    for modules in ("lm_head", "lm_head,lm_head"):
+        argv = ("--model", "llama-3.1-8b", "--method", "lora", "--modules-to-save", modules)
+        code, out, _ = run(capsys, "estimate", *argv, "--json")
+        assert code == 0
+        totals.append(json.loads(out)["total_bytes"])
+    assert totals[0] == totals[1]
+
+
 def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "presets", "--json")
     rows = json.loads(out)

@@ -107,6 +107,16 @@ def test_gpus_split_the_estimate_per_parallelism() -> None:
     assert est.per_gpu_bytes(4, ddp.parallelism) == est.total_bytes
 
 
+def test_a_module_saved_twice_is_estimated_as_once_like_a_target_named_twice() -> None:
+    once, _ = translate(job(lora={"targetModules": ["q_proj"], "modulesToSave": ["lm_head"]}))
+    twice, errors = translate(
+        job(lora={"targetModules": ["q_proj", "q_proj"], "modulesToSave": ["lm_head", "lm_head"]})
+    )
+    assert errors == [] and once is not None and twice is not None
+    assert twice.settings == once.settings
+    assert estimate_plan(twice).total_bytes == estimate_plan(once).total_bytes
+
+
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [

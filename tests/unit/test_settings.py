@@ -81,6 +81,15 @@ def test_spellings_from_crds_and_hugging_face_are_accepted() -> None:
     assert settings.rank is None  # full fine-tuning has no adapter
 
 
+@pytest.mark.parametrize("raw", [["lm_head", "lm_head"], "lm_head,lm_head", "lm_head, lm_head"])
+def test_a_repeated_module_to_save_is_kept_once_as_a_repeated_target_is(raw: object) -> None:
+    settings, errors = build_settings({"method": "lora", "modules_to_save": raw})
+    assert errors == [] and settings is not None
+    assert settings.modules_to_save == ("lm_head",)
+    both, _ = build_settings({"method": "lora", "modules_to_save": ["lm_head", "embed_tokens"] * 2})
+    assert both is not None and both.modules_to_save == ("lm_head", "embed_tokens")
+
+
 def test_paths_can_be_renamed_for_the_cli() -> None:
     _, errors = build_settings({"batch": 0}, {"batch": "--batch"})
     assert str(errors[0]).startswith("--batch: ")
