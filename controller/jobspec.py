@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +30,9 @@ from typing import Any, TypeVar
 from controller.api.base import ApiModel
 from controller.api.enums import AdmissionPolicy, allowed, api_spelling
 from controller.api.finetunejob import (
+    CONFIG_MAP_KEY_PATTERN,
+    CONFIG_MAP_MAX_LENGTH,
+    CONFIG_MAP_NAME_PATTERN,
     DEFAULT_CONFIG_KEY,
     FRAMEWORK_MAX_LENGTH,
     MAX_PRIORITY,
@@ -153,15 +157,56 @@ class JobPlan:
 
 
 def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
-    """The ConfigMap entry the spec's model names, if it names a well-formed one."""
+    """The ConfigMap entry the spec's model names, if it names a well-formed one (a name and
+    key the API server allows a ConfigMap: no other can be read)."""
     model = spec.get("model") if isinstance(spec, Mapping) else None
     ref = model.get("configMapRef") if isinstance(model, Mapping) else None
-    if not isinstance(ref, Mapping):
+    if not isinstance(ref, Mapping) or _config_map_ref_errors(ref):
         return None
-    name, key = ref.get("name"), ref.get("key", DEFAULT_CONFIG_KEY)
-    if isinstance(name, str) and name and isinstance(key, str) and key:
-        return ConfigMapKey(name, key)
-    return None
+    return ConfigMapKey(ref["name"], ref.get("key", DEFAULT_CONFIG_KEY))
+
+
+_CONFIG_MAP_NAME = re.compile(CONFIG_MAP_NAME_PATTERN)
+_CONFIG_MAP_KEY = re.compile(CONFIG_MAP_KEY_PATTERN)
+
+
+def _config_map_ref_errors(ref: Mapping[str, Any]) -> list[SpecError]:
+    """What is wrong with a configMapRef's name and key, at their `spec.` paths."""
+    path = "spec.model.configMapRef"
+    errors = []
+    name = ref.get("name")
+    if name is None:
+        errors.append(SpecError(f"{path}.name", "is required: the ConfigMap's name"))
+    elif not _is(name, _CONFIG_MAP_NAME):
+        errors.append(
+            SpecError(
+                f"{path}.name",
+                f"must be a ConfigMap name: a DNS-1123 subdomain (lower-case letters, digits, "
+                f"'-' and '.', starting and ending alphanumeric, at most "
+                f"{CONFIG_MAP_MAX_LENGTH} characters), got {name!r}",
+            )
+        )
+    key = ref.get("key", DEFAULT_CONFIG_KEY)
+    if key is None:
+        errors.append(_null(f"{path}.key", None))
+    elif not _is(key, _CONFIG_MAP_KEY):
+        errors.append(
+            SpecError(
+                f"{path}.key",
+                f"must be a ConfigMap key: letters, digits, '-', '_' and '.', not starting "
+                f"with '..' nor '.' alone, at most {CONFIG_MAP_MAX_LENGTH} characters, "
+                f"got {key!r}",
+            )
+        )
+    return errors
+
+
+def _is(value: object, pattern: re.Pattern[str]) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) <= CONFIG_MAP_MAX_LENGTH
+        and pattern.fullmatch(value) is not None
+    )
 
 
 def validate_spec(spec: Mapping[str, Any]) -> list[SpecError]:
@@ -256,7 +301,8 @@ def _model(
             return "inline", parse_config(model["config"], prefix="model.config")
         ref = config_map_ref(spec)
         if ref is None:
-            raise SpecError("model.configMapRef.name", "is required: the ConfigMap's name")
+            errors.extend(_config_map_ref_errors(objects["spec.model.configMapRef"]))
+            return None, None
         if config_map_config is None:
             return ref.label, None
         return ref.label, parse_config(config_map_config, prefix=ref.label)

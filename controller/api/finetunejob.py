@@ -49,6 +49,12 @@ SHORT_NAMES = ("ftj",)
 #: The bound of spec.priority: the range Kubernetes allows user PriorityClass values.
 MAX_PRIORITY = 1_000_000_000
 DEFAULT_CONFIG_KEY = "config.json"
+#: What the API server accepts as a ConfigMap's name (a DNS-1123 subdomain) and as a key of its
+#: data (IsConfigMapKey: not `.`, `..` nor starting with `..`), so that a reference no
+#: ConfigMap can satisfy is refused at apply instead of retried as "not found".
+CONFIG_MAP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIG_MAP_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+CONFIG_MAP_MAX_LENGTH = 253
 FRAMEWORK_MAX_LENGTH = 63
 MODEL_SOURCES = ("preset", "config", "configMapRef")
 
@@ -80,16 +86,18 @@ RANK_FOR_ADAPTERS: JsonDict = {
 class ConfigMapRef(ApiModel):
     name: str = Field(
         min_length=1,
-        max_length=253,
+        max_length=CONFIG_MAP_MAX_LENGTH,
+        pattern=CONFIG_MAP_NAME_PATTERN,
         description="name of the ConfigMap, in the job's namespace, that holds the model's "
-        "config.json. Required.",
+        "config.json: a DNS-1123 subdomain of at most 253 characters. Required.",
     )
     key: str = Field(
         DEFAULT_CONFIG_KEY,
         min_length=1,
-        max_length=253,
-        pattern=r"^[-._a-zA-Z0-9]+$",
-        description="key of the ConfigMap entry that holds the config.json text. "
+        max_length=CONFIG_MAP_MAX_LENGTH,
+        pattern=CONFIG_MAP_KEY_PATTERN,
+        description="key of the ConfigMap entry that holds the config.json text: letters, "
+        "digits, '-', '_' and '.' (not starting with '..'), at most 253 characters. "
         "Default config.json.",
     )
 

@@ -269,6 +269,34 @@ def test_a_module_saved_twice_is_estimated_as_once_like_a_target_named_twice() -
         ),
         (job(model={"configMapRef": {}}), "spec.model.configMapRef.name: is required"),
         (
+            job(model={"configMapRef": {"name": "Bad Name"}}),
+            "spec.model.configMapRef.name: must be a ConfigMap name: a DNS-1123 subdomain",
+        ),
+        (
+            job(model={"configMapRef": {"name": "../kube-system/x"}}),
+            "spec.model.configMapRef.name: must be a ConfigMap name",
+        ),
+        (
+            job(model={"configMapRef": {"name": "a" * 254}}),
+            "spec.model.configMapRef.name: must be a ConfigMap name",
+        ),
+        (
+            job(model={"configMapRef": {"name": ""}}),
+            "spec.model.configMapRef.name: must be a ConfigMap name",
+        ),
+        (
+            job(model={"configMapRef": {"name": "qwen", "key": "../config.json"}}),
+            "spec.model.configMapRef.key: must be a ConfigMap key",
+        ),
+        (
+            job(model={"configMapRef": {"name": "qwen", "key": "config json"}}),
+            "spec.model.configMapRef.key: must be a ConfigMap key",
+        ),
+        (
+            job(model={"configMapRef": {"name": "qwen", "key": "k" * 254}}),
+            "spec.model.configMapRef.key: must be a ConfigMap key",
+        ),
+        (
             {"method": "QLoRA", "lora": {"rank": 16}},
             "spec.model: is required; set one of preset, config, configMapRef",
         ),
@@ -322,6 +350,36 @@ def test_a_configmap_model_is_checked_once_read() -> None:
         "spec.training.sequenceLength: 100000 is longer than the model's context length "
         "(32768); estimating anyway",
     )
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        {"name": "Bad Name"},
+        {"name": "../kube-system/x"},
+        {"name": "qwen", "key": ".."},
+        {"name": "qwen", "key": "..config.json"},
+        {"name": "qwen", "key": "a/b"},
+    ],
+)
+def test_a_configmap_no_configmap_can_be_named_is_refused_not_looked_up(
+    ref: dict[str, str],
+) -> None:
+    spec = job(model={"configMapRef": ref}, method="LoRA")
+    assert config_map_ref(spec) is None  # so the operator reads nothing
+    (message,) = messages(spec)
+    assert message.startswith("spec.model.configMapRef.")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [("qwen", "config.json"), ("a.b-c.d", ".config_1-x"), ("x" * 253, "k" * 253), ("0", "_")],
+)
+def test_any_configmap_the_api_server_allows_may_be_named(name: str, key: str) -> None:
+    spec = job(model={"configMapRef": {"name": name, "key": key}}, method="LoRA")
+    assert config_map_ref(spec) == ConfigMapKey(name, key)
+    assert messages(spec) == []
 
 
 def test_a_sequence_beyond_the_context_is_estimated_with_a_warning() -> None:
