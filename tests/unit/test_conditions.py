@@ -129,3 +129,17 @@ def test_every_type_and_reason_is_documented_with_what_it_indicates() -> None:
         assert comment.startswith(f"{value} indicates "), name
     for name in ("REASON_GPUS_READ", "REASON_BACKEND_FAILED"):
         assert " because " in documented[name], name
+
+
+def test_the_readme_explains_every_reason_admitted_can_have() -> None:
+    """The README's table of what a job can end as, and the paragraph after it, name every
+    Admitted reason (those from Pending to SpecLocked in conditions.py, and the estimation's)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("What a job can end as")
+    section = readme[start : readme.index("\n#", start)]
+    names = list(_documented_constants())
+    admitted = names[names.index("REASON_PENDING") : names.index("REASON_SPEC_LOCKED") + 1]
+    reasons = {getattr(cond, name) for name in admitted} | set(cond.BEFORE_ADMISSION)
+    assert "WaitingForGPUs" in reasons
+    missing = sorted(r for r in reasons if f"`{r}`" not in section)
+    assert missing == []
