@@ -297,8 +297,12 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     table = Table(show_edge=False)
-    for column in ("preset", "source repo", "family", "parameters"):
-        table.add_column(column, justify="right" if column == "parameters" else "left")
+    # The name is what `--model` and `spec.model.preset` take: never cut it (nor the count);
+    # on a narrow terminal the repo and family fold onto more lines instead.
+    table.add_column("preset", no_wrap=True)
+    table.add_column("source repo", overflow="fold")
+    table.add_column("family", overflow="fold")
+    table.add_column("parameters", justify="right", no_wrap=True)
     for row in rows:
         table.add_row(str(row["name"]), str(row["repo"]), str(row["family"]), f"{row['params']:,}")
     console.print(table)

@@ -321,6 +321,19 @@ def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert "llama-3.1-8b" in out and "8,030,261,248" in out
 
 
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_presets_never_cuts_a_preset_name(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: str
+) -> None:
+    from controller.estimator.presets import preset_names
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run(capsys, "presets")
+    assert code == 0 and "…" not in out
+    cells = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert set(preset_names()) <= cells
+
+
 ANALYTIC = ("--profile", "analytic", "--json")
 
 
