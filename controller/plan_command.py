@@ -106,8 +106,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     unusable = {
         key: problem
         for key in plans
-        if objects.jobs[key]["spec"].get("template") is not None
-        and (problem := workload_problem(objects.jobs[key], settings.packing.gpu_mode))
+        if (problem := workload_problem(objects.jobs[key], settings.packing.gpu_mode))
     }
     for key in (key for key in plans if key not in dumped):  # in file order: one answer
         problem = refused_at_apply(objects.jobs[key]) or unusable.get(key)

@@ -158,7 +158,7 @@ class AdmissionWebhook:
                     )
                 return
         view = await self.view()
-        if view is not None and plain.get("template") is not None:
+        if view is not None and plain.get("template"):
             problem = self._workload_problem(body, plain, view.gpu_mode)
             if problem is not None:
                 raise kopf.AdmissionError(problem, code=INVALID)

@@ -82,8 +82,23 @@ def build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[st
     """The objects that run `job` on `admission`'s GPUs, in creation order: the DRA claim
     (or claim template) and the headless Service before the batch/v1 Job that uses them.
 
-    `job` is the FineTuneJob as the API returns it; it is never modified.
+    `job` is the FineTuneJob as the API returns it; it is never modified. The API server
+    keeps `spec.template` as it was written (preserve-unknown-fields), so a field of the
+    wrong type (`resources: "x"`) that no check here names is still a WorkloadError: an
+    invalid spec of one job, never an error that stops the admission pass for every job.
     """
+    try:
+        return _build_workload(job, admission)
+    except WorkloadError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        raise WorkloadError(
+            f"spec.template: the workload cannot be built from it ({error}); check its "
+            "fields' types against the Pod API"
+        ) from None
+
+
+def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[str, Any]]:
     meta = _mapping(job.get("metadata"), "metadata")
     job_name = _required_str(meta, "name", "metadata")
     uid = _required_str(meta, "uid", "metadata")
@@ -208,6 +223,8 @@ def workload_problem(job: Mapping[str, Any], mode: GpuMode) -> str | None:
     stand-in placement, or None. The operator records it as InvalidSpec before it promises
     the job any GPU; the webhook refuses it at `kubectl apply`, and `vramgate plan` with it.
     A job not yet created has no uid or name: stand-ins take their place."""
+    if not (job.get("spec") or {}).get("template"):
+        return None  # no template, or an empty one: NoTemplate (advice only), not invalid
     meta = {"name": "trial", "uid": "trial", **dict(job.get("metadata") or {})}
     try:
         build_workload({**job, "metadata": meta}, Admission((_TRIAL,), 0, mode))
@@ -244,6 +261,8 @@ def _gpu_container(containers: Sequence[Mapping[str, Any]]) -> int:
     """The trainer: the first container that asks for nvidia.com/gpu, else the first."""
     for i, container in enumerate(containers):
         resources = container.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            raise WorkloadError(f"{_CONTAINERS}[{i}].resources: must be an object")
         if any(GPU_RESOURCE in (resources.get(part) or {}) for part in ("limits", "requests")):
             return i
     return 0
@@ -290,7 +309,7 @@ def _set_env(container: dict[str, Any], env: list[dict[str, Any]], path: str) ->
     """Append `env`; a variable of the same name the container had is replaced."""
     names = {var["name"] for var in env}
     existing = _list(container, "env", path)
-    kept = [v for v in existing if not (isinstance(v, dict) and v.get("name") in names)]
+    kept = [v for v in existing if not (isinstance(v, dict) and str(v.get("name")) in names)]
     container["env"] = [*kept, *env]
 
 

@@ -136,6 +136,11 @@ def test_a_template_the_workload_cannot_be_built_from_is_refused_at_apply() -> N
         validate(hook(cluster()), body(template={"spec": {"containers": []}}))
     validate(hook(cluster()), body(template={"spec": {"containers": [{"name": "t"}]}}))
     validate(hook(None), body(template=pinned))  # no view yet: the operator decides
+    # An empty template is NoTemplate to the operator (advice only): not refused here either.
+    validate(hook(cluster()), body(template={}))
+    with pytest.raises(kopf.AdmissionError, match=r"^spec\.template"):
+        validate(hook(cluster()), body(template={"spec": {"containers": [
+            {"name": "t", "resources": "x"}]}}))  # fmt: skip
 
 
 def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> None:

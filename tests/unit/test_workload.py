@@ -18,6 +18,7 @@ from controller.workload import (
     build_workload,
     job_label_value,
     workload_name,
+    workload_problem,
 )
 from controller.workload.build import COMPLETION_INDEX_ANNOTATION
 
@@ -604,3 +605,41 @@ def test_a_placement_torchrun_cannot_run_is_refused(
 ) -> None:
     with pytest.raises(WorkloadError, match=rf"^status\.placement\.nodes: {message}"):
         build_workload(finetunejob(), Admission(nodes, GIB, GpuMode.DEVICE_PLUGIN))
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize(
+    "container",
+    [
+        trainer(resources="x"),
+        trainer(resources={"limits": 1}),
+        trainer(env="PATH=/bin"),
+    ],
+    ids=["resources-string", "limits-number", "env-string"],
+)
+def test_a_template_field_of_the_wrong_type_is_a_workload_error(
+    mode: GpuMode, container: dict[str, Any]
+) -> None:
+    """spec.template is kept as written; a wrong type anywhere must be this job's invalid
+    spec (WorkloadError), not a TypeError that stops the operator's pass for every job."""
+    job = finetunejob(containers=[container])
+    with pytest.raises(WorkloadError, match=r"^spec\.template"):
+        build_workload(job, admission(mode))
+    assert (workload_problem(job, mode) or "").startswith("spec.template")
+
+
+def test_an_odd_env_entry_is_left_for_the_api_server_to_judge() -> None:
+    """A variable named by a list used to raise TypeError (unhashable) in the builder."""
+    odd = {"name": ["a"], "value": "b"}
+    job = finetunejob(containers=[trainer(env=[odd])])
+    (batch,) = [o for o in build_workload(job, admission()) if o["kind"] == "Job"]
+    assert odd in batch["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+def test_no_template_or_an_empty_one_is_no_workload_problem() -> None:
+    """The operator says NoTemplate (advice only) for both: neither is invalid."""
+    job = finetunejob()
+    for template in (None, {}):
+        assert workload_problem({**job, "spec": {**job["spec"], "template": template}},
+                                GpuMode.DEVICE_PLUGIN) is None  # fmt: skip
+    assert workload_problem(job, GpuMode.DEVICE_PLUGIN) is None
