@@ -140,23 +140,11 @@ class AdmissionWebhook:
         plain = dict(spec)
         self._validate_spec(plain, old, operation, warnings)
         if operation == "UPDATE" and old is not None:
-            if old.get("spec") == plain or but_suspend(old.get("spec")) == but_suspend(plain):
+            if but_suspend(old.get("spec")) == but_suspend(plain):
                 return  # the spec as it was, suspended or resumed: nothing new to judge
-            if finished(old):
-                raise kopf.AdmissionError(
-                    "spec: the job has finished, and a finished job is final: changing its "
-                    "spec would run nothing; to run it again, delete it and apply it again",
-                    code=INVALID,
-                )
-            if reservation(old, []) is not None:
-                before = {**dict(old.get("spec") or {}), "suspend": plain.get("suspend")}
-                if before != plain:
-                    raise kopf.AdmissionError(
-                        "spec is locked once the job is admitted: only spec.suspend may "
-                        "change (set spec.suspend: true, edit the spec, then set it false)",
-                        code=INVALID,
-                    )
-                return
+            refusal = _spec_change_refusal(old)
+            if refusal is not None:
+                raise kopf.AdmissionError(refusal, code=INVALID)
         view = await self.view()
         if view is not None and plain.get("template"):
             problem = self._workload_problem(body, plain, view.gpu_mode)
@@ -267,6 +255,22 @@ class AdmissionWebhook:
             self._estimates.pop(next(iter(self._estimates)))
         self._estimates[key] = found
         return found
+
+
+def _spec_change_refusal(old: Mapping[str, Any]) -> str | None:
+    """Why the spec of `old` may not change beyond `suspend`, or None: a finished job runs
+    nothing again, and an admitted job's GPUs were chosen for the spec it has."""
+    if finished(old):
+        return (
+            "spec: the job has finished, and a finished job is final: changing its spec would "
+            "run nothing; to run it again, delete it and apply it again"
+        )
+    if reservation(old, []) is not None:
+        return (
+            "spec is locked once the job is admitted: only spec.suspend may change (set "
+            "spec.suspend: true, edit the spec, then set it false)"
+        )
+    return None
 
 
 def _gpus(spec: Mapping[str, Any] | None) -> object:
