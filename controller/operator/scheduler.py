@@ -331,6 +331,8 @@ class Scheduler:
         now = time.monotonic()
         for key in [k for k in self._estimates if k not in jobs]:
             del self._estimates[key]
+        for key in [k for k in self._retry_at if k not in jobs]:
+            del self._retry_at[key]
         for key, job in jobs.items():
             meta = job.get("metadata") or {}
             uid, generation = str(meta.get("uid")), int(meta.get("generation") or 0)
@@ -340,11 +342,12 @@ class Scheduler:
                 and found.generation == generation
                 and self._estimate_uid.get(key) == uid
             )
-            # A model in a ConfigMap can change under the same spec: while the job waits, its
-            # ConfigMap is read again every configmap_retry_s (an unchanged one hits the
-            # estimate cache), so a fixed config ends an InvalidSpec and a changed one is not
-            # admitted on its old estimate.
-            recheck = config_map_ref(job.get("spec") or {}) is not None
+            # A model in a ConfigMap can change under the same spec: while the job waits (and
+            # is not suspended), its ConfigMap is read again every configmap_retry_s (an
+            # unchanged one hits the estimate cache), so a fixed config ends an InvalidSpec and
+            # a changed one is not admitted on its old estimate.
+            spec = job.get("spec") or {}
+            recheck = config_map_ref(spec) is not None and not spec.get("suspend")
             if current and not recheck and (
                 found is None or found.failure is None or found.failure.retry_s is None
             ):
@@ -368,6 +371,7 @@ class Scheduler:
         finally:
             self._estimating.discard((key, uid, generation))
         found = replace(found, generation=generation)
+        previous = self._estimates.get(key), self._estimate_uid.get(key)
         self._estimates[key] = found
         self._estimate_uid[key] = uid
         if found.failure is not None and found.failure.retry_s is not None:
@@ -375,7 +379,8 @@ class Scheduler:
             loop.call_later(found.failure.retry_s, self.wake)
         elif config_map_ref(job.get("spec") or {}) is not None:
             self._retry_at[key] = time.monotonic() + self.options.configmap_retry_s
-        self.wake()
+        if (found, uid) != previous:
+            self.wake()  # a ConfigMap read again to the same estimate changes no decision
 
     def _estimate_now(self, job: Mapping[str, Any]) -> admission.Estimated:
         """In a worker thread: read the ConfigMap if named, translate, estimate (cached)."""
