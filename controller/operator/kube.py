@@ -103,15 +103,14 @@ class Kube:
         namespace = obj["metadata"]["namespace"]
         return dict(self._call("POST", f"{prefix}/namespaces/{namespace}/{plural}", obj))
 
-    def owner_uids(self, obj: Mapping[str, Any]) -> set[str]:
-        """The owners' uids of the object that exists under `obj`'s name: a create answered
+    def owners(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The ownerReferences of the object that exists under `obj`'s name: a create answered
         409 made it earlier (ours) or someone else did (a name taken, never ours to use)."""
         prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
         meta = obj["metadata"]
         path = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
         existing = self._call("GET", path)
-        refs = existing.get("metadata", {}).get("ownerReferences") or []
-        return {str(ref.get("uid")) for ref in refs}
+        return list(existing.get("metadata", {}).get("ownerReferences") or [])
 
     def delete(self, obj: Mapping[str, Any]) -> None:
         """Delete with background propagation (the Job's pods follow); gone already is fine."""

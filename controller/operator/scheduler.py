@@ -42,7 +42,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -494,13 +494,14 @@ class Scheduler:
                         # the name is someone else's object, which is no workload of this job.
                         try:
                             owners = await loop.run_in_executor(
-                                self._creator, self.kube.owner_uids, obj
+                                self._creator, self.kube.owners, obj
                             )
                         except Exception as error:
                             self._create_failed(c.key, obj, error, jobs.get(c.key))
                             return
-                        if uid not in owners:
-                            self._create_failed(c.key, obj, NameTaken(obj), jobs.get(c.key))
+                        if uid not in {str(o.get("uid")) for o in owners}:
+                            taken = NameTaken(obj, owners)
+                            self._create_failed(c.key, obj, taken, jobs.get(c.key))
                             return
                     except Exception as error:
                         self._create_failed(c.key, obj, error, jobs.get(c.key))
@@ -584,14 +585,27 @@ class Scheduler:
 
 
 class NameTaken(Exception):
-    """The workload's name belongs to an object this job does not own."""
+    """The workload's name belongs to an object this job does not own: most often the
+    workload of an earlier FineTuneJob of the same name, deleted a moment ago and not yet
+    collected (delete and apply again is how a finished job is rerun), else someone else's."""
 
-    def __init__(self, obj: Mapping[str, Any]) -> None:
+    def __init__(self, obj: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> None:
         meta = obj["metadata"]
-        super().__init__(
-            f"a {obj['kind']} named {meta['name']} already exists in {meta['namespace']} and "
-            "is not this FineTuneJob's; delete or rename it (its GPUs stay reserved meanwhile)"
+        what = f"a {obj['kind']} named {meta['name']}"
+        earlier = any(
+            o.get("kind") == "FineTuneJob" and o.get("name") == _owner_name(obj) for o in owners
         )
+        super().__init__(
+            f"{what} of an earlier FineTuneJob of this name is still being deleted"
+            if earlier
+            else f"{what} already exists in {meta['namespace']} and is not this "
+            "FineTuneJob's; delete or rename it (its GPUs stay reserved meanwhile)"
+        )
+
+
+def _owner_name(obj: Mapping[str, Any]) -> str | None:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return refs[0].get("name") if refs else None
 
 
 async def _after(task: asyncio.Task[None] | None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, cast
 from controller.cluster import ClusterObjects
 from controller.operator import admission
 from controller.operator.kube import Conflict
-from controller.operator.scheduler import Scheduler, SchedulerOptions
+from controller.operator.scheduler import NameTaken, Scheduler, SchedulerOptions
 
 KEY = "ns/j"
 
@@ -195,3 +195,16 @@ def test_the_webhooks_thread_gets_a_view_built_on_kopfs_loop() -> None:
     asyncio.run(main())
     assert views[0] is not None and views[1] is views[0], "built once, then read as it is"
     assert caches.reads == ["MainThread"]
+
+
+def test_a_taken_name_says_whether_an_earlier_job_of_that_name_holds_it() -> None:
+    """Delete and apply again (how a finished job is rerun) meets the old workload for a
+    moment: that is no one else's object to delete or rename."""
+    job = {"kind": "Job", "metadata": {"name": "llama", "namespace": "ml",
+           "ownerReferences": [{"kind": "FineTuneJob", "name": "llama", "uid": "new"}]}}
+    earlier = [{"kind": "FineTuneJob", "name": "llama", "uid": "old"}]
+    assert str(NameTaken(job, earlier)) == (
+        "a Job named llama of an earlier FineTuneJob of this name is still being deleted"
+    )
+    foreign = str(NameTaken(job, []))
+    assert foreign.startswith("a Job named llama already exists in ml and is not this")
