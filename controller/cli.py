@@ -425,7 +425,9 @@ def _signed_values_attached(argv: Sequence[str] | None) -> list[str]:
     out: list[str] = []
     for token in sys.argv[1:] if argv is None else argv:
         last = out[-1] if out else ""
-        if re.match(r"-[0-9.]", token) and last.startswith("--") and "=" not in last:
+        if "--" in out:  # after `--` every token is a positional, as the user wrote it
+            out.append(token)
+        elif re.match(r"-[0-9.]", token) and last.startswith("--") and "=" not in last:
             out[-1] = f"{last}={token}"
         else:
             out.append(token)

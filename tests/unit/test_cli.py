@@ -388,3 +388,10 @@ def test_a_reader_that_leaves_early_gets_no_traceback(
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert err == ""
+
+
+def test_after_a_double_dash_a_dashed_file_name_stays_a_file_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "plan", "--", "-1.yaml")
+    assert code == 2 and "-1.yaml: cannot read" in err, err
