@@ -200,8 +200,14 @@ def test_the_webhooks_thread_gets_a_view_built_on_kopfs_loop() -> None:
 def test_a_taken_name_says_whether_an_earlier_job_of_that_name_holds_it() -> None:
     """Delete and apply again (how a finished job is rerun) meets the old workload for a
     moment: that is no one else's object to delete or rename."""
-    job = {"kind": "Job", "metadata": {"name": "llama", "namespace": "ml",
-           "ownerReferences": [{"kind": "FineTuneJob", "name": "llama", "uid": "new"}]}}
+    job = {
+        "kind": "Job",
+        "metadata": {
+            "name": "llama",
+            "namespace": "ml",
+            "ownerReferences": [{"kind": "FineTuneJob", "name": "llama", "uid": "new"}],
+        },
+    }
     earlier = [{"kind": "FineTuneJob", "name": "llama", "uid": "old"}]
     assert str(NameTaken(job, earlier)) == (
         "a Job named llama of an earlier FineTuneJob of this name is still being deleted"
