@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.api.base import API_VERSION
-from controller.api.finetunejob import FineTuneJobSpec
+from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN, FineTuneJobSpec
 
 #: A DNS-1123 subdomain (object names, label key prefixes) and label (namespaces).
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: A label value, and the name part of a label or annotation key.
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

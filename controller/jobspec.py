@@ -32,8 +32,8 @@ from controller.api.enums import AdmissionPolicy, allowed, api_spelling
 from controller.api.finetunejob import (
     CONFIG_MAP_KEY_PATTERN,
     CONFIG_MAP_MAX_LENGTH,
-    CONFIG_MAP_NAME_PATTERN,
     DEFAULT_CONFIG_KEY,
+    DNS_SUBDOMAIN_PATTERN,
     FRAMEWORK_MAX_LENGTH,
     MAX_PRIORITY,
     MODEL_SOURCES,
@@ -166,7 +166,7 @@ def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
     return ConfigMapKey(ref["name"], ref.get("key", DEFAULT_CONFIG_KEY))
 
 
-_CONFIG_MAP_NAME = re.compile(CONFIG_MAP_NAME_PATTERN)
+_CONFIG_MAP_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 _CONFIG_MAP_KEY = re.compile(CONFIG_MAP_KEY_PATTERN)
 
 

@@ -49,10 +49,11 @@ SHORT_NAMES = ("ftj",)
 #: The bound of spec.priority: the range Kubernetes allows user PriorityClass values.
 MAX_PRIORITY = 1_000_000_000
 DEFAULT_CONFIG_KEY = "config.json"
-#: What the API server accepts as a ConfigMap's name (a DNS-1123 subdomain) and as a key of its
-#: data (IsConfigMapKey: not `.`, `..` nor starting with `..`), so that a reference no
-#: ConfigMap can satisfy is refused at apply instead of retried as "not found".
-CONFIG_MAP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: A DNS-1123 subdomain: what the API server accepts as most objects' names (a FineTuneJob's,
+#: a ConfigMap's). With the key of a ConfigMap's data (IsConfigMapKey: not `.`, `..` nor
+#: starting with `..`), a reference no ConfigMap can satisfy is refused at apply instead of
+#: retried as "not found".
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 CONFIG_MAP_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 CONFIG_MAP_MAX_LENGTH = 253
 FRAMEWORK_MAX_LENGTH = 63
@@ -87,7 +88,7 @@ class ConfigMapRef(ApiModel):
     name: str = Field(
         min_length=1,
         max_length=CONFIG_MAP_MAX_LENGTH,
-        pattern=CONFIG_MAP_NAME_PATTERN,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description="name of the ConfigMap, in the job's namespace, that holds the model's "
         "config.json: a DNS-1123 subdomain of at most 253 characters. Required.",
     )

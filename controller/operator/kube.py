@@ -106,19 +106,13 @@ class Kube:
     def owners(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The ownerReferences of the object that exists under `obj`'s name: a create answered
         409 made it earlier (ours) or someone else did (a name taken, never ours to use)."""
-        prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
-        meta = obj["metadata"]
-        path = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
-        existing = self._call("GET", path)
+        existing = self._call("GET", _object_path(obj))
         return list(existing.get("metadata", {}).get("ownerReferences") or [])
 
     def delete(self, obj: Mapping[str, Any]) -> None:
         """Delete with background propagation (the Job's pods follow); gone already is fine."""
-        prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
-        meta = obj["metadata"]
-        path = f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
         with contextlib.suppress(Gone):
-            self._call("DELETE", path, {"propagationPolicy": "Background"})
+            self._call("DELETE", _object_path(obj), {"propagationPolicy": "Background"})
 
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API
@@ -142,6 +136,13 @@ class Kube:
         """PUT with the body's resourceVersion: 409 if another replica wrote it first."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         return dict(self._call("PUT", path, body))
+
+
+def _object_path(obj: Mapping[str, Any]) -> str:
+    """The API path of one of the workload objects the operator creates, by its name."""
+    prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
+    meta = obj["metadata"]
+    return f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
 
 
 def _message(data: bytes | None, reason: object) -> str:

@@ -138,7 +138,8 @@ class AdmissionWebhook:
         warnings: list[str] | None,
     ) -> None:
         plain = dict(spec)
-        self._validate_spec(plain, old, operation, warnings)
+        key = _key(plain)  # once per request: each cache below is keyed by the spec
+        self._validate_spec(plain, key, old, operation, warnings)
         if operation == "UPDATE" and old is not None:
             if but_suspend(old.get("spec")) == but_suspend(plain):
                 return  # the spec as it was, suspended or resumed: nothing new to judge
@@ -147,10 +148,10 @@ class AdmissionWebhook:
                 raise kopf.AdmissionError(refusal, code=INVALID)
         view = await self.view()
         if view is not None and plain.get("template"):
-            problem = self._workload_problem(body, plain, view.gpu_mode)
+            problem = self._workload_problem(body, plain, key, view.gpu_mode)
             if problem is not None:
                 raise kopf.AdmissionError(problem, code=INVALID)
-        found = self._estimate(plain)
+        found = self._estimate(plain, key)
         if found is None or view is None or view.select({}).gpus == 0:
             return
         plan, estimate = found
@@ -164,7 +165,7 @@ class AdmissionWebhook:
         self, spec: Mapping[str, Any], warnings: list[str] | None
     ) -> dict[str, Any] | None:
         plain = dict(spec)
-        found = self._estimate(plain)
+        found = self._estimate(plain, _key(plain))
         view = await self.view()
         if found is None or view is None:
             return None
@@ -194,6 +195,7 @@ class AdmissionWebhook:
     def _validate_spec(
         self,
         spec: dict[str, Any],
+        key: str,
         old: Mapping[str, Any] | None,
         operation: str | None,
         warnings: list[str] | None,
@@ -203,7 +205,6 @@ class AdmissionWebhook:
         if operation == "UPDATE" and old is not None:
             validate_finetunejob(spec=spec, old=old, operation=operation, warnings=warnings)
             return
-        key = _key(spec)
         found = self._validated.get(key)
         if found is None:
             said: list[str] = []
@@ -222,26 +223,25 @@ class AdmissionWebhook:
             warnings.extend(said_before)
 
     def _workload_problem(
-        self, body: Mapping[str, Any], spec: dict[str, Any], mode: GpuMode
+        self, body: Mapping[str, Any], spec: dict[str, Any], key: str, mode: GpuMode
     ) -> str | None:
         """What the operator would record as InvalidSpec when it builds the workload (a pod
         template the Job cannot use), remembered by spec and GPU mode."""
-        key = (_key(spec), mode)
-        if key not in self._workload_problems:
+        cached = (key, mode)
+        if cached not in self._workload_problems:
             if len(self._workload_problems) >= _CACHE_SIZE:
                 self._workload_problems.pop(next(iter(self._workload_problems)))
             job = {"metadata": dict(body.get("metadata") or {}), "spec": spec}
-            self._workload_problems[key] = workload_problem(job, mode)
-        return self._workload_problems[key]
+            self._workload_problems[cached] = workload_problem(job, mode)
+        return self._workload_problems[cached]
 
-    def _estimate(self, spec: dict[str, Any]) -> tuple[JobPlan, Estimate] | None:
+    def _estimate(self, spec: dict[str, Any], key: str) -> tuple[JobPlan, Estimate] | None:
         """The spec's plan and estimate when they can be had in microseconds, else None."""
         if config_map_ref(spec) is not None:
             return None
         profile = (spec.get("estimator") or {}).get("profile")
         if profile in (Profile.TRACE.api, Profile.TRACE.value):
             return None  # seconds of work: the operator estimates it in a worker thread
-        key = _key(spec)
         if key in self._estimates:
             return self._estimates[key]
         plan, errors = translate(spec)

@@ -346,23 +346,28 @@ def test_a_queued_job_is_admitted_by_itself_when_another_finishes_or_is_deleted(
     admitted(api_client, namespace, "third", "True", "Fits", timeout=90)
 
 
+def refused_at_apply(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str:
+    """The webhook's 422 message for `body`, once the operator's view holds the test's GPUs
+    (until then the webhook lets it through: the job is deleted and tried again)."""
+    name = body["metadata"]["name"]
+
+    def refused() -> str | None:
+        try:
+            create(api, namespace, body)
+        except ApiException as error:
+            return str(error.body) if error.status == 422 else None
+        objects(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return None
+
+    return str(wait_until(refused, timeout=DEADLINE_S, what="the webhook to refuse"))
+
+
 def test_a_job_that_never_fits_is_refused_at_apply_with_the_numbers(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
 ) -> None:
     gpus.add([80, 80])
     body = job("too-big", gpus, model={"preset": "llama-3.1-70b"}, method="Full")
-
-    def refused() -> str | None:
-        try:
-            create(api_client, namespace, {**body, "metadata": {"name": "too-big"}})
-        except ApiException as error:
-            return str(error.body) if error.status == 422 else None
-        objects(api_client).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, "too-big"
-        )
-        return None
-
-    message = wait_until(refused, timeout=DEADLINE_S, what="the webhook to refuse")
+    message = refused_at_apply(api_client, namespace, body)
     assert "InsufficientVRAM" in message
     assert "needs 724.25 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
     assert "at least 10 GPUs of that size would hold it with FSDP" in message
@@ -376,18 +381,7 @@ def test_a_template_the_workload_cannot_use_is_refused_at_apply(
     gpus.add([80])
     body = job("pinned", gpus)
     body["spec"]["template"]["spec"]["nodeName"] = "somewhere"
-
-    def refused() -> str | None:
-        try:
-            create(api_client, namespace, body)
-        except ApiException as error:
-            return str(error.body) if error.status == 422 else None
-        objects(api_client).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, "pinned"
-        )
-        return None
-
-    message = wait_until(refused, timeout=DEADLINE_S, what="the webhook to refuse")
+    message = refused_at_apply(api_client, namespace, body)
     assert "spec.template.spec.nodeName: must not be set; admission chooses the node" in message
 
 
