@@ -11,7 +11,8 @@ A pass, in the order Kueue's scheduler does it:
    finished job holds nothing from this pass on (the snapshot below no longer counts it); a
    suspended one gives its GPUs back and its workload is deleted; a missing workload (the
    operator stopped between the admission write and the create) is created again. A spec
-   change other than `suspend` is ignored and said so (`SpecLocked`).
+   change other than `suspend` is ignored and said so (`SpecLocked`), as is any change to a
+   finished job's spec (the webhook refuses both; this is for when it is off).
 2. **Jobs not admitted.** Estimated (or their estimate's failure recorded); those that are
    estimated and have a trainer template are decided together by `plan_on`, each admission
    assumed before the next decision; a job without a template is told what admission would
@@ -177,7 +178,11 @@ def admission_pass(inp: PassInput) -> PassOutput:
     requests: list[JobRequest] = []
     template_less: list[JobRequest] = []
     for key, job in inp.objects.jobs.items():
-        if key in drafts or finished(job):  # admitted and running: followed above
+        if key in drafts:  # admitted and running: followed above
+            continue
+        if finished(job):
+            if (edited := _edited_after_it_finished(job)) is not None:
+                _follow_finished(inp, drafts.setdefault(key, _Draft(job)), edited)
             continue
         found = inp.estimates.get(key)
         if found is None or found.generation != _generation(job):
@@ -346,25 +351,13 @@ def _follow_admitted(
         return {**job, "status": draft.status}
 
     if admitted_at is not None and _generation(job) != admitted_at:
-        message = (
+        _lock(
+            inp,
+            draft,
+            admitted,
             f"admitted at generation {admitted_at}; the change to generation "
             f"{_generation(job)} is ignored: only spec.suspend may change once a job is "
-            "admitted (suspend it, edit it, and resume it to change the rest)"
-        )
-        if admitted.get("reason") != cond.REASON_SPEC_LOCKED:
-            draft.events.append(
-                status_rules.Event(status_rules.WARNING, cond.REASON_SPEC_LOCKED, message)
-            )
-        draft.set_conditions(
-            cond.set_condition(
-                _conditions(draft),
-                cond.ADMITTED,
-                ConditionStatus.TRUE,
-                cond.REASON_SPEC_LOCKED,
-                message,
-                admitted_at,
-                inp.now,
-            )
+            "admitted (suspend it, edit it, and resume it to change the rest)",
         )
 
     workload = inp.workloads.get(key)
@@ -386,6 +379,47 @@ def _follow_admitted(
                 ended = str(c["reason"])
     _observe(inp, key, draft, out, ended, usage)
     return {**job, "status": draft.status}
+
+
+def _lock(inp: PassInput, draft: _Draft, admitted: Mapping[str, Any], message: str) -> None:
+    """Admitted stays True at the generation admitted, its reason SpecLocked: the change is
+    ignored, and said once (the Warning goes with the first pass that sees it)."""
+    if admitted.get("reason") != cond.REASON_SPEC_LOCKED:
+        draft.events.append(
+            status_rules.Event(status_rules.WARNING, cond.REASON_SPEC_LOCKED, message)
+        )
+    draft.set_conditions(
+        cond.set_condition(
+            _conditions(draft),
+            cond.ADMITTED,
+            ConditionStatus.TRUE,
+            cond.REASON_SPEC_LOCKED,
+            message,
+            admitted.get("observedGeneration"),
+            inp.now,
+        )
+    )
+
+
+def _edited_after_it_finished(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Admitted condition of a finished job whose spec changed since its admission (the
+    webhook refuses that unless it is off), else None."""
+    admitted = cond.find_condition((job.get("status") or {}).get("conditions") or [], cond.ADMITTED)
+    if admitted is None or admitted.get("status") != "True":
+        return None
+    at = admitted.get("observedGeneration")
+    return admitted if at is not None and _generation(job) != at else None
+
+
+def _follow_finished(inp: PassInput, draft: _Draft, admitted: Mapping[str, Any]) -> None:
+    _lock(
+        inp,
+        draft,
+        admitted,
+        f"the job has finished; the change to generation {_generation(draft.job)} is "
+        "ignored: a finished job runs nothing again (delete it and apply it again to rerun "
+        "it)",
+    )
 
 
 def _observe(

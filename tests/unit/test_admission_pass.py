@@ -603,6 +603,28 @@ def test_a_spec_change_after_admission_is_locked_out_and_said_so() -> None:
     assert again.writes == [], "said once"
 
 
+def test_a_spec_change_after_the_job_finished_is_ignored_and_said_so() -> None:
+    a, _ = admitted("a")
+    done = run(cluster(a), estimates={}, workloads={"ns/a": workload("a", "Complete")})
+    a = {**a, "status": merge(a["status"], write_for(done, "ns/a").patch)}
+    a["metadata"]["generation"] = 2
+    a["spec"]["lora"] = {"rank": 64}
+
+    out = run(cluster(a), estimates={"ns/a": estimated(a)})
+    write = write_for(out, "ns/a")
+    locked_status = merge(a["status"], write.patch)
+    locked = condition(locked_status, cond.ADMITTED)
+    assert (locked["status"], locked["reason"]) == ("True", cond.REASON_SPEC_LOCKED)
+    assert locked["observedGeneration"] == 1
+    assert "finished" in locked["message"] and "delete it and apply it again" in locked["message"]
+    assert ("Warning", cond.REASON_SPEC_LOCKED) in reasons(write)
+    assert condition(locked_status, cond.SUCCEEDED)["status"] == "True", "still succeeded"
+    assert out.creates == [] and out.decisions == [], "not decided again"
+
+    again = run(cluster({**a, "status": locked_status}), estimates={"ns/a": estimated(a)})
+    assert again.writes == [], "said once"
+
+
 def test_admissions_are_written_before_the_other_writes() -> None:
     rejected = ftj("a-first", minute=0, resources={"gpuSelector": {"gpu": "a100"}})
     fits = ftj("z-last", minute=1)
