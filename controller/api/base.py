@@ -12,6 +12,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: The label vramgate puts on every object it creates for a job (the FineTuneJob's name):
 #: how the operator finds a job's workload and pods, and how people select them.
 JOB_LABEL = f"{GROUP}/finetunejob"
+#: The annotation the mutating webhook puts on a job whose GPU count it rewrote: the count the
+#: manifest asked for, so that applying that manifest again keeps the count given at create.
+REQUESTED_GPUS_ANNOTATION = f"{GROUP}/requested-gpus"
 #: The extended resource of the NVIDIA device plugin: whole GPUs.
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The GPU product label of GPU feature discovery (e.g. NVIDIA-H100-80GB-HBM3).

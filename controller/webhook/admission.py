@@ -11,10 +11,12 @@ Validating (CREATE and UPDATE):
 
 Mutating (CREATE, and an UPDATE that changes the GPU count): with `admissionPolicy:
 Resize`, a requested GPU count that can never fit is rewritten to the count nearest it in
-`[minGPUs, maxGPUs]` that fits the empty cluster, with an admission warning kubectl prints.
-On UPDATE this is what lets the same manifest be applied again: `kubectl apply` sends the
-count the manifest asks for, which the webhook had rewritten at create, and the rewrite
-gives the stored count back, so an admitted job's locked spec does not change.
+`[minGPUs, maxGPUs]` that fits the empty cluster, with an admission warning kubectl prints,
+and the count asked for is kept in the annotation `REQUESTED_GPUS_ANNOTATION`. That is what
+lets the same manifest be applied again: `kubectl apply` sends the count the manifest asks
+for, and an UPDATE that differs from the stored job only in asking for the annotated count
+gets the stored count back, whatever the cluster looks like now, so an admitted job's
+locked spec does not change. Any other count is resized afresh.
 
 The cluster checks need the operator's inventory (`view`, the latest pass's view): before it
 has one (the operator just started, or no GPU reported yet), and for jobs it cannot estimate
@@ -33,11 +35,13 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from controller.api import conditions as cond
+from controller.api.base import REQUESTED_GPUS_ANNOTATION
 from controller.api.enums import AdmissionPolicy
 from controller.cluster import finished, job_request, reservation
 from controller.decision import Outcome, decide
@@ -59,6 +63,19 @@ ALLOWED, DENIED, ERROR = "allowed", "denied", "error"
 
 def _ignore(webhook: str, result: str, seconds: float) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """What the mutating webhook changes in a job: its `spec.resources` (None: as it is), and
+    the annotation of the GPU count asked for (`requested`: set to it; `forget`: removed)."""
+
+    resources: dict[str, Any] | None = None
+    requested: int | None = None
+    forget: bool = False
+
+    def __bool__(self) -> bool:
+        return self.resources is not None or self.requested is not None or self.forget
 
 
 class AdmissionWebhook:
@@ -94,6 +111,7 @@ class AdmissionWebhook:
 
     async def mutate(
         self,
+        body: Mapping[str, Any],
         spec: Mapping[str, Any],
         patch: kopf.Patch,
         warnings: list[str] | None = None,
@@ -101,28 +119,39 @@ class AdmissionWebhook:
         operation: str | None = None,
         **_: Any,
     ) -> None:
-        """kopf's mutating handler: `resized`, written into kopf's patch."""
-        resources = await self.resized(spec, warnings, old if operation == "UPDATE" else None)
-        if resources is not None:
-            patch.spec["resources"] = resources
+        """kopf's mutating handler: `mutation`, written into kopf's patch."""
+        found = await self.mutation(
+            {**body, "spec": spec}, warnings, old if operation == "UPDATE" else None
+        )
+        if found.resources is not None:
+            patch.spec["resources"] = found.resources
+        if found.requested is not None:
+            patch.metadata.annotations[REQUESTED_GPUS_ANNOTATION] = str(found.requested)
+        elif found.forget:
+            patch.metadata.annotations[REQUESTED_GPUS_ANNOTATION] = None
 
-    async def resized(
+    async def mutation(
         self,
-        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
         warnings: list[str] | None = None,
         old: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any] | None:
-        """The mutation: `spec.resources` with the GPU count rewritten, or None to leave the
-        spec as it is (the review server turns it into a JSON patch). With `old` (an
-        UPDATE), only a GPU count that differs from the stored one is looked at."""
+    ) -> Mutation:
+        """The GPU count rewritten, and the count asked for annotated (the review server
+        turns it into a JSON patch). With `old` (an UPDATE), only a GPU count that differs
+        from the stored one is looked at."""
         started, result = time.perf_counter(), ERROR
+        spec = body.get("spec") or {}
         try:
             if old is not None and _gpus(old.get("spec")) == _gpus(spec):
                 result = ALLOWED
-                return None
-            resources = await self._mutate(spec, warnings)
+                return Mutation()
+            found = _as_at_create(spec, old, warnings) if old is not None else None
+            if found is None:
+                found = await self._mutate(spec, warnings)
+            if found is None and REQUESTED_GPUS_ANNOTATION in _annotations(body):
+                found = Mutation(forget=True)  # the count is as asked: nothing to remember
             result = ALLOWED
-            return resources
+            return found or Mutation()
         except kopf.AdmissionError:
             result = DENIED
             raise
@@ -161,9 +190,7 @@ class AdmissionWebhook:
                 f"vramgate: {decision.reason}: {decision.message}", code=INVALID
             )
 
-    async def _mutate(
-        self, spec: Mapping[str, Any], warnings: list[str] | None
-    ) -> dict[str, Any] | None:
+    async def _mutate(self, spec: Mapping[str, Any], warnings: list[str] | None) -> Mutation | None:
         plain = dict(spec)
         found = self._estimate(plain, _key(plain))
         view = await self.view()
@@ -189,7 +216,7 @@ class AdmissionWebhook:
                         f"{plan.parallelism.api} ({each} each): spec.resources.gpus "
                         f"{plan.gpus} -> {n}"
                     )
-                return resources
+                return Mutation(resources, requested=plan.gpus)
         return None
 
     def _validate_spec(
@@ -271,6 +298,35 @@ def _spec_change_refusal(old: Mapping[str, Any]) -> str | None:
             "spec.suspend: true, edit the spec, then set it false)"
         )
     return None
+
+
+def _as_at_create(
+    spec: Mapping[str, Any], old: Mapping[str, Any], warnings: list[str] | None
+) -> Mutation | None:
+    """The stored count, when the update asks again for the count annotated at create and
+    changes nothing else but `suspend` (the manifest applied again); else None."""
+    asked, stored = _annotations(old).get(REQUESTED_GPUS_ANNOTATION), _gpus(old.get("spec"))
+    requested = 1 if _gpus(spec) is None else _gpus(spec)  # the CRD's default
+    if not isinstance(requested, int) or str(requested) != asked or not isinstance(stored, int):
+        return None
+    if _but_count(old.get("spec")) != _but_count(spec):
+        return None
+    if warnings is not None:
+        warnings.append(
+            f"vramgate: spec.resources.gpus {asked} -> {stored}, as resized when the job was "
+            f"created (annotation {REQUESTED_GPUS_ANNOTATION})"
+        )
+    return Mutation({**(spec.get("resources") or {}), "gpus": stored}, requested=requested)
+
+
+def _but_count(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    rest = but_suspend(spec)
+    rest["resources"] = {k: v for k, v in (rest.get("resources") or {}).items() if k != "gpus"}
+    return rest
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
 
 
 def _gpus(spec: Mapping[str, Any] | None) -> object:

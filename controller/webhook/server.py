@@ -39,9 +39,9 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from controller.api.base import GROUP
+from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
-from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.admission import AdmissionWebhook, Mutation
 
 VALIDATE_HANDLER = "validate-finetunejob"
 MUTATE_HANDLER = "mutate-finetunejob"
@@ -245,8 +245,31 @@ async def _check(
     if operation not in ("CREATE", "UPDATE"):
         return
     old = payload.get("oldObject") if operation == "UPDATE" else None
-    resources = await hook.resized(spec, warnings, old or None)
-    if resources is not None:
-        patch = [{"op": "add", "path": "/spec/resources", "value": resources}]
+    found = await hook.mutation(obj, warnings, old or None)
+    if found:
+        patch = json_patch(obj, found)
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode("ascii")
+
+
+def json_patch(obj: Mapping[str, Any], found: Mutation) -> list[dict[str, Any]]:
+    """`found` as JSON Patch operations on `obj` (RFC 6902: a map is added whole where it is
+    missing, and only a key that is there can be removed)."""
+    ops: list[dict[str, Any]] = []
+    if found.resources is not None:
+        ops.append({"op": "add", "path": "/spec/resources", "value": found.resources})
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations")
+    key = "/metadata/annotations/" + REQUESTED_GPUS_ANNOTATION.replace("~", "~0").replace("/", "~1")
+    if found.requested is not None:
+        value = str(found.requested)
+        if isinstance(annotations, Mapping):
+            ops.append({"op": "add", "path": key, "value": value})
+        else:
+            ops.append(
+                {"op": "add", "path": "/metadata/annotations",
+                 "value": {REQUESTED_GPUS_ANNOTATION: value}}
+            )  # fmt: skip
+    elif found.forget and REQUESTED_GPUS_ANNOTATION in (annotations or {}):
+        ops.append({"op": "remove", "path": key})
+    return ops

@@ -303,7 +303,30 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
     # of the locked spec, though the stored count is the webhook's.
     again = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
     assert again.returncode == 0, again.stderr
-    assert get(api_client, namespace, "needs-two")["spec"]["resources"]["gpus"] == 2
+    stored = get(api_client, namespace, "needs-two")
+    assert stored["spec"]["resources"]["gpus"] == 2
+    assert stored["metadata"]["annotations"]["vramgate.dev/requested-gpus"] == "1"
+
+    # The cluster grew a GPU the job fits on as asked: resized afresh, the manifest's count
+    # would now stay 1 and change the locked spec. The count annotated at create keeps it 2,
+    # with kubectl's client-side apply and with server-side apply (whose applier owns, and on
+    # re-apply drops, the annotation the webhook added to its create).
+    gpus.add([160], total=160)
+
+    def fits_as_asked() -> Any:
+        probe = {**body, "metadata": {**body["metadata"], "name": "probe-160"}}
+        done = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                               stdin=json.dumps(probe))  # fmt: skip
+        return done.returncode == 0 and "->" not in done.stderr
+
+    wait_until(fits_as_asked, timeout=DEADLINE_S, what="the webhook to see the 160 GiB GPU")
+    for how in ([], ["--server-side", "--force-conflicts"]):
+        again = cluster.kubectl("apply", *how, "-n", namespace, "-f", "-", stdin=json.dumps(body))
+        assert again.returncode == 0, (how, again.stderr)
+        assert "spec.resources.gpus 1 -> 2, as resized when the job was created" in again.stderr
+        stored = get(api_client, namespace, "needs-two")
+        assert stored["spec"]["resources"]["gpus"] == 2, how
+        assert stored["metadata"]["annotations"]["vramgate.dev/requested-gpus"] == "1", how
 
 
 def test_resize_down_to_what_fits_now(

@@ -336,14 +336,14 @@ def test_webhook_requests_are_timed_by_webhook_and_result() -> None:
     bad = {"metadata": {"name": "j"}, "spec": {**good["spec"], "method": "Sideways"}}
     with pytest.raises(kopf.AdmissionError):
         asyncio.run(hook.validate(body=bad, spec=bad["spec"], old=None, operation="CREATE"))
-    asyncio.run(hook.mutate(spec=good["spec"], patch=kopf.Patch(), warnings=[]))
+    asyncio.run(hook.mutate(body=good, spec=good["spec"], patch=kopf.Patch(), warnings=[]))
 
     async def broken() -> ClusterView | None:
         raise RuntimeError("the view failed")
 
     failing = AdmissionWebhook(broken, metrics.observe_webhook)
     with pytest.raises(RuntimeError):
-        asyncio.run(failing.mutate(spec=good["spec"], patch=kopf.Patch(), warnings=[]))
+        asyncio.run(failing.mutate(body=good, spec=good["spec"], patch=kopf.Patch(), warnings=[]))
 
     found = scrape(metrics)
     name = "vramgate_webhook_request_duration_seconds_count"

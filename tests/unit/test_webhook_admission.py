@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import jsonpatch
 import kopf
 import pytest
 
+from controller.api.base import REQUESTED_GPUS_ANNOTATION
 from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot
 from controller.packing.view import ClusterView
 from controller.units import GIB
@@ -53,9 +55,14 @@ def mutate(
     patch, warnings = kopf.Patch(), []
     operation = "UPDATE" if old is not None else "CREATE"
     asyncio.run(webhook.mutate(
-        spec=obj["spec"], patch=patch, warnings=warnings, old=old, operation=operation
+        body=obj, spec=obj["spec"], patch=patch, warnings=warnings, old=old, operation=operation
     ))  # fmt: skip
     return patch, warnings
+
+
+def applied(obj: dict[str, Any], patch: kopf.Patch) -> dict[str, Any]:
+    """`obj` as the API server stores it after the mutating webhook's patch."""
+    return jsonpatch.apply_patch(obj, patch.as_json_patch(obj))
 
 
 def admitted(obj: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +156,56 @@ def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> N
     assert warnings == [
         "vramgate: needs 2 GPUs with FSDP (42.60 GiB each): spec.resources.gpus 1 -> 2"
     ]
+
+
+def test_resize_remembers_the_count_asked_for_in_an_annotation() -> None:
+    manifest = body(**FULL, admissionPolicy="Resize")
+    stored = applied(manifest, mutate(hook(cluster()), manifest)[0])
+    assert stored["spec"]["resources"]["gpus"] == 2
+    assert stored["metadata"]["annotations"] == {REQUESTED_GPUS_ANNOTATION: "1"}
+    fits = body(admissionPolicy="Resize")
+    fits["metadata"]["annotations"] = {REQUESTED_GPUS_ANNOTATION: "1", "team": "a"}
+    forgot = applied(fits, mutate(hook(cluster()), fits)[0])
+    assert forgot["metadata"]["annotations"] == {"team": "a"}, (
+        "copied from another job: a count that fits as asked has nothing to remember"
+    )
+
+
+def test_the_manifest_applied_again_keeps_the_count_given_at_create_whatever_the_cluster() -> (
+    None
+):
+    """The cluster changed since the create: on 2 x 160 GiB the job would now fit as asked (1
+    GPU), on 80 GiB GPUs still 2. Either way the stored count comes back, and the admitted
+    job's locked spec is unchanged."""
+    manifest = body(**FULL, admissionPolicy="Resize")
+    stored = admitted(applied(manifest, mutate(hook(cluster()), manifest)[0]))
+    for now in (cluster(gib=160), cluster(), cluster(nodes=2, gpus=8, gib=40)):
+        # kubectl apply: the manifest's count; server-side apply may drop the annotation too
+        sent = {**manifest, "metadata": {**stored["metadata"], "annotations": {}}}
+        patch, warnings = mutate(hook(now), sent, old=stored)
+        again = applied(sent, patch)
+        assert again["spec"]["resources"]["gpus"] == 2
+        assert again["metadata"]["annotations"] == {REQUESTED_GPUS_ANNOTATION: "1"}
+        assert warnings == [
+            "vramgate: spec.resources.gpus 1 -> 2, as resized when the job was created "
+            f"(annotation {REQUESTED_GPUS_ANNOTATION})"
+        ]
+        validate(hook(now), again, stored)
+
+
+def test_another_count_or_another_spec_is_resized_afresh() -> None:
+    manifest = body(**FULL, admissionPolicy="Resize")
+    stored = applied(manifest, mutate(hook(cluster()), manifest)[0])  # waiting, not admitted
+    three = {**stored, "spec": {**stored["spec"], "resources": {"gpus": 3}}}
+    again = applied(three, mutate(hook(cluster()), three, old=stored)[0])
+    assert again["spec"]["resources"]["gpus"] == 3, "3 fits as asked"
+    assert REQUESTED_GPUS_ANNOTATION not in (again["metadata"].get("annotations") or {})
+
+    # The same count asked for, with a smaller model: 1 GPU fits now, so it stays 1.
+    smaller = {**stored, "spec": {**stored["spec"], "resources": {"gpus": 1},
+                                  "model": {"preset": "llama-3.2-1b"}}}  # fmt: skip
+    patch, _ = mutate(hook(cluster()), smaller, old=stored)
+    assert applied(smaller, patch)["spec"]["resources"]["gpus"] == 1
 
 
 def test_the_manifest_resized_at_create_can_be_applied_again() -> None:

@@ -12,13 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jsonpatch
 import pytest
 from aiohttp import web
 
 from controller.packing.view import ClusterView
-from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.admission import AdmissionWebhook, Mutation
 from controller.webhook.certs import generate, write_files
-from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER, ReviewServer, answer
+from controller.webhook.server import (
+    MUTATE_HANDLER,
+    VALIDATE_HANDLER,
+    ReviewServer,
+    answer,
+    json_patch,
+)
 from tests.unit.test_webhook_admission import FULL, admitted, body, cluster, hook
 
 RESOURCE = {"group": "vramgate.dev", "version": "v1alpha1", "resource": "finetunejobs"}
@@ -55,10 +62,33 @@ def test_resize_answers_with_a_json_patch_and_the_warning() -> None:
     response = ask(MUTATE_HANDLER, review(body(**FULL, admissionPolicy="Resize")))
     assert response["allowed"] is True and response["patchType"] == "JSONPatch"
     patch = json.loads(base64.b64decode(response["patch"]))
-    assert patch == [{"op": "add", "path": "/spec/resources", "value": {"gpus": 2}}]
+    assert patch == [
+        {"op": "add", "path": "/spec/resources", "value": {"gpus": 2}},
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"vramgate.dev/requested-gpus": "1"}},
+    ]  # fmt: skip
     assert response["warnings"] == [
         "vramgate: needs 2 GPUs with FSDP (42.60 GiB each): spec.resources.gpus 1 -> 2"
     ]
+
+
+def test_the_json_patch_adds_to_annotations_there_and_removes_only_what_is_there() -> None:
+    """Applied as the API server applies it: an op on a missing path fails the request."""
+    found = Mutation({"gpus": 2}, requested=1)
+    bare = body(**FULL)
+    for present in (None, {}, {"team": "a"}, {"vramgate.dev/requested-gpus": "4"}):
+        obj = body(**FULL)
+        if present is not None:
+            obj["metadata"]["annotations"] = dict(present)
+        out = jsonpatch.apply_patch(obj, json_patch(obj, found))
+        assert out["spec"]["resources"] == {"gpus": 2}
+        assert out["metadata"]["annotations"] == {
+            **(present or {}),
+            "vramgate.dev/requested-gpus": "1",
+        }
+        forgotten = jsonpatch.apply_patch(obj, json_patch(obj, Mutation(forget=True)))
+        assert "vramgate.dev/requested-gpus" not in (forgotten["metadata"].get("annotations") or {})
+        assert forgotten["spec"] == bare["spec"]
 
 
 def test_the_lock_on_an_admitted_spec_is_enforced_on_update() -> None:
