@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
+from controller.api.conditions import REASON_NO_TEMPLATE
 from controller.apply_checks import refused_at_apply
 from controller.cluster import (
     ClusterError,
@@ -30,11 +31,12 @@ from controller.cluster import (
     requests,
     snapshot,
 )
-from controller.decision import AdmissionSettings, Decision, plan
+from controller.decision import AdmissionSettings, Decision, decide, explain, plan_on, queue_order
 from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
 from controller.jobspec import JobPlan, estimate_plan
+from controller.packing.view import ClusterView
 from controller.settings import SettingsError, SettingsLoader
 from controller.units import GIB
 from controller.workload import workload_problem
@@ -114,7 +116,18 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise PlanInputError(f"{objects.origin[key]} ({key}): {problem}")
     undecided = {key: refused.message for key, refused in invalid.items()} | unusable
     jobs = [job for job in jobs if job.key not in unusable]
-    decisions = plan(snap, jobs, settings)
+    # A dumped job without a template is told what admission would do and holds nothing
+    # (NoTemplate): decided after the rest, on what they leave, as the operator's pass does.
+    # A job file's is the user's draft, planned as if it had one.
+    advice = [job for job in jobs if job.key in dumped and not _has_template(objects, job.key)]
+    view = ClusterView(snap, settings.packing)
+    decisions = plan_on(view, [job for job in jobs if job not in advice], settings, snap.now)
+    for i in queue_order(advice):
+        would = decide(advice[i], view)
+        decisions.append(
+            replace(would, reason=REASON_NO_TEMPLATE, message=explain.no_template(would),
+                    placement=())
+        )  # fmt: skip
     if args.json:
         out = {
             "decisions": [decision_json(d) for d in decisions],
@@ -126,6 +139,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
         for key, message in undecided.items():
             console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _has_template(objects: ClusterObjects, key: str) -> bool:
+    return bool((objects.jobs[key].get("spec") or {}).get("template"))  # as the operator reads it
 
 
 def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:

@@ -8,7 +8,7 @@ spans nodes (its GPUs' UUIDs go into one pod's environment), and a count no node
 
 from __future__ import annotations
 
-from controller.decision.types import JobRequest
+from controller.decision.types import Decision, JobRequest, Outcome
 from controller.estimator.settings import Parallelism
 from controller.packing.fit import gib, plural
 from controller.packing.placement import Placed
@@ -209,4 +209,18 @@ def no_shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
     return (
         f"needs {plural(job.gpus)} {shape}; the matching nodes have at most "
         f"{plural(widest)} each, so no such placement exists"
+    )
+
+
+def no_template(decision: Decision) -> str:
+    """A job without a pod template is told what admission would do, and holds nothing."""
+    if decision.admitted:
+        would = "would be admitted"
+    elif decision.outcome is Outcome.QUEUE:
+        would = "would wait"
+    else:
+        would = "would be rejected"
+    return (
+        f"spec.template is empty, so there is nothing to run and nothing is reserved; the job "
+        f"{would} ({decision.reason}: {decision.message})"
     )

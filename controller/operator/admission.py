@@ -46,7 +46,14 @@ from controller.cluster import (
     reservation,
     snapshot,
 )
-from controller.decision import AdmissionSettings, Decision, JobRequest, Outcome, decide, plan_on
+from controller.decision import (
+    AdmissionSettings,
+    Decision,
+    JobRequest,
+    decide,
+    explain,
+    plan_on,
+)
 from controller.estimator import Estimate
 from controller.jobspec import JobPlan
 from controller.operator import observed
@@ -573,20 +580,8 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
 
 
 def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
-    if decision.admitted:
-        would = "would be admitted"
-    elif decision.outcome is Outcome.QUEUE:
-        would = "would wait"
-    else:
-        would = "would be rejected"
-    if _set_admitted(
-        inp,
-        draft,
-        ConditionStatus.FALSE,
-        cond.REASON_NO_TEMPLATE,
-        f"spec.template is empty, so there is nothing to run and nothing is reserved; the job "
-        f"{would} ({decision.reason}: {decision.message})",
-    ):
+    message = explain.no_template(decision)
+    if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_NO_TEMPLATE, message):
         _decided(draft, ADVISE, cond.REASON_NO_TEMPLATE)
 
 

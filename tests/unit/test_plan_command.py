@@ -290,6 +290,32 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
     assert "team/missing: not decided: spec.model.configMapRef.name: ConfigMap" in out
 
 
+def test_a_dumped_job_without_a_template_is_advised_after_the_rest_and_holds_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The operator tells such a job what admission would do (NoTemplate) and reserves
+    nothing for it: the one free GPU goes to the job file's job, though the dumped one is
+    older. A job file's own template-less job is planned as a draft, as before."""
+    node, gpunode, *_ = _kubectl_dump(0)["items"]
+    early = {"name": "advice", "namespace": "team", "creationTimestamp": "2026-12-01T09:00:00Z"}
+    dump = {"kind": "List", "items": [node, gpunode, dict(LLAMA_QLORA, metadata=early)]}
+    template = {"spec": {"containers": [{"name": "t", "image": "t:v1"}]}}
+    mine = dict(LLAMA_QLORA, metadata={"name": "mine", "namespace": "team",
+                                       "creationTimestamp": "2026-12-01T11:00:00Z"},
+                spec={**LLAMA_QLORA["spec"], "template": template})  # fmt: skip
+    argv = ["--cluster", write(tmp_path, "dump.yaml", dump), write(tmp_path, "j.yaml", mine)]
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    found = {d["job"]: d for d in decisions(out)}
+    assert [found["team/mine"]["decision"], found["team/mine"]["placement"][0]["node"]] == [
+        "Admit", "gpu-1"
+    ]  # fmt: skip
+    advice = found["team/advice"]
+    assert (advice["reason"], advice["placement"]) == ("NoTemplate", [])
+    assert advice["message"].startswith("spec.template is empty, so there is nothing to run")
+    assert "the job would wait" in advice["message"]
+
+
 def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
