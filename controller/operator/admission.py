@@ -357,7 +357,7 @@ def _follow_admitted(
         draft.set_conditions(conditions)
         return {**job, "status": draft.status}
 
-    if admitted_at is not None and _generation(job) != admitted_at:
+    if admitted_at is not None and _generation(job) != admitted_at and not _deleting(job):
         _lock(
             inp,
             draft,
@@ -415,7 +415,13 @@ def _edited_after_it_finished(job: Mapping[str, Any]) -> Mapping[str, Any] | Non
     if admitted is None or admitted.get("status") != "True":
         return None
     at = admitted.get("observedGeneration")
-    return admitted if at is not None and _generation(job) != at else None
+    return admitted if at is not None and _generation(job) != at and not _deleting(job) else None
+
+
+def _deleting(job: Mapping[str, Any]) -> bool:
+    """Being deleted: the API server bumps the generation when it sets deletionTimestamp
+    (a foreground deletion, a finalizer), which is no change of the spec to speak of."""
+    return bool((job.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def _follow_finished(inp: PassInput, draft: _Draft, admitted: Mapping[str, Any]) -> None:

@@ -144,8 +144,15 @@ class AdmissionWebhook:
         try:
             if old is not None and _gpus(old.get("spec")) == _gpus(spec):
                 result = ALLOWED
-                return Mutation()
-            found = _as_at_create(spec, old, warnings) if old is not None else None
+                # The count stays; another change (model, method) makes the annotated count
+                # one asked for another spec: forgotten, so no later update matches it.
+                stale = REQUESTED_GPUS_ANNOTATION in _annotations(body) and _but_count(
+                    old.get("spec")
+                ) != _but_count(spec)
+                return Mutation(forget=stale)
+            found = None
+            if old is not None and _spec_change_refusal(old) is not None:
+                found = _as_at_create(spec, old, warnings)  # locked: what it was given stays
             if found is None:
                 found = await self._mutate(spec, warnings)
             if found is None and REQUESTED_GPUS_ANNOTATION in _annotations(body):
@@ -170,6 +177,8 @@ class AdmissionWebhook:
         key = _key(plain)  # once per request: each cache below is keyed by the spec
         self._validate_spec(plain, key, old, operation, warnings)
         if operation == "UPDATE" and old is not None:
+            if finished(old) and dict(old.get("spec") or {}) != plain:
+                raise kopf.AdmissionError(_FINISHED, code=INVALID)  # suspend included
             if but_suspend(old.get("spec")) == but_suspend(plain):
                 return  # the spec as it was, suspended or resumed: nothing new to judge
             refusal = _spec_change_refusal(old)
@@ -284,14 +293,17 @@ class AdmissionWebhook:
         return found
 
 
+_FINISHED = (
+    "spec: the job has finished, and a finished job is final: changing its spec would run "
+    "nothing; to run it again, delete it and apply it again"
+)
+
+
 def _spec_change_refusal(old: Mapping[str, Any]) -> str | None:
     """Why the spec of `old` may not change beyond `suspend`, or None: a finished job runs
     nothing again, and an admitted job's GPUs were chosen for the spec it has."""
     if finished(old):
-        return (
-            "spec: the job has finished, and a finished job is final: changing its spec would "
-            "run nothing; to run it again, delete it and apply it again"
-        )
+        return _FINISHED
     if reservation(old, []) is not None:
         return (
             "spec is locked once the job is admitted: only spec.suspend may change (set "
@@ -303,13 +315,17 @@ def _spec_change_refusal(old: Mapping[str, Any]) -> str | None:
 def _as_at_create(
     spec: Mapping[str, Any], old: Mapping[str, Any], warnings: list[str] | None
 ) -> Mutation | None:
-    """The stored count, when the update asks again for the count annotated at create and
-    changes nothing else but `suspend` (the manifest applied again); else None."""
+    """The stored count of a locked job (admitted or finished) with policy Resize, when the
+    update asks again for the count annotated at create and changes nothing else but
+    `suspend` (the manifest applied again); else None."""
     asked, stored = _annotations(old).get(REQUESTED_GPUS_ANNOTATION), _gpus(old.get("spec"))
-    requested = 1 if _gpus(spec) is None else _gpus(spec)  # the CRD's default
-    if not isinstance(requested, int) or str(requested) != asked or not isinstance(stored, int):
+    # The API server applies the CRD's default (1) before the webhooks; other callers may not.
+    requested = 1 if _gpus(spec) is None else _gpus(spec)
+    if type(requested) is not int or str(requested) != asked or type(stored) is not int:
         return None
-    if _but_count(old.get("spec")) != _but_count(spec):
+    if _but_count(old.get("spec")) != _but_count(spec) or (spec.get("admissionPolicy") or "") != (
+        AdmissionPolicy.RESIZE.value
+    ):
         return None
     if warnings is not None:
         warnings.append(

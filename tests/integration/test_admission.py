@@ -309,8 +309,8 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
 
     # The cluster grew a GPU the job fits on as asked: resized afresh, the manifest's count
     # would now stay 1 and change the locked spec. The count annotated at create keeps it 2,
-    # with kubectl's client-side apply and with server-side apply (whose applier owns, and on
-    # re-apply drops, the annotation the webhook added to its create).
+    # with kubectl's client-side apply and with server-side apply (the annotation, added by
+    # the webhook after the API server assigned field owners, is owned by no applier).
     gpus.add([160], total=160)
 
     def fits_as_asked() -> Any:

@@ -624,6 +624,10 @@ def test_a_spec_change_after_the_job_finished_is_ignored_and_said_so() -> None:
     again = run(cluster({**a, "status": locked_status}), estimates={"ns/a": estimated(a)})
     assert again.writes == [], "said once"
 
+    # A foreground deletion bumps the generation too: no change of the spec to speak of.
+    a["metadata"]["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+    assert run(cluster(a), estimates={"ns/a": estimated(a)}).writes == []
+
 
 def test_admissions_are_written_before_the_other_writes() -> None:
     rejected = ftj("a-first", minute=0, resources={"gpuSelector": {"gpu": "a100"}})

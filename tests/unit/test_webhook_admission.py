@@ -120,7 +120,9 @@ def test_a_finished_jobs_spec_may_not_change_and_the_refusal_says_how_to_run_it_
     )
     with pytest.raises(kopf.AdmissionError, match="delete it and apply it again"):
         validate(hook(cluster()), body(training={"sequenceLength": 1024}), old=old)
-    validate(hook(cluster()), body(suspend=True), old=old)  # suspend: harmless, allowed
+    # Not even suspend: the operator would say the change is ignored, as it is.
+    with pytest.raises(kopf.AdmissionError, match="a finished job is final"):
+        validate(hook(cluster()), body(suspend=True), old=old)
     validate(hook(cluster()), body(), old=old)  # metadata writes: the spec as it was
 
 
@@ -180,7 +182,7 @@ def test_the_manifest_applied_again_keeps_the_count_given_at_create_whatever_the
     manifest = body(**FULL, admissionPolicy="Resize")
     stored = admitted(applied(manifest, mutate(hook(cluster()), manifest)[0]))
     for now in (cluster(gib=160), cluster(), cluster(nodes=2, gpus=8, gib=40)):
-        # kubectl apply: the manifest's count; server-side apply may drop the annotation too
+        # kubectl apply: the manifest's count (the annotation is the old object's that counts)
         sent = {**manifest, "metadata": {**stored["metadata"], "annotations": {}}}
         patch, warnings = mutate(hook(now), sent, old=stored)
         again = applied(sent, patch)
@@ -206,6 +208,30 @@ def test_another_count_or_another_spec_is_resized_afresh() -> None:
                                   "model": {"preset": "llama-3.2-1b"}}}  # fmt: skip
     patch, _ = mutate(hook(cluster()), smaller, old=stored)
     assert applied(smaller, patch)["spec"]["resources"]["gpus"] == 1
+
+
+def test_only_a_locked_resize_job_keeps_its_annotated_count() -> None:
+    """A waiting job is not locked: the manifest applied again is resized afresh (1 GPU fits
+    now). A hand-set annotation on an Enforce job rewrites nothing."""
+    manifest = body(**FULL, admissionPolicy="Resize", resources={"gpus": 1})
+    waiting = applied(manifest, mutate(hook(cluster()), manifest)[0])
+    patch, _ = mutate(hook(cluster(gib=160)), manifest, old=waiting)
+    assert applied(manifest, patch)["spec"]["resources"]["gpus"] == 1
+
+    enforce = admitted(body(resources={"gpus": 2}))
+    enforce["metadata"]["annotations"] = {REQUESTED_GPUS_ANNOTATION: "3"}
+    asks = body(resources={"gpus": 3})
+    assert mutate(hook(cluster()), asks, old=enforce) == ({}, [])
+
+
+def test_an_annotated_count_is_forgotten_when_the_rest_of_the_spec_changes() -> None:
+    manifest = body(**FULL, admissionPolicy="Resize")
+    stored = applied(manifest, mutate(hook(cluster()), manifest)[0])
+    edited = {**stored, "spec": {**stored["spec"], "training": {"sequenceLength": 1024}}}
+    after = applied(edited, mutate(hook(cluster()), edited, old=stored)[0])
+    assert REQUESTED_GPUS_ANNOTATION not in (after["metadata"].get("annotations") or {})
+    relabelled = {**stored, "metadata": {**stored["metadata"], "labels": {"a": "b"}}}
+    assert mutate(hook(cluster()), relabelled, old=stored) == ({}, []), "the spec as it was"
 
 
 def test_the_manifest_resized_at_create_can_be_applied_again() -> None:
