@@ -683,6 +683,21 @@ class _Reader:
         return value
 
 
+#: Fields read under several names: a class default under one name must not outrank the
+#: config's value under another (Qwen3-MoE's class says num_experts; a config saying
+#: num_local_experts means that).
+_ALIASES = (
+    ("hidden_size", "n_embd", "d_model"),
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    ("num_attention_heads", "n_head", "n_heads"),
+    ("num_key_value_heads", "num_kv_heads"),
+    ("intermediate_size", "ffn_hidden_size", "n_inner"),
+    _EXPERT_COUNT_FIELDS,
+    _TOP_K_FIELDS,
+    _SHARED_COUNT_FIELDS,
+)
+
+
 @cache
 def _class_defaults() -> dict[str, dict[str, Any]]:
     text = resources.files("controller.estimator").joinpath("model_defaults.json").read_text()
@@ -705,6 +720,9 @@ def _text_config(config: Mapping[str, Any], prefix: str) -> tuple[Mapping[str, A
         merged = {k: v for k, v in config.items() if k != "text_config"} | dict(text)
         path = f"{prefix}.text_config" if prefix else "text_config"
     defaults = _class_defaults().get(str(merged.get("model_type", "")), {})
+    for names in _ALIASES if defaults else ():
+        if any(name in merged for name in names):  # the config's own name wins, whichever
+            defaults = {k: v for k, v in defaults.items() if k not in names}
     return defaults | merged, path
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import time
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -226,6 +229,40 @@ def test_unknown_lora_target_lists_the_modules() -> None:
     assert "q_proj" in str(error.value)
     assert canonical_targets(["w1", "q_proj"], shape, "t") == ("gate_proj", "q_proj")
     assert canonical_targets(["ALL_LINEAR"], shape, "t") == ("all-linear",)
+
+
+def test_class_defaults_are_transformers_own() -> None:
+    """model_defaults.json is facts from transformers' config classes: each value is the
+    default of its class's constructor (not a value derived at init, as head_dim is)."""
+    transformers = pytest.importorskip("transformers")
+    mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    text = resources.files("controller.estimator").joinpath("model_defaults.json").read_text()
+    defaults = {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    assert {"qwen2_moe", "qwen3_moe", "deepseek_v3", "mixtral", "qwen3"} <= defaults.keys()
+    for model_type, fields in defaults.items():
+        signature: dict[str, object] = {}
+        for cls in reversed(mapping[model_type].__mro__):
+            if "__init__" in cls.__dict__:
+                for name, p in inspect.signature(cls.__dict__["__init__"]).parameters.items():
+                    signature[name] = p.default
+        for name, value in fields.items():
+            assert signature.get(name) == value, (model_type, name)
+
+
+def test_an_moe_config_saved_with_its_class_defaults_left_out_is_read_whole() -> None:
+    """`save_pretrained` writes only what differs from the class defaults: a Qwen1.5-MoE
+    config may omit its 60 experts of 1408, top-4 and shared expert of 5632."""
+    full = {"model_type": "qwen2_moe", "hidden_size": 2048, "num_hidden_layers": 24,
+            "num_attention_heads": 16, "vocab_size": 151936, "intermediate_size": 5632,
+            "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632}  # fmt: skip
+    short = {"model_type": "qwen2_moe", "hidden_size": 2048}
+    assert parse_config(short).dims == parse_config(full).dims
+    assert parse_config(short).dims.num_experts == 60
+    # The config's own name for a field wins over the class default under another name.
+    named = {"model_type": "qwen3_moe", "num_local_experts": 64, "num_experts_per_token": 4}
+    dims = parse_config(named).dims
+    assert (dims.num_experts, dims.experts_per_token) == (64, 4)
 
 
 def test_class_defaults_fill_fields_a_config_omits() -> None:
