@@ -23,8 +23,10 @@ prometheus: install  ## prometheus and promtool: the distribution's package (apt
 integration: install binaries prometheus
 	$(PYTHON) -m pytest tests/integration
 
+# Unit tests first: the integration tests' control plane lives until the session ends, and
+# would take CPU from every unit test run after them.
 test: install lint binaries prometheus  ## the whole suite: unit and integration against a real API server
-	$(PYTHON) -m pytest tests
+	$(PYTHON) -m pytest tests/unit tests/integration
 
 bench: install
 	$(PYTHON) -m benchmarks.bench_estimator
