@@ -31,7 +31,15 @@ from controller.cluster import (
     requests,
     snapshot,
 )
-from controller.decision import AdmissionSettings, Decision, decide, explain, plan_on, queue_order
+from controller.decision import (
+    ADVISE,
+    AdmissionSettings,
+    Decision,
+    decide,
+    explain,
+    plan_on,
+    queue_order,
+)
 from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
@@ -119,14 +127,18 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # A dumped job without a template is told what admission would do and holds nothing
     # (NoTemplate): decided after the rest, on what they leave, as the operator's pass does.
     # A job file's is the user's draft, planned as if it had one.
-    advice = [job for job in jobs if job.key in dumped and not _has_template(objects, job.key)]
+    advice = [
+        job
+        for job in jobs
+        if job.key in dumped and not job.suspend and not _has_template(objects, job.key)
+    ]
     view = ClusterView(snap, settings.packing)
     decisions = plan_on(view, [job for job in jobs if job not in advice], settings, snap.now)
     for i in queue_order(advice):
         would = decide(advice[i], view)
         decisions.append(
             replace(would, reason=REASON_NO_TEMPLATE, message=explain.no_template(would),
-                    placement=())
+                    admitted_gpus=None, placement=())
         )  # fmt: skip
     if args.json:
         out = {
@@ -280,10 +292,16 @@ def _estimator(profile: Profile | None) -> Any:
     return estimate
 
 
+def decision_label(decision: Decision) -> str:
+    """The outcome, or Advise for a job told only what admission would do (NoTemplate), as
+    the operator's metrics count it: nothing is admitted, whatever the outcome would be."""
+    return ADVISE if decision.reason == REASON_NO_TEMPLATE else decision.outcome.value
+
+
 def decision_json(decision: Decision) -> dict[str, Any]:
     return {
         "job": decision.job,
-        "decision": decision.outcome.value,
+        "decision": decision_label(decision),
         "reason": decision.reason,
         "message": decision.message,
         "requested_gpus": decision.requested_gpus,
@@ -311,7 +329,7 @@ def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobP
         count = decision.admitted_gpus or decision.requested_gpus
         table.add_row(
             decision.job,
-            decision.outcome.value,
+            decision_label(decision),
             decision.reason,
             where or f"({count} GPU{'s' if count > 1 else ''})",
             f"{decision.per_gpu_bytes / GIB:.2f}",

@@ -11,6 +11,7 @@ Pure like `controller.packing`: the operator's loop and `vramgate plan` both cal
 from controller.decision.decide import decide
 from controller.decision.plan import plan, plan_on, queue_order
 from controller.decision.types import (
+    ADVISE,
     AdmissionSettings,
     Decision,
     JobRequest,
@@ -19,6 +20,7 @@ from controller.decision.types import (
 )
 
 __all__ = [
+    "ADVISE",
     "AdmissionSettings",
     "Decision",
     "JobRequest",

@@ -25,6 +25,12 @@ class Outcome(StrEnum):
     REJECT = "Reject"
 
 
+#: The label, beside the outcomes, of a job told only what admission would do: in the
+#: operator's metrics, policy Advise's admission by GPU count and a job without a template;
+#: in `vramgate plan`, the job without a template (nothing runs, nothing is reserved).
+ADVISE = "Advise"
+
+
 class QueueingStrategy(StrEnum):
     """Whether a later job that fits may go ahead of an earlier one that waits."""
 

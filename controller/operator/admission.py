@@ -47,6 +47,7 @@ from controller.cluster import (
     snapshot,
 )
 from controller.decision import (
+    ADVISE,
     AdmissionSettings,
     Decision,
     JobRequest,
@@ -205,7 +206,7 @@ def admission_pass(inp: PassInput) -> PassOutput:
         request = _estimated(inp, draft, found)
         if request is None:
             continue
-        if not has_template:
+        if not has_template and not request.suspend:  # suspended: said so, as any job
             template_less.append(request)
             continue
         requests.append(request)
@@ -589,11 +590,6 @@ def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
     message = explain.no_template(decision)
     if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_NO_TEMPLATE, message):
         _decided(draft, ADVISE, cond.REASON_NO_TEMPLATE)
-
-
-#: The decision label of a job told only what admission would do: policy Advise's admission
-#: by GPU count, and a job without a template (nothing runs, nothing is reserved).
-ADVISE = "Advise"
 
 
 def decision_name(decision: Decision) -> str:

@@ -438,6 +438,13 @@ def test_a_job_without_a_template_holds_no_gpu() -> None:
     assert "would wait" in told["message"], "the GPU went to a job that can run"
 
 
+def test_a_suspended_job_without_a_template_is_told_it_is_suspended() -> None:
+    job = ftj("a", template=None)
+    job["spec"]["suspend"] = True
+    told = condition(status_after(run(cluster(job)), "ns/a"), cond.ADMITTED)
+    assert (told["status"], told["reason"]) == ("False", cond.REASON_SUSPENDED)
+
+
 def test_an_invalid_template_is_an_invalid_spec_before_any_gpu_is_promised() -> None:
     bad = ftj("bad", minute=0, template={"spec": {"containers": []}})
     good = ftj("good", minute=1)

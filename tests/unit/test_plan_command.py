@@ -311,9 +311,20 @@ def test_a_dumped_job_without_a_template_is_advised_after_the_rest_and_holds_not
         "Admit", "gpu-1"
     ]  # fmt: skip
     advice = found["team/advice"]
-    assert (advice["reason"], advice["placement"]) == ("NoTemplate", [])
+    assert (advice["decision"], advice["reason"]) == ("Advise", "NoTemplate")
+    assert (advice["admitted_gpus"], advice["placement"]) == (None, [])
     assert advice["message"].startswith("spec.template is empty, so there is nothing to run")
     assert "the job would wait" in advice["message"]
+
+    # Suspended, it is told so, as any suspended job.
+    dump["items"][2] = dict(LLAMA_QLORA, metadata=early, spec={**LLAMA_QLORA["spec"],
+                                                               "suspend": True})  # fmt: skip
+    argv[1] = write(tmp_path, "dump.yaml", dump)
+    code, out, _ = run(capsys, *argv, "--json")
+    found = {d["job"]: d for d in decisions(out)}
+    assert (found["team/advice"]["decision"], found["team/advice"]["reason"]) == (
+        "Queue", "Suspended"
+    )  # fmt: skip
 
 
 def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
