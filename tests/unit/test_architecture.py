@@ -17,6 +17,7 @@ from controller.estimator.architecture import (
     _Reader,
     canonical_targets,
 )
+from controller.estimator.presets import load_preset
 from controller.estimator.settings import MAX_SEQUENCE_LENGTH
 from tests.unit.conftest import LLAMA_31_8B
 
@@ -263,6 +264,18 @@ def test_an_moe_config_saved_with_its_class_defaults_left_out_is_read_whole() ->
     named = {"model_type": "qwen3_moe", "num_local_experts": 64, "num_experts_per_token": 4}
     dims = parse_config(named).dims
     assert (dims.num_experts, dims.experts_per_token) == (64, 4)
+    # DeepSeek-V3's MLA widths, Llama 4's dense MLP width: read as attention and a shared
+    # expert of the class's widths, not as plain multi-head attention and no shared expert.
+    for preset, omitted in (
+        ("deepseek-v3", ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                         "qk_rope_head_dim", "v_head_dim")),
+        ("llama-4-maverick", ("intermediate_size_mlp",)),
+    ):  # fmt: skip
+        config = load_preset(preset).config_dict()
+        text = config.get("text_config", config)
+        trimmed = {k: v for k, v in text.items() if k not in omitted}
+        whole = parse_config(text).dims
+        assert parse_config(trimmed).dims == whole, preset
 
 
 def test_class_defaults_fill_fields_a_config_omits() -> None:
