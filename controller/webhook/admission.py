@@ -14,9 +14,11 @@ Resize`, a requested GPU count that can never fit is rewritten to the count near
 `[minGPUs, maxGPUs]` that fits the empty cluster, with an admission warning kubectl prints,
 and the count asked for is kept in the annotation `REQUESTED_GPUS_ANNOTATION`. That is what
 lets the same manifest be applied again: `kubectl apply` sends the count the manifest asks
-for, and an UPDATE that differs from the stored job only in asking for the annotated count
-gets the stored count back, whatever the cluster looks like now, so an admitted job's
-locked spec does not change. Any other count is resized afresh.
+for, and an UPDATE of an admitted or finished job that differs from it only in asking for
+the annotated count (and in `suspend`) gets the stored count back, whatever the cluster
+looks like now, so the locked spec does not change. A job not yet admitted, and any other
+count, is resized afresh; an update that changes the rest of the spec forgets the
+annotation.
 
 The cluster checks need the operator's inventory (`view`, the latest pass's view): before it
 has one (the operator just started, or no GPU reported yet), and for jobs it cannot estimate
