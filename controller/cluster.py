@@ -206,6 +206,12 @@ def _live_pods(pods: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]
             yield pod
 
 
+def has_template(job: Mapping[str, Any]) -> bool:
+    """Whether the job has a trainer pod template: without one nothing runs, and admission
+    only says what it would do (NoTemplate)."""
+    return bool((job.get("spec") or {}).get("template"))
+
+
 def finished(job: Mapping[str, Any]) -> bool:
     """Whether the job's workload succeeded or failed: it holds nothing and waits for nothing."""
     conditions = (job.get("status") or {}).get("conditions") or []

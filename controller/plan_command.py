@@ -26,6 +26,7 @@ from controller.apply_checks import refused_at_apply
 from controller.cluster import (
     ClusterError,
     ClusterObjects,
+    has_template,
     parse_time,
     pending_jobs,
     requests,
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     advice = [
         job
         for job in jobs
-        if job.key in dumped and not job.suspend and not _has_template(objects, job.key)
+        if job.key in dumped and not job.suspend and not has_template(objects.jobs[job.key])
     ]
     view = ClusterView(snap, settings.packing)
     decisions = plan_on(view, [job for job in jobs if job not in advice], settings, snap.now)
@@ -151,10 +152,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         for key, message in undecided.items():
             console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
-
-
-def _has_template(objects: ClusterObjects, key: str) -> bool:
-    return bool((objects.jobs[key].get("spec") or {}).get("template"))  # as the operator reads it
 
 
 def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:

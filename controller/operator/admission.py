@@ -41,6 +41,7 @@ from controller.api.finetunejob import NodePlacement, Placement
 from controller.cluster import (
     ClusterObjects,
     finished,
+    has_template,
     job_key,
     job_request,
     reservation,
@@ -190,23 +191,29 @@ def admission_pass(inp: PassInput) -> PassOutput:
             continue
         if finished(job):
             if (edited := _edited_after_it_finished(job)) is not None:
-                _follow_finished(inp, drafts.setdefault(key, _Draft(job)), edited)
+                drafts[key] = draft = _Draft(job)
+                _lock(
+                    inp, draft, edited,
+                    f"the job has finished; the change to generation {_generation(job)} is "
+                    "ignored: a finished job runs nothing again (delete it and apply it again "
+                    "to rerun it)",
+                )  # fmt: skip
             continue
         found = inp.estimates.get(key)
         if found is None or found.generation != _generation(job):
             continue  # still estimating this generation
         draft = drafts[key] = _Draft(job)
-        has_template = bool((job.get("spec") or {}).get("template"))
+        templated = has_template(job)
         # Before the estimate is recorded: recording it (Estimated=True) and then the
         # template's error (False) would move lastTransitionTime, a write every pass.
-        problem = _template_error(job, inp) if has_template and found.failure is None else None
+        problem = _template_error(job, inp) if templated and found.failure is None else None
         if problem is not None:
             draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
             continue
         request = _estimated(inp, draft, found)
         if request is None:
             continue
-        if not has_template and not request.suspend:  # suspended: said so, as any job
+        if not templated and not request.suspend:  # suspended: said so, as any job
             template_less.append(request)
             continue
         requests.append(request)
@@ -423,17 +430,6 @@ def _deleting(job: Mapping[str, Any]) -> bool:
     """Being deleted: the API server bumps the generation when it sets deletionTimestamp
     (a foreground deletion, a finalizer), which is no change of the spec to speak of."""
     return bool((job.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _follow_finished(inp: PassInput, draft: _Draft, admitted: Mapping[str, Any]) -> None:
-    _lock(
-        inp,
-        draft,
-        admitted,
-        f"the job has finished; the change to generation {_generation(draft.job)} is "
-        "ignored: a finished job runs nothing again (delete it and apply it again to rerun "
-        "it)",
-    )
 
 
 def _observe(
