@@ -1,5 +1,7 @@
 # Every target installs what it needs, so each works on a fresh machine.
 PYTHON ?= python3
+# pytest-xdist workers for the unit tests (make test TEST_WORKERS=8 on a bigger machine)
+TEST_WORKERS ?= 2
 
 .PHONY: install test unit integration lint binaries prometheus demo bench cluster-up cluster-down kind
 
@@ -12,7 +14,7 @@ lint: install  ## ruff, the import contracts that keep the core pure and layered
 	$(PYTHON) -m mypy
 
 unit: install
-	$(PYTHON) -m pytest tests/unit
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 tests/unit
 
 binaries:  ## etcd, kube-*, kwok, helm, kubectl from the Go module proxy (cached)
 	$(PYTHON) -m e2e.build
@@ -23,10 +25,12 @@ prometheus: install  ## prometheus and promtool: the distribution's package (apt
 integration: install binaries prometheus
 	$(PYTHON) -m pytest tests/integration
 
-# Unit tests first: the integration tests' control plane lives until the session ends, and
-# would take CPU from every unit test run after them.
+# Unit tests first, on TEST_WORKERS processes (tests/unit/conftest.py puts the long trace
+# tests first so the workers share them), then the integration tests in one process: they
+# share one control plane, and their timings want the CPU it leaves.
 test: install lint binaries prometheus  ## the whole suite: unit and integration against a real API server
-	$(PYTHON) -m pytest tests/unit tests/integration
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 tests/unit
+	$(PYTHON) -m pytest tests/integration
 
 bench: install
 	$(PYTHON) -m benchmarks.bench_estimator
