@@ -36,10 +36,7 @@ from controller.decision import (
     ADVISE,
     AdmissionSettings,
     Decision,
-    decide,
-    explain,
     plan_on,
-    queue_order,
 )
 from controller.errors import PermanentError
 from controller.estimator import Estimate
@@ -126,21 +123,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     undecided = {key: refused.message for key, refused in invalid.items()} | unusable
     jobs = [job for job in jobs if job.key not in unusable]
     # A dumped job without a template is told what admission would do and holds nothing
-    # (NoTemplate): decided after the rest, on what they leave, as the operator's pass does.
-    # A job file's is the user's draft, planned as if it had one.
-    advice = [
-        job
-        for job in jobs
-        if job.key in dumped and not job.suspend and not has_template(objects.jobs[job.key])
-    ]
+    # (NoTemplate), as the operator's pass does. A job file's is the user's draft, planned as
+    # if it had one.
+    template_less = {
+        job.key for job in jobs if job.key in dumped and not has_template(objects.jobs[job.key])
+    }
     view = ClusterView(snap, settings.packing)
-    decisions = plan_on(view, [job for job in jobs if job not in advice], settings, snap.now)
-    for i in queue_order(advice):
-        would = decide(advice[i], view)
-        decisions.append(
-            replace(would, reason=REASON_NO_TEMPLATE, message=explain.no_template(would),
-                    admitted_gpus=None, placement=())
-        )  # fmt: skip
+    decisions = plan_on(view, jobs, settings, snap.now, template_less)
     if args.json:
         out = {
             "decisions": [decision_json(d) for d in decisions],

@@ -12,14 +12,21 @@ loop assumes before it writes.
   them as they drain.
 * `StrictFIFO` never lets a job go ahead of one that waits: behind it, every job waits too
   (or is rejected, if it could never fit).
+
+A job without a pod template runs nothing, so it holds nothing: it is told what admission
+would do (reason NoTemplate), decided after the others on what they leave, never charged, and
+never in another job's way; under StrictFIFO it waits behind a job that waits ahead of it, as
+it would with a template.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from controller.api import conditions as cond
+from controller.decision import explain
 from controller.decision.decide import decide_placed
 from controller.decision.types import (
     AdmissionSettings,
@@ -59,29 +66,51 @@ def plan_on(
     jobs: Sequence[JobRequest],
     settings: AdmissionSettings,
     now: datetime | None,
+    template_less: Set[str] = frozenset(),
 ) -> list[Decision]:
-    """`plan` on a view the caller built (the operator keeps one per pass)."""
+    """`plan` on a view the caller built (the operator keeps one per pass). The jobs keyed in
+    `template_less` have no pod template: they come last, each told what admission would do."""
+    order = queue_order(jobs)
     decisions: list[Decision] = []
-    blocker: str | None = None
-    for i in queue_order(jobs):
+    blocker: tuple[int, str] | None = None  # StrictFIFO: the first waiting job's place, key
+    for place, i in enumerate(order):
         job = jobs[i]
         if job.suspend:
             decisions.append(_suspended(job))
             continue
+        if job.key in template_less:
+            continue
         decision, placed = decide_placed(job, view)
         if placed is not None and blocker is not None:
-            decision = _behind(job, blocker)
+            decision = _behind(job, blocker[1])
         elif placed is not None:
             view.assume(placed)
         elif decision.outcome is Outcome.QUEUE:
             if settings.queueing is QueueingStrategy.STRICT_FIFO:
-                blocker = blocker or job.key
+                blocker = blocker or (place, job.key)
             elif _starving(job, now, settings):
                 view.hold_closest(
                     job.estimate, job.parallelism, job.gpus, view.select(job.selector)
                 )
         decisions.append(decision)
+    for place, i in enumerate(order):
+        job = jobs[i]
+        if job.key in template_less and not job.suspend:
+            decision, placed = decide_placed(job, view)
+            if placed is not None and blocker is not None and blocker[0] < place:
+                decision = _behind(job, blocker[1])
+            decisions.append(_no_template(decision))
     return decisions
+
+
+def _no_template(would: Decision) -> Decision:
+    return replace(
+        would,
+        reason=cond.REASON_NO_TEMPLATE,
+        message=explain.no_template(would),
+        admitted_gpus=None,
+        placement=(),
+    )
 
 
 def _starving(job: JobRequest, now: datetime | None, settings: AdmissionSettings) -> bool:

@@ -52,8 +52,6 @@ from controller.decision import (
     AdmissionSettings,
     Decision,
     JobRequest,
-    decide,
-    explain,
     plan_on,
 )
 from controller.estimator import Estimate
@@ -185,7 +183,7 @@ def admission_pass(inp: PassInput) -> PassOutput:
             jobs[key] = _follow_admitted(inp, key, draft, out, usage or {})
 
     requests: list[JobRequest] = []
-    template_less: list[JobRequest] = []
+    template_less: set[str] = set()
     for key, job in inp.objects.jobs.items():
         if key in drafts:  # admitted and running: followed above
             continue
@@ -213,20 +211,18 @@ def admission_pass(inp: PassInput) -> PassOutput:
         request = _estimated(inp, draft, found)
         if request is None:
             continue
-        if not templated and not request.suspend:  # suspended: said so, as any job
-            template_less.append(request)
-            continue
+        if not templated:
+            template_less.add(key)
         requests.append(request)
 
     objects = replace(inp.objects, jobs=jobs)
     view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
-    decisions = plan_on(view, requests, inp.settings, inp.now)
-    for decision in decisions:
-        _record(inp, drafts[decision.job], decision, out)
-    for request in template_less:
-        decision = decide(request, view)
-        _no_template(inp, drafts[request.key], decision)
-        out.decisions.append(decision)
+    for decision in plan_on(view, requests, inp.settings, inp.now, template_less):
+        if decision.reason == cond.REASON_NO_TEMPLATE:
+            _no_template(inp, drafts[decision.job], decision)
+            out.decisions.append(decision)
+        else:
+            _record(inp, drafts[decision.job], decision, out)
 
     for key, draft in drafts.items():
         write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
@@ -583,7 +579,8 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
 
 
 def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
-    message = explain.no_template(decision)
+    """Admitted stays False: the advice is in the message (`decision.plan`)."""
+    message = decision.message
     if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_NO_TEMPLATE, message):
         _decided(draft, ADVISE, cond.REASON_NO_TEMPLATE)
 

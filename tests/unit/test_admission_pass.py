@@ -19,7 +19,7 @@ import pytest
 from controller.api import conditions as cond
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
 from controller.cluster import ClusterObjects, job_key
-from controller.decision import AdmissionSettings, Outcome
+from controller.decision import AdmissionSettings, Outcome, QueueingStrategy
 from controller.estimator import SpecError, SpecErrors
 from controller.jobspec import estimate_plan, translate
 from controller.operator import observed
@@ -180,6 +180,7 @@ def run(
     now: datetime = NOW,
     last_written: Mapping[str, datetime] | None = None,
     peaks: Mapping[str, Peaks] | None = None,
+    settings: AdmissionSettings | None = None,
 ) -> PassOutput:
     """One pass; every job estimated at its generation unless `estimates` says otherwise."""
     if estimates is None:
@@ -190,7 +191,7 @@ def run(
             workloads=workloads or {},
             job_pods=job_pods or {},
             estimates=estimates,
-            settings=AdmissionSettings(),
+            settings=settings or AdmissionSettings(),
             now=now,
             last_written=last_written or {},
             peaks=peaks or {},
@@ -436,6 +437,17 @@ def test_a_job_without_a_template_holds_no_gpu() -> None:
     told = condition(status_after(out, "ns/idle"), cond.ADMITTED)
     assert told["reason"] == cond.REASON_NO_TEMPLATE
     assert "would wait" in told["message"], "the GPU went to a job that can run"
+
+
+def test_under_strict_fifo_a_job_without_a_template_is_told_it_would_wait_its_turn() -> None:
+    waits = ftj("waits", minute=0)  # 11.6 GiB: fits the 80 GiB GPU, not its 10 free
+    small = {"model": {"preset": "qwen2.5-0.5b"}}  # fits the 10 GiB free
+    bare = ftj("bare", minute=1, template=None, **small)
+    objects = cluster(waits, bare, gpus={"n1": [10]})
+    strict = AdmissionSettings(queueing=QueueingStrategy.STRICT_FIFO)
+    told = condition(status_after(run(objects, settings=strict), "ns/bare"), cond.ADMITTED)
+    assert told["reason"] == cond.REASON_NO_TEMPLATE
+    assert "would wait (WaitingInQueue: fits now, but waits behind ns/waits" in told["message"]
 
 
 def test_a_suspended_job_without_a_template_is_told_it_is_suspended() -> None:
