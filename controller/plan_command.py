@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from importlib.resources import files
@@ -56,6 +56,12 @@ _C_LOADER = getattr(yaml, "CSafeLoader", None)
 #: The admission flags, spelled and checked as the operator's; no env prefix, since plan reads
 #: no environment (nor a config file): only the command line.
 ADMISSION = SettingsLoader(AdmissionConfig, "", typed_flags=True, shown_defaults=SHOWN_DEFAULTS)
+#: A job file's job without a pod template is planned as the job it will become; applied as it
+#: is, the operator only says what it would do.
+DRAFT_WITHOUT_TEMPLATE = (
+    "spec.template is empty: planned as if it had one; applied as it is, the job runs nothing "
+    "and reserves nothing (NoTemplate)"
+)
 
 
 class PlanInputError(PermanentError, ValueError):
@@ -130,14 +136,18 @@ def run(args: argparse.Namespace, console: Console) -> int:
     }
     view = ClusterView(snap, settings.packing)
     decisions = plan_on(view, jobs, settings, snap.now, template_less)
+    warnings = {key: list(plan.warnings) for key, plan in plans.items()}
+    for key in plans.keys() - dumped - template_less:
+        if not has_template(objects.jobs[key]):
+            warnings[key].append(DRAFT_WITHOUT_TEMPLATE)
     if args.json:
         out = {
-            "decisions": [decision_json(d) for d in decisions],
+            "decisions": [decision_json(d, warnings.get(d.job, ())) for d in decisions],
             "undecided": [{"job": key, "error": message} for key, message in undecided.items()],
         }
         print(json.dumps(out))
     else:
-        render(console, decisions, plans)
+        render(console, decisions, warnings)
         for key, message in undecided.items():
             console.print(f"{key}: not decided: {message}", highlight=False, soft_wrap=True)
     return 0
@@ -284,7 +294,7 @@ def decision_label(decision: Decision) -> str:
     return ADVISE if decision.reason == REASON_NO_TEMPLATE else decision.outcome.value
 
 
-def decision_json(decision: Decision) -> dict[str, Any]:
+def decision_json(decision: Decision, warnings: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "job": decision.job,
         "decision": decision_label(decision),
@@ -297,10 +307,13 @@ def decision_json(decision: Decision) -> dict[str, Any]:
             {"node": part.node, "gpus": list(part.indices), "uuids": list(part.uuids)}
             for part in decision.placement
         ],
+        "warnings": list(warnings),
     }
 
 
-def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobPlan]) -> None:
+def render(
+    console: Console, decisions: list[Decision], warnings: Mapping[str, Sequence[str]]
+) -> None:
     """A row per job in queue order, then each job's message (too long for a column)."""
     table = Table(show_edge=False)
     # Whole names up to 64 characters; a longer one (they may have 253) folds onto more lines
@@ -323,6 +336,5 @@ def render(console: Console, decisions: list[Decision], plans: Mapping[str, JobP
     console.print(table)
     for decision in decisions:
         console.print(f"{decision.job}: {decision.message}", highlight=False, soft_wrap=True)
-        plan_of = plans.get(decision.job)
-        for warning in plan_of.warnings if plan_of else ():
+        for warning in warnings.get(decision.job, ()):
             console.print(f"{decision.job}: warning: {warning}", highlight=False, soft_wrap=True)

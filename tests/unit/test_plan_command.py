@@ -11,6 +11,7 @@ import yaml
 
 from controller.cli import main
 from controller.estimator.presets import load_preset
+from controller.plan_command import DRAFT_WITHOUT_TEMPLATE
 from controller.units import GIB
 
 LLAMA_QLORA = {
@@ -54,6 +55,7 @@ def test_the_built_in_example_shows_all_four_decisions(
     resized = decisions(out)[1]
     assert resized["requested_gpus"] == 1 and resized["admitted_gpus"] == 2
     assert decisions(out)[3]["placement"] == []
+    assert [d["warnings"] for d in decisions(out)] == [[]] * 4, "each has its trainer's template"
 
 
 def test_the_human_table_names_each_decision_and_its_message(
@@ -315,11 +317,22 @@ def test_a_dumped_job_without_a_template_is_advised_after_the_rest_and_holds_not
     assert (advice["admitted_gpus"], advice["placement"]) == (None, [])
     assert advice["message"].startswith("spec.template is empty, so there is nothing to run")
     assert "the job would wait" in advice["message"]
+    assert (advice["warnings"], found["team/mine"]["warnings"]) == ([], [])
+
+    # The job file's own template-less job: planned as if it had one, with a warning.
+    draft = dict(mine, spec=LLAMA_QLORA["spec"])
+    argv[2] = write(tmp_path, "j.yaml", draft)
+    code, out, _ = run(capsys, *argv, "--json")
+    found = {d["job"]: d for d in decisions(out)}
+    assert found["team/mine"]["decision"] == "Admit"
+    assert found["team/mine"]["warnings"] == [DRAFT_WITHOUT_TEMPLATE]
+    code, out, _ = run(capsys, *argv)
+    assert f"team/mine: warning: {DRAFT_WITHOUT_TEMPLATE}" in " ".join(out.split())
 
     # Suspended, it is told so, as any suspended job.
     dump["items"][2] = dict(LLAMA_QLORA, metadata=early, spec={**LLAMA_QLORA["spec"],
                                                                "suspend": True})  # fmt: skip
-    argv[1] = write(tmp_path, "dump.yaml", dump)
+    argv[1:] = [write(tmp_path, "dump.yaml", dump), write(tmp_path, "j.yaml", mine)]
     code, out, _ = run(capsys, *argv, "--json")
     found = {d["job"]: d for d in decisions(out)}
     assert (found["team/advice"]["decision"], found["team/advice"]["reason"]) == (
