@@ -20,7 +20,7 @@ import json
 import marshal
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import cache, cached_property, lru_cache
 from importlib import resources
@@ -704,8 +704,11 @@ def _class_defaults() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
 
 
-def _text_config(config: Mapping[str, Any], prefix: str) -> tuple[Mapping[str, Any], str]:
-    """The language model's fields, with the config class's defaults filled in.
+def _text_config(
+    config: Mapping[str, Any], prefix: str
+) -> tuple[Mapping[str, Any], str, Set[str]]:
+    """The language model's fields, with the config class's defaults filled in, its path, and
+    the names of the fields a default filled in.
 
     Multimodal configs nest the language model under `text_config` (Gemma 3, Llava...);
     fields the nested config omits fall back to the outer one (e.g. tie_word_embeddings),
@@ -723,7 +726,7 @@ def _text_config(config: Mapping[str, Any], prefix: str) -> tuple[Mapping[str, A
     for names in _ALIASES if defaults else ():
         if any(name in merged for name in names):  # the config's own name wins, whichever
             defaults = {k: v for k, v in defaults.items() if k not in names}
-    return defaults | merged, path
+    return defaults | merged, path, defaults.keys() - merged.keys()
 
 
 def _quantization(
@@ -1719,8 +1722,27 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
     """`parse_config` without the cache."""
     if not isinstance(config, Mapping):
         raise SpecError(prefix or "config", "must be a JSON object (a Hugging Face config.json)")
-    text, text_prefix = _text_config(config, prefix)
+    text, text_prefix, defaulted = _text_config(config, prefix)
     r = _Reader(text, text_prefix)
+    try:
+        return _parse_text(config, prefix, text, r)
+    except SpecError as error:
+        if type(error) is SpecError and error.field in {r.path(name) for name in defaulted}:
+            # A value the user never wrote: say where it came from, or the refusal reads as
+            # nonsense ("got 32" of a config without the field).
+            model_type = text.get("model_type")
+            raise SpecError(
+                error.field,
+                f"{error.message} (not in the config: the default of transformers' "
+                f"{model_type} config class; set it in the config)",
+            ) from None
+        raise
+
+
+def _parse_text(
+    config: Mapping[str, Any], prefix: str, text: Mapping[str, Any], r: _Reader
+) -> ModelShape:
+    """The shape of the language model whose fields (class defaults filled in) `r` reads."""
     model_type = text.get("model_type") or config.get("model_type") or "llama"
     if not isinstance(model_type, str):
         raise SpecError(r.path("model_type"), f"must be a string, got {shown(model_type)}")
@@ -1774,7 +1796,7 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
             "lm_head_params": 0 if tie else dims.vocab_size * h,
             "final_norm_params": norm,
             "max_position_embeddings": max_pos,
-            "context_length": rope_context(text, text_prefix, max_pos),  # read before
+            "context_length": rope_context(text, r.prefix, max_pos),  # read before
             "quantization": _quantization(config, text, prefix),
             "source": config,
             "memo": {},

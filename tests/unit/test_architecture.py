@@ -283,3 +283,20 @@ def test_class_defaults_fill_fields_a_config_omits() -> None:
     shape = parse_config({"model_type": "gemma3", "text_config": gemma3_text})
     assert shape.dims.num_heads == 8 and shape.dims.head_dim == 256
     assert shape.vocab_size == 262208
+
+
+def test_a_refused_class_default_says_the_config_did_not_set_it() -> None:
+    """Qwen3's class says 32 KV heads; a trimmed 16-head config inherits them and is refused,
+    as transformers would fail on it, but "got 32" must not read as the user's own value."""
+    trimmed = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+               "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 1000}  # fmt: skip
+    with pytest.raises(SpecError) as error:
+        parse_config(trimmed, prefix="config")
+    assert str(error.value) == (
+        "config.num_key_value_heads: must divide num_attention_heads (16), got 32 (not in the "
+        "config: the default of transformers' qwen3 config class; set it in the config)"
+    )
+    with pytest.raises(SpecError) as error:  # written by the user: said as before
+        parse_config(trimmed | {"num_key_value_heads": 32}, prefix="config")
+    assert str(error.value).endswith("got 32")
+    assert parse_config(trimmed | {"num_key_value_heads": 8}).dims.num_kv_heads == 8
