@@ -698,6 +698,11 @@ _ALIASES = (
 )
 
 
+#: Wrappers whose `text_config` may leave out its model_type: transformers builds it with
+#: this class (their `sub_configs_defaults`), so its defaults apply, not the wrapper's.
+_TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+
+
 @cache
 def _class_defaults() -> dict[str, dict[str, Any]]:
     text = resources.files("controller.estimator").joinpath("model_defaults.json").read_text()
@@ -722,7 +727,10 @@ def _text_config(
     else:
         merged = {k: v for k, v in config.items() if k != "text_config"} | dict(text)
         path = f"{prefix}.text_config" if prefix else "text_config"
-    defaults = _class_defaults().get(str(merged.get("model_type", "")), {})
+    model_type = str(merged.get("model_type", ""))
+    if text is not None and "model_type" not in text:
+        model_type = _TEXT_CONFIG_TYPES.get(model_type, model_type)
+    defaults = _class_defaults().get(model_type, {})
     for names in _ALIASES if defaults else ():
         if any(name in merged for name in names):  # the config's own name wins, whichever
             defaults = {k: v for k, v in defaults.items() if k not in names}

@@ -12,6 +12,7 @@ import pytest
 
 from controller.estimator import SpecError, parse_config
 from controller.estimator.architecture import (
+    _TEXT_CONFIG_TYPES,
     MAX_LAYERS,
     _dense_layer_indices,
     _Reader,
@@ -300,3 +301,22 @@ def test_a_refused_class_default_says_the_config_did_not_set_it() -> None:
         parse_config(trimmed | {"num_key_value_heads": 32}, prefix="config")
     assert str(error.value).endswith("got 32")
     assert parse_config(trimmed | {"num_key_value_heads": 8}).dims.num_kv_heads == 8
+
+
+def test_a_text_config_without_its_model_type_takes_its_own_class_defaults() -> None:
+    """Llama 4's wrapper builds a bare `text_config` dict as a Llama4TextConfig: its 16
+    experts, top-1 and 8192-wide dense MLP apply though the dict names no model_type."""
+    text = {"hidden_size": 5120, "num_hidden_layers": 4, "intermediate_size": 8192,
+            "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 1000}  # fmt: skip
+    bare = parse_config({"model_type": "llama4", "text_config": text})
+    typed = text | {"model_type": "llama4_text"}
+    named = parse_config({"model_type": "llama4", "text_config": typed})
+    assert bare.dims == named.dims and bare.dims.num_experts == 16
+
+
+def test_the_text_config_classes_are_transformers_own() -> None:
+    transformers = pytest.importorskip("transformers")
+    mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    for wrapper, text_type in _TEXT_CONFIG_TYPES.items():
+        spec = mapping[wrapper].sub_configs_defaults["text_config"]  # a SubConfigSpec
+        assert spec.config_class is mapping[text_type], wrapper
