@@ -27,10 +27,12 @@ integration: install binaries prometheus
 
 # Unit tests first, on TEST_WORKERS processes (tests/unit/conftest.py puts the long trace
 # tests first so the workers share them), then the integration tests in one process: they
-# share one control plane, and their timings want the CPU it leaves.
+# share one control plane, and their timings want the CPU it leaves. Both run whatever the
+# other's result; the target fails if either does.
 test: install lint binaries prometheus  ## the whole suite: unit and integration against a real API server
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 tests/unit
-	$(PYTHON) -m pytest tests/integration
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --maxschedchunk 1 tests/unit; unit=$$?; \
+	$(PYTHON) -m pytest tests/integration; integration=$$?; \
+	exit $$(( unit || integration ))
 
 bench: install
 	$(PYTHON) -m benchmarks.bench_estimator

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     view = ClusterView(snap, settings.packing)
     decisions = plan_on(view, jobs, settings, snap.now, template_less)
     warnings = {key: list(plan.warnings) for key, plan in plans.items()}
-    for key in plans.keys() - dumped - template_less:
+    for key in plans.keys() - dumped:
         if not has_template(objects.jobs[key]):
             warnings[key].append(DRAFT_WITHOUT_TEMPLATE)
     if args.json:
@@ -314,7 +314,8 @@ def decision_json(decision: Decision, warnings: Sequence[str] = ()) -> dict[str,
 def render(
     console: Console, decisions: list[Decision], warnings: Mapping[str, Sequence[str]]
 ) -> None:
-    """A row per job in queue order, then each job's message (too long for a column)."""
+    """A row per job in the order decided (queue order, template-less jobs of the cluster
+    last), then each job's message (too long for a column)."""
     table = Table(show_edge=False)
     # Whole names up to 64 characters; a longer one (they may have 253) folds onto more lines
     # rather than squeezing the other columns to nothing.

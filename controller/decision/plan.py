@@ -69,7 +69,8 @@ def plan_on(
     template_less: Set[str] = frozenset(),
 ) -> list[Decision]:
     """`plan` on a view the caller built (the operator keeps one per pass). The jobs keyed in
-    `template_less` have no pod template: they come last, each told what admission would do."""
+    `template_less` have no pod template: they come last, each told what admission would do
+    (a suspended one is told so in its place in the queue, as any job)."""
     order = queue_order(jobs)
     decisions: list[Decision] = []
     blocker: tuple[int, str] | None = None  # StrictFIFO: the first waiting job's place, key

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import cache, cached_property, lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.estimator.context import rope_context
 from controller.estimator.errors import SpecError, shown
@@ -698,22 +698,29 @@ _ALIASES = (
 )
 
 
-#: Wrappers whose `text_config` may leave out its model_type: transformers builds it with
-#: this class (their `sub_configs_defaults`), so its defaults apply, not the wrapper's.
-_TEXT_CONFIG_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
-
-
 @cache
-def _class_defaults() -> dict[str, dict[str, Any]]:
+def _model_defaults() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """By model_type, the constructor defaults of its transformers config class; and by
+    wrapper model_type, the class transformers builds a `text_config` naming no model_type
+    with (Mistral 3's: a MistralConfig), whose defaults then apply."""
     text = resources.files("controller.estimator").joinpath("model_defaults.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    data = json.loads(text)
+    classes = {k: v for k, v in data.items() if not k.startswith("_")}
+    return classes, data["_text_config_types"]
+
+
+class _Defaulted(NamedTuple):
+    """The fields of a config that its class's defaults filled in, and that class."""
+
+    model_type: str
+    fields: Set[str]
 
 
 def _text_config(
     config: Mapping[str, Any], prefix: str
-) -> tuple[Mapping[str, Any], str, Set[str]]:
+) -> tuple[Mapping[str, Any], str, _Defaulted]:
     """The language model's fields, with the config class's defaults filled in, its path, and
-    the names of the fields a default filled in.
+    which fields a default filled in.
 
     Multimodal configs nest the language model under `text_config` (Gemma 3, Llava...);
     fields the nested config omits fall back to the outer one (e.g. tie_word_embeddings),
@@ -727,14 +734,15 @@ def _text_config(
     else:
         merged = {k: v for k, v in config.items() if k != "text_config"} | dict(text)
         path = f"{prefix}.text_config" if prefix else "text_config"
+    classes, text_types = _model_defaults()
     model_type = str(merged.get("model_type", ""))
     if text is not None and "model_type" not in text:
-        model_type = _TEXT_CONFIG_TYPES.get(model_type, model_type)
-    defaults = _class_defaults().get(model_type, {})
+        model_type = text_types.get(model_type, model_type)
+    defaults = classes.get(model_type, {})
     for names in _ALIASES if defaults else ():
         if any(name in merged for name in names):  # the config's own name wins, whichever
             defaults = {k: v for k, v in defaults.items() if k not in names}
-    return defaults | merged, path, defaults.keys() - merged.keys()
+    return defaults | merged, path, _Defaulted(model_type, defaults.keys() - merged.keys())
 
 
 def _quantization(
@@ -1735,14 +1743,13 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
     try:
         return _parse_text(config, prefix, text, r)
     except SpecError as error:
-        if type(error) is SpecError and error.field in {r.path(name) for name in defaulted}:
+        if type(error) is SpecError and error.field in {r.path(f) for f in defaulted.fields}:
             # A value the user never wrote: say where it came from, or the refusal reads as
             # nonsense ("got 32" of a config without the field).
-            model_type = text.get("model_type")
             raise SpecError(
                 error.field,
                 f"{error.message} (not in the config: the default of transformers' "
-                f"{model_type} config class; set it in the config)",
+                f"{defaulted.model_type} config class; set it in the config)",
             ) from None
         raise
 

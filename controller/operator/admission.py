@@ -579,7 +579,7 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
 
 
 def _no_template(inp: PassInput, draft: _Draft, decision: Decision) -> None:
-    """Admitted stays False: the advice is in the message (`decision.plan`)."""
+    """Admitted stays False; the advice (worded by `controller.decision.plan`) is the message."""
     message = decision.message
     if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_NO_TEMPLATE, message):
         _decided(draft, ADVISE, cond.REASON_NO_TEMPLATE)

@@ -3,6 +3,7 @@ order the unit tests run in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,8 +66,14 @@ LONG_FILES_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The unit tests reordered among the places they hold; any other test keeps its own."""
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if item.path.parent == here]
+
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return LONG_FILES_FIRST.index(name) if name in LONG_FILES_FIRST else len(LONG_FILES_FIRST)
 
-    items.sort(key=rank)  # stable: each file keeps its own order
+    ordered = sorted((items[i] for i in places), key=rank)  # stable: each file keeps its order
+    for i, item in zip(places, ordered, strict=True):
+        items[i] = item

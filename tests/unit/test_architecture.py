@@ -12,9 +12,9 @@ import pytest
 
 from controller.estimator import SpecError, parse_config
 from controller.estimator.architecture import (
-    _TEXT_CONFIG_TYPES,
     MAX_LAYERS,
     _dense_layer_indices,
+    _model_defaults,
     _Reader,
     canonical_targets,
 )
@@ -300,6 +300,15 @@ def test_a_refused_class_default_says_the_config_did_not_set_it() -> None:
     with pytest.raises(SpecError) as error:  # written by the user: said as before
         parse_config(trimmed | {"num_key_value_heads": 32}, prefix="config")
     assert str(error.value).endswith("got 32")
+    # A bare text_config's defaults are its own class's, and named so.
+    with pytest.raises(SpecError) as error:
+        text = {k: v for k, v in trimmed.items() if k != "model_type"}
+        text |= {"hidden_size": 1536, "num_attention_heads": 12}
+        parse_config({"model_type": "mistral3", "text_config": text})
+    assert str(error.value) == (
+        "text_config.num_key_value_heads: must divide num_attention_heads (12), got 8 (not in "
+        "the config: the default of transformers' mistral config class; set it in the config)"
+    )
     assert parse_config(trimmed | {"num_key_value_heads": 8}).dims.num_kv_heads == 8
 
 
@@ -315,8 +324,19 @@ def test_a_text_config_without_its_model_type_takes_its_own_class_defaults() -> 
 
 
 def test_the_text_config_classes_are_transformers_own() -> None:
+    """Every wrapper transformers builds a bare text_config of a class with defaults here, and
+    no other: read from its `sub_configs_defaults` (a SubConfigSpec, or the class itself)."""
     transformers = pytest.importorskip("transformers")
     mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
-    for wrapper, text_type in _TEXT_CONFIG_TYPES.items():
-        spec = mapping[wrapper].sub_configs_defaults["text_config"]  # a SubConfigSpec
-        assert spec.config_class is mapping[text_type], wrapper
+    classes, text_types = _model_defaults()
+    found = {}
+    for wrapper in mapping:
+        spec = (getattr(mapping[wrapper], "sub_configs_defaults", None) or {}).get("text_config")
+        if spec is None:
+            continue
+        cls = spec if isinstance(spec, type) else spec.config_class
+        text_type = getattr(spec, "model_type", None) or cls.model_type
+        if text_type in classes and text_type != wrapper:
+            found[wrapper] = text_type
+    assert found == text_types
+    assert {"gemma3", "llama4", "mistral3", "llava"} <= found.keys()

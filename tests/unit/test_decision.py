@@ -407,10 +407,10 @@ def test_strict_fifo_is_not_blocked_by_a_job_that_is_rejected() -> None:
 # -- jobs without a pod template: told what admission would do, holding nothing ----------------
 
 
-def advise(
+def plan_bare(
     nodes: Sequence[NodeState], jobs: Sequence[JobRequest], bare: set[str], **settings: object
 ) -> dict[str, Decision]:
-    """`run`, with the jobs named in `bare` template-less."""
+    """`run`, with the jobs named in `bare` template-less; the dict in the order decided."""
     admission = AdmissionSettings(packing=SHARED, **settings)  # type: ignore[arg-type]
     keys = {f"ns/{name}" for name in bare}
     decisions = plan_on(ClusterView(Snapshot(tuple(nodes)), SHARED), jobs, admission, None, keys)
@@ -419,32 +419,36 @@ def advise(
 
 def test_a_job_without_a_template_is_decided_last_and_charged_nothing() -> None:
     nodes = [node("a", [50])]
-    d = advise(nodes, [job("bare", est(40)), job("later", est(30))], {"bare"})
+    d = plan_bare(nodes, [job("bare", est(40)), job("later", est(30))], {"bare"})
+    assert list(d) == ["later", "bare"], "decided after the rest"
     assert where(d["later"]) == [("a", (0,))], "the first in the queue holds nothing"
     bare = d["bare"]
     assert (bare.outcome, bare.reason) == (Outcome.QUEUE, cond.REASON_NO_TEMPLATE)
     assert bare.placement == () and bare.admitted_gpus is None
     says(bare, "spec.template is empty", "would wait (WaitingForVRAM: ")
-    alone = advise(nodes, [job("bare", est(40))], {"bare"})["bare"]
+    alone = plan_bare(nodes, [job("bare", est(40))], {"bare"})["bare"]
     assert (alone.outcome, alone.admitted_gpus, alone.placement) == (Outcome.ADMIT, None, ())
     says(alone, "would be admitted (Fits: ")
+    # Nor is one charged for another: each fits alone, so each is told it would be admitted.
+    two = plan_bare(nodes, [job("one", est(40)), job("two", est(40))], {"one", "two"})
+    assert [d.outcome for d in two.values()] == [Outcome.ADMIT, Outcome.ADMIT]
 
 
 def test_strict_fifo_tells_a_job_without_a_template_it_would_wait_behind_a_waiting_one() -> None:
     nodes = [node("a", [50])]
     jobs = [job("big", est(70)), job("bare", est(10))]
-    d = advise(nodes, jobs, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)
+    d = plan_bare(nodes, jobs, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)
     assert d["big"].reason == cond.REASON_WAITING_FOR_VRAM
     assert (d["bare"].outcome, d["bare"].reason) == (Outcome.QUEUE, cond.REASON_NO_TEMPLATE)
     says(d["bare"], "would wait (WaitingInQueue: fits now, but waits behind ns/big")
     # Ahead of the waiting job in the queue (higher priority): nothing in its way.
     first = [job("big", est(70)), job("bare", est(10), priority=1)]
-    ahead = advise(nodes, first, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)["bare"]
+    ahead = plan_bare(nodes, first, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)["bare"]
     says(ahead, "would be admitted (Fits: ")
     # Best effort lets it go ahead, and a waiting template-less job blocks nobody.
-    says(advise(nodes, jobs, {"bare"})["bare"], "would be admitted (Fits: ")
+    says(plan_bare(nodes, jobs, {"bare"})["bare"], "would be admitted (Fits: ")
     blocked = [job("bare", est(70)), job("small", est(10))]
-    d = advise(nodes, blocked, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)
+    d = plan_bare(nodes, blocked, {"bare"}, queueing=QueueingStrategy.STRICT_FIFO)
     says(d["bare"], "would wait (WaitingForVRAM: ")
     assert (d["small"].outcome, where(d["small"])) == (Outcome.ADMIT, [("a", (0,))])
 
