@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
+from controller.api.base import GROUP, PRODUCT_LABEL, REQUESTED_GPUS_ANNOTATION, VERSION
 from controller.operator.handlers import MUTATE_HANDLER, VALIDATE_HANDLER
 from e2e.build import ensure_binaries
 from e2e.cluster import Cluster
@@ -358,6 +358,16 @@ def test_the_webhooks_point_at_the_operators_handlers_and_fail_open() -> None:
     }
     args = _pod(objects, "Deployment")["containers"][0]["args"]
     assert args == ["operator", "--webhook", "serve"]
+
+
+def test_the_mutating_webhooks_condition_names_the_annotation_the_webhook_writes() -> None:
+    """Renamed in the code and not here, a rewritten job's updates would skip the webhook
+    (tests/integration/test_e2e_suite.py shows the conditions at work)."""
+    (webhook,) = one(render(), "MutatingWebhookConfiguration", FULLNAME)["webhooks"]
+    (condition,) = webhook["matchConditions"]
+    assert f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations" in " ".join(
+        condition["expression"].split()
+    )
 
 
 @pytest.mark.parametrize("available", [True, False], ids=["api-served", "api-missing"])

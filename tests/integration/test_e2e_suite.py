@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,7 +30,7 @@ from kubernetes import client
 from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
 from e2e.cluster import Cluster
 from e2e.suite import layout
-from e2e.suite.scenarios import SCENARIOS, wait_for_the_webhook
+from e2e.suite.scenarios import FULL, QLORA, SCENARIOS, finetunejob, wait_for_the_webhook
 from e2e.suite.target import Target
 from tests.integration.test_agent import wait_ready
 from tests.integration.test_chart import (
@@ -161,6 +163,61 @@ def target(
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
 def test_scenario(target: Target, scenario: Callable[[Target], None]) -> None:
     scenario(target)
+
+
+def webhook_calls(cluster: Cluster) -> dict[str, float]:
+    """How often the API server has called each webhook, by its name (its own metric)."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    metric = re.compile(
+        r'^apiserver_admission_webhook_admission_duration_seconds_count\{[^}]*name="([^"]+)"'
+        r"[^}]*\} ([0-9.e+]+)$"
+    )
+    calls: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := metric.match(line):
+            calls[m[1]] = calls.get(m[1], 0.0) + float(m[2])
+    return calls
+
+
+def test_the_api_server_calls_a_webhook_only_for_a_write_it_may_change(
+    target: Target, cluster: Cluster
+) -> None:
+    """The chart's matchConditions: the mutating webhook for a Resize job (or one whose count
+    it rewrote) alone, the validating one for a create or a changed spec. Every other call
+    is a TLS round trip in the way of a user's write, for nothing."""
+    names = ("mutate-finetunejob.vramgate.dev", "validate-finetunejob.vramgate.dev")
+
+    def calls(write: Callable[[], object]) -> tuple[float, float]:
+        """(mutating, validating) calls the API server made for `write`."""
+        before = webhook_calls(cluster)
+        write()
+        now = webhook_calls(cluster)
+        mutating, validating = (now.get(n, 0) - before.get(n, 0) for n in names)
+        return mutating, validating
+
+    with target.namespace("match-conditions") as namespace:
+
+        def kubectl(*args: str) -> Callable[[], object]:
+            return lambda: target.kubectl(*args[:1], "-n", namespace, *args[1:])
+
+        def apply(manifest: dict[str, Any]) -> Callable[[], object]:
+            return lambda: target.kubectl("apply", "-n", namespace, "-f", "-",
+                                          stdin=yaml.safe_dump(manifest))  # fmt: skip
+
+        # Suspended: nothing runs, nothing is held; the webhooks judge them all the same.
+        enforce = finetunejob(target, "enforce", QLORA, gpus=1, suspend=True)
+        resize = finetunejob(target, "resize", FULL, gpus=1, suspend=True,
+                             admissionPolicy="Resize", resources={"maxGPUs": 4})  # fmt: skip
+        assert calls(apply(enforce)) == (0, 1)
+        assert calls(apply(resize)) == (1, 1)
+        stored = target.get("finetunejob", "resize", namespace)
+        assert stored is not None and stored["spec"]["resources"]["gpus"] == 2, "rewritten"
+        # Labels alone: nothing to judge, nothing to rewrite.
+        assert calls(kubectl("label", "ftj", "enforce", "team=a")) == (0, 0)
+        # A rewritten job carries the count it asked for: its updates reach the mutating one.
+        assert calls(kubectl("label", "ftj", "resize", "team=a")) == (1, 0)
+        resume = '{"spec": {"suspend": false}}'
+        assert calls(kubectl("patch", "ftj", "enforce", "--type=merge", "-p", resume)) == (0, 1)
 
 
 def test_the_kind_run_installs_the_layout_the_suite_expects() -> None:
