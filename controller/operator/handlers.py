@@ -31,7 +31,7 @@ from controller.operator import caches
 from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
 from controller.webhook.admission import AdmissionWebhook
-from controller.webhook.server import MUTATE_HANDLER, VALIDATE_HANDLER
+from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER
 
 __all__ = ["MUTATE_HANDLER", "VALIDATE_HANDLER", "register"]
 

@@ -37,7 +37,7 @@ PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 ESTIMATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
 #: One admission request, as kopf's handler runs it; the API server waits up to the webhook's
-#: timeoutSeconds (5 s in the chart; 30 s as kopf registers it with `--webhook managed`).
+#: timeoutSeconds (5 s in the chart; 30 s with `--webhook managed`).
 WEBHOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)  # fmt: skip
 

@@ -9,9 +9,9 @@ Choices, each with its reason:
   ConfigMap retry is pending.
 * **Standalone** (no kopf peering): replicas elect one leader on a Lease (`leader.py`);
   only it decides, the others keep their caches and serve the webhook.
-* **Webhook modes**: `managed` serves the webhook and lets kopf keep a
-  ValidatingWebhookConfiguration pointing at it (removed again at a clean exit), for local
-  runs and tests; `serve` only serves it (the Helm chart registers a Service-backed
+* **Webhook modes**: `managed` serves the webhooks and registers configurations calling
+  them, the chart's own (`controller.webhook.registration`; removed again at a clean exit),
+  for local runs and tests; `serve` only serves it (the Helm chart registers a Service-backed
   configuration); `off` runs without a webhook, and the operator alone reports invalid specs.
 """
 
@@ -34,6 +34,7 @@ from controller.operator.options import OperatorOptions, StartupError, WebhookMo
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.webhook.cert_secret import CertSecret, CertSecretError
 from controller.webhook.certs import ServingCert, ensure_serving_cert
+from controller.webhook.registration import Registrar
 from controller.webhook.server import ReviewServer
 
 
@@ -89,8 +90,6 @@ def operator_settings(
     settings.persistence.diffbase_storage = NoDiffBase()
     if options.webhook is not WebhookMode.OFF:
         settings.admission.server = webhook_server(options, cert)
-    if options.webhook is WebhookMode.MANAGED:
-        settings.admission.managed = options.webhook_config
     return settings
 
 
@@ -141,7 +140,7 @@ def run(options: OperatorOptions) -> int:
     logging.getLogger("vramgate").setLevel(logging.DEBUG if options.verbose else logging.INFO)
     cert_secret = None
     if options.cert_secret_name and options.webhook is not WebhookMode.OFF:
-        # In managed mode kopf registers the caBundle itself; in serve mode the chart's
+        # In managed mode the registrar writes the caBundle itself; in serve mode the chart's
         # configurations get it from here.
         config = options.webhook_config if options.webhook is WebhookMode.SERVE else None
         cert_secret = CertSecret(
@@ -160,6 +159,9 @@ def run(options: OperatorOptions) -> int:
         raise StartupError(str(error)) from None
     except OSError as error:
         raise StartupError(f"--cert-dir: cannot use {options.cert_dir}: {error}") from None
+    reviews = settings.admission.server
+    if options.webhook is WebhookMode.MANAGED and isinstance(reviews, ReviewServer):
+        reviews.registrar = Registrar(kube.api, options.webhook_config, options.namespaces)
     if cert_secret is not None:
         cert_secret.start()
     leader = None

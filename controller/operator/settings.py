@@ -91,8 +91,8 @@ class OperatorSettings(AdmissionConfig):
     )
     webhook_config_name: str = Field(
         DEFAULT_WEBHOOK_CONFIG,
-        description="name of the Validating- and MutatingWebhookConfiguration: kopf keeps "
-        "them in managed mode, the operator injects their caBundle in serve mode.",
+        description="name of the Validating- and MutatingWebhookConfiguration: the operator "
+        "registers them in managed mode and injects their caBundle in serve mode.",
     )
     cert_dir: Path = Field(
         DEFAULT_CERT_DIR,

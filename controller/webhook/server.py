@@ -1,11 +1,12 @@
 """The HTTPS endpoint of the FineTuneJob webhooks: kopf's server, answering reviews itself.
 
 kopf's `WebhookServer` keeps what a webhook endpoint needs and is hard to get right: TLS from
-the certificate files, a restart when they change (renewal), and, in `managed` mode, the
-webhook configurations kopf keeps pointing at it. What it calls on each request, kopf's
-handler machinery (a cause, a diff of old and new object, a memo, per-handler outcomes and
-logging, a JSON patch from a copy of the body), cost about two thirds of the operator's CPU
-per request in the webhook benchmark (BENCHMARKS.md), on the event loop the decisions share.
+the certificate files and a restart when they change (renewal); in `managed` mode the server
+also registers the configurations calling it (`registration.py`). What kopf calls on each
+request, its handler machinery (a cause, a diff of old and new object, a memo, per-handler
+outcomes and logging, a JSON patch from a copy of the body), cost about two thirds of the
+operator's CPU per request in the webhook benchmark (BENCHMARKS.md), on the event loop the
+decisions share.
 For two handlers that are one function call each, `ReviewServer` answers the
 AdmissionReview directly: the URL's last segment names the webhook (kopf's handler id, the
 path the chart's configurations use too), and the response is what the API server reads:
@@ -42,17 +43,17 @@ from aiohttp import web
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
 from controller.webhook.admission import AdmissionWebhook, Mutation
-
-VALIDATE_HANDLER = "validate-finetunejob"
-MUTATE_HANDLER = "mutate-finetunejob"
+from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER, Registrar
 
 log = logging.getLogger("vramgate.webhook")
 
 
 class ReviewServer(kopf.WebhookServer):
-    """kopf's HTTPS webhook server with `hook` answering its reviews (set before kopf runs)."""
+    """kopf's HTTPS webhook server with `hook` answering its reviews (set before kopf runs);
+    with a `registrar` (`--webhook managed`), it registers the configurations calling it."""
 
     hook: AdmissionWebhook | None = None
+    registrar: Registrar | None = None
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """Serve with `review` in place of kopf's `fn` (its handler machinery), on a thread
@@ -61,23 +62,31 @@ class ReviewServer(kopf.WebhookServer):
         paths = [Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
         served = _digest(paths)  # before they are read: a renewal from now on counts
         cadata, context = self._build_ssl()  # unreadable at start: the operator cannot serve
-        while True:
-            port = self.port or self._allocate_free_port()
-            thread = ServingThread(self._serve_review, self.addr or None, port, self.path, context)
-            try:
-                await asyncio.to_thread(thread.start)
-                scheme = "http" if context is None else "https"
-                host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
-                config = kopf.WebhookClientConfig(
-                    url=self._build_url(scheme, host, port, self.path or "")
+        try:
+            while True:
+                port = self.port or self._allocate_free_port()
+                thread = ServingThread(
+                    self._serve_review, self.addr or None, port, self.path, context
                 )
-                if cadata is not None:
-                    config["caBundle"] = base64.b64encode(cadata).decode("ascii")
-                yield config
-                served, cadata, context = await self._renewed(paths, served)
-                log.info("restarting the webhook server with the renewed certificate files")
-            finally:
-                await asyncio.to_thread(thread.stop)
+                try:
+                    await asyncio.to_thread(thread.start)
+                    scheme = "http" if context is None else "https"
+                    host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
+                    url = self._build_url(scheme, host, port, self.path or "")
+                    config = kopf.WebhookClientConfig(url=url)
+                    ca_bundle = None if cadata is None else base64.b64encode(cadata).decode()
+                    if ca_bundle is not None:
+                        config["caBundle"] = ca_bundle
+                    if self.registrar is not None:
+                        await asyncio.to_thread(self.registrar.register, url, ca_bundle)
+                    yield config
+                    served, cadata, context = await self._renewed(paths, served)
+                    log.info("restarting the webhook server with the renewed certificate files")
+                finally:
+                    await asyncio.to_thread(thread.stop)
+        finally:
+            if self.registrar is not None:  # a clean exit: no configuration left calling it
+                await asyncio.to_thread(self.registrar.unregister)
 
     async def _renewed(
         self, paths: list[Path], served: bytes

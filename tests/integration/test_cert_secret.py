@@ -277,7 +277,7 @@ def test_the_operator_serves_the_secrets_certificate(
     cluster: Cluster, api_client: client.ApiClient, crds: None, namespace: str, tmp_path: Path
 ) -> None:
     """`vramgate operator --cert-secret-name` end to end: the API server reaches the webhook
-    over TLS with the Secret's CA (managed mode: kopf registers the caBundle it serves)."""
+    over TLS with the Secret's CA (managed mode: the operator registers the caBundle it serves)."""
     config = f"{namespace}.vramgate.dev"
     process = OperatorProcess(
         cluster, api_client, tmp_path,

@@ -29,8 +29,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from controller.api.base import GROUP, PRODUCT_LABEL, REQUESTED_GPUS_ANNOTATION, VERSION
+from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
 from controller.operator.handlers import MUTATE_HANDLER, VALIDATE_HANDLER
+from controller.webhook.registration import configurations
 from e2e.build import ensure_binaries
 from e2e.cluster import Cluster
 from e2e.nodes import RUN_FOR_ANNOTATION
@@ -360,14 +361,17 @@ def test_the_webhooks_point_at_the_operators_handlers_and_fail_open() -> None:
     assert args == ["operator", "--webhook", "serve"]
 
 
-def test_the_mutating_webhooks_condition_names_the_annotation_the_webhook_writes() -> None:
-    """Renamed in the code and not here, a rewritten job's updates would skip the webhook
-    (tests/integration/test_e2e_suite.py shows the conditions at work)."""
-    (webhook,) = one(render(), "MutatingWebhookConfiguration", FULLNAME)["webhooks"]
-    (condition,) = webhook["matchConditions"]
-    assert f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations" in " ".join(
-        condition["expression"].split()
-    )
+def test_the_charts_webhooks_are_those_a_managed_operator_registers() -> None:
+    """One set of facts in two places (YAML for helm, Python for `--webhook managed`): the
+    conditions that decide when the API server calls a webhook, and the writes it sees."""
+    objects = render()
+    managed = configurations(FULLNAME, "https://127.0.0.1:9443", "Y2E=")
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        (chart,) = one(objects, kind, FULLNAME)["webhooks"]
+        (ours,) = managed[kind]["webhooks"]
+        for field in ("matchConditions", "rules", "sideEffects", "failurePolicy", "matchPolicy"):
+            assert chart[field] == ours[field], (kind, field)
+        assert chart.get("reinvocationPolicy") == ours.get("reinvocationPolicy"), kind
 
 
 @pytest.mark.parametrize("available", [True, False], ids=["api-served", "api-missing"])

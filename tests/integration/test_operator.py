@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from controller.api.base import GROUP, VERSION
 from controller.estimator.presets import load_preset
 from controller.jobspec import estimate_plan, translate
+from controller.webhook.registration import MATCH_CONDITIONS, MUTATE_HANDLER, VALIDATE_HANDLER
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
 
@@ -115,7 +116,7 @@ class OperatorProcess:
             self.proc = None
 
     def stop(self) -> None:
-        """SIGTERM, as Kubernetes stops a pod; kopf then unregisters its webhook."""
+        """SIGTERM, as Kubernetes stops a pod; the operator then deletes its webhooks."""
         if self.proc is None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -159,7 +160,7 @@ class OperatorProcess:
 
 def forget_webhook_configs(api: client.ApiClient, name: str) -> None:
     """Delete the validating and mutating configurations a managed-mode operator registered
-    (kopf removes them at a clean exit; a killed one leaves them behind)."""
+    (the operator deletes them at a clean exit; a killed one leaves them behind)."""
     admission = client.AdmissionregistrationV1Api(api)
     for delete in (
         admission.delete_validating_webhook_configuration,
@@ -518,6 +519,40 @@ def test_without_the_webhook_an_invalid_job_is_marked_invalid(
     patch_spec(api_client, namespace, "typo", {"model": {"preset": "llama-3.1-8b"}})
     fixed = expect_condition(api_client, namespace, "typo", "Estimated", "True", "Estimated")
     assert fixed["status"]["estimate"]["totalBytes"] == LLAMA_QLORA_BYTES
+
+
+def test_a_managed_operator_registers_the_charts_webhooks_and_removes_them_at_exit(
+    operator: OperatorProcess, api_client: client.ApiClient
+) -> None:
+    """What `--webhook managed` registers is what the chart installs (the matchConditions
+    above all: kopf's own configurations had none), calling this operator; a clean exit
+    deletes both, and a start registers them again."""
+    admission = client.AdmissionregistrationV1Api(api_client)
+
+    def configs() -> list[Any]:
+        found = []
+        for read in (
+            admission.read_validating_webhook_configuration,
+            admission.read_mutating_webhook_configuration,
+        ):
+            try:
+                found.append(api_client.sanitize_for_serialization(read(WEBHOOK_CONFIG)))
+            except ApiException as error:
+                assert error.status == 404
+        return found
+
+    validating, mutating = configs()
+    for config, handler in ((validating, VALIDATE_HANDLER), (mutating, MUTATE_HANDLER)):
+        (webhook,) = config["webhooks"]
+        assert webhook["name"] == f"{handler}.{WEBHOOK_CONFIG}"
+        assert webhook["matchConditions"] == MATCH_CONDITIONS[handler]
+        assert webhook["clientConfig"]["url"].endswith(f"/{handler}")
+        assert webhook["clientConfig"]["caBundle"]
+        assert webhook["failurePolicy"] == "Ignore"
+    operator.stop()
+    assert configs() == [], "a clean exit leaves no configuration calling a dead port"
+    operator.start(webhook=True)  # waits for the webhook to refuse an invalid job
+    assert len(configs()) == 2
 
 
 def test_a_restart_changes_nothing_already_recorded(

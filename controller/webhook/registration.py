@@ -1,0 +1,176 @@
+"""`--webhook managed`: the operator registers its webhook configurations itself.
+
+kopf's managed mode writes configurations of its own making, which cannot carry
+`matchConditions`: the API server then calls both webhooks on every FineTuneJob create and
+update, where the chart's configurations (`templates/webhook-configurations.yaml`) call the
+mutating one only for a Resize job (or one whose count it rewrote) and the validating one
+only for a create or a changed spec. A webhook call costs the API server milliseconds of CPU
+(BENCHMARKS.md), and local runs, the tests and the benchmarks should see what a cluster
+installed by the chart sees. So the configurations here are the chart's, pointing at the URL
+the server listens on: written each time the server starts (or restarts with renewed
+certificate files), and deleted at a clean exit, so that none sends the API server to a port
+nobody serves. The webhooks keep kopf's names (`validate-finetunejob.<config name>`), which
+the API server quotes in a refusal.
+
+Needs, cluster-wide: validatingwebhookconfigurations and mutatingwebhookconfigurations
+create, update and delete (local runs use an administrator's kubeconfig).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION, VERSION
+from controller.api.finetunejob import PLURAL
+from controller.errors import DeploymentError
+
+#: The webhooks' kopf handler ids: the last segment of their URLs (the chart's paths too).
+VALIDATE_HANDLER = "validate-finetunejob"
+MUTATE_HANDLER = "mutate-finetunejob"
+
+#: When the API server calls each webhook: the chart's conditions (a test holds them equal).
+MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
+    VALIDATE_HANDLER: [
+        {
+            "name": "create-or-spec-changed",
+            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+        }
+    ],
+    MUTATE_HANDLER: [
+        {
+            "name": "resize-or-rewritten",
+            "expression": "(has(object.spec.admissionPolicy) && "
+            "object.spec.admissionPolicy == 'Resize') || (has(object.metadata.annotations) && "
+            f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations)",
+        }
+    ],
+}
+#: A local run shares a busy machine with its API server: kopf's timeout, the most allowed.
+TIMEOUT_S = 30
+
+log = logging.getLogger("vramgate.webhook")
+
+
+def configurations(
+    name: str, url: str, ca_bundle: str | None = None, namespaces: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """The validating and mutating configuration named `name`, by kind, calling the server
+    at `url` (the handler id appended) with the base64 `ca_bundle`; listed `namespaces` only."""
+
+    def webhook(handler: str) -> dict[str, Any]:
+        called = {"url": f"{url.rstrip('/')}/{handler}"}
+        if ca_bundle:
+            called["caBundle"] = ca_bundle
+        found: dict[str, Any] = {
+            "name": f"{handler}.{name}",
+            "clientConfig": called,
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "apiVersions": [VERSION],
+                    "resources": [PLURAL],
+                    "operations": ["CREATE", "UPDATE"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "matchConditions": MATCH_CONDITIONS[handler],
+            # Fast feedback, not the gate: the operator decides every job anyway.
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": TIMEOUT_S,
+            "admissionReviewVersions": ["v1"],
+        }
+        if namespaces:
+            found["namespaceSelector"] = {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "In",
+                        "values": sorted(set(namespaces)),
+                    }
+                ]
+            }
+        if handler == MUTATE_HANDLER:
+            found["reinvocationPolicy"] = "Never"
+        return found
+
+    meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "vramgate-operator"}}
+    return {
+        "ValidatingWebhookConfiguration": {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": meta,
+            "webhooks": [webhook(VALIDATE_HANDLER)],
+        },
+        "MutatingWebhookConfiguration": {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": meta,
+            "webhooks": [webhook(MUTATE_HANDLER)],
+        },
+    }
+
+
+#: The API's method suffix for each kind.
+_METHODS = {
+    "ValidatingWebhookConfiguration": "validating_webhook_configuration",
+    "MutatingWebhookConfiguration": "mutating_webhook_configuration",
+}
+
+
+class Registrar:
+    """Writes and deletes the two configurations named `name` (blocking calls: run them in
+    a thread)."""
+
+    def __init__(self, api: client.ApiClient, name: str, namespaces: Sequence[str] = ()) -> None:
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.name = name
+        self.namespaces = tuple(namespaces)
+
+    def register(self, url: str, ca_bundle: str | None) -> None:
+        """Create both, or replace what is there (an earlier run's, another replica's)."""
+        for kind, body in configurations(self.name, url, ca_bundle, self.namespaces).items():
+            try:
+                self._write(_METHODS[kind], body)
+            except ApiException as error:
+                raise DeploymentError(
+                    f"--webhook managed: cannot register the {kind} {self.name}: "
+                    f"{error.status} {error.reason}"
+                ) from None
+        log.info("registered the webhooks %s at %s", self.name, url)
+
+    def unregister(self) -> None:
+        for kind, method in _METHODS.items():
+            try:
+                getattr(self.admission, f"delete_{method}")(self.name)
+            except ApiException as error:
+                if error.status != 404:
+                    log.warning("cannot delete the %s %s: %s", kind, self.name, error.reason)
+            except Exception as error:  # the API server gone first (a local run's teardown)
+                log.warning("cannot delete the %s %s: %s", kind, self.name, error)
+
+    def _write(self, method: str, body: dict[str, Any]) -> None:
+        try:
+            getattr(self.admission, f"create_{method}")(body)
+            return
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        for _ in range(3):  # replaced at the version read: another writer in between, again
+            there = getattr(self.admission, f"read_{method}")(self.name)
+            version = {"resourceVersion": there.metadata.resource_version}
+            try:
+                getattr(self.admission, f"replace_{method}")(
+                    self.name, {**body, "metadata": {**body["metadata"], **version}}
+                )
+                return
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        raise RuntimeError(f"{self.name}: replaced by another writer three times over")
