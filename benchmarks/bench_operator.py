@@ -46,10 +46,11 @@ DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForGPUs", "Wa
            "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs", "NoTemplate"}  # fmt: skip
 
 
-def job(name: str, gpus: int = 1, template: bool = True) -> dict[str, Any]:
+def job(name: str, gpus: int = 1, template: bool = True, policy: str = "Enforce") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"preset": "llama-3.1-8b"},
         "method": "QLoRA",
+        "admissionPolicy": policy,
         "lora": {"rank": 16},
         "parallelism": "DDP" if gpus > 1 else "FSDP",
         "resources": {"gpus": gpus, "gpuSelector": {PRODUCT_LABEL: PRODUCT}},
@@ -450,7 +451,9 @@ def bench_webhook(rate: int, seconds: int, nodes: int) -> dict[str, Any]:
             gpu_nodes(cluster, api, nodes)
             time.sleep(3)
             before = webhook_histogram(cluster)
-            bodies = [job(f"w{i:05d}") for i in range(rate * seconds)]
+            # Resize: the mutating webhook's matchConditions let only such a job reach it
+            # (it fits as asked, so nothing is rewritten): each create calls both webhooks.
+            bodies = [job(f"w{i:05d}", policy="Resize") for i in range(rate * seconds)]
             began = time.monotonic()
             errors = create_at_once(api, bodies, 16, rate=rate, dry_run=True)
             sent = len(bodies)
