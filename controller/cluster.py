@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from controller.api.base import GPU_RESOURCE, JOB_LABEL, PRODUCT_LABEL
+from controller.api.base import GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL, PRODUCT_LABEL
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
 from controller.api.names import job_label_value
 from controller.decision.types import JobRequest
@@ -105,6 +105,33 @@ def pods_key(job: Mapping[str, Any]) -> str:
     a label value, its workload name."""
     meta = job.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{job_label_value(str(meta.get('name')))}"
+
+
+def pods_by_job(
+    pods: Iterable[Mapping[str, Any]], jobs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
+    """The pods of each of `jobs` (by job key): labelled with its name and, where a pod has
+    the uid label (workloads made since it exists), with its uid."""
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(JOB_LABEL)
+        if owner:
+            by_label.setdefault(f"{meta.get('namespace') or 'default'}/{owner}", []).append(pod)
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for key, job in jobs.items():
+        labelled = by_label.get(pods_key(job))
+        if not labelled:
+            continue
+        uid = str((job.get("metadata") or {}).get("uid"))
+        own = [p for p in labelled if _labels(p).get(JOB_UID_LABEL, uid) == uid]
+        if own:
+            found[key] = own
+    return found
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("labels") or {}
 
 
 def _name(obj: Mapping[str, Any], where: str) -> str:
@@ -256,22 +283,18 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
     """The packer's snapshot of these objects. `now` judges heartbeats (None: never stale)."""
     live = list(_live_pods(objects.pods))
     allocated: dict[str, int] = {}
-    by_job: dict[str, list[Mapping[str, Any]]] = {}
     for pod in live:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             allocated[node] = allocated.get(node, 0) + pod_gpus(pod)
-        meta = pod.get("metadata") or {}
-        owner = (meta.get("labels") or {}).get(JOB_LABEL)
-        if owner:
-            by_job.setdefault(f"{meta.get('namespace') or 'default'}/{owner}", []).append(pod)
+    by_job = pods_by_job(live, objects.jobs)
     nodes = [
         node_state(name, objects.nodes.get(name), gpunode, allocated.get(name, 0))
         for name, gpunode in objects.gpunodes.items()
     ]
     reservations = []
     for job in objects.jobs.values():
-        held = reservation(job, by_job.get(pods_key(job), []))
+        held = reservation(job, by_job.get(job_key(job), []))
         if held is not None:
             reservations.append(held)
     measured = {node.name for node in nodes}

@@ -12,6 +12,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: The label vramgate puts on every object it creates for a job (the FineTuneJob's name):
 #: how the operator finds a job's workload and pods, and how people select them.
 JOB_LABEL = f"{GROUP}/finetunejob"
+#: The label on a job's pods with the FineTuneJob's uid: a job deleted and applied again has
+#: the same name, and its predecessor's pods, still terminating, are not the new job's.
+JOB_UID_LABEL = f"{GROUP}/finetunejob-uid"
 #: The annotation the mutating webhook puts on a job whose GPU count it rewrote: the count the
 #: manifest asked for, so that applying that manifest again keeps the count given at create.
 REQUESTED_GPUS_ANNOTATION = f"{GROUP}/requested-gpus"

@@ -24,7 +24,7 @@ import kopf
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
-from controller.cluster import ClusterObjects, job_key, pod_gpus, pods_key
+from controller.cluster import ClusterObjects, job_key, pod_gpus, pods_by_job
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"
@@ -165,6 +165,13 @@ def _owner_key(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _owner_uid(body: Mapping[str, Any]) -> str | None:
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "FineTuneJob" and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     """The five indexes, under the ids `Caches.of` reads them by.
 
@@ -230,18 +237,13 @@ class Caches:
             objects.jobs[job_key(job)] = job
         workloads: dict[str, dict[str, Any]] = {}
         for key, store in self.workloads.items():
+            job = objects.jobs.get(key)
+            uid = None if job is None else (job.get("metadata") or {}).get("uid")
             for workload in store:
-                if not (workload.get("metadata") or {}).get("deletionTimestamp"):
+                meta = workload.get("metadata") or {}
+                # A deleted namesake's, until the garbage collector removes it, is not this
+                # job's: taken for it, its end would be this job's end.
+                if not meta.get("deletionTimestamp") and _owner_uid(workload) == uid:
                     workloads[key] = workload
-        by_label: dict[str, list[Any]] = {}
-        for pod in objects.pods:
-            meta = pod.get("metadata") or {}
-            owner = (meta.get("labels") or {}).get(JOB_LABEL)
-            if owner:
-                by_label.setdefault(f"{meta.get('namespace')}/{owner}", []).append(pod)
-        job_pods = {
-            key: by_label[pods_key(job)]
-            for key, job in objects.jobs.items()
-            if pods_key(job) in by_label
-        }
+        job_pods = pods_by_job(objects.pods, objects.jobs)
         return objects, workloads, job_pods

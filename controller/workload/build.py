@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import job_label_value, workload_name
 from controller.errors import PermanentError
 from controller.packing.inventory import GpuMode, NodeGpus
@@ -129,6 +129,7 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
     pod_labels = _obj(_obj(template, "metadata", "spec.template"), "labels",
                       "spec.template.metadata")
     pod_labels[JOB_LABEL] = label
+    pod_labels[JOB_UID_LABEL] = uid
     containers: list[dict[str, Any]] = _list(pod_spec, "containers", "spec.template.spec")
     index = _gpu_container(containers)
     trainer, trainer_path = containers[index], f"{_CONTAINERS}[{index}]"

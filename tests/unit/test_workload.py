@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import MAX_WORKLOAD_NAME
 from controller.errors import PermanentError
 from controller.packing.inventory import GpuMode, NodeGpus
@@ -127,7 +127,7 @@ def test_the_template_keeps_its_own_labels_and_annotations() -> None:
     job["spec"]["template"]["metadata"] = {"labels": {"team": "nlp"}, "annotations": {"a": "b"}}
     template = by_kind(build_workload(job, admission()), "Job")["spec"]["template"]
     assert template["metadata"] == {
-        "labels": {"team": "nlp", JOB_LABEL: "llama"},
+        "labels": {"team": "nlp", JOB_LABEL: "llama", JOB_UID_LABEL: job["metadata"]["uid"]},
         "annotations": {"a": "b"},
     }
 
