@@ -46,8 +46,8 @@ def register(
     """Register the caches, the wake-ups and (when asked) the webhooks in `registry`.
     `background` gives the coroutines to run for the operator's lifetime (the scheduler's
     loop, the leader election). Returns the webhooks, which the review server answers with
-    (`controller.webhook.server`); kopf's registration of them names the paths and, in
-    managed mode, writes the webhook configurations."""
+    (`controller.webhook.server`); kopf's registration of them names the paths (the
+    configurations are the chart's, or `controller.webhook.registration`'s)."""
     caches.register(registry)
     #: Object uid (unique across resources) -> digest of what a decision reads of it: a
     #: 20-byte digest per object, of up to 15,000 objects; and of the inventory's GPUNodes

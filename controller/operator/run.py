@@ -120,7 +120,7 @@ def build_registry(
 
 
 def run(options: OperatorOptions) -> int:
-    """Run until SIGINT/SIGTERM; kopf then removes a managed webhook and exits."""
+    """Run until SIGINT/SIGTERM; a managed webhook's configurations are then deleted."""
     memory.limit_arenas()  # before any thread starts (memory.py)
     try:
         kube = Kube(api_client(pool_size=32))

@@ -8,17 +8,18 @@ only for a create or a changed spec. A webhook call costs the API server millise
 (BENCHMARKS.md), and local runs, the tests and the benchmarks should see what a cluster
 installed by the chart sees. So the configurations here are the chart's, pointing at the URL
 the server listens on: written each time the server starts (or restarts with renewed
-certificate files), and deleted at a clean exit, so that none sends the API server to a port
-nobody serves. The webhooks keep kopf's names (`validate-finetunejob.<config name>`), which
-the API server quotes in a refusal.
+certificate files), and deleted at a clean exit if they still call this server, so that none
+sends the API server to a port nobody serves. The webhooks keep kopf's names
+(`validate-finetunejob.<config name>`), which the API server quotes in a refusal.
 
 Needs, cluster-wide: validatingwebhookconfigurations and mutatingwebhookconfigurations
-create, update and delete (local runs use an administrator's kubeconfig).
+get, create, update and delete (local runs use an administrator's kubeconfig).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +44,12 @@ MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
     ],
     MUTATE_HANDLER: [
         {
+            "name": "create-or-spec-changed",
+            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+        },
+        {
             "name": "resize-or-rewritten",
-            "expression": "(has(object.spec.admissionPolicy) && "
+            "expression": "has(object.spec) && (has(object.spec.admissionPolicy) && "
             "object.spec.admissionPolicy == 'Resize') || (has(object.metadata.annotations) && "
             f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations)",
         }
@@ -128,49 +133,75 @@ class Registrar:
     """Writes and deletes the two configurations named `name` (blocking calls: run them in
     a thread)."""
 
+    #: Tries of one write (create, or read and replace) before giving up, with a growing pause
+    #: between them: another writer in between, a configuration deleted meanwhile, the API
+    #: server briefly unreachable.
+    ATTEMPTS = 5
+
     def __init__(self, api: client.ApiClient, name: str, namespaces: Sequence[str] = ()) -> None:
         self.admission = client.AdmissionregistrationV1Api(api)
         self.name = name
         self.namespaces = tuple(namespaces)
+        self.url: str | None = None  # what this server registered last
 
     def register(self, url: str, ca_bundle: str | None) -> None:
         """Create both, or replace what is there (an earlier run's, another replica's)."""
         for kind, body in configurations(self.name, url, ca_bundle, self.namespaces).items():
             try:
                 self._write(_METHODS[kind], body)
-            except ApiException as error:
+            except Exception as error:
+                reason = (
+                    f"{error.status} {error.reason}" if isinstance(error, ApiException) else error
+                )
                 raise DeploymentError(
-                    f"--webhook managed: cannot register the {kind} {self.name}: "
-                    f"{error.status} {error.reason}"
+                    f"--webhook managed: cannot register the {kind} {self.name}: {reason}"
                 ) from None
+        self.url = url
         log.info("registered the webhooks %s at %s", self.name, url)
 
     def unregister(self) -> None:
+        """Delete the configurations that still call this server: another replica, or the
+        next pod of a rolling update, may have registered its own since."""
+        if self.url is None:
+            return
         for kind, method in _METHODS.items():
             try:
-                getattr(self.admission, f"delete_{method}")(self.name)
+                there = getattr(self.admission, f"read_{method}")(self.name)
+                urls = {w.client_config.url for w in there.webhooks or []}
+                if not urls or not all(u and u.startswith(self.url) for u in urls):
+                    continue
+                precondition = client.V1Preconditions(
+                    resource_version=there.metadata.resource_version
+                )
+                getattr(self.admission, f"delete_{method}")(
+                    self.name, body=client.V1DeleteOptions(preconditions=precondition)
+                )
             except ApiException as error:
-                if error.status != 404:
+                if error.status not in (404, 409):  # gone, or rewritten by another meanwhile
                     log.warning("cannot delete the %s %s: %s", kind, self.name, error.reason)
             except Exception as error:  # the API server gone first (a local run's teardown)
                 log.warning("cannot delete the %s %s: %s", kind, self.name, error)
 
     def _write(self, method: str, body: dict[str, Any]) -> None:
-        try:
-            getattr(self.admission, f"create_{method}")(body)
-            return
-        except ApiException as error:
-            if error.status != 409:
-                raise
-        for _ in range(3):  # replaced at the version read: another writer in between, again
-            there = getattr(self.admission, f"read_{method}")(self.name)
-            version = {"resourceVersion": there.metadata.resource_version}
+        for attempt in range(self.ATTEMPTS):
+            if attempt:
+                time.sleep(0.2 * 2**attempt)
             try:
+                getattr(self.admission, f"create_{method}")(body)
+                return
+            except ApiException as error:
+                if error.status != 409:
+                    if attempt + 1 < self.ATTEMPTS and error.status >= 500:
+                        continue
+                    raise
+            try:
+                there = getattr(self.admission, f"read_{method}")(self.name)
+                version = {"resourceVersion": there.metadata.resource_version}
                 getattr(self.admission, f"replace_{method}")(
                     self.name, {**body, "metadata": {**body["metadata"], **version}}
                 )
                 return
             except ApiException as error:
-                if error.status != 409:
+                # 404: deleted since (create again); 409: replaced since (read again)
+                if error.status not in (404, 409) or attempt + 1 == self.ATTEMPTS:
                     raise
-        raise RuntimeError(f"{self.name}: replaced by another writer three times over")

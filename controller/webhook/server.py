@@ -42,6 +42,7 @@ from aiohttp import web
 
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
+from controller.errors import DeploymentError
 from controller.webhook.admission import AdmissionWebhook, Mutation
 from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER, Registrar
 
@@ -62,6 +63,7 @@ class ReviewServer(kopf.WebhookServer):
         paths = [Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
         served = _digest(paths)  # before they are read: a renewal from now on counts
         cadata, context = self._build_ssl()  # unreadable at start: the operator cannot serve
+        registering: asyncio.Future[None] | None = None
         try:
             while True:
                 port = self.port or self._allocate_free_port()
@@ -78,7 +80,17 @@ class ReviewServer(kopf.WebhookServer):
                     if ca_bundle is not None:
                         config["caBundle"] = ca_bundle
                     if self.registrar is not None:
-                        await asyncio.to_thread(self.registrar.register, url, ca_bundle)
+                        # Shielded: a thread cannot be stopped, and a registration still
+                        # landing after the exit's deletion would outlive the operator.
+                        registering = asyncio.ensure_future(
+                            asyncio.to_thread(self.registrar.register, url, ca_bundle)
+                        )
+                        try:
+                            await asyncio.shield(registering)
+                        except DeploymentError as error:
+                            if self.registrar.url is None:
+                                raise  # at start: nothing calls this operator's webhooks
+                            log.warning("%s; the API server keeps calling the last one", error)
                     yield config
                     served, cadata, context = await self._renewed(paths, served)
                     log.info("restarting the webhook server with the renewed certificate files")
@@ -86,6 +98,8 @@ class ReviewServer(kopf.WebhookServer):
                     await asyncio.to_thread(thread.stop)
         finally:
             if self.registrar is not None:  # a clean exit: no configuration left calling it
+                if registering is not None and not registering.done():
+                    await asyncio.wait({registering})
                 await asyncio.to_thread(self.registrar.unregister)
 
     async def _renewed(

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
+from controller.api.base import GROUP, PRODUCT_LABEL, REQUESTED_GPUS_ANNOTATION, VERSION
 from e2e.cluster import Cluster
 from e2e.suite import layout
 from e2e.suite.scenarios import FULL, QLORA, SCENARIOS, finetunejob, wait_for_the_webhook
@@ -212,10 +212,16 @@ def test_the_api_server_calls_a_webhook_only_for_a_write_it_may_change(
         assert calls(apply(resize)) == (1, 1)
         stored = target.get("finetunejob", "resize", namespace)
         assert stored is not None and stored["spec"]["resources"]["gpus"] == 2, "rewritten"
-        # Labels alone: nothing to judge, nothing to rewrite.
+        # Labels alone: nothing to judge, nothing to rewrite, even on a rewritten job.
         assert calls(kubectl("label", "ftj", "enforce", "team=a")) == (0, 0)
-        # A rewritten job carries the count it asked for: its updates reach the mutating one.
-        assert calls(kubectl("label", "ftj", "resize", "team=a")) == (1, 0)
+        assert calls(kubectl("label", "ftj", "resize", "team=a")) == (0, 0)
+        # A rewritten job carries the count it asked for: made Enforce, its annotation still
+        # brings the change to the mutating webhook, which forgets the count.
+        enforced = '{"spec": {"admissionPolicy": "Enforce"}}'
+        assert calls(kubectl("patch", "ftj", "resize", "--type=merge", "-p", enforced)) == (1, 1)
+        stored = target.get("finetunejob", "resize", namespace)
+        assert stored is not None
+        assert REQUESTED_GPUS_ANNOTATION not in (stored["metadata"].get("annotations") or {})
         resume = '{"spec": {"suspend": false}}'
         assert calls(kubectl("patch", "ftj", "enforce", "--type=merge", "-p", resume)) == (0, 1)
 

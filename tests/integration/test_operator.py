@@ -27,7 +27,12 @@ from kubernetes.client.rest import ApiException
 from controller.api.base import GROUP, VERSION
 from controller.estimator.presets import load_preset
 from controller.jobspec import estimate_plan, translate
-from controller.webhook.registration import MATCH_CONDITIONS, MUTATE_HANDLER, VALIDATE_HANDLER
+from controller.webhook.registration import (
+    MATCH_CONDITIONS,
+    MUTATE_HANDLER,
+    VALIDATE_HANDLER,
+    Registrar,
+)
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
 
@@ -553,6 +558,38 @@ def test_a_managed_operator_registers_the_charts_webhooks_and_removes_them_at_ex
     assert configs() == [], "a clean exit leaves no configuration calling a dead port"
     operator.start(webhook=True)  # waits for the webhook to refuse an invalid job
     assert len(configs()) == 2
+
+
+def test_a_registrar_deletes_only_the_configurations_that_still_call_its_server(
+    api_client: client.ApiClient,
+) -> None:
+    """Two managed operators (replicas, or the old and new pod of a rolling update): the last
+    to register is called, and the first one's exit leaves its configurations alone."""
+    name = "vramgate-registrar-test.vramgate.dev"
+    admission = client.AdmissionregistrationV1Api(api_client)
+    first, second = Registrar(api_client, name), Registrar(api_client, name)
+
+    def url() -> str:
+        config = admission.read_validating_webhook_configuration(name)
+        return str(config.webhooks[0].client_config.url)
+
+    try:
+        first.register("https://127.0.0.1:1001", None)
+        second.register("https://127.0.0.1:1002", None)  # exists: replaced at its version
+        assert url() == f"https://127.0.0.1:1002/{VALIDATE_HANDLER}"
+        first.unregister()
+        assert url() == f"https://127.0.0.1:1002/{VALIDATE_HANDLER}", "not first's any more"
+        second.unregister()
+        for read in (
+            admission.read_validating_webhook_configuration,
+            admission.read_mutating_webhook_configuration,
+        ):
+            with pytest.raises(ApiException) as gone:
+                read(name)
+            assert gone.value.status == 404
+        second.unregister()  # nothing left: nothing to do, no error
+    finally:
+        forget_webhook_configs(api_client, name)
 
 
 def test_a_restart_changes_nothing_already_recorded(

@@ -9,7 +9,7 @@ import json
 import ssl
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import jsonpatch
@@ -163,6 +163,23 @@ def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewa
 
     server.hook = Recording(_no_view, lambda *_: None)
 
+    class Registrations:
+        """`--webhook managed`: what the server registers, and when it unregisters."""
+
+        def __init__(self) -> None:
+            self.url: str | None = None
+            self.calls: list[tuple[str, ...]] = []
+
+        def register(self, url: str, ca_bundle: str | None) -> None:
+            self.url = url
+            self.calls.append(("register", url, str(ca_bundle)))
+
+        def unregister(self) -> None:
+            self.calls.append(("unregister",))
+
+    registrations = Registrations()
+    server.registrar = cast(Any, registrations)
+
     async def kopf_fn(*_: Any, **__: Any) -> Any:
         raise AssertionError("kopf's handlers were called")
 
@@ -202,6 +219,9 @@ def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewa
     assert base64.b64decode(bundle) == first.ca_cert
     assert base64.b64decode(bundle2) == renewed.ca_cert != first.ca_cert, "the new CA is out"
     assert threads == ["vramgate-webhook"] * 3
+    # registered at each start with the CA it serves, deleted once, at the close
+    assert [c[0] for c in registrations.calls] == ["register", "register", "unregister"]
+    assert [c[2] for c in registrations.calls[:2]] == [bundle, bundle2]
 
 
 async def _no_view() -> None:
