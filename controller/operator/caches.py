@@ -156,20 +156,24 @@ def gpu_or_job_pod(body: kopf.Body, **_: Any) -> bool:
     return JOB_LABEL in labels or pod_gpus(body) > 0
 
 
-def _owner_key(body: Mapping[str, Any]) -> str | None:
-    """The FineTuneJob that owns a workload (its controller ownerReference)."""
-    meta = body.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
+def _controller_ref(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The FineTuneJob that owns a workload: its controller ownerReference."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("kind") == "FineTuneJob" and ref.get("controller"):
-            return f"{meta.get('namespace')}/{ref.get('name')}"
+            return ref
     return None
+
+
+def _owner_key(body: Mapping[str, Any]) -> str | None:
+    ref = _controller_ref(body)
+    if ref is None:
+        return None
+    return f"{(body.get('metadata') or {}).get('namespace')}/{ref.get('name')}"
 
 
 def _owner_uid(body: Mapping[str, Any]) -> str | None:
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == "FineTuneJob" and ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
+    ref = _controller_ref(body)
+    return None if ref is None else str(ref.get("uid"))
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

@@ -34,26 +34,29 @@ from controller.errors import DeploymentError
 VALIDATE_HANDLER = "validate-finetunejob"
 MUTATE_HANDLER = "mutate-finetunejob"
 
+#: A create, or an update that changes the spec: an update with the spec as it was (labels,
+#: annotations, finalizers) is nothing either webhook would refuse or rewrite.
+_CREATE_OR_SPEC_CHANGED = {
+    "name": "create-or-spec-changed",
+    "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+}
 #: When the API server calls each webhook: the chart's conditions (a test holds them equal).
 MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
-    VALIDATE_HANDLER: [
-        {
-            "name": "create-or-spec-changed",
-            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
-        }
-    ],
+    VALIDATE_HANDLER: [_CREATE_OR_SPEC_CHANGED],
     MUTATE_HANDLER: [
-        {
-            "name": "create-or-spec-changed",
-            "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
-        },
+        _CREATE_OR_SPEC_CHANGED,
         {
             "name": "resize-or-rewritten",
             "expression": "has(object.spec) && (has(object.spec.admissionPolicy) && "
             "object.spec.admissionPolicy == 'Resize') || (has(object.metadata.annotations) && "
             f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations)",
-        }
+        },
     ],
+}
+#: The handler each kind of configuration calls.
+_HANDLERS = {
+    "ValidatingWebhookConfiguration": VALIDATE_HANDLER,
+    "MutatingWebhookConfiguration": MUTATE_HANDLER,
 }
 #: A local run shares a busy machine with its API server: kopf's timeout, the most allowed.
 TIMEOUT_S = 30
@@ -107,18 +110,13 @@ def configurations(
 
     meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "vramgate-operator"}}
     return {
-        "ValidatingWebhookConfiguration": {
+        kind: {
             "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
+            "kind": kind,
             "metadata": meta,
-            "webhooks": [webhook(VALIDATE_HANDLER)],
-        },
-        "MutatingWebhookConfiguration": {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": meta,
-            "webhooks": [webhook(MUTATE_HANDLER)],
-        },
+            "webhooks": [webhook(handler)],
+        }
+        for kind, handler in _HANDLERS.items()
     }
 
 
