@@ -14,7 +14,7 @@ slots) or belong to a FineTuneJob (`JOB_LABEL`: their state and their GPU usage)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from sys import intern
 from typing import Any, cast
@@ -228,16 +228,22 @@ class Caches:
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
         return cls(*(kwargs[name] for name in INDEXES))
 
-    def objects(self) -> tuple[ClusterObjects, dict[str, dict[str, Any]], dict[str, list[Any]]]:
+    def objects(
+        self, jobs: Iterable[Mapping[str, Any]] | None = None
+    ) -> tuple[ClusterObjects, dict[str, dict[str, Any]], dict[str, list[Any]]]:
         """The cluster now: the objects admission reads, the workloads by job key, and each
-        job's pods by job key. Read in one go, without awaiting, so it is one moment's view."""
+        job's pods by job key. Read in one go, without awaiting, so it is one moment's view.
+
+        `jobs`, a fresh list from the API server (a new leader's), replaces the cached jobs,
+        and workloads and pods are matched against it: matched against the cache's, a job
+        re-created meanwhile would be paired with its deleted namesake's workload."""
         objects = ClusterObjects()
         for node in _values(self.nodes):
             objects.nodes[node["metadata"]["name"]] = node
         for gpunode in _values(self.gpunodes):
             objects.gpunodes[gpunode["metadata"]["name"]] = gpunode
         objects.pods = list(_values(self.pods))
-        for job in _values(self.finetunejobs):
+        for job in _values(self.finetunejobs) if jobs is None else jobs:
             objects.jobs[job_key(job)] = job
         workloads: dict[str, dict[str, Any]] = {}
         for key, store in self.workloads.items():

@@ -53,7 +53,7 @@ from kubernetes.client.rest import ApiException
 
 from controller.api import conditions as cond
 from controller.backoff import Backoff
-from controller.cluster import finished, job_key, parse_time, reservation, snapshot
+from controller.cluster import finished, parse_time, reservation, snapshot
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
@@ -245,13 +245,14 @@ class Scheduler:
     async def _pass(self, relist: bool) -> None:
         assert self.caches is not None
         loop = asyncio.get_running_loop()
-        objects, workloads, job_pods = self.caches.objects()
+        listed: list[dict[str, Any]] | None = None
         if relist:  # a new leader: the ledger as the API server holds it now
-            listed = await loop.run_in_executor(
+            fetched = await loop.run_in_executor(
                 self._writer, self.kube.list_jobs, self.options.namespaces
             )
-            objects.jobs = {job_key(job): slim_job(job) for job in listed}
+            listed = [slim_job(job) for job in fetched]
             self._fresh.clear()
+        objects, workloads, job_pods = self.caches.objects(listed)
         objects.jobs = {key: self._assumed(key, job) for key, job in objects.jobs.items()}
         for key, uid in list(self._created.items()):
             current = objects.jobs.get(key)

@@ -80,3 +80,19 @@ def test_a_deleted_namesakes_pods_and_workload_are_not_the_recreated_jobs() -> N
     assert len(job_pods["ns/llama"]) == 2
     _, workloads, _ = read(workload("old"), workload("u"))
     assert workloads["ns/llama"]["metadata"]["ownerReferences"][0]["uid"] == "u"
+
+
+def test_a_new_leaders_fresh_list_is_what_workloads_are_matched_against() -> None:
+    """A new leader decides on jobs listed from the API server, not on its cache: if the job
+    was deleted and applied again meanwhile, the cache still holds the old one, whose Job
+    must not pass for the new job's."""
+    cached, listed = admitted_job("llama"), admitted_job("llama")
+    cached["metadata"]["uid"], listed["metadata"]["uid"] = "old", "new"
+    refs = [{"kind": "FineTuneJob", "name": "llama", "uid": "old", "controller": True}]
+    old_workload = {"kind": "Job", "metadata": {"name": "llama", "namespace": "ns",
+                                                "ownerReferences": refs}}  # fmt: skip
+    caches = Caches({"ns/llama": [cached]}, {}, {}, {}, {"ns/llama": [old_workload]})
+    assert "ns/llama" in caches.objects()[1], "against the cache, the old Job is the job's"
+    objects, workloads, _ = caches.objects([listed])
+    assert objects.jobs["ns/llama"]["metadata"]["uid"] == "new"
+    assert workloads == {}, "the listed job's own Job is still to be created"
