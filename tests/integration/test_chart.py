@@ -361,16 +361,27 @@ def test_the_webhooks_point_at_the_operators_handlers_and_fail_open() -> None:
     assert args == ["operator", "--webhook", "serve"]
 
 
-def test_the_charts_webhooks_are_those_a_managed_operator_registers() -> None:
+@pytest.mark.parametrize(
+    "namespaces", [(), ("team-b", "team-a")], ids=["all-namespaces", "listed"]
+)
+def test_the_charts_webhooks_are_those_a_managed_operator_registers(
+    namespaces: tuple[str, ...],
+) -> None:
     """One set of facts in two places (YAML for helm, Python for `--webhook managed`): the
-    conditions that decide when the API server calls a webhook, and the writes it sees."""
-    objects = render()
-    managed = configurations(FULLNAME, "https://127.0.0.1:9443", "Y2E=")
+    conditions that decide when the API server calls a webhook, the writes it sees, and
+    the namespaces whose jobs go through it."""
+    listed = ["--set-json", f"operator.config.namespaces={json.dumps(namespaces)}"]
+    objects = render(*listed)
+    managed = configurations(FULLNAME, "https://127.0.0.1:9443", "Y2E=", namespaces)
     for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
         (chart,) = one(objects, kind, FULLNAME)["webhooks"]
         (ours,) = managed[kind]["webhooks"]
         for field in ("matchConditions", "rules", "sideEffects", "failurePolicy", "matchPolicy"):
             assert chart[field] == ours[field], (kind, field)
+        assert chart.get("namespaceSelector") == ours.get("namespaceSelector"), kind
+        if namespaces:
+            (listed_in,) = chart["namespaceSelector"]["matchExpressions"]
+            assert listed_in["values"] == ["team-a", "team-b"]
         assert chart.get("reinvocationPolicy") == ours.get("reinvocationPolicy"), kind
 
 

@@ -140,7 +140,7 @@ matchPolicy: {{ .Values.webhook.matchPolicy }}
 timeoutSeconds: {{ .Values.webhook.timeoutSeconds }}
 {{- $selector := deepCopy (default dict .Values.webhook.namespaceSelector) }}
 {{- with .Values.operator.config.namespaces }}
-{{- $watched := dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" (uniq .) }}
+{{- $watched := dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" (uniq . | sortAlpha) }}
 {{- $_ := set $selector "matchExpressions" (append (default list $selector.matchExpressions) $watched) }}
 {{- end }}
 {{- with $selector }}
