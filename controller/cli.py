@@ -435,7 +435,9 @@ def _signed_values_attached(argv: Sequence[str] | None) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    console = Console()
+    # Nothing printed is rich markup, and much is the user's text (names, paths, values in
+    # messages) whose brackets must print as they are: `[config.json]`, even a stray `[/]`.
+    console = Console(markup=False)
     try:
         args = build_parser().parse_args(_signed_values_attached(argv))
         return int(args.run(args, console))

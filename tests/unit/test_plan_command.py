@@ -292,6 +292,27 @@ def test_a_dumped_job_the_operator_cannot_decide_is_listed_and_the_others_decide
     assert "team/missing: not decided: spec.model.configMapRef.name: ConfigMap" in out
 
 
+def test_brackets_in_a_message_print_as_they_are(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Messages carry the user's text: a ConfigMap key in brackets, or a refused value with
+    brackets in it, prints as written, and a `[/]` in it is not rich's closing tag."""
+    config = json.loads(json.dumps(load_preset("llama-3.1-8b").config_dict()))
+    config["hidden_size"] = "big"
+    dump = _kubectl_dump(0)
+    odd = _config_job("odd", "llama")
+    odd["spec"]["training"] = {"optimizer": "[/][bold]x"}
+    dump["items"] += [
+        _config_job("broken", "llama"),
+        odd,
+        _config_map("llama", {"config.json": json.dumps(config)}),
+    ]
+    code, out, _ = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump))
+    assert code == 0
+    assert "team/broken: not decided: configmaps/llama[config.json].hidden_size: must be" in out
+    assert "spec.training.optimizer: unsupported value '[/][bold]x'; allowed:" in out
+
+
 def test_a_dumped_job_without_a_template_is_advised_after_the_rest_and_holds_nothing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
