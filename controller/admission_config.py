@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from controller.decision import AdmissionSettings, QueueingStrategy
 from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
-from controller.settings import Flag
+from controller.settings import MAX_SECONDS, Flag
 from controller.units import parse_size
 
 #: Keeping more than half of every GPU free is a misconfiguration, not a margin.
@@ -67,7 +67,7 @@ class AdmissionConfig(BaseModel):
         0, description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom."
     )
     heartbeat_ttl_seconds: int = Field(
-        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1,
+        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1, le=MAX_SECONDS,
         description="a GPU node whose agent has not written for this long takes no new job; "
         "a few of the agent's 30 s heartbeats.",
     )

@@ -38,6 +38,11 @@ from controller.errors import DeploymentError
 M = TypeVar("M", bound=BaseModel)
 
 
+#: The longest interval a setting takes, in seconds: a year. Longer means "never" in effect,
+#: and would overflow the dates and timers it feeds; the chart's schema has the same maximum.
+MAX_SECONDS = 365 * 24 * 3600
+
+
 class SettingsError(DeploymentError):
     """Bad configuration: one line naming the setting, its source and what it allows."""
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from controller.agent.sizes import ByteSize
-from controller.settings import SettingsError, SettingsLoader
+from controller.settings import MAX_SECONDS, SettingsError, SettingsLoader
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
 MIB = 2**20
@@ -56,15 +56,15 @@ class AgentSettings(BaseModel):
         "--node-name, so a URL that reaches another node's exporter is an error, not data.",
     )
     dcgm_timeout_seconds: float = Field(
-        5.0, gt=0, description="timeout of one dcgm-exporter scrape."
+        5.0, gt=0, le=MAX_SECONDS, description="timeout of one dcgm-exporter scrape."
     )
     poll_interval_seconds: float = Field(
-        5.0, gt=0,
+        5.0, gt=0, le=MAX_SECONDS,
         description="how often the GPUs are read; an NVML read costs milliseconds, and a job's "
         "memory ramps over seconds.",
     )
     heartbeat_interval_seconds: float = Field(
-        30.0, gt=0,
+        30.0, gt=0, le=MAX_SECONDS,
         description="longest time between two GPUNode writes; the operator treats an older "
         "heartbeat as stale. 30 s bounds the steady write rate at 1/30 per second per node.",
     )
@@ -75,10 +75,12 @@ class AgentSettings(BaseModel):
         "heartbeat. 256 MiB is far below any training job's footprint.",
     )
     backoff_initial_seconds: float = Field(
-        1.0, gt=0, description="first retry delay after a failed read or write; doubles."
+        1.0, gt=0, le=MAX_SECONDS,
+        description="first retry delay after a failed read or write; doubles.",
     )
     backoff_max_seconds: float = Field(
-        60.0, gt=0, description="longest retry delay, so a healed API server is seen quickly."
+        60.0, gt=0, le=MAX_SECONDS,
+        description="longest retry delay, so a healed API server is seen quickly.",
     )
     metrics_address: str = Field(
         "0.0.0.0", description="address of the Prometheus metrics endpoint."

@@ -34,7 +34,7 @@ from controller.operator.options import (
     OperatorOptions,
     WebhookMode,
 )
-from controller.settings import Flag, SettingsError, SettingsLoader
+from controller.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
@@ -111,13 +111,13 @@ class OperatorSettings(AdmissionConfig):
         "files in certDir only (cert-manager mounts its Secret there).",
     )
     configmap_retry_seconds: float = Field(
-        30.0, gt=0,
+        30.0, gt=0, le=MAX_SECONDS,
         description="retry interval while a job's ConfigMap cannot be read, and how often a "
         "waiting job's ConfigMap is read again; a missing ConfigMap is usually created, and a "
         "wrong one fixed, within seconds to minutes.",
     )
     resync_seconds: float = Field(
-        10.0, gt=0,
+        10.0, gt=0, le=MAX_SECONDS,
         description="an admission pass at least this often, events or not, so a missed "
         "event delays a decision by seconds only.",
     )

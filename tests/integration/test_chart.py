@@ -589,6 +589,40 @@ def test_the_schema_and_the_binaries_agree_on_sizes(size: str, tmp_path: Path) -
         assert done.returncode == 0, done.stderr
 
 
+def _bounds(info: Any) -> dict[str, Any]:
+    """A pydantic field's numeric bounds, as JSON Schema states them."""
+    names = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    return {
+        names[key]: getattr(meta, key)
+        for meta in info.metadata
+        for key in names
+        if getattr(meta, key, None) is not None
+    }
+
+
+def test_the_schema_bounds_numbers_as_the_binaries_do() -> None:
+    """A number the schema lets through is one the operator and the agent take (an interval
+    past a year overflowed the operator's dates: a crash loop after a good install)."""
+    from controller.admission_config import MAX_HEADROOM_PERCENT
+    from controller.agent.settings import AgentSettings
+    from controller.operator.settings import OperatorSettings
+
+    # Bounded by a validator of their own, for a message that states both ends.
+    validated = {"headroomPercent": {"minimum": 0, "maximum": MAX_HEADROOM_PERCENT}}
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    checked = 0
+    for component, model in (("operator", OperatorSettings), ("agent", AgentSettings)):
+        properties = schema[component]["properties"]["config"]["properties"]
+        for name, info in model.model_fields.items():
+            key = info.alias or name
+            if key not in properties or properties[key].get("type") not in ("integer", "number"):
+                continue  # sizes are strings there: test_the_schema_and_the_binaries_agree_on_sizes
+            stated = {k: v for k, v in properties[key].items() if "imum" in k}
+            assert stated == validated.get(key, _bounds(info)), f"{component}.config.{key}"
+            checked += 1
+    assert checked >= 9
+
+
 def test_every_operator_setting_is_a_value_or_set_by_the_chart(tmp_path: Path) -> None:
     from controller.operator.settings import OperatorSettings
 

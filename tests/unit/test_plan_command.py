@@ -570,6 +570,13 @@ def test_headroom_is_kept_free_on_every_gpu(
     assert code == 2 and "--headroom-percent: must be between 0 and 50" in err
     code, _, err = run(capsys, *argv, "--headroom", "3")
     assert code == 2 and "--headroom:" in err
+    # Past a year overflowed the date arithmetic: a traceback, not this line.
+    code, _, err = run(capsys, *argv, "--heartbeat-ttl-seconds", "99999999999999999999")
+    assert code == 2
+    assert err == (
+        "vramgate: --heartbeat-ttl-seconds: must be less than or equal to 31536000, "
+        "got 99999999999999999999\n"
+    )
 
 
 def test_a_headroom_larger_than_the_gpus_says_0_usable_not_a_negative_size(
