@@ -122,11 +122,19 @@ def test_helm_lint_strict_passes_with_the_schema(values: Path | None) -> None:
         (["--set", "dashboard.namespace=Grafana"], "namespace"),
         (["--set", "image.digest=sha256:abc"], "digest"),
         (["--set-string", "operator.podDisruptionBudget.minAvailable=one"], "minAvailable"),
+        # The ServiceMonitor CRD's Duration: no fractions, no units below ms (it refused
+        # 1.5m at install, after the schema had let it through).
+        (["--set-string", "metrics.serviceMonitor.interval=1.5m"], "interval"),
+        (["--set", "agent.maxUnavailable=0"], "maxUnavailable"),
+        (["--set-string", "agent.maxUnavailable=some"], "maxUnavailable"),
+        # Labels written beside matchLabels, not in it: a selector that matches everything.
+        (["--set", "webhook.namespaceSelector.gpu=allowed"], "additional properties 'gpu'"),
     ],
     ids=["unknown-key", "unknown-config-key", "int-type", "bool-type", "enum", "maximum",
          "backend-enum", "static-needs-gpus", "dcgm-needs-url", "timeout-range",
          "namespace-name", "lease-name", "name-override", "fullname-override",
-         "dashboard-namespace", "digest", "min-available-string"],
+         "dashboard-namespace", "digest", "min-available-string", "monitor-interval",
+         "max-unavailable-zero", "max-unavailable-word", "namespace-selector-bare-label"],
 )  # fmt: skip
 def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], message: str) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -161,10 +169,20 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
         (["--set", "commonLabels.app\\.kubernetes\\.io/name=mine"],
          ["commonLabels.app.kubernetes.io/name"]),
         (["--set", "commonLabels.helm\\.sh/chart=mine"], ["commonLabels.helm.sh/chart"]),
+        # The selector's own label, overridden in the pod template: a Deployment that does
+        # not select its pods.
+        (["--set", "operator.podLabels.app\\.kubernetes\\.io/name=mine"],
+         ["operator.podLabels.app.kubernetes.io/name"]),
+        (["--set", "agent.podLabels.app\\.kubernetes\\.io/instance=mine"],
+         ["agent.podLabels.app.kubernetes.io/instance"]),
+        # Rounded up as the disruption controller does: 99% of 2 replicas is 2.
+        (["--set-string", "operator.podDisruptionBudget.minAvailable=99%"],
+         ["minAvailable=99%", "operator.replicas=2"]),
     ],
     ids=["ports-repeat", "pdb-all-replicas", "pdb-100-percent", "poll-above-heartbeat",
          "heartbeat-above-half-the-ttl", "backoff-initial-above-max",
-         "common-label-app", "common-label-chart"],
+         "common-label-app", "common-label-chart", "pod-label-operator", "pod-label-agent",
+         "pdb-rounds-up"],
 )  # fmt: skip
 def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str]) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -175,10 +193,22 @@ def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str])
 
 
 def test_consistent_values_still_render() -> None:
-    render(
+    objects = render(
         "--set-string", "operator.podDisruptionBudget.minAvailable=50%",
         "--set", "agent.config.pollIntervalSeconds=30", "--set", "commonLabels.team=ml",
+        "--set-string", "agent.maxUnavailable=10%", "--set", "operator.podLabels.team=ml",
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set-string", "metrics.serviceMonitor.interval=1d",
+        "--set-json", 'webhook.namespaceSelector={"matchExpressions": [{"key": "gpu", '
+        '"operator": "Exists"}]}',
+        "--api-versions", MONITORING,
     )  # fmt: skip
+    daemonset = one(objects, "DaemonSet")["spec"]
+    assert daemonset["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "10%"
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "ml" and labels["app.kubernetes.io/component"] == "operator"
+    endpoints = [e for m in find(objects, "ServiceMonitor") for e in m["spec"]["endpoints"]]
+    assert endpoints and {e["interval"] for e in endpoints} == {"1d"}
 
 
 def test_an_image_digest_takes_precedence_over_the_tag() -> None:

@@ -46,6 +46,17 @@ app.kubernetes.io/part-of: vramgate
 {{- end }}
 {{- end }}
 
+{{/* A component's extra pod labels (dict "labels" ... "path" "operator.podLabels"): never
+one of the chart's own, which its selectors match. */}}
+{{- define "vramgate.podLabels" -}}
+{{- range $key, $_ := .labels }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") }}
+{{- fail (printf "%s.%s: the chart sets app.kubernetes.io/* and helm.sh/chart itself (selectors depend on them); use another key" $.path $key) }}
+{{- end }}
+{{- end }}
+{{- with .labels }}{{ toYaml . }}{{ end }}
+{{- end }}
+
 {{/* Selector labels of one component (operator, agent): stable across upgrades. */}}
 {{- define "vramgate.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "vramgate.name" .root }}
