@@ -53,6 +53,9 @@ EXAMPLES = files("controller") / "examples"
 #: Deepest YAML nesting read: Kubernetes objects nest a few dozen levels at most.
 MAX_DEPTH = 100
 _C_LOADER = getattr(yaml, "CSafeLoader", None)
+#: Aliases may expand a file's collections this many times over, past a floor of this many.
+MAX_ALIAS_EXPANSION = 10
+MAX_EXPANDED_NODES = 100_000
 #: The admission flags, spelled and checked as the operator's; no env prefix, since plan reads
 #: no environment (nor a config file): only the command line.
 ADMISSION = SettingsLoader(AdmissionConfig, "", typed_flags=True, shown_defaults=SHOWN_DEFAULTS)
@@ -228,20 +231,60 @@ def _parse(path: str, text: str) -> list[Any]:
         if _too_deep(text):
             raise PlanInputError(f"{path}: nested more than {MAX_DEPTH} brackets deep")
         if _C_LOADER is None:
-            return list(yaml.safe_load_all(text))
-        depth = deepest = 0
+            documents = list(yaml.safe_load_all(text))
+            _check_aliases(path, documents)
+            return documents
+        depth = deepest = aliases = 0
         for event in yaml.parse(text, Loader=_C_LOADER):
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 deepest = max(deepest, depth)
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                aliases += 1
         if deepest > MAX_DEPTH:
             raise PlanInputError(f"{path}: nested {deepest} deep; at most {MAX_DEPTH}")
-        return list(yaml.load_all(text, Loader=_C_LOADER))
+        documents = list(yaml.load_all(text, Loader=_C_LOADER))
+        if aliases:
+            _check_aliases(path, documents)
+        return documents
     except (yaml.YAMLError, RecursionError) as error:
         detail = " ".join(str(error).split()) if isinstance(error, yaml.YAMLError) else "too deep"
         raise PlanInputError(f"{path}: not valid YAML or JSON ({detail})") from None
+
+
+def _check_aliases(path: str, documents: list[Any]) -> None:
+    """Refuses documents whose aliases refer to themselves, or expand them far past what the
+    file holds ("billion laughs": 1 KB of nested aliases is 10^8 nodes). PyYAML shares an
+    aliased node rather than copying it, so loading is cheap; it is every later walk
+    (JSON for the schema check, the workload build) that would run for hours. As
+    kubectl's YAML reader, a few aliases (a shared env list) pass."""
+    expanded: dict[int, int] = {}  # container id -> containers in it, aliases expanded
+    opened: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(document, False) for document in documents]
+    while stack:
+        node, closing = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        children = list(node.values()) if isinstance(node, dict) else node
+        key = id(node)
+        if closing:
+            expanded[key] = 1 + sum(expanded.get(id(child), 0) for child in children)
+            continue
+        if key in expanded:
+            continue
+        if key in opened:
+            raise PlanInputError(f"{path}: an alias refers to a node that holds it")
+        opened.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in expanded)
+    total = sum(expanded[id(d)] for d in documents if isinstance(d, dict | list))
+    if total > MAX_ALIAS_EXPANSION * len(expanded) and total > MAX_EXPANDED_NODES:
+        raise PlanInputError(
+            f"{path}: its aliases expand it to {total:,} collections from {len(expanded):,}; "
+            f"at most {MAX_ALIAS_EXPANSION} times as many (write the repeated part out)"
+        )
 
 
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")

@@ -534,6 +534,12 @@ def test_a_job_file_naming_a_missing_config_map_exits_2(
         (b"a: " + b"[" * 100_000 + b"]" * 100_000, "nested more than 100 brackets deep"),
         (b"a: " + b"[{" * 60 + b"}]" * 60, "nested more than 100 brackets deep"),
         (b"a:\n" + b"".join(b" " * i + b"- \n" for i in range(2000)), "at most 100"),
+        # "Billion laughs": 1 KB that expands to 10^8 collections, and an alias into itself.
+        (b"a0: &a0 [lol, lol]\n" + b"".join(
+            b"a%d: &a%d [" % (i, i) + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]\n"
+            for i in range(1, 9)
+        ), "its aliases expand it to 123,456,790 collections from 10; at most 10 times"),
+        (b"nodes: &n [{name: a, gpus: *n}]\n", "an alias refers to a node that holds it"),
     ],
 )
 def test_unreadable_files_exit_2_with_one_line(
@@ -543,6 +549,19 @@ def test_unreadable_files_exit_2_with_one_line(
     path.write_bytes(content)
     code, _, err = run(capsys, "--cluster", str(path))
     assert code == 2 and expected in err and err.count("\n") == 1
+
+
+def test_a_few_aliases_read_as_kubectl_reads_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    labels = {"team": "research"}
+    job = dict(LLAMA_QLORA, metadata={"name": "shared", "labels": labels,
+                                      "annotations": labels})  # fmt: skip
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.dump(job))  # PyYAML writes the shared map once, then an alias
+    assert "*id" in path.read_text()
+    code, out, _ = run(capsys, str(path), "--json")
+    assert code == 0 and decisions(out)[0]["job"] == "default/shared"
 
 
 def test_a_json_dump_is_read_as_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
