@@ -20,10 +20,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from controller.api.base import GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL, PRODUCT_LABEL
+from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, JOB_UID_LABEL, PRODUCT_LABEL
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
 from controller.api.names import job_label_value
 from controller.decision.types import JobRequest
+from controller.dump_checks import object_problem
 from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, translate
@@ -78,7 +79,14 @@ class ClusterObjects:
             return
         if not isinstance(kind, str):
             raise ClusterError(where, "must be a Kubernetes object (kind) or a `nodes:` list")
+        group = str(obj.get("apiVersion") or "").partition("/")[0]
+        if group == GROUP and kind not in VRAMGATE_KINDS:
+            allowed = ", ".join(VRAMGATE_KINDS)
+            raise ClusterError(where, f"kind: {kind!r} is not one of {GROUP}'s: {allowed}")
         name = _name(obj, where)
+        problem = object_problem(obj)
+        if problem:
+            raise ClusterError(where, f"{kind} {name}: {problem}")
         if kind == "Node":
             self.nodes[name] = obj
         elif kind == "GPUNode":
@@ -93,6 +101,10 @@ class ClusterObjects:
             self.origin[key] = where
         elif kind == "ConfigMap":
             self.config_maps[job_key(obj)] = obj
+
+
+#: The kinds vramgate.dev serves.
+VRAMGATE_KINDS = ("FineTuneJob", "GPUNode")
 
 
 def job_key(obj: Mapping[str, Any]) -> str:

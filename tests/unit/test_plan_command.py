@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,76 @@ def _kubectl_dump(used_by_job: int) -> dict[str, Any]:
         "status": {"phase": "Running"},
     }
     return {"kind": "List", "items": [node, gpunode, admitted, pod]}
+
+
+def _broken(item: int, path: str, value: Any) -> dict[str, Any]:
+    """The dump with one field (dotted path, [i] for list items) of one item set to value."""
+    dump = copy.deepcopy(_kubectl_dump(40 * GIB))
+    parent: Any = dump["items"][item]
+    *parts, last = re.findall(r"[^.\[\]]+", path)
+    for part in parts:
+        parent = parent[int(part)] if part.isdigit() else parent[part]
+    if last.isdigit():
+        parent[int(last)] = value
+    else:
+        parent[last] = value
+    return dump
+
+
+@pytest.mark.parametrize(
+    ("item", "path", "value", "expected"),
+    [
+        (1, "status.heartbeatTime", "yesterday",
+         "GPUNode gpu-1: status.heartbeatTime: Input should be a valid datetime"),
+        (1, "status.gpus[0].index", "zero",
+         "GPUNode gpu-1: status.gpus[0].index: Input should be a valid integer, got 'zero'"),
+        (1, "status.gpus[0].totalBytes", "80Gi",
+         "GPUNode gpu-1: status.gpus[0].totalBytes: Input should be a valid integer, got '80Gi'"),
+        (1, "status.gpus[0].freeBytes", 81 * GIB,
+         "status.gpus[0]: freeBytes (86973087744) must be at most totalBytes (85899345920)"),
+        (1, "status.gpus[0].freeBytes", -1,
+         "status.gpus[0].freeBytes: Input should be greater than or equal to 0, got -1"),
+        (1, "status.gpus", "x", "GPUNode gpu-1: status.gpus: Input should be a valid list"),
+        (1, "status.gpus[0].pods[0].usedBytes", "lots", "pods[0].usedBytes: Input should be"),
+        (1, "status", [1], "GPUNode gpu-1: status: Input should be a valid dictionary"),
+        (2, "status.placement.nodes[0]", {"gpuIndices": [0]},
+         "FineTuneJob running: status.placement.nodes[0].node: Field required"),
+        (2, "status.placement.perGpuBytes", "big", "status.placement.perGpuBytes: Input"),
+        (2, "status.conditions", ["x"], "status.conditions[0]: Input should be a valid dict"),
+        (2, "metadata.creationTimestamp", "now", "metadata.creationTimestamp: Input should be"),
+        (3, "metadata.labels", ["a"], "Pod running-0: metadata.labels: Input should be a valid"),
+        (3, "spec.containers[0].resources.limits", "one", "resources.limits: Input should be"),
+        (0, "spec", {"unschedulable": "yes"}, "Node gpu-1: spec.unschedulable: Input should be"),
+    ],
+)  # fmt: skip
+def test_a_hand_broken_dump_is_refused_naming_the_object_and_field(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    item: int,
+    path: str,
+    value: Any,
+    expected: str,
+) -> None:
+    """What the API server would never have stored: one line, exit 2, not a traceback from
+    deep inside the snapshot."""
+    cluster = write(tmp_path, "dump.yaml", _broken(item, path, value))
+    code, out, err = run(capsys, "--cluster", cluster)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"vramgate: dump.yaml: document 1 item {item}: ") and expected in err
+    assert err.count("\n") == 1
+
+
+def test_a_misspelled_vramgate_kind_is_refused_not_skipped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    typo = dict(LLAMA_QLORA, kind="FinetuneJob", metadata={"name": "j2"})
+    jobs = write(tmp_path, "jobs.yaml", LLAMA_QLORA, typo)
+    code, _, err = run(capsys, jobs)
+    assert code == 2
+    assert err == (
+        "vramgate: jobs.yaml: document 2: kind: 'FinetuneJob' is not one of vramgate.dev's: "
+        "FineTuneJob, GPUNode\n"
+    )
 
 
 @pytest.mark.parametrize("used_by_job", [0, 40 * GIB, 60 * GIB])
