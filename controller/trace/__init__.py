@@ -20,7 +20,7 @@ from controller.estimator.result import Estimate
 from controller.estimator.settings import TrainingSettings
 from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
-from controller.trace.run import RunResult, SegmentPeak, trace_run
+from controller.trace.run import RunResult, SegmentPeak, batch_bytes, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
 
 __all__ = ["TraceReport", "TraceUnsupported", "estimate", "trace"]
@@ -174,7 +174,15 @@ def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
     report = trace(config, settings)
     components = dict(report.breakdown) | report.extras
     fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
-    replicated = report.breakdown[ACTIVATIONS] + report.breakdown[TEMPORARIES] + fixed
+    temporaries = report.breakdown[TEMPORARIES]
+    if report.peak_at.phase == "optimizer":
+        # The step's temporaries are its working copies of the parameters it updates
+        # (foreach AdamW's scratch): under FSDP each GPU updates its own shard, so they are
+        # sharded with the parameters, as the calibrated profile's optimizer_scratch is.
+        # Only the batch stays whole on every GPU. In forward and backward, temporaries are
+        # the layers' working buffers, which every GPU holds for its own micro-batch.
+        temporaries = min(temporaries, batch_bytes(settings))
+    replicated = report.breakdown[ACTIVATIONS] + temporaries + fixed
     return Estimate(
         profile="trace",
         components=components,

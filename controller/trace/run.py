@@ -37,6 +37,7 @@ from controller.trace.tracker import (
     OPTIMIZER,
     WEIGHTS,
     StorageTracker,
+    allocated_bytes,
 )
 
 PHASES = ("forward", "backward", "optimizer")
@@ -66,6 +67,12 @@ class RunResult:
     total_params: int
     trainable_params: int
     seconds: float
+
+
+def batch_bytes(settings: TrainingSettings) -> int:
+    """What the step's batch takes on each GPU: its input ids, attention mask and labels
+    (int64, batch x sequence), as the allocator charges them."""
+    return 3 * allocated_bytes(settings.batch * settings.seq_len * 8)
 
 
 def decoder_layers(model: nn.Module, count: int) -> nn.ModuleList | None:
@@ -198,7 +205,7 @@ def trace_run(
             tracker.register(tensor, OPTIMIZER)
         trainable = [p for p in model.parameters() if p.requires_grad]
         with tracker:
-            shape = (settings.batch, settings.seq_len)
+            shape = (settings.batch, settings.seq_len)  # as batch_bytes counts it
             input_ids = torch.zeros(shape, dtype=torch.long)
             attention_mask = torch.ones(shape, dtype=torch.long)
             labels = input_ids.clone()

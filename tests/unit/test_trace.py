@@ -239,6 +239,31 @@ def test_fused_adamw_needs_no_scratch_and_foreach_does() -> None:
     assert scratch == static_bytes(parse_config(TINY_LLAMA), FULL).optimizer_scratch
 
 
+def test_under_fsdp_the_steps_scratch_is_sharded_and_the_layers_buffers_are_not() -> None:
+    """At the optimizer step each GPU updates its own shard, so foreach's parameter-sized
+    scratch divides with the parameters and only the batch is whole on every GPU; a peak in
+    forward or backward keeps its working buffers whole on every GPU."""
+    from controller.trace import estimate as trace_estimate
+
+    static = static_bytes(parse_config(TINY_LLAMA), FULL)
+    report = trace(TINY_LLAMA, FULL)
+    assert report.peak_at.phase == "optimizer"
+    full = trace_estimate(TINY_LLAMA, FULL)
+    assert full.replicated_bytes == BATCH_BYTES + full.fixed_bytes
+    assert full.sharded_bytes == report.peak_bytes - BATCH_BYTES
+    assert full.sharded_bytes >= static.weights + static.optimizer + static.optimizer_scratch
+    per_gpu = full.per_gpu_bytes(4) - full.fixed_bytes
+    assert per_gpu == int((full.sharded_bytes // 4 + BATCH_BYTES) * full.margin)
+
+    eager = settings(LORA, attention=Attention.EAGER)  # its peak: the score matrices
+    report = trace(TINY_LLAMA, eager)
+    assert report.peak_at.phase != "optimizer"
+    lora = trace_estimate(TINY_LLAMA, eager)
+    assert lora.replicated_bytes == (
+        report.breakdown["activations"] + report.breakdown["temporaries"] + lora.fixed_bytes
+    )
+
+
 def test_gradient_accumulation_holds_gradients_through_the_next_backward() -> None:
     one = trace_run(TINY_LLAMA, settings(FULL, optimizer=Optimizer.ADAMW_TORCH))
     two = trace_run(
