@@ -10,7 +10,6 @@ one-line errors cannot differ.
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -26,14 +25,13 @@ from controller.units import parse_size
 MAX_HEADROOM_PERCENT = 50
 #: How ``--help`` shows the defaults whose values read badly (bytes).
 SHOWN_DEFAULTS = {"headroom": "0GiB"}
-_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
 
 
 def _headroom_bytes(value: Any) -> Any:
     """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
     GB), zero in any unit, or an integer of bytes from YAML."""
     if isinstance(value, str):
-        return 0 if _ZERO.match(value) else parse_size(value, require_unit=True)
+        return parse_size(value, require_unit=True, allow_zero=True)
     return value
 
 

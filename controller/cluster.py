@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, JOB_UID_LABEL, PRODUCT_LABEL
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
+from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
 from controller.decision.types import JobRequest
 from controller.dump_checks import object_problem
@@ -210,7 +211,6 @@ def parse_time(value: object) -> datetime | None:
 
 
 _QUANTITY = re.compile(r"^\d+$")
-_ZERO = re.compile(r"^\s*0+(\.0+)?\s*[a-zA-Z]+\s*$")
 
 
 def _quantity(value: object) -> int | None:
@@ -404,10 +404,10 @@ class _Size(BaseModel):
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise ValueError("must be a size such as 80GiB or 24GB")
         if isinstance(value, int):
+            if value == 0:
+                return 0  # zero bytes in any unit: a full GPU's free memory
             raise ValueError("must have a unit (80GiB, 24GB); a bare number is ambiguous")
-        if _ZERO.match(value):
-            return 0  # a full GPU: parse_size refuses 0, which no card's memory is
-        return parse_size(value, require_unit=True)
+        return parse_size(value, require_unit=True, allow_zero=True)
 
 
 class CompactGpu(_Size):
@@ -416,6 +416,14 @@ class CompactGpu(_Size):
     uuid: str | None = Field(None, min_length=1, max_length=128)
     product: str | None = Field(None, min_length=1)
     count: int = Field(1, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _uuid_of_one(self) -> CompactGpu:
+        if self.uuid is not None and self.count > 1:
+            raise ValueError(
+                f"uuid names one GPU, but count is {self.count}: give each GPU its own entry"
+            )
+        return self
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -434,7 +442,7 @@ class CompactGpu(_Size):
 class CompactNode(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[CompactGpu] = Field(min_length=1)
     ready: bool = True
@@ -453,17 +461,34 @@ class CompactCluster(BaseModel):
     nodes: list[CompactNode] = Field(min_length=1)
 
 
+#: The model each key's items are, for naming the keys a mapping allows.
+_COMPACT_MODELS: dict[str, type[BaseModel]] = {"nodes": CompactNode, "gpus": CompactGpu}
+#: pydantic's wording, and what a person writing the file needs to read instead.
+_COMPACT_MESSAGES = {
+    "missing": "required",
+    "string_pattern_mismatch": "must be a DNS-1123 subdomain (lower-case letters, digits, '-' "
+    "and '.'), as a node's name is",
+}
+
+
+def _compact_problem(first: Any) -> str:
+    """`path: what is wrong`, an unknown key with the keys allowed there."""
+    loc = first["loc"]
+    path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    message = _COMPACT_MESSAGES.get(first["type"], first["msg"].removeprefix("Value error, "))
+    if first["type"] == "extra_forbidden":
+        parent = next((p for p in reversed(loc[:-1]) if isinstance(p, str)), "")
+        model = _COMPACT_MODELS.get(parent, CompactCluster)
+        message = f"unknown key; allowed: {', '.join(model.model_fields)}"
+    return f"{path}: {message}"
+
+
 def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
     """Nodes from the compact form; every GPU is Ready and fresh, its free memory as given."""
     try:
         cluster = CompactCluster.model_validate(document)
     except ValidationError as error:
-        first = error.errors()[0]
-        path = ".".join(
-            f"[{part}]" if isinstance(part, int) else str(part) for part in first["loc"]
-        ).replace(".[", "[")
-        message = first["msg"].removeprefix("Value error, ")
-        raise ClusterError(where, f"{path}: {message}") from None
+        raise ClusterError(where, _compact_problem(error.errors()[0])) from None
     out = []
     for node in cluster.nodes:
         gpus = node.gpus

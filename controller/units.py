@@ -11,7 +11,8 @@ MIB = 2**20
 #: The largest size accepted (1 EiB): far above any GPU or node, small enough that GiB figures
 #: format as floats. Digits are bounded too, so no input reaches Python's big-int limits.
 MAX_SIZE = 2**60
-_SIZE = re.compile(r"^\s*(\d{1,24}(?:\.\d{1,24})?)\s*([a-zA-Z]*)\s*$")
+#: ASCII digits only: `\d` would also take other scripts' digits (a fullwidth ５GiB).
+_SIZE = re.compile(r"^\s*([0-9]{1,24}(?:\.[0-9]{1,24})?)\s*([a-zA-Z]*)\s*$")
 _UNITS = {
     "": 1,
     "b": 1,
@@ -35,14 +36,15 @@ _UNITS = {
 }
 
 
-def parse_size(text: str, require_unit: bool = False) -> int:
+def parse_size(text: str, require_unit: bool = False, allow_zero: bool = False) -> int:
     """Parse `80GB` (decimal, as GPU vendors label cards), `80GiB`, `80Gi`, `24G` or plain
     bytes.
 
     Decimal suffixes follow the vendors' labels ("80 GB" H100 is 80e9 bytes nominal); binary
     suffixes (GiB) follow NVML and the seeds. `require_unit` refuses a bare number, where a
     person would mean GB rather than bytes (`--gpu-memory 80`); files written by programs
-    keep plain bytes. Raises ValueError with the allowed forms.
+    keep plain bytes. `allow_zero` takes zero, in any unit or none (it is zero bytes either
+    way), where a size may be nothing (a headroom). Raises ValueError with the allowed forms.
     """
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
@@ -52,6 +54,8 @@ def parse_size(text: str, require_unit: bool = False) -> int:
             f"invalid size {text!r}: use a number with B, KB, MB, GB, TB (decimal), "
             f"KiB, MiB, GiB, TiB or Ki, Mi, Gi, Ti (binary){plain}"
         )
+    if allow_zero and Fraction(match.group(1)) == 0:
+        return 0
     if require_unit and not unit:
         number = text.strip()
         raise ValueError(f"invalid size {text!r}: needs a unit, e.g. {number}GB or {number}GiB")

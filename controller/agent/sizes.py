@@ -7,19 +7,16 @@ every change.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
 from controller.units import parse_size
 
-_ZERO = re.compile(r"^\s*0+(\.0*)?\s*[a-zA-Z]*\s*$")
-
 
 def _to_bytes(value: Any) -> Any:
     if isinstance(value, str):
-        return 0 if _ZERO.match(value) else parse_size(value)
+        return parse_size(value, allow_zero=True)
     return value
 
 

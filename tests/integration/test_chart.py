@@ -592,7 +592,8 @@ def test_the_rendered_config_files_load_in_the_operator_and_the_agent(
     assert agent.metrics_port == 9402
 
 
-SIZES = ["2Gi", "2GiB", "2G", "2gb", "0.5Gi", "1.5 TB", "0", "2", "2 Gi", "lots", "2Gx", "-1G"]
+SIZES = ["2Gi", "2GiB", "2G", "2gb", "0.5Gi", "1.5 TB", "0", "2", "2 Gi", "lots", "2Gx", "-1G",
+         "0GiB", "0.0", "0x", "２Gi"]  # fmt: skip
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -85,8 +85,12 @@ def test_a_compact_cluster_and_a_job_file(
     assert "the most free GPU has 6.00 GiB (a GPU 0)" in decision["message"]
 
 
-def test_a_full_gpu_has_zero_free(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    node = {"name": "a", "gpus": [{"memory": "80GiB", "free": "0B"}, {"memory": "80GiB"}]}
+@pytest.mark.parametrize("zero", ["0B", "0GiB", 0], ids=["0B", "0GiB", "bare-0"])
+def test_a_full_gpu_has_zero_free(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, zero: str | int
+) -> None:
+    """Zero bytes in any unit, or none: unambiguous, unlike a bare 80."""
+    node = {"name": "a", "gpus": [{"memory": "80GiB", "free": zero}, {"memory": "80GiB"}]}
     cluster = write(tmp_path, "c.yaml", {"nodes": [node]})
     code, out, _ = run(
         capsys, "--cluster", cluster, write(tmp_path, "j.yaml", LLAMA_QLORA), "--json"
@@ -282,7 +286,23 @@ def test_jobs_in_the_cluster_dump_are_decided_without_job_files(
         ),
         (
             {"nodes": [{"name": "a", "gpus": {"memory": "80GiB", "colour": "red"}}]},
-            "c.yaml: document 1: nodes[0].gpus[0].colour: Extra inputs are not permitted",
+            "c.yaml: document 1: nodes[0].gpus[0].colour: unknown key; allowed: memory, free, "
+            "uuid, product, count",
+        ),
+        (
+            {"nodes": [{"name": "a", "taints": [], "gpus": {"memory": "80GiB"}}]},
+            "nodes[0].taints: unknown key; allowed: name, labels, gpus, ready, cordoned",
+        ),
+        ({"nodes": [{"name": "a", "gpus": {"memory": "1GiB"}}], "cluster": "x"},
+         "cluster: unknown key; allowed: nodes"),
+        ({"nodes": [{"name": "a", "gpus": {"free": "8GiB"}}]}, "nodes[0].gpus[0].memory: required"),
+        (
+            {"nodes": [{"name": "A_B c", "gpus": {"memory": "80GiB"}}]},
+            "nodes[0].name: must be a DNS-1123 subdomain",
+        ),
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": "80GiB", "count": 2, "uuid": "GPU-1"}}]},
+            "nodes[0].gpus[0]: uuid names one GPU, but count is 2: give each GPU its own entry",
         ),
         (
             {"nodes": [{"name": "a", "gpus": [{"memory": "8GiB", "free": "9GiB"}]}]},

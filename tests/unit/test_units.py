@@ -28,7 +28,7 @@ def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "lots", "80XB", "-1GB", "0", "GB"])
+@pytest.mark.parametrize("text", ["", "lots", "80XB", "-1GB", "0", "GB", "５GiB", "٨٠GB"])
 def test_parse_size_rejects_with_the_allowed_forms(text: str) -> None:
     with pytest.raises(ValueError, match="invalid size"):
         parse_size(text)
@@ -47,6 +47,19 @@ def test_a_bare_number_can_be_refused_where_people_mean_gigabytes() -> None:
     assert parse_size("80GB", require_unit=True) == 80 * 10**9
     with pytest.raises(ValueError, match=r"\(binary\)$"):
         parse_size("", require_unit=True)
+
+
+@pytest.mark.parametrize("text", ["0", "0GiB", "0.0", "00 Gi", "0B"])
+def test_zero_in_any_unit_where_a_size_may_be_nothing(text: str) -> None:
+    assert parse_size(text, require_unit=True, allow_zero=True) == 0
+    with pytest.raises(ValueError, match=r"must be greater than 0|needs a unit"):
+        parse_size(text, require_unit=True)
+
+
+@pytest.mark.parametrize("text", ["0x", "0foo", "０GiB", "0.000001B"])
+def test_zero_with_a_unit_that_is_none_or_a_fraction_of_a_byte_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text, allow_zero=True)
 
 
 def test_format() -> None:
