@@ -27,11 +27,24 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
+#: The fields of an object, and of its metadata (ObjectMeta), that the API server knows:
+#: kubectl's strict field validation (its default) refuses any other.
+_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+_META_FIELDS = (
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+    "annotations", "ownerReferences", "finalizers", "managedFields",
+)  # fmt: skip
+
+
 def refused_at_apply(job: Mapping[str, Any]) -> str | None:
     """The first thing the API server would refuse, as `field: what is allowed`, or None."""
     if job.get("apiVersion") != API_VERSION:
         return f"apiVersion: {job.get('apiVersion')!r} must be {API_VERSION}"
     meta = job.get("metadata") or {}
+    unknown = _unknown(job, _OBJECT_FIELDS, "") or _unknown(meta, _META_FIELDS, "metadata.")
+    if unknown:
+        return unknown
     name, namespace = meta.get("name"), meta.get("namespace")
     if not (isinstance(name, str) and len(name) <= 253 and _SUBDOMAIN.match(name)):
         return (
@@ -51,6 +64,13 @@ def refused_at_apply(job: Mapping[str, Any]) -> str | None:
     # default=str: YAML reads an unquoted date (an annotation, an env value) as a date, which
     # kubectl sends as the string it was written as.
     return _schema_problem(json.dumps(job.get("spec"), sort_keys=True, default=str))
+
+
+def _unknown(obj: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> str | None:
+    extra = next((key for key in obj if key not in known), None)
+    if extra is None:
+        return None
+    return f"{prefix}{extra}: unknown field; allowed: {', '.join(known)}"
 
 
 def _map_problem(meta: Mapping[str, Any], field: str) -> str | None:

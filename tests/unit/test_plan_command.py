@@ -502,6 +502,15 @@ def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
             {"metadata": {"name": "ok", "labels": {"team": "a b"}}},
             "metadata.labels.team: 'a b' must be at most 63 letters",
         ),
+        # kubectl's strict field validation: an unknown field is refused, not dropped.
+        (
+            {"specs": {}},
+            "specs: unknown field; allowed: apiVersion, kind, metadata, spec, status",
+        ),
+        (
+            {"metadata": {"name": "ok", "label": {"team": "a"}}},
+            "metadata.label: unknown field; allowed: name, generateName, namespace",
+        ),
         # What the webhook refuses because the workload could not be built from it.
         (
             {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {
