@@ -29,12 +29,14 @@ from controller.dump_checks import object_problem
 from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobspec import JobPlan, config_map_ref, translate
+from controller.packing.constraints import from_pod_template
 from controller.packing.inventory import (
     GpuDevice,
     NodeGpus,
     NodeState,
     Reservation,
     Snapshot,
+    Taint,
 )
 from controller.units import parse_size
 
@@ -181,6 +183,11 @@ def node_state(
         heartbeat=heartbeat,
         gpu_allocatable=_quantity((node_status.get("allocatable") or {}).get(GPU_RESOURCE)),
         gpu_allocated=allocated,
+        taints=tuple(
+            Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+            for t in spec.get("taints") or []
+            if isinstance(t, Mapping)
+        ),
     )
 
 
@@ -361,6 +368,7 @@ def job_request(job: Mapping[str, Any], plan: JobPlan, estimate: Estimate) -> Jo
         min_gpus=plan.min_gpus,
         max_gpus=plan.max_gpus,
         selector=plan.gpu_selector,
+        constraints=from_pod_template((job.get("spec") or {}).get("template")),
         priority=plan.priority,
         created=parse_time(meta.get("creationTimestamp")),
         suspend=plan.suspend,

@@ -42,7 +42,7 @@ def decide(job: JobRequest, view: ClusterView) -> Decision:
 
 def decide_placed(job: JobRequest, view: ClusterView) -> tuple[Decision, Placed | None]:
     """The decision and, when admitted, its placement in the view's terms (to assume)."""
-    where = view.select(job.selector)
+    where = view.select(job.selector, job.constraints)
     requested = job.gpus
     if where.gpus == 0:
         return _unplaced(

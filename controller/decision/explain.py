@@ -178,12 +178,25 @@ def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:
     every = view.select({})
     if every.gpus == 0:
         return "no GPU node has reported its GPUs (is the vramgate agent running on them?)"
-    selector = ", ".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
-    products = ", ".join(every.products)
-    return (
-        f"no GPU node matches spec.resources.gpuSelector {{{selector}}}; "
-        f"the cluster's GPUs are: {products}"
-    )
+    wanted = []
+    if job.selector:
+        selector = ", ".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
+        wanted.append(f"spec.resources.gpuSelector {{{selector}}}")
+    if template := job.constraints.describe():
+        wanted.append(f"the pod template's {template}")
+    message = "no GPU node " + (f"matches {' and '.join(wanted)}" if wanted else "takes its pods")
+    repelled = view.repelling(job.selector, job.constraints)
+    if repelled:
+        shown = ", ".join(
+            f"{node} {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
+            for node, taint in repelled[:3]
+        ) + (", ..." if len(repelled) > 3 else "")
+        message += (
+            f"; {plural(len(repelled), 'GPU node')} {'has' if len(repelled) == 1 else 'have'} "
+            f"a taint its pod template does not tolerate ({shown}): add a toleration to "
+            "spec.template.spec.tolerations"
+        )
+    return f"{message}; the cluster's GPUs are: {', '.join(every.products)}"
 
 
 def too_few_gpus(job: JobRequest, at: Selection, low: int) -> str:

@@ -90,9 +90,8 @@ def plan_on(
             if settings.queueing is QueueingStrategy.STRICT_FIFO:
                 blocker = blocker or (place, job.key)
             elif _starving(job, now, settings):
-                view.hold_closest(
-                    job.estimate, job.parallelism, job.gpus, view.select(job.selector)
-                )
+                where = view.select(job.selector, job.constraints)
+                view.hold_closest(job.estimate, job.parallelism, job.gpus, where)
         decisions.append(decision)
     for place, i in enumerate(order):
         job = jobs[i]

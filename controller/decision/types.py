@@ -10,6 +10,7 @@ from enum import StrEnum
 from controller.api.enums import AdmissionPolicy
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
+from controller.packing.constraints import NodeConstraints
 from controller.packing.inventory import NodeGpus, PackingSettings
 
 #: A job queued longer than this blocks backfill onto the GPUs it is closest to fitting.
@@ -62,6 +63,8 @@ class JobRequest:
     min_gpus: int = 1
     max_gpus: int | None = None
     selector: Mapping[str, str] = field(default_factory=dict)
+    #: Its pod template's nodeSelector, required node affinity and tolerations.
+    constraints: NodeConstraints = field(default_factory=NodeConstraints)
     priority: int = 0
     created: datetime | None = None
     suspend: bool = False

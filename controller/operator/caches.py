@@ -90,7 +90,11 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     allocatable = status.get("allocatable") or {}
     return {
         "metadata": _meta(body, "name", "labels"),
-        "spec": {"unschedulable": bool((body.get("spec") or {}).get("unschedulable"))},
+        "spec": {
+            "unschedulable": bool((body.get("spec") or {}).get("unschedulable")),
+            # Which jobs' pods may run there (packing/constraints.py).
+            "taints": [dict(t) for t in (body.get("spec") or {}).get("taints") or []],
+        },
         "status": {
             "conditions": [
                 {"type": c.get("type"), "status": c.get("status")}

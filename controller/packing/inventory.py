@@ -45,6 +45,16 @@ class GpuMode(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """A Node's taint: pods that do not tolerate it stay off the node (NoSchedule,
+    NoExecute)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One GPU or MIG device as its node's agent last read it."""
 
@@ -76,6 +86,7 @@ class NodeState:
     gpu_allocatable: int | None = None
     #: nvidia.com/gpu requested by the node's pods that have not finished.
     gpu_allocated: int = 0
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

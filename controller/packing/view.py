@@ -13,12 +13,14 @@ from functools import cached_property
 
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
+from controller.packing.constraints import GPU_TOLERATION, NodeConstraints
 from controller.packing.index import FreeIndex, NodeFilter
 from controller.packing.inventory import (
     GpuMode,
     NodeGpus,
     PackingSettings,
     Snapshot,
+    Taint,
     working_nodes,
 )
 from controller.packing.placement import Placed, closest, place, place_by_count
@@ -49,7 +51,11 @@ class ClusterView:
         )
         self._snapshot, self._settings = snapshot, settings
         self.gpu_mode = settings.gpu_mode
-        self._selections: dict[tuple[tuple[str, str], ...], Selection] = {}
+        self._selections: dict[
+            tuple[tuple[tuple[str, str], ...], NodeConstraints | None], Selection
+        ] = {}
+        # The workload tolerates the GPU taint itself where it requests nvidia.com/gpu.
+        self.tolerated = (GPU_TOLERATION,) if self.counts_slots else ()
 
     @cached_property
     def empty(self) -> FreeIndex:
@@ -58,24 +64,46 @@ class ClusterView:
             working_nodes(self._snapshot, self._settings, empty=True), one_node=self.one_node
         )
 
-    def select(self, selector: Mapping[str, str]) -> Selection:
-        key = tuple(sorted(selector.items()))
+    def select(
+        self, selector: Mapping[str, str], constraints: NodeConstraints | None = None
+    ) -> Selection:
+        """The nodes that match `selector` (spec.resources.gpuSelector) and whose pods'
+        template admits them (its nodeSelector, node affinity, tolerations against the
+        node's taints); with no `constraints`, whatever the templates and taints."""
+        key = (tuple(sorted(selector.items())), constraints)
         found = self._selections.get(key)
         if found is None:
-            found = self._selections[key] = self._select(selector)
+            found = self._selections[key] = self._select(selector, constraints)
         return found
 
-    def _select(self, selector: Mapping[str, str]) -> Selection:
+    def repelling(
+        self, selector: Mapping[str, str], constraints: NodeConstraints
+    ) -> list[tuple[str, Taint]]:
+        """(node, taint) for each GPU node the selector and the template select, but whose
+        taint (the first) the template does not tolerate: for messages."""
+        found = []
+        for node in self._snapshot.nodes:
+            if not node.gpus or any(node.labels.get(k) != v for k, v in selector.items()):
+                continue
+            taints = constraints.repelled_by(node, self.tolerated)
+            if taints and constraints.selects(node):
+                found.append((node.name, taints[0]))
+        return found
+
+    def _select(
+        self, selector: Mapping[str, str], constraints: NodeConstraints | None
+    ) -> Selection:
         """Matched on the snapshot, so that a pass in which every job fits never builds the
         empty view."""
         matched = [
             node
             for node in self._snapshot.nodes
             if all(node.labels.get(k) == v for k, v in selector.items())
+            and (constraints is None or constraints.admits(node, self.tolerated))
         ]
         gpus = [gpu for node in matched for gpu in node.gpus if gpu.reported]
         products = tuple(sorted({gpu.product for gpu in gpus}))
-        if not selector:
+        if len(matched) == len(self._snapshot.nodes):
             return Selection(_everywhere, _everywhere, len(gpus), products)
         names = {node.name for node in matched}
         now = {self.now.position[n] for n in names if n in self.now.position}

@@ -51,6 +51,7 @@ from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
 from controller.estimator.settings import MAX_GPUS, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.packing.constraints import from_pod_template
 from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView
 from controller.units import format_gib
@@ -210,7 +211,7 @@ class AdmissionWebhook:
         plan, estimate = found
         if plan.admission_policy is not AdmissionPolicy.RESIZE:
             return None
-        where = view.select(plan.gpu_selector)
+        where = view.select(plan.gpu_selector, from_pod_template(plain.get("template")))
         if where.gpus == 0:
             return None
         if view.fits_empty(estimate, plan.parallelism, plan.gpus, where):

@@ -30,6 +30,7 @@ from typing import Any
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import job_label_value, workload_name
 from controller.errors import PermanentError
+from controller.packing.constraints import GPU_TOLERATION
 from controller.packing.inventory import GpuMode, NodeGpus
 
 #: The driver of the NVIDIA DRA driver for GPUs (k8s-dra-driver-gpu), which is also the
@@ -152,6 +153,14 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
         _obj(resources, "limits", f"{trainer_path}.resources")[GPU_RESOURCE] = count
         if "requests" in resources:  # extended resources: requests, if given, equal limits
             _obj(resources, "requests", f"{trainer_path}.resources")[GPU_RESOURCE] = count
+        # What the ExtendedResourceToleration admission plugin adds for a GPU request, set
+        # here so GPU nodes tainted nvidia.com/gpu take the pods where it does not run:
+        # packing places devicePlugin jobs on such nodes (packing/constraints.py).
+        tolerations = _list(pod_spec, "tolerations", "spec.template.spec")
+        toleration = {"key": GPU_TOLERATION.key, "operator": GPU_TOLERATION.operator,
+                      "effect": GPU_TOLERATION.effect}  # fmt: skip
+        if toleration not in tolerations:
+            tolerations.append(toleration)
     elif admission.mode is GpuMode.VISIBLE_DEVICES:
         visible = ",".join(admission.nodes[0].uuids)
         env = [_env("NVIDIA_VISIBLE_DEVICES", visible), _env("CUDA_VISIBLE_DEVICES", visible)]

@@ -439,6 +439,44 @@ def test_a_silent_agent_or_a_cordoned_node_gets_nothing(
     assert placed(obj) == [(good, [0])]
 
 
+def test_a_job_is_placed_only_where_its_pod_template_lets_its_pods_run(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """The tighter GPUs are on a node the template's nodeSelector excludes and on one whose
+    taint it does not tolerate. Placed on either, the real scheduler would leave its pod
+    Pending (Unschedulable) with the GPU held for nothing."""
+    tainted, unselected, good = gpus.add([16], [20], [80])
+    core = client.CoreV1Api(api_client)
+    pool = {"pool": f"p{gpus.tag}"}
+    for name in (tainted, good):
+        core.patch_node(name, {"metadata": {"labels": pool}})
+    taint = {"key": "dedicated", "value": "team-x", "effect": "NoSchedule"}
+    core.patch_node(tainted, {"spec": {"taints": [taint]}})
+    time.sleep(3)  # a pass sees the labels and the taint
+
+    body = job("selects", gpus)
+    body["spec"]["template"]["spec"]["nodeSelector"] = pool
+    create(api_client, namespace, body)
+    assert placed(admitted(api_client, namespace, "selects", "True", "Fits")) == [(good, [0])]
+    pod = wait_until(
+        lambda: [p for p in core.list_namespaced_pod(
+            namespace, label_selector=f"{JOB_LABEL}=selects").items
+            if p.status.phase == "Running"],
+        timeout=DEADLINE_S, what="the trainer to run",
+    )[0]  # fmt: skip
+    assert pod.spec.node_name == good
+
+    body = job("tolerates", gpus)
+    body["spec"]["template"]["spec"] |= {
+        "nodeSelector": pool, "tolerations": [{"key": "dedicated", "operator": "Exists"}]
+    }
+    create(api_client, namespace, body)
+    assert placed(admitted(api_client, namespace, "tolerates", "True", "Fits")) == [
+        (tainted, [0])
+    ]
+    assert unselected not in {p.spec.node_name for p in core.list_namespaced_pod(namespace).items}
+
+
 def test_an_oom_killed_trainer_is_reported_as_such(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
     cluster: Cluster,
