@@ -376,7 +376,7 @@ def _follow_admitted(
         objects = _workload_objects(inp, job)  # built only when needed: most passes never do
         if objects:
             out.creates.append(CreateWorkload(key, objects, after_write=False))
-    state = workload_state(workload, inp.job_pods.get(key, ()))
+    state = workload_state(workload, inp.job_pods.get(key, ()), inp.now)
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
     conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
     draft.set_conditions(conditions)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -51,10 +51,29 @@ class WorkloadState:
     message: str
 
 
+#: How long a Job may have no pod before its message says something refuses them: the Job
+#: controller makes pods within a second or two, and retries refused ones with backoff.
+NO_POD_HINT = timedelta(seconds=60)
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
 def workload_state(
-    job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+    job: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    now: datetime | None = None,
 ) -> WorkloadState:
-    """The state of a workload from its batch Job (None: not created yet) and its pods."""
+    """The state of a workload from its batch Job (None: not created yet) and its pods, at
+    `now` (for how long it has had no pod)."""
     if job is None:
         return WorkloadState(Phase.PENDING, cond.REASON_STARTING, "the workload is not created yet")
     name = str((job.get("metadata") or {}).get("name") or "")
@@ -88,7 +107,30 @@ def workload_state(
             cond.REASON_RUNNING,
             f"{len(running)} of {expected} pods running on {', '.join(nodes)}",
         )
+    if not pods and now is not None:
+        refused = _no_pod_for_long(job, name, now)
+        if refused is not None:
+            return refused
     return _pending(name, pods, expected)
+
+
+def _no_pod_for_long(job: Mapping[str, Any], name: str, now: datetime) -> WorkloadState | None:
+    """A Job that has had no pod for NO_POD_HINT: the Job controller's reason
+    (FailedCreate: a ResourceQuota, a LimitRange, an admission webhook) is in the Job's
+    Events only, which the operator does not read, so the message says where to look."""
+    meta = job.get("metadata") or {}
+    created = _time(meta.get("creationTimestamp"))
+    if not name or created is None or now - created < NO_POD_HINT:
+        return None
+    # Worded once, not with the time waited: each pass would rewrite the status.
+    minutes = int(NO_POD_HINT.total_seconds()) // 60
+    return WorkloadState(
+        Phase.PENDING,
+        cond.REASON_STARTING,
+        f"Job {name} has had no pod for over {minutes} minute{'s' if minutes > 1 else ''}: "
+        "something refuses its pods (a ResourceQuota, a LimitRange, an admission webhook); "
+        f"see `kubectl describe job {name} -n {meta.get('namespace') or 'default'}`",
+    )
 
 
 def workload_conditions(

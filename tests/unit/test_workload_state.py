@@ -81,6 +81,27 @@ def test_a_job_without_pods_yet_is_starting() -> None:
     assert "llama" in state.message
 
 
+def test_a_job_whose_pods_are_refused_says_where_to_look_after_a_minute() -> None:
+    """A ResourceQuota, a LimitRange or a webhook refusing the pods leaves the Job podless;
+    the Job controller says why only in the Job's Events. A tester's job read 'no pod yet'
+    for as long as he watched, with its GPU held."""
+    job = batch_job()
+    job["metadata"] |= {"namespace": "team", "creationTimestamp": "2025-03-01T12:00:00Z"}
+    assert workload_state(job, [], T0 + timedelta(seconds=59)).message == (
+        "Job llama is created; no pod yet"
+    )
+    later = workload_state(job, [], T0 + timedelta(seconds=60))
+    assert (later.phase, later.reason) == (Phase.PENDING, cond.REASON_STARTING)
+    assert later.message == (
+        "Job llama has had no pod for over 1 minute: something refuses its pods (a "
+        "ResourceQuota, a LimitRange, an admission webhook); see `kubectl describe job "
+        "llama -n team`"
+    )
+    # The same words at every later pass: a status written once, not at each pass.
+    assert workload_state(job, [], T1) == later
+    assert workload_state(job, [pod()], T1).message != later.message  # a pod: starting
+
+
 def test_pods_being_created_are_starting() -> None:
     state = workload_state(batch_job(completions=2), [
         pod("a", containers=[waiting("ContainerCreating")]), pod("b")])
