@@ -73,6 +73,13 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         else "no matching GPU takes work now (nodes not Ready, cordoned, stale agents or GPUs "
         "in use)"
     )
+    resting = view.resting(at)
+    if resting:
+        # Their free memory is in `kubectl get gpunodes`: say why it is not counted here.
+        shown = "; ".join(f"{name}: {why}" for name, why in resting[:3])
+        more = "; ..." if len(resting) > 3 else ""
+        verb = "takes" if len(resting) == 1 else "take"
+        most += f" ({plural(len(resting), 'matching node')} {verb} no work now: {shown}{more})"
     largest = f"; the cluster's largest holds {gib(empty[0])} usable" if empty else ""
     per_gpu = job.estimate.per_gpu_bytes(n, job.parallelism)
     if now is not None and now[0] >= per_gpu and n > 1:

@@ -21,6 +21,7 @@ from controller.packing.inventory import (
     PackingSettings,
     Snapshot,
     Taint,
+    placeable,
     working_nodes,
 )
 from controller.packing.placement import Placed, closest, place, place_by_count
@@ -54,6 +55,7 @@ class ClusterView:
         self._selections: dict[
             tuple[tuple[tuple[str, str], ...], NodeConstraints | None], Selection
         ] = {}
+        self._resting: dict[int, list[tuple[str, str]]] = {}  # by id of a kept Selection
         # The workload tolerates the GPU taint itself where it requests nvidia.com/gpu.
         self.tolerated = (GPU_TOLERATION,) if self.counts_slots else ()
 
@@ -112,6 +114,23 @@ class ClusterView:
             return self.empty.nodes[pos].name in names
 
         return Selection(now.__contains__, in_empty, len(gpus), products)
+
+    def resting(self, where: Selection) -> list[tuple[str, str]]:
+        """(node, why) for each matching GPU node that takes no new work now (not Ready,
+        cordoned, its agent not Ready or silent): for messages, once per selection."""
+        found = self._resting.get(id(where))
+        if found is None:
+            by_name = {node.name: node for node in self._snapshot.nodes}
+            found = []
+            for pos, slots in enumerate(self.empty.nodes):
+                if where.empty(pos) and slots.name not in self.now.position:
+                    why = placeable(
+                        by_name[slots.name], self._snapshot.now, self._settings.heartbeat_ttl
+                    )
+                    if why is not None:
+                        found.append((slots.name, why))
+            self._resting[id(where)] = found
+        return found
 
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection

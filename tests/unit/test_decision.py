@@ -199,9 +199,26 @@ def test_a_job_waits_while_its_only_big_enough_node_is_not_ready() -> None:
     d = decide(job("j", est(30)), v)
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
     says(d, "the most free GPU has 24.00 GiB (b GPU 0)", "the cluster's largest holds 80.00 GiB")
+    says(d, "(1 matching node takes no work now: a: node not Ready)")
     alone = decide(job("j", est(30)), view(node("a", [80], cordoned=True)))
     assert alone.outcome is Outcome.QUEUE
-    says(alone, "no matching GPU takes work now", "80.00 GiB usable")
+    says(alone, "no matching GPU takes work now", "80.00 GiB usable", "a: node cordoned")
+
+
+def test_a_waiting_job_says_which_nodes_are_not_counted_and_why() -> None:
+    """`kubectl get gpunodes` shows a silent agent's last free memory: the message says why
+    it is not the most free GPU here."""
+    stale = NOW - timedelta(seconds=120)
+    v = view(
+        node("a", [80], heartbeat=stale), node("b", [80], heartbeat=stale),
+        node("c", [80], heartbeat=stale), node("d", [80], heartbeat=stale),
+        node("e", [24], total=24, heartbeat=NOW), now=NOW,
+    )  # fmt: skip
+    d = decide(job("j", est(30)), v)
+    says(d, "the most free GPU has 24.00 GiB (e GPU 0) (4 matching nodes take no work now: "
+         "a: agent heartbeat stale; b: agent heartbeat stale; c: agent heartbeat stale; ...)")
+    fresh = decide(job("j", est(30)), view(node("a", [20], heartbeat=NOW), now=NOW))
+    assert "no work now" not in fresh.message
 
 
 def test_a_resize_job_waits_at_the_nearest_count_that_fits_the_empty_cluster() -> None:
