@@ -91,8 +91,11 @@ def load_preset(name: str) -> Preset:
 
 
 def _closest(key: str, limit: int = 5) -> list[str]:
+    """Presets named like `key`: those extending it first (mistral-7b: mistral-7b-v0.3, not
+    mixtral-8x7b, though difflib scores that one higher), then by similarity."""
     names = _index()
-    out = difflib.get_close_matches(key, names, n=limit, cutoff=0.5)
+    out = sorted(n for n in names if n.startswith(key) and n != key)
+    out += [n for n in difflib.get_close_matches(key, names, n=limit, cutoff=0.5) if n not in out]
     out += [n for n in names if (key in n or n in key) and n not in out]
     return out[:limit]
 

@@ -102,6 +102,12 @@ def test_unknown_name_names_the_field_and_suggests_close_names() -> None:
     assert all(name in NAMES for name in closest)
 
 
+def test_presets_extending_the_name_come_first() -> None:
+    """A tester asked for mistral-7b and was offered mixtral-8x7b first."""
+    with pytest.raises(SpecError, match=r"closest: mistral-7b-v0\.1, mistral-7b-v0\.3, "):
+        load_preset("mistral-7b")
+
+
 def test_unknown_name_suggests_substring_matches() -> None:
     with pytest.raises(SpecError, match=r"closest: .*qwen3-30b-a3b"):
         load_preset("30b-a3b")
