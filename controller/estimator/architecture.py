@@ -1754,13 +1754,33 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
         raise
 
 
+def _family_type(config: Mapping[str, Any], prefix: str) -> str:
+    """The `model_type` whose layout the parser reads: the text_config's own, else the
+    config's; a wrapper whose text_config names none is read as the text model transformers
+    builds it with (`_text_config_types`: Mistral 3's is a Mistral), unless the wrapper is a
+    family of its own (Gemma 3, Llama 4). A config naming no model_type is read as Llama's."""
+    nested = config.get("text_config")
+    own = nested.get("model_type") if isinstance(nested, Mapping) else None
+    if own:
+        model_type, field = own, "text_config.model_type"
+    else:
+        model_type, field = config.get("model_type"), "model_type"
+    if not model_type:
+        return "llama"
+    if not isinstance(model_type, str):
+        raise SpecError(
+            f"{prefix}.{field}" if prefix else field, f"must be a string, got {shown(model_type)}"
+        )
+    if model_type not in _FAMILIES and nested is not None and not own:
+        return _model_defaults()[1].get(model_type, model_type)
+    return model_type
+
+
 def _parse_text(
     config: Mapping[str, Any], prefix: str, text: Mapping[str, Any], r: _Reader
 ) -> ModelShape:
     """The shape of the language model whose fields (class defaults filled in) `r` reads."""
-    model_type = text.get("model_type") or config.get("model_type") or "llama"
-    if not isinstance(model_type, str):
-        raise SpecError(r.path("model_type"), f"must be a string, got {shown(model_type)}")
+    model_type = _family_type(config, prefix)
     fam = family_traits(model_type)
     dims = _read_dims(r, fam.tie_default, model_type)
     tie = dims.tie_word_embeddings

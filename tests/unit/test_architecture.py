@@ -20,7 +20,7 @@ from controller.estimator.architecture import (
 )
 from controller.estimator.presets import load_preset
 from controller.estimator.settings import MAX_SEQUENCE_LENGTH
-from tests.unit.conftest import LLAMA_31_8B
+from tests.unit.conftest import LLAMA_31_8B, QWEN25_05B
 
 BASE: dict[str, Any] = {
     "hidden_size": 64,
@@ -321,6 +321,21 @@ def test_a_text_config_without_its_model_type_takes_its_own_class_defaults() -> 
     typed = text | {"model_type": "llama4_text"}
     named = parse_config({"model_type": "llama4", "text_config": typed})
     assert bare.dims == named.dims and bare.dims.num_experts == 16
+
+
+def test_a_text_config_without_its_model_type_is_read_as_the_family_it_is_built_as() -> None:
+    """InternVL builds a bare text_config as a Qwen2Config: its layers are Qwen2's (q/k/v
+    biases), and the shape says qwen2, so every profile prices the family it is."""
+    text = {k: v for k, v in QWEN25_05B.items() if k != "model_type"}
+    wrapped = parse_config({"model_type": "internvl", "text_config": text})
+    assert wrapped.model_type == "qwen2"
+    assert wrapped.total_params == parse_config(QWEN25_05B).total_params
+    mistral = parse_config({"model_type": "mistral3", "text_config": dict(LLAMA_31_8B)})
+    assert mistral.model_type == "llama", "a text_config's own model_type wins"
+    bare = {k: v for k, v in LLAMA_31_8B.items() if k != "model_type"}
+    assert parse_config({"model_type": "mistral3", "text_config": bare}).model_type == "mistral"
+    # A wrapper that is a family of its own keeps its name (Gemma 3, Llama 4).
+    assert parse_config({"model_type": "llama4", "text_config": bare}).model_type == "llama4"
 
 
 def test_the_text_config_classes_are_transformers_own() -> None:
