@@ -10,7 +10,10 @@ four norms per layer, Phi-3 fuses q/k/v and gate/up, Mixtral names its experts w
 DeepSeek compresses attention (MLA), GPT-OSS stores biased experts and attention sinks,
 Nemotron-H runs one mixer per layer (Mamba-2, attention, an MLP or, in Nemotron 3, an MoE:
 `MIXERS`).
-`_FAMILIES` records those differences as data; an unknown `model_type` is read as Llama-style.
+`_FAMILIES` records those differences as data. A `model_type` outside it is refused with the
+field (`SUPPORTED_MODEL_TYPES`), never read as Llama-style: GPT-NeoX, Phi-2, Falcon, OPT and
+StarCoder2 lay out their blocks otherwise, and read so were counted 30-60 % over. A config
+naming no `model_type` is read as Llama's (`_family_type`).
 """
 
 from __future__ import annotations
@@ -441,12 +444,15 @@ _FAMILIES: dict[str, _Family] = {
 }
 
 
-_LLAMA_STYLE = _Family()
+#: The `model_type`s the parser reads, each by its own layout: any other is refused, never
+#: read as a Llama-style block (GPT-NeoX, Phi-2, Falcon, OPT, StarCoder2 are not one).
+SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
 
 def family_traits(model_type: str) -> _Family:
-    """What sets `model_type`'s layout apart (Llama-style for an unknown type)."""
-    return _FAMILIES.get(model_type, _LLAMA_STYLE)
+    """What sets `model_type`'s layout apart: one of `SUPPORTED_MODEL_TYPES`, the only types
+    `parse_config` builds a shape of."""
+    return _FAMILIES[model_type]
 
 
 _EXPERT_COUNT_FIELDS = (
@@ -1758,7 +1764,10 @@ def _family_type(config: Mapping[str, Any], prefix: str) -> str:
     """The `model_type` whose layout the parser reads: the text_config's own, else the
     config's; a wrapper whose text_config names none is read as the text model transformers
     builds it with (`_text_config_types`: Mistral 3's is a Mistral), unless the wrapper is a
-    family of its own (Gemma 3, Llama 4). A config naming no model_type is read as Llama's."""
+    family of its own (Gemma 3, Llama 4). Any other type is refused with the field: read as
+    a Llama-style block, GPT-NeoX came out at 9.0B parameters instead of 6.9B. A config
+    naming no model_type (hand-written; transformers always writes one) is read as Llama's,
+    as the trace builds it and the operator labels it."""
     nested = config.get("text_config")
     own = nested.get("model_type") if isinstance(nested, Mapping) else None
     if own:
@@ -1767,13 +1776,20 @@ def _family_type(config: Mapping[str, Any], prefix: str) -> str:
         model_type, field = config.get("model_type"), "model_type"
     if not model_type:
         return "llama"
+    path = f"{prefix}.{field}" if prefix else field
     if not isinstance(model_type, str):
-        raise SpecError(
-            f"{prefix}.{field}" if prefix else field, f"must be a string, got {shown(model_type)}"
-        )
-    if model_type not in _FAMILIES and nested is not None and not own:
-        return _model_defaults()[1].get(model_type, model_type)
-    return model_type
+        raise SpecError(path, f"must be a string, got {shown(model_type)}")
+    if model_type in _FAMILIES:
+        return model_type
+    if nested is not None and not own and model_type in _model_defaults()[1]:
+        return _model_defaults()[1][model_type]
+    raise SpecError(
+        path,
+        f"{shown(model_type)} is not a model family vramgate reads (its layers may differ "
+        "from the Llama-style block, so it is not estimated as one); supported: "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)}, or a multimodal config whose text_config is one "
+        "of them (or use a preset: `vramgate presets`)",
+    )
 
 
 def _parse_text(

@@ -85,8 +85,9 @@ LOCAL_FEATURES = (
     "t*k*h", "t*k*e", "t*E", "W_E", "t*r", "1",
 )  # fmt: skip
 OPTIMIZER_KEY = "optimizer/step"
-#: Families the data file has no coefficients for are read as this one (as the parser reads
-#: an unknown model_type as Llama-style); close relatives map to the family fitted.
+#: Families the parser reads that the data file has no coefficients for are priced as this
+#: one (as the parser reads a config naming no model_type as Llama's; it refuses a type it
+#: does not know); close relatives map to the family fitted.
 DEFAULT_FAMILY = "llama"
 FAMILY_ALIASES = {
     "qwen2_moe": "qwen3_moe",

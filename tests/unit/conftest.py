@@ -47,6 +47,25 @@ LLAMA_65B: dict[str, Any] = {
     "max_position_embeddings": 2048,
 }
 
+# Pythia-6.9B's config.json (EleutherAI/pythia-6.9b): a GPT-NeoX, which vramgate does not read.
+# Read as a Llama-style block it came out at 9.00B parameters (the real count is 6.86B).
+PYTHIA_69B: dict[str, Any] = {
+    "architectures": ["GPTNeoXForCausalLM"],
+    "model_type": "gpt_neox",
+    "hidden_act": "gelu",
+    "hidden_size": 4096,
+    "intermediate_size": 16384,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "rotary_pct": 0.25,
+    "use_parallel_residual": True,
+    "vocab_size": 50432,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 2048,
+}
+#: How each path starts its refusal of it, after the field's path.
+NOT_A_FAMILY = "model_type: 'gpt_neox' is not a model family vramgate reads"
+
 
 @pytest.fixture
 def llama8b() -> dict[str, Any]:

@@ -10,17 +10,18 @@ from typing import Any
 
 import pytest
 
-from controller.estimator import SpecError, parse_config
+from controller.estimator import SpecError, load_shape, parse_config
 from controller.estimator.architecture import (
     MAX_LAYERS,
+    SUPPORTED_MODEL_TYPES,
     _dense_layer_indices,
     _model_defaults,
     _Reader,
     canonical_targets,
 )
-from controller.estimator.presets import load_preset
+from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.settings import MAX_SEQUENCE_LENGTH
-from tests.unit.conftest import LLAMA_31_8B, QWEN25_05B
+from tests.unit.conftest import LLAMA_31_8B, PYTHIA_69B, QWEN25_05B
 
 BASE: dict[str, Any] = {
     "hidden_size": 64,
@@ -336,6 +337,59 @@ def test_a_text_config_without_its_model_type_is_read_as_the_family_it_is_built_
     assert parse_config({"model_type": "mistral3", "text_config": bare}).model_type == "mistral"
     # A wrapper that is a family of its own keeps its name (Gemma 3, Llama 4).
     assert parse_config({"model_type": "llama4", "text_config": bare}).model_type == "llama4"
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "falcon", "opt", "starcoder2"])
+def test_a_model_type_vramgate_does_not_read_is_refused_not_read_as_llama(
+    model_type: str,
+) -> None:
+    """Read as a Llama-style block these came out 30-60 % over (Pythia-6.9B at 9.00B, Phi-2
+    at 3.62B for 2.78B, Falcon-7B at 11.16B); whatever the dimensions say, the type decides."""
+    with pytest.raises(SpecError) as error:
+        parse_config(LLAMA_31_8B | {"model_type": model_type}, prefix="config")
+    message = str(error.value)
+    assert error.value.field == "config.model_type"
+    assert message.startswith(f"config.model_type: {model_type!r} is not a model family ")
+    assert "supported: dbrx, deepseek_v2, " in message and ", llama, llama4, " in message
+    assert message.endswith("(or use a preset: `vramgate presets`)") and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"model_type": "llava", "text_config": PYTHIA_69B}, "text_config.model_type"),
+        # A wrapper transformers builds no known text model for: its own type is the field.
+        ({"model_type": "blip-2", "text_config": dict(BASE)}, "model_type"),
+        ({"model_type": ["llama"]} | BASE, "model_type"),
+    ],
+)
+def test_a_model_type_is_refused_at_the_field_the_config_wrote_it(
+    config: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_config(config, prefix="spec.model.config")
+    assert error.value.field == f"spec.model.config.{field}"
+
+
+def test_a_config_naming_no_model_type_is_read_as_llama() -> None:
+    """Hand-written configs (transformers always writes the field) are Llama's, as the trace
+    builds them and the operator labels them."""
+    bare = {k: v for k, v in LLAMA_31_8B.items() if k != "model_type"}
+    shape = parse_config(bare)
+    assert shape.model_type == "llama"
+    assert shape.total_params == parse_config(LLAMA_31_8B).total_params
+
+
+def test_every_family_a_config_can_be_read_as_is_supported() -> None:
+    """Each wrapper's text model and each preset's type is one the parser reads by its own
+    layout: none of them falls to a refusal, nor to another family's layout."""
+    _, text_types = _model_defaults()
+    assert set(text_types.values()) <= set(SUPPORTED_MODEL_TYPES)
+    for name in preset_names():
+        config = load_preset(name).config
+        own = (config.get("text_config") or {}).get("model_type") or config["model_type"]
+        assert load_shape(name).model_type == own in SUPPORTED_MODEL_TYPES, name
+
 
 
 def test_the_text_config_classes_are_transformers_own() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from controller.cli import main
 from controller.units import GIB
-from tests.unit.conftest import LLAMA_31_8B
+from tests.unit.conftest import LLAMA_31_8B, NOT_A_FAMILY, PYTHIA_69B
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -237,6 +237,23 @@ def test_bad_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     path.write_text(json.dumps({"hidden_size": 64}))
     code, _, err = run(capsys, "estimate", "--config", str(path))
     assert code == 2 and "config.num_hidden_layers: is required" in err
+
+
+@pytest.mark.parametrize("command", ["estimate", "trace"])
+def test_a_model_family_vramgate_does_not_read_is_refused_not_estimated(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """Pythia-6.9B was estimated as a Llama-style 9.00B model; its type is refused instead,
+    naming what is read (trace too: it parses the config before it builds anything)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(PYTHIA_69B))
+    code, out, err = run(capsys, command, "--config", str(path), "--method", "full")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"vramgate: config.{NOT_A_FAMILY} (its layers may differ from")
+    assert "; supported: dbrx, " in err and err.count("\n") == 1
+    path.write_text(json.dumps(PYTHIA_69B | {"model_type": "llama"}))
+    code, _, _ = run(capsys, "estimate", "--config", str(path), "--method", "full")
+    assert code == 0, "the same dimensions under a family vramgate reads"
 
 
 @pytest.mark.parametrize(

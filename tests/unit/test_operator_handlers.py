@@ -39,7 +39,7 @@ from controller.operator.run import NoDiffBase, build_registry, operator_setting
 from controller.operator.scheduler import Scheduler, SchedulerOptions
 from controller.packing.inventory import GpuMode
 from controller.webhook.server import ReviewServer
-from tests.unit.conftest import QWEN25_05B
+from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B, QWEN25_05B
 
 GIB = 2**30
 RETRY_S = 7.0
@@ -172,6 +172,16 @@ def test_an_invalid_spec_is_invalid_spec_and_never_retried(sched: Scheduler) -> 
     stored = estimate_as_the_loop_does(sched, body)
     assert stored.failure == failure and stored.generation == 3
     assert "ns/j" not in sched._retry_at
+
+
+def test_a_model_family_vramgate_does_not_read_is_invalid_spec(sched: Scheduler) -> None:
+    """Never estimated as a Llama-style model: Estimated=False, InvalidSpec, not retried."""
+    spec = {"model": {"config": PYTHIA_69B}, "method": "Full"}
+    stored = estimate_as_the_loop_does(sched, job(spec))
+    assert stored.failure is not None and stored.estimate is None
+    assert (stored.failure.reason, stored.failure.retry_s) == (cond.REASON_INVALID_SPEC, None)
+    assert stored.failure.message.startswith(f"spec.model.config.{NOT_A_FAMILY} (its layers")
+    assert "\n" not in stored.failure.message and "ns/j" not in sched._retry_at
 
 
 def test_a_missing_configmap_is_retried(sched: Scheduler) -> None:

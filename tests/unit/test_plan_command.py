@@ -15,6 +15,7 @@ from controller.cli import main
 from controller.estimator.presets import load_preset
 from controller.plan_command import DRAFT_WITHOUT_TEMPLATE
 from controller.units import GIB
+from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B
 
 LLAMA_QLORA = {
     "apiVersion": "vramgate.dev/v1alpha1",
@@ -520,6 +521,11 @@ def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
         (
             {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {"containers": []}}}},
             "spec.template.spec.containers: must list at least one container, got none",
+        ),
+        # A model family vramgate does not read: refused, not estimated as a Llama-style one.
+        (
+            {"spec": {**LLAMA_QLORA["spec"], "model": {"config": PYTHIA_69B}}},
+            f"spec.model.config.{NOT_A_FAMILY}",
         ),
     ],
 )

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from controller.webhook import certs
 from controller.webhook.validating import INVALID, validate_finetunejob
+from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B
 
 VALID = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 INVALID_SPEC = {"model": {"preset": "llama-8b"}, "method": "QLoRA", "lora": {"rank": 0}}
@@ -29,6 +30,19 @@ def test_an_invalid_spec_is_refused_with_every_field() -> None:
     assert message.startswith("spec.model.preset: unknown preset 'llama-8b'; closest: ")
     assert "; spec.lora.rank: must be greater than or equal to 1, got 0" in message
     assert caught.value.code == INVALID
+
+
+def test_a_model_family_vramgate_does_not_read_is_refused_at_apply() -> None:
+    spec = {**VALID, "model": {"config": PYTHIA_69B}}
+    with pytest.raises(kopf.AdmissionError) as caught:
+        validate_finetunejob(spec=spec, old=None, operation="CREATE")
+    assert str(caught.value).startswith(f"spec.model.config.{NOT_A_FAMILY} (its layers may")
+    assert "\n" not in str(caught.value) and caught.value.code == INVALID
+    validate_finetunejob(
+        spec={**spec, "model": {"config": PYTHIA_69B | {"model_type": "llama"}}},
+        old=None,
+        operation="CREATE",
+    )
 
 
 def test_an_update_that_keeps_an_invalid_spec_is_allowed() -> None:
