@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import time
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -390,6 +392,12 @@ def test_every_family_a_config_can_be_read_as_is_supported() -> None:
         own = (config.get("text_config") or {}).get("model_type") or config["model_type"]
         assert load_shape(name).model_type == own in SUPPORTED_MODEL_TYPES, name
 
+
+def test_the_readme_lists_the_model_types_read() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"The `model_type`s read are (.*?), and a multimodal", readme, re.S)
+    assert listed is not None
+    assert tuple(re.findall(r"`(\w+)`", listed.group(1))) == SUPPORTED_MODEL_TYPES
 
 
 def test_the_text_config_classes_are_transformers_own() -> None:
