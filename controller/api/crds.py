@@ -139,6 +139,16 @@ GPUNODE = CrdInfo(
         {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpuCount"},
         {"name": "Product", "type": "string", "jsonPath": ".status.product"},
         {"name": "Free", "type": "string", "jsonPath": ".status.free"},
+        # Free and the agent's Ready condition stay as last written when the agent goes
+        # silent: only the heartbeat's age tells that the node takes no new work.
+        {
+            "name": "Heartbeat",
+            "type": "date",
+            "description": "Time since the agent last read the GPUs (status.heartbeatTime); "
+            "a node whose heartbeat is older than the operator's heartbeat TTL (default 90 s) "
+            "takes no new work, whatever Free says.",
+            "jsonPath": ".status.heartbeatTime",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
     spec_required=False,

@@ -81,6 +81,15 @@ def test_finetunejob_printer_columns_are_the_documented_ones() -> None:
     ]  # fmt: skip
 
 
+def test_gpunode_printer_columns_show_the_heartbeats_age() -> None:
+    """A silent agent leaves Free and Ready as last written: the heartbeat's age shows it."""
+    shown = [c["name"] for c in crds.GPUNODE.printer_columns if "priority" not in c]
+    assert shown == ["GPUs", "Product", "Free", "Heartbeat", "Age"]
+    (heartbeat,) = [c for c in crds.GPUNODE.printer_columns if c["name"] == "Heartbeat"]
+    assert heartbeat["type"] == "date"
+    assert heartbeat["jsonPath"] == ".status.heartbeatTime"
+
+
 def test_finetunejob_names_and_scope() -> None:
     spec = crds.crd_manifest(crds.FINETUNEJOB)["spec"]
     assert spec["group"] == "vramgate.dev"
