@@ -49,11 +49,12 @@ from controller.cluster import finished, job_request, reservation
 from controller.decision import Outcome, decide
 from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
-from controller.estimator.settings import MAX_GPUS, Profile
+from controller.estimator.settings import MAX_GPUS, Parallelism, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.constraints import from_pod_template
+from controller.packing.fit import plural
 from controller.packing.inventory import GpuMode
-from controller.packing.view import ClusterView
+from controller.packing.view import ClusterView, Selection
 from controller.units import format_gib
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 from controller.workload import workload_problem
@@ -221,13 +222,8 @@ class AdmissionWebhook:
             if view.fits_empty(estimate, plan.parallelism, n, where):
                 resources = dict(plain.get("resources") or {})
                 resources["gpus"] = n
-                each = format_gib(estimate.per_gpu_bytes(n, plan.parallelism))
                 if warnings is not None:
-                    warnings.append(
-                        f"vramgate: needs {n} GPU{'s' if n > 1 else ''} with "
-                        f"{plan.parallelism.api} ({each} each): spec.resources.gpus "
-                        f"{plan.gpus} -> {n}"
-                    )
+                    warnings.append(_resized(plan, estimate, view, where, n))
                 return Mutation(resources, requested=plan.gpus)
         return None
 
@@ -336,6 +332,47 @@ def _as_at_create(
             f"created (annotation {REQUESTED_GPUS_ANNOTATION})"
         )
     return Mutation({**(spec.get("resources") or {}), "gpus": stored}, requested=requested)
+
+
+def _resized(
+    plan: JobPlan, estimate: Estimate, view: ClusterView, where: Selection, n: int
+) -> str:
+    """The warning of a count rewritten to n. Up, the request is too small: the job needs
+    n. Down, the request can never fit the empty cluster whatever the memory (more GPUs than
+    it has, or no placement the parallelism can use) or in no placement that holds it, and
+    n is the nearest count that can (with more GPUs asked than there are, the most)."""
+    mode = plan.parallelism.api
+    each = format_gib(estimate.per_gpu_bytes(n, plan.parallelism))
+    change = f"spec.resources.gpus {plan.gpus} -> {n}"
+    if n > plan.gpus:
+        return f"vramgate: needs {plural(n)} with {mode} ({each} each): {change}"
+    nearest = "the nearest count that can"
+    nodes = "the nodes that match spec.resources.gpuSelector" if plan.gpu_selector else "its nodes"
+    if plan.gpus > where.gpus:
+        nearest = "the most that can"  # every count above n is more GPUs than there are
+        matching = " that match spec.resources.gpuSelector" if plan.gpu_selector else ""
+        why = f", which has {where.gpus}{matching}"
+    elif not view.shapes_empty(estimate, plan.parallelism, plan.gpus, where):
+        if plan.parallelism is Parallelism.DEVICE_MAP or view.one_node:
+            device_map = plan.parallelism is Parallelism.DEVICE_MAP
+            keeps = "a device map" if device_map else "GPU mode visibleDevices"
+            widest = plural(view.widest_empty(where))
+            why = f": {keeps} keeps a job on one node, and {nodes} have at most {widest} each"
+        else:
+            why = (
+                f": {mode} runs them as k nodes x g GPUs, the same g on every node, and no k "
+                f"of {nodes} have g GPUs each with k x g = {plan.gpus}"
+            )
+    else:
+        asked = format_gib(estimate.per_gpu_bytes(plan.gpus, plan.parallelism))
+        why = (
+            f": with {mode} each needs {asked}, and no {plan.gpus} of its GPUs that {mode} can "
+            "use together hold that, even when they are idle"
+        )
+    return (
+        f"vramgate: {plural(plan.gpus)} can never fit this cluster{why}; {nearest} is {n} "
+        f"({each} each with {mode}): {change}"
+    )
 
 
 def _but_count(spec: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -160,6 +160,68 @@ def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> N
     ]
 
 
+SMALL = {"model": {"preset": "llama-3.2-1b"}, "method": "QLoRA", "lora": {"rank": 16}}
+
+
+def test_resize_down_says_the_count_asked_for_can_never_fit_not_that_the_job_needs_less() -> (
+    None
+):
+    """20 GPUs asked of a cluster of 8: 8 is the most that can fit, not what the job needs
+    (one GPU holds it)."""
+    asked = body(**SMALL, admissionPolicy="Resize", resources={"gpus": 20, "minGPUs": 1})
+    patch, warnings = mutate(hook(cluster(nodes=2)), asked)
+    assert patch["spec"]["resources"]["gpus"] == 8
+    (warning,) = warnings
+    assert warning.startswith(
+        "vramgate: 20 GPUs can never fit this cluster, which has 8; the most that can is 8 ("
+    ), warning
+    assert warning.endswith(" GiB each with FSDP): spec.resources.gpus 20 -> 8")
+    assert "needs" not in warning
+
+
+def test_resize_down_names_the_placement_the_parallelism_cannot_have() -> None:
+    """Two nodes of 4 GPUs: a device map of 6 would need one node of 6; FSDP on 7 of 9 GPUs
+    (3 nodes of 3) would need 7 nodes of 1. The nearest count that fits is below."""
+    device_map = body(admissionPolicy="Resize", parallelism="DeviceMap", resources={"gpus": 6})
+    patch, warnings = mutate(hook(cluster(nodes=2)), device_map)
+    assert patch["spec"]["resources"]["gpus"] == 4
+    assert warnings[0].startswith(
+        "vramgate: 6 GPUs can never fit this cluster: a device map keeps a job on one node, and "
+        "its nodes have at most 4 GPUs each; the nearest count that can is 4 ("
+    ), warnings
+    assert warnings[0].endswith(" each with DeviceMap): spec.resources.gpus 6 -> 4")
+
+    fsdp = body(admissionPolicy="Resize", resources={"gpus": 7})
+    patch, warnings = mutate(hook(cluster(nodes=3, gpus=3)), fsdp)
+    assert patch["spec"]["resources"]["gpus"] == 6
+    assert warnings[0].startswith(
+        "vramgate: 7 GPUs can never fit this cluster: FSDP runs them as k nodes x g GPUs, the "
+        "same g on every node, and no k of its nodes have g GPUs each with k x g = 7; the "
+        "nearest count that can is 6 ("
+    ), warnings
+
+
+def test_resize_down_for_memory_says_how_much_each_gpu_asked_for_would_need() -> None:
+    """4 GPUs of 80 GiB and 4 of 10: full llama-3.1-8b on all 8 needs more than 10 GiB each,
+    on the 4 large ones it fits."""
+    mixed = ClusterView(Snapshot(tuple(
+        NodeState(name, tuple(GpuDevice(f"GPU-{name}-{i}", i, "H100", gib * GIB, gib * GIB)
+                              for i in range(4)), gpu_allocatable=4)
+        for name, gib in (("big", 80), ("small", 10))
+    ), (), None), PackingSettings())  # fmt: skip
+    patch, warnings = mutate(hook(mixed), body(**FULL, admissionPolicy="Resize",
+                                               resources={"gpus": 8}))  # fmt: skip
+    assert patch["spec"]["resources"]["gpus"] == 4
+    (warning,) = warnings
+    assert warning.startswith("vramgate: 8 GPUs can never fit this cluster: with FSDP each "), (
+        warning
+    )
+    assert (
+        "and no 8 of its GPUs that FSDP can use together hold that, even when they are idle; "
+        "the nearest count that can is 4 (" in warning
+    )
+
+
 def test_resize_remembers_the_count_asked_for_in_an_annotation() -> None:
     manifest = body(**FULL, admissionPolicy="Resize")
     stored = applied(manifest, mutate(hook(cluster()), manifest)[0])
