@@ -219,17 +219,31 @@ class EstimatorSpec(ApiModel):
 
 # CEL, so that the API server refuses inverted Resize bounds, and a request outside them,
 # even when the webhook is down. A request outside the bounds would be admitted as asked
-# before Resize ever looked at the bounds.
+# before Resize ever looked at the bounds. One rule per bound, reported at the field it
+# refuses and worded as the spec validator words it, so each message is true where it fires.
+# The API server defaults minGPUs to 1 before it validates, so "minGPUs is set" cannot be
+# told from the object: the gpus-below-minGPUs rule is skipped for minGPUs 1, where it
+# would only repeat the field's own minimum (gpus: 0 was also told it lay outside a minGPUs
+# and maxGPUs nobody wrote). maxGPUs has no default: its rule fires only when it is set.
+# No messageExpression with the values: string() of an integer is priced past the API
+# server's CEL cost budget, and it refuses the CRD.
 GPU_BOUNDS_ORDERED: JsonDict = {
     "x-kubernetes-validations": [
         {
             "rule": "!has(self.maxGPUs) || !has(self.minGPUs) || self.minGPUs <= self.maxGPUs",
-            "message": "minGPUs must be less than or equal to maxGPUs",
+            "message": "must be greater than or equal to minGPUs",
+            "fieldPath": ".maxGPUs",
         },
         {
-            "rule": "!has(self.gpus) || ((!has(self.minGPUs) || self.minGPUs <= self.gpus) && "
-            "(!has(self.maxGPUs) || self.gpus <= self.maxGPUs))",
-            "message": "gpus must be between minGPUs and maxGPUs",
+            "rule": "!has(self.gpus) || !has(self.minGPUs) || self.minGPUs <= 1 || "
+            "self.minGPUs <= self.gpus",
+            "message": "must be greater than or equal to minGPUs",
+            "fieldPath": ".gpus",
+        },
+        {
+            "rule": "!has(self.gpus) || !has(self.maxGPUs) || self.gpus <= self.maxGPUs",
+            "message": "must be less than or equal to maxGPUs",
+            "fieldPath": ".gpus",
         },
     ]
 }

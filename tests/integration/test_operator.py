@@ -473,16 +473,36 @@ def test_the_schema_refuses_an_ambiguous_model_without_the_webhook(
 def test_the_schema_refuses_a_gpu_count_outside_the_resize_bounds_without_the_webhook(
     crds: None, cluster: Cluster, namespace: str
 ) -> None:
-    """Resize tries the asked count first, so a count outside its bounds would be admitted."""
+    """Resize tries the asked count first, so a count outside its bounds would be admitted.
+    Each error names the bound the count breaks, at spec.resources.gpus."""
     low = finetunejob("below", admissionPolicy="Resize", resources={"gpus": 1, "minGPUs": 2})
     high = finetunejob("above", resources={"gpus": 8, "maxGPUs": 4})
     inside = finetunejob("inside", resources={"gpus": 3, "minGPUs": 2, "maxGPUs": 4})
-    for body in (low, high):
+    for body, said in (
+        (low, "must be greater than or equal to minGPUs"),
+        (high, "must be less than or equal to maxGPUs"),
+    ):
         applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
         assert applied.returncode != 0
-        assert "gpus must be between minGPUs and maxGPUs" in applied.stderr
+        assert "spec.resources.gpus: Invalid value" in applied.stderr
+        assert said in applied.stderr
+        assert applied.stderr.count("Invalid value") == 1, applied.stderr
     applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(inside))
     assert applied.returncode == 0, applied.stderr
+
+
+def test_the_schema_refuses_no_gpus_without_naming_bounds_nobody_set(
+    crds: None, cluster: Cluster, namespace: str
+) -> None:
+    """The API server defaults minGPUs to 1 before the rules run: gpus 0 (or -1) without
+    minGPUs or maxGPUs is told only the field's minimum, not that it lies outside them."""
+    for gpus in (0, -1):
+        body = finetunejob("zero" if gpus == 0 else "negative", resources={"gpus": gpus})
+        applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+        assert applied.returncode != 0
+        assert "spec.resources.gpus: Invalid value" in applied.stderr
+        assert "should be greater than or equal to 1" in applied.stderr
+        assert "minGPUs" not in applied.stderr and "maxGPUs" not in applied.stderr, applied.stderr
 
 
 def test_without_the_webhook_an_invalid_job_is_marked_invalid(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from controller.api import crds
 from controller.api.schema import SchemaError, structural_schema
 from controller.cli import main
 from controller.estimator import Profile, TrainingSettings, build_settings
+from controller.jobspec import translate
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "charts" / "vramgate" / "crds"
@@ -131,6 +133,70 @@ def test_adapters_need_a_rank() -> None:
     spec = _schema(crds.FINETUNEJOB)["properties"]["spec"]
     (rule,) = spec["x-kubernetes-validations"]
     assert rule["message"] == "lora.rank is required when method is LoRA or QLoRA"
+
+
+def _cel(expression: str, obj: dict[str, Any]) -> Any:
+    """`expression` evaluated on `obj`, for the few CEL forms the GPU-bound rules use: has(),
+    field access, comparisons, || and &&."""
+    python = re.sub(r"!has\(self\.(\w+)\)", r"(not has('\1'))", expression)
+    python = re.sub(r"self\.(\w+)", r"obj['\1']", python)
+    python = python.replace("||", " or ").replace("&&", " and ")
+    assert "!" not in python and "?" not in python, expression
+    return eval(python, {"has": obj.__contains__, "obj": obj})
+
+
+def _bounds_errors(resources: dict[str, Any]) -> list[str]:
+    """What the GPU-bound rules of spec.resources say about `resources`, defaulted first as
+    the API server does (minGPUs 1, gpus 1), as `field: message`."""
+    schema = _schema(crds.FINETUNEJOB)["properties"]["spec"]["properties"]["resources"]
+    defaults = {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
+    obj = {**defaults, **resources}
+    return [
+        f"spec.resources{rule.get('fieldPath', '')}: {rule['message']}"
+        for rule in schema["x-kubernetes-validations"]
+        if not _cel(rule["rule"], obj)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        # Only the field's own minimum applies: no bound was written, none is named.
+        ({"gpus": 0}, []),
+        ({"gpus": -1}, []),
+        ({"gpus": 0, "maxGPUs": 4}, []),
+        ({"gpus": 1, "minGPUs": 2}, ["spec.resources.gpus: must be greater than or equal to "
+                                     "minGPUs"]),
+        ({"gpus": 8, "maxGPUs": 4}, ["spec.resources.gpus: must be less than or equal to "
+                                     "maxGPUs"]),
+        ({"minGPUs": 4, "maxGPUs": 2, "gpus": 3}, [
+            "spec.resources.maxGPUs: must be greater than or equal to minGPUs",
+            "spec.resources.gpus: must be greater than or equal to minGPUs",
+            "spec.resources.gpus: must be less than or equal to maxGPUs",
+        ]),
+        ({"gpus": 3, "minGPUs": 2, "maxGPUs": 4}, []),
+        ({"maxGPUs": 1}, []),
+    ],
+)  # fmt: skip
+def test_the_gpu_bound_rules_name_only_the_bounds_that_refuse_the_count(
+    resources: dict[str, Any], expected: list[str]
+) -> None:
+    """The API server defaults minGPUs to 1 before it validates: gpus 0 without bounds must
+    not be told it lies outside minGPUs and maxGPUs (the field's minimum says it all)."""
+    assert _bounds_errors(resources) == expected
+
+
+def test_the_gpu_bound_rules_word_their_errors_as_the_spec_validator_does() -> None:
+    """Where the webhook is down, the API server says what the operator would, in its words
+    less the values (the validator stops at an inverted range; the rules also name the count
+    outside it)."""
+    for resources in ({"gpus": 1, "minGPUs": 2}, {"gpus": 3, "minGPUs": 4, "maxGPUs": 2}):
+        _, errors = translate({"model": {"preset": "llama-3.2-1b"}, "method": "Full",
+                               "resources": resources})  # fmt: skip
+        said = _bounds_errors(resources)
+        assert errors
+        for error in errors:
+            assert any(str(error).startswith(f"{rule} (") for rule in said), (error, said)
 
 
 def test_the_model_source_is_exactly_one_of_three() -> None:
