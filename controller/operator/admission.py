@@ -61,7 +61,6 @@ from controller.operator import status as status_rules
 from controller.operator.errors import Failure
 from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
-from controller.units import format_gib
 from controller.workload import (
     Admission,
     WorkloadError,
@@ -552,15 +551,20 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     )
     name = (job.get("metadata") or {}).get("name") or ""
     draft.status["placement"] = placement
-    estimate = draft.status.get("estimate")
-    if estimate and estimate.get("gpus") != placement["admittedGPUs"]:
-        # Resized: the estimate at the count that runs, so `kubectl get ftj` shows that.
-        draft.status["estimate"] = {
-            **estimate,
-            "gpus": placement["admittedGPUs"],
-            "perGpuBytes": decision.per_gpu_bytes,
-            "perGpu": format_gib(decision.per_gpu_bytes),
-        }
+    found = inp.estimates.get(decision.job)
+    if found is not None and found.plan is not None and found.estimate is not None:
+        # Resized: the estimate, and the Estimated condition's message, at the count that
+        # runs, so `kubectl get ftj` and `kubectl describe ftj` show one estimate.
+        draft.apply(
+            status_rules.admitted_estimate(
+                found.plan,
+                found.estimate,
+                placement["admittedGPUs"],
+                _generation(job),
+                draft.status,
+                inp.now,
+            )
+        )
     draft.status["workloadRef"] = {
         "apiVersion": "batch/v1",
         "kind": "Job",

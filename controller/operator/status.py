@@ -46,16 +46,18 @@ class StatusUpdate:
     event: Event | None = None
 
 
-def estimate_status(plan: JobPlan, est: Estimate) -> dict[str, Any]:
-    """`status.estimate` of a plan and its estimate, as stored."""
-    per_gpu = est.per_gpu_bytes(plan.gpus, plan.parallelism)
+def estimate_status(plan: JobPlan, est: Estimate, gpus: int | None = None) -> dict[str, Any]:
+    """`status.estimate` of a plan and its estimate, as stored: at the requested count, or at
+    `gpus` (the count admitted by policy Resize)."""
+    gpus = plan.gpus if gpus is None else gpus
+    per_gpu = est.per_gpu_bytes(gpus, plan.parallelism)
     return EstimateStatus(
         model=plan.model,
         profile=est.profile,
         components=dict(est.components),
         total_bytes=est.total_bytes,
         per_gpu_bytes=per_gpu,
-        gpus=plan.gpus,
+        gpus=gpus,
         parallelism=plan.parallelism,
         total_params=est.total_params,
         trainable_params=est.trainable_params,
@@ -69,14 +71,7 @@ def estimated(
 ) -> StatusUpdate:
     """The job was estimated: Estimated=True with the figures, Admitted pending."""
     estimate = estimate_status(plan, est)
-    gpus = plan.gpus
-    # The total is the job on one GPU, not a sum over its GPUs: say so where they differ.
-    differs = estimate["total"] != estimate["perGpu"]  # FSDP and device maps split it; DDP not
-    message = (
-        f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
-        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if differs else "")
-    )
-    message += "".join(f"; warning: {warning}" for warning in plan.warnings)
+    message = _estimated_message(plan, estimate)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,
@@ -99,6 +94,48 @@ def estimated(
         {"estimate": estimate, "observedGeneration": generation, "conditions": conditions},
         Event(NORMAL, cond.REASON_ESTIMATED, f"{message} ({detail})"),
     )
+
+
+def admitted_estimate(
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int,
+    generation: int,
+    status: Mapping[str, Any],
+    now: datetime,
+) -> StatusUpdate:
+    """Admitted on `gpus`: `status.estimate` and the Estimated message at the count that
+    runs, so that `kubectl describe` shows one estimate, the one the GPUs were reserved for
+    (nothing changes unless policy Resize chose another count than the request). No Event:
+    the admission's says it."""
+    estimate = estimate_status(plan, est, gpus)
+    conditions = cond.set_condition(
+        _conditions(status),
+        cond.ESTIMATED,
+        ConditionStatus.TRUE,
+        cond.REASON_ESTIMATED,
+        _estimated_message(plan, estimate),
+        generation,
+        now,
+    )
+    desired = {"estimate": estimate, "conditions": conditions}
+    return StatusUpdate({key: value for key, value in desired.items() if status.get(key) != value})
+
+
+def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any]) -> str:
+    """The Estimated condition's message: what `estimate` (status.estimate) says, and the
+    count asked for where admission resized the job."""
+    gpus = estimate["gpus"]
+    # The total is the job on one GPU, not a sum over its GPUs: say so where they differ.
+    differs = estimate["total"] != estimate["perGpu"]  # FSDP and device maps split it; DDP not
+    message = (
+        f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
+        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if differs else "")
+    )
+    if gpus != plan.gpus:
+        asked = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''}"
+        message += f"; resized from the {asked} asked for (policy Resize)"
+    return message + "".join(f"; warning: {warning}" for warning in plan.warnings)
 
 
 def invalid(

@@ -692,6 +692,13 @@ def test_a_resized_job_shows_its_estimate_at_the_admitted_count() -> None:
     assert status["estimate"]["gpus"] == admitted
     assert status["estimate"]["perGpuBytes"] == status["placement"]["perGpuBytes"]
     assert status["estimate"]["perGpu"] == format_gib(status["placement"]["perGpuBytes"])
+    # `kubectl describe ftj` shows the Estimated condition beside status.estimate: one figure.
+    assert condition(status, "Estimated")["message"].startswith(
+        f"{status['estimate']['perGpu']} per GPU on {admitted} GPUs with FSDP ("
+    )
+    assert condition(status, "Estimated")["message"].endswith(
+        "; resized from the 1 GPU asked for (policy Resize)"
+    )
 
 
 def test_a_queued_jobs_message_refresh_records_no_new_decision() -> None:

@@ -176,6 +176,29 @@ def test_per_gpu_figures_follow_the_gpu_count() -> None:
     )
 
 
+def test_a_resized_admission_restates_the_estimate_at_the_admitted_count() -> None:
+    """Asked 8, admitted on 4 (policy Resize): status.estimate and the Estimated message say
+    the same count and figure, and that the count was resized; the condition keeps its
+    transition time and no Event is posted (the admission's says it)."""
+    plan, _ = translate({**SPEC, "method": "Full", "lora": None, "admissionPolicy": "Resize",
+                         "resources": {"gpus": 8, "minGPUs": 1}})  # fmt: skip
+    assert plan is not None
+    est = estimate_plan(plan)
+    status = rules.estimated(plan, est, 1, {}, T0).patch
+    update = rules.admitted_estimate(plan, est, 4, 1, status, LATER)
+    after = {**status, **update.patch}
+    estimate, estimated = after["estimate"], _by_type(after)["Estimated"]
+    assert estimate["gpus"] == 4
+    assert estimate["perGpuBytes"] == est.per_gpu_bytes(4, plan.parallelism)
+    assert estimated["message"] == (
+        f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP ({estimate['total']} on one GPU); "
+        "resized from the 8 GPUs asked for (policy Resize)"
+    )
+    assert estimated["lastTransitionTime"] == _by_type(status)["Estimated"]["lastTransitionTime"]
+    assert update.event is None
+    assert rules.admitted_estimate(plan, est, 8, 1, status, LATER).patch == {}, "as asked"
+
+
 def test_a_sequence_beyond_the_context_is_estimated_and_the_condition_says_so() -> None:
     update = _estimated({}, training={"sequenceLength": 200_000})
     estimated = _by_type(update.patch)["Estimated"]
