@@ -3,9 +3,10 @@
 The operator reads objects the API server has validated: a GPUNode's status against its
 CRD, a Pod against the Pod schema. A cluster dump given to plan may have been edited by hand,
 so plan checks the fields admission reads, with the types the API server would have stored
-(numbers are numbers, times RFC 3339), and names the object and the field, instead of
-failing deep inside the snapshot. Fields admission does not read are not checked: a
-hand-written dump need not carry a condition's reason or message.
+(numbers as numbers, times as RFC 3339, nvidia.com/gpu as a whole number), and names the
+object and the field, instead of failing deep inside the snapshot. Fields admission does not
+read are not checked: a hand-written dump need not carry a condition's reason or message,
+nor other resources' quantities in any particular form.
 """
 
 from __future__ import annotations
@@ -16,17 +17,31 @@ from typing import Annotated, Any
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     StrictInt,
     ValidationError,
-    model_validator,
 )
 
+from controller.api.base import GPU_RESOURCE
+
 Count = Annotated[StrictInt, Field(ge=0)]
-#: Quantities as the API server serves them: strings ("8"); numbers where a file has them.
-Quantities = dict[str, str | StrictInt]
+
+
+def _quantities(value: object) -> object:
+    """Resources as maps; of their quantities only nvidia.com/gpu is read, as a whole
+    number: the API server serves it as a string ("8"), a file may hold an integer."""
+    if not isinstance(value, Mapping):
+        raise ValueError("must be a map of resource names to quantities")
+    gpus = value.get(GPU_RESOURCE)
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, str | int)):
+        raise ValueError(f"{GPU_RESOURCE}: must be a whole number of GPUs, got {gpus!r}")
+    return value
+
+
+Quantities = Annotated[dict[str, Any], BeforeValidator(_quantities)]
 
 
 class _Shape(BaseModel):
@@ -110,13 +125,6 @@ class _Gpu(_Shape):
     freeBytes: Count | None = None
     pods: list[_PodUsage] | None = None
     mig: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _free_within_total(self) -> _Gpu:
-        total, free = self.totalBytes, self.freeBytes
-        if total is not None and free is not None and free > total:
-            raise ValueError(f"freeBytes ({free}) must be at most totalBytes ({total})")
-        return self
 
 
 class _GPUNodeStatus(_Shape):
