@@ -53,7 +53,8 @@ EXAMPLES = files("controller") / "examples"
 #: Deepest YAML nesting read: Kubernetes objects nest a few dozen levels at most.
 MAX_DEPTH = 100
 _C_LOADER = getattr(yaml, "CSafeLoader", None)
-#: Aliases may expand a file's collections this many times over, past a floor of this many.
+#: Aliases may expand a file this many times over, past a floor of this many units (a
+#: collection, or 64 characters of a string).
 MAX_ALIAS_EXPANSION = 10
 MAX_EXPANDED_NODES = 100_000
 #: The admission flags, spelled and checked as the operator's; no env prefix, since plan reads
@@ -256,21 +257,29 @@ def _parse(path: str, text: str) -> list[Any]:
 
 def _check_aliases(path: str, documents: list[Any]) -> None:
     """Refuses documents whose aliases refer to themselves, or expand them far past what the
-    file holds ("billion laughs": 1 KB of nested aliases is 10^8 nodes). PyYAML shares an
-    aliased node rather than copying it, so loading is cheap; it is every later walk
-    (JSON for the schema check, the workload build) that would run for hours. As
-    kubectl's YAML reader, a few aliases (a shared env list) pass."""
-    expanded: dict[int, int] = {}  # container id -> containers in it, aliases expanded
+    file holds ("billion laughs": 1 KB of nested aliases is 10^8 nodes; a long string
+    anchored once and aliased thousands of times is gigabytes). PyYAML shares an aliased node
+    rather than copying it, so loading is cheap; it is every later walk (JSON for the schema
+    check, the workload build) that would run for hours. As kubectl's YAML reader, a few
+    aliases (a shared env list) pass.
+
+    Sizes are in units: a collection is one, a string one per 64 characters begun."""
+
+    def units(value: Any) -> int:
+        return 1 + len(value) // 64 if isinstance(value, str) else 1
+
+    expanded: dict[int, int] = {}  # container id -> its units, aliases expanded
     opened: set[int] = set()
+    strings: dict[int, int] = {}  # each distinct string's units, once
     stack: list[tuple[Any, bool]] = [(document, False) for document in documents]
     while stack:
         node, closing = stack.pop()
         if not isinstance(node, dict | list):
             continue
-        children = list(node.values()) if isinstance(node, dict) else node
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
         key = id(node)
         if closing:
-            expanded[key] = 1 + sum(expanded.get(id(child), 0) for child in children)
+            expanded[key] = 1 + sum(expanded.get(id(child)) or units(child) for child in children)
             continue
         if key in expanded:
             continue
@@ -278,12 +287,17 @@ def _check_aliases(path: str, documents: list[Any]) -> None:
             raise PlanInputError(f"{path}: an alias refers to a node that holds it")
         opened.add(key)
         stack.append((node, True))
-        stack.extend((child, False) for child in children if id(child) not in expanded)
-    total = sum(expanded[id(d)] for d in documents if isinstance(d, dict | list))
-    if total > MAX_ALIAS_EXPANSION * len(expanded) and total > MAX_EXPANDED_NODES:
+        for child in children:
+            if isinstance(child, str):
+                strings[id(child)] = units(child)
+            elif id(child) not in expanded:
+                stack.append((child, False))
+    total = sum(expanded.get(id(d)) or units(d) for d in documents)
+    distinct = len(expanded) + sum(strings.values())
+    if total > MAX_ALIAS_EXPANSION * distinct and total > MAX_EXPANDED_NODES:
         raise PlanInputError(
-            f"{path}: its aliases expand it to {total:,} collections from {len(expanded):,}; "
-            f"at most {MAX_ALIAS_EXPANSION} times as many (write the repeated part out)"
+            f"{path}: its aliases expand it {total // distinct:,} times over; at most "
+            f"{MAX_ALIAS_EXPANSION} (write the repeated part out)"
         )
 
 
