@@ -368,7 +368,7 @@ def job_request(job: Mapping[str, Any], plan: JobPlan, estimate: Estimate) -> Jo
         min_gpus=plan.min_gpus,
         max_gpus=plan.max_gpus,
         selector=plan.gpu_selector,
-        constraints=from_pod_template((job.get("spec") or {}).get("template")),
+        constraints=from_pod_template(job["spec"]["template"]) if has_template(job) else None,
         priority=plan.priority,
         created=parse_time(meta.get("creationTimestamp")),
         suspend=plan.suspend,
@@ -522,7 +522,13 @@ def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
             NodeState(
                 node.name,
                 tuple(devices),
-                labels=node.labels,
+                # The labels every kubelet sets, which pod templates select on; the file's win.
+                labels={
+                    "kubernetes.io/hostname": node.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    **node.labels,
+                },
                 ready=node.ready,
                 cordoned=node.cordoned,
                 gpu_allocatable=len(devices),

@@ -73,7 +73,7 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         else "no matching GPU takes work now (nodes not Ready, cordoned, stale agents or GPUs "
         "in use)"
     )
-    resting = view.resting(at)
+    resting = at.resting
     if resting:
         # Their free memory is in `kubectl get gpunodes`: say why it is not counted here.
         shown = "; ".join(f"{name}: {why}" for name, why in resting[:3])
@@ -189,20 +189,9 @@ def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:
     if job.selector:
         selector = ", ".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
         wanted.append(f"spec.resources.gpuSelector {{{selector}}}")
-    if template := job.constraints.describe():
+    if job.constraints is not None and (template := job.constraints.describe()):
         wanted.append(f"the pod template's {template}")
     message = "no GPU node " + (f"matches {' and '.join(wanted)}" if wanted else "takes its pods")
-    repelled = view.repelling(job.selector, job.constraints)
-    if repelled:
-        shown = ", ".join(
-            f"{node} {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
-            for node, taint in repelled[:3]
-        ) + (", ..." if len(repelled) > 3 else "")
-        message += (
-            f"; {plural(len(repelled), 'GPU node')} {'has' if len(repelled) == 1 else 'have'} "
-            f"a taint its pod template does not tolerate ({shown}): add a toleration to "
-            "spec.template.spec.tolerations"
-        )
     return f"{message}; the cluster's GPUs are: {', '.join(every.products)}"
 
 

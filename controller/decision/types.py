@@ -63,8 +63,9 @@ class JobRequest:
     min_gpus: int = 1
     max_gpus: int | None = None
     selector: Mapping[str, str] = field(default_factory=dict)
-    #: Its pod template's nodeSelector, required node affinity and tolerations.
-    constraints: NodeConstraints = field(default_factory=NodeConstraints)
+    #: Its pod template's nodeSelector, required node affinity and tolerations; None for a
+    #: job without a template, which runs no pods (NoTemplate).
+    constraints: NodeConstraints | None = None
     priority: int = 0
     created: datetime | None = None
     suspend: bool = False

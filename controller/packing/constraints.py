@@ -6,13 +6,16 @@ template excludes is one the pods can never run on: placed there, a job would ho
 while its pods stay Pending (Unschedulable). So a job is placed only on nodes its template
 admits, and refused (NoMatchingGPU) where none does, as for spec.resources.gpuSelector.
 
-Taints the node lifecycle controller manages (`node.kubernetes.io/...`: not ready,
-unreachable, unschedulable) are left to the node's health and cordon, which packing judges
-on their own.
+Taints keep a job off a node now, not for good: one comes and goes as a cordon does
+(maintenance, a node being drained or scaled down), so a job whose template tolerates no
+node's taint waits (WaitingForVRAM, naming the taints), where a nodeSelector or affinity
+that no node matches refuses it. The taints the node lifecycle controller sets for what
+packing judges itself (not ready, unreachable, cordoned) are left to those checks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +24,14 @@ from controller.packing.inventory import NodeState, Taint
 
 #: Taints that keep pods off a node; PreferNoSchedule only steers the scheduler.
 REPELLING = ("NoSchedule", "NoExecute")
-MANAGED_TAINTS = "node.kubernetes.io/"
+#: The node's health and cordon, as taints: judged by `placeable`, not here.
+JUDGED_ELSEWHERE = frozenset({
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
+})  # fmt: skip
+#: What kube-scheduler parses a Gt/Lt value and label as: a decimal int64.
+_INT64 = re.compile(r"^-?[0-9]{1,19}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +55,8 @@ class Requirement:
             case "DoesNotExist":
                 return value is None
             case "Gt" | "Lt" if value is not None and len(self.values) == 1:
-                try:
-                    have, bound = int(value), int(self.values[0])
-                except ValueError:
+                have, bound = _int64(value), _int64(self.values[0])
+                if have is None or bound is None:
                     return False
                 return have > bound if self.operator == "Gt" else have < bound
         return False
@@ -101,7 +110,7 @@ class NodeConstraints:
             taint
             for taint in node.taints
             if taint.effect in REPELLING
-            and not taint.key.startswith(MANAGED_TAINTS)
+            and taint.key not in JUDGED_ELSEWHERE
             and not any(t.tolerates(taint) for t in tolerations)
         ]
 
@@ -154,6 +163,15 @@ def _term(term: object) -> tuple[Requirement, ...]:
         # matchFields selects by metadata.name only (the API refuses another field).
         if not on_name or r.get("key") == "metadata.name"
     )
+
+
+def _int64(text: str) -> int | None:
+    """Go's strconv.ParseInt(text, 10, 64): Python's int() also takes '1_0', '+5', other
+    scripts' digits and any size."""
+    if not _INT64.match(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
 
 
 def _map(value: object) -> Mapping[str, Any]:

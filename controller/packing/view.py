@@ -18,6 +18,7 @@ from controller.packing.index import FreeIndex, NodeFilter
 from controller.packing.inventory import (
     GpuMode,
     NodeGpus,
+    NodeState,
     PackingSettings,
     Snapshot,
     Taint,
@@ -39,6 +40,14 @@ class Selection:
     empty: NodeFilter
     gpus: int  # GPUs with reported memory on matching nodes
     products: tuple[str, ...]
+    #: (node, why) for each matching GPU node that takes no new work now: not Ready,
+    #: cordoned, its agent not Ready or silent, a taint the template does not tolerate.
+    resting: tuple[tuple[str, str], ...] = ()
+
+
+#: Distinct (selector, constraints) a view keeps: templates repeat, but a long-lived view
+#: (the webhook's) must not grow with every distinct one it is asked about.
+MAX_SELECTIONS = 1024
 
 
 class ClusterView:
@@ -55,7 +64,6 @@ class ClusterView:
         self._selections: dict[
             tuple[tuple[tuple[str, str], ...], NodeConstraints | None], Selection
         ] = {}
-        self._resting: dict[int, list[tuple[str, str]]] = {}  # by id of a kept Selection
         # The workload tolerates the GPU taint itself where it requests nvidia.com/gpu.
         self.tolerated = (GPU_TOLERATION,) if self.counts_slots else ()
 
@@ -69,27 +77,17 @@ class ClusterView:
     def select(
         self, selector: Mapping[str, str], constraints: NodeConstraints | None = None
     ) -> Selection:
-        """The nodes that match `selector` (spec.resources.gpuSelector) and whose pods'
-        template admits them (its nodeSelector, node affinity, tolerations against the
-        node's taints); with no `constraints`, whatever the templates and taints."""
+        """The nodes that match `selector` (spec.resources.gpuSelector) and the pod
+        template's node selection (`constraints`: its nodeSelector and node affinity, in both
+        views; its tolerations against the nodes' taints, now only: a taint comes and goes,
+        as a cordon does, so it makes a job wait, never refuses it). No `constraints`: a job
+        that runs no pods of its own, whatever the taints."""
         key = (tuple(sorted(selector.items())), constraints)
         found = self._selections.get(key)
         if found is None:
+            if len(self._selections) >= MAX_SELECTIONS:
+                self._selections.pop(next(iter(self._selections)))
             found = self._selections[key] = self._select(selector, constraints)
-        return found
-
-    def repelling(
-        self, selector: Mapping[str, str], constraints: NodeConstraints
-    ) -> list[tuple[str, Taint]]:
-        """(node, taint) for each GPU node the selector and the template select, but whose
-        taint (the first) the template does not tolerate: for messages."""
-        found = []
-        for node in self._snapshot.nodes:
-            if not node.gpus or any(node.labels.get(k) != v for k, v in selector.items()):
-                continue
-            taints = constraints.repelled_by(node, self.tolerated)
-            if taints and constraints.selects(node):
-                found.append((node.name, taints[0]))
         return found
 
     def _select(
@@ -101,36 +99,42 @@ class ClusterView:
             node
             for node in self._snapshot.nodes
             if all(node.labels.get(k) == v for k, v in selector.items())
-            and (constraints is None or constraints.admits(node, self.tolerated))
+            and (constraints is None or constraints.selects(node))
         ]
+        repelled: dict[str, Taint] = {}
+        if constraints is not None:
+            for node in matched:
+                taints = constraints.repelled_by(node, self.tolerated)
+                if taints:
+                    repelled[node.name] = taints[0]
         gpus = [gpu for node in matched for gpu in node.gpus if gpu.reported]
         products = tuple(sorted({gpu.product for gpu in gpus}))
-        if len(matched) == len(self._snapshot.nodes):
-            return Selection(_everywhere, _everywhere, len(gpus), products)
+        resting = self._resting(matched, repelled)
+        if len(matched) == len(self._snapshot.nodes) and not repelled:
+            return Selection(_everywhere, _everywhere, len(gpus), products, resting)
         names = {node.name for node in matched}
-        now = {self.now.position[n] for n in names if n in self.now.position}
+        now = {self.now.position[n] for n in names - repelled.keys() if n in self.now.position}
 
         def in_empty(pos: int) -> bool:
             return self.empty.nodes[pos].name in names
 
-        return Selection(now.__contains__, in_empty, len(gpus), products)
+        return Selection(now.__contains__, in_empty, len(gpus), products, resting)
 
-    def resting(self, where: Selection) -> list[tuple[str, str]]:
-        """(node, why) for each matching GPU node that takes no new work now (not Ready,
-        cordoned, its agent not Ready or silent): for messages, once per selection."""
-        found = self._resting.get(id(where))
-        if found is None:
-            by_name = {node.name: node for node in self._snapshot.nodes}
-            found = []
-            for pos, slots in enumerate(self.empty.nodes):
-                if where.empty(pos) and slots.name not in self.now.position:
-                    why = placeable(
-                        by_name[slots.name], self._snapshot.now, self._settings.heartbeat_ttl
-                    )
-                    if why is not None:
-                        found.append((slots.name, why))
-            self._resting[id(where)] = found
-        return found
+    def _resting(
+        self, matched: list[NodeState], repelled: Mapping[str, Taint]
+    ) -> tuple[tuple[str, str], ...]:
+        found = []
+        for node in matched:
+            if not any(gpu.reported for gpu in node.gpus):
+                continue
+            why = placeable(node, self._snapshot.now, self._settings.heartbeat_ttl)
+            taint = repelled.get(node.name)
+            if why is None and taint is not None:
+                shown = f"{taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
+                why = f"taint {shown}, which its pod template does not tolerate"
+            if why is not None:
+                found.append((node.name, why))
+        return tuple(found)
 
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection

@@ -51,7 +51,7 @@ from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
 from controller.estimator.settings import MAX_GPUS, Parallelism, Profile
 from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
-from controller.packing.constraints import from_pod_template
+from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural
 from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView, Selection
@@ -212,7 +212,9 @@ class AdmissionWebhook:
         plan, estimate = found
         if plan.admission_policy is not AdmissionPolicy.RESIZE:
             return None
-        where = view.select(plan.gpu_selector, from_pod_template(plain.get("template")))
+        template = plain.get("template")
+        constraints = from_pod_template(template) if template else None
+        where = view.select(plan.gpu_selector, constraints)
         if where.gpus == 0:
             return None
         if view.fits_empty(estimate, plan.parallelism, plan.gpus, where):
@@ -223,7 +225,7 @@ class AdmissionWebhook:
                 resources = dict(plain.get("resources") or {})
                 resources["gpus"] = n
                 if warnings is not None:
-                    warnings.append(_resized(plan, estimate, view, where, n))
+                    warnings.append(_resized(plan, estimate, view, where, n, constraints))
                 return Mutation(resources, requested=plan.gpus)
         return None
 
@@ -335,7 +337,12 @@ def _as_at_create(
 
 
 def _resized(
-    plan: JobPlan, estimate: Estimate, view: ClusterView, where: Selection, n: int
+    plan: JobPlan,
+    estimate: Estimate,
+    view: ClusterView,
+    where: Selection,
+    n: int,
+    constraints: NodeConstraints | None = None,
 ) -> str:
     """The warning of a count rewritten to n. Up, the request is too small: the job needs
     n. Down, the request can never fit the empty cluster whatever the memory (more GPUs than
@@ -347,10 +354,13 @@ def _resized(
     if n > plan.gpus:
         return f"vramgate: needs {plural(n)} with {mode} ({each} each): {change}"
     nearest = "the nearest count that can"
-    nodes = "the nodes that match spec.resources.gpuSelector" if plan.gpu_selector else "its nodes"
+    narrowed = ["spec.resources.gpuSelector"] if plan.gpu_selector else []
+    if constraints is not None and (template := constraints.describe()):
+        narrowed.append(f"its pod template's {template}")
+    matching = f" that match {' and '.join(narrowed)}" if narrowed else ""
+    nodes = f"the nodes{matching}" if narrowed else "its nodes"
     if plan.gpus > where.gpus:
         nearest = "the most that can"  # every count above n is more GPUs than there are
-        matching = " that match spec.resources.gpuSelector" if plan.gpu_selector else ""
         why = f", which has {where.gpus}{matching}"
     elif not view.shapes_empty(estimate, plan.parallelism, plan.gpus, where):
         if plan.parallelism is Parallelism.DEVICE_MAP or view.one_node:

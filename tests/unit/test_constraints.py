@@ -111,7 +111,7 @@ def test_required_node_affinity_keeps_a_job_off_the_nodes_it_excludes() -> None:
 def test_a_taint_the_template_does_not_tolerate_keeps_the_job_off_the_node() -> None:
     tainted = node("a", [80], taints=(DEDICATED,))
     v = view(tainted, node("b", [40]))
-    decision = decide(job("j", est(50)), v)
+    decision = decide(job("j", est(50), constraints=NodeConstraints()), v)
     assert decision.outcome is Outcome.QUEUE, "a has room, but its taint keeps the pods off"
     tolerates = [{"key": "dedicated", "operator": "Exists"}]
     tolerated = from_pod_template(template(tolerations=tolerates))
@@ -119,24 +119,52 @@ def test_a_taint_the_template_does_not_tolerate_keeps_the_job_off_the_node() -> 
     assert decision.outcome is Outcome.ADMIT and decision.placement[0].node == "a"
 
 
-def test_where_no_gpu_node_takes_the_pods_the_job_is_refused_with_the_taint_and_the_fix() -> None:
+def test_where_every_node_is_tainted_the_job_waits_naming_the_taints() -> None:
+    """A taint comes and goes as a cordon does (maintenance, a drain, a scale-down): the job
+    waits, never refused; a nodeSelector that no node matches refuses it."""
     v = view(node("a", [80], taints=(DEDICATED,)), node("b", [80], taints=(DEDICATED,)))
-    decision = decide(job("j", est(8)), v)
-    assert decision.outcome is Outcome.REJECT
-    assert decision.reason == cond.REASON_NO_MATCHING_GPU
-    says(decision, "no GPU node takes its pods; 2 GPU nodes have a taint its pod template does "
-         "not tolerate (a dedicated=team-x:NoSchedule, b dedicated=team-x:NoSchedule): add a "
-         "toleration to spec.template.spec.tolerations")  # fmt: skip
+    decision = decide(job("j", est(8), constraints=NodeConstraints()), v)
+    assert (decision.outcome, decision.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(decision, "no matching GPU takes work now", "(2 matching nodes take no work now: "
+         "a: taint dedicated=team-x:NoSchedule, which its pod template does not tolerate; b: ")
     selected = from_pod_template(template(nodeSelector={"pool": "z"}))
-    says(decide(job("j", est(8), constraints=selected), v),
-         "no GPU node matches the pod template's nodeSelector {pool=z}; the cluster's GPUs are")
+    refused = decide(job("j", est(8), constraints=selected), v)
+    assert (refused.outcome, refused.reason) == (Outcome.REJECT, cond.REASON_NO_MATCHING_GPU)
+    says(refused, "no GPU node matches the pod template's nodeSelector {pool=z}; the "
+         "cluster's GPUs are")
 
 
-def test_lifecycle_taints_and_soft_ones_are_left_to_health_and_cordon() -> None:
-    soft = Taint("dedicated", "x", "PreferNoSchedule")
-    unschedulable = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
-    assert decide(job("j", est(8)), view(node("a", [80], taints=(soft, unschedulable)))).outcome \
-        is Outcome.ADMIT  # fmt: skip
+def test_a_tainted_node_still_counts_for_what_the_cluster_can_ever_hold() -> None:
+    """16 GPUs on two 8-GPU nodes, one of them tainted for maintenance: the job waits for
+    it, where judging the empty cluster without it refused the job (and the Resize webhook
+    rewrote 16 to 8 for good)."""
+    maintenance = Taint("maintenance", "true", "NoSchedule")
+    v = view(node("a", [80] * 8, taints=(maintenance,)), node("b", [80] * 8), settings=EXCLUSIVE)
+    decision = decide(job("j", est(16 * 70), gpus=16, constraints=NodeConstraints()), v)
+    assert decision.outcome is Outcome.QUEUE, decision.message
+
+
+def test_a_job_without_a_template_runs_no_pods_so_no_taint_keeps_it_off() -> None:
+    v = view(node("a", [80], taints=(DEDICATED,)))
+    assert decide(job("j", est(8)), v).outcome is Outcome.ADMIT  # constraints None
+
+
+def test_only_the_health_and_cordon_taints_are_left_to_their_own_checks() -> None:
+    pressure = Taint("node.kubernetes.io/memory-pressure", "", "NoSchedule")
+    not_ready = Taint("node.kubernetes.io/not-ready", "", "NoExecute")
+    templated = NodeConstraints()
+    assert decide(job("j", est(8), constraints=templated),
+                  view(node("a", [80], taints=(not_ready,)))).outcome is Outcome.ADMIT
+    assert decide(job("j", est(8), constraints=templated),
+                  view(node("a", [80], taints=(pressure,)))).outcome is Outcome.QUEUE  # fmt: skip
+
+
+@pytest.mark.parametrize("label", ["1_0", "+10", "١٠", "99999999999999999999"])
+def test_gt_reads_numbers_as_kube_scheduler_does(label: str) -> None:
+    """Go's ParseInt: no underscores, signs other than '-', other scripts' digits, or int64
+    overflow; such a label matches no Gt or Lt."""
+    assert not Requirement("k", "Gt", ("5",)).matches(node("n", [80], labels={"k": label}))
+    assert Requirement("k", "Gt", ("5",)).matches(node("n", [80], labels={"k": "10"}))
 
 
 @pytest.mark.parametrize(("settings", "admitted"), [(EXCLUSIVE, True), (SHARED, False)])
@@ -147,7 +175,8 @@ def test_the_gpu_taint_is_tolerated_where_the_workload_requests_nvidia_gpu(
     plugin would add; visibleDevices ones request no nvidia.com/gpu, so they need their own."""
     gpu_taint = Taint("nvidia.com/gpu", "present", "NoSchedule")
     v = view(node("a", [80], taints=(gpu_taint,), gpu_allocatable=1), settings=settings)
-    assert (decide(job("j", est(8)), v).outcome is Outcome.ADMIT) is admitted
+    decision = decide(job("j", est(8), constraints=NodeConstraints()), v)
+    assert (decision.outcome is Outcome.ADMIT) is admitted
 
 
 def test_the_devicePlugin_workload_carries_the_gpu_toleration_once() -> None:

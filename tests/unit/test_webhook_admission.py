@@ -10,7 +10,7 @@ import kopf
 import pytest
 
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
-from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot
+from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot, Taint
 from controller.packing.view import ClusterView
 from controller.units import GIB
 from controller.webhook.admission import AdmissionWebhook
@@ -177,6 +177,31 @@ def test_resize_down_says_the_count_asked_for_can_never_fit_not_that_the_job_nee
     ), warning
     assert warning.endswith(" GiB each with FSDP): spec.resources.gpus 20 -> 8")
     assert "needs" not in warning
+
+
+def test_resize_down_names_the_template_that_narrows_the_cluster() -> None:
+    """Two 4-GPU nodes, one in the pool the pod template selects: 4 is the most its pods
+    can use, though the cluster has 8. A taint, which may be lifted, narrows nothing here."""
+
+    def node(name: str, **kw: Any) -> NodeState:
+        gpus = tuple(GpuDevice(f"{name}-{i}", i, "H100", 80 * GIB, 80 * GIB) for i in range(4))
+        return NodeState(name, gpus, gpu_allocatable=4, **kw)
+
+    maintenance = Taint("maintenance", "true", "NoSchedule")
+    nodes = (node("a", labels={"pool": "x"}), node("b", taints=(maintenance,)))
+    view = ClusterView(Snapshot(nodes, (), None), PackingSettings())
+    template = {"spec": {"nodeSelector": {"pool": "x"}, "containers": [{"name": "t"}]}}
+    asked = body(**SMALL, admissionPolicy="Resize", template=template,
+                 resources={"gpus": 6, "minGPUs": 1})  # fmt: skip
+    patch, warnings = mutate(hook(view), asked)
+    assert patch["spec"]["resources"]["gpus"] == 4
+    assert warnings[0].startswith(
+        "vramgate: 6 GPUs can never fit this cluster, which has 4 that match its pod "
+        "template's nodeSelector {pool=x}; the most that can is 4"
+    ), warnings[0]
+    untemplated = body(**SMALL, admissionPolicy="Resize", resources={"gpus": 8, "minGPUs": 1})
+    patch, warnings = mutate(hook(view), untemplated)
+    assert not patch and not warnings, "8 GPUs exist once the taint is lifted"
 
 
 def test_resize_down_names_the_placement_the_parallelism_cannot_have() -> None:
