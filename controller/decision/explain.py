@@ -172,7 +172,7 @@ def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) 
 def _fsdp_count(job: JobRequest, largest: int) -> int | None:
     """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
     est = job.estimate
-    room = int(largest / est.margin) - est.replicated_bytes
+    room = int(largest / est.margin) - est.most_replicated_bytes
     if room <= 0:
         return None
     n = max(1, -(-est.sharded_bytes // room))

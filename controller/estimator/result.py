@@ -22,6 +22,12 @@ class Estimate:
     `replicated_bytes` the margin does not scale (a CUDA context is the same size on every
     GPU). `head_bytes` is the part of `replicated_bytes` only the GPU holding the LM head
     needs under a device map (the logits).
+
+    `moments` are the (sharded, replicated) splits of the step's other moments, where a
+    profile measures them (the trace's phases, the calibrated fits' moments): the largest
+    total is the optimizer step's when checkpointing is on, but without it backward keeps
+    a whole micro-batch of activations on every GPU, which FSDP does not divide, and on n
+    GPUs that moment can need more than the step's. Each GPU needs the largest over them.
     """
 
     profile: str
@@ -33,6 +39,7 @@ class Estimate:
     margin: Fraction = Fraction(1)
     head_bytes: int = 0
     fixed_bytes: int = 0
+    moments: tuple[tuple[int, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -48,7 +55,16 @@ class Estimate:
         n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return self._with_margin(self.sharded_bytes // n + self.replicated_bytes)
+        held = self.sharded_bytes // n + self.replicated_bytes
+        for sharded, replicated in self.moments:
+            held = max(held, sharded // n + replicated)
+        return self._with_margin(held)
+
+    @property
+    def most_replicated_bytes(self) -> int:
+        """What every GPU holds whole at the moment it holds the most so: no count of GPUs
+        takes less."""
+        return max((self.replicated_bytes, *(r for _, r in self.moments)))
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:

@@ -180,7 +180,7 @@ def _why_not(
     else:
         per_gpu = estimate.per_gpu_bytes(gpus, parallelism)
         need = f"needs {gib(per_gpu)} per GPU on {plural(gpus)} with {mode}"
-        replicated = int(estimate.replicated_bytes * estimate.margin)
+        replicated = int(estimate.most_replicated_bytes * estimate.margin)
         if parallelism is Parallelism.FSDP and replicated >= largest:
             return (
                 f"no number of GPUs fits: activations alone need {gib(replicated)} per GPU, "

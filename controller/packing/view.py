@@ -134,7 +134,7 @@ class ClusterView:
                 why = f"taint {shown}, which its pod template does not tolerate"
             if why is not None:
                 found.append((node.name, why))
-        return tuple(found)
+        return tuple(sorted(found))  # by name, as every tie breaks: whatever the input order
 
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection

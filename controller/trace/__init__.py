@@ -170,26 +170,37 @@ def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ..
 
 
 def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
-    """The trace as an `Estimate`: the peak's categories plus the constants, each a line."""
+    """The trace as an `Estimate`: the peak's categories plus the constants, each a line;
+    for placement, the peak's split into what FSDP shards and what every GPU holds whole,
+    and each phase's peak's as a moment of its own (on n GPUs backward's whole activations
+    can need more than the optimizer step's sharded peak)."""
     report = trace(config, settings)
     components = dict(report.breakdown) | report.extras
     fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
-    temporaries = report.breakdown[TEMPORARIES]
-    if report.peak_at.phase == "optimizer":
-        # The step's temporaries are its working copies of the parameters it updates
-        # (foreach AdamW's scratch): under FSDP each GPU updates its own shard, so they are
-        # sharded with the parameters, as the calibrated profile's optimizer_scratch is.
-        # Only the batch stays whole on every GPU. In forward and backward, temporaries are
-        # the layers' working buffers, which every GPU holds for its own micro-batch.
-        temporaries = min(temporaries, batch_bytes(settings))
-    replicated = report.breakdown[ACTIVATIONS] + temporaries + fixed
+    sharded, replicated = _split(report.peak_at, settings)
+    phases = [_split(peak, settings) for peak in report.phases.values()]
     return Estimate(
         profile="trace",
         components=components,
         total_params=report.total_params,
         trainable_params=report.trainable_params,
-        sharded_bytes=report.peak_bytes - replicated + fixed,
-        replicated_bytes=replicated,
+        sharded_bytes=sharded,
+        replicated_bytes=replicated + fixed,
         margin=overheads.SLACK_MARGIN,
         fixed_bytes=fixed,
+        moments=tuple((s, r + fixed) for s, r in phases),
     )
+
+
+def _split(peak: SegmentPeak, settings: TrainingSettings) -> tuple[int, int]:
+    """(sharded, replicated) bytes of one moment's tensors. Activations are each GPU's own
+    micro-batch's. Temporaries in forward and backward are the layers' working buffers, whole
+    on every GPU too; at the optimizer step they are its working copies of the parameters it
+    updates (foreach AdamW's scratch): under FSDP each GPU updates its own shard, so they are
+    sharded with the parameters, as the calibrated profile's optimizer_scratch is. Only the
+    batch stays whole."""
+    temporaries = peak.breakdown.get(TEMPORARIES, 0)
+    if peak.phase == "optimizer":
+        temporaries = min(temporaries, batch_bytes(settings))
+    replicated = peak.breakdown.get(ACTIVATIONS, 0) + temporaries
+    return sum(peak.breakdown.values()) - replicated, replicated

@@ -252,8 +252,11 @@ def test_under_fsdp_the_steps_scratch_is_sharded_and_the_layers_buffers_are_not(
     assert full.replicated_bytes == BATCH_BYTES + full.fixed_bytes
     assert full.sharded_bytes == report.peak_bytes - BATCH_BYTES
     assert full.sharded_bytes >= static.weights + static.optimizer + static.optimizer_scratch
-    per_gpu = full.per_gpu_bytes(4) - full.fixed_bytes
-    assert per_gpu == int((full.sharded_bytes // 4 + BATCH_BYTES) * full.margin)
+    # Each phase's peak is a moment of its own; on 4 GPUs each needs the largest of them.
+    assert len(full.moments) == len(report.phases) == 3
+    held = max(s // 4 + r for s, r in ((full.sharded_bytes, full.replicated_bytes),
+                                       *full.moments))  # fmt: skip
+    assert full.per_gpu_bytes(4) == int((held - full.fixed_bytes) * full.margin) + full.fixed_bytes
 
     eager = settings(LORA, attention=Attention.EAGER)  # its peak: the score matrices
     report = trace(TINY_LLAMA, eager)
