@@ -172,10 +172,12 @@ def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) 
 def _fsdp_count(job: JobRequest, largest: int) -> int | None:
     """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
     est = job.estimate
-    room = int(largest / est.margin) - est.most_replicated_bytes
-    if room <= 0:
-        return None
-    n = max(1, -(-est.sharded_bytes // room))
+    limit = int(largest / est.margin)
+    pairs = ((est.sharded_bytes, est.replicated_bytes), *est.moments)
+    if any(replicated >= limit for _, replicated in pairs):
+        return None  # what one moment holds whole on every GPU: no count divides it
+    # Each moment's own fewest, the largest of them: where the search starts.
+    n = max(max(1, -(-sharded // (limit - replicated))) for sharded, replicated in pairs)
     while est.per_gpu_bytes(n, Parallelism.FSDP) > largest:
         n += 1
     return n

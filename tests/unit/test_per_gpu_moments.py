@@ -38,3 +38,18 @@ def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_ev
     # Every moment the fits know is one the per-GPU need covers.
     for sharded, replicated in off.moments:
         assert off.per_gpu_bytes(8) >= sharded // 8 + replicated
+
+
+def test_the_fewest_gpus_hint_starts_from_each_moments_own_fewest() -> None:
+    """llama-3.1-70b full: 73.74 GiB per GPU on 10 GPUs of 80 GiB. Starting the search from
+    the step's sharded part over the largest whole part of any moment said 11."""
+    from controller.decision import Outcome, decide
+    from tests.unit.test_decision import job
+    from tests.unit.test_packing import node, view
+
+    settings = TrainingSettings(method=Method.FULL, rank=None)
+    big = calibrated.estimate(load_shape("llama-3.1-70b"), settings)
+    assert big.per_gpu_bytes(10) <= 80 * GIB < big.per_gpu_bytes(9)
+    decision = decide(job("big", big), view(node("a", [80, 80])))
+    assert decision.outcome is Outcome.REJECT
+    assert "(at least 10 GPUs of that size would hold it with FSDP" in decision.message
