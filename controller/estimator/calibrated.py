@@ -270,14 +270,11 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = hybrid or family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
-    splits = []  # (sharded, dynamic) of each moment, for the per-GPU need (Estimate.moments)
     for key, at_optimizer, layer_coefs, local_coefs in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         dynamic = max(0, round(fitted)) * widen
-        static_part = at_step_base if at_optimizer else base
-        total = static_part + dynamic
-        splits.append((static_part, dynamic))
+        total = (at_step_base if at_optimizer else base) + dynamic
         if total > best:
             best_key, best, best_dynamic = key, total, dynamic
     at_step = best_key == OPTIMIZER_KEY
@@ -306,7 +303,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "margin": overheads.SLACK_MARGIN,
             "head_bytes": 0,
             "fixed_bytes": fixed,
-            "moments": tuple((static_part, dynamic + fixed) for static_part, dynamic in splits),
         },
     )
 

@@ -2,14 +2,14 @@
 
 Without gradient checkpointing, backward keeps a whole micro-batch of activations on every
 GPU, which FSDP does not divide, while the optimizer step, the step's largest total, is all
-sharded: on 8 GPUs llama-3.1-8b full fine-tuning at 2,048 tokens needs about 25 GiB per GPU,
-where the optimizer step's split alone said 11.75 GiB (the calibrated profile, the
-operator's default, until this test).
+sharded: on 8 GPUs the trace of llama-3.1-8b full fine-tuning at 2,048 tokens needs about
+25 GiB per GPU, where the optimizer step's split alone says 11.75 GiB. The trace gives its
+phases as moments (test_trace.py); the calibrated fits do not yet (the note of this change).
 """
 
 from __future__ import annotations
 
-from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, load_shape
+from controller.estimator import Method, TrainingSettings, calibrated, load_shape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.units import GIB
@@ -23,21 +23,6 @@ def test_the_largest_moment_on_n_gpus_is_each_gpus_need() -> None:
     assert step.per_gpu_bytes(8) == 45 * GIB // 8 + 16 * GIB  # backward's beats the step's 10
     assert step.per_gpu_bytes(8, Parallelism.DDP) == 80 * GIB
     assert step.most_replicated_bytes == 16 * GIB
-
-
-def full(checkpointing: Checkpointing) -> Estimate:
-    settings = TrainingSettings(method=Method.FULL, rank=None, gradient_checkpointing=checkpointing)
-    return calibrated.estimate(load_shape("llama-3.1-8b"), settings)
-
-
-def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_every_gpu() -> None:
-    off, on = full(Checkpointing.OFF), full(Checkpointing.ON)
-    assert off.total_bytes == on.total_bytes  # the optimizer step's peak either way
-    assert on.per_gpu_bytes(8) < 12 * GIB  # the step's split: checkpointing keeps little
-    assert off.per_gpu_bytes(8) > 24 * GIB  # about 16 GiB of activations on each GPU
-    # Every moment the fits know is one the per-GPU need covers.
-    for sharded, replicated in off.moments:
-        assert off.per_gpu_bytes(8) >= sharded // 8 + replicated
 
 
 def test_the_fewest_gpus_hint_starts_from_each_moments_own_fewest() -> None:
