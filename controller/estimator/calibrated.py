@@ -303,6 +303,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "margin": overheads.SLACK_MARGIN,
             "head_bytes": 0,
             "fixed_bytes": fixed,
+            "moments": (),  # see Estimate: the fitted moments' split is not known yet
         },
     )
 
