@@ -192,8 +192,28 @@ def dynamic_bytes(
     return total
 
 
-#: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b).
-_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...]]
+#: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b, the
+#: gradients it holds for sure: `_HELD_NONE`, `_HELD_HEAD` or `_HELD_ALL_BUT_FIRST`).
+_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...], int]
+
+# Which gradients a moment of backward holds for sure, by where it is. The loss's backward
+# ("backward/tail") may peak before the head's gradients exist; the last layer's backward
+# follows the head's; the first layer's follows every other layer's (the embedding's come
+# last). FSDP shards gradients, so each GPU holds 1/n of these; the rest of a moment's
+# fitted dynamic part (activations, working buffers, the gradients of the layer being
+# worked on) is each GPU's own. The fits have gradient terms of their own (G_layer,
+# G_head), but where features are nearly proportional (an MoE layer's gradients and its
+# expert stacks, W_E) least squares trades one for the other, so the split goes by place,
+# never by a fitted coefficient: it can only take too little for gradients, never too much.
+_HELD_NONE, _HELD_HEAD, _HELD_ALL_BUT_FIRST = 0, 1, 2
+
+
+def _held_gradients(key: str) -> int:
+    if key.startswith("backward/first/"):
+        return _HELD_ALL_BUT_FIRST
+    if key.startswith("backward/last/"):
+        return _HELD_HEAD
+    return _HELD_NONE  # forward, the loss; the optimizer step's are in its static part
 
 
 @cache
@@ -221,7 +241,7 @@ def _moments(
             f"{attention} attention; regenerate calibration.json",
         ) from None
     return tuple(
-        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local))
+        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local), _held_gradients(key))
         for key, (layer, local) in keys.items()
     )
 
@@ -237,6 +257,8 @@ UNFITTED_HYBRID = (
     "calibrated has no fit for hybrid layers of this family in its data file, so it would "
     "under-estimate this model; use the analytic, unsloth or trace profile"
 )
+
+
 def _hybrid_family(shape: ModelShape) -> str:
     """The `hybrid` section's fit that prices a hybrid stack (`hybrid_fit.fit_family`;
     refused when there is none or the stack is not one it was traced with), "" for the rest."""
@@ -270,13 +292,26 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = hybrid or family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
-    for key, at_optimizer, layer_coefs, local_coefs in moments:
+    # The gradients a backward moment holds for sure (`_held_gradients`): the head's, and
+    # every decoder layer's but the largest one's (the hybrid fit's features sum the layers).
+    g_layers, g_head = (
+        (per_layer[hybrid_fit.LAYER_GRADIENTS], once[hybrid_fit.HEAD_GRADIENTS])
+        if hybrid
+        else (layers * static.layer_gradients, static.head_gradients)
+    )
+    held = (0, g_head, g_head + max(0, g_layers - static.layer_gradients))
+    splits = []  # (sharded, replicated) of each moment, for the per-GPU need
+    best_split = (0, 0)
+    for key, at_optimizer, layer_coefs, local_coefs, holds in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         dynamic = max(0, round(fitted)) * widen
-        total = (at_step_base if at_optimizer else base) + dynamic
+        static_part = at_step_base if at_optimizer else base
+        total = static_part + dynamic
+        gradients_held = min(dynamic, held[holds])
+        splits.append((static_part + gradients_held, dynamic - gradients_held))
         if total > best:
-            best_key, best, best_dynamic = key, total, dynamic
+            best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
     at_step = best_key == OPTIMIZER_KEY
     gradients = static.gradients if at_step or accumulating else 0
     components = {
@@ -290,7 +325,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         "allocator_slack": overheads.slack_bytes(best),
     }
     fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
-    replicated = best_dynamic + fixed
+    sharded, replicated = best_split
     return assemble(  # Estimate(...), faster: see frozen.py
         Estimate,
         {
@@ -298,12 +333,12 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "components": components,
             "total_params": static.total_params,
             "trainable_params": static.trainable_params,
-            "sharded_bytes": best - best_dynamic,
-            "replicated_bytes": replicated,
+            "sharded_bytes": sharded,
+            "replicated_bytes": replicated + fixed,
             "margin": overheads.SLACK_MARGIN,
             "head_bytes": 0,
             "fixed_bytes": fixed,
-            "moments": (),  # see Estimate: the fitted moments' split is not known yet
+            "moments": tuple((s, r + fixed) for s, r in splits),
         },
     )
 

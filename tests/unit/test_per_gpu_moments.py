@@ -4,14 +4,16 @@ Without gradient checkpointing, backward keeps a whole micro-batch of activation
 GPU, which FSDP does not divide, while the optimizer step, the step's largest total, is all
 sharded: on 8 GPUs the trace of llama-3.1-8b full fine-tuning at 2,048 tokens needs about
 25 GiB per GPU, where the optimizer step's split alone says 11.75 GiB. The trace gives its
-phases as moments (test_trace.py); the calibrated fits do not yet (the note of this change).
+phases as moments (test_trace.py), the calibrated profile its fitted moments, each with the
+gradients it surely holds by then counted as sharded.
 """
 
 from __future__ import annotations
 
-from controller.estimator import Method, TrainingSettings, calibrated, load_shape
+from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, load_shape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
+from controller.estimator.storage import static_bytes
 from controller.units import GIB
 
 
@@ -38,3 +40,33 @@ def test_the_fewest_gpus_hint_starts_from_each_moments_own_fewest() -> None:
     decision = decide(job("big", big), view(node("a", [80, 80])))
     assert decision.outcome is Outcome.REJECT
     assert "(at least 10 GPUs of that size would hold it with FSDP" in decision.message
+
+
+def full(preset: str, checkpointing: Checkpointing) -> Estimate:
+    settings = TrainingSettings(method=Method.FULL, rank=None, gradient_checkpointing=checkpointing)
+    return calibrated.estimate(load_shape(preset), settings)
+
+
+def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_every_gpu() -> None:
+    off, on = full("llama-3.1-8b", Checkpointing.OFF), full("llama-3.1-8b", Checkpointing.ON)
+    assert off.total_bytes == on.total_bytes  # the optimizer step's peak either way
+    assert on.per_gpu_bytes(8) < 12 * GIB  # the step's split: checkpointing keeps little
+    assert off.per_gpu_bytes(8) > 24 * GIB  # about 16 GiB of activations on each GPU
+    # Every moment the fits know is one the per-GPU need covers.
+    for sharded, replicated in off.moments:
+        assert off.per_gpu_bytes(8) >= sharded // 8 + replicated
+
+
+def test_calibrated_shards_the_gradients_a_backward_moment_holds() -> None:
+    """qwen2.5-32b full, checkpointing on: the first layer's recompute in backward holds the
+    gradients of the 63 layers done (61 GiB). Counted whole on every GPU they made it
+    92.5 GiB per GPU on 8 GPUs; FSDP has each GPU hold 1/8 of them."""
+    est = full("qwen2.5-32b", Checkpointing.ON)
+    shape = load_shape("qwen2.5-32b")
+    settings = TrainingSettings(method=Method.FULL, rank=None)
+    static = static_bytes(shape, settings)
+    done = static.head_gradients + (shape.num_layers - 1) * static.layer_gradients
+    first = [m for m in est.moments if m[0] >= static.weights + static.optimizer + done]
+    assert first, "no backward moment holds the gradients of the layers done"
+    assert est.per_gpu_bytes(8) < 45 * GIB
+    assert all(replicated < done for _, replicated in est.moments)  # none whole on each GPU
