@@ -402,7 +402,9 @@ def test_the_readme_lists_the_model_types_read() -> None:
 
 def test_the_text_config_classes_are_transformers_own() -> None:
     """Every wrapper transformers builds a bare text_config of a class with defaults here, and
-    no other: read from its `sub_configs_defaults` (a SubConfigSpec, or the class itself)."""
+    no other: read from its `sub_configs_defaults` (a SubConfigSpec, or the class itself).
+    The map may hold wrappers of a newer transformers than the one installed (5.25 added
+    llava_onevision1_5 and ovis2_5, which a fresh install of the trace extra gets)."""
     transformers = pytest.importorskip("transformers")
     mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
     classes, text_types = _model_defaults()
@@ -415,5 +417,5 @@ def test_the_text_config_classes_are_transformers_own() -> None:
         text_type = getattr(spec, "model_type", None) or cls.model_type
         if text_type in classes and text_type != wrapper:
             found[wrapper] = text_type
-    assert found == text_types
+    assert found == {w: t for w, t in text_types.items() if w in mapping}
     assert {"gemma3", "llama4", "mistral3", "llava"} <= found.keys()
