@@ -192,28 +192,23 @@ def dynamic_bytes(
     return total
 
 
-#: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b, the
-#: gradients it holds for sure: `_HELD_NONE`, `_HELD_HEAD` or `_HELD_ALL_BUT_FIRST`).
-_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...], int]
-
-# Which gradients a moment of backward holds for sure, by where it is. The loss's backward
-# ("backward/tail") may peak before the head's gradients exist; the last layer's backward
-# follows the head's; the first layer's follows every other layer's (the embedding's come
-# last). FSDP shards gradients, so each GPU holds 1/n of these; the rest of a moment's
-# fitted dynamic part (activations, working buffers, the gradients of the layer being
-# worked on) is each GPU's own. The fits have gradient terms of their own (G_layer,
-# G_head), but where features are nearly proportional (an MoE layer's gradients and its
-# expert stacks, W_E) least squares trades one for the other, so the split goes by place,
-# never by a fitted coefficient: it can only take too little for gradients, never too much.
-_HELD_NONE, _HELD_HEAD, _HELD_ALL_BUT_FIRST = 0, 1, 2
+#: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b, whether the
+#: moment holds the decoder layers' gradients: `_holds_layer_gradients`).
+_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...], bool]
 
 
-def _held_gradients(key: str) -> int:
-    if key.startswith("backward/first/"):
-        return _HELD_ALL_BUT_FIRST
-    if key.startswith("backward/last/"):
-        return _HELD_HEAD
-    return _HELD_NONE  # forward, the loss; the optimizer step's are in its static part
+def _holds_layer_gradients(key: str) -> bool:
+    """Whether a moment comes after backward has made the decoder layers' gradients: the
+    first layer's backward, which follows every other layer's. FSDP shards them (each layer's
+    are reduce-scattered once its backward is done), so each GPU holds 1/n of them; the rest
+    of the moment's fitted dynamic part is each GPU's own: activations, working buffers, the
+    gradients of the layer being worked on and of the one still being reduce-scattered, and
+    the head's and the embedding's, which FSDP's root unit (the layers are the units it
+    wraps) reduce-scatters only when backward ends. The fits have gradient terms of their
+    own (G_layer, G_head), but where features are nearly proportional (an MoE layer's
+    gradients and its expert stacks, W_E) least squares trades one for the other, so the
+    split goes by place, never by a fitted coefficient."""
+    return key.startswith("backward/first/")
 
 
 @cache
@@ -241,7 +236,7 @@ def _moments(
             f"{attention} attention; regenerate calibration.json",
         ) from None
     return tuple(
-        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local), _held_gradients(key))
+        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local), _holds_layer_gradients(key))
         for key, (layer, local) in keys.items()
     )
 
@@ -292,14 +287,11 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = hybrid or family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
-    # The gradients a backward moment holds for sure (`_held_gradients`): the head's, and
-    # every decoder layer's but the largest one's (the hybrid fit's features sum the layers).
-    g_layers, g_head = (
-        (per_layer[hybrid_fit.LAYER_GRADIENTS], once[hybrid_fit.HEAD_GRADIENTS])
-        if hybrid
-        else (layers * static.layer_gradients, static.head_gradients)
-    )
-    held = (0, g_head, g_head + max(0, g_layers - static.layer_gradients))
+    # The decoder layers' gradients the first layer's backward holds, sharded under FSDP:
+    # all but two layers' worth (`_holds_layer_gradients`; the hybrid fit's features sum
+    # the layers).
+    g_layers = per_layer[hybrid_fit.LAYER_GRADIENTS] if hybrid else layers * static.layer_gradients
+    layer_gradients = max(0, g_layers - 2 * static.layer_gradients)
     splits = []  # (sharded, replicated) of each moment, for the per-GPU need
     best_split = (0, 0)
     for key, at_optimizer, layer_coefs, local_coefs, holds in moments:
@@ -308,8 +300,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         dynamic = max(0, round(fitted)) * widen
         static_part = at_step_base if at_optimizer else base
         total = static_part + dynamic
-        gradients_held = min(dynamic, held[holds])
-        splits.append((static_part + gradients_held, dynamic - gradients_held))
+        # A fit that prices the moment under the gradients it must hold (far outside its
+        # samples) says nothing of what else is there: all of it stays each GPU's own.
+        moved = layer_gradients if holds and layer_gradients <= dynamic else 0
+        splits.append((static_part + moved, dynamic - moved))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
     at_step = best_key == OPTIMIZER_KEY

@@ -314,9 +314,9 @@ _O_INPUTS, _O_RANKS, _O_LOGITS, _O_MASK, _O_HEAD, _O_EMBED, _O_GRADS, _O_DEQUANT
     for name in ("t*A", "t*R", "t*V", "b*s2", "G_head", "G_embed", "G_layer", "D", SCAN_FEATURES[0])
 )
 _SCAN_SPAN = len(SCAN_FEATURES)
-#: Where the layers' summed gradient bytes and the head's sit in the two lists: the
-#: calibrated profile shards them under FSDP (`calibrated._held_gradients`).
-LAYER_GRADIENTS, HEAD_GRADIENTS = _L_GRADS, _O_HEAD
+#: Where the layers' summed gradient bytes sit in HYBRID_LAYER_FEATURES: the calibrated
+#: profile shards them under FSDP (`calibrated._holds_layer_gradients`).
+LAYER_GRADIENTS = _L_GRADS
 
 
 @dataclass(frozen=True, slots=True)

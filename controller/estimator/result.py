@@ -24,8 +24,8 @@ class Estimate:
     needs under a device map (the logits).
 
     `moments` are the (sharded, replicated) splits of the step's other moments, where a
-    profile measures them (the trace's phases; the calibrated fits' moments mix gradients,
-    which FSDP shards, into their fitted dynamic part, so they give none yet): the largest
+    profile measures them (the trace's phases; the calibrated fits' moments, the decoder
+    layers' gradients held by then sharded, `calibrated._holds_layer_gradients`): the largest
     total is the optimizer step's when checkpointing is on, but without it backward keeps
     a whole micro-batch of activations on every GPU, which FSDP does not divide, and on n
     GPUs that moment can need more than the step's. Each GPU needs the largest over them.
