@@ -65,6 +65,10 @@ def estimate_json(
         "parallelism": parallelism.value,
         "gpus": n_gpus,
         "per_gpu_bytes": est.per_gpu_bytes(n_gpus, parallelism),
+        # What FSDP leaves whole on every GPU of that figure; null for the other modes.
+        "per_gpu_undivided_bytes": (
+            est.undivided_bytes(n_gpus) if parallelism is Parallelism.FSDP else None
+        ),
     }
     if result is not None:
         out["fit"] = {
@@ -96,7 +100,10 @@ def per_gpu_line(est: Estimate, n_gpus: int, parallelism: Parallelism) -> str:
     if n_gpus == 1:
         return f"per GPU on 1 GPU: {est.total_bytes / GIB:.2f} GiB"
     per_gpu = est.per_gpu_bytes(n_gpus, parallelism)
-    return f"per GPU on {n_gpus} GPUs with {_MODES[parallelism]}: {per_gpu / GIB:.2f} GiB"
+    line = f"per GPU on {n_gpus} GPUs with {_MODES[parallelism]}: {per_gpu / GIB:.2f} GiB"
+    if parallelism is Parallelism.FSDP:
+        line += f" ({est.undivided_bytes(n_gpus) / GIB:.2f} GiB of it FSDP does not divide)"
+    return line
 
 
 def render(

@@ -61,6 +61,18 @@ class Estimate:
             held = max(held, sharded // n + replicated)
         return self._with_margin(held)
 
+    def undivided_bytes(self, gpus: int) -> int:
+        """The part of `per_gpu_bytes(gpus)` under FSDP that FSDP does not divide: what each
+        GPU holds whole at the moment that decides the need (its own micro-batch's
+        activations and buffers, the CUDA context). Why 8 GPUs can need far more than the
+        total over 8."""
+        n = max(gpus, 1)
+        if n == 1:
+            return self.total_bytes
+        pairs = ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+        _, replicated = max(pairs, key=lambda pair: pair[0] // n + pair[1])
+        return self._with_margin(replicated)
+
     @property
     def most_replicated_bytes(self) -> int:
         """What every GPU holds whole at the moment it holds the most so: no count of GPUs

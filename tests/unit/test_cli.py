@@ -129,7 +129,10 @@ def test_human_output_has_a_breakdown_and_a_fit_answer(
         assert word in out
     assert "per GPU on 1 GPU: 7.25 GiB" in out and "fits one 24GiB GPU" in out
     out = human(capsys, *FULL_8B, "--gpu-memory", "80GB", "--gpus", "2")
-    assert out.endswith("per GPU on 2 GPUs with FSDP: 52.06 GiB fits 2 x 80GB with FSDP")
+    assert out.endswith(
+        "per GPU on 2 GPUs with FSDP: 52.06 GiB (2.70 GiB of it FSDP does not divide) "
+        "fits 2 x 80GB with FSDP"
+    )
     out = human(capsys, *FULL_8B, "--gpu-memory", "80GB")
     assert "per GPU on 1 GPU: 101.42 GiB does not fit one 80GB GPU: needs 101.42 GiB" in out
     assert out.endswith("(2 GPUs would fit with FSDP, 52.06 GiB each)")
@@ -139,8 +142,27 @@ def test_human_output_has_a_breakdown_and_a_fit_answer(
 
 def test_one_per_gpu_figure_for_the_count_asked(capsys: pytest.CaptureFixture[str]) -> None:
     out = human(capsys, *FULL_8B, "--gpus", "2")
-    assert out.endswith("per GPU on 2 GPUs with FSDP: 52.06 GiB")
+    assert out.endswith("on 2 GPUs with FSDP: 52.06 GiB (2.70 GiB of it FSDP does not divide)")
     assert "per GPU" not in human(capsys, *FULL_8B)  # one GPU: the total is the figure
+
+
+def test_the_per_gpu_figure_says_what_fsdp_does_not_divide(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without checkpointing backward holds a whole micro-batch of activations on every GPU:
+    on 8 GPUs the need is over twice the total over 8, and the line says why."""
+    full = ("estimate", "--model", "llama-3.1-8b", "--method", "full", "--gpus", "8")
+    _, out, _ = run(capsys, *full, "--gradient-checkpointing", "off", "--json")
+    data = json.loads(out)
+    assert data["per_gpu_bytes"] > 2 * data["total_bytes"] // 8
+    undivided = data["per_gpu_undivided_bytes"]
+    assert 16 * GIB < undivided < data["per_gpu_bytes"]
+    # The rest is the divided part's share: an eighth of what the moment holds beyond it.
+    assert data["per_gpu_bytes"] - undivided < data["total_bytes"] // 8
+    _, out, _ = run(capsys, *full, "--gradient-checkpointing", "off")
+    assert f"({undivided / GIB:.2f} GiB of it FSDP does not divide)" in " ".join(out.split())
+    _, out, _ = run(capsys, *full, "--parallelism", "ddp", "--json")
+    assert json.loads(out)["per_gpu_undivided_bytes"] is None
 
 
 def test_a_device_map_failure_names_the_binding_constraint(
