@@ -20,7 +20,7 @@ from typing import Any
 from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus
 from controller.api.finetunejob import EstimateStatus
-from controller.estimator import Estimate
+from controller.estimator import Estimate, Parallelism
 from controller.jobspec import JobPlan
 from controller.units import format_gib
 
@@ -71,7 +71,7 @@ def estimated(
 ) -> StatusUpdate:
     """The job was estimated: Estimated=True with the figures, Admitted pending."""
     estimate = estimate_status(plan, est)
-    message = _estimated_message(plan, estimate)
+    message = _estimated_message(plan, estimate, est)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,
@@ -114,7 +114,7 @@ def admitted_estimate(
         cond.ESTIMATED,
         ConditionStatus.TRUE,
         cond.REASON_ESTIMATED,
-        _estimated_message(plan, estimate),
+        _estimated_message(plan, estimate, est),
         generation,
         now,
     )
@@ -122,16 +122,18 @@ def admitted_estimate(
     return StatusUpdate({key: value for key, value in desired.items() if status.get(key) != value})
 
 
-def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any]) -> str:
+def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate) -> str:
     """The Estimated condition's message: what `estimate` (status.estimate) says, and the
     count asked for where admission resized the job."""
     gpus = estimate["gpus"]
     # The total is the job on one GPU, not a sum over its GPUs: say so where they differ.
     differs = estimate["total"] != estimate["perGpu"]  # FSDP and device maps split it; DDP not
-    message = (
-        f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
-        f"{estimate['parallelism']}" + (f" ({estimate['total']} on one GPU)" if differs else "")
-    )
+    notes = [f"{estimate['total']} on one GPU"] if differs else []
+    if gpus > 1 and plan.parallelism is Parallelism.FSDP:
+        # Why the figure can be far above the total over the count (`Estimate.undivided_bytes`).
+        notes.insert(0, f"{format_gib(est.undivided_bytes(gpus))} of it FSDP does not divide")
+    message = f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
+    message += estimate["parallelism"] + (f" ({'; '.join(notes)})" if notes else "")
     if gpus != plan.gpus:
         asked = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''}"
         message += f"; resized from the {asked} asked for (policy Resize)"

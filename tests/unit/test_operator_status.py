@@ -9,6 +9,7 @@ from controller.api import conditions as cond
 from controller.estimator import SpecErrors
 from controller.jobspec import estimate_plan, translate
 from controller.operator import status as rules
+from controller.units import format_gib
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 LATER = T0 + timedelta(hours=1)
@@ -169,11 +170,17 @@ def test_per_gpu_figures_follow_the_gpu_count() -> None:
     ddp = _by_type(_estimated({}, resources={"gpus": 4}, parallelism="DDP").patch)["Estimated"]
     assert ddp["message"].endswith("per GPU on 4 GPUs with DDP")  # every GPU holds it all
     message = _by_type(update.patch)["Estimated"]["message"]
-    # The 1-GPU total is named as such, so it does not read as a sum over the four.
-    assert (
-        message
-        == f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP ({estimate['total']} on one GPU)"
+    # The 1-GPU total is named as such, so it does not read as a sum over the four; what
+    # FSDP does not divide says why the figure is more than a quarter of it.
+    plan, _ = translate({**SPEC, "resources": {"gpus": 4}})
+    assert plan is not None
+    est = estimate_plan(plan)
+    undivided = format_gib(est.undivided_bytes(4))
+    assert message == (
+        f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP "
+        f"({undivided} of it FSDP does not divide; {estimate['total']} on one GPU)"
     )
+    assert 0 < est.undivided_bytes(4) < estimate["perGpuBytes"]
 
 
 def test_a_resized_admission_restates_the_estimate_at_the_admitted_count() -> None:
@@ -191,8 +198,9 @@ def test_a_resized_admission_restates_the_estimate_at_the_admitted_count() -> No
     assert estimate["gpus"] == 4
     assert estimate["perGpuBytes"] == est.per_gpu_bytes(4, plan.parallelism)
     assert estimated["message"] == (
-        f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP ({estimate['total']} on one GPU); "
-        "resized from the 8 GPUs asked for (policy Resize)"
+        f"{estimate['perGpu']} per GPU on 4 GPUs with FSDP "
+        f"({format_gib(est.undivided_bytes(4))} of it FSDP does not divide; "
+        f"{estimate['total']} on one GPU); resized from the 8 GPUs asked for (policy Resize)"
     )
     assert estimated["lastTransitionTime"] == _by_type(status)["Estimated"]["lastTransitionTime"]
     assert update.event is None
