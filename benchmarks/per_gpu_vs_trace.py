@@ -5,7 +5,7 @@
 For each preset, full fine-tuning and LoRA, gradient checkpointing on and off, batch 1: the
 per-GPU need (`Estimate.per_gpu_bytes`) of both profiles and calibrated's error against the
 trace at each GPU count. The trace's phases are the reference: its gradients are tagged as
-such, where the calibrated fits place them by the moment (`calibrated._held_gradients`).
+such, where the calibrated fits place them by the moment (`calibrated._holds_layer_gradients`).
 Needs the trace extra (`pip install -e '.[trace]'`); a 32-layer model takes 5-50 s a job on
 2 cores. Not a timed benchmark: the figures are bytes.
 """

@@ -56,10 +56,8 @@ class Estimate:
         n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        held = self.sharded_bytes // n + self.replicated_bytes
-        for sharded, replicated in self.moments:
-            held = max(held, sharded // n + replicated)
-        return self._with_margin(held)
+        sharded, replicated = self._deciding(n)
+        return self._with_margin(sharded // n + replicated)
 
     def undivided_bytes(self, gpus: int) -> int:
         """The part of `per_gpu_bytes(gpus)` under FSDP that FSDP does not divide: what each
@@ -69,9 +67,17 @@ class Estimate:
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        pairs = ((self.sharded_bytes, self.replicated_bytes), *self.moments)
-        _, replicated = max(pairs, key=lambda pair: pair[0] // n + pair[1])
-        return self._with_margin(replicated)
+        return self._with_margin(self._deciding(n)[1])
+
+    def _deciding(self, n: int) -> tuple[int, int]:
+        """The (sharded, replicated) split, of the peak's or a moment's, that needs the most
+        on each of n GPUs."""
+        best = (self.sharded_bytes, self.replicated_bytes)
+        held = best[0] // n + best[1]
+        for pair in self.moments:
+            if pair[0] // n + pair[1] > held:
+                best, held = pair, pair[0] // n + pair[1]
+        return best
 
     @property
     def most_replicated_bytes(self) -> int:
