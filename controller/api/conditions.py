@@ -127,10 +127,20 @@ REASON_GPU_OUT_OF_MEMORY = "GPUOutOfMemory"
 #: WorkloadFailed indicates that the job's workload failed because a pod failed for a reason
 #: Kubernetes did not name; the message holds the container's exit code and reason.
 REASON_WORKLOAD_FAILED = "WorkloadFailed"
-#: WorkloadNotCreated indicates that the API server refused the job's workload (e.g. an
-#: invalid pod template: 422); an Event's reason, not a condition's. The operator retries with
-#: backoff, up to every five minutes; the job keeps its GPUs until fixed, suspended or deleted.
+#: WorkloadDeleted indicates that the job failed because its workload (the batch Job) was
+#: deleted before it finished (`kubectl delete job`, or a cleanup that did not wait for the
+#: operator to see its end): the training stopped, and it is never started again by itself.
+REASON_WORKLOAD_DELETED = "WorkloadDeleted"
+#: WorkloadNotCreated indicates that the API server refused the job's workload for a reason
+#: that may pass (a ResourceQuota, a webhook, the API server unreachable); an Event's reason,
+#: not a condition's. The operator retries with backoff, up to every five minutes; the job
+#: keeps its GPUs until it is created, suspended or deleted.
 REASON_WORKLOAD_NOT_CREATED = "WorkloadNotCreated"
+#: InvalidTemplate indicates that the job is not admitted because the API server refuses the
+#: workload built from its pod template (400 or 422: an invalid container name, a malformed
+#: quantity); the message is the API server's. Its GPUs are released; permanent until the
+#: spec changes.
+REASON_INVALID_TEMPLATE = "InvalidTemplate"
 
 # -- GPUNode condition types ----------------------------------------------------------------
 

@@ -63,8 +63,11 @@ from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
 from controller.workload import (
     Admission,
+    Remains,
     WorkloadError,
+    WorkloadState,
     build_workload,
+    ending,
     workload_conditions,
     workload_name,
     workload_problem,
@@ -108,6 +111,22 @@ class PassInput:
     message_refresh: timedelta = MESSAGE_REFRESH
     #: Admitted jobs' peaks from earlier passes, by job uid (`PassOutput.peaks` of the last).
     peaks: Mapping[str, observed.Peaks] = field(default_factory=dict)
+    #: What missing workloads left behind, by job key (read for `PassOutput.lookups`).
+    remains: Mapping[str, Remains] = field(default_factory=dict)
+    #: The uid of the workload this operator created, by job key, until status records it.
+    created: Mapping[str, str] = field(default_factory=dict)
+    #: Workloads the API server refused for good, by job key.
+    refused: Mapping[str, Refused] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The API server refused the workload of the FineTuneJob of `uid` admitted at
+    `generation` with a permanent error (400, 422: its pod template is invalid)."""
+
+    uid: str
+    generation: int
+    message: str
 
 
 @dataclass(frozen=True)
@@ -132,7 +151,9 @@ class Recorded:
 @dataclass(frozen=True)
 class StatusWrite:
     """A merge patch of one job's status. `resource_version` is set on admissions: the write
-    must fail if the job changed since the snapshot."""
+    must fail if the job changed since the snapshot. `releases`: the write gives GPUs back
+    (the job ended, was suspended, or its workload was refused), and is written before the
+    pass's admissions, so the API never shows a GPU promised twice."""
 
     key: str
     uid: str
@@ -140,12 +161,14 @@ class StatusWrite:
     events: tuple[status_rules.Event, ...] = ()
     resource_version: str | None = None
     recorded: Recorded | None = None
+    releases: bool = False
 
 
 @dataclass(frozen=True)
 class CreateWorkload:
     """The objects to create for an admitted job, once the write of `key` has landed (or at
-    once, `after_write` False, for a job admitted earlier whose workload is missing)."""
+    once, `after_write` False, for a job admitted earlier whose workload never ran), built
+    from the job's spec at the generation admitted."""
 
     key: str
     objects: tuple[dict[str, Any], ...]
@@ -158,11 +181,24 @@ class DeleteWorkload:
     objects: tuple[dict[str, Any], ...]  # apiVersion, kind, metadata.namespace and name
 
 
+@dataclass(frozen=True)
+class LookUp:
+    """Read what the missing workload `name` (uid `workload_uid`) of the job `key` (uid
+    `uid`) left behind, and hand it to the next pass as `PassInput.remains`."""
+
+    key: str
+    uid: str
+    namespace: str
+    name: str
+    workload_uid: str
+
+
 @dataclass
 class PassOutput:
     writes: list[StatusWrite] = field(default_factory=list)
     creates: list[CreateWorkload] = field(default_factory=list)
     deletes: list[DeleteWorkload] = field(default_factory=list)
+    lookups: list[LookUp] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     #: Every admitted, unfinished job's peaks now, by job uid: the next pass's `peaks`.
     peaks: dict[str, observed.Peaks] = field(default_factory=dict)
@@ -186,6 +222,8 @@ def admission_pass(inp: PassInput) -> PassOutput:
     for key, job in inp.objects.jobs.items():
         if key in drafts:  # admitted and running: followed above
             continue
+        if _template_refused(job):
+            continue  # until its spec changes
         if finished(job):
             if (edited := _edited_after_it_finished(job)) is not None:
                 drafts[key] = draft = _Draft(job)
@@ -227,7 +265,9 @@ def admission_pass(inp: PassInput) -> PassOutput:
         write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
         if write is not None:
             out.writes.append(write)
-    out.writes.sort(key=lambda w: w.resource_version is None)  # admissions first
+    # Releases first, then admissions: a GPU freed and promised again in one pass is never
+    # shown promised twice, and a stale admission fails before the other writes.
+    out.writes.sort(key=lambda w: (not w.releases, w.resource_version is None))
     return out
 
 
@@ -244,6 +284,7 @@ class _Draft:
         self.status: dict[str, Any] = dict(self.current)
         self.events: list[status_rules.Event] = []
         self.admission = False
+        self.releases = False  # the write gives the job's GPUs back
         self.urgent = False  # something other than a message changed
         self.recorded: Recorded | None = None
 
@@ -277,7 +318,13 @@ class _Draft:
             # and 1,000 new jobs must not cost 2,000 of them. The estimate stays in its condition.
             events = [e for e in events if e.reason != cond.REASON_ESTIMATED] or events
         return StatusWrite(
-            self.key, str(meta.get("uid")), patch, tuple(events), version, self.recorded
+            self.key,
+            str(meta.get("uid")),
+            patch,
+            tuple(events),
+            version,
+            self.recorded,
+            self.releases,
         )
 
 
@@ -349,16 +396,33 @@ def _follow_admitted(
 
     if spec.get("suspend"):
         out.deletes.append(DeleteWorkload(key, _workload_objects(inp, job)))
-        draft.status.pop("placement", None)
-        draft.status.pop("workloadRef", None)
-        draft.status.pop("observed", None)
-        _set_admitted(
+        _release(
             inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
             "spec.suspend is true: the workload was deleted and its GPUs released",
         )  # fmt: skip
-        conditions = [c for c in _conditions(draft) if c.get("type") != cond.RUNNING]
-        draft.set_conditions(conditions)
         return {**job, "status": draft.status}
+
+    refused = inp.refused.get(key)
+    if refused is not None and refused.uid == _uid(job) and refused.generation == admitted_at:
+        out.deletes.append(DeleteWorkload(key, _workload_objects(inp, job)))  # any made
+        _release(
+            inp, draft, ConditionStatus.FALSE, cond.REASON_INVALID_TEMPLATE,
+            f"the API server refuses the workload built from spec.template: {refused.message}; "
+            "its GPUs are released, and the job is decided again once its spec changes",
+            generation=refused.generation,
+        )  # fmt: skip
+        return {**job, "status": draft.status}
+
+    workload = inp.workloads.get(key)
+    if workload is None:
+        state = _missing_workload(inp, key, draft, out, admitted)
+        if state is None:  # reading what it left behind, or to be decided again
+            if _uid(job) in inp.peaks:
+                out.peaks[_uid(job)] = inp.peaks[_uid(job)]
+            return {**job, "status": draft.status}
+    else:
+        _record_workload(draft, workload)
+        state = workload_state(workload, inp.job_pods.get(key, ()), inp.now)
 
     if admitted_at is not None and _generation(job) != admitted_at and not _deleting(job):
         _lock(
@@ -369,13 +433,6 @@ def _follow_admitted(
             f"{_generation(job)} is ignored: only spec.suspend may change once a job is "
             "admitted (suspend it, edit it, and resume it to change the rest)",
         )
-
-    workload = inp.workloads.get(key)
-    if workload is None:
-        objects = _workload_objects(inp, job)  # built only when needed: most passes never do
-        if objects:
-            out.creates.append(CreateWorkload(key, objects, after_write=False))
-    state = workload_state(workload, inp.job_pods.get(key, ()), inp.now)
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
     conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
     draft.set_conditions(conditions)
@@ -387,8 +444,93 @@ def _follow_admitted(
             draft.events.append(status_rules.Event(kind, c["reason"], c["message"]))
             if c["type"] != cond.RUNNING:
                 ended = str(c["reason"])
+    if ended is not None:
+        draft.releases = True
     _observe(inp, key, draft, out, ended, usage)
     return {**job, "status": draft.status}
+
+
+def _release(
+    inp: PassInput,
+    draft: _Draft,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> None:
+    """The job gives its GPUs back without finishing: no placement, no workload, no Running."""
+    draft.releases = True
+    for released in ("placement", "workloadRef", "observed"):
+        draft.status.pop(released, None)
+    _set_admitted(inp, draft, status, reason, message, generation)
+    draft.set_conditions([c for c in _conditions(draft) if c.get("type") != cond.RUNNING])
+
+
+def _missing_workload(
+    inp: PassInput, key: str, draft: _Draft, out: PassOutput, admitted: Mapping[str, Any]
+) -> WorkloadState | None:
+    """The state of an admitted job whose workload the caches do not hold.
+
+    A workload is created once (`controller.workload.lost`). One that was created (its uid
+    recorded) ends the job as it ended, or as deleted, once what it left behind is read (a
+    `LookUp`, answered in the next pass's `remains`; None meanwhile). One never created is
+    created now, from the spec admitted; if that spec changed since (the webhook off), it is
+    gone, so the job gives its GPUs back and is decided again at its new spec (None)."""
+    job = draft.job
+    meta = job.get("metadata") or {}
+    ref = draft.status.get("workloadRef") or {}
+    name = str(ref.get("name") or workload_name(str(meta.get("name") or "")))
+    created = ref.get("uid") or inp.created.get(key)
+    if created:
+        remains = inp.remains.get(key)
+        if remains is None or remains.job_uid != _uid(job) or remains.name != name:
+            namespace = str(meta.get("namespace") or "default")
+            out.lookups.append(LookUp(key, _uid(job), namespace, name, str(created)))
+            return None
+        if remains.exists:
+            return None  # there after all: the caches have not seen it yet
+        return ending(remains, inp.job_pods.get(key, ()), str(created))
+    admitted_at = admitted.get("observedGeneration")
+    if admitted_at is not None and _generation(job) != admitted_at and not _deleting(job):
+        _release(
+            inp, draft, ConditionStatus.UNKNOWN, cond.REASON_PENDING,
+            f"admitted at generation {admitted_at}, but the spec changed to generation "
+            f"{_generation(job)} before its workload was created: nothing ran, so its GPUs "
+            "are released and it is decided again at its new spec",
+        )  # fmt: skip
+        return None
+    objects = _workload_objects(inp, job)  # built only when needed: most passes never do
+    if objects:
+        out.creates.append(CreateWorkload(key, objects, after_write=False))
+    return workload_state(None, inp.job_pods.get(key, ()), inp.now)
+
+
+def _record_workload(draft: _Draft, workload: Mapping[str, Any]) -> None:
+    """The workload's uid into status.workloadRef once the caches hold it: from then on, its
+    going missing means it was deleted, never that it is still to be created. Written with
+    the job's next status write (its Running, for one), not on its own."""
+    uid = (workload.get("metadata") or {}).get("uid")
+    ref = draft.status.get("workloadRef") or {}
+    if uid and ref.get("uid") != uid:
+        name = (workload.get("metadata") or {}).get("name")
+        draft.status["workloadRef"] = {
+            "apiVersion": "batch/v1", "kind": "Job", "name": name, **ref, "uid": str(uid),
+        }  # fmt: skip
+
+
+def _template_refused(job: Mapping[str, Any]) -> bool:
+    """The API server refused the workload of the job's current generation (InvalidTemplate):
+    nothing to decide until its spec changes."""
+    admitted = cond.find_condition((job.get("status") or {}).get("conditions") or [], cond.ADMITTED)
+    return (
+        admitted is not None
+        and admitted.get("reason") == cond.REASON_INVALID_TEMPLATE
+        and admitted.get("observedGeneration") == _generation(job)
+    )
+
+
+def _uid(job: Mapping[str, Any]) -> str:
+    return str((job.get("metadata") or {}).get("uid"))
 
 
 def _lock(inp: PassInput, draft: _Draft, admitted: Mapping[str, Any], message: str) -> None:

@@ -68,11 +68,20 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)  # ConfigMap reads (configmaps.read_model_config)
 
-    def _call(self, method: str, path: str, body: object = None) -> Any:
-        content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        query: Sequence[tuple[str, str]] = (),
+        content: str | None = None,
+    ) -> Any:
+        if content is None:
+            content = "application/merge-patch+json" if method == "PATCH" else "application/json"
         serialized = self.api.param_serialize(
             method=method,
             resource_path=path,
+            query_params=list(query),
             header_params={"Accept": "application/json", "Content-Type": content},
             body=body,
             auth_settings=["BearerToken"],
@@ -98,6 +107,16 @@ class Kube:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         return dict(self._call("PATCH", path, body))
 
+    def record_workload_uid(self, namespace: str, name: str, workload: str, uid: str) -> None:
+        """Set status.workloadRef.uid of a FineTuneJob, only while its workloadRef still names
+        `workload` (a JSON patch's test: a job suspended meanwhile gets no stale reference)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        ops = [
+            {"op": "test", "path": "/status/workloadRef/name", "value": workload},
+            {"op": "add", "path": "/status/workloadRef/uid", "value": uid},
+        ]
+        self._call("PATCH", path, ops, content="application/json-patch+json")
+
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
         namespace = obj["metadata"]["namespace"]
@@ -113,6 +132,29 @@ class Kube:
         """Delete with background propagation (the Job's pods follow); gone already is fine."""
         with contextlib.suppress(Gone):
             self._call("DELETE", _object_path(obj), {"propagationPolicy": "Background"})
+
+    def workload_remains(
+        self, namespace: str, name: str, job_uid: str, workload_uid: str
+    ) -> tuple[bool, list[Any]]:
+        """Whether the batch Job `name`, owned by the FineTuneJob of `job_uid`, exists (the
+        cache may lag), and the Events about the Job of `workload_uid`: what a missing
+        workload left behind (`controller.workload.lost`)."""
+        try:
+            found = self._call("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
+        except Gone:
+            exists = False
+        else:
+            meta = found.get("metadata") or {}
+            owners = {str(ref.get("uid")) for ref in meta.get("ownerReferences") or []}
+            exists = job_uid in owners and not meta.get("deletionTimestamp")
+        selector = ",".join(
+            f"involvedObject.{field}={value}"
+            for field, value in (("kind", "Job"), ("name", name), ("uid", workload_uid))
+        )
+        events = self._call(
+            "GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)]
+        )
+        return exists, list(events.get("items") or [])
 
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API

@@ -66,6 +66,7 @@ from controller.operator.leader import Leader
 from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import OperatorMetrics
 from controller.packing.view import ClusterView
+from controller.workload import Remains
 
 log = logging.getLogger("vramgate.scheduler")
 
@@ -76,6 +77,11 @@ ESTIMATE_CACHE_SIZE = 4096
 #: fails every time, and a retry on every pass would hammer it ten times a second.
 CREATE_RETRY_S = 1.0
 CREATE_RETRY_MAX_S = 300.0
+#: Answers to a workload's create that the same object always gets (its pod template is
+#: invalid): the job gives its GPUs back (InvalidTemplate) instead of retrying.
+REFUSED_FOR_GOOD = (400, 422)
+#: A missing workload's remains are read at most this often per job.
+LOOKUP_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,14 @@ class Scheduler:
         self._workload_tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._undeleted: dict[str, admission.DeleteWorkload] = {}  # to retry: a delete failed
+        #: job key -> what its missing workload left behind, for the next pass (read once)
+        self._remains: dict[str, Remains] = {}
+        self._looking: set[str] = set()  # job keys whose remains are being read
+        self._looked_at: dict[str, float] = {}  # job key -> monotonic time of its last read
+        #: job key -> (job uid, uid of the batch Job created for it), until status records it
+        self._workload_uids: dict[str, tuple[str, str]] = {}
+        #: job key -> its workload, refused for good by the API server (a 400 or 422)
+        self._refused: dict[str, admission.Refused] = {}
         self._last_written: dict[str, datetime] = {}
         self._peaks: dict[str, observed.Peaks] = {}  # job uid -> its GPUs' observed peaks
         self._families: dict[str, str] = {}  # job uid -> model family, from its estimate
@@ -275,6 +289,13 @@ class Scheduler:
             now=self.now(),
             last_written=self._last_written,
             peaks=self._peaks,
+            remains=dict(self._remains),
+            created={
+                key: made
+                for key, (uid, made) in self._workload_uids.items()
+                if _uid(objects.jobs.get(key, {})) == uid
+            },
+            refused=dict(self._refused),
         )
         decided_at = time.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
@@ -285,6 +306,18 @@ class Scheduler:
             len(out.writes), len(out.creates), len(out.deletes),
         )  # fmt: skip
         self._peaks = out.peaks
+        for key, remains in inp.remains.items():  # each read is acted on once
+            if self._remains.get(key) is remains:
+                del self._remains[key]
+        for key in [k for k, r in self._refused.items() if _uid(objects.jobs.get(k, {})) != r.uid]:
+            del self._refused[key]
+        for key in [k for k in self._looked_at if k not in objects.jobs]:
+            del self._looked_at[key]
+        for key, (uid, made) in list(self._workload_uids.items()):
+            ref = (objects.jobs.get(key, {}).get("status") or {}).get("workloadRef") or {}
+            if _uid(objects.jobs.get(key, {})) != uid or ref.get("uid") == made:
+                del self._workload_uids[key]  # gone, or recorded in status
+        self._look_up(out.lookups)
         for key, found in estimates.items():
             if found.plan is not None and found.plan.shape is not None:
                 self._families[_uid(objects.jobs[key])] = found.plan.shape.model_type
@@ -408,6 +441,62 @@ class Scheduler:
         self._by_spec[cache_key] = (plan, est)
         return admission.Estimated(0, plan=plan, estimate=est)
 
+    # -- missing workloads -------------------------------------------------------------------
+
+    async def _record_workload_uid(self, c: admission.CreateWorkload, made: str) -> None:
+        """The created Job's uid into status.workloadRef at once: if it goes missing from now
+        on, it was deleted, and is never created again, even by a restarted operator. Until
+        this lands (or if it fails) the pass has it from `_workload_uids`, and records it
+        itself once its cache holds the Job."""
+        job = next(o for o in c.objects if o["kind"] == "Job")["metadata"]
+        owner = c.key.split("/", 1)[1]
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._writer,
+                self.kube.record_workload_uid,
+                job["namespace"],
+                owner,
+                job["name"],
+                made,
+            )
+        except Exception as error:  # recorded by a later pass instead
+            log.info("[%s] cannot record the uid of Job %s yet: %s", c.key, job["name"], error)
+
+    def _look_up(self, lookups: Sequence[admission.LookUp]) -> None:
+        """Read what each missing workload left behind, in the background; the read's arrival
+        wakes the pass that acts on it. A job's are read at most every LOOKUP_INTERVAL_S (a
+        cache that lags behind a Job that exists would ask on every pass)."""
+        now = time.monotonic()
+        for lookup in lookups:
+            key = lookup.key
+            if key in self._looking or now < self._looked_at.get(key, 0) + LOOKUP_INTERVAL_S:
+                continue
+            self._looking.add(key)
+            self._looked_at[key] = now
+            task = asyncio.get_running_loop().create_task(self._read_remains(lookup))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _read_remains(self, lookup: admission.LookUp) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            exists, events = await loop.run_in_executor(
+                self._creator,
+                self.kube.workload_remains,
+                lookup.namespace,
+                lookup.name,
+                lookup.uid,
+                lookup.workload_uid,
+            )
+        except Exception:
+            log.exception("[%s] cannot read what workload %s left behind", lookup.key, lookup.name)
+            loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+            return
+        finally:
+            self._looking.discard(lookup.key)
+        self._remains[lookup.key] = Remains(lookup.uid, lookup.name, exists, tuple(events))
+        self.wake()
+
     # -- carrying out a pass ----------------------------------------------------------------
 
     def _start(
@@ -478,18 +567,27 @@ class Scheduler:
                 )
             return True
 
-        landed = dict(zip([w.key for w in out.writes], await asyncio.gather(
-            *(write(w) for w in out.writes)
-        ), strict=True))  # fmt: skip
+        # Releases land before admissions (`admission.StatusWrite.releases`).
+        landed: dict[str, bool] = {}
+        releases = [w for w in out.writes if w.releases]
+        for batch in (releases, [w for w in out.writes if not w.releases]):
+            results = await asyncio.gather(*(write(w) for w in batch))
+            landed.update(zip([w.key for w in batch], results, strict=True))
 
         async def create(
-            c: admission.CreateWorkload, uid: str, before: asyncio.Task[None] | None
+            c: admission.CreateWorkload,
+            uid: str,
+            generation: int,
+            before: asyncio.Task[None] | None,
         ) -> None:
             try:
                 await _after(before)
+                made: str | None = None  # the batch Job's uid, when this create made it
                 for obj in c.objects:
                     try:
-                        await loop.run_in_executor(self._creator, self.kube.create, obj)
+                        answer = await loop.run_in_executor(self._creator, self.kube.create, obj)
+                        if obj["kind"] == "Job":
+                            made = (answer.get("metadata") or {}).get("uid")
                     except Conflict:
                         # Made by an earlier pass or replica (names are deterministic), or
                         # the name is someone else's object, which is no workload of this job.
@@ -504,11 +602,23 @@ class Scheduler:
                             taken = NameTaken(obj, owners)
                             self._create_failed(c.key, obj, taken, jobs.get(c.key))
                             return
+                    except ApiException as error:
+                        if error.status in REFUSED_FOR_GOOD:
+                            refused = admission.Refused(uid, generation, str(error.reason))
+                            self._refused[c.key] = refused
+                            log.warning("[%s] %s refused: %s", c.key, obj["kind"], error.reason)
+                            self.wake()
+                        else:
+                            self._create_failed(c.key, obj, error, jobs.get(c.key))
+                        return
                     except Exception as error:
                         self._create_failed(c.key, obj, error, jobs.get(c.key))
                         return
                 self._created[c.key] = uid
                 self._create_failures.pop(c.key, None)
+                if made:
+                    self._workload_uids[c.key] = (uid, made)
+                    await self._record_workload_uid(c, made)
             finally:
                 self._creating.pop(c.key, None)
 
@@ -550,7 +660,8 @@ class Scheduler:
             if failed is not None and failed[1] > time.monotonic():
                 continue  # backing off: `_create_failed` wakes a pass when it is time
             uid = self._creating[c.key] = _uid(job)
-            self._start(c.key, functools.partial(create, c, uid))
+            generation = admitted_generation(after_writes.get(c.key, job))
+            self._start(c.key, functools.partial(create, c, uid, generation))
         for key in [k for k in self._last_written if k not in jobs]:
             del self._last_written[key]
         return after_writes
@@ -620,6 +731,14 @@ def _admitted(job: Mapping[str, Any]) -> bool:
 
 def _uid(job: Mapping[str, Any]) -> str:
     return str((job.get("metadata") or {}).get("uid"))
+
+
+def admitted_generation(job: Mapping[str, Any]) -> int:
+    """The generation a job was admitted at (its workload is built from that spec)."""
+    status = job.get("status") or {}
+    admitted = cond.find_condition(status.get("conditions") or [], cond.ADMITTED) or {}
+    at = admitted.get("observedGeneration")
+    return int(at if at is not None else (job.get("metadata") or {}).get("generation") or 0)
 
 
 def _settled(job: Mapping[str, Any]) -> bool:

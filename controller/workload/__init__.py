@@ -6,6 +6,8 @@
     state.py   the batch Job and its pods -> Pending, Running, Succeeded or Failed, said
                plainly (a host OOM kill and a CUDA out-of-memory are told apart), and the
                FineTuneJob conditions that follow
+    lost.py    a workload created and then deleted: how it ended, from what it left behind
+               (its Events, its pods), so a training never runs twice
 
 Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator creates what
 `build_workload` returns and feeds what it reads back to `workload_state`.
@@ -13,14 +15,17 @@ Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator create
 
 from controller.api.names import job_label_value, workload_name
 from controller.workload.build import Admission, WorkloadError, build_workload, workload_problem
+from controller.workload.lost import Remains, ending
 from controller.workload.state import Phase, WorkloadState, workload_conditions, workload_state
 
 __all__ = [
     "Admission",
     "Phase",
+    "Remains",
     "WorkloadError",
     "WorkloadState",
     "build_workload",
+    "ending",
     "job_label_value",
     "workload_conditions",
     "workload_name",

@@ -56,7 +56,8 @@ class WorkloadState:
 NO_POD_HINT = timedelta(seconds=60)
 
 
-def _time(value: object) -> datetime | None:
+def timestamp(value: object) -> datetime | None:
+    """An API timestamp (RFC 3339 text, or already parsed); None when absent or malformed."""
     if isinstance(value, datetime):
         return value
     if isinstance(value, str) and value:
@@ -119,7 +120,7 @@ def _no_pod_for_long(job: Mapping[str, Any], name: str, now: datetime) -> Worklo
     (FailedCreate: a ResourceQuota, a LimitRange, an admission webhook) is in the Job's
     Events only, which the operator does not read, so the message says where to look."""
     meta = job.get("metadata") or {}
-    created = _time(meta.get("creationTimestamp"))
+    created = timestamp(meta.get("creationTimestamp"))
     if not name or created is None or now - created < NO_POD_HINT:
         return None
     # Worded once, not with the time waited: each pass would rewrite the status.
@@ -159,6 +160,11 @@ def workload_conditions(
 
 
 # -- failures ---------------------------------------------------------------------------------
+
+
+def failure_of_pods(name: str, failed: Sequence[Mapping[str, Any]]) -> WorkloadState:
+    """The failure of Job `name` as its failed pods tell it (the Job itself is gone)."""
+    return _failure(name, None, sorted(failed, key=_pod_order))
 
 
 def _failure(

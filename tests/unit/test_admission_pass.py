@@ -29,9 +29,11 @@ from controller.operator.admission import (
     CreateWorkload,
     DeleteWorkload,
     Estimated,
+    LookUp,
     PassInput,
     PassOutput,
     Recorded,
+    Refused,
     StatusWrite,
     admission_pass,
 )
@@ -40,7 +42,7 @@ from controller.operator.errors import failure_of
 from controller.operator.observed import GROWTH_BYTES, Peaks
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.units import format_gib
-from controller.workload import Admission, build_workload
+from controller.workload import Admission, Remains, build_workload
 
 GIB = 2**30
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -181,6 +183,9 @@ def run(
     last_written: Mapping[str, datetime] | None = None,
     peaks: Mapping[str, Peaks] | None = None,
     settings: AdmissionSettings | None = None,
+    remains: Mapping[str, Remains] | None = None,
+    refused: Mapping[str, Refused] | None = None,
+    created: Mapping[str, str] | None = None,
 ) -> PassOutput:
     """One pass; every job estimated at its generation unless `estimates` says otherwise."""
     if estimates is None:
@@ -195,6 +200,9 @@ def run(
             now=now,
             last_written=last_written or {},
             peaks=peaks or {},
+            remains=remains or {},
+            refused=refused or {},
+            created=created or {},
         )
     )
 
@@ -514,11 +522,154 @@ def test_an_estimate_failure_is_recorded_as_the_status_rules_say(error: Exceptio
 # -- admitted jobs --------------------------------------------------------------------------
 
 
-def test_an_admitted_job_whose_workload_is_missing_gets_it_created_again() -> None:
+def event(reason: str, *, uid: str = "job-uid-a") -> dict[str, Any]:
+    """A core v1 Event of the Job controller about the batch Job `a` of uid `uid`."""
+    return {
+        "involvedObject": {"kind": "Job", "name": "a", "namespace": "ns", "uid": uid},
+        "reason": reason,
+        "message": "Job has reached the specified backoff limit" if "Backoff" in reason else reason,
+        "lastTimestamp": "2025-03-01T12:00:00Z",
+    }
+
+
+def seen_running(job: dict[str, Any]) -> dict[str, Any]:
+    """`job` after a pass that saw its workload (uid job-uid-a) running."""
+    meta = {**workload("a")["metadata"], "uid": "job-uid-a"}
+    seen = {**workload("a"), "metadata": meta}
+    pods = {"ns/a": [pod("a", "Running")]}
+    return written(job, run(cluster(job), workloads={"ns/a": seen}, job_pods=pods))
+
+
+def test_an_admitted_job_whose_workload_was_never_created_gets_it_created_again() -> None:
     a, objects = admitted("a")
     out = run(cluster(a))
     assert out.creates == [CreateWorkload("ns/a", objects, after_write=False)]
-    assert out.writes == [] and out.deletes == []
+    assert out.writes == [] and out.deletes == [] and out.lookups == []
+
+
+def test_the_workloads_uid_is_recorded_once_seen() -> None:
+    a, _ = admitted("a")
+    a = seen_running(a)
+    assert a["status"]["workloadRef"] == {
+        "apiVersion": "batch/v1", "kind": "Job", "name": "a", "uid": "job-uid-a",
+    }  # fmt: skip
+
+
+def test_a_created_workload_gone_missing_is_looked_into_and_never_created_again() -> None:
+    a, _ = admitted("a")
+    out = run(cluster(seen_running(a)))
+    assert out.lookups == [LookUp("ns/a", "uid-a", "ns", "a", "job-uid-a")]
+    assert out.creates == [] and out.writes == [] and out.deletes == []
+
+    # Created by this operator a moment ago, its uid not in status yet: the same.
+    out = run(cluster(a), created={"ns/a": "job-uid-a"})
+    assert out.lookups == [LookUp("ns/a", "uid-a", "ns", "a", "job-uid-a")]
+    assert out.creates == []
+
+    # There after all (the cache lags): nothing to do.
+    remains = {"ns/a": Remains("uid-a", "a", exists=True)}
+    out = run(cluster(seen_running(a)), remains=remains)
+    assert out.creates == [] and out.writes == [] and out.lookups == []
+
+
+def test_a_finished_workload_deleted_unseen_ends_the_job_as_it_ended() -> None:
+    a = seen_running(admitted("a")[0])
+    b = ftj("b", minute=5)
+    ran = (event("SuccessfulCreate"), event("Completed"))
+    out = run(
+        cluster(a, b),
+        estimates={"ns/b": estimated(b)},
+        remains={"ns/a": Remains("uid-a", "a", events=ran)},
+    )
+    assert [c.key for c in out.creates] == ["ns/b"], "a is not run again; b gets its GPU"
+    write = write_for(out, "ns/a")
+    assert write.releases and out.writes[0] is write, "the release is written first"
+    done = merge(a["status"], write.patch)
+    succeeded = condition(done, cond.SUCCEEDED)
+    assert (succeeded["status"], succeeded["reason"]) == ("True", cond.REASON_SUCCEEDED)
+    assert "Events" in succeeded["message"]
+    assert condition(done, cond.RUNNING)["status"] == "False"
+
+    failed = (event("SuccessfulCreate"), event("BackoffLimitExceeded"))
+    out = run(cluster(a), remains={"ns/a": Remains("uid-a", "a", events=failed)})
+    assert out.creates == []
+    ended = condition(merge(a["status"], write_for(out, "ns/a").patch), cond.FAILED)
+    assert (ended["status"], ended["reason"]) == ("True", "BackoffLimitExceeded")
+    assert "backoff limit" in ended["message"]
+
+    # An earlier Job of the same name (another uid) completed: that says nothing of this one.
+    other = (event("Completed", uid="job-uid-earlier"),)
+    out = run(cluster(a), remains={"ns/a": Remains("uid-a", "a", events=other)})
+    gone = condition(merge(a["status"], write_for(out, "ns/a").patch), cond.FAILED)
+    assert gone["reason"] == cond.REASON_WORKLOAD_DELETED
+
+
+def test_a_workload_deleted_while_it_ran_stops_the_job_and_releases_its_gpus() -> None:
+    a = seen_running(admitted("a")[0])
+    # `kubectl delete job a`: the Job controller made a pod, and nothing says it ended.
+    remains = {"ns/a": Remains("uid-a", "a", events=(event("SuccessfulCreate"),))}
+    out = run(cluster(a), remains=remains)
+    assert out.creates == [] and out.lookups == []
+    write = write_for(out, "ns/a")
+    assert write.releases
+    stopped = merge(a["status"], write.patch)
+    failed = condition(stopped, cond.FAILED)
+    assert (failed["status"], failed["reason"]) == ("True", cond.REASON_WORKLOAD_DELETED)
+    assert "delete this FineTuneJob and apply it again" in failed["message"]
+    assert ("Warning", cond.REASON_WORKLOAD_DELETED) in reasons(write)
+    assert run(cluster({**a, "status": stopped}), estimates={}).writes == [], "it stays ended"
+
+    # Its pods, not collected yet, say how it failed when they failed.
+    killed = pod("a", "Failed", containerStatuses=[
+        {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+    ])  # fmt: skip
+    out = run(cluster(a), remains={"ns/a": Remains("uid-a", "a")}, job_pods={"ns/a": [killed]})
+    oom = condition(merge(a["status"], write_for(out, "ns/a").patch), cond.FAILED)
+    assert oom["reason"] == cond.REASON_OOM_KILLED
+
+
+def test_a_missing_workload_is_never_built_from_a_spec_changed_after_admission() -> None:
+    a, _ = admitted("a")
+    a["metadata"]["generation"] = 2
+    a["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.invalid/other:2"
+    out = run(cluster(a), estimates={})
+    assert out.creates == [], "the admitted spec is gone; generation 2 is not admitted"
+    write = write_for(out, "ns/a")
+    assert write.releases and write.patch["placement"] is None
+    after = merge(a["status"], write.patch)
+    again = condition(after, cond.ADMITTED)
+    assert (again["status"], again["reason"]) == ("Unknown", cond.REASON_PENDING)
+    assert "decided again" in again["message"]
+
+    # The next pass decides generation 2 afresh, its estimate and workload of that spec.
+    out = run(cluster({**a, "status": after}))
+    assert placed_on(status_after(out, "ns/a")) == [("n1", [0])]
+    (create,) = out.creates
+    image = create.objects[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.invalid/other:2"
+
+
+def test_a_workload_the_api_server_refuses_for_good_releases_the_gpus_until_the_spec_changes() -> (
+    None
+):
+    a, objects = admitted("a")
+    b = ftj("b", minute=5)
+    refused = Refused("uid-a", 1, 'Job.batch "a" is invalid: spec.template.spec.containers[0].name')
+    out = run(cluster(a, b), estimates={"ns/b": estimated(b)}, refused={"ns/a": refused})
+    write = write_for(out, "ns/a")
+    assert write.releases and write.patch["placement"] is None
+    assert out.deletes == [DeleteWorkload("ns/a", objects)], "whatever was made of it"
+    after = merge(a["status"], write.patch)
+    invalid = condition(after, cond.ADMITTED)
+    assert (invalid["status"], invalid["reason"]) == ("False", cond.REASON_INVALID_TEMPLATE)
+    assert "spec.template.spec.containers[0].name" in invalid["message"]
+    assert ("Warning", cond.REASON_INVALID_TEMPLATE) in reasons(write)
+    assert placed_on(status_after(out, "ns/b")) == [("n1", [0])], "its GPU goes to b"
+
+    a = {**a, "status": after}
+    assert run(cluster(a)).writes == [], "not decided again at the same spec"
+    a["metadata"]["generation"] = 2
+    assert placed_on(status_after(run(cluster(a)), "ns/a")) == [("n1", [0])], "a new spec is"
 
 
 def test_a_running_workload_sets_running() -> None:

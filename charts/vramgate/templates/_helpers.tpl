@@ -202,8 +202,10 @@ namespaceSelector:
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
-# kopf reports handler failures as Events on the job (core v1 Events only).
+# kopf reports handler failures as Events on the job (core v1 Events only); list: how a
+# workload deleted before the operator saw it end did end (the Job controller's Events
+# about that Job, by its uid: controller/workload/lost.py).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end }}
