@@ -516,47 +516,161 @@ def test_an_oom_killed_trainer_is_reported_as_such(
     assert edited.returncode != 0 and "delete it and apply it again" in edited.stderr, edited
 
 
-def test_a_workload_the_api_server_refuses_is_retried_with_backoff_and_said_on_the_job(
+def test_a_workload_the_api_server_refuses_for_now_is_retried_with_backoff_and_said_on_the_job(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
 ) -> None:
-    """A pod template the CRD keeps but the Job API refuses (422): the operator says why in a
+    """A ResourceQuota that allows no Job (403, which may pass): the operator says why in a
     Warning Event and retries after 1, 2, 4 ... s, not on every pass (it retried ten times a
-    second, a traceback each time), and the job's fix (suspend, or delete) still works."""
+    second, a traceback each time); the job keeps its GPU, and its workload follows once the
+    quota allows it."""
     gpus.add([80])
-    body = job("bad-template", gpus)
-    body["spec"]["template"]["spec"]["containers"] = [{"name": "Bad Name!", "image": ""}]
-    create(api_client, namespace, body)
-    admitted(api_client, namespace, "bad-template", "True", "Fits")
+    core = client.CoreV1Api(api_client)
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-jobs"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/jobs.batch": "0"}),
+    )
+    core.create_namespaced_resource_quota(namespace, quota)
+    create(api_client, namespace, job("over-quota", gpus))
+    admitted(api_client, namespace, "over-quota", "True", "Fits")
     warned = wait_until(
-        lambda: [e for e in events_for(api_client, namespace, "bad-template")
+        lambda: [e for e in events_for(api_client, namespace, "over-quota")
                  if e.reason == "WorkloadNotCreated"],
         timeout=DEADLINE_S, what="a WorkloadNotCreated event",
     )  # fmt: skip
     assert warned[0].type == "Warning"
-    assert "cannot create Job bad-template" in warned[0].message
-    assert "containers[0].name" in warned[0].message and "retrying in" in warned[0].message
+    assert "cannot create Job over-quota" in warned[0].message
+    assert "exceeded quota" in warned[0].message and "retrying in" in warned[0].message
     time.sleep(6)  # tries 0.5-1, 1-2, 2-4 s apart: five at most, where every pass retried
     log = admitting.log_path.read_text(errors="replace")
-    tries = [line for line in log.splitlines() if "cannot create Job bad-template" in line]
+    tries = [line for line in log.splitlines() if "cannot create Job over-quota" in line]
     assert 1 <= len(tries) <= 5, tries
     assert "Traceback" not in log[log.find(tries[0]):], "a refusal is one line, not a traceback"
-    assert _read_job(api_client, namespace, "bad-template") is None
-    objects(api_client).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, "bad-template", {"spec": {"suspend": True}}
-    )
-    admitted(api_client, namespace, "bad-template", "False", "Suspended")
-    # Fixed and resumed, it is created at once: the backoff (next try 8 s away by now) is
-    # forgotten while the job does not wait for a workload.
-    fixed = {"name": "trainer", "image": "trainer:v1"}
-    template = {**body["spec"]["template"], "spec": {"containers": [fixed]}}
-    objects(api_client).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, "bad-template",
-        {"spec": {"suspend": False, "template": template}},
+    assert condition(get(api_client, namespace, "over-quota"), "Admitted")["status"] == "True"  # type: ignore[index]
+    core.delete_namespaced_resource_quota("no-jobs", namespace)
+    wait_until(lambda: _read_job(api_client, namespace, "over-quota"), timeout=30,
+               what="the workload once the quota allows it")  # fmt: skip
+
+
+def test_a_template_the_job_api_refuses_releases_the_gpus_until_the_spec_is_fixed(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """A pod template the CRD keeps but the Job API refuses (422, an invalid container name)
+    held its GPU for good behind a stream of Warnings; now the job gives it back at once with
+    the API server's message (InvalidTemplate), and a fixed spec is admitted again. (The
+    webhook is off: it refuses such a template at apply time.)"""
+    gpus.add([80])
+    admitting.restart(webhook=False)
+    try:
+        body = job("bad-template", gpus)
+        body["spec"]["template"]["spec"]["containers"] = [{"name": "Bad_Name", "image": "x"}]
+        create(api_client, namespace, body)
+        refused = admitted(api_client, namespace, "bad-template", "False", "InvalidTemplate")
+        message = condition(refused, "Admitted")["message"]  # type: ignore[index]
+        assert "refuses the workload built from spec.template" in message
+        assert "containers[0].name" in message, message
+        assert "placement" not in refused["status"]
+        create(api_client, namespace, job("next-in-line", gpus))
+        admitted(api_client, namespace, "next-in-line", "True", "Fits")
+        assert _read_job(api_client, namespace, "bad-template") is None
+        warnings = [e.reason for e in events_for(api_client, namespace, "bad-template")]
+        assert "InvalidTemplate" in warnings, warnings
+        time.sleep(3)  # passes go by (resync 2 s): not decided again at the same spec
+        again = get(api_client, namespace, "bad-template")
+        assert condition(again, "Admitted")["reason"] == "InvalidTemplate"  # type: ignore[index]
+
+        objects(api_client).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "next-in-line"
+        )
+        fixed = {**body["spec"]["template"], "spec": {"containers": [
+            {"name": "trainer", "image": "trainer:v1"}]}}  # fmt: skip
+        objects(api_client).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "bad-template", {"spec": {"template": fixed}}
+        )
+        admitted(api_client, namespace, "bad-template", "True", "Fits", timeout=90)
+        batch_job(api_client, namespace, "bad-template")
+    finally:
+        admitting.restart(webhook=True)
+
+
+def _job_uid_recorded(api: client.ApiClient, namespace: str, name: str) -> str:
+    def recorded() -> str | None:
+        ref = (get(api, namespace, name).get("status") or {}).get("workloadRef") or {}
+        return ref.get("uid")
+
+    return wait_until(recorded, timeout=DEADLINE_S, what=f"{name}'s workload uid in status")
+
+
+def test_deleting_a_running_jobs_workload_stops_it_for_good_and_frees_its_gpu(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """`kubectl delete job` under a running FineTuneJob made a fresh Job within seconds: the
+    training silently started again. Deleting the workload now stops the job."""
+    gpus.add([80])
+    create(api_client, namespace, job("stoppable", gpus))
+    admitted(api_client, namespace, "stoppable", "True", "Fits")
+    first = batch_job(api_client, namespace, "stoppable")
+    assert _job_uid_recorded(api_client, namespace, "stoppable") == first.metadata.uid
+    assert first.metadata.labels["vramgate.dev/finetunejob"] == "stoppable"
+    wait_until(
+        lambda: (c := condition(get(api_client, namespace, "stoppable"), "Running"))
+        and c["status"] == "True",
+        timeout=40, what="stoppable to run",
     )  # fmt: skip
-    resumed = time.monotonic()
-    wait_until(lambda: _read_job(api_client, namespace, "bad-template"), timeout=DEADLINE_S,
-               what="the fixed job's workload")  # fmt: skip
-    assert time.monotonic() - resumed < 5.0
+    create(api_client, namespace, job("behind", gpus))
+    admitted(api_client, namespace, "behind", "False", "WaitingForVRAM")
+
+    client.BatchV1Api(api_client).delete_namespaced_job(
+        "stoppable", namespace, propagation_policy="Background"
+    )
+    failed = wait_until(
+        lambda: (c := condition(get(api_client, namespace, "stoppable"), "Failed"))
+        and c["status"] == "True" and c,
+        timeout=DEADLINE_S, what="stoppable to fail",
+    )  # fmt: skip
+    assert failed["reason"] == "WorkloadDeleted"
+    assert "delete this FineTuneJob and apply it again" in failed["message"]
+    events = {e.reason for e in events_for(api_client, namespace, "stoppable")}
+    assert "WorkloadDeleted" in events, events
+    admitted(api_client, namespace, "behind", "True", "Fits", timeout=90)  # the GPU is free
+    time.sleep(3)  # passes go by: no Job of the stopped job comes back
+    again = _read_job(api_client, namespace, "stoppable")
+    assert again is None or again.metadata.uid == first.metadata.uid, "it never runs again"
+
+
+def test_a_job_that_finished_and_was_cleaned_up_while_the_operator_was_down_never_runs_again(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """The operator down while the completed Job is deleted (what ttlSecondsAfterFinished
+    does): the restarted operator created it again, and the whole training ran twice. Now
+    the Job controller's Events of the recorded uid say it completed."""
+    gpus.add([80])
+    create(api_client, namespace, job("once", gpus, runs_for="3s"))
+    admitted(api_client, namespace, "once", "True", "Fits")
+    uid = _job_uid_recorded(api_client, namespace, "once")
+    admitting.kill()
+    try:
+        batch = client.BatchV1Api(api_client)
+        wait_until(
+            lambda: any(c.type == "Complete" and c.status == "True"
+                        for c in (batch_job(api_client, namespace, "once").status.conditions
+                                  or [])),
+            timeout=60, what="the Job to complete",
+        )  # fmt: skip
+        batch.delete_namespaced_job("once", namespace, propagation_policy="Background")
+        wait_until(lambda: _read_job(api_client, namespace, "once") is None, timeout=DEADLINE_S,
+                   what="the Job to go")  # fmt: skip
+    finally:
+        admitting.start(webhook=True)
+    succeeded = wait_until(
+        lambda: (c := condition(get(api_client, namespace, "once"), "Succeeded"))
+        and c["status"] == "True" and c,
+        timeout=DEADLINE_S, what="once to succeed",
+    )  # fmt: skip
+    assert "its Events say so" in succeeded["message"]
+    time.sleep(3)
+    assert _read_job(api_client, namespace, "once") is None, "the training never runs twice"
+    runs = [e for e in events_for(api_client, namespace, "once") if e.reason == "SuccessfulCreate"]
+    assert {e.involved_object.uid for e in runs} == {uid}, "one Job, one run"
 
 
 def test_a_workload_name_taken_by_another_job_is_said_and_the_workload_follows_once_free(

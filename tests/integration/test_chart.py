@@ -1152,6 +1152,8 @@ OPERATOR_CAN = [
     ("get", "services", "-n", "any"),  # whose object a workload's taken name is
     ("get", "configmaps", "-n", "any"),
     ("create", "events", "-n", "any"),
+    ("list", "events", "-n", "any"),  # how a Job deleted unseen ended (workload/lost.py)
+    ("get", "jobs.batch", "-n", "any"),
 ]
 OPERATOR_CANNOT = [
     # kopf posts core v1 Events only.
