@@ -254,10 +254,10 @@ def _scan(path: str, events: Iterator[yaml.Event]) -> int:
         elif isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                line = event.start_mark.line + 1
+                mark = event.start_mark  # always set by PyYAML's parsers
+                line = f", line {mark.line + 1}" if mark else ""
                 raise PlanInputError(
-                    f"{path}: document {document}, line {line}: nested {depth} deep; "
-                    f"at most {MAX_DEPTH}"
+                    f"{path}: document {document}{line}: nested {depth} deep; at most {MAX_DEPTH}"
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
