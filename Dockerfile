@@ -11,8 +11,10 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 # -- build: the package and its dependencies into a virtual environment -----------------------
 FROM ${PYTHON_IMAGE} AS build
-# Optional extras of the package, comma-separated: "trace" adds torch, transformers and peft
-# for the Trace estimator profile (a much larger image); empty: the operator and agent only.
+# Optional extras of the package: "trace" adds torch, transformers and peft for the Trace
+# estimator profile (a much larger image); empty: the operator and agent only. Each has its
+# lock, every package pinned with its hashes: requirements/runtime.txt, requirements/trace.txt
+# (`make lock` refreshes them).
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -20,8 +22,15 @@ RUN python -m venv /opt/vramgate
 WORKDIR /src
 # Only what the package needs (.dockerignore keeps the rest out of the context).
 COPY pyproject.toml README.md ./
+COPY requirements/runtime.txt requirements/trace.txt ./requirements/
 COPY controller ./controller
-RUN /opt/vramgate/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \
+# The locked versions, each file checked against its hash; then the package alone, built by the
+# locked setuptools; `pip check` fails the build if the lock lacks a dependency.
+RUN lock="requirements/${EXTRAS:-runtime}.txt" \
+    && { [ -f "$lock" ] || { echo "EXTRAS: must be empty or trace, not $EXTRAS" >&2; exit 1; }; } \
+    && /opt/vramgate/bin/pip install --require-hashes --no-deps -r "$lock" \
+    && /opt/vramgate/bin/pip install --no-deps --no-build-isolation ".${EXTRAS:+[$EXTRAS]}" \
+    && /opt/vramgate/bin/pip check \
     && /opt/vramgate/bin/vramgate --help > /dev/null
 
 # -- runtime: the environment alone, as an unprivileged user -------------------------------------

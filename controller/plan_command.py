@@ -221,7 +221,7 @@ def _parse(path: str, text: str) -> list[Any]:
     YAML goes through libyaml where PyYAML has it (ten times faster: 10,000 job manifests
     in about a second), but only after its event stream (an iterative parser) shows the
     nesting is sane: libyaml's node composer recurses in C and overflows the stack on a
-    hostile nesting instead of raising.
+    hostile nesting instead of raising, and PyYAML's own composer runs out of Python stack.
     """
     try:
         if text.lstrip()[:1] in ("{", "["):
@@ -231,28 +231,39 @@ def _parse(path: str, text: str) -> list[Any]:
                 pass  # YAML flow style also starts so
         if _too_deep(text):
             raise PlanInputError(f"{path}: nested more than {MAX_DEPTH} brackets deep")
-        if _C_LOADER is None:
-            documents = list(yaml.safe_load_all(text))
-            _check_aliases(path, documents)
-            return documents
-        depth = deepest = aliases = 0
-        for event in yaml.parse(text, Loader=_C_LOADER):
-            if isinstance(event, yaml.CollectionStartEvent):
-                depth += 1
-                deepest = max(deepest, depth)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-            elif isinstance(event, yaml.AliasEvent):
-                aliases += 1
-        if deepest > MAX_DEPTH:
-            raise PlanInputError(f"{path}: nested {deepest} deep; at most {MAX_DEPTH}")
-        documents = list(yaml.load_all(text, Loader=_C_LOADER))
+        loader = _C_LOADER or yaml.SafeLoader
+        aliases = _scan(path, yaml.parse(text, Loader=loader))
+        documents = list(yaml.load_all(text, Loader=loader))
         if aliases:
             _check_aliases(path, documents)
         return documents
     except (yaml.YAMLError, RecursionError) as error:
         detail = " ".join(str(error).split()) if isinstance(error, yaml.YAMLError) else "too deep"
         raise PlanInputError(f"{path}: not valid YAML or JSON ({detail})") from None
+
+
+def _scan(path: str, events: Iterator[yaml.Event]) -> int:
+    """The number of aliases in a YAML event stream, refused at its first collection nested
+    deeper than MAX_DEPTH. The parser yields events as it reads, so the refusal comes before
+    it reaches any nesting limit of its own (libyaml's, 1,000 levels in PyYAML 6.0.4; none in
+    older ones): the answer is the same whichever PyYAML is installed."""
+    document = depth = aliases = 0
+    for event in events:
+        if isinstance(event, yaml.DocumentStartEvent):
+            document += 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark  # always set by PyYAML's parsers
+                line = f", line {mark.line + 1}" if mark else ""
+                raise PlanInputError(
+                    f"{path}: document {document}{line}: nested {depth} deep; at most {MAX_DEPTH}"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+    return aliases
 
 
 def _check_aliases(path: str, documents: list[Any]) -> None:

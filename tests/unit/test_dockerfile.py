@@ -2,7 +2,8 @@
 
 What is checked is what makes the image safe to run under the chart: pinned bases, a
 numeric non-root user, an exec-form entrypoint (SIGTERM reaches vramgate), no secrets in the
-image config, a build context that leaves out the repository's other files.
+image config, a build context that leaves out the repository's other files, and packages
+installed from a lock with hashes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+#: The image's locks, one per value of EXTRAS (tests/unit/test_locks.py checks their content).
+IMAGE_LOCKS = ("requirements/runtime.txt", "requirements/trace.txt")
 SECRET_WORDS = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE|CREDENTIAL", re.I)
 
 
@@ -157,8 +160,26 @@ def test_the_build_context_is_the_package_only() -> None:
     ]
     assert lines[0] == "*", "start from nothing, then allow what the image needs"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "controller"}
+    assert allowed == {"pyproject.toml", "README.md", "controller", *IMAGE_LOCKS}
     copied = [
-        i.args.split()[0] for i in INSTRUCTIONS if i.command == "COPY" and "--from" not in i.args
+        source
+        for i in INSTRUCTIONS
+        if i.command == "COPY" and "--from" not in i.args
+        for source in i.args.split()[:-1]
     ]
-    assert set(copied) <= allowed
+    assert set(copied) == allowed
+
+
+def test_the_image_installs_its_lock_with_hashes_then_the_package_alone() -> None:
+    """The versions the suite tested, each file checked against its hash: nothing resolved at
+    build time. The lock is picked by EXTRAS (empty: runtime.txt)."""
+    (install,) = [i for i in INSTRUCTIONS if i.command == "RUN" and "pip install" in i.args]
+    assert 'lock="requirements/${EXTRAS:-runtime}.txt"' in install.args
+    steps = [s.strip() for s in install.args.split("&&")]
+    locked = next(s for s in steps if "-r " in s)
+    assert "--require-hashes" in locked and "--no-deps" in locked and '"$lock"' in locked
+    package = steps[steps.index(locked) + 1]
+    assert "pip install --no-deps --no-build-isolation" in package
+    assert any(s.endswith("pip check") for s in steps)
+    for extras in ("", "trace"):
+        assert (REPO / f"requirements/{extras or 'runtime'}.txt").is_file()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller import plan_command
 from controller.cli import main
 from controller.estimator.presets import load_preset
 from controller.plan_command import DRAFT_WITHOUT_TEMPLATE
@@ -687,6 +688,29 @@ def test_unreadable_files_exit_2_with_one_line(
     path.write_bytes(content)
     code, _, err = run(capsys, "--cluster", str(path))
     assert code == 2 and expected in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+def test_deep_block_nesting_is_refused_at_plans_limit_whichever_parser_reads_it(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    libyaml: bool,
+) -> None:
+    """1,500 levels: past the limit libyaml has of its own since PyYAML 6.0.4 (1,000), and
+    deep enough to run PyYAML's recursive pure-Python composer out of stack. The user reads
+    plan's limit, the document and the line, whichever parser and version read the file."""
+    if not libyaml:
+        monkeypatch.setattr(plan_command, "_C_LOADER", None)
+    elif plan_command._C_LOADER is None:
+        pytest.skip("this PyYAML has no libyaml")
+    deep = b"".join(b" " * i + b"- x\n" if i == 1499 else b" " * i + b"-\n" for i in range(1500))
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"nodes: []\n---\na:\n" + deep)
+    code, out, err = run(capsys, "--cluster", str(path))
+    assert (code, out) == (2, "")
+    assert err.endswith(f"{path}: document 2, line 103: nested 101 deep; at most 100\n")
+    assert err.count("\n") == 1
 
 
 def test_a_few_aliases_read_as_kubectl_reads_them(
