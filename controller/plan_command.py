@@ -170,14 +170,19 @@ def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:
     job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
     _add(objects, cluster_file)
     dumped, config_maps = set(objects.jobs), dict(objects.config_maps)
+    classes = dict(objects.priority_classes)
     for path in job_files:
         _add(objects, path)
-    # ConfigMaps alone are input too: those a dump taken without `configmaps` lacks, or
-    # fixed versions of the dump's own (the one given last counts, as a later apply would).
+    # ConfigMaps and PriorityClasses alone are input too: those a dump taken without
+    # `configmaps` or `priorityclasses` lacks, or new versions of the dump's own (the one
+    # given last counts, as a later apply would).
     given = any(config_maps.get(key) is not cm for key, cm in objects.config_maps.items())
+    given |= any(classes.get(key) is not pc for key, pc in objects.priority_classes.items())
     if job_files and objects.jobs.keys() == dumped and not given:
         them = "it" if len(job_files) == 1 else "them"
-        raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob or ConfigMap in {them}")
+        raise PlanInputError(
+            f"{', '.join(job_files)}: no FineTuneJob, ConfigMap or PriorityClass in {them}"
+        )
     return objects, dumped
 
 

@@ -350,6 +350,9 @@ def test_a_dump_ranks_its_jobs_by_their_priority_classes_not_their_raw_numbers(
     assert "warning: spec.priority 1000000000 is ignored" in " ".join(out.split())
     # `kubectl get ...,priorityclasses` holds it: the higher class goes first.
     assert planned(_queue_dump(HIGH_CLASS))[0] == ("tenant/classy", "Admit", "Fits")
+    # A file of the classes completes a dump taken without them.
+    classes = write(tmp_path, "classes.yaml", HIGH_CLASS)
+    assert planned(_queue_dump(), classes)[0] == ("tenant/classy", "Admit", "Fits")
     # As the operator so configured: an administrator's namespace may set a raw number.
     flags = ("--raw-priority-namespace", "tenant")
     assert planned(_queue_dump(HIGH_CLASS), *flags)[0] == ("tenant/jumper", "Admit", "Fits")
@@ -651,7 +654,7 @@ def test_job_files_without_a_finetunejob_are_refused(
     other = write(tmp_path, "other.yaml", {"kind": "Secret", "metadata": {"name": "x"}})
     code, out, err = run(capsys, "--cluster", cluster, other)
     assert code == 2 and out == ""
-    assert err.strip().endswith("other.yaml: no FineTuneJob or ConfigMap in it")
+    assert err.strip().endswith("other.yaml: no FineTuneJob, ConfigMap or PriorityClass in it")
 
 
 def test_a_config_map_file_replaces_a_broken_one_of_the_dump(
