@@ -1,7 +1,8 @@
 """The admission settings, one model for the operator and `vramgate plan`.
 
 ``gpuMode``, ``queueing``, ``headroom``, ``headroomPercent`` and ``heartbeatTtlSeconds``
-decide how jobs are packed onto GPUs. The operator reads them from flags, its environment and
+decide how jobs are packed onto GPUs, ``rawPriorityNamespaces`` which jobs' raw
+``spec.priority`` ranks them. The operator reads them from flags, its environment and
 its config file (`controller.operator.settings` inherits this model); ``vramgate plan`` from
 the same flags only, so that a plan is decided as the operator so configured would decide.
 Both go through `controller.settings.SettingsLoader`, so the flag spellings, checks and
@@ -10,10 +11,18 @@ one-line errors cannot differ.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from controller.decision import AdmissionSettings, QueueingStrategy
@@ -36,6 +45,21 @@ def _headroom_bytes(value: Any) -> Any:
 
 
 HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _namespace_name(value: str) -> str:
+    """A namespace that cannot exist would be named silently, and match nothing."""
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise ValueError(
+            "each namespace must be a DNS-1123 label (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63)"
+        )
+    return value
+
+
+NamespaceName = Annotated[str, AfterValidator(_namespace_name)]
 
 
 class AdmissionConfig(BaseModel):
@@ -70,6 +94,16 @@ class AdmissionConfig(BaseModel):
         "a few of the agent's 30 s heartbeats.",
     )
 
+    raw_priority_namespaces: Annotated[
+        list[NamespaceName], Flag("--raw-priority-namespace", metavar="NAMESPACE")
+    ] = Field(
+        default_factory=list,
+        description="namespaces whose FineTuneJobs' spec.priority, a raw number, is honoured "
+        "(an administrator's own, e.g. a platform team's); elsewhere a job's priority comes "
+        "only from its PriorityClass, and a spec.priority is ignored with a warning. None by "
+        "default: the number is any job author's to write.",
+    )
+
     @field_validator("headroom_percent")
     @classmethod
     def _percent(cls, value: int) -> int:
@@ -84,4 +118,8 @@ class AdmissionConfig(BaseModel):
             headroom_percent=self.headroom_percent,
             gpu_mode=self.gpu_mode,
         )
-        return AdmissionSettings(packing=packing, queueing=self.queueing)
+        return AdmissionSettings(
+            packing=packing,
+            queueing=self.queueing,
+            raw_priority_namespaces=frozenset(self.raw_priority_namespaces),
+        )

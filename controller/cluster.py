@@ -4,7 +4,8 @@ Nodes, GPUNodes, Pods and FineTuneJobs (as `kubectl get -o yaml` prints them, or
 operator's caches hold them) become the packer's `Snapshot`: each node's labels and health,
 the GPUs its agent measured, the GPUs its pods hold, and the reservations of jobs already
 admitted (their `status.placement`). Jobs not admitted yet become `JobRequest`s through the
-same spec translation the webhook and the operator use. Pure: no I/O, no Kubernetes client.
+same spec translation the webhook and the operator use, each ranked by the PriorityClasses
+among the objects (`controller.priority`). Pure: no I/O, no Kubernetes client.
 
 A compact cluster description (`nodes:` with their GPUs' memory) serves `vramgate plan` for
 clusters that do not exist yet.
@@ -13,7 +14,7 @@ clusters that do not exist yet.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,7 @@ from controller.packing.inventory import (
     Snapshot,
     Taint,
 )
+from controller.priority import Priorities
 from controller.units import parse_size
 
 _FINISHED = {"Succeeded", "Failed"}
@@ -61,6 +63,8 @@ class ClusterObjects:
     pods: list[Mapping[str, Any]] = field(default_factory=list)
     jobs: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     config_maps: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: PriorityClasses (scheduling.k8s.io) by name: what ranks the jobs.
+    priority_classes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     compact: list[NodeState] = field(default_factory=list)
     #: Where each job came from (`FILE: document N`), for messages.
     origin: dict[str, str] = field(default_factory=dict)
@@ -104,6 +108,17 @@ class ClusterObjects:
             self.origin[key] = where
         elif kind == "ConfigMap":
             self.config_maps[job_key(obj)] = obj
+        elif kind == "PriorityClass" and group in (SCHEDULING_GROUP, ""):
+            self.priority_classes[name] = obj
+
+    def priorities(self, raw_namespaces: Set[str] = frozenset()) -> Priorities:
+        """What ranks these jobs: their PriorityClasses, and the namespaces whose jobs'
+        spec.priority is honoured."""
+        return Priorities(self.priority_classes, raw_namespaces)
+
+
+#: The API group of PriorityClasses.
+SCHEDULING_GROUP = "scheduling.k8s.io"
 
 
 #: The kinds vramgate.dev serves.
@@ -357,8 +372,20 @@ def job_plan(
     return translate(spec, config)
 
 
-def job_request(job: Mapping[str, Any], plan: JobPlan, estimate: Estimate) -> JobRequest:
+def job_request(
+    job: Mapping[str, Any],
+    plan: JobPlan,
+    estimate: Estimate,
+    priorities: Priorities | None = None,
+) -> JobRequest:
+    """The job as admission decides it, ranked by `priorities` (None: no PriorityClasses, no
+    raw priority allowed: a single job's decision, which no rank changes)."""
     meta = job.get("metadata") or {}
+    spec = job.get("spec") or {}
+    template = spec.get("template") if isinstance(spec.get("template"), Mapping) else None
+    rank = (priorities or Priorities()).of(
+        str(meta.get("namespace") or "default"), plan.priority, plan.priority_class_name, template
+    )
     return JobRequest(
         key=job_key(job),
         estimate=estimate,
@@ -369,9 +396,11 @@ def job_request(job: Mapping[str, Any], plan: JobPlan, estimate: Estimate) -> Jo
         max_gpus=plan.max_gpus,
         selector=plan.gpu_selector,
         constraints=from_pod_template(job["spec"]["template"]) if has_template(job) else None,
-        priority=plan.priority,
+        priority=rank.value,
         created=parse_time(meta.get("creationTimestamp")),
         suspend=plan.suspend,
+        priority_problem=rank.problem,
+        warnings=rank.warnings,
     )
 
 
@@ -380,10 +409,11 @@ def requests(
     config_maps: Mapping[str, Mapping[str, Any]],
     estimator: Estimator,
     origin: Mapping[str, str] | None = None,
+    priorities: Priorities | None = None,
 ) -> tuple[list[JobRequest], dict[str, JobPlan], dict[str, ClusterError]]:
-    """Every valid job as a request, and each invalid one's error naming it (where it came
-    from, the field): the caller decides whether an invalid job is the user's input to refuse
-    or the cluster's state to report."""
+    """Every valid job as a request ranked by `priorities`, and each invalid one's error
+    naming it (where it came from, the field): the caller decides whether an invalid job is
+    the user's input to refuse or the cluster's state to report."""
     out, plans, invalid = [], {}, {}
     for key, job in jobs.items():
         where = f"{(origin or {}).get(key, 'FineTuneJob')} ({key})"
@@ -396,7 +426,7 @@ def requests(
         except SpecError as error:
             invalid[key] = ClusterError(where, str(error))
             continue
-        out.append(job_request(job, plan, estimate))
+        out.append(job_request(job, plan, estimate, priorities))
         plans[key] = plan
     return out, plans, invalid
 

@@ -159,11 +159,20 @@ class _FineTuneJob(_Shape):
     status: _JobStatus | None = None
 
 
+class _PriorityClass(_Shape):
+    """What ranks the jobs (`controller.priority`): an int32 value the API server requires."""
+
+    metadata: _Meta
+    value: StrictInt = Field(ge=-(2**31), lt=2**31)
+    globalDefault: StrictBool | None = None
+
+
 _SHAPES: dict[str, type[_Shape]] = {
     "Node": _Node,
     "GPUNode": _GPUNode,
     "Pod": _Pod,
     "FineTuneJob": _FineTuneJob,
+    "PriorityClass": _PriorityClass,
 }
 
 

@@ -153,7 +153,11 @@ class JobPlan:
     warnings: tuple[str, ...] = ()
     min_gpus: int = 1
     max_gpus: int | None = None
+    #: spec.priority: a raw number, honoured only where an administrator allows it
+    #: (`controller.priority`).
     priority: int = 0
+    #: spec.priorityClassName, the PriorityClass whose value orders the queue; None: unset.
+    priority_class_name: str | None = None
 
 
 def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
@@ -166,6 +170,7 @@ def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
     return ConfigMapKey(ref["name"], ref.get("key", DEFAULT_CONFIG_KEY))
 
 
+#: ConfigMap and PriorityClass names are both DNS-1123 subdomains.
 _CONFIG_MAP_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 _CONFIG_MAP_KEY = re.compile(CONFIG_MAP_KEY_PATTERN)
 
@@ -393,6 +398,16 @@ def _placement(
     priority = int_in_range(
         spec.get("priority", 0), "spec.priority", -MAX_PRIORITY, MAX_PRIORITY, errors
     )
+    class_name = spec.get("priorityClassName")
+    if class_name is not None and not _is(class_name, _CONFIG_MAP_NAME):
+        errors.append(
+            SpecError(
+                "spec.priorityClassName",
+                f"must be a PriorityClass name: a DNS-1123 subdomain (lower-case letters, "
+                f"digits, '-' and '.', starting and ending alphanumeric, at most 253 "
+                f"characters), got {class_name!r}",
+            )
+        )
     selector = resources.get("gpuSelector") or {}
     if not isinstance(selector, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
@@ -413,6 +428,7 @@ def _placement(
         "min_gpus": min_gpus,
         "max_gpus": max_gpus,
         "priority": priority,
+        "priority_class_name": class_name if isinstance(class_name, str) else None,
         "admission_policy": policy,
         "suspend": suspend is True,
         "gpu_selector": dict(selector),

@@ -83,8 +83,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--cluster",
         metavar="FILE",
-        help="the cluster: `kubectl get nodes,gpunodes,finetunejobs,pods,configmaps -A -o yaml` "
-        "output, or a compact `nodes:` description (default: the built-in example)",
+        help="the cluster: `kubectl get nodes,gpunodes,finetunejobs,pods,configmaps,"
+        "priorityclasses -A -o yaml` output, or a compact `nodes:` description (default: the "
+        "built-in example)",
     )
     p.add_argument(
         "--profile",
@@ -110,15 +111,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
         snap = snapshot(objects, _newest_heartbeat(objects))
     except ClusterError as error:
         raise PlanInputError(str(error)) from None
+    settings = admission_settings(args)
     jobs, plans, invalid = requests(
-        pending_jobs(objects), objects.config_maps, _estimator(profile), objects.origin
+        pending_jobs(objects),
+        objects.config_maps,
+        _estimator(profile),
+        objects.origin,
+        objects.priorities(settings.raw_priority_namespaces),
     )
     # A job file's error is the user's to fix now; a dumped job's is the cluster's state,
     # which the operator leaves undecided too (Invalid, or waiting for its ConfigMap).
     for key, refused in invalid.items():
         if key not in dumped:
             raise PlanInputError(str(refused))
-    settings = admission_settings(args)
     # A pod template the workload cannot be built from: refused at apply by the webhook, and
     # left InvalidSpec by the operator, never admitted.
     unusable = {
@@ -165,14 +170,19 @@ def _load(args: argparse.Namespace) -> tuple[ClusterObjects, set[str]]:
     job_files = args.jobs or ([] if args.cluster else [str(EXAMPLES / "jobs.yaml")])
     _add(objects, cluster_file)
     dumped, config_maps = set(objects.jobs), dict(objects.config_maps)
+    classes = dict(objects.priority_classes)
     for path in job_files:
         _add(objects, path)
-    # ConfigMaps alone are input too: those a dump taken without `configmaps` lacks, or
-    # fixed versions of the dump's own (the one given last counts, as a later apply would).
+    # ConfigMaps and PriorityClasses alone are input too: those a dump taken without
+    # `configmaps` or `priorityclasses` lacks, or new versions of the dump's own (the one
+    # given last counts, as a later apply would).
     given = any(config_maps.get(key) is not cm for key, cm in objects.config_maps.items())
+    given |= any(classes.get(key) is not pc for key, pc in objects.priority_classes.items())
     if job_files and objects.jobs.keys() == dumped and not given:
         them = "it" if len(job_files) == 1 else "them"
-        raise PlanInputError(f"{', '.join(job_files)}: no FineTuneJob or ConfigMap in {them}")
+        raise PlanInputError(
+            f"{', '.join(job_files)}: no FineTuneJob, ConfigMap or PriorityClass in {them}"
+        )
     return objects, dumped
 
 

@@ -84,6 +84,11 @@ REASON_WAITING_FOR_GPUS = "WaitingForGPUs"
 #: WaitingInQueue indicates that the job is queued because an earlier job in the queue waits
 #: for memory and the queueing strategy is StrictFIFO, which lets no job go ahead of it.
 REASON_WAITING_IN_QUEUE = "WaitingInQueue"
+#: PriorityClassUnavailable indicates that the job is not decided because it has no place in
+#: the queue: the PriorityClass it names (spec.priorityClassName, else its pod template's)
+#: does not exist, or is a system class kept for the cluster's own components. It is decided
+#: once the class exists, or once the spec names another.
+REASON_PRIORITY_CLASS_UNAVAILABLE = "PriorityClassUnavailable"
 #: Suspended indicates that the job is not admitted because spec.suspend is true; a suspended
 #: job holds no reservation.
 REASON_SUSPENDED = "Suspended"

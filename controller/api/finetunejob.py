@@ -328,13 +328,25 @@ class FineTuneJobSpec(ApiModel):
         "not the count that fits: Enforce (admit as asked or reject), Resize (admit with "
         "the count that fits), Advise (admit as asked and warn). Default Enforce.",
     )
+    priority_class_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="priorityClassName names the PriorityClass (scheduling.k8s.io) whose value "
+        "orders the admission queue: higher first, then older first, across namespaces. "
+        "Default: the pod template's priorityClassName, else the cluster's globalDefault "
+        "class, else 0. A class that does not exist leaves the job undecided until it does; "
+        "the system classes (above 1,000,000,000) are not for jobs.",
+    )
     priority: int = Field(
         0,
         ge=-MAX_PRIORITY,
         le=MAX_PRIORITY,
-        description=f"priority orders the admission queue: higher first, then older first. "
-        f"Between -{MAX_PRIORITY:,} and {MAX_PRIORITY:,} (as user PriorityClass values); "
-        "default 0.",
+        description=f"priority is a raw queue priority, honoured only in the namespaces the "
+        f"operator's rawPriorityNamespaces lists (an administrator's), where it takes the "
+        f"place of the class's value; ignored, and said so, elsewhere. Between "
+        f"-{MAX_PRIORITY:,} and {MAX_PRIORITY:,} (as user PriorityClass values); default 0.",
     )
     suspend: bool = Field(
         False,

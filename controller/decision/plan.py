@@ -1,9 +1,10 @@
 """Many jobs against one snapshot, in queue order, each admission charged before the next.
 
-The order is priority (highest first), then creation time, then the order given: the queue
-the operator keeps. An admitted job's reservation is assumed in the view before the next job
-is decided, so two jobs are never placed on the same free memory, exactly as the operator's
-loop assumes before it writes.
+The order is priority (highest first: the value of the job's PriorityClass, resolved where
+the requests are made, `controller.priority`), then creation time, whatever the namespace,
+then the order given: the queue the operator keeps. An admitted job's reservation is assumed
+in the view before the next job is decided, so two jobs are never placed on the same free
+memory, exactly as the operator's loop assumes before it writes.
 
 * `BestEffortFIFO` (default) lets a later job that fits go ahead of an earlier one that
   waits (backfill). A waiting job older than the starvation limit holds the GPUs it is
@@ -17,6 +18,10 @@ A job without a pod template runs nothing, so it holds nothing: it is told what 
 would do (reason NoTemplate), decided after the others on what they leave, never charged, and
 never in another job's way; under StrictFIFO it waits behind a job that waits ahead of it, as
 it would with a template.
+
+A job without a priority (the PriorityClass it names does not exist) has no place in the
+queue: it is told why (PriorityClassUnavailable), holds nothing, and is in no job's way. A
+job's own warnings (a spec.priority that was ignored) end each of its decisions' messages.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ def plan_on(
         if job.suspend:
             decisions.append(_suspended(job))
             continue
+        if job.priority_problem is not None:
+            decisions.append(_unranked(job, job.priority_problem))
+            continue
         if job.key in template_less:
             continue
         decision, placed = decide_placed(job, view)
@@ -95,12 +103,22 @@ def plan_on(
         decisions.append(decision)
     for place, i in enumerate(order):
         job = jobs[i]
-        if job.key in template_less and not job.suspend:
+        if job.key in template_less and not job.suspend and job.priority_problem is None:
             decision, placed = decide_placed(job, view)
             if placed is not None and blocker is not None and blocker[0] < place:
                 decision = _behind(job, blocker[1])
             decisions.append(_no_template(decision))
-    return decisions
+    warned = {job.key: job.warnings for job in jobs if job.warnings}
+    return [_warned(d, warned[d.job]) if d.job in warned else d for d in decisions]
+
+
+def _warned(decision: Decision, warnings: tuple[str, ...]) -> Decision:
+    """The job's warnings at the end of the message, where every reader of a decision sees
+    them (the Admitted condition, its Event, `vramgate plan`)."""
+    message = decision.message + "".join(f"; warning: {w}" for w in warnings)
+    # Advised repeats its message as a warning: the same text, lengthened alike.
+    said = tuple(message if w == decision.message else w for w in decision.warnings)
+    return replace(decision, message=message, warnings=said)
 
 
 def _no_template(would: Decision) -> Decision:
@@ -128,6 +146,17 @@ def _behind(job: JobRequest, blocker: str) -> Decision:
         cond.REASON_WAITING_IN_QUEUE,
         f"fits now, but waits behind {blocker} (queueing StrictFIFO lets no job go ahead of "
         "one that waits)",
+        job.gpus,
+        per_gpu_bytes=job.estimate.per_gpu_bytes(job.gpus, job.parallelism),
+    )
+
+
+def _unranked(job: JobRequest, problem: str) -> Decision:
+    return Decision(
+        job.key,
+        Outcome.QUEUE,
+        cond.REASON_PRIORITY_CLASS_UNAVAILABLE,
+        problem,
         job.gpus,
         per_gpu_bytes=job.estimate.per_gpu_bytes(job.gpus, job.parallelism),
     )

@@ -46,6 +46,9 @@ class AdmissionSettings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     queueing: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
     starvation_limit: timedelta = DEFAULT_STARVATION_LIMIT
+    #: The namespaces whose jobs' raw spec.priority is honoured (`controller.priority`): read
+    #: where requests are made, not by the decision, which takes each job's priority as given.
+    raw_priority_namespaces: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +69,15 @@ class JobRequest:
     #: Its pod template's nodeSelector, required node affinity and tolerations; None for a
     #: job without a template, which runs no pods (NoTemplate).
     constraints: NodeConstraints | None = None
+    #: Its rank in the queue, higher first: its PriorityClass's value (`controller.priority`).
     priority: int = 0
     created: datetime | None = None
     suspend: bool = False
+    #: Why the job has no rank (the PriorityClass it names does not exist), or None: such a
+    #: job is not decided, and is told so (PriorityClassUnavailable).
+    priority_problem: str | None = None
+    #: Said with every decision of the job (a spec.priority that was ignored).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

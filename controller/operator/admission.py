@@ -639,7 +639,8 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
     draft.apply(
         status_rules.estimated(found.plan, found.estimate, generation, draft.status, inp.now)
     )
-    return job_request(draft.job, found.plan, found.estimate)
+    ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
+    return job_request(draft.job, found.plan, found.estimate, ranked_by)
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not

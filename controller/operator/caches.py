@@ -10,12 +10,13 @@ without their specs beyond GPU requests, FineTuneJobs whole (their spec is what 
 
 Pods indexed are those that hold GPUs (an `nvidia.com/gpu` request: the device plugin's
 slots) or belong to a FineTuneJob (`JOB_LABEL`: their state and their GPU usage).
+PriorityClasses (a handful in any cluster) rank the jobs in the queue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from sys import intern
 from typing import Any, cast
 
@@ -24,14 +25,17 @@ import kopf
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
-from controller.cluster import ClusterObjects, job_key, pod_gpus, pods_by_job
+from controller.cluster import SCHEDULING_GROUP, ClusterObjects, job_key, pod_gpus, pods_by_job
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"
 NODES = "vramgate_nodes"
 PODS = "vramgate_pods"
 WORKLOADS = "vramgate_workloads"
-INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS)
+PRIORITY_CLASSES = "vramgate_priorityclasses"
+INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES)
+#: PriorityClasses: (group, version, plural).
+PRIORITY_CLASS_RESOURCE = (SCHEDULING_GROUP, "v1", "priorityclasses")
 #: batch Jobs vramgate made carry its job label.
 WORKLOAD_LABELS = {JOB_LABEL: kopf.PRESENT}
 
@@ -156,6 +160,15 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def slim_priority_class(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A PriorityClass as ranking reads it: its name, value and whether it is the default."""
+    return {
+        "metadata": _meta(body, "name"),
+        "value": body.get("value"),
+        "globalDefault": body.get("globalDefault") is True,
+    }
+
+
 def gpu_or_job_pod(body: kopf.Body, **_: Any) -> bool:
     labels = (body.get("metadata") or {}).get("labels") or {}
     return JOB_LABEL in labels or pod_gpus(body) > 0
@@ -182,7 +195,7 @@ def _owner_uid(body: Mapping[str, Any]) -> str | None:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """The five indexes, under the ids `Caches.of` reads them by.
+    """The six indexes, under the ids `Caches.of` reads them by.
 
     Coroutines, so kopf calls them on its event loop: a plain function is run in kopf's
     thread pool, two thread hops per watch event for a fraction of a millisecond's work."""
@@ -212,6 +225,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.index("batch", "v1", "jobs", id=WORKLOADS, labels=WORKLOAD_LABELS, registry=registry)(
         workloads
     )
+    kopf.index(*PRIORITY_CLASS_RESOURCE, id=PRIORITY_CLASSES, registry=registry)(
+        by_name(slim_priority_class)
+    )
 
 
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
@@ -221,13 +237,14 @@ def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
 
 @dataclass
 class Caches:
-    """The five indexes, as the handlers receive them."""
+    """The six indexes, as the handlers receive them."""
 
     finetunejobs: Mapping[Any, Any]
     gpunodes: Mapping[Any, Any]
     nodes: Mapping[Any, Any]
     pods: Mapping[Any, Any]
     workloads: Mapping[Any, Any]
+    priority_classes: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
@@ -248,6 +265,8 @@ class Caches:
         for gpunode in _values(self.gpunodes):
             objects.gpunodes[gpunode["metadata"]["name"]] = gpunode
         objects.pods = list(_values(self.pods))
+        for priority_class in _values(self.priority_classes):
+            objects.priority_classes[priority_class["metadata"]["name"]] = priority_class
         for job in _values(self.finetunejobs) if jobs is None else jobs:
             objects.jobs[job_key(job)] = job
         workloads: dict[str, dict[str, Any]] = {}

@@ -9,7 +9,8 @@ users' own writes.
 Events that wake the loop: a FineTuneJob created, changed or deleted; a GPUNode whose GPUs
 or readiness changed (a heartbeat alone does not: a stale heartbeat is noticed by the
 periodic resync); a Node cordoned, uncordoned, becoming (un)ready or losing GPUs; a GPU pod
-or a workload changing phase.
+or a workload changing phase; a PriorityClass created, deleted or given another value (the
+queue's order, and a job that waits for its class).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def register(
     wake_on(("v1", "nodes"), caches.slim_node, inventory=caches.slim_node)
     wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)
     wake_on(("batch", "v1", "jobs"), lambda body: body.get("status"), labels=caches.WORKLOAD_LABELS)
+    wake_on(caches.PRIORITY_CLASS_RESOURCE, caches.slim_priority_class)
 
     tasks: list[asyncio.Task[Any]] = []
 
@@ -109,7 +111,11 @@ def register(
 
     if not webhooks:
         return None
-    hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook)
+    hook = AdmissionWebhook(
+        scheduler.current_view,
+        scheduler.metrics.observe_webhook,
+        raw_priority_namespaces=scheduler.options.admission.raw_priority_namespaces,
+    )
     resource = (GROUP, VERSION, PLURAL)
     # The webhook is fast feedback; the operator decides and enforces in status. An
     # unreachable webhook must not block every FineTuneJob write in the cluster.

@@ -60,6 +60,7 @@ KNOWN_DECISIONS = (
     ("Queue", cond.REASON_WAITING_FOR_VRAM),
     ("Queue", cond.REASON_WAITING_FOR_GPUS),
     ("Queue", cond.REASON_WAITING_IN_QUEUE),
+    ("Queue", cond.REASON_PRIORITY_CLASS_UNAVAILABLE),
     ("Reject", cond.REASON_INSUFFICIENT_VRAM),
     ("Reject", cond.REASON_NO_MATCHING_GPU),
     ("Reject", cond.REASON_INSUFFICIENT_GPUS),

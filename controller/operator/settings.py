@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import Field, field_validator
 
-from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
+from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
 from controller.operator.options import (
     DEFAULT_CERT_DIR,
     DEFAULT_LEASE,
@@ -40,19 +39,6 @@ ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
 __all__ = ["OperatorSettings", "SettingsError", "add_arguments", "load_options", "load_settings"]
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def _namespace_name(value: str) -> str:
-    """A namespace that cannot exist would be watched silently, and nothing found."""
-    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise ValueError(
-            "each namespace must be a DNS-1123 label (lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit, at most 63)"
-        )
-    return value
-
-
 def _process_identity() -> str:
     """Outside a pod: the host name alone would be shared by two operators run side by side
     on one machine, and both would hold the Lease as the same holder."""
@@ -65,7 +51,7 @@ class OperatorSettings(AdmissionConfig):
     first."""
 
     namespaces: Annotated[
-        list[Annotated[str, AfterValidator(_namespace_name)]],
+        list[NamespaceName],
         Flag("-n", "--namespace", metavar="NAMESPACE"),
     ] = Field(
         default_factory=list,

@@ -7,7 +7,10 @@ Validating (CREATE and UPDATE):
   may not change at all (nothing would run it again: delete it and create it anew);
 * a job that can never fit this cluster, even empty, is refused with the numbers of the
   Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`), except in an
-  UPDATE that only suspends or resumes it (the cluster may have shrunk since its create).
+  UPDATE that only suspends or resumes it (the cluster may have shrunk since its create);
+* a raw `spec.priority` in a namespace not allowed to set one (`rawPriorityNamespaces`) is
+  allowed with a warning that it is ignored (`controller.priority`): the manifest stays
+  valid everywhere, and its author learns at once that the number ranks nothing there.
 
 Mutating (CREATE, and an UPDATE that changes the GPU count): with `admissionPolicy:
 Resize`, a requested GPU count that can never fit is rewritten to the count nearest it in
@@ -36,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,7 @@ from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural
 from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView, Selection
+from controller.priority import ignored_priority
 from controller.units import format_gib
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 from controller.workload import workload_problem
@@ -87,9 +91,11 @@ class AdmissionWebhook:
         self,
         view: Callable[[], Awaitable[ClusterView | None]],
         observe: Callable[[str, str, float], None] = _ignore,
+        raw_priority_namespaces: Set[str] = frozenset(),
     ) -> None:
         self.view = view
         self.observe = observe
+        self.raw_priority_namespaces = raw_priority_namespaces
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
         self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
         self._workload_problems: dict[tuple[str, GpuMode], str | None] = {}
@@ -180,6 +186,7 @@ class AdmissionWebhook:
         plain = dict(spec)
         key = _key(plain)  # once per request: each cache below is keyed by the spec
         self._validate_spec(plain, key, old, operation, warnings)
+        self._ignored_priority(body, plain, old, warnings)
         if operation == "UPDATE" and old is not None:
             if finished(old) and dict(old.get("spec") or {}) != plain:
                 raise kopf.AdmissionError(_FINISHED, code=INVALID)  # suspend included
@@ -258,6 +265,25 @@ class AdmissionWebhook:
             raise refusal
         if warnings is not None:
             warnings.extend(said_before)
+
+    def _ignored_priority(
+        self,
+        body: Mapping[str, Any],
+        spec: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        warnings: list[str] | None,
+    ) -> None:
+        """Warn of a spec.priority its namespace may not set, when the write sets it (a
+        create, or an update that changes it), not at every later update of the job."""
+        raw = spec.get("priority", 0)
+        if warnings is None or type(raw) is not int:
+            return  # not a number: refused above
+        if old is not None and (old.get("spec") or {}).get("priority", 0) == raw:
+            return
+        namespace = str((body.get("metadata") or {}).get("namespace") or "default")
+        said = ignored_priority(namespace, raw, self.raw_priority_namespaces)
+        if said is not None:
+            warnings.append(f"vramgate: {said}")
 
     def _workload_problem(
         self, body: Mapping[str, Any], spec: dict[str, Any], key: str, mode: GpuMode

@@ -369,6 +369,76 @@ def test_a_queued_job_is_admitted_by_itself_when_another_finishes_or_is_deleted(
     admitted(api_client, namespace, "third", "True", "Fits", timeout=90)
 
 
+@pytest.fixture
+def tenant(api_client: client.ApiClient) -> Iterator[str]:
+    """A second namespace: another team's, whose jobs share the queue."""
+    core = client.CoreV1Api(api_client)
+    name = f"tenant-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture
+def high_class(api_client: client.ApiClient) -> Iterator[str]:
+    """The name of a PriorityClass the test creates (cluster-scoped: deleted after it)."""
+    name = f"high-{uuid.uuid4().hex[:8]}"
+    yield name
+    try:
+        client.SchedulingV1Api(api_client).delete_priority_class(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def test_a_raw_priority_jumps_no_queue_and_a_higher_priority_class_does(
+    admitting: OperatorProcess, cluster: Cluster, api_client: client.ApiClient, namespace: str,
+    tenant: str, high_class: str, gpus: Gpus,
+) -> None:  # fmt: skip
+    """One GPU, held for 30 s; then, one after the other, jobs of one shape: `older` in one
+    namespace, `jumper` (spec.priority 1,000,000,000) and `classy` (a PriorityClass of value
+    1000, created only once classy waits for it) in another. classy goes first, then older;
+    jumper's number ranks nothing."""
+    gpus.add([80])
+    create(api_client, namespace, job("blocker", gpus, runs_for="30s"))
+    admitted(api_client, namespace, "blocker", "True", "Fits")
+    create(api_client, namespace, job("older", gpus, runs_for="8s"))
+    admitted(api_client, namespace, "older", "False", "WaitingForVRAM")
+
+    jumper = job("jumper", gpus, priority=1_000_000_000)
+    done = cluster.kubectl("create", "-n", tenant, "-f", "-", stdin=json.dumps(jumper))
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"Warning: vramgate: spec.priority 1000000000 is ignored: only the namespaces an "
+        f"administrator lists in the operator's rawPriorityNamespaces may set a raw priority, "
+        f"and {tenant} is not one"
+    ) in done.stderr
+
+    def said(ns: str, name: str) -> dict[str, Any]:
+        return condition(get(api_client, ns, name), "Admitted") or {}
+
+    admitted(api_client, tenant, "jumper", "False", "WaitingForVRAM")
+    assert "warning: spec.priority 1000000000 is ignored" in said(tenant, "jumper")["message"]
+
+    create(api_client, tenant, job("classy", gpus, runs_for="8s", priorityClassName=high_class))
+    admitted(api_client, tenant, "classy", "False", "PriorityClassUnavailable")
+    assert f"no PriorityClass named '{high_class}'" in said(tenant, "classy")["message"]
+    client.SchedulingV1Api(api_client).create_priority_class(
+        {"metadata": {"name": high_class}, "value": 1000}
+    )
+    admitted(api_client, tenant, "classy", "False", "WaitingForVRAM")
+
+    # The blocker ends after 30 s: classy, though created last, takes the GPU.
+    admitted(api_client, tenant, "classy", "True", "Fits", timeout=90)
+    for ns, name in ((namespace, "older"), (tenant, "jumper")):
+        assert said(ns, name)["reason"] == "WaitingForVRAM", name
+    # classy ends after 8 s: then the older job, whatever the other's spec.priority.
+    admitted(api_client, namespace, "older", "True", "Fits", timeout=90)
+    assert said(tenant, "jumper")["reason"] == "WaitingForVRAM"
+
+
 def refused_at_apply(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str:
     """The webhook's 422 message for `body`, once the operator's view holds the test's GPUs
     (until then the webhook lets it through: the job is deleted and tried again)."""

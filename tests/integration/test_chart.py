@@ -715,7 +715,7 @@ def test_listed_namespaces_narrow_the_webhooks_and_the_operators_rights() -> Non
     cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
     cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
     assert cluster_wide == {
-        "gpunodes", "nodes", "customresourcedefinitions", "namespaces",
+        "gpunodes", "nodes", "priorityclasses", "customresourcedefinitions", "namespaces",
         "validatingwebhookconfigurations", "mutatingwebhookconfigurations",
     }  # fmt: skip
     roles = find(objects, "Role", f"{FULLNAME}-operator-jobs")
@@ -1146,6 +1146,7 @@ OPERATOR_CAN = [
     ("list", "gpunodes.vramgate.dev"),
     ("watch", "pods", "-A"),
     ("get", "nodes"),
+    ("watch", "priorityclasses.scheduling.k8s.io"),
     ("create", "jobs.batch", "-n", "any"),
     ("delete", "jobs.batch", "-n", "any"),
     ("create", "services", "-n", "any"),
@@ -1170,6 +1171,7 @@ OPERATOR_CANNOT = [
     ("create", "gpunodes.vramgate.dev"),
     ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
     ("patch", "nodes"),
+    ("create", "priorityclasses.scheduling.k8s.io"),
     ("list", "configmaps", "-A"),
     ("update", "configmaps", "-n", "any"),
     ("patch", "validatingwebhookconfigurations/some-other-webhook"),

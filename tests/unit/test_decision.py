@@ -371,6 +371,44 @@ def test_the_queue_goes_by_priority_then_creation_time_then_the_given_order() ->
     assert [d.job for d in decisions] == ["ns/j1", "ns/j2", "ns/j0", "ns/j3", "ns/j4"]
 
 
+def test_a_higher_class_goes_first_whatever_the_age_and_a_job_without_one_is_told_why() -> None:
+    """The priority is the job's PriorityClass value (resolved where requests are made); a
+    job whose class does not exist has no place: told so, it holds nothing, and is in no
+    job's way, StrictFIFO or not."""
+    jobs = [
+        job("old", est(30), created=NOW - timedelta(hours=1)),
+        job("unranked", est(30), created=NOW - timedelta(hours=2),
+            priority_problem="spec.priorityClassName: no PriorityClass named 'x'"),
+        job("high", est(30), priority=1000, created=NOW),
+    ]  # fmt: skip
+    for strategy in QueueingStrategy:
+        d = run([node("a", [40])], jobs, queueing=strategy)
+        assert d["high"].admitted and d["old"].reason == cond.REASON_WAITING_FOR_VRAM
+        assert (d["unranked"].outcome, d["unranked"].reason) == (
+            Outcome.QUEUE, cond.REASON_PRIORITY_CLASS_UNAVAILABLE,
+        )  # fmt: skip
+        assert d["unranked"].message == "spec.priorityClassName: no PriorityClass named 'x'"
+        assert d["unranked"].placement == ()
+        alone = run([node("a", [40])], [jobs[1], job("next", est(30))], queueing=strategy)
+        assert alone["next"].admitted
+
+
+def test_a_jobs_own_warnings_end_each_of_its_decisions_messages() -> None:
+    said = ("spec.priority 5 is ignored",)
+    jobs = [
+        job("fits", est(10), warnings=said),
+        job("waits", est(70), warnings=said),
+        job("advised", est(100), policy=ADVISE, warnings=said),
+    ]
+    d = run([node("a", [50])], jobs)  # an 80 GiB GPU with 50 free
+    assert [d[n].reason for n in ("fits", "waits", "advised")] == [
+        cond.REASON_FITS, cond.REASON_WAITING_FOR_VRAM, cond.REASON_ADVISED,
+    ]  # fmt: skip
+    for name in ("fits", "waits", "advised"):
+        assert d[name].message.endswith("; warning: spec.priority 5 is ignored"), name
+    assert d["advised"].warnings == (d["advised"].message,), "said once, not twice"
+
+
 def test_each_admission_is_charged_before_the_next_job_is_decided() -> None:
     one = run([node("a", [40])], [job("j1", est(30)), job("j2", est(30))])
     assert one["j1"].outcome is Outcome.ADMIT

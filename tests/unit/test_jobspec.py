@@ -237,6 +237,13 @@ def test_a_module_saved_twice_is_estimated_as_once_like_a_target_named_twice() -
         (job(priority=True), "spec.priority: must be an integer, got True"),
         (job(priority=10**10), "spec.priority: must be less than or equal to 1000000000"),
         (
+            job(priorityClassName="High_Priority"),
+            "spec.priorityClassName: must be a PriorityClass name: a DNS-1123 subdomain "
+            "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric, at "
+            "most 253 characters), got 'High_Priority'",
+        ),
+        (job(priorityClassName=7), "spec.priorityClassName: must be a PriorityClass name"),
+        (
             job(resources={"minGPUs": 4, "maxGPUs": 2}),
             "spec.resources.maxGPUs: must be greater than or equal to minGPUs (4), got 2",
         ),

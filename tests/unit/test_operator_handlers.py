@@ -283,7 +283,7 @@ def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
     indexes = registry._indexing.get_all_handlers()
     assert [h.id for h in indexes] == list(caches.INDEXES)
     wake = {h.selector.any_name for h in registry._watching.get_all_handlers()}
-    assert wake == {"finetunejobs", "gpunodes", "nodes", "pods", "jobs"}
+    assert wake == {"finetunejobs", "gpunodes", "nodes", "pods", "jobs", "priorityclasses"}
     activities = {str(h.activity.value) for h in registry._activities.get_all_handlers()}
     assert activities == {"startup", "cleanup"}
     assert registry._changing.get_all_handlers() == [], "no create/update handler writes"
@@ -329,6 +329,27 @@ def test_a_gpunode_heartbeat_alone_does_not_wake_the_loop(sched: Scheduler) -> N
     assert event("2025-03-01T12:01:00Z", 70 * GIB) == (True, 0), "memory in use changed"
     assert event("2025-03-01T12:01:30Z", 70 * GIB, 40 * GIB) == (True, 1), "capacity changed"
     assert sched.caches is not None, "the handler handed the scheduler its caches"
+
+
+def test_a_priority_class_created_or_given_another_value_wakes_the_loop(sched: Scheduler) -> None:
+    """A job waiting for its class is decided, and the queue reordered, at once."""
+    registry: Any = kopf.OperatorRegistry()
+    handlers.register(registry, sched, webhooks=False)
+    (on_class,) = [
+        h for h in registry._watching.get_all_handlers() if h.selector.any_name == "priorityclasses"
+    ]
+    indexes: dict[str, Any] = {name: {} for name in caches.INDEXES}
+
+    def event(value: int, kind: str = "MODIFIED", **more: Any) -> bool:
+        sched._wake.clear()
+        body = {"metadata": {"name": "high", "uid": "pc1", "labels": more}, "value": value}
+        asyncio.run(on_class.fn(body=kopf.Body(cast(Any, body)), type=kind, **indexes))
+        return sched._wake.is_set()
+
+    assert event(1000, "ADDED")
+    assert not event(1000, team="a"), "a label changes no rank"
+    assert event(2000)
+    assert event(2000, "DELETED")
 
 
 # -- `vramgate operator` start-up -----------------------------------------------------------

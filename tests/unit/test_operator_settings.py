@@ -44,6 +44,7 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "headroom": ("2GiB", "2GiB", 2 * GIB),
     "headroom_percent": ("5", 5, 5),
     "heartbeat_ttl_seconds": ("120", 120, 120),
+    "raw_priority_namespaces": ("platform", ["platform"], ["platform"]),
     "resync_seconds": ("3", 3, 3.0),
     "leader_election": ("false", False, False),
     "lease_namespace": ("vg", "vg", "vg"),
@@ -77,7 +78,8 @@ def test_the_config_keys_are_the_contracts() -> None:
     keys = (
         "namespaces webhook webhookAddr webhookPort webhookHost webhookConfigName certDir "
         "certHosts certSecretName configmapRetrySeconds gpuMode queueing headroom "
-        "headroomPercent heartbeatTtlSeconds resyncSeconds leaderElection leaseNamespace "
+        "headroomPercent heartbeatTtlSeconds rawPriorityNamespaces resyncSeconds leaderElection "
+        "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel"
     )
     assert sorted(LOADER.key(n) for n in OperatorSettings.model_fields) == sorted(keys.split())
@@ -181,6 +183,8 @@ def test_defaults_come_from_the_pod() -> None:
          "operator: --namespace: each namespace must be a DNS-1123 label"),
         ((), {"VRAMGATE_OPERATOR_NAMESPACES": '["a","b"]'},
          "VRAMGATE_OPERATOR_NAMESPACES: each namespace must be a DNS-1123 label"),
+        (("--raw-priority-namespace", "Platform"), {},
+         "operator: --raw-priority-namespace: each namespace must be a DNS-1123 label"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_source(

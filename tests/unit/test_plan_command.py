@@ -307,6 +307,67 @@ def test_jobs_in_the_cluster_dump_are_decided_without_job_files(
     assert [d["job"] for d in decisions(out)] == ["team/pending"]
 
 
+def _queue_dump(*priority_classes: dict[str, Any]) -> dict[str, Any]:
+    """One free 80 GiB GPU and three pending jobs of one shape: `older` in team-a, then in
+    tenant `jumper` with spec.priority 1,000,000,000 and `classy` naming the class `high`."""
+    node, gpunode = _kubectl_dump(0)["items"][:2]
+
+    def pending(name: str, namespace: str, minute: int, **spec: Any) -> dict[str, Any]:
+        meta = {"name": name, "namespace": namespace,
+                "creationTimestamp": f"2026-12-01T09:0{minute}:00Z"}  # fmt: skip
+        template = {"spec": {"containers": [{"name": "t", "image": "t"}]}}
+        return dict(LLAMA_QLORA, metadata=meta, spec={**LLAMA_QLORA["spec"], **spec,
+                                                       "template": template})  # fmt: skip
+
+    jobs = [
+        pending("older", "team-a", 0),
+        pending("jumper", "tenant", 1, priority=1_000_000_000),
+        pending("classy", "tenant", 2, priorityClassName="high"),
+    ]
+    return {"kind": "List", "items": [node, gpunode, *jobs, *priority_classes]}
+
+
+HIGH_CLASS = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+              "metadata": {"name": "high"}, "value": 1000}  # fmt: skip
+
+
+def test_a_dump_ranks_its_jobs_by_their_priority_classes_not_their_raw_numbers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def planned(dump: dict[str, Any], *flags: str) -> list[tuple[str, str, str]]:
+        code, out, err = run(capsys, "--cluster", write(tmp_path, "d.json", dump), "--json",
+                             *flags)  # fmt: skip
+        assert code == 0, err
+        return [(d["job"], d["decision"], d["reason"]) for d in decisions(out)]
+
+    # No class `high` in the dump: classy waits for it; the raw number ranks nothing.
+    assert planned(_queue_dump()) == [
+        ("team-a/older", "Admit", "Fits"),
+        ("tenant/jumper", "Queue", "WaitingForVRAM"),
+        ("tenant/classy", "Queue", "PriorityClassUnavailable"),
+    ]
+    _, out, _ = run(capsys, "--cluster", write(tmp_path, "d.json", _queue_dump()))
+    assert "tenant/jumper: needs 11.64 GiB" in out
+    assert "warning: spec.priority 1000000000 is ignored" in " ".join(out.split())
+    # `kubectl get ...,priorityclasses` holds it: the higher class goes first.
+    assert planned(_queue_dump(HIGH_CLASS))[0] == ("tenant/classy", "Admit", "Fits")
+    # A file of the classes completes a dump taken without them.
+    classes = write(tmp_path, "classes.yaml", HIGH_CLASS)
+    assert planned(_queue_dump(), classes)[0] == ("tenant/classy", "Admit", "Fits")
+    # As the operator so configured: an administrator's namespace may set a raw number.
+    flags = ("--raw-priority-namespace", "tenant")
+    assert planned(_queue_dump(HIGH_CLASS), *flags)[0] == ("tenant/jumper", "Admit", "Fits")
+
+
+def test_a_hand_broken_priority_class_is_refused_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    dump = _queue_dump({**HIGH_CLASS, "value": "high"})
+    code, _, err = run(capsys, "--cluster", write(tmp_path, "d.yaml", dump))
+    assert code == 2
+    assert "item 5: PriorityClass high: value: Input should be a valid integer, got 'high'" in err
+
+
 @pytest.mark.parametrize(
     ("document", "expected"),
     [
@@ -594,7 +655,7 @@ def test_job_files_without_a_finetunejob_are_refused(
     other = write(tmp_path, "other.yaml", {"kind": "Secret", "metadata": {"name": "x"}})
     code, out, err = run(capsys, "--cluster", cluster, other)
     assert code == 2 and out == ""
-    assert err.strip().endswith("other.yaml: no FineTuneJob or ConfigMap in it")
+    assert err.strip().endswith("other.yaml: no FineTuneJob, ConfigMap or PriorityClass in it")
 
 
 def test_a_config_map_file_replaces_a_broken_one_of_the_dump(
@@ -816,7 +877,7 @@ def test_plan_and_the_operator_share_the_admission_settings(
     assert issubclass(operator.OperatorSettings, AdmissionConfig)
     names = set(AdmissionConfig.model_fields)
     assert names == {"gpu_mode", "queueing", "headroom", "headroom_percent",
-                     "heartbeat_ttl_seconds"}  # fmt: skip
+                     "heartbeat_ttl_seconds", "raw_priority_namespaces"}  # fmt: skip
     assert names <= set(operator.OperatorSettings.model_fields)
     assert [plan_command.ADMISSION.flag(n) for n in names] == [
         operator.LOADER.flag(n) for n in names
@@ -843,8 +904,11 @@ def test_plan_and_the_operator_share_the_admission_settings(
         "5",
         "--heartbeat-ttl-seconds",
         "120",
+        "--raw-priority-namespace",
+        "platform",
     )
     assert planned == operated and planned.packing.headroom_bytes == 2 * GIB
+    assert planned.raw_priority_namespaces == {"platform"}
 
     monkeypatch.setenv("VRAMGATE_OPERATOR_GPU_MODE", "dra")
     monkeypatch.setenv("GPU_MODE", "dra")

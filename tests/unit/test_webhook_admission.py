@@ -349,3 +349,34 @@ def test_resize_leaves_a_count_that_fits_and_other_policies_alone() -> None:
     assert mutate(hook(cluster()), body(admissionPolicy="Resize")) == ({}, [])
     assert mutate(hook(cluster()), body(**FULL)) == ({}, [])  # Enforce: refused, not rewritten
     assert mutate(hook(None), body(**FULL, admissionPolicy="Resize")) == ({}, [])
+
+
+def test_a_raw_priority_outside_the_allowed_namespaces_is_allowed_with_a_warning() -> None:
+    """The manifest stays valid everywhere; its author learns at apply that the number
+    ranks nothing in this namespace."""
+
+    def warned(webhook: AdmissionWebhook, obj: dict[str, Any], old: Any = None) -> list[str]:
+        said: list[str] = []
+        operation = "UPDATE" if old is not None else "CREATE"
+        asyncio.run(webhook.validate(
+            body=obj, spec=obj["spec"], old=old, operation=operation, warnings=said
+        ))  # fmt: skip
+        return said
+
+    async def current() -> ClusterView | None:
+        return cluster()
+
+    allowing = AdmissionWebhook(current, raw_priority_namespaces=frozenset({"platform"}))
+    assert warned(allowing, body(priority=1_000_000_000)) == [
+        "vramgate: spec.priority 1000000000 is ignored: only the namespaces an administrator "
+        "lists in the operator's rawPriorityNamespaces may set a raw priority, and ns is not "
+        "one; name a PriorityClass in spec.priorityClassName"
+    ]
+    platform = body(priority=5)
+    platform["metadata"]["namespace"] = "platform"
+    assert warned(allowing, platform) == []
+    assert warned(allowing, body()) == [] and warned(allowing, body(priority=0)) == []
+    # Said when the write sets it, not at every later update of the job.
+    stored = body(priority=7)
+    assert warned(allowing, body(priority=7, suspend=True), old=stored) == []
+    assert warned(allowing, body(priority=8), old=stored) != []
