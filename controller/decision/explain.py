@@ -98,6 +98,23 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
 
 
+def waiting_for_nodes(
+    job: JobRequest, view: ClusterView, at: Selection, n: int, placed: Placed
+) -> str:
+    """A job that would fit now on nodes that take no work now: which, and why they take
+    none."""
+    resting = view.resting_nodes(placed, at)
+    if len(resting) == 1:
+        ((name, why),) = resting
+        nodes, pronoun = f"{name}, which takes no work now ({why})", "it"
+    else:
+        shown = "; ".join(f"{name}: {why}" for name, why in resting[:3])
+        shown += "; ..." if len(resting) > 3 else ""
+        nodes, pronoun = f"{plural(len(resting), 'node')} that take no work now ({shown})", "them"
+    count = "" if n == job.gpus else f" (policy Resize: the count nearest {job.gpus} there)"
+    return f"needs {need(job, n)}{count}; it would fit now on {nodes}, so it waits for {pronoun}"
+
+
 def _shape(job: JobRequest, view: ClusterView) -> str:
     """The placements a job's GPUs may form."""
     if job.parallelism is Parallelism.DEVICE_MAP or view.one_node:

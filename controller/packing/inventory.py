@@ -211,13 +211,17 @@ def slots_taken(reservations: Iterable[Reservation]) -> dict[str, int]:
 
 
 def working_nodes(
-    snapshot: Snapshot, settings: PackingSettings, *, empty: bool = False
+    snapshot: Snapshot, settings: PackingSettings, *, empty: bool = False, resting: bool = False
 ) -> list[NodeSlots]:
     """The packer's nodes, sorted by name: placeable GPUs with effective free memory.
 
     `empty=True` gives the cluster as it would be with no work at all: every GPU node with
     reported memory, whatever its health now (it may come back), each GPU at its total less
     headroom. That is what Reject is judged against: never fits even when empty.
+
+    `resting=True` gives the cluster now as if every node took work: the nodes that do not
+    (not Ready, cordoned, a silent agent) with their free memory as last read, charged as the
+    others are. A job that fits there but not now waits for those nodes, not for memory.
     """
     by_name = {node.name: node for node in snapshot.nodes}
     owed = {} if empty else charges(snapshot.reservations, by_name)
@@ -227,7 +231,8 @@ def working_nodes(
     out: list[NodeSlots] = []
     for order, name in enumerate(sorted(by_name)):
         node = by_name[name]
-        if not empty and placeable(node, snapshot.now, settings.heartbeat_ttl) is not None:
+        ttl = settings.heartbeat_ttl
+        if not (empty or resting) and placeable(node, snapshot.now, ttl) is not None:
             continue
         gpus = []
         for device in sorted(node.gpus, key=lambda g: (g.index, g.uuid)):

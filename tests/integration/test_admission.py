@@ -47,8 +47,9 @@ WEBHOOK_CONFIG = "vramgate-admission.vramgate.dev"
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
 QLORA_BYTES = 12_498_275_151  # 11.64 GiB, status.estimate.perGpuBytes of QLORA
-DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForGPUs", "WaitingInQueue",
-           "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs", "SpecLocked"}  # fmt: skip
+DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForNodes", "WaitingForGPUs",
+           "WaitingInQueue", "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs",
+           "SpecLocked"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -384,6 +384,25 @@ def test_a_job_that_does_not_fit_is_told_why_and_not_rewritten(
     assert [d.reason for d in again.decisions] == [reason]
 
 
+def test_a_job_waiting_for_a_cordoned_node_is_queued_quietly_naming_it() -> None:
+    """Too big for n1's free memory, the job fits the cordoned n2: it waits for n2 (a Normal
+    event, as any queued job), and a pass while nothing changed writes nothing."""
+    job = ftj("a")
+
+    def objects(of: Mapping[str, Any]) -> ClusterObjects:
+        made = cluster(of, gpus={"n1": [5], "n2": [80]})
+        made.nodes["n2"]["spec"]["unschedulable"] = True
+        return made
+
+    out = run(objects(job))
+    write = write_for(out, "ns/a")
+    admitted_ = condition(status_after(out, "ns/a"), cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"]) == ("False", cond.REASON_WAITING_FOR_NODES)
+    assert "it would fit now on n2, which takes no work now (node cordoned)" in admitted_["message"]
+    assert ("Normal", cond.REASON_WAITING_FOR_NODES) in reasons(write)
+    assert run(objects(written(job, out)), now=NOW + timedelta(seconds=20)).writes == []
+
+
 def test_a_queued_message_is_refreshed_at_most_every_message_refresh() -> None:
     job = ftj("a")
     first = run(cluster(job, gpus={"n1": [5]}))

@@ -97,6 +97,19 @@ def test_nothing_is_refused_before_the_operator_has_seen_a_gpu() -> None:
     validate(hook(cluster(nodes=0)), body(**FULL))
 
 
+def test_whether_a_job_waits_for_nodes_is_left_to_the_operator() -> None:
+    """The webhook refuses only what never fits: it does not build the view of the cluster
+    as if every node took work (a second index of every GPU) on its request path."""
+    cordoned = NodeState(
+        "n1", tuple(GpuDevice(f"GPU-1-{i}", i, "H100", 80 * GIB, 80 * GIB) for i in range(4)),
+        cordoned=True,
+    )  # fmt: skip
+    view = cluster()
+    view = ClusterView(Snapshot((*view._snapshot.nodes, cordoned), (), None), PackingSettings())
+    validate(hook(view), body(**FULL, resources={"gpus": 8}))
+    assert "resting" not in view.__dict__
+
+
 def test_models_it_cannot_estimate_in_microseconds_pass_to_the_operator() -> None:
     # A Trace estimate takes seconds: never on the webhook's path (this would be refused).
     validate(hook(cluster()), body(**FULL, estimator={"profile": "Trace"}))
