@@ -11,9 +11,14 @@ In order:
    Admit (Advised) with a warning, or Queue (WaitingForGPUs) while they are busy.
 5. A count the policy allows fits the cluster when empty: Queue. WaitingForNodes when one
    would fit now if the matching nodes that take no work now took it (cordoned, not Ready, a
-   silent agent, a taint the template does not tolerate: each as its agent last read it),
-   naming them; else WaitingForVRAM.
+   silent agent, GPUs not yet reported, a taint the template does not tolerate: each as its
+   agent last read it, or at the size its Node gives), naming them; else WaitingForVRAM.
 6. Otherwise: Reject (InsufficientVRAM), saying which count would fit where one would.
+
+A node whose GPUs are not yet reported counts, at the size its Node gives, for the GPUs the
+cluster has (1) and what it holds when empty (5, 6): a GPUNode deleted and being made again
+never turns a job that fits into a refusal. Where no label gives that size, it may hold any
+job: the job waits for the node (5), and is decided on its memory once its agent reports.
 
 A decision reads the view and changes nothing; `plan` charges admissions to the view.
 """

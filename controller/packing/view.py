@@ -2,8 +2,8 @@
 
 `now` is what a job can be placed on at this moment; `empty` is the same GPUs with no work
 at all, against which Reject is judged (never fits even when empty); `resting` is the cluster
-now as if the nodes that take no work did (cordoned, not Ready, a silent agent, a taint the
-template does not tolerate), which tells a job that waits for those
+now as if the nodes that take no work did (cordoned, not Ready, a silent agent, GPUs not yet
+reported, a taint the template does not tolerate), which tells a job that waits for those
 nodes from one that waits for memory. Selectors are matched once per distinct selector and
 pass, not once per decision.
 """
@@ -41,10 +41,13 @@ class Selection:
 
     now: NodeFilter
     empty: NodeFilter
-    gpus: int  # GPUs with reported memory on matching nodes
+    #: GPUs with reported memory on matching nodes, and those of matching nodes not yet
+    #: reported (as many as their Node says).
+    gpus: int
     products: tuple[str, ...]
     #: (node, why) for each matching GPU node that takes no new work now: not Ready,
-    #: cordoned, its agent not Ready or silent, a taint the template does not tolerate.
+    #: cordoned, its GPUs not yet reported, its agent not Ready or silent, a taint the
+    #: template does not tolerate.
     resting: tuple[tuple[str, str], ...] = ()
     #: The names of the matching nodes; None: every node.
     names: frozenset[str] | None = None
@@ -71,6 +74,12 @@ class ClusterView:
         ] = {}
         # The workload tolerates the GPU taint itself where it requests nvidia.com/gpu.
         self.tolerated = (GPU_TOLERATION,) if self.counts_slots else ()
+        #: Nodes not yet reported whose GPUs' size no label gives: never "the largest GPU".
+        self._unknown = frozenset(
+            node.name
+            for node in snapshot.nodes
+            if not node.reported and any(gpu.total_bytes is None for gpu in node.gpus)
+        )
         #: What this pass charged and held in `now`, by node name, replayed onto `resting`
         #: when it is built: (node, GPU positions, bytes each holds or None for a hold).
         self._changes: list[tuple[str, tuple[int, ...], tuple[int, ...] | None]] = []
@@ -137,8 +146,8 @@ class ClusterView:
                 taints = constraints.repelled_by(node, self.tolerated)
                 if taints:
                     repelled[node.name] = taints[0]
-        gpus = [gpu for node in matched for gpu in node.gpus if gpu.reported]
-        products = tuple(sorted({gpu.product for gpu in gpus}))
+        gpus = [gpu for node in matched for gpu in node.counted()]
+        products = tuple(sorted({gpu.product for gpu in gpus if gpu.product}))
         resting = self._resting(matched, repelled)
         if len(matched) == len(self._snapshot.nodes) and not repelled:
             return Selection(_everywhere, _everywhere, len(gpus), products, resting)
@@ -155,7 +164,7 @@ class ClusterView:
     ) -> tuple[tuple[str, str], ...]:
         found = []
         for node in matched:
-            if not any(gpu.reported for gpu in node.gpus):
+            if node.reported and not node.counted():
                 continue
             why = placeable(node, self._snapshot.now, self._settings.heartbeat_ttl)
             taint = repelled.get(node.name)
@@ -213,6 +222,10 @@ class ClusterView:
         used = {self.resting.nodes[pos].name for pos, _ in placed.parts}
         return tuple((name, why) for name, why in where.resting if name in used)
 
+    def unknown_size(self, name: str) -> bool:
+        """Whether the node's GPUs are not yet reported and no label gives their size."""
+        return name in self._unknown
+
     def assume(self, placed: Placed) -> None:
         """Charge an admission before the next decision reads the free memory."""
         for pos, gpus, held in placed.charges():
@@ -264,8 +277,15 @@ class ClusterView:
         return self.empty.count_free(need, where.empty, enough)
 
     def largest_empty(self, where: Selection) -> tuple[int, str, int] | None:
-        """`largest_now` in the empty cluster: what a GPU holds at most, less headroom."""
-        found = self.empty.largest_free(where.empty)
+        """`largest_now` in the empty cluster: what a GPU holds at most, less headroom, of
+        the GPUs whose size is known."""
+        if self._unknown:
+            nodes, unknown = self.empty.nodes, self._unknown
+            found = self.empty.largest_free(
+                lambda pos: where.empty(pos) and nodes[pos].name not in unknown
+            )
+        else:
+            found = self.empty.largest_free(where.empty)
         if found is None:
             return None
         return max(0, found[0]), self.empty.nodes[found[1]].name, found[2]
