@@ -3,9 +3,12 @@
 Nodes, GPUNodes, Pods and FineTuneJobs (as `kubectl get -o yaml` prints them, or as the
 operator's caches hold them) become the packer's `Snapshot`: each node's labels and health,
 the GPUs its agent measured, the GPUs its pods hold, and the reservations of jobs already
-admitted (their `status.placement`). Jobs not admitted yet become `JobRequest`s through the
-same spec translation the webhook and the operator use, each ranked by the PriorityClasses
-among the objects (`controller.priority`). Pure: no I/O, no Kubernetes client.
+admitted (their `status.placement`). A GPU node whose GPUNode lists no GPUs (none yet, or
+deleted and not yet made again by its agent) is a node whose GPUs are not yet reported, as
+many and as large as its Node says, never a node without GPUs. Jobs not admitted yet become
+`JobRequest`s through the same spec translation the webhook and the operator use, each ranked
+by the PriorityClasses among the objects (`controller.priority`). Pure: no I/O, no Kubernetes
+client.
 
 A compact cluster description (`nodes:` with their GPUs' memory) serves `vramgate plan` for
 clusters that do not exist yet.
@@ -21,7 +24,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, JOB_UID_LABEL, PRODUCT_LABEL
+from controller.api.base import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    GROUP,
+    JOB_LABEL,
+    JOB_UID_LABEL,
+    MEMORY_LABEL,
+    PRESENT_LABEL,
+    PRODUCT_LABEL,
+)
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
 from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
@@ -206,6 +218,43 @@ def node_state(
     )
 
 
+def unreported_node_state(name: str, node: Mapping[str, Any], allocated: int) -> NodeState:
+    """A GPU node whose GPUNode lists no GPUs: its health from the Node, and the GPUs the
+    Node says it has (`gpu_count`), as large as GPU feature discovery's label says (unknown
+    without one), with no UUID and no free memory: no agent read them."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    mib = _quantity(labels.get(MEMORY_LABEL))
+    product = str(labels.get(PRODUCT_LABEL) or "")
+    gpus = tuple(
+        GpuDevice("", i, product, None if not mib else mib * 2**20, None)
+        for i in range(gpu_count(node))
+    )
+    return replace(node_state(name, node, {}, allocated), gpus=gpus, reported=False)
+
+
+def gpu_count(node: Mapping[str, Any]) -> int:
+    """The GPUs a Node says it has: the most of its `nvidia.com/gpu` capacity, allocatable
+    (0 while the device plugin restarts) and GPU feature discovery's count label."""
+    status = node.get("status") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    said = (
+        _quantity((status.get("capacity") or {}).get(GPU_RESOURCE)),
+        _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        _quantity(labels.get(COUNT_LABEL)),
+    )
+    return max((n for n in said if n is not None), default=0)
+
+
+def gpu_node(node: Mapping[str, Any]) -> bool:
+    """Whether a Node has NVIDIA GPUs: the GPU operator's label, or GPUs in its resources."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return labels.get(PRESENT_LABEL) == "true" or gpu_count(node) > 0
+
+
+def _lists_gpus(gpunode: Mapping[str, Any]) -> bool:
+    return bool((gpunode.get("status") or {}).get("gpus"))
+
+
 def _device(gpu: Mapping[str, Any]) -> GpuDevice:
     supported = gpu.get("memoryInfoSupported", True)
     pods = {
@@ -322,10 +371,16 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
         if node:
             allocated[node] = allocated.get(node, 0) + pod_gpus(pod)
     by_job = pods_by_job(live, objects.jobs)
-    nodes = [
-        node_state(name, objects.nodes.get(name), gpunode, allocated.get(name, 0))
-        for name, gpunode in objects.gpunodes.items()
-    ]
+    nodes = []
+    for name, gpunode in objects.gpunodes.items():
+        node = objects.nodes.get(name)
+        if node is not None and not _lists_gpus(gpunode) and gpu_node(node):
+            nodes.append(unreported_node_state(name, node, allocated.get(name, 0)))
+        else:
+            nodes.append(node_state(name, node, gpunode, allocated.get(name, 0)))
+    for name, node in objects.nodes.items():
+        if name not in objects.gpunodes and gpu_node(node):
+            nodes.append(unreported_node_state(name, node, allocated.get(name, 0)))
     reservations = []
     for job in objects.jobs.values():
         held = reservation(job, by_job.get(job_key(job), []))
@@ -334,7 +389,9 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
     measured = {node.name for node in nodes}
     for node in objects.compact:
         if node.name in measured:
-            raise ClusterError(f"node {node.name}", "is described twice (GPUNode and nodes:)")
+            raise ClusterError(
+                f"node {node.name}", "is described twice (a GPUNode or GPU Node, and nodes:)"
+            )
     compact = [replace(node, heartbeat=now) for node in objects.compact]
     return Snapshot(tuple(nodes + compact), tuple(reservations), now)
 

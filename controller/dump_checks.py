@@ -100,6 +100,7 @@ class _NodeSpec(_Shape):
 class _NodeStatus(_Shape):
     conditions: list[_Condition] | None = None
     allocatable: Quantities | None = None
+    capacity: Quantities | None = None
 
 
 class _Node(_Shape):

@@ -22,6 +22,12 @@ REQUESTED_GPUS_ANNOTATION = f"{GROUP}/requested-gpus"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The GPU product label of GPU feature discovery (e.g. NVIDIA-H100-80GB-HBM3).
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: GPU feature discovery's label of each GPU's memory, in MiB (e.g. 81559 on an H100 80GB).
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+#: GPU feature discovery's label of the node's GPU count.
+COUNT_LABEL = "nvidia.com/gpu.count"
+#: The GPU operator's label of a node with NVIDIA GPUs ("true").
+PRESENT_LABEL = "nvidia.com/gpu.present"
 
 
 class ApiModel(BaseModel):

@@ -65,6 +65,11 @@ REASON_RESIZED = "Resized"
 #: WaitingForVRAM indicates that the job is queued because it fits the cluster when empty but
 #: not the VRAM free now.
 REASON_WAITING_FOR_VRAM = "WaitingForVRAM"
+#: WaitingForNodes indicates that the job is queued because it would fit now on nodes that
+#: take no work now (cordoned, not Ready, a silent agent, GPUs not yet reported, a taint its
+#: pod template does not tolerate); the message names them and why. Admitted by itself once
+#: they take work (or memory frees up elsewhere).
+REASON_WAITING_FOR_NODES = "WaitingForNodes"
 #: InsufficientVRAM indicates that the job was rejected because no GPUs in the cluster hold its
 #: estimate even when empty.
 REASON_INSUFFICIENT_VRAM = "InsufficientVRAM"

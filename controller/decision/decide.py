@@ -9,8 +9,16 @@ In order:
    the larger): Resize (Resized).
 4. Policy Advise: the requested count by GPU count alone, the GPUs with the most free memory:
    Admit (Advised) with a warning, or Queue (WaitingForGPUs) while they are busy.
-5. A count the policy allows fits the cluster when empty: Queue (WaitingForVRAM).
+5. A count the policy allows fits the cluster when empty: Queue. WaitingForNodes when one
+   would fit now if the matching nodes that take no work now took it (cordoned, not Ready, a
+   silent agent, GPUs not yet reported, a taint the template does not tolerate: each as its
+   agent last read it, or at the size its Node gives), naming them; else WaitingForVRAM.
 6. Otherwise: Reject (InsufficientVRAM), saying which count would fit where one would.
+
+A node whose GPUs are not yet reported counts, at the size its Node gives, for the GPUs the
+cluster has (1) and what it holds when empty (5, 6): a GPUNode deleted and being made again
+never turns a job that fits into a refusal. Where no label gives that size, it may hold any
+job: the job waits for the node (5), and is decided on its memory once its agent reports.
 
 A decision reads the view and changes nothing; `plan` charges admissions to the view.
 """
@@ -35,12 +43,17 @@ def resize_counts(requested: int, low: int, high: int) -> Iterator[int]:
         yield from (n for n in pair if low <= n <= high)
 
 
-def decide(job: JobRequest, view: ClusterView) -> Decision:
-    """The decision for `job` against the view's free memory now."""
-    return decide_placed(job, view)[0]
+def decide(job: JobRequest, view: ClusterView, *, nodes_waited_for: bool = True) -> Decision:
+    """The decision for `job` against the view's free memory now. `nodes_waited_for=False`
+    leaves out whether a waiting job waits for nodes (WaitingForVRAM either way): that takes
+    a view of the cluster as if every node took work, which the webhook, refusing only what
+    never fits, has no use for on its request path."""
+    return decide_placed(job, view, nodes_waited_for=nodes_waited_for)[0]
 
 
-def decide_placed(job: JobRequest, view: ClusterView) -> tuple[Decision, Placed | None]:
+def decide_placed(
+    job: JobRequest, view: ClusterView, *, nodes_waited_for: bool = True
+) -> tuple[Decision, Placed | None]:
     """The decision and, when admitted, its placement in the view's terms (to assume)."""
     where = view.select(job.selector, job.constraints)
     requested = job.gpus
@@ -88,6 +101,22 @@ def decide_placed(job: JobRequest, view: ClusterView) -> tuple[Decision, Placed 
     counts = [requested] if job.policy is not AdmissionPolicy.RESIZE else None
     queue_at = _fits_empty(job, view, where, counts or resize_counts(requested, low, high))
     if queue_at is not None:
+        waits_for = None
+        if nodes_waited_for:
+            again = counts or resize_counts(requested, low, high)
+            waits_for = _fits_resting(job, view, where, again)
+        if waits_for is not None:
+            n, placed = waits_for
+            return _unplaced(
+                Decision(
+                    job.key,
+                    Outcome.QUEUE,
+                    cond.REASON_WAITING_FOR_NODES,
+                    explain.waiting_for_nodes(job, view, where, n, placed),
+                    requested,
+                    per_gpu_bytes=job.estimate.per_gpu_bytes(n, job.parallelism),
+                )
+            )
         return _unplaced(
             Decision(
                 job.key,
@@ -125,6 +154,20 @@ def _fits_empty(
     for n in counts:
         if view.fits_empty(job.estimate, job.parallelism, n, where):
             return n
+    return None
+
+
+def _fits_resting(
+    job: JobRequest, view: ClusterView, where: Selection, counts: Iterator[int] | list[int]
+) -> tuple[int, Placed] | None:
+    """The first count that would fit now if the matching nodes that take no work did, and
+    where."""
+    if not where.resting:
+        return None
+    for n in counts:
+        placed = view.place_resting(job.estimate, job.parallelism, n, where)
+        if placed is not None:
+            return n, placed
     return None
 
 

@@ -98,6 +98,29 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"
 
 
+def waiting_for_nodes(
+    job: JobRequest, view: ClusterView, at: Selection, n: int, placed: Placed
+) -> str:
+    """A job that would fit now on nodes that take no work now: which, and why they take
+    none. Of a node whose GPUs' size is unknown, only that it may."""
+    resting = view.resting_nodes(placed, at)
+    unknown = any(view.unknown_size(name) for name, _ in resting)
+
+    def why(name: str, reason: str) -> str:
+        return f"{reason}{', their size unknown' if view.unknown_size(name) else ''}"
+
+    if len(resting) == 1:
+        ((name, reason),) = resting
+        nodes, pronoun = f"{name}, which takes no work now ({why(name, reason)})", "it"
+    else:
+        shown = "; ".join(f"{name}: {why(name, reason)}" for name, reason in resting[:3])
+        shown += "; ..." if len(resting) > 3 else ""
+        nodes, pronoun = f"{plural(len(resting), 'node')} that take no work now ({shown})", "them"
+    count = "" if n == job.gpus else f" (policy Resize: the count nearest {job.gpus} there)"
+    would = "may" if unknown else "would"
+    return f"needs {need(job, n)}{count}; it {would} fit now on {nodes}, so it waits for {pronoun}"
+
+
 def _shape(job: JobRequest, view: ClusterView) -> str:
     """The placements a job's GPUs may form."""
     if job.parallelism is Parallelism.DEVICE_MAP or view.one_node:
@@ -187,6 +210,7 @@ def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:
     every = view.select({})
     if every.gpus == 0:
         return "no GPU node has reported its GPUs (is the vramgate agent running on them?)"
+    products = ", ".join(every.products) or "not yet reported"
     wanted = []
     if job.selector:
         selector = ", ".join(f"{k}={v}" for k, v in sorted(job.selector.items()))
@@ -194,13 +218,13 @@ def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:
     if job.constraints is not None and (template := job.constraints.describe()):
         wanted.append(f"the pod template's {template}")
     message = "no GPU node " + (f"matches {' and '.join(wanted)}" if wanted else "takes its pods")
-    return f"{message}; the cluster's GPUs are: {', '.join(every.products)}"
+    return f"{message}; the cluster's GPUs are: {products}"
 
 
 def too_few_gpus(job: JobRequest, at: Selection, low: int) -> str:
     return (
         f"requests {plural(low)}; the cluster has {plural(at.gpus, 'matching GPU')} "
-        "with reported memory"
+        "(with reported memory, or on nodes whose agent has not reported them yet)"
     )
 
 

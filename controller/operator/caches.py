@@ -92,6 +92,7 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
 def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     status = body.get("status") or {}
     allocatable = status.get("allocatable") or {}
+    capacity = status.get("capacity") or {}
     return {
         "metadata": _meta(body, "name", "labels"),
         "spec": {
@@ -108,6 +109,8 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
             "allocatable": {GPU_RESOURCE: allocatable[GPU_RESOURCE]}
             if GPU_RESOURCE in allocatable
             else {},
+            # How many GPUs a node has whose agent has not reported them (cluster.gpu_count).
+            "capacity": {GPU_RESOURCE: capacity[GPU_RESOURCE]} if GPU_RESOURCE in capacity else {},
         },
     }
 

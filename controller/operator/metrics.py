@@ -58,6 +58,7 @@ KNOWN_DECISIONS = (
     (ADVISE, cond.REASON_ADVISED),
     (ADVISE, cond.REASON_NO_TEMPLATE),
     ("Queue", cond.REASON_WAITING_FOR_VRAM),
+    ("Queue", cond.REASON_WAITING_FOR_NODES),
     ("Queue", cond.REASON_WAITING_FOR_GPUS),
     ("Queue", cond.REASON_WAITING_IN_QUEUE),
     ("Queue", cond.REASON_PRIORITY_CLASS_UNAVAILABLE),

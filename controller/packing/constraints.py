@@ -8,7 +8,7 @@ admits, and refused (NoMatchingGPU) where none does, as for spec.resources.gpuSe
 
 Taints keep a job off a node now, not for good: one comes and goes as a cordon does
 (maintenance, a node being drained or scaled down), so a job whose template tolerates no
-node's taint waits (WaitingForVRAM, naming the taints), where a nodeSelector or affinity
+node's taint waits (WaitingForNodes, naming the taint), where a nodeSelector or affinity
 that no node matches refuses it. The taints the node lifecycle controller sets for what
 packing judges itself (not ready, unreachable, cordoned) are left to those checks.
 """

@@ -9,6 +9,13 @@ GPUNode is Ready with a heartbeat younger than the TTL, and its memory is report
 report none are never placeable). MIG devices are GPUs of their own: each has its UUID and
 its memory, and a job gets whole devices.
 
+**Not yet reported.** A GPU node whose GPUNode does not list its GPUs (deleted, and not yet
+made again by its agent; or no agent runs there) takes no work, but it is not absent: its
+Node says how many GPUs it has and, with GPU feature discovery, how large they are. It counts
+for what the cluster can ever hold (and for what would fit if it took work) with GPUs of
+that size, or of `UNKNOWN_BYTES` where no label says: a GPU of unknown size may hold any
+job, so it makes a job wait for the node, never refused, until its agent reports.
+
 **Effective free** = measured free - what admitted jobs will still allocate there - headroom.
 A job whose pods the agent already sees on a GPU has allocated part of its estimate, which
 NVML already counts as used, so it is charged only `max(0, estimate - its pods' used bytes)`;
@@ -34,6 +41,12 @@ from enum import StrEnum
 
 #: Three heartbeats of the agent's default 30 s interval: one lost write is not an outage.
 DEFAULT_HEARTBEAT_TTL = timedelta(seconds=90)
+#: The size of a GPU not yet reported whose Node does not say how large it is: larger than
+#: any job's need (a job is refused only when it is known never to fit), and far below
+#: where adding a few of them could overflow anything that sums them.
+UNKNOWN_BYTES = 2**60
+#: Why a node whose GPUNode lists no GPUs takes no work.
+NOT_REPORTED = "GPUs not yet reported by its vramgate agent"
 
 
 class GpuMode(StrEnum):
@@ -87,6 +100,17 @@ class NodeState:
     #: nvidia.com/gpu requested by the node's pods that have not finished.
     gpu_allocated: int = 0
     taints: tuple[Taint, ...] = ()
+    #: False where no GPUNode lists the node's GPUs: `gpus` are then what its Node says (a
+    #: count, and a size where a label gives one, `total_bytes` None where not), never
+    #: placeable, counted for what the cluster can hold.
+    reported: bool = True
+
+    def counted(self) -> tuple[GpuDevice, ...]:
+        """The GPUs that count for what the cluster can hold: those with reported memory,
+        or every GPU of a node not yet reported."""
+        if not self.reported:
+            return self.gpus
+        return tuple(gpu for gpu in self.gpus if gpu.reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +197,8 @@ def placeable(node: NodeState, now: datetime | None, ttl: timedelta) -> str | No
         return "node not Ready"
     if node.cordoned:
         return "node cordoned"
+    if not node.reported:
+        return NOT_REPORTED
     if not node.agent_ready:
         return "agent not Ready"
     if now is not None and (node.heartbeat is None or now - node.heartbeat > ttl):
@@ -211,13 +237,19 @@ def slots_taken(reservations: Iterable[Reservation]) -> dict[str, int]:
 
 
 def working_nodes(
-    snapshot: Snapshot, settings: PackingSettings, *, empty: bool = False
+    snapshot: Snapshot, settings: PackingSettings, *, empty: bool = False, resting: bool = False
 ) -> list[NodeSlots]:
     """The packer's nodes, sorted by name: placeable GPUs with effective free memory.
 
     `empty=True` gives the cluster as it would be with no work at all: every GPU node with
     reported memory, whatever its health now (it may come back), each GPU at its total less
-    headroom. That is what Reject is judged against: never fits even when empty.
+    headroom, and the GPUs of nodes not yet reported at the size their Node gives. That is
+    what Reject is judged against: never fits even when empty.
+
+    `resting=True` gives the cluster now as if every node took work: the nodes that do not
+    (not Ready, cordoned, a silent agent, GPUs not yet reported) with their free memory as
+    last read, charged as the others are. A job that fits there but not now waits for those
+    nodes, not for memory.
     """
     by_name = {node.name: node for node in snapshot.nodes}
     owed = {} if empty else charges(snapshot.reservations, by_name)
@@ -227,18 +259,24 @@ def working_nodes(
     out: list[NodeSlots] = []
     for order, name in enumerate(sorted(by_name)):
         node = by_name[name]
-        if not empty and placeable(node, snapshot.now, settings.heartbeat_ttl) is not None:
+        ttl = settings.heartbeat_ttl
+        if not (empty or resting) and placeable(node, snapshot.now, ttl) is not None:
             continue
-        gpus = []
-        for device in sorted(node.gpus, key=lambda g: (g.index, g.uuid)):
-            if not device.reported:
-                continue
-            total = device.total_bytes or 0
-            capacity = max(0, total - settings.headroom(total))
-            measured = total if empty else device.free_bytes or 0
-            free = min(capacity, measured - settings.headroom(total) - owed.get(device.uuid, 0))
-            busy = exclusive and (device.uuid in reserved or bool(device.pod_used_bytes))
-            gpus.append(Slot(name, device.uuid, device.index, device.product, capacity, free, busy))
+        if node.reported:
+            gpus = []
+            for device in sorted(node.gpus, key=lambda g: (g.index, g.uuid)):
+                if not device.reported:
+                    continue
+                total = device.total_bytes or 0
+                capacity = max(0, total - settings.headroom(total))
+                measured = total if empty else device.free_bytes or 0
+                free = min(capacity, measured - settings.headroom(total) - owed.get(device.uuid, 0))
+                busy = exclusive and (device.uuid in reserved or bool(device.pod_used_bytes))
+                gpus.append(
+                    Slot(name, device.uuid, device.index, device.product, capacity, free, busy)
+                )
+        else:
+            gpus = _unreported(node, [] if empty else snapshot.reservations, settings, exclusive)
         if not gpus:
             continue
         slots = len(gpus)
@@ -249,3 +287,30 @@ def working_nodes(
             slots = max(0, min(len(gpus), allocatable) - used)
         out.append(NodeSlots(name, order, node.labels, gpus, slots))
     return out
+
+
+def _unreported(
+    node: NodeState,
+    reservations: Iterable[Reservation],
+    settings: PackingSettings,
+    exclusive: bool,
+) -> list[Slot]:
+    """The GPUs of a node not yet reported, at the size its Node gives (`UNKNOWN_BYTES` where
+    none), idle but for what admitted jobs hold there: no agent read them, and their UUIDs
+    are unknown, so a reservation is charged by GPU index."""
+    owed: dict[int, int] = {}
+    for reservation in reservations:
+        for part in reservation.placement:
+            if part.node == node.name:
+                for index in part.indices:
+                    owed[index] = owed.get(index, 0) + reservation.per_gpu_bytes
+    gpus = []
+    for device in sorted(node.gpus, key=lambda g: g.index):
+        total = device.total_bytes
+        capacity = UNKNOWN_BYTES if total is None else max(0, total - settings.headroom(total))
+        free = capacity - owed.get(device.index, 0)
+        busy = exclusive and device.index in owed
+        gpus.append(
+            Slot(node.name, device.uuid, device.index, device.product, capacity, free, busy)
+        )
+    return gpus

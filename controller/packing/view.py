@@ -1,8 +1,11 @@
 """The cluster as one decision pass sees it: free memory now, and the cluster when empty.
 
 `now` is what a job can be placed on at this moment; `empty` is the same GPUs with no work
-at all, against which Reject is judged (never fits even when empty). Selectors are matched
-once per distinct selector and pass, not once per decision.
+at all, against which Reject is judged (never fits even when empty); `resting` is the cluster
+now as if the nodes that take no work did (cordoned, not Ready, a silent agent, GPUs not yet
+reported, a taint the template does not tolerate), which tells a job that waits for those
+nodes from one that waits for memory. Selectors are matched once per distinct selector and
+pass, not once per decision.
 """
 
 from __future__ import annotations
@@ -38,11 +41,16 @@ class Selection:
 
     now: NodeFilter
     empty: NodeFilter
-    gpus: int  # GPUs with reported memory on matching nodes
+    #: GPUs with reported memory on matching nodes, and those of matching nodes not yet
+    #: reported (as many as their Node says).
+    gpus: int
     products: tuple[str, ...]
     #: (node, why) for each matching GPU node that takes no new work now: not Ready,
-    #: cordoned, its agent not Ready or silent, a taint the template does not tolerate.
+    #: cordoned, its GPUs not yet reported, its agent not Ready or silent, a taint the
+    #: template does not tolerate.
     resting: tuple[tuple[str, str], ...] = ()
+    #: The names of the matching nodes; None: every node.
+    names: frozenset[str] | None = None
 
 
 #: Distinct (selector, constraints) a view keeps: templates repeat, but a long-lived view
@@ -66,6 +74,15 @@ class ClusterView:
         ] = {}
         # The workload tolerates the GPU taint itself where it requests nvidia.com/gpu.
         self.tolerated = (GPU_TOLERATION,) if self.counts_slots else ()
+        #: Nodes not yet reported whose GPUs' size no label gives: never "the largest GPU".
+        self._unknown = frozenset(
+            node.name
+            for node in snapshot.nodes
+            if not node.reported and any(gpu.total_bytes is None for gpu in node.gpus)
+        )
+        #: What this pass charged and held in `now`, by node name, replayed onto `resting`
+        #: when it is built: (node, GPU positions, bytes each holds or None for a hold).
+        self._changes: list[tuple[str, tuple[int, ...], tuple[int, ...] | None]] = []
 
     @cached_property
     def empty(self) -> FreeIndex:
@@ -73,6 +90,28 @@ class ClusterView:
         return FreeIndex(
             working_nodes(self._snapshot, self._settings, empty=True), one_node=self.one_node
         )
+
+    @cached_property
+    def resting(self) -> FreeIndex:
+        """Built on first use, for a job that waits while a node it matches takes no work:
+        in a healthy cluster, never."""
+        index = FreeIndex(
+            working_nodes(self._snapshot, self._settings, resting=True),
+            exclusive=self.gpu_mode is not GpuMode.VISIBLE_DEVICES,
+            one_node=self.one_node,
+        )
+        for name, gpus, held in self._changes:
+            self._change(index, name, gpus, held)
+        return index
+
+    def _change(
+        self, index: FreeIndex, name: str, gpus: tuple[int, ...], held: tuple[int, ...] | None
+    ) -> None:
+        pos = index.position[name]  # a node that takes work now is in every view of it
+        if held is None:
+            index.hold(pos, gpus)
+        else:
+            index.assume(pos, gpus, held, slots=self.counts_slots)
 
     def select(
         self, selector: Mapping[str, str], constraints: NodeConstraints | None = None
@@ -107,25 +146,25 @@ class ClusterView:
                 taints = constraints.repelled_by(node, self.tolerated)
                 if taints:
                     repelled[node.name] = taints[0]
-        gpus = [gpu for node in matched for gpu in node.gpus if gpu.reported]
-        products = tuple(sorted({gpu.product for gpu in gpus}))
+        gpus = [gpu for node in matched for gpu in node.counted()]
+        products = tuple(sorted({gpu.product for gpu in gpus if gpu.product}))
         resting = self._resting(matched, repelled)
         if len(matched) == len(self._snapshot.nodes) and not repelled:
             return Selection(_everywhere, _everywhere, len(gpus), products, resting)
-        names = {node.name for node in matched}
+        names = frozenset(node.name for node in matched)
         now = {self.now.position[n] for n in names - repelled.keys() if n in self.now.position}
 
         def in_empty(pos: int) -> bool:
             return self.empty.nodes[pos].name in names
 
-        return Selection(now.__contains__, in_empty, len(gpus), products, resting)
+        return Selection(now.__contains__, in_empty, len(gpus), products, resting, names)
 
     def _resting(
         self, matched: list[NodeState], repelled: Mapping[str, Taint]
     ) -> tuple[tuple[str, str], ...]:
         found = []
         for node in matched:
-            if not any(gpu.reported for gpu in node.gpus):
+            if node.reported and not node.counted():
                 continue
             why = placeable(node, self._snapshot.now, self._settings.heartbeat_ttl)
             taint = repelled.get(node.name)
@@ -164,10 +203,39 @@ class ClusterView:
     ) -> Placed | None:
         return place_by_count(self.now, estimate, parallelism, n, where.now)
 
+    def place_resting(
+        self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
+    ) -> Placed | None:
+        """`place_now` as if every matching node took work (the `resting` view)."""
+        if not where.resting:
+            return None  # every matching node takes work: `resting` would be `now`
+        index = self.resting
+        names = where.names
+
+        def matching(pos: int) -> bool:
+            return names is None or index.nodes[pos].name in names
+
+        return place(index, estimate, parallelism, n, matching)
+
+    def resting_nodes(self, placed: Placed, where: Selection) -> tuple[tuple[str, str], ...]:
+        """(node, why) for each node of a `place_resting` placement that takes no work now."""
+        used = {self.resting.nodes[pos].name for pos, _ in placed.parts}
+        return tuple((name, why) for name, why in where.resting if name in used)
+
+    def unknown_size(self, name: str) -> bool:
+        """Whether the node's GPUs are not yet reported and no label gives their size."""
+        return name in self._unknown
+
     def assume(self, placed: Placed) -> None:
         """Charge an admission before the next decision reads the free memory."""
         for pos, gpus, held in placed.charges():
             self.now.assume(pos, gpus, held, slots=self.counts_slots)
+            self._log(self.now.nodes[pos].name, gpus, held)
+
+    def _log(self, name: str, gpus: tuple[int, ...], held: tuple[int, ...] | None) -> None:
+        self._changes.append((name, gpus, held))
+        if "resting" in self.__dict__:  # built: keep it current, as `now` is
+            self._change(self.resting, name, gpus, held)
 
     def hold_closest(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
@@ -176,6 +244,7 @@ class ClusterView:
         held = closest(self.now, estimate, parallelism, n, where.now)
         for pos, gpus in held.parts if held else ():
             self.now.hold(pos, gpus)
+            self._log(self.now.nodes[pos].name, gpus, None)
 
     def node_gpus(self, placed: Placed) -> tuple[NodeGpus, ...]:
         """The placement in API terms: node names, GPU indices and UUIDs."""
@@ -208,8 +277,15 @@ class ClusterView:
         return self.empty.count_free(need, where.empty, enough)
 
     def largest_empty(self, where: Selection) -> tuple[int, str, int] | None:
-        """`largest_now` in the empty cluster: what a GPU holds at most, less headroom."""
-        found = self.empty.largest_free(where.empty)
+        """`largest_now` in the empty cluster: what a GPU holds at most, less headroom, of
+        the GPUs whose size is known."""
+        if self._unknown:
+            nodes, unknown = self.empty.nodes, self._unknown
+            found = self.empty.largest_free(
+                lambda pos: where.empty(pos) and nodes[pos].name not in unknown
+            )
+        else:
+            found = self.empty.largest_free(where.empty)
         if found is None:
             return None
         return max(0, found[0]), self.empty.nodes[found[1]].name, found[2]

@@ -204,7 +204,7 @@ class AdmissionWebhook:
         if found is None or view is None or view.select({}).gpus == 0:
             return
         plan, estimate = found
-        decision = decide(job_request(dict(body), plan, estimate), view)
+        decision = decide(job_request(dict(body), plan, estimate), view, nodes_waited_for=False)
         if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
             raise kopf.AdmissionError(
                 f"vramgate: {decision.reason}: {decision.message}", code=INVALID

@@ -47,8 +47,9 @@ WEBHOOK_CONFIG = "vramgate-admission.vramgate.dev"
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
 QLORA_BYTES = 12_498_275_151  # 11.64 GiB, status.estimate.perGpuBytes of QLORA
-DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForGPUs", "WaitingInQueue",
-           "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs", "SpecLocked"}  # fmt: skip
+DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForNodes", "WaitingForGPUs",
+           "WaitingInQueue", "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs",
+           "SpecLocked"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +109,13 @@ class Gpus:
         return {PRODUCT_LABEL: self.product}
 
     def add(self, *frees: list[float], total: float = 80) -> list[str]:
-        """One node per list, GPU i with frees[i] GiB free of `total`."""
+        """One node per list, GPU i with frees[i] GiB free of `total` (as GPU feature
+        discovery labels the Node too: until its GPUNode is seen, the GPUs count as large)."""
         prefix = f"n{self.tag}-{len(self.nodes)}"
         names = self.cluster.create_gpu_nodes(
-            len(frees), gpus_per_node=len(frees[0]), product=self.product, name_prefix=prefix
-        )
+            len(frees), gpus_per_node=len(frees[0]), product=self.product, name_prefix=prefix,
+            memory_mib=int(total * 1024),
+        )  # fmt: skip
         for name, free in zip(names, frees, strict=True):
             self.publish(name, free, total)
         self.nodes += names
@@ -507,6 +510,34 @@ def test_a_silent_agent_or_a_cordoned_node_gets_nothing(
     obj = admitted(api_client, namespace, "avoids", "True", "Fits")
     # The two tighter GPUs (20 and 16 GiB free) are on nodes that may take nothing.
     assert placed(obj) == [(good, [0])]
+
+
+def test_a_deleted_gpunode_is_waited_for_never_taken_for_a_smaller_cluster(
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
+) -> None:
+    """b's GPUNode is deleted (its agent would make it again in a moment) while a is full:
+    a job that fits b waits for it, naming it; an 8-GPU job, more than a alone has, is
+    neither refused at apply nor rejected; and once b reports again, the first is admitted
+    there."""
+    _, b = gpus.add([5] * 4, [80] * 4)
+    gpus.silent.add(b)
+    objects(api_client).delete_cluster_custom_object(GROUP, VERSION, "gpunodes", b)
+    create(api_client, namespace, job("one", gpus))
+    waits = admitted(api_client, namespace, "one", "False", "WaitingForNodes")
+    said = condition(waits, "Admitted")["message"]  # type: ignore[index]
+    assert f"it would fit now on {b}, which takes no work now (GPUs not yet reported by its " \
+        "vramgate agent)" in said  # fmt: skip
+
+    eight = job("eight", gpus, **FULL, resources={"gpus": 8})
+    create(api_client, namespace, eight)  # through the webhook, which sees what the loop sees
+    queued = admitted(api_client, namespace, "eight", "False", "WaitingForVRAM")
+    message = condition(queued, "Admitted")["message"]  # type: ignore[index]
+    assert f"{b}: GPUs not yet reported by its vramgate agent" in message, message
+
+    gpus.silent.discard(b)
+    gpus.publish(b, [80] * 4)
+    obj = admitted(api_client, namespace, "one", "True", "Fits")
+    assert placed(obj)[0][0] == b
 
 
 def test_a_job_is_placed_only_where_its_pod_template_lets_its_pods_run(

@@ -392,6 +392,42 @@ def test_a_job_that_does_not_fit_is_told_why_and_not_rewritten(
     assert [d.reason for d in again.decisions] == [reason]
 
 
+def test_a_job_waiting_for_a_cordoned_node_is_queued_quietly_naming_it() -> None:
+    """Too big for n1's free memory, the job fits the cordoned n2: it waits for n2 (a Normal
+    event, as any queued job), and a pass while nothing changed writes nothing."""
+    job = ftj("a")
+
+    def objects(of: Mapping[str, Any]) -> ClusterObjects:
+        made = cluster(of, gpus={"n1": [5], "n2": [80]})
+        made.nodes["n2"]["spec"]["unschedulable"] = True
+        return made
+
+    out = run(objects(job))
+    write = write_for(out, "ns/a")
+    admitted_ = condition(status_after(out, "ns/a"), cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"]) == ("False", cond.REASON_WAITING_FOR_NODES)
+    assert "it would fit now on n2, which takes no work now (node cordoned)" in admitted_["message"]
+    assert ("Normal", cond.REASON_WAITING_FOR_NODES) in reasons(write)
+    assert run(objects(written(job, out)), now=NOW + timedelta(seconds=20)).writes == []
+
+
+def test_a_job_waiting_for_a_node_whose_gpunode_is_gone_is_queued_quietly_naming_it() -> None:
+    """n2's GPUNode was deleted; its agent makes it again in a moment. The job, too big for
+    n1's free memory, fits n2's GPUs as its Node's labels give them: it waits for n2, as for
+    a cordoned node."""
+    job = ftj("a")
+    labels = {"nvidia.com/gpu.memory": "81920"}
+    objects = cluster(job, gpus={"n1": [5]})
+    objects.nodes["n2"] = node("n2", 8, labels)
+    out = run(objects)
+    write = write_for(out, "ns/a")
+    admitted_ = condition(status_after(out, "ns/a"), cond.ADMITTED)
+    assert (admitted_["status"], admitted_["reason"]) == ("False", cond.REASON_WAITING_FOR_NODES)
+    assert "it would fit now on n2, which takes no work now (GPUs not yet reported by its " \
+        "vramgate agent)" in admitted_["message"]  # fmt: skip
+    assert ("Normal", cond.REASON_WAITING_FOR_NODES) in reasons(write)
+
+
 def test_a_queued_message_is_refreshed_at_most_every_message_refresh() -> None:
     job = ftj("a")
     first = run(cluster(job, gpus={"n1": [5]}))

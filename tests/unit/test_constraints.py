@@ -124,8 +124,15 @@ def test_where_every_node_is_tainted_the_job_waits_naming_the_taints() -> None:
     waits, never refused; a nodeSelector that no node matches refuses it."""
     v = view(node("a", [80], taints=(DEDICATED,)), node("b", [80], taints=(DEDICATED,)))
     decision = decide(job("j", est(8), constraints=NodeConstraints()), v)
-    assert (decision.outcome, decision.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(decision, "no matching GPU takes work now", "(2 matching nodes take no work now: "
+    assert (decision.outcome, decision.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_NODES)
+    says(decision, "it would fit now on a, which takes no work now (taint "
+         "dedicated=team-x:NoSchedule, which its pod template does not tolerate)")
+    too_big = decide(job("j", est(100), gpus=1, constraints=NodeConstraints()), v)
+    assert (too_big.outcome, too_big.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
+    full = view(node("a", [8], taints=(DEDICATED,)), node("b", [8], taints=(DEDICATED,)))
+    waits = decide(job("j", est(20), constraints=NodeConstraints()), full)
+    assert (waits.outcome, waits.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(waits, "no matching GPU takes work now", "(2 matching nodes take no work now: "
          "a: taint dedicated=team-x:NoSchedule, which its pod template does not tolerate; b: ")
     selected = from_pod_template(template(nodeSelector={"pool": "z"}))
     refused = decide(job("j", est(8), constraints=selected), v)

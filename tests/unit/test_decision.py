@@ -194,15 +194,73 @@ def test_a_job_waiting_for_more_gpus_says_how_many_hold_it_not_the_most_free() -
     says(d, "only 1 of the matching GPUs that take work has 30.00 GiB free now")
 
 
-def test_a_job_waits_while_its_only_big_enough_node_is_not_ready() -> None:
+def test_a_job_that_fits_only_a_node_taking_no_work_waits_for_that_node_not_for_memory() -> None:
+    """Freeing memory elsewhere would not admit it; the node taking work would."""
     v = view(node("a", [80], ready=False), node("b", [24], total=24))
+    d = decide(job("j", est(30)), v)
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_NODES)
+    assert d.message == (
+        "needs 30.00 GiB per GPU on 1 GPU with FSDP; it would fit now on a, which takes no "
+        "work now (node not Ready), so it waits for it"
+    )
+    alone = decide(job("j", est(30)), view(node("a", [80], cordoned=True)))
+    assert (alone.outcome, alone.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_NODES)
+    says(alone, "would fit now on a, which takes no work now (node cordoned)")
+
+
+def test_a_job_that_would_not_fit_the_resting_nodes_either_waits_for_memory() -> None:
+    """The cordoned node is as full as the others: the job waits for memory, and its message
+    still says why that node is not counted."""
+    v = view(node("a", [10], cordoned=True), node("b", [24], total=24))
     d = decide(job("j", est(30)), v)
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
     says(d, "the most free GPU has 24.00 GiB (b GPU 0)", "the cluster's largest holds 80.00 GiB")
-    says(d, "(1 matching node takes no work now: a: node not Ready)")
-    alone = decide(job("j", est(30)), view(node("a", [80], cordoned=True)))
-    assert alone.outcome is Outcome.QUEUE
-    says(alone, "no matching GPU takes work now", "80.00 GiB usable", "a: node cordoned")
+    says(d, "(1 matching node takes no work now: a: node cordoned)", "so it waits for memory")
+
+
+def test_a_job_waiting_for_several_nodes_names_each_and_why() -> None:
+    # FSDP 120 at 2 GPUs: 60 each; a (stale) and b (cordoned) hold 60 each only together.
+    stale = NOW - timedelta(seconds=120)
+    v = view(
+        node("a", [70], heartbeat=stale), node("b", [70], cordoned=True, heartbeat=NOW),
+        node("c", [30], heartbeat=NOW), now=NOW, settings=SPANS,
+    )  # fmt: skip
+    d = decide(job("j", est(120), gpus=2), v)
+    assert (d.outcome, d.reason, d.per_gpu_bytes) == (
+        Outcome.QUEUE,
+        cond.REASON_WAITING_FOR_NODES,
+        60 * GIB,
+    )
+    says(d, "it would fit now on 2 nodes that take no work now (a: agent heartbeat stale; "
+         "b: node cordoned), so it waits for them")  # fmt: skip
+
+
+def test_a_resize_job_waiting_for_a_node_says_at_which_count() -> None:
+    # FSDP 100: 100 on 1 GPU, 50 at 2. The cordoned node's two GPUs hold 50 each.
+    j = job("j", est(100), gpus=1, policy=RESIZE)
+    d = decide(j, view(node("a", [60, 60], cordoned=True), node("b", [20])))
+    assert (d.outcome, d.reason, d.per_gpu_bytes) == (
+        Outcome.QUEUE,
+        cond.REASON_WAITING_FOR_NODES,
+        50 * GIB,
+    )
+    says(d, "needs 50.00 GiB per GPU on 2 GPUs with FSDP (policy Resize: the count nearest 1 "
+         "there); it would fit now on a")  # fmt: skip
+
+
+def test_what_this_pass_admitted_is_charged_to_the_resting_nodes_view_too() -> None:
+    """After `first` takes 25 of b's 30 GiB, `second` (20) fits neither b nor the cordoned
+    a (10): it waits for memory, whether the view of the cluster as if every node took work
+    was built before the admission (then charged with it) or after it."""
+    jobs = [job("first", est(25)), job("second", est(20))]
+    v = view(node("a", [10], cordoned=True), node("b", [30]))
+    d = plan_on(v, jobs, AdmissionSettings(), None)
+    assert [x.reason for x in d] == [cond.REASON_FITS, cond.REASON_WAITING_FOR_VRAM]
+    v = view(node("a", [10], cordoned=True), node("b", [30]))
+    assert decide(job("probe", est(35)), v).reason == cond.REASON_WAITING_FOR_VRAM
+    assert "resting" in v.__dict__  # built by the probe's decision
+    d = plan_on(v, jobs, AdmissionSettings(), None)
+    assert [x.reason for x in d] == [cond.REASON_FITS, cond.REASON_WAITING_FOR_VRAM]
 
 
 def test_a_waiting_job_says_which_nodes_are_not_counted_and_why() -> None:
@@ -210,8 +268,8 @@ def test_a_waiting_job_says_which_nodes_are_not_counted_and_why() -> None:
     it is not the most free GPU here."""
     stale = NOW - timedelta(seconds=120)
     v = view(
-        node("a", [80], heartbeat=stale), node("b", [80], heartbeat=stale),
-        node("c", [80], heartbeat=stale), node("d", [80], heartbeat=stale),
+        node("a", [20], heartbeat=stale), node("b", [20], heartbeat=stale),
+        node("c", [20], heartbeat=stale), node("d", [20], heartbeat=stale),
         node("e", [24], total=24, heartbeat=NOW), now=NOW,
     )  # fmt: skip
     d = decide(job("j", est(30)), v)

@@ -272,7 +272,7 @@ def test_every_known_decision_and_profile_has_its_series_at_zero_before_any_even
     # rate() and increase() cannot count an event that happens before a series' first scrape.
     found = scrape(OperatorMetrics("r"))
     known = (("Admit", "Fits"), ("Resize", "Resized"), ("Queue", "WaitingForVRAM"),
-             ("Reject", "InsufficientVRAM"))  # fmt: skip
+             ("Queue", "WaitingForNodes"), ("Reject", "InsufficientVRAM"))  # fmt: skip
     for decision, reason in known:
         assert value(found, "vramgate_decisions_total", decision=decision, reason=reason) == 0
         assert value(found, "vramgate_decision_latency_seconds_count", decision=decision) == 0

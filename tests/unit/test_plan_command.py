@@ -368,6 +368,36 @@ def test_a_hand_broken_priority_class_is_refused_naming_it(
     assert "item 5: PriorityClass high: value: Input should be a valid integer, got 'high'" in err
 
 
+def test_a_dumped_gpu_node_without_a_gpunode_is_waited_for_not_taken_for_absent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """gpu-2's GPUNode is missing from the dump (deleted, its agent about to make it again):
+    a 2-GPU job fits gpu-2's eight H100s, which its Node's labels describe, so it waits for
+    gpu-2 instead of being refused for the one GPU gpu-1 reports."""
+    dump = _kubectl_dump(0)
+    dump["items"].append(
+        {
+            "kind": "Node",
+            "metadata": {
+                "name": "gpu-2",
+                "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.memory": "81559"},
+            },
+            "status": {
+                "capacity": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    two = dict(LLAMA_QLORA, spec={**LLAMA_QLORA["spec"], "resources": {"gpus": 2}})
+    argv = ["--cluster", write(tmp_path, "dump.yaml", dump), write(tmp_path, "j.yaml", two)]
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    (decision,) = decisions(out)
+    assert (decision["decision"], decision["reason"]) == ("Queue", "WaitingForNodes")
+    assert "it would fit now on gpu-2, which takes no work now (GPUs not yet reported by its " \
+        "vramgate agent)" in decision["message"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("document", "expected"),
     [

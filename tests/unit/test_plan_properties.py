@@ -467,8 +467,29 @@ def test_a_rejected_job_fits_no_allowed_count_of_the_empty_cluster(
                 )
             else:
                 assert d.reason == cond.REASON_INSUFFICIENT_VRAM
-        if d.reason == cond.REASON_WAITING_FOR_VRAM:
+        if d.reason in (cond.REASON_WAITING_FOR_VRAM, cond.REASON_WAITING_FOR_NODES):
             assert fits_empty, d.message
+
+
+@EXAMPLES
+@given(snapshots(), queues(), admission_settings)
+def test_a_job_waits_for_nodes_exactly_when_it_would_be_admitted_were_every_node_healthy(
+    snapshot: Snapshot, jobs: list[JobRequest], admission: AdmissionSettings
+) -> None:
+    """WaitingForNodes: the job would be admitted, at the count it names, on the same
+    snapshot with every node Ready, uncordoned and its agent fresh; WaitingForVRAM: not."""
+    job = replace(jobs[0], suspend=False)
+    (d,) = plan(snapshot, [job], admission)
+    healed = tuple(
+        replace(n, ready=True, cordoned=False, agent_ready=True, heartbeat=NOW)
+        for n in snapshot.nodes
+    )
+    (again,) = plan(replace(snapshot, nodes=healed), [job], admission)
+    if d.reason == cond.REASON_WAITING_FOR_NODES:
+        assert again.admitted, again.message
+        assert again.per_gpu_bytes == d.per_gpu_bytes
+    elif d.reason == cond.REASON_WAITING_FOR_VRAM:
+        assert not again.admitted, f"{d.message} / {again.message}"
 
 
 # -- (5) the index agrees with a brute-force search -------------------------------------------

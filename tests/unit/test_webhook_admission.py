@@ -10,6 +10,7 @@ import kopf
 import pytest
 
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
+from controller.cluster import ClusterObjects, snapshot
 from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot, Taint
 from controller.packing.view import ClusterView
 from controller.units import GIB
@@ -95,6 +96,44 @@ def test_a_job_that_fits_when_empty_passes_even_if_the_cluster_is_full_now() -> 
 def test_nothing_is_refused_before_the_operator_has_seen_a_gpu() -> None:
     validate(hook(None), body(**FULL))
     validate(hook(cluster(nodes=0)), body(**FULL))
+
+
+def test_whether_a_job_waits_for_nodes_is_left_to_the_operator() -> None:
+    """The webhook refuses only what never fits: it does not build the view of the cluster
+    as if every node took work (a second index of every GPU) on its request path."""
+    cordoned = NodeState(
+        "n1", tuple(GpuDevice(f"GPU-1-{i}", i, "H100", 80 * GIB, 80 * GIB) for i in range(4)),
+        cordoned=True,
+    )  # fmt: skip
+    view = cluster()
+    view = ClusterView(Snapshot((*view._snapshot.nodes, cordoned), (), None), PackingSettings())
+    validate(hook(view), body(**FULL, resources={"gpus": 8}))
+    assert "resting" not in view.__dict__
+
+
+def test_a_gpu_node_whose_gpunode_is_gone_still_counts_so_a_job_that_fits_passes() -> None:
+    """n1's GPUNode was deleted (its agent makes it again in a moment): 8 GPUs asked for,
+    with n0's 4 reported and n1's 4 in its Node, pass; more than both have is refused."""
+    objects = ClusterObjects()
+    for name in ("n0", "n1"):
+        objects.add(
+            {
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
+                "status": {"capacity": {"nvidia.com/gpu": "4"}},
+            },
+            name,
+        )
+    gpus = [
+        {"uuid": f"GPU-0-{i}", "index": i, "totalBytes": 80 * GIB, "freeBytes": 80 * GIB}
+        for i in range(4)
+    ]
+    objects.add({"kind": "GPUNode", "metadata": {"name": "n0"}, "status": {"gpus": gpus}}, "g")
+    view = ClusterView(snapshot(objects, None), PackingSettings())
+    validate(hook(view), body(**FULL, resources={"gpus": 8}))
+    with pytest.raises(kopf.AdmissionError, match="InsufficientGPUs: requests 9 GPUs; the "
+                       "cluster has 8 matching GPUs"):  # fmt: skip
+        validate(hook(view), body(**FULL, resources={"gpus": 9}))
 
 
 def test_models_it_cannot_estimate_in_microseconds_pass_to_the_operator() -> None:
