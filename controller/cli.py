@@ -186,8 +186,8 @@ def _read_config(path: str) -> dict[str, Any]:
 
 
 def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, TrainingSettings]:
-    """The model and validated settings from the shared job options; warnings (a sequence
-    beyond the model's context) go to stderr, one line each."""
+    """The model and validated settings from the shared job options; warnings (a value the
+    config leaves out, a sequence beyond the model's context) go to stderr, one line each."""
     if args.config:
         model_name = Path(args.config).name
         shape = parse_config(_read_config(args.config), prefix="config")
@@ -223,7 +223,8 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     settings, errors = check_against_model(shape, settings, FLAG_PATHS)
     if errors:
         raise SpecErrors(errors)
-    for line in context_warnings(shape, settings, FLAG_PATHS):
+    said = (f"{path}: {message}" for path, message in shape.config_warnings)
+    for line in (*said, *context_warnings(shape, settings, FLAG_PATHS)):
         print(f"vramgate: warning: {line}", file=sys.stderr)
     return model_name, shape, settings
 

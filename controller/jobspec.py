@@ -50,6 +50,7 @@ from controller.estimator import (
     ModelShape,
     Parallelism,
     SpecError,
+    SpecErrors,
     TrainingSettings,
     build_settings,
     check_against_model,
@@ -138,8 +139,8 @@ class JobPlan:
 
     `shape` is None only when the model comes from a ConfigMap that was not read (the
     webhook's case); the operator always passes the ConfigMap's content. `warnings` are
-    one line each at their `spec.` path, for what is estimated but unusual (a sequence
-    longer than the model's context).
+    one line each at their `spec.` path, for what is estimated but unusual (a value the
+    model's config leaves out, a sequence longer than the model's context).
     """
 
     model: str
@@ -234,7 +235,10 @@ def translate(
 
     if errors or settings is None or model_name is None:
         return None, _in_spec_order(errors)
-    warnings = tuple(context_warnings(shape, settings, SPEC_PATHS)) if shape else ()
+    warnings: tuple[str, ...] = ()
+    if shape is not None:
+        said = (f"{_in_spec(path)}: {message}" for path, message in shape.config_warnings)
+        warnings = (*said, *context_warnings(shape, settings, SPEC_PATHS))
     plan = JobPlan(model=model_name, shape=shape, settings=settings, warnings=warnings, **placement)
     return plan, []
 
@@ -312,9 +316,15 @@ def _model(
             return ref.label, None
         return ref.label, parse_config(config_map_config, prefix=ref.label)
     except SpecError as error:
-        field_path = error.field if error.field.startswith("configmaps/") else f"spec.{error.field}"
-        errors.append(SpecError(field_path, error.message))
+        found = error.errors if isinstance(error, SpecErrors) else [error]
+        errors.extend(SpecError(_in_spec(e.field), e.message) for e in found)
         return None, None
+
+
+def _in_spec(field_path: str) -> str:
+    """A field path of the model's config as the spec names it: the inline config and the
+    preset under `spec.`, a ConfigMap's content by the ConfigMap."""
+    return field_path if field_path.startswith("configmaps/") else f"spec.{field_path}"
 
 
 def _settings(

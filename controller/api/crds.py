@@ -120,6 +120,16 @@ FINETUNEJOB = CrdInfo(
             "priority": 1,
             "jsonPath": ".status.estimate.total",
         },
+        {
+            # Where an admitted job runs. A column holds one value: the API server prints a
+            # path's first match only (`[*]` too), so a job across nodes shows its first.
+            "name": "Node",
+            "type": "string",
+            "priority": 1,
+            "description": "The first node of the placement (status.placement.nodes lists "
+            "every node of a job across nodes).",
+            "jsonPath": ".status.placement.nodes[0].node",
+        },
     ],
 )
 

@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from controller.estimator.context import rope_context
-from controller.estimator.errors import SpecError, shown
+from controller.estimator.errors import SpecError, SpecErrors, shown
 from controller.estimator.frozen import assemble
 
 # PEFT's names of the seven projections of a Llama-style block, the `all-linear` default.
@@ -266,6 +266,9 @@ class ModelShape:
     # projections and per-layer model projection): PEFT's all-linear adapts them, and
     # bitsandbytes quantises them, as it does the layers' linears.
     outer_linears: tuple[Linear, ...] = ()
+    # (field path, message) for each value the estimate read that the config does not state
+    # (`_defaults_read`): callers warn with them, at their own field paths.
+    config_warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @cached_property
     def layer_counts(self) -> tuple[tuple[Layer, int], ...]:
@@ -716,10 +719,12 @@ def _model_defaults() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
 
 
 class _Defaulted(NamedTuple):
-    """The fields of a config that its class's defaults filled in, and that class."""
+    """The fields of a config that its class's defaults filled in, that class, and whether
+    the fields are a nested `text_config`'s."""
 
     model_type: str
     fields: Set[str]
+    nested: bool = False
 
 
 def _text_config(
@@ -748,7 +753,98 @@ def _text_config(
     for names in _ALIASES if defaults else ():
         if any(name in merged for name in names):  # the config's own name wins, whichever
             defaults = {k: v for k, v in defaults.items() if k not in names}
-    return defaults | merged, path, _Defaulted(model_type, defaults.keys() - merged.keys())
+    filled = defaults.keys() - merged.keys()
+    return defaults | merged, path, _Defaulted(model_type, filled, text is not None)
+
+
+#: The dimensions every estimate is built on, each under the names configs write it: a config
+#: must state them. transformers' `save_pretrained` always writes them at a config's top
+#: level (it leaves out only what equals the base config class's defaults, which hold none
+#: of them), so only a hand-written config lacks one, and its class's default would stand in
+#: another model's size (`{"model_type": "llama"}` read as Llama-2-7B). A nested
+#: `text_config` is the exception: transformers 4 wrote it without what equals its class's
+#: defaults (llava-1.5-7b's holds none of these, Gemma 3 4B's no heads nor vocabulary), so
+#: there the class's defaults are read, as transformers loads them, and said
+#: (`_defaults_read`).
+REQUIRED_DIMENSIONS: tuple[tuple[str, ...], ...] = (
+    ("hidden_size", "n_embd", "d_model"),
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    ("num_attention_heads", "n_head", "n_heads"),
+    ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_config.ffn_hidden_size"),
+    ("vocab_size",),
+)
+#: Class defaults read without a warning: transformers' own save leaves tie_word_embeddings
+#: out wherever it equals the class's default, so real configs omit it; the context length
+#: decides only a warning of its own; sliding_window shapes only Gemma 3n (no class here);
+#: ERNIE's moe_layer_end_index -1 is no size but "to the last layer" (its published config
+#: leaves it out).
+_QUIET_DEFAULTS = frozenset(
+    {"tie_word_embeddings", "max_position_embeddings", "sliding_window", "moe_layer_end_index"}
+)
+_KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads")
+
+
+def _missing_dimensions(r: _Reader, defaulted: _Defaulted, model_type: str) -> list[SpecError]:
+    """One error for each of `REQUIRED_DIMENSIONS` the config does not state (in a nested
+    text_config, its class's default stands in), naming the default it was not read as; and
+    where one is missing, the errors of those it states, so that one answer lists them all.
+    None missing, nothing: `_read_dims` reads them, and says what is wrong in its order."""
+    errors, missing = [], False
+    for names in REQUIRED_DIMENSIONS:
+        if model_type == "nemotron_h" and names[0] == "num_hidden_layers":
+            continue  # its layer pattern counts the layers (`_nemotron_mixers`)
+        stated = [n for n in names if r.get(n) is not None and n not in defaulted.fields]
+        if stated:
+            # intermediate_size may list [text, vision] widths: `_read_dims` checks those
+            if not isinstance(r.get(stated[0]), list):
+                bound = MAX_LAYERS if names[0] == "num_hidden_layers" else MAX_DIMENSION
+                try:
+                    r.int(stated[0], maximum=bound)
+                except SpecError as error:
+                    errors.append(error)
+            continue
+        if defaulted.nested and names[0] in defaulted.fields:
+            continue
+        missing = True
+        message = "is required in a model config: the estimate depends on it"
+        if names[0] in defaulted.fields:
+            default = json.dumps(r.get(names[0]))
+            message += f" (transformers' {defaulted.model_type} default, {default}, may be "
+            message += "another model's)"
+        errors.append(SpecError(r.path(names[0]), message))
+    return errors if missing else []
+
+
+def _defaults_read(
+    r: _Reader, defaulted: _Defaulted, dims: ArchDims
+) -> tuple[tuple[str, str], ...]:
+    """What the estimate read that the config does not state, where it changes the estimate:
+    its class's defaults (in one line), and key/value heads taken to be the attention heads
+    (so no grouped-query attention), as transformers reads a config without them."""
+    notes = []
+    order = _model_defaults()[0].get(defaulted.model_type, {})
+    used = [name for name in order if name in defaulted.fields and name not in _QUIET_DEFAULTS]
+    if used:
+        values = ", ".join(f"{name}={json.dumps(r.get(name))}" for name in used)
+        notes.append(
+            (
+                r.prefix or "config",
+                f"estimated with the defaults of transformers' {defaulted.model_type} config "
+                f"class for what the config leaves out ({values}), as transformers loads it; "
+                "set them in the config if the model's differ",
+            )
+        )
+    stated_kv = any(r.get(name) is not None for name in _KV_HEAD_FIELDS)
+    if not stated_kv and dims.kv_lora_rank is None and dims.num_heads > 1:
+        notes.append(
+            (
+                r.path("num_key_value_heads"),
+                f"not in the config, so estimated as num_attention_heads ({dims.num_heads}): "
+                "keys and values for every head, as transformers reads it; set it if the "
+                "model shares them among heads (grouped-query attention)",
+            )
+        )
+    return tuple(notes)
 
 
 def _quantization(
@@ -1747,7 +1843,7 @@ def _parse_config(config: Mapping[str, Any], prefix: str) -> ModelShape:
     text, text_prefix, defaulted = _text_config(config, prefix)
     r = _Reader(text, text_prefix)
     try:
-        return _parse_text(config, prefix, text, r)
+        return _parse_text(config, prefix, text, r, defaulted)
     except SpecError as error:
         if type(error) is SpecError and error.field in {r.path(f) for f in defaulted.fields}:
             # A value the user never wrote: say where it came from, or the refusal reads as
@@ -1793,10 +1889,17 @@ def _family_type(config: Mapping[str, Any], prefix: str) -> str:
 
 
 def _parse_text(
-    config: Mapping[str, Any], prefix: str, text: Mapping[str, Any], r: _Reader
+    config: Mapping[str, Any],
+    prefix: str,
+    text: Mapping[str, Any],
+    r: _Reader,
+    defaulted: _Defaulted,
 ) -> ModelShape:
     """The shape of the language model whose fields (class defaults filled in) `r` reads."""
     model_type = _family_type(config, prefix)
+    missing = _missing_dimensions(r, defaulted, model_type)
+    if missing:
+        raise SpecErrors(missing)
     fam = family_traits(model_type)
     dims = _read_dims(r, fam.tie_default, model_type)
     tie = dims.tie_word_embeddings
@@ -1852,6 +1955,7 @@ def _parse_text(
             "source": config,
             "memo": {},
             "outer_linears": tuple(outer),
+            "config_warnings": _defaults_read(r, defaulted, dims),
             # What the `layer_counts` cached property would compute (one object per distinct
             # key, counted), where it keeps it; `dataclasses.replace` builds a shape without.
             "layer_counts": runs,

@@ -237,14 +237,23 @@ def env(container: client.V1Container) -> dict[str, str]:
 # -- admit, resize, queue, reject ----------------------------------------------------------
 
 
+def _wide_column(cluster: Cluster, namespace: str, name: str, column: str) -> str:
+    """`column`'s cell of `kubectl get ftj NAME -o wide` (the server's table, as users see it)."""
+    done = cluster.kubectl("get", "ftj", name, "-n", namespace, "-o", "wide")
+    header, row = done.stdout.splitlines()
+    return row[header.index(column) :].split()[0]
+
+
 def test_a_job_is_admitted_onto_the_best_fitting_gpu_and_runs_there(
-    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
-) -> None:
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
+    cluster: Cluster,
+) -> None:  # fmt: skip
     (node,) = gpus.add([80, 30, 14, 10])
     create(api_client, namespace, job("best-fit", gpus))
     obj = admitted(api_client, namespace, "best-fit", "True", "Fits")
     # 14 GiB is the least free memory that holds 11.64 GiB; 10 does not, 30 and 80 are looser.
     assert placed(obj) == [(node, [2])]
+    assert _wide_column(cluster, namespace, "best-fit", "NODE") == node
     assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
     assert obj["status"]["placement"]["nodes"][0]["gpuUUIDs"] == [f"GPU-{node}-2"]
     assert obj["status"]["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job",
@@ -820,12 +829,15 @@ def test_a_workload_name_taken_by_another_job_is_said_and_the_workload_follows_o
 
 
 def test_fsdp_across_nodes_runs_as_an_indexed_job_with_the_torchrun_rendezvous(
-    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
-) -> None:
+    admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
+    cluster: Cluster,
+) -> None:  # fmt: skip
     first, second = gpus.add([80, 80], [80, 80])
     create(api_client, namespace, job("spread", gpus, **FULL, resources={"gpus": 4}))
     obj = admitted(api_client, namespace, "spread", "True", "Fits")
     assert placed(obj) == [(first, [0, 1]), (second, [0, 1])]
+    # A column holds one value: the API server prints a path's first match.
+    assert _wide_column(cluster, namespace, "spread", "NODE") == first
     workload = batch_job(api_client, namespace, "spread")
     assert (workload.spec.completion_mode, workload.spec.completions,
             workload.spec.parallelism) == ("Indexed", 2, 2)  # fmt: skip

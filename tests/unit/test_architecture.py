@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from controller.estimator import SpecError, load_shape, parse_config
+from controller.estimator import SpecError, SpecErrors, load_shape, parse_config
 from controller.estimator.architecture import (
     MAX_LAYERS,
+    REQUIRED_DIMENSIONS,
     SUPPORTED_MODEL_TYPES,
     _dense_layer_indices,
     _model_defaults,
@@ -254,18 +255,33 @@ def test_class_defaults_are_transformers_own() -> None:
             assert signature.get(name) == value, (model_type, name)
 
 
-def test_an_moe_config_saved_with_its_class_defaults_left_out_is_read_whole() -> None:
-    """`save_pretrained` writes only what differs from the class defaults: a Qwen1.5-MoE
-    config may omit its 60 experts of 1408, top-4 and shared expert of 5632."""
+def test_an_moe_config_with_its_class_defaults_left_out_is_read_whole_and_says_so() -> None:
+    """A config that leaves out what equals its class's defaults (transformers 4 saved a
+    nested text_config so; a hand-trimmed one) is read with them, as transformers loads it:
+    a Qwen1.5-MoE config without its 60 experts of 1408, top-4 and shared expert of 5632 is
+    that model, and its warning names each default read."""
     full = {"model_type": "qwen2_moe", "hidden_size": 2048, "num_hidden_layers": 24,
             "num_attention_heads": 16, "vocab_size": 151936, "intermediate_size": 5632,
             "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
-            "shared_expert_intermediate_size": 5632}  # fmt: skip
-    short = {"model_type": "qwen2_moe", "hidden_size": 2048}
+            "shared_expert_intermediate_size": 5632, "num_key_value_heads": 16}  # fmt: skip
+    stated = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "vocab_size", "intermediate_size")  # fmt: skip
+    short = {k: full[k] for k in stated}
     assert parse_config(short).dims == parse_config(full).dims
     assert parse_config(short).dims.num_experts == 60
+    assert parse_config(full).config_warnings == ()
+    assert parse_config(short, prefix="config").config_warnings == (
+        (
+            "config",
+            "estimated with the defaults of transformers' qwen2_moe config class for what the "
+            "config leaves out (num_key_value_heads=16, moe_intermediate_size=1408, "
+            "num_experts=60, num_experts_per_tok=4, shared_expert_intermediate_size=5632), as "
+            "transformers loads it; set them in the config if the model's differ",
+        ),
+    )
     # The config's own name for a field wins over the class default under another name.
-    named = {"model_type": "qwen3_moe", "num_local_experts": 64, "num_experts_per_token": 4}
+    named = short | {"model_type": "qwen3_moe", "num_local_experts": 64,
+                     "num_experts_per_token": 4}  # fmt: skip
     dims = parse_config(named).dims
     assert (dims.num_experts, dims.experts_per_token) == (64, 4)
     # DeepSeek-V3's MLA widths, Llama 4's dense MLP width: read as attention and a shared
@@ -313,6 +329,68 @@ def test_a_refused_class_default_says_the_config_did_not_set_it() -> None:
         "the config: the default of transformers' mistral config class; set it in the config)"
     )
     assert parse_config(trimmed | {"num_key_value_heads": 8}).dims.num_kv_heads == 8
+
+
+def test_transformers_writes_every_required_dimension_at_a_configs_top_level() -> None:
+    """Why a config without one is refused rather than read with its class's default:
+    `save_pretrained` leaves out only what equals the base config class's defaults, which
+    hold none of them, so every config transformers writes states them all."""
+    transformers = pytest.importorskip("transformers")
+    mapping = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    classes, _ = _model_defaults()
+    for model_type in classes:
+        saved = mapping[model_type]().to_diff_dict()
+        for names in REQUIRED_DIMENSIONS:
+            assert any(name in saved for name in names), (model_type, names[0])
+
+
+def test_a_config_must_state_every_dimension_the_estimate_is_built_on() -> None:
+    """One line per dimension left out, naming the class default it was not read as; a
+    family's own names count (DBRX's, Nemotron-H's layer pattern), and a nested text_config
+    whose class vramgate holds no defaults of has no default to stand in."""
+    with pytest.raises(SpecErrors) as error:
+        parse_config({"model_type": "qwen3", "hidden_size": 1024}, prefix="config")
+    assert [(e.field, e.message) for e in error.value.errors] == [
+        (f"config.{name}", "is required in a model config: the estimate depends on it "
+                           f"(transformers' qwen3 default, {default}, may be another model's)")
+        for name, default in (("num_hidden_layers", 32), ("num_attention_heads", 32),
+                              ("intermediate_size", 22016), ("vocab_size", 151936))
+    ]  # fmt: skip
+    for config in (
+        BASE,
+        load_preset("dbrx-instruct").config_dict(),  # d_model, n_layers, ffn_config...
+        {k: v for k, v in BASE.items() if k != "hidden_size"} | {"n_embd": 64},
+    ):
+        parse_config(config)
+    nemotron = {k: v for k, v in BASE.items() if k != "num_hidden_layers"}
+    parse_config(nemotron | {"model_type": "nemotron_h", "hybrid_override_pattern": "M*"})
+    with pytest.raises(SpecErrors) as error:
+        parse_config({"model_type": "gemma3n", "text_config": {"hidden_size": 64}})
+    assert [e.field for e in error.value.errors] == [
+        "text_config.num_hidden_layers",
+        "text_config.num_attention_heads",
+        "text_config.intermediate_size",
+        "text_config.vocab_size",
+    ]
+    assert error.value.errors[-1].message == (
+        "is required in a model config: the estimate depends on it"
+    )
+
+
+def test_key_value_heads_a_config_leaves_out_are_said_where_they_shape_attention() -> None:
+    """Taken to be the attention heads, as transformers reads such a config: a grouped-query
+    model written without them is estimated with every head's keys and values."""
+    (said,) = parse_config(BASE, prefix="config").config_warnings
+    assert said[0] == "config.num_key_value_heads"
+    assert said[1].startswith("not in the config, so estimated as num_attention_heads (4): ")
+    for stated in ({"num_key_value_heads": 4}, {"num_kv_heads": 2}, {"num_attention_heads": 1}):
+        assert parse_config(BASE | stated).config_warnings == ()
+    # MLA shares no heads: DeepSeek's attention has no key/value heads to default.
+    deepseek = load_preset("deepseek-v3").config_dict()
+    del deepseek["num_key_value_heads"]
+    assert parse_config(deepseek).config_warnings == ()
+    dbrx = load_preset("dbrx-instruct").config_dict()  # attn_config.kv_n_heads
+    assert parse_config(dbrx).config_warnings == ()
 
 
 def test_a_text_config_without_its_model_type_takes_its_own_class_defaults() -> None:

@@ -261,6 +261,32 @@ def test_bad_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert code == 2 and "config.num_hidden_layers: is required" in err
 
 
+def test_a_config_of_only_a_model_type_is_refused_and_defaults_read_are_warned_of(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`{"model_type": "llama"}` was estimated as Llama-2-7B without a word: it is refused,
+    each dimension named on the one line; what the estimate does read from a default (a
+    nested text_config's class defaults) is said on stderr."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama"}))
+    code, out, err = run(capsys, "estimate", "--config", str(path), "--method", "full")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith(
+        "vramgate: config.hidden_size: is required in a model config: the estimate depends on "
+        "it (transformers' llama default, 4096, may be another model's); config.num_hidden_"
+    )
+    assert "; config.vocab_size: is required" in err
+    text = {k: v for k, v in LLAMA_31_8B.items() if k != "num_attention_heads"}
+    path.write_text(json.dumps({"model_type": "llava", "text_config": text}))
+    code, out, err = run(capsys, "estimate", "--config", str(path), "--json")
+    assert code == 0 and json.loads(out)["total_bytes"] > 0
+    assert err == (
+        "vramgate: warning: config.text_config: estimated with the defaults of transformers' "
+        "llama config class for what the config leaves out (num_attention_heads=32), as "
+        "transformers loads it; set them in the config if the model's differ\n"
+    )
+
+
 @pytest.mark.parametrize("command", ["estimate", "trace"])
 def test_a_model_family_vramgate_does_not_read_is_refused_not_estimated(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str

@@ -70,7 +70,7 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
         schema = _schema(info)
         paths = {path for path, _ in _nodes(schema)}
         for column in info.printer_columns:
-            json_path = column["jsonPath"].split("[?", 1)[0]
+            json_path = re.sub(r"\[(\d+|\*)\]", "[]", column["jsonPath"].split("[?", 1)[0])
             if json_path == ".metadata.creationTimestamp":
                 continue
             assert json_path in paths, (info.kind, column)
@@ -81,6 +81,15 @@ def test_finetunejob_printer_columns_are_the_documented_ones() -> None:
     assert shown == [
         "Method", "Model", "GPUs", "VRAM/GPU", "Admitted", "Reason", "Workload", "Age"
     ]  # fmt: skip
+
+
+def test_finetunejob_wide_columns_add_the_estimate_on_one_gpu_and_the_node() -> None:
+    """`kubectl get ftj -o wide` shows where an admitted job runs. The API server prints a
+    column's first match only (`[*]` too), so the path says it: the first node."""
+    wide = [c for c in crds.FINETUNEJOB.printer_columns if c.get("priority") == 1]
+    assert [c["name"] for c in wide] == ["Estimated", "VRAM@1GPU", "Node"]
+    assert wide[-1]["jsonPath"] == ".status.placement.nodes[0].node"
+    assert wide[-1]["type"] == "string"
 
 
 def test_gpunode_printer_columns_show_the_heartbeats_age() -> None:

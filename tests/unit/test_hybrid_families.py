@@ -137,7 +137,7 @@ def test_a_malformed_nemotron_config_is_one_line_naming_the_field(
 )
 def test_hybrids_not_built_yet_stay_refused(change: dict[str, Any], field: str) -> None:
     config = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4}
-    error = _error(config | {"vocab_size": 100} | change)
+    error = _error(config | {"intermediate_size": 128, "vocab_size": 100} | change)
     assert error.field == f"spec.model.config.{field}"
 
 

@@ -25,6 +25,10 @@ from controller.jobspec import (
 from tests.unit.conftest import LLAMA_31_8B, NOT_A_FAMILY, PYTHIA_69B, QWEN25_05B
 
 LLAMA_QLORA_BYTES = 7_780_056_064  # seed 2's worked example: 7.25 GiB
+# The dimensions a config must state, at a toy size.
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+               "vocab_size": 1000}  # fmt: skip
 
 
 def job(**changes: Any) -> dict[str, Any]:
@@ -261,7 +265,7 @@ def test_a_module_saved_twice_is_estimated_as_once_like_a_target_named_twice() -
             "spec.resources.gpus: must be greater than or equal to 1, got 0",
         ),
         (
-            job(model={"config": {"hidden_size": "big"}}),
+            job(model={"config": TINY_CONFIG | {"hidden_size": "big"}}),
             "spec.model.config.hidden_size: must be an integer, got 'big'",
         ),
         (
@@ -412,6 +416,69 @@ def test_a_sequence_beyond_the_context_is_estimated_with_a_warning() -> None:
     )
     plan, errors = translate(scaled)
     assert errors == [] and plan is not None and plan.warnings == ()
+
+
+def test_a_config_naming_only_its_model_type_is_refused_dimension_by_dimension() -> None:
+    """`{"model_type": "llama"}` was estimated as Llama-2-7B, transformers' defaults, without
+    a word: each dimension the estimate is built on is refused on a line of its own, with
+    the default it was not read as."""
+    found = messages(job(model={"config": {"model_type": "llama"}}))
+    assert found == [
+        f"spec.model.config.{name}: is required in a model config: the estimate depends on "
+        f"it (transformers' llama default, {default}, may be another model's)"
+        for name, default in (("hidden_size", 4096), ("num_hidden_layers", 32),
+                              ("num_attention_heads", 32), ("intermediate_size", 11008),
+                              ("vocab_size", 32000))
+    ]  # fmt: skip
+    # Under any name the parser reads it, a dimension is stated; a bad one is said with the
+    # missing ones, so one answer lists everything to fix.
+    gpt2_names = {"n_embd": 64, "n_layer": 2, "n_head": 4, "intermediate_size": 128}
+    (message,) = messages(job(model={"config": gpt2_names}))
+    assert message == (
+        "spec.model.config.vocab_size: is required in a model config: the estimate depends on it"
+    )
+    found = messages(job(model={"config": {"hidden_size": "big", "vocab_size": 1000}}))
+    assert [m.split(":", 1)[0] for m in found] == [
+        "spec.model.config.hidden_size",
+        "spec.model.config.num_hidden_layers",
+        "spec.model.config.num_attention_heads",
+        "spec.model.config.intermediate_size",
+    ]
+    assert found[0] == "spec.model.config.hidden_size: must be an integer, got 'big'"
+    plan, errors = translate(job(model={"config": TINY_CONFIG}))
+    assert errors == [] and plan is not None and plan.warnings == ()
+
+
+def test_what_a_config_leaves_to_defaults_is_said_in_the_plans_warnings() -> None:
+    """A nested text_config is read with its class's defaults, as transformers 4 saved it
+    without them (llava-1.5-7b's names no dimension), and the warning says which and what;
+    key/value heads a config leaves out are the attention heads', which is said too."""
+    llava = {"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064}}
+    plan, errors = translate(job(model={"config": llava}))
+    assert errors == [] and plan is not None
+    assert plan.shape is not None and plan.shape.dims.hidden_size == 4096
+    assert plan.warnings == (
+        "spec.model.config.text_config: estimated with the defaults of transformers' llama "
+        "config class for what the config leaves out (hidden_size=4096, intermediate_size="
+        "11008, num_hidden_layers=32, num_attention_heads=32), as transformers loads it; set "
+        "them in the config if the model's differ",
+        "spec.model.config.text_config.num_key_value_heads: not in the config, so estimated as "
+        "num_attention_heads (32): keys and values for every head, as transformers reads it; "
+        "set it if the model shares them among heads (grouped-query attention)",
+    )
+    # A ConfigMap's config is named by its ConfigMap, as its errors are.
+    ref = job(model={"configMapRef": {"name": "llava"}})
+    plan, errors = translate(ref, llava)
+    assert errors == [] and plan is not None
+    assert plan.warnings[0].startswith("configmaps/llava[config.json].text_config: estimated")
+    # A preset warns of nothing: its defaults are checked against the published count.
+    gemma = load_preset("gemma-3-4b").config_dict()
+    assert "num_attention_heads" not in gemma["text_config"]
+    plan, errors = translate(job(model={"preset": "gemma-3-4b"}))
+    assert errors == [] and plan is not None and plan.warnings == ()
+    plan, errors = translate(job(model={"config": gemma}))
+    assert errors == [] and plan is not None
+    assert plan.warnings[0].startswith("spec.model.config.text_config: estimated with")
 
 
 def test_the_webhook_check_skips_only_the_configmap_model() -> None:

@@ -212,3 +212,18 @@ def test_a_sequence_beyond_the_context_is_estimated_and_the_condition_says_so() 
     estimated = _by_type(update.patch)["Estimated"]
     assert estimated["status"] == "True"
     assert "; warning: spec.training.sequenceLength: 200000 is longer than" in estimated["message"]
+
+
+def test_defaults_a_config_leaves_to_its_class_are_said_in_the_condition() -> None:
+    """A nested text_config without its dimensions (transformers 4 saved LLaVA-1.5-7B's so)
+    is estimated with its class's defaults, and the Estimated condition says which."""
+    llava = {"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064}}
+    update = _estimated({}, model={"config": llava})
+    estimated = _by_type(update.patch)["Estimated"]
+    assert estimated["status"] == "True"
+    assert (
+        "; warning: spec.model.config.text_config: estimated with the defaults of transformers' "
+        "llama config class for what the config leaves out (hidden_size=4096, "
+    ) in estimated["message"]
+    heads = "; warning: spec.model.config.text_config.num_key_value_heads: not in the config"
+    assert heads in estimated["message"]
