@@ -31,6 +31,7 @@ from controller.operator import caches
 from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
 from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.dry_run import WorkloadDryRun
 from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER
 
 __all__ = ["MUTATE_HANDLER", "VALIDATE_HANDLER", "register"]
@@ -109,7 +110,11 @@ def register(
 
     if not webhooks:
         return None
-    hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook)
+    # The dry run goes through the operator's own client: creating Jobs is in its RBAC.
+    dry_run = WorkloadDryRun(
+        scheduler.kube.create_dry_run, scheduler.options.admission.packing.gpu_mode
+    )
+    hook = AdmissionWebhook(scheduler.current_view, scheduler.metrics.observe_webhook, dry_run)
     resource = (GROUP, VERSION, PLURAL)
     # The webhook is fast feedback; the operator decides and enforces in status. An
     # unreachable webhook must not block every FineTuneJob write in the cluster.

@@ -7,7 +7,10 @@ Validating (CREATE and UPDATE):
   may not change at all (nothing would run it again: delete it and create it anew);
 * a job that can never fit this cluster, even empty, is refused with the numbers of the
   Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`), except in an
-  UPDATE that only suspends or resumes it (the cluster may have shrunk since its create).
+  UPDATE that only suspends or resumes it (the cluster may have shrunk since its create);
+* a pod template the Job API refuses, found by a server-side dry run of the batch Job the
+  operator would create (`dry_run.py`), last, as it is the one check that calls the API
+  server; for a create or a spec change only, as the rest.
 
 Mutating (CREATE, and an UPDATE that changes the GPU count): with `admissionPolicy:
 Resize`, a requested GPU count that can never fit is rewritten to the count nearest it in
@@ -56,6 +59,7 @@ from controller.packing.fit import plural
 from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView, Selection
 from controller.units import format_gib
+from controller.webhook.dry_run import WorkloadDryRun
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 from controller.workload import workload_problem
 
@@ -87,9 +91,11 @@ class AdmissionWebhook:
         self,
         view: Callable[[], Awaitable[ClusterView | None]],
         observe: Callable[[str, str, float], None] = _ignore,
+        dry_run: WorkloadDryRun | None = None,
     ) -> None:
         self.view = view
         self.observe = observe
+        self.dry_run = dry_run
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
         self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
         self._workload_problems: dict[tuple[str, GpuMode], str | None] = {}
@@ -194,14 +200,18 @@ class AdmissionWebhook:
             if problem is not None:
                 raise kopf.AdmissionError(problem, code=INVALID)
         found = self._estimate(plain, key)
-        if found is None or view is None or view.select({}).gpus == 0:
-            return
-        plan, estimate = found
-        decision = decide(job_request(dict(body), plan, estimate), view)
-        if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
-            raise kopf.AdmissionError(
-                f"vramgate: {decision.reason}: {decision.message}", code=INVALID
-            )
+        if found is not None and view is not None and view.select({}).gpus > 0:
+            plan, estimate = found
+            decision = decide(job_request(dict(body), plan, estimate), view)
+            if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
+                raise kopf.AdmissionError(
+                    f"vramgate: {decision.reason}: {decision.message}", code=INVALID
+                )
+        if self.dry_run is not None and plain.get("template"):
+            job = {"metadata": dict(body.get("metadata") or {}), "spec": plain}
+            refused = await self.dry_run.refusal(job, key)
+            if refused is not None:
+                raise kopf.AdmissionError(refused, code=INVALID)
 
     async def _mutate(self, spec: Mapping[str, Any], warnings: list[str] | None) -> Mutation | None:
         plain = dict(spec)

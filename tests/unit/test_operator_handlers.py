@@ -61,8 +61,9 @@ class FakeConfigMaps:
 
 
 def new_scheduler(maps: FakeConfigMaps | None = None) -> Scheduler:
-    """A Scheduler whose Kube is only the ConfigMap reader `_estimate_now` uses."""
-    kube = SimpleNamespace(core=maps or FakeConfigMaps({}))
+    """A Scheduler whose Kube is only the ConfigMap reader `_estimate_now` uses, and a dry
+    run that passes (the webhook's)."""
+    kube = SimpleNamespace(core=maps or FakeConfigMaps({}), create_dry_run=lambda obj: None)
     return Scheduler(kube=cast(Kube, kube), options=SchedulerOptions(configmap_retry_s=RETRY_S))
 
 
