@@ -256,6 +256,39 @@ def operator(
         forget_webhook_configs(api_client, WEBHOOK_CONFIG)
 
 
+def test_a_liveness_port_taken_before_the_operator_binds_it_starts_it_again(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    crds: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's liveness endpoint cannot bind port 0 and say which it got: its port is chosen
+    free, and another program may take it first. The start is tried again; the metrics
+    server binds port 0 and logs the port it got (the webhook's too: every test here)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        chosen: list[int] = []
+        free = _free_port
+
+        def first_taken() -> int:
+            chosen.append(held.getsockname()[1] if not chosen else free())
+            return chosen[-1]
+
+        monkeypatch.setattr(sys.modules[__name__], "_free_port", first_taken)
+        process = OperatorProcess(cluster, api_client, tmp_path)
+        try:
+            process.start(webhook=False)
+            log = process.log()
+            assert process.metrics_port > 0
+            assert _http_ok(f"http://127.0.0.1:{process.metrics_port}/metrics")
+        finally:
+            process.stop()
+    assert len(chosen) == 2
+    assert log.count("=== start") == 2 and PORT_TAKEN in log.lower()
+
+
 # -- objects and polling ---------------------------------------------------------------------
 
 

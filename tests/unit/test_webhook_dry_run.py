@@ -170,9 +170,7 @@ def test_a_job_not_created_yet_gets_stand_ins_for_its_name_and_uid() -> None:
     assert owner["name"] and owner["uid"]  # the API checks they are set, not that they exist
 
 
-def test_a_refused_template_is_refused_with_the_apis_message_and_a_passed_spec_remembered() -> (
-    None
-):
+def test_a_refused_template_gets_the_apis_message_and_a_spec_that_passed_is_remembered() -> None:
     api = FakeApi(INVALID_NAME)
     check = WorkloadDryRun(api, GpuMode.DEVICE_PLUGIN)
     job = finetunejob(trainer(name="Trainer_1"))
