@@ -348,7 +348,7 @@ def test_no_credentials_is_one_line(
 @pytest.mark.parametrize(
     ("flag", "message"),
     [
-        ("--webhook-port=0", "--webhook-port: must be between 1 and 65535, got 0"),
+        ("--webhook-port=70000", "--webhook-port: must be less than or equal to 65535, got 70000"),
         ("--configmap-retry-seconds=0", "--configmap-retry-seconds: must be greater than 0"),
         ("--webhook=sometimes", "argument --webhook: invalid choice: 'sometimes'"),
         ("--resync-seconds=0", "--resync-seconds: must be greater than 0, got 0.0"),
