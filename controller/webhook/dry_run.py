@@ -98,17 +98,18 @@ def api_refusal(answer: Mapping[str, Any], obj: Mapping[str, Any]) -> str | None
 
 
 def _with_quantities(message: str, obj: Mapping[str, Any]) -> str:
-    """A decoding error about a quantity does not say where it is: say which are not."""
+    """A decoding error about a quantity does not say where it is: say which are not. The
+    Job was built by `build_workload`, which checked that each container, its resources and
+    their limits and requests are objects."""
     if "quantities must match" not in message:
         return message
-    pod_spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    pod_spec = obj["spec"]["template"]["spec"]
     found = []
     for kind in ("initContainers", "containers"):
         for i, container in enumerate(pod_spec.get(kind) or []):
-            resources = (container.get("resources") if isinstance(container, Mapping) else {}) or {}
+            resources = container.get("resources") or {}
             for part in ("limits", "requests"):
-                for name, value in ((resources.get(part) or {}) if isinstance(resources, Mapping)
-                                    else {}).items():  # fmt: skip
+                for name, value in (resources.get(part) or {}).items():
                     if not isinstance(value, int | float) and not _QUANTITY.match(str(value)):
                         path = f"spec.template.spec.{kind}[{i}].resources.{part}.{name}"
                         found.append(f"{path}: {value!r}")
