@@ -31,10 +31,12 @@ from e2e.certs import CertificateAuthority, CertPair, write_service_account_keys
 from e2e.kubeconfig import write_kubeconfig
 from e2e.paths import default_cluster_dir
 from e2e.procs import (
+    PORT_TRIES,
     ManagedProcess,
     free_ports,
     is_running,
     log_tail,
+    port_taken,
     read_pidfile,
     start,
     stop_all,
@@ -51,6 +53,10 @@ Log = Callable[[str], None]
 
 class ClusterError(Exception):
     """The control plane could not start; the message ends with the failing log's tail."""
+
+
+class PortTaken(ClusterError):
+    """A component could not listen: another program took its port after it was chosen."""
 
 
 def _stderr(line: str) -> None:
@@ -84,12 +90,19 @@ class Cluster:
         """Build what is missing, then start every component and wait until it serves."""
         started = time.monotonic()
         self.binaries = ensure_binaries((*COMPONENTS, *CLIENT_TOOLS), log=self.log)
-        self._prepare_state_dir()
-        try:
-            self._start_components()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, PORT_TRIES + 1):
+            self._prepare_state_dir()  # a fresh etcd and PKI for the new ports
+            try:
+                self._start_components()
+                break
+            except PortTaken as error:
+                self.stop()
+                if attempt == PORT_TRIES:
+                    raise
+                self.log(f"[cluster] {str(error).splitlines()[0]}: starting again")
+            except BaseException:
+                self.stop()
+                raise
         self.log(f"[cluster] ready in {time.monotonic() - started:.1f}s: {self.server}")
         return self
 
@@ -230,7 +243,9 @@ class Cluster:
         while True:
             for proc in self.processes:
                 if not is_running(proc):
-                    raise ClusterError(
+                    # Its port was free when chosen (free_ports), and taken when it bound.
+                    failed = PortTaken if port_taken(proc.log) else ClusterError
+                    raise failed(
                         f"{proc.name} exited during startup; last lines of {proc.log}:\n"
                         f"{log_tail(proc.log)}"
                     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -39,7 +40,16 @@ from kubernetes import client, config
 from controller.api.base import JOB_LABEL, PRODUCT_LABEL
 from controller.units import parse_size
 from e2e.cluster import Cluster
-from e2e.procs import ManagedProcess, free_ports, is_running, log_tail, start, stop
+from e2e.procs import (
+    PORT_TRIES,
+    ManagedProcess,
+    free_ports,
+    is_running,
+    log_tail,
+    port_taken,
+    start,
+    stop,
+)
 from e2e.prometheus import Prometheus, ScrapeJob
 from e2e.wait import wait_until
 
@@ -189,6 +199,20 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+#: The log lines that name the port a metrics server bound (--metrics-port 0).
+AGENT_METRICS_AT = re.compile(r"metrics on 127\.0\.0\.1:(\d+),")
+OPERATOR_METRICS_AT = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+
+
+def logged_port(proc: ManagedProcess, line: re.Pattern[str]) -> int | None:
+    """The port `proc` logged it bound (`line`'s group), once it has."""
+    try:
+        found = line.search(Path(proc.log).read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found[1]) if found else None
+
+
 class Processes:
     """The agents and the operator this stack started, stopped in reverse order."""
 
@@ -203,13 +227,15 @@ class Processes:
         self.started.append(proc)
         return proc
 
-    def wait(self, proc: ManagedProcess, ready: Any, what: str, timeout: float = 90) -> None:
-        def check() -> bool:
+    def wait(self, proc: ManagedProcess, ready: Any, what: str, timeout: float = 90) -> Any:
+        """What `ready` returns once it is truthy; RuntimeError if `proc` exits first."""
+
+        def check() -> Any:
             if not is_running(proc):
                 raise RuntimeError(f"{proc.name} exited:\n{log_tail(proc.log)}")
-            return bool(ready())
+            return ready()
 
-        wait_until(check, timeout=timeout, what=what, interval=0.2)
+        return wait_until(check, timeout=timeout, what=what, interval=0.2)
 
     def stop(self) -> None:
         for proc in reversed(self.started):
@@ -258,38 +284,52 @@ class Stack:
                 node.name = made
             node.static_file = self.workdir / f"gpus-{node.name}.yaml"
             node.write()
-        ports = free_ports(len(self.nodes) + 2)
-        self.operator_port, liveness = ports[0], ports[1]
         no_proc = self.workdir / "no-proc"
         no_proc.mkdir(exist_ok=True)
         agents = []
-        for node, port in zip(self.nodes, ports[2:], strict=True):
-            self.agent_ports[node.name] = port
+        for node in self.nodes:
+            # Port 0: the agent binds any free port and logs it (a port chosen free here
+            # could be taken by another program before the agent binds it).
             agents.append(procs.launch(f"agent-{node.name}", [
                 sys.executable, "-m", "controller.cli", "agent", "--node-name", node.name,
                 "--backend", "static", "--static-file", str(node.static_file),
                 "--proc-root", str(no_proc), "--kubeconfig", str(self.cluster.kubeconfig),
-                "--metrics-address", "127.0.0.1", "--metrics-port", str(port),
+                "--metrics-address", "127.0.0.1", "--metrics-port", "0",
                 "--heartbeat-interval-seconds", "2",
             ], {"VRAMGATE_AGENT_POLL_INTERVAL_SECONDS": "0.5"}))  # fmt: skip
         for node, proc in zip(self.nodes, agents, strict=True):
-            url = f"http://127.0.0.1:{self.agent_ports[node.name]}/metrics"
+            port = procs.wait(proc, lambda p=proc: logged_port(p, AGENT_METRICS_AT),
+                              f"the agent of {node.name} to log its metrics port")  # fmt: skip
+            self.agent_ports[node.name] = port
+            url = f"http://127.0.0.1:{port}/metrics"
             procs.wait(proc, lambda url=url: _http_ok(url), f"the agent of {node.name}")
         trainers = Trainers(self.cluster.kubeconfig, self.nodes).start()
         self._exit.callback(trainers.stop)
-        operator = procs.launch("operator", [
-            sys.executable, "-m", "controller.cli", "operator",
-            "--webhook", "managed", "--webhook-addr", "127.0.0.1",
-            "--webhook-port", str(free_ports(1)[0]),
-            "--webhook-config-name", self.webhook_config,
-            "--cert-dir", str(self.workdir / "certs"),
-            "--lease-name", self.lease_name, "--identity", f"{self.lease_name}-0",
-            "--metrics-addr", "127.0.0.1", "--metrics-port", str(self.operator_port),
-            "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-            *self.operator_args,
-        ], self.cluster.env())  # fmt: skip
-        procs.wait(operator, lambda: _http_ok(f"http://127.0.0.1:{liveness}/healthz"),
-                   "the operator to be live")  # fmt: skip
+        for attempt in range(1, PORT_TRIES + 1):
+            # kopf's liveness endpoint cannot bind port 0 and say which it got: a port free
+            # now, and another start if another program takes it first.
+            (liveness,) = free_ports(1)
+            operator = procs.launch(f"operator-{attempt}", [
+                sys.executable, "-m", "controller.cli", "operator",
+                "--webhook", "managed", "--webhook-addr", "127.0.0.1", "--webhook-port", "0",
+                "--webhook-config-name", self.webhook_config,
+                "--cert-dir", str(self.workdir / "certs"),
+                "--lease-name", self.lease_name, "--identity", f"{self.lease_name}-0",
+                "--metrics-addr", "127.0.0.1", "--metrics-port", "0",
+                "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+                *self.operator_args,
+            ], self.cluster.env())  # fmt: skip
+            try:
+                live = f"http://127.0.0.1:{liveness}/healthz"
+                procs.wait(operator, lambda url=live: _http_ok(url), "the operator to be live")
+                break
+            except RuntimeError:  # it exited
+                if attempt == PORT_TRIES or not port_taken(operator.log):
+                    raise
+        self.operator_port = procs.wait(
+            operator, lambda: logged_port(operator, OPERATOR_METRICS_AT),
+            "the operator to log its metrics port",
+        )  # fmt: skip
         self._exit.callback(self._forget_webhooks)
         targets = [f"127.0.0.1:{p}" for p in self.agent_ports.values()]
         self.prometheus = Prometheus(

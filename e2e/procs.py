@@ -136,8 +136,24 @@ def read_pidfile(path: Path) -> list[ManagedProcess]:
     return [ManagedProcess(**entry) for entry in json.loads(path.read_text())]
 
 
+#: How a listener fails on a port another program took between `free_ports` and its bind
+#: (Go's and Python's words: etcd, the Kubernetes components, Prometheus, aiohttp).
+PORT_TAKEN = "address already in use"
+#: Starts tried with fresh ports before a taken port fails the start.
+PORT_TRIES = 3
+
+
+def port_taken(log: str | Path) -> bool:
+    """Whether the process logging to `log` failed to listen on a port that was taken."""
+    return PORT_TAKEN in log_tail(log).lower()
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1, held open together so none repeats."""
+    """Distinct free TCP ports on 127.0.0.1, held open together so none repeats.
+
+    Free now only: another program may bind one before the process given it does. Programs
+    of ours bind port 0 and say which they got; for the others (etcd, the Kubernetes
+    components, Prometheus), a start that fails with `port_taken` is tried again."""
     with ExitStack() as stack:
         ports = []
         for _ in range(count):

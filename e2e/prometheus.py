@@ -30,7 +30,16 @@ from typing import Any
 
 import yaml
 
-from e2e.procs import ManagedProcess, free_ports, is_running, log_tail, start, stop
+from e2e.procs import (
+    PORT_TRIES,
+    ManagedProcess,
+    free_ports,
+    is_running,
+    log_tail,
+    port_taken,
+    start,
+    stop,
+)
 from e2e.wait import wait_until
 
 PACKAGE = "prometheus"
@@ -187,27 +196,36 @@ class Prometheus:
         checked = promtool("check", "config", str(config))
         if checked.returncode != 0:
             raise RuntimeError(f"promtool refuses {config}: {checked.stdout}{checked.stderr}")
-        if not self.port:
-            (self.port,) = free_ports(1)
+        chosen = not self.port  # a port chosen here, another one if it is taken meanwhile
         storage = self.workdir / "data"
         storage.mkdir(exist_ok=True)
-        argv = [
-            str(binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={storage}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-            "--storage.tsdb.retention.time=1d",
-            "--log.level=warn",
-        ]
         log = self.workdir / "prometheus.log"
-        self.process = start("prometheus", argv, log, self.workdir,
-                             die_with_parent=self.die_with_parent)  # fmt: skip
-        try:
-            wait_until(self._ready, timeout=START_TIMEOUT_S, what="prometheus to be ready")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        attempt = 1
+        while True:
+            if chosen:
+                (self.port,) = free_ports(1)
+            argv = [
+                str(binary),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={storage}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ]
+            log.unlink(missing_ok=True)  # what port_taken reads: this start's words only
+            self.process = start("prometheus", argv, log, self.workdir,
+                                 die_with_parent=self.die_with_parent)  # fmt: skip
+            try:
+                wait_until(self._ready, timeout=START_TIMEOUT_S, what="prometheus to be ready")
+                return self
+            except RuntimeError:  # it exited
+                self.stop()
+                if not (chosen and port_taken(log) and attempt < PORT_TRIES):
+                    raise
+                attempt += 1
+            except BaseException:
+                self.stop()
+                raise
 
     def _ready(self) -> bool:
         if self.process is not None and not is_running(self.process):

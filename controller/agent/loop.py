@@ -123,7 +123,26 @@ class Agent:
         self._next_read = now + self.read_backoff.next_delay()
 
     def run(self, stop: threading.Event) -> None:
-        """Step every poll interval until ``stop`` is set."""
+        """Step every poll interval until ``stop`` is set, then say so (``stopped``)."""
         while not stop.is_set():
             self.step()
             stop.wait(self.timing.poll_interval_s)
+        self.stopped()
+
+    def stopped(self) -> bool:
+        """Write the GPUNode's Ready condition False (AgentStopped), so that the operator
+        places nothing more on this node at once, not only once the heartbeat is older than
+        its TTL (90 s). One try, as a stopping pod has seconds; nothing when this agent
+        never wrote (the GPUNode may not be its to write). True when written."""
+        if self.written is None:
+            return False
+        observation = Observation(self.backend.name, self.readings, self.error, stopped=True)
+        try:
+            self.publisher.publish(observation, self.clock.wall())
+        except Exception as error:
+            self.metrics.count_api_error()
+            log.warning("cannot mark the GPUNode as stopped: %s", error)
+            return False
+        self.written = Written(observation, self.clock.monotonic())
+        log.info("GPUNode marked Ready=False (AgentStopped)")
+        return True

@@ -15,6 +15,7 @@ from typing import Any
 from controller.agent.readings import GpuReading
 from controller.api.conditions import (
     READY,
+    REASON_AGENT_STOPPED,
     REASON_BACKEND_FAILED,
     REASON_GPUS_READ,
     set_condition,
@@ -30,6 +31,10 @@ from controller.api.gpunode import (
 from controller.units import format_gib
 
 MAX_MESSAGE = 1024  # a condition message is one line for `kubectl describe`, not a log
+STOPPED_MESSAGE = (
+    "the node agent stopped (SIGTERM or SIGINT); status.gpus holds its last readings, and no "
+    "new work is placed on this node until the agent runs again"
+)
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,12 @@ class Observation:
     backend: str
     readings: tuple[GpuReading, ...]
     error: str | None = None
+    #: The agent is stopping: the readings are its last, and no more will come.
+    stopped: bool = False
 
     @property
     def ready(self) -> bool:
-        return self.error is None
+        return self.error is None and not self.stopped
 
 
 def pod_usage(reading: GpuReading) -> dict[str, int | None]:
@@ -124,6 +131,8 @@ def gpu_entries(readings: tuple[GpuReading, ...]) -> tuple[list[GPUStatus], list
 
 def ready_condition(observation: Observation, left_out: list[str]) -> tuple[ConditionStatus,
                                                                              str, str]:
+    if observation.stopped:
+        return ConditionStatus.FALSE, REASON_AGENT_STOPPED, STOPPED_MESSAGE
     if observation.error is not None:
         return ConditionStatus.FALSE, REASON_BACKEND_FAILED, observation.error[:MAX_MESSAGE]
     count = len(observation.readings) - len(left_out)

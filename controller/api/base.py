@@ -12,8 +12,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: The label vramgate puts on every object it creates for a job (the FineTuneJob's name):
 #: how the operator finds a job's workload and pods, and how people select them.
 JOB_LABEL = f"{GROUP}/finetunejob"
-#: The label on a job's pods with the FineTuneJob's uid: a job deleted and applied again has
-#: the same name, and its predecessor's pods, still terminating, are not the new job's.
+#: The label on every object created for a job (its pods too) with the FineTuneJob's uid: a
+#: job deleted and applied again has the same name, and its predecessor's pods, still
+#: terminating, are not the new job's; and it selects a job's Job whatever the name.
 JOB_UID_LABEL = f"{GROUP}/finetunejob-uid"
 #: The annotation the mutating webhook puts on a job whose GPU count it rewrote: the count the
 #: manifest asked for, so that applying that manifest again keeps the count given at create.

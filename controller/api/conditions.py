@@ -167,6 +167,10 @@ REASON_GPUS_READ = "GPUsRead"
 #: backend (NVML, dcgm-exporter, the static file) failed; the message holds its error and what
 #: to do. The agent keeps the last readings and retries with backoff.
 REASON_BACKEND_FAILED = "BackendFailed"
+#: AgentStopped indicates that the GPUNode takes no new work because its node agent stopped
+#: cleanly (SIGTERM or SIGINT: a rollout, a drain, a node shutting down) and reads nothing
+#: more; status.gpus holds its last readings, and the agent sets Ready again when it runs.
+REASON_AGENT_STOPPED = "AgentStopped"
 
 
 class Condition(BaseModel):

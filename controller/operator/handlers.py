@@ -32,6 +32,7 @@ from controller.operator import caches
 from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
 from controller.webhook.admission import AdmissionWebhook
+from controller.webhook.dry_run import WorkloadDryRun
 from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER
 
 __all__ = ["MUTATE_HANDLER", "VALIDATE_HANDLER", "register"]
@@ -111,9 +112,14 @@ def register(
 
     if not webhooks:
         return None
+    # The dry run goes through the operator's own client: creating Jobs is in its RBAC.
+    dry_run = WorkloadDryRun(
+        scheduler.kube.create_dry_run, scheduler.options.admission.packing.gpu_mode
+    )
     hook = AdmissionWebhook(
         scheduler.current_view,
         scheduler.metrics.observe_webhook,
+        dry_run,
         raw_priority_namespaces=scheduler.options.admission.raw_priority_namespaces,
     )
     resource = (GROUP, VERSION, PLURAL)

@@ -24,6 +24,9 @@ from controller.errors import DeploymentError
 #: Seconds to connect and to wait for an answer: a request that hangs (an API server gone
 #: quiet mid-request) must free its worker thread, or a few of them stop every write.
 REQUEST_TIMEOUT_S = (10.0, 60.0)
+#: A dry run made for the webhook answers within the API server's wait for the webhook (the
+#: chart's timeoutSeconds, 5 s), or is given up: the webhook then lets the job through.
+DRY_RUN_TIMEOUT_S = (2.0, 2.5)
 
 
 class Conflict(Exception):
@@ -68,14 +71,17 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)  # ConfigMap reads (configmaps.read_model_config)
 
-    def _call(
+    def _request(
         self,
         method: str,
         path: str,
         body: object = None,
         query: Sequence[tuple[str, str]] = (),
+        timeout: tuple[float, float] = REQUEST_TIMEOUT_S,
         content: str | None = None,
     ) -> Any:
+        """One request; the client's response (`.status`, `.reason`, `.read()`), whatever
+        its status."""
         if content is None:
             content = "application/merge-patch+json" if method == "PATCH" else "application/json"
         serialized = self.api.param_serialize(
@@ -86,7 +92,17 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT_S)
+        return self.api.call_api(*serialized, _request_timeout=timeout)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        query: Sequence[tuple[str, str]] = (),
+        content: str | None = None,
+    ) -> Any:
+        response = self._request(method, path, body, query, content=content)
         data = response.read()
         if response.status == 409:
             raise Conflict(_message(data, response.reason))
@@ -95,6 +111,28 @@ class Kube:
         if not 200 <= response.status < 300:
             raise ApiException(status=response.status, reason=_message(data, response.reason))
         return json.loads(data or b"null")
+
+    def create_dry_run(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create `obj` with `dryRun=All`: decoded, defaulted, validated and admitted (the
+        namespace's admission webhooks and policies too) as a create is, but not stored.
+        None when it would be created; else the API server's Status object of the refusal,
+        whatever its code (its `code`, `reason`, `message` and `details`). Raises only when
+        no answer came (a timeout, a refused connection)."""
+        prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]
+        path = f"{prefix}/namespaces/{obj['metadata']['namespace']}/{plural}"
+        response = self._request(
+            "POST", path, obj, query=[("dryRun", "All")], timeout=DRY_RUN_TIMEOUT_S
+        )
+        data = response.read()
+        if 200 <= response.status < 300:
+            return None
+        try:
+            found = json.loads(data or b"{}")
+        except ValueError:
+            found = None
+        if not isinstance(found, dict) or found.get("kind") != "Status":
+            found = {"message": str(response.reason)}
+        return {**found, "code": found.get("code") or response.status}
 
     def patch_job_status(
         self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str | None

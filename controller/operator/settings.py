@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
 from controller.operator.options import (
@@ -68,9 +68,9 @@ class OperatorSettings(AdmissionConfig):
         "0.0.0.0", description="listen address of the webhook; every interface, for a Service."
     )
     webhook_port: int = Field(
-        DEFAULT_WEBHOOK_PORT,
-        description="HTTPS port of the webhook; 9443 is the convention of Kubernetes webhooks "
-        "and needs no privilege.",
+        DEFAULT_WEBHOOK_PORT, ge=0, le=65535,
+        description="HTTPS port of the webhook (0: any free port, logged; webhook managed "
+        "registers it); 9443 is the convention of Kubernetes webhooks and needs no privilege.",
     )
     webhook_host: str | None = Field(
         None, description="host in the URL a managed webhook registers; default: the address."
@@ -144,13 +144,6 @@ class OperatorSettings(AdmissionConfig):
         description="info: decisions and problems; verbose: each handler call; debug: "
         "everything kopf does. info because handler lines cost CPU on a busy cluster.",
     )
-
-    @field_validator("webhook_port")
-    @classmethod
-    def _port(cls, value: int) -> int:
-        if not 0 < value < 65536:
-            raise ValueError("must be between 1 and 65535")
-        return value
 
     def liveness_url(self) -> str:
         host = f"[{self.probe_addr}]" if ":" in self.probe_addr else self.probe_addr

@@ -11,6 +11,9 @@ Validating (CREATE and UPDATE):
 * a raw `spec.priority` in a namespace not allowed to set one (`rawPriorityNamespaces`) is
   allowed with a warning that it is ignored (`controller.priority`): the manifest stays
   valid everywhere, and its author learns at once that the number ranks nothing there.
+* a pod template the Job API refuses, found by a server-side dry run of the batch Job the
+  operator would create (`dry_run.py`), last, as it is the one check that calls the API
+  server; for a create or a spec change only, as the rest.
 
 Mutating (CREATE, and an UPDATE that changes the GPU count): with `admissionPolicy:
 Resize`, a requested GPU count that can never fit is rewritten to the count nearest it in
@@ -60,6 +63,7 @@ from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView, Selection
 from controller.priority import ignored_priority
 from controller.units import format_gib
+from controller.webhook.dry_run import WorkloadDryRun
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 from controller.workload import workload_problem
 
@@ -91,10 +95,12 @@ class AdmissionWebhook:
         self,
         view: Callable[[], Awaitable[ClusterView | None]],
         observe: Callable[[str, str, float], None] = _ignore,
+        dry_run: WorkloadDryRun | None = None,
         raw_priority_namespaces: Set[str] = frozenset(),
     ) -> None:
         self.view = view
         self.observe = observe
+        self.dry_run = dry_run
         self.raw_priority_namespaces = raw_priority_namespaces
         self._estimates: dict[str, tuple[JobPlan, Estimate] | None] = {}
         self._validated: dict[str, tuple[kopf.AdmissionError | None, tuple[str, ...]]] = {}
@@ -201,14 +207,19 @@ class AdmissionWebhook:
             if problem is not None:
                 raise kopf.AdmissionError(problem, code=INVALID)
         found = self._estimate(plain, key)
-        if found is None or view is None or view.select({}).gpus == 0:
-            return
-        plan, estimate = found
-        decision = decide(job_request(dict(body), plan, estimate), view, nodes_waited_for=False)
-        if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
-            raise kopf.AdmissionError(
-                f"vramgate: {decision.reason}: {decision.message}", code=INVALID
-            )
+        if found is not None and view is not None and view.select({}).gpus > 0:
+            plan, estimate = found
+            request = job_request(dict(body), plan, estimate)
+            decision = decide(request, view, nodes_waited_for=False)
+            if decision.outcome is Outcome.REJECT and decision.reason in _NEVER:
+                raise kopf.AdmissionError(
+                    f"vramgate: {decision.reason}: {decision.message}", code=INVALID
+                )
+        if self.dry_run is not None and plain.get("template"):
+            job = {"metadata": dict(body.get("metadata") or {}), "spec": plain}
+            refused = await self.dry_run.refusal(job, key)
+            if refused is not None:
+                raise kopf.AdmissionError(refused, code=INVALID)
 
     async def _mutate(self, spec: Mapping[str, Any], warnings: list[str] | None) -> Mutation | None:
         plain = dict(spec)

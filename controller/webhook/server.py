@@ -66,15 +66,18 @@ class ReviewServer(kopf.WebhookServer):
         registering: asyncio.Future[None] | None = None
         try:
             while True:
-                port = self.port or self._allocate_free_port()
+                # No port: any free one, bound at once and read back (kopf's own choice,
+                # a port found free and bound later, may be taken meanwhile).
                 thread = ServingThread(
-                    self._serve_review, self.addr or None, port, self.path, context
+                    self._serve_review, self.addr or None, self.port or 0, self.path, context
                 )
                 try:
                     await asyncio.to_thread(thread.start)
+                    port = thread.port
                     scheme = "http" if context is None else "https"
                     host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
                     url = self._build_url(scheme, host, port, self.path or "")
+                    log.info("webhook listening on port %d, called at %s", port, url)
                     config = kopf.WebhookClientConfig(url=url)
                     ca_bundle = None if cadata is None else base64.b64encode(cadata).decode()
                     if ca_bundle is not None:
@@ -158,7 +161,8 @@ class ServingThread:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     def start(self) -> None:
-        """Listening when this returns; the bind's error raised here."""
+        """Listening when this returns, on `port` (the one bound, for a port 0); the bind's
+        error raised here."""
         self._thread.start()
         self._ready.result()
 
@@ -182,6 +186,7 @@ class ServingThread:
                 reuse_port=True, reuse_address=True,
             )  # fmt: skip
             self._loop.run_until_complete(site.start())
+            self.port = int(runner.addresses[0][1])  # port 0: the one the system gave
         except BaseException as error:
             self._ready.set_exception(error)
             if runner is not None:

@@ -3,7 +3,8 @@
 One node: a batch/v1 Job of one pod. k nodes x g GPUs (DDP or FSDP with torchrun): an
 Indexed Job of k pods, one per node, and a headless Service whose DNS name of pod 0 is
 torchrun's MASTER_ADDR. Every object is owned by the FineTuneJob (deleting the job collects
-its workload) and labelled with it (the operator finds the pods by the label).
+its workload) and labelled with it: its name (the operator finds the pods by it) and its uid
+(`kubectl get job -l vramgate.dev/finetunejob-uid=<uid>`, whatever the name).
 
 How the pods get their GPUs depends on the cluster's GPU mode:
 
@@ -121,7 +122,7 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
         return {
             "name": object_name,
             "namespace": namespace,
-            "labels": {JOB_LABEL: label},
+            "labels": {JOB_LABEL: label, JOB_UID_LABEL: uid},
             "ownerReferences": [dict(owner)],
         }
 
@@ -166,7 +167,7 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
         env = [_env("NVIDIA_VISIBLE_DEVICES", visible), _env("CUDA_VISIBLE_DEVICES", visible)]
         _set_env(trainer, env, trainer_path)
     else:
-        objects.append(_device_claim(admission, f"{name}-{CLAIM}", metadata, label))
+        objects.append(_device_claim(admission, f"{name}-{CLAIM}", metadata, label, uid))
         source = "resourceClaimTemplateName" if multi_node else "resourceClaimName"
         _replace_named(pod_spec, "resourceClaims", "spec.template.spec",
                        {"name": CLAIM, source: f"{name}-{CLAIM}"})
@@ -376,6 +377,7 @@ def _device_claim(
     claim_name: str,
     metadata: Callable[[str], dict[str, Any]],
     label: str,
+    uid: str,
 ) -> dict[str, Any]:
     """One node: a ResourceClaim for exactly its chosen GPUs. k nodes: a template, so that
     each pod gets its own claim; the selector lists every chosen UUID and asks for the
@@ -409,7 +411,10 @@ def _device_claim(
         "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": metadata(claim_name),
-        "spec": {"metadata": {"labels": {JOB_LABEL: label}}, "spec": claim_spec},
+        "spec": {
+            "metadata": {"labels": {JOB_LABEL: label, JOB_UID_LABEL: uid}},
+            "spec": claim_spec,
+        },
     }
 
 

@@ -8,7 +8,8 @@ container's termination message, which `build.py`'s `FallbackToLogsOnError` fill
 log tail that holds the traceback.
 
 Where Kubernetes already names the cause (a pod waiting on ImagePullBackOff, Unschedulable,
-a Job that failed with DeadlineExceeded), its word is the reason, passed through.
+a Job that failed with DeadlineExceeded, a pod it disrupted: DeletionByPodGC when its node
+was deleted), its word is the reason, passed through.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def workload_state(
     # With backoffLimit 0 (vramgate's), one failed pod fails the Job: say so at once.
     backoff_limit = spec.get("backoffLimit", _DEFAULT_BACKOFF_LIMIT)
     if verdict is not None or (failed and backoff_limit == 0):
-        return _failure(name, verdict, failed)
+        return _failure(name, verdict, failed, int(status.get("failed") or 0))
     running = [pod for pod in pods if (pod.get("status") or {}).get("phase") == "Running"]
     if running:
         nodes = sorted({str((pod.get("spec") or {}).get("nodeName")) for pod in running})
@@ -168,19 +169,33 @@ def failure_of_pods(name: str, failed: Sequence[Mapping[str, Any]]) -> WorkloadS
 
 
 def _failure(
-    name: str, verdict: Mapping[str, Any] | None, failed: Sequence[Mapping[str, Any]]
+    name: str,
+    verdict: Mapping[str, Any] | None,
+    failed: Sequence[Mapping[str, Any]],
+    counted: int = 0,
 ) -> WorkloadState:
     """Blame an out-of-memory first (on a multi-node job, the other ranks then fail on
-    their broken connections), then the Job's own reason, then the first failed container."""
+    their broken connections), then a pod Kubernetes disrupted (its node deleted, drained
+    or shut down: the containers' exit codes are the kill's, not the training's), then the
+    Job's own reason, then the first failed container. `counted`: the pods the Job counts
+    as failed (its status.failed)."""
     diagnoses = [d for pod in failed for d in _diagnoses(pod)]
     for reason, message in diagnoses:
         if reason in (cond.REASON_GPU_OUT_OF_MEMORY, cond.REASON_OOM_KILLED):
             return WorkloadState(Phase.FAILED, reason, message)
+    for pod in failed:
+        disrupted = _disruption(pod)
+        if disrupted is not None:
+            return WorkloadState(Phase.FAILED, *disrupted)
     detail = diagnoses[0][1] if diagnoses else ""
     if verdict is not None:
         reason = _reason(verdict.get("reason"), cond.REASON_WORKLOAD_FAILED)
         said = str(verdict.get("message") or "").strip() or "failed"
         message = f"Job {name} failed ({reason}): {said}"
+        if not failed and counted and reason == _BACKOFF_LIMIT_EXCEEDED:
+            # A failed pod stays (the Job counted it) unless someone deleted it: PodGC does,
+            # once its node is gone, and then nothing is left that says so.
+            detail = _GONE
         return WorkloadState(Phase.FAILED, reason, f"{message}; {detail}" if detail else message)
     if detail:
         return WorkloadState(Phase.FAILED, cond.REASON_WORKLOAD_FAILED, detail)
@@ -232,6 +247,53 @@ def _diagnoses(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append((cond.REASON_WORKLOAD_FAILED,
                      f"pod {pod_name} failed ({status.get('reason') or 'Failed'}): {said}"))
     return out
+
+
+#: The Job's reason when its pods failed more often than spec.backoffLimit (0: once).
+_BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+_RUN_AGAIN = "run it again as a new job (a finished job is final: delete it and apply it again)"
+_GONE = (
+    "its failed pod is gone, deleted by hand or by Kubernetes because its node went away "
+    f"(the training stopped with it); {_RUN_AGAIN}"
+)
+#: What a pod's DisruptionTarget condition says happened, by its reason (k8s.io/api core/v1
+#: and the controllers that set it: PodGC for a pod whose node was deleted, the taint
+#: eviction controller, the kubelet, the scheduler, the Eviction API).
+_DISRUPTIONS = {
+    "DeletionByPodGC": "was deleted because its node {node} no longer exists",
+    "DeletionByTaintManager": (
+        "was evicted from node {node} by a NoExecute taint (the node became unreachable or "
+        "not ready, or was tainted)"
+    ),
+    "TerminationByKubelet": (
+        "was terminated by the kubelet of node {node} (node-pressure eviction or a node "
+        "shutdown)"
+    ),
+    "PreemptionByScheduler": "was preempted on node {node} for a pod of higher priority",
+    "EvictionByEvictionAPI": "was evicted from node {node} through the Eviction API (a drain)",
+}
+
+
+def _disruption(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of a failed pod that Kubernetes disrupted (a True DisruptionTarget
+    condition), else None; the reason is Kubernetes' own (DeletionByPodGC: its node was
+    deleted)."""
+    status = pod.get("status") or {}
+    target = next(
+        (c for c in status.get("conditions") or []
+         if c.get("type") == "DisruptionTarget" and c.get("status") == "True"),
+        None,
+    )  # fmt: skip
+    if target is None:
+        return None
+    pod_name = (pod.get("metadata") or {}).get("name", "")
+    node = (pod.get("spec") or {}).get("nodeName") or "(none)"
+    kind = str(target.get("reason") or "")
+    what = _DISRUPTIONS.get(kind, "was disrupted on node {node}").format(node=node)
+    said = str(target.get("message") or "").strip()
+    message = f"pod {pod_name} {what}{f' ({_quote(said)})' if said else ''}"
+    reason = _reason(kind, cond.REASON_WORKLOAD_FAILED)
+    return reason, f"{message}; the training stopped with it: {_RUN_AGAIN}"
 
 
 def _oom_line(text: str) -> str:

@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from controller.api.base import GROUP, JOB_LABEL, PRODUCT_LABEL, VERSION
+from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, PRODUCT_LABEL, VERSION
 from e2e.cluster import Cluster
 from e2e.nodes import RUN_FOR_ANNOTATION
 from e2e.wait import wait_until
@@ -488,6 +488,104 @@ def test_a_template_the_workload_cannot_use_is_refused_at_apply(
     body["spec"]["template"]["spec"]["nodeName"] = "somewhere"
     message = refused_at_apply(api_client, namespace, body)
     assert "spec.template.spec.nodeName: must not be set; admission chooses the node" in message
+
+
+def test_a_pod_template_the_job_api_refuses_is_refused_at_apply_with_its_message(
+    admitting: OperatorProcess,
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,
+) -> None:
+    """The CRD keeps any template; the Job API refused it only once the job was admitted
+    and its GPU promised. The webhook's dry run of the batch Job gets the API server's own
+    words at `kubectl apply`."""
+    gpus.add([80])
+    bad_name = job("bad-name", gpus)
+    bad_name["spec"]["template"]["spec"]["containers"][0]["name"] = "Trainer_1"
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad_name))
+    assert applied.returncode != 0, applied
+    assert "spec.template: the Job API refuses the batch Job the operator would create" in (
+        applied.stderr
+    )
+    said = 'Job.batch "bad-name" is invalid: spec.template.spec.containers[0].name: Invalid value'
+    assert f'{said}: "Trainer_1"' in applied.stderr, applied.stderr
+    bad_quantity = job("bad-quantity", gpus)
+    bad_quantity["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"memory": "abc"}
+    }
+    applied = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad_quantity)
+    )
+    assert applied.returncode != 0, applied
+    assert "cannot be handled as a Job: quantities must match" in applied.stderr, applied.stderr
+    assert "spec.template.spec.containers[0].resources.limits.memory: 'abc'" in applied.stderr
+    assert _read_job(api_client, namespace, "bad-name") is None
+    # What the operator puts in place of the template's own nvidia.com/gpu is what is judged:
+    # a count the device plugin cannot read is replaced by the admitted one.
+    own_count = job("own-count", gpus)
+    own_count["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {GPU_RESOURCE: "abc"}
+    }
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(own_count))
+    assert applied.returncode == 0, applied.stderr
+    admitted(api_client, namespace, "own-count", "True", "Fits")
+    container = batch_job(api_client, namespace, "own-count").spec.template.spec.containers[0]
+    assert container.resources.limits[GPU_RESOURCE] == "1"
+
+
+def test_the_namespaces_own_policies_never_refuse_a_job_through_the_dry_run(
+    admitting: OperatorProcess,
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,
+) -> None:
+    """A ValidatingAdmissionPolicy that denies every Job in the namespace answers the dry run
+    422 too; it is not the template's fault (and may change before the job is admitted): the
+    job is let through, the operator reports what happens at the real create."""
+    gpus.add([80])
+    admission = client.AdmissionregistrationV1Api(api_client)
+    name = f"no-jobs-{namespace}"
+    admission.create_validating_admission_policy({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["jobs"]}]},
+            "validations": [{"expression": "false", "message": "no Jobs here"}],
+        },
+    })  # fmt: skip
+    admission.create_validating_admission_policy_binding({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    })  # fmt: skip
+    try:
+        probe = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe"},
+                 "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+                     {"name": "c", "image": "c:v1"}]}}}}  # fmt: skip
+
+        def denied() -> bool:  # policies take effect a moment after they are created
+            try:
+                client.BatchV1Api(api_client).create_namespaced_job(
+                    namespace, probe, dry_run="All"
+                )
+            except ApiException as error:
+                return error.status == 422 and "no Jobs here" in str(error.body)
+            return False
+
+        wait_until(denied, timeout=DEADLINE_S, what="the policy to deny Jobs")
+        body = job("policed", gpus)
+        applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+        assert applied.returncode == 0, applied.stderr
+        assert "dry run of Job " + namespace + "/policed answered 422 Invalid" in (
+            admitting.log_since_start()
+        )
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
 
 
 def test_without_the_webhook_a_job_that_never_fits_is_rejected_in_status(

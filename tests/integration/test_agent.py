@@ -6,8 +6,8 @@ server-side apply, and its GPUNode is garbage-collected with the Node."""
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +30,12 @@ from controller.agent.pods import PodResolver
 from controller.agent.publisher import FIELD_MANAGER, GpuNodePublisher
 from controller.agent.static import StaticBackend
 from controller.api.base import API_VERSION, GROUP, VERSION
-from controller.api.conditions import READY, REASON_BACKEND_FAILED, REASON_GPUS_READ
+from controller.api.conditions import (
+    READY,
+    REASON_AGENT_STOPPED,
+    REASON_BACKEND_FAILED,
+    REASON_GPUS_READ,
+)
 from controller.api.gpunode import PLURAL
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
@@ -446,48 +451,38 @@ def test_deleting_the_node_garbage_collects_its_gpunode_and_the_agent_does_not_r
     assert find_gpunode(api_client, node) is None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: The agent's start line, with the port its metrics server bound (--metrics-port 0).
+METRICS_AT = re.compile(r"metrics on 127\.0\.0\.1:(\d+),")
 
 
-def test_vramgate_agent_command_publishes_serves_metrics_and_stops_on_sigterm(
+def test_vramgate_agent_command_publishes_serves_metrics_and_marks_ready_false_on_sigterm(
     cluster: Cluster, api_client: client.ApiClient, node: str, tmp_path: Path
 ) -> None:
+    """The real command: its GPUNode, its metrics on the port it bound (port 0, read back
+    from its log: a port chosen free beforehand may be taken by then), and on SIGTERM the
+    GPUNode's Ready turns False at once (AgentStopped), not when the heartbeat goes stale."""
     static = tmp_path / "gpus.yaml"
     static.write_text(gpus_yaml([0, 8]))
-    port = _free_port()
     env = {**os.environ, "VRAMGATE_AGENT_POLL_INTERVAL_SECONDS": "0.5"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "controller.cli",
-            "agent",
-            "--node-name",
-            node,
-            "--backend",
-            "static",
-            "--static-file",
-            str(static),
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--metrics-address",
-            "127.0.0.1",
-            "--metrics-port",
-            str(port),
-            "--heartbeat-interval-seconds",
-            "2",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = [sys.executable, "-m", "controller.cli", "agent", "--node-name", node,
+            "--backend", "static", "--static-file", str(static),
+            "--kubeconfig", str(cluster.kubeconfig),
+            "--metrics-address", "127.0.0.1", "--metrics-port", "0",
+            "--heartbeat-interval-seconds", "2"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(proc.stderr or ()), daemon=True)
+    reader.start()
     try:
         wait_ready(api_client, node, "True", "the GPUNode written by `vramgate agent`")
+        port = int(
+            wait_until(
+                lambda: next((m[1] for line in said if (m := METRICS_AT.search(line))), None),
+                timeout=10,
+                what="the agent to log its metrics port",
+            )
+        )
 
         def scrape() -> dict[str, float]:
             url = f"http://127.0.0.1:{port}/metrics"
@@ -506,6 +501,13 @@ def test_vramgate_agent_command_publishes_serves_metrics_and_stops_on_sigterm(
         assert samples["vramgate_agent_last_successful_read_timestamp_seconds{}"] > 0
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=20)
+        proc.wait(timeout=20)
+        reader.join(timeout=5)
+    stderr = "".join(said)
     assert proc.returncode == 0, stderr
     assert "received SIGTERM, stopping" in stderr
+    # Written before it exited: no waiting for a heartbeat TTL.
+    stopped = ready(gpunode(api_client, node))
+    assert (stopped["status"], stopped["reason"]) == ("False", REASON_AGENT_STOPPED), stopped
+    assert "the node agent stopped" in stopped["message"]
+    assert gpunode(api_client, node)["status"]["gpuCount"] == 2  # its last readings stay

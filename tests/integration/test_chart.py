@@ -39,7 +39,7 @@ from e2e.wait import wait_until
 from tests.integration.test_admission import QLORA, admitted, batch_job
 from tests.integration.test_agent import gpunode as read_gpunode
 from tests.integration.test_agent import gpus_yaml, wait_ready
-from tests.integration.test_operator import OperatorProcess, _free_port
+from tests.integration.test_operator import OperatorProcess
 
 pytestmark = pytest.mark.integration
 
@@ -982,7 +982,7 @@ def agent_as_its_service_account(
         [sys.executable, "-m", "controller.cli", "agent", "--node-name", gpu_node,
          "--backend", "static", "--static-file", str(static),
          "--kubeconfig", str(release.kubeconfig_for(AGENT_SA)),
-         "--metrics-address", "127.0.0.1", "--metrics-port", str(_free_port()),
+         "--metrics-address", "127.0.0.1", "--metrics-port", "0",
          "--poll-interval-seconds", "0.5", "--heartbeat-interval-seconds", "2"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -1024,8 +1024,7 @@ def operator_as_the_chart_runs_it(
         _AsServiceAccount(release.kubeconfig_for(OPERATOR_SA), environ),  # type: ignore[arg-type]
         api_client,
         release.workdir,
-        extra=("--webhook", "serve", "--metrics-addr", "127.0.0.1",
-               "--metrics-port", str(_free_port()), "--resync-seconds", "2", *listen),
+        extra=("--webhook", "serve", "--resync-seconds", "2", *listen),
         webhook_config=FULLNAME,
     )  # fmt: skip
     process.start(webhook=False)  # started as `--webhook off`, then `--webhook serve` wins

@@ -43,7 +43,7 @@ from tests.integration.test_chart import (
     release_in_its_namespace,
     render,
 )
-from tests.integration.test_operator import OperatorProcess, _free_port
+from tests.integration.test_operator import OperatorProcess
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def _agent(node: str, static: Path, kubeconfig: Path) -> subprocess.Popen[bytes]
     argv = [
         sys.executable, "-m", "controller.cli", "agent", "--node-name", node,
         "--backend", "static", "--static-file", str(static), "--kubeconfig", str(kubeconfig),
-        "--metrics-address", "127.0.0.1", "--metrics-port", str(_free_port()),
+        "--metrics-address", "127.0.0.1", "--metrics-port", "0",
         "--poll-interval-seconds", "1", "--heartbeat-interval-seconds", "5",
     ]  # fmt: skip
     with (static.parent / f"agent-{node}.log").open("wb") as log:

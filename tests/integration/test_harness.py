@@ -7,6 +7,7 @@ scheduler placing GPU pods, kwok running them, and kubectl speaking OpenAPI to t
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+import e2e.cluster
+import e2e.procs
 from e2e.cluster import Cluster
 from e2e.nodes import GPU_RESOURCE, RUN_FOR_ANNOTATION
 from e2e.wait import wait_until
@@ -178,3 +181,34 @@ def test_kubectl_apply_validates_and_patches_with_openapi(
 def test_helm_reaches_the_cluster(cluster: Cluster) -> None:
     result = cluster.helm("list", "--all-namespaces")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_port_taken_before_its_component_binds_it_starts_the_control_plane_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd and the Kubernetes components cannot bind port 0 and say which port they got:
+    ports are chosen free, and another program may take one before it is bound (another
+    test run on the machine). Such a start is tried again on other ports."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        chosen: list[list[int]] = []
+
+        def first_taken(count: int) -> list[int]:
+            ports = e2e.procs.free_ports(count)
+            if not chosen:
+                ports[0] = held.getsockname()[1]  # etcd's client port, taken meanwhile
+            chosen.append(ports)
+            return ports
+
+        monkeypatch.setattr(e2e.cluster, "free_ports", first_taken)
+        said: list[str] = []
+        cluster = Cluster(tmp_path / "cluster", log=said.append, die_with_parent=True)
+        try:
+            cluster.start()
+            assert "readyz check passed" in cluster.readyz()
+        finally:
+            cluster.stop()
+    assert len(chosen) == 2
+    assert any("etcd exited during startup" in line and "starting again" in line
+               for line in said), said  # fmt: skip

@@ -8,6 +8,7 @@ Restarts are real process restarts. Every wait is a poll with a deadline.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -51,9 +52,23 @@ STATUS_DEADLINE_S = 10.0
 
 
 def _free_port() -> int:
+    """A port free now, for a program that cannot bind port 0 and say which it got (kopf's
+    liveness endpoint): another program may take it before it is bound, so a start that
+    finds it taken is retried (`OperatorProcess.start`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: The operator's log line naming the port its metrics server bound (--metrics-port 0).
+METRICS_AT = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+#: How a bind fails on a port another program took (Python's and Go's words).
+PORT_TAKEN = "address already in use"
+START_TRIES = 3
+
+
+class PortTaken(Exception):
+    """The operator exited at start because a port chosen for it was taken meanwhile."""
 
 
 class OperatorProcess:
@@ -79,20 +94,36 @@ class OperatorProcess:
         self.metrics_port = 0
 
     def start(self, *, webhook: bool) -> None:
+        """Start it and wait until it is live (and its webhook called, with `webhook`).
+
+        Its webhook and metrics servers bind port 0 and say which port they got (the
+        metrics one is read from the log); kopf's liveness endpoint cannot, so its port is
+        chosen free beforehand, and a start that finds it taken is tried again."""
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                self._start(webhook=webhook)
+                return
+            except PortTaken:
+                if attempt == START_TRIES:
+                    raise AssertionError(
+                        f"the operator found its ports taken {START_TRIES} times:\n"
+                        f"{self.log()[-4000:]}"
+                    ) from None
+
+    def _start(self, *, webhook: bool) -> None:
         assert self.proc is None, "already running"
         liveness = _free_port()
-        #: Its own metrics port, so replicas and parallel tests never contend for 8080.
-        self.metrics_port = _free_port()
         argv = [
             sys.executable, "-m", "controller.cli", "operator",
             "--webhook", "managed" if webhook else "off",
             "--webhook-addr", "127.0.0.1",
-            "--webhook-port", str(_free_port()),
+            "--webhook-port", "0",
             "--webhook-config-name", self.webhook_config,
             "--cert-dir", str(self.workdir / "certs"),
             "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+            # Its own metrics port, so replicas and parallel tests never contend for 8080.
             "--metrics-addr", "127.0.0.1",
-            "--metrics-port", str(self.metrics_port),
+            "--metrics-port", "0",
             "--configmap-retry-seconds", "1",
             "--identity", f"{self.workdir.name}-{self.starts}",
             *self.extra,
@@ -109,9 +140,14 @@ class OperatorProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        self.metrics_port = int(self._wait(self._metrics_port, "metrics port in its log"))
         self._wait(lambda: _http_ok(f"http://127.0.0.1:{liveness}/healthz"), "liveness")
         if webhook:
             self._wait(self._webhook_refuses, "the webhook to refuse an invalid job")
+
+    def _metrics_port(self) -> int | None:
+        found = METRICS_AT.search(self.log_since_start())
+        return int(found[1]) if found else None
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when a node dies or the OOM killer strikes."""
@@ -143,13 +179,16 @@ class OperatorProcess:
         """What the running process has logged (not its predecessors)."""
         return self.log_path.read_bytes()[self.log_offset :].decode(errors="replace")
 
-    def _wait(self, ready: Any, what: str, timeout: float = 60) -> None:
-        def check() -> bool:
+    def _wait(self, ready: Any, what: str, timeout: float = 60) -> Any:
+        def check() -> Any:
             if self.proc is not None and self.proc.poll() is not None:
+                self.proc = None
+                if PORT_TAKEN in self.log_since_start().lower():
+                    raise PortTaken()
                 raise AssertionError(f"the operator exited:\n{self.log()[-4000:]}")
-            return bool(ready())
+            return ready()
 
-        wait_until(check, timeout=timeout, what=f"the operator's {what}", interval=0.2)
+        return wait_until(check, timeout=timeout, what=f"the operator's {what}", interval=0.2)
 
     def _webhook_refuses(self) -> bool:
         """The API server has picked up the webhook configuration and reaches the server."""
@@ -215,6 +254,39 @@ def operator(
     finally:
         process.stop()
         forget_webhook_configs(api_client, WEBHOOK_CONFIG)
+
+
+def test_a_liveness_port_taken_before_the_operator_binds_it_starts_it_again(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    crds: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's liveness endpoint cannot bind port 0 and say which it got: its port is chosen
+    free, and another program may take it first. The start is tried again; the metrics
+    server binds port 0 and logs the port it got (the webhook's too: every test here)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        chosen: list[int] = []
+        free = _free_port
+
+        def first_taken() -> int:
+            chosen.append(held.getsockname()[1] if not chosen else free())
+            return chosen[-1]
+
+        monkeypatch.setattr(sys.modules[__name__], "_free_port", first_taken)
+        process = OperatorProcess(cluster, api_client, tmp_path)
+        try:
+            process.start(webhook=False)
+            log = process.log()
+            assert process.metrics_port > 0
+            assert _http_ok(f"http://127.0.0.1:{process.metrics_port}/metrics")
+        finally:
+            process.stop()
+    assert len(chosen) == 2
+    assert log.count("=== start") == 2 and PORT_TAKEN in log.lower()
 
 
 # -- objects and polling ---------------------------------------------------------------------

@@ -34,7 +34,6 @@ from tests.integration.test_admission import (  # noqa: F401 - `gpus` is a fixtu
 )
 from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
     OperatorProcess,
-    _free_port,
     condition,
     crds,
     forget_webhook_configs,
@@ -52,19 +51,17 @@ def operator(
     crds: None,  # noqa: F811
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[OperatorProcess, int]]:
-    port = _free_port()
     process = OperatorProcess(
         cluster,
         api_client,
         tmp_path_factory.mktemp("metrics"),
         extra=("--resync-seconds", "2", "--heartbeat-ttl-seconds", "30",
-               "--lease-name", "vramgate-metrics-tests",
-               "--metrics-addr", "127.0.0.1", "--metrics-port", str(port)),
+               "--lease-name", "vramgate-metrics-tests"),
         webhook_config=WEBHOOK_CONFIG,
     )  # fmt: skip
     process.start(webhook=True)
     try:
-        yield process, port
+        yield process, process.metrics_port
     finally:
         process.stop()
         forget_webhook_configs(api_client, WEBHOOK_CONFIG)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 from datetime import datetime
 
 import pytest
@@ -242,3 +243,30 @@ def test_an_unexpected_publisher_exception_is_retried_not_fatal() -> None:
     assert agent.write_backoff.failures == 1
     del publisher.publish  # the class's method again
     assert poll(agent, clock, 1) == change.INITIAL
+
+
+def test_a_clean_stop_writes_ready_false_once_with_the_last_readings() -> None:
+    """SIGTERM sets the loop's stop event: the operator must stop placing work on the node
+    at once, not only once the heartbeat is older than its TTL."""
+    agent, _, publisher, clock = make_agent([gpu(0, 8 * GIB)])
+    agent.step()
+    clock.advance(1)
+    stop = threading.Event()
+    stop.set()
+    agent.run(stop)
+    assert len(publisher.written) == 2
+    last, _ = publisher.written[-1]
+    assert last.stopped and not last.ready
+    assert last.readings == publisher.written[0][0].readings
+
+
+def test_a_stop_before_any_write_writes_nothing_and_a_failed_one_is_not_retried() -> None:
+    stop = threading.Event()
+    stop.set()
+    agent, _, publisher, _ = make_agent([gpu(0, 0)])
+    agent.run(stop)
+    assert publisher.written == []  # the GPUNode may not be this agent's to write
+    agent.step()
+    publisher.fail = "API server gone"
+    assert agent.stopped() is False
+    assert len(publisher.written) == 1

@@ -15,7 +15,12 @@ from controller.agent.status import (
     left_out_reason,
     pod_usage,
 )
-from controller.api.conditions import READY, REASON_BACKEND_FAILED, REASON_GPUS_READ
+from controller.api.conditions import (
+    READY,
+    REASON_AGENT_STOPPED,
+    REASON_BACKEND_FAILED,
+    REASON_GPUS_READ,
+)
 from controller.api.gpunode import GPUNodeStatus
 
 GIB = 2**30
@@ -66,6 +71,20 @@ def test_ready_keeps_its_transition_time_until_the_status_flips() -> None:
     assert ready["message"] == "nvml: Driver Not Loaded"
     assert ready["lastTransitionTime"] == "2025-01-01T12:06:00Z"
     assert failed["gpuCount"] == 2  # the last readings stay, marked stale by Ready=False
+
+
+@pytest.mark.parametrize("error", [None, "nvml: Driver Not Loaded"])
+def test_a_stopped_agent_says_so_in_ready_whatever_its_backend_said(error: str | None) -> None:
+    body = build_status(Observation("nvml", tuple(H100), error, stopped=True), T0, [], 3)
+    GPUNodeStatus.model_validate(body)
+    (ready,) = body["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", REASON_AGENT_STOPPED)
+    assert REASON_AGENT_STOPPED == "AgentStopped"
+    assert ready["message"] == (
+        "the node agent stopped (SIGTERM or SIGINT); status.gpus holds its last readings, and "
+        "no new work is placed on this node until the agent runs again"
+    )
+    assert body["gpuCount"] == 2
 
 
 POD_A = "0f4c4a5e-8a3a-4b7e-9a51-3c1d2e3f4a5b"

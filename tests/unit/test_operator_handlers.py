@@ -61,8 +61,9 @@ class FakeConfigMaps:
 
 
 def new_scheduler(maps: FakeConfigMaps | None = None) -> Scheduler:
-    """A Scheduler whose Kube is only the ConfigMap reader `_estimate_now` uses."""
-    kube = SimpleNamespace(core=maps or FakeConfigMaps({}))
+    """A Scheduler whose Kube is only the ConfigMap reader `_estimate_now` uses, and a dry
+    run that passes (the webhook's)."""
+    kube = SimpleNamespace(core=maps or FakeConfigMaps({}), create_dry_run=lambda obj: None)
     return Scheduler(kube=cast(Kube, kube), options=SchedulerOptions(configmap_retry_s=RETRY_S))
 
 
@@ -368,7 +369,7 @@ def test_no_credentials_is_one_line(
 @pytest.mark.parametrize(
     ("flag", "message"),
     [
-        ("--webhook-port=0", "--webhook-port: must be between 1 and 65535, got 0"),
+        ("--webhook-port=70000", "--webhook-port: must be less than or equal to 65535, got 70000"),
         ("--configmap-retry-seconds=0", "--configmap-retry-seconds: must be greater than 0"),
         ("--webhook=sometimes", "argument --webhook: invalid choice: 'sometimes'"),
         ("--resync-seconds=0", "--resync-seconds: must be greater than 0, got 0.0"),

@@ -164,11 +164,19 @@ def test_defaults_come_from_the_pod() -> None:
     )
 
 
+def test_the_webhook_may_take_any_free_port() -> None:
+    """Port 0: bound by the server itself, which logs (and in managed mode registers) the
+    port it got; a port chosen free beforehand may be taken by another program meanwhile."""
+    assert load_options(parse("--webhook-port", "0"), environ={}).webhook_port == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        ((), {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "0"},
-         "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be between 1 and 65535, got '0'"),
+        ((), {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "70000"},
+         "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be less than or equal to 65535, got '70000'"),
+        ((), {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "-1"},
+         "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be greater than or equal to 0, got '-1'"),
         ((), {"VRAMGATE_OPERATOR_WEBHOOK": "sometimes"},
          "VRAMGATE_OPERATOR_WEBHOOK: must be 'managed', 'serve' or 'off', got 'sometimes'"),
         ((), {"VRAMGATE_OPERATOR_HEADROOM": "2"},

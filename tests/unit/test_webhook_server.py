@@ -23,6 +23,7 @@ from controller.webhook.server import (
     MUTATE_HANDLER,
     VALIDATE_HANDLER,
     ReviewServer,
+    ServingThread,
     answer,
     json_patch,
 )
@@ -226,3 +227,26 @@ def test_the_server_answers_over_tls_off_the_callers_loop_and_restarts_on_renewa
 
 async def _no_view() -> None:
     return None
+
+
+def test_port_0_binds_a_free_port_at_once_and_reports_it() -> None:
+    """A port found free and bound later (kopf's choice) may be taken meanwhile by another
+    program; port 0 is bound by the server itself, which reads back the one it got."""
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"path": request.path})
+
+    thread = ServingThread(ok, "127.0.0.1", 0, "/hooks", None)
+    thread.start()
+    try:
+        assert thread.port > 0
+
+        async def get() -> Any:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{thread.port}/hooks/{VALIDATE_HANDLER}"
+                async with http.post(url) as response:
+                    return await response.json()
+
+        assert asyncio.run(get()) == {"path": f"/hooks/{VALIDATE_HANDLER}"}
+    finally:
+        thread.stop()

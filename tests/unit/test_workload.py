@@ -97,7 +97,7 @@ PLACEMENTS = [
 
 
 @pytest.mark.parametrize(("mode", "nodes"), PLACEMENTS)
-def test_every_object_is_in_the_jobs_namespace_labelled_and_owned_by_it(
+def test_every_object_is_in_the_jobs_namespace_labelled_with_its_name_and_uid_and_owned_by_it(
     mode: GpuMode, nodes: dict[str, list[int]]
 ) -> None:
     objects = build_workload(finetunejob(), admission(mode, nodes))
@@ -105,7 +105,8 @@ def test_every_object_is_in_the_jobs_namespace_labelled_and_owned_by_it(
     for obj in objects:
         meta = obj["metadata"]
         assert meta["namespace"] == "research"
-        assert meta["labels"] == {JOB_LABEL: "llama"}
+        # The uid too: `kubectl get job -l vramgate.dev/finetunejob-uid=<uid>` finds the Job.
+        assert meta["labels"] == {JOB_LABEL: "llama", JOB_UID_LABEL: "uid-1234"}
         assert meta["ownerReferences"] == [
             {
                 "apiVersion": "vramgate.dev/v1alpha1",
@@ -398,7 +399,7 @@ def test_dra_across_nodes_is_a_claim_template_for_the_per_node_count() -> None:
     assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Service", "Job"]
     template = objects[0]
     assert template["metadata"]["name"] == "llama-gpus"
-    assert template["spec"]["metadata"]["labels"] == {JOB_LABEL: "llama"}
+    assert template["spec"]["metadata"]["labels"] == {JOB_LABEL: "llama", JOB_UID_LABEL: "uid-1234"}
     request = _request(template["spec"]["spec"])
     assert request["count"] == 2
     (selector,) = request["selectors"]
@@ -523,7 +524,8 @@ def test_the_job_service_and_claim_use_the_workload_name_and_a_valid_label() -> 
     assert {o["metadata"]["name"] for o in objects} == {short, f"{short}-gpus"}
     label = job_label_value(name)
     assert len(label) <= 63 and label == short
-    assert all(o["metadata"]["labels"] == {JOB_LABEL: label} for o in objects)
+    labels = {JOB_LABEL: label, JOB_UID_LABEL: "uid-1234"}
+    assert all(o["metadata"]["labels"] == labels for o in objects)
     assert all(o["metadata"]["ownerReferences"][0]["name"] == name for o in objects)
     assert env_of(pod_spec(objects)["containers"][0])["MASTER_ADDR"] == f"{short}-0.{short}"
 

@@ -262,6 +262,76 @@ def test_an_evicted_pod_says_it_was_evicted() -> None:
     )
 
 
+def disrupted(reason: str, message: str, **kw: Any) -> dict[str, Any]:
+    """A pod Kubernetes disrupted, as it writes one: Failed, with a DisruptionTarget."""
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                 "message": message}  # fmt: skip
+    return pod("llama-0-x", "Failed", "node-a", conditions=[condition], **kw)
+
+
+def test_a_pod_whose_node_was_deleted_says_the_node_went_away_and_to_run_again() -> None:
+    """PodGC (kube-controller-manager, pkg/controller/podgc) marks a pod whose node no longer
+    exists Failed with DisruptionTarget DeletionByPodGC, then deletes it; the containers were
+    never seen to stop. The Job then ends BackoffLimitExceeded, which says nothing of it."""
+    gone = disrupted(
+        "DeletionByPodGC",
+        "PodGC: node no longer exists",
+        containers=[{"name": "trainer", "state": {"running": {}}}],
+    )
+    message = (
+        "pod llama-0-x was deleted because its node node-a no longer exists (PodGC: node no "
+        "longer exists); the training stopped with it: run it again as a new job (a finished "
+        "job is final: delete it and apply it again)"
+    )
+    assert workload_state(batch_job(), [gone]) == WorkloadState(
+        Phase.FAILED, "DeletionByPodGC", message
+    )
+    verdict = batch_job(("Failed", "BackoffLimitExceeded", "Job has reached the specified "
+                         "backoff limit"), failed=1)  # fmt: skip
+    assert workload_state(verdict, [gone]) == WorkloadState(
+        Phase.FAILED, "DeletionByPodGC", message
+    )
+
+
+def test_a_pod_the_kubelet_killed_for_a_disruption_is_not_blamed_on_its_exit_code() -> None:
+    """The kubelet's SIGKILL gives exit 137: the training did not fail, the node did."""
+    drained = disrupted("TerminationByKubelet", "The node was low on resource: memory.",
+                        containers=[terminated(137)])  # fmt: skip
+    state = workload_state(batch_job(("Failed", "BackoffLimitExceeded", "m"), failed=1),
+                           [drained])  # fmt: skip
+    assert state.reason == "TerminationByKubelet"
+    assert state.message.startswith(
+        "pod llama-0-x was terminated by the kubelet of node node-a (node-pressure eviction "
+        "or a node shutdown) (The node was low on resource: memory.); the training stopped"
+    )
+
+
+def test_a_gpu_out_of_memory_is_still_blamed_before_a_disruption() -> None:
+    oom = pod("llama-1-y", "Failed", "node-b", [terminated(1, "Error", CUDA_OOM)], index=1)
+    evicted = disrupted("EvictionByEvictionAPI", "Eviction API: evicting", index=0)
+    state = workload_state(batch_job(completions=2), [evicted, oom])
+    assert state.reason == cond.REASON_GPU_OUT_OF_MEMORY
+
+
+def test_a_failed_job_whose_failed_pod_is_gone_says_the_node_may_have_gone() -> None:
+    """Once the Job counted it, the pod PodGC deleted is gone from the API; a failed pod
+    otherwise stays. The Job's words alone would not say why."""
+    job = batch_job(("Failed", "BackoffLimitExceeded", "Job has reached the specified "
+                     "backoff limit"), failed=1)  # fmt: skip
+    state = workload_state(job, [])
+    assert (state.phase, state.reason) == (Phase.FAILED, "BackoffLimitExceeded")
+    assert state.message == (
+        "Job llama failed (BackoffLimitExceeded): Job has reached the specified backoff limit; "
+        "its failed pod is gone, deleted by hand or by Kubernetes because its node went away "
+        "(the training stopped with it); run it again as a new job (a finished job is final: "
+        "delete it and apply it again)"
+    )
+    # Not for a deadline: the Job controller deletes the pods it stops itself.
+    deadline = batch_job(("Failed", "DeadlineExceeded", "Job was active longer than "
+                          "specified deadline"), failed=1)  # fmt: skip
+    assert "node" not in workload_state(deadline, []).message
+
+
 def test_a_long_termination_message_keeps_its_end() -> None:
     text = "x" * 5000 + " the real error"
     failed = pod("p", "Failed", "n", [terminated(1, "Error", text)])
