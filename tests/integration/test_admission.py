@@ -612,7 +612,7 @@ def test_a_silent_agent_or_a_cordoned_node_gets_nothing(
     gpus.silent.add(silent)
     gpus.publish(silent, [20], heartbeat=datetime.now(UTC) - timedelta(seconds=120))
     client.CoreV1Api(api_client).patch_node(cordoned, {"spec": {"unschedulable": True}})
-    time.sleep(3)  # a pass sees the stale heartbeat and the cordon
+    admitting.await_passes()  # passes see the stale heartbeat and the cordon
     create(api_client, namespace, job("avoids", gpus))
     obj = admitted(api_client, namespace, "avoids", "True", "Fits")
     # The two tighter GPUs (20 and 16 GiB free) are on nodes that may take nothing.
@@ -660,7 +660,7 @@ def test_a_job_is_placed_only_where_its_pod_template_lets_its_pods_run(
         core.patch_node(name, {"metadata": {"labels": pool}})
     taint = {"key": "dedicated", "value": "team-x", "effect": "NoSchedule"}
     core.patch_node(tainted, {"spec": {"taints": [taint]}})
-    time.sleep(3)  # a pass sees the labels and the taint
+    admitting.await_passes()  # passes see the labels and the taint
 
     body = job("selects", gpus)
     body["spec"]["template"]["spec"]["nodeSelector"] = pool
@@ -782,7 +782,7 @@ def test_a_template_the_job_api_refuses_releases_the_gpus_until_the_spec_is_fixe
         assert _read_job(api_client, namespace, "bad-template") is None
         warnings = [e.reason for e in events_for(api_client, namespace, "bad-template")]
         assert "InvalidTemplate" in warnings, warnings
-        time.sleep(3)  # passes go by (resync 2 s): not decided again at the same spec
+        admitting.await_passes()  # not decided again at the same spec
         again = get(api_client, namespace, "bad-template")
         assert condition(again, "Admitted")["reason"] == "InvalidTemplate"  # type: ignore[index]
 
@@ -840,7 +840,7 @@ def test_deleting_a_running_jobs_workload_stops_it_for_good_and_frees_its_gpu(
     events = {e.reason for e in events_for(api_client, namespace, "stoppable")}
     assert "WorkloadDeleted" in events, events
     admitted(api_client, namespace, "behind", "True", "Fits", timeout=90)  # the GPU is free
-    time.sleep(3)  # passes go by: no Job of the stopped job comes back
+    admitting.await_passes()  # no Job of the stopped job comes back
     again = _read_job(api_client, namespace, "stoppable")
     assert again is None or again.metadata.uid == first.metadata.uid, "it never runs again"
 
@@ -875,7 +875,7 @@ def test_a_job_that_finished_and_was_cleaned_up_while_the_operator_was_down_neve
         timeout=DEADLINE_S, what="once to succeed",
     )  # fmt: skip
     assert "its Events say so" in succeeded["message"]
-    time.sleep(3)
+    admitting.await_passes()
     assert _read_job(api_client, namespace, "once") is None, "the training never runs twice"
     runs = [e for e in events_for(api_client, namespace, "once") if e.reason == "SuccessfulCreate"]
     assert {e.involved_object.uid for e in runs} == {uid}, "one Job, one run"

@@ -175,6 +175,24 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def passes(self) -> int:
+        """The admission passes it has made (its pass-duration histogram's count)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("vramgate_admission_pass_duration_seconds_count"):
+                return int(float(line.split()[-1]))
+        return 0
+
+    def await_passes(self, count: int = 2) -> None:
+        """Until `count` more passes have run: the last of them started after this call, so
+        whatever a pass would do with the cluster as it is now, it has done (instead of a
+        sleep that hopes so)."""
+        start = self.passes()
+        wait_until(lambda: self.passes() >= start + count, timeout=60,
+                   what=f"{count} admission passes")  # fmt: skip
+
     def log_since_start(self) -> str:
         """What the running process has logged (not its predecessors)."""
         return self.log_path.read_bytes()[self.log_offset :].decode(errors="replace")
