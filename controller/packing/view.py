@@ -3,6 +3,11 @@
 `now` is what a job can be placed on at this moment; `empty` is the same GPUs with no work
 at all, against which Reject is judged (never fits even when empty). Selectors are matched
 once per distinct selector and pass, not once per decision.
+
+With `devicePlugin` the device plugin picks which of a node's free GPUs a pod gets, so `now`
+holds each node to its least free such GPU (`index.bound`). `empty` does not: a node whose
+small GPUs other pods hold hands a pod only its big ones, so what its big GPUs hold may fit
+some day, and only what no state of the cluster holds is rejected.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from functools import cached_property
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.packing.constraints import GPU_TOLERATION, NodeConstraints
-from controller.packing.index import FreeIndex, NodeFilter
+from controller.packing.index import FreeIndex, NodeFilter, bound
 from controller.packing.inventory import (
     GpuMode,
     NodeGpus,
@@ -56,8 +61,13 @@ class ClusterView:
         self.counts_slots = settings.gpu_mode is GpuMode.DEVICE_PLUGIN
         # visibleDevices pins by UUIDs in one pod's environment: one node per job.
         self.one_node = not exclusive
+        #: The device plugin, not the placement, picks which of a node's free GPUs a pod gets.
+        self.unpinned = self.counts_slots
         self.now = FreeIndex(
-            working_nodes(snapshot, settings), exclusive=exclusive, one_node=self.one_node
+            working_nodes(snapshot, settings),
+            exclusive=exclusive,
+            one_node=self.one_node,
+            unpinned=self.unpinned,
         )
         self._snapshot, self._settings = snapshot, settings
         self.gpu_mode = settings.gpu_mode
@@ -189,7 +199,23 @@ class ClusterView:
         return tuple(out)
 
     def least_free(self, placed: Placed) -> int:
-        return min(self.now.nodes[pos].gpus[i].free for pos, gpus in placed.parts for i in gpus)
+        return self.tightest(placed)[0]
+
+    def tightest(self, placed: Placed) -> tuple[int, str, int]:
+        """(free, node, GPU index) of the GPU with the least free memory the placement may
+        get: one of its GPUs, or with `devicePlugin` the least free GPU its nodes' device
+        plugins may hand out (`index.bound`), which may be a GPU the placement does not name.
+        Before the placement is assumed; ties by node name, then index."""
+        found = []
+        for pos, gpus in placed.parts:
+            node = self.now.nodes[pos]
+            least = bound(node) if self.unpinned else None
+            if least is not None:
+                found.append((least[0], pos, least[1]))
+            else:
+                found.extend((node.gpus[i].free, pos, node.gpus[i].index) for i in gpus)
+        free, pos, index = min(found)
+        return free, self.now.nodes[pos].name, index
 
     def largest_now(self, where: Selection) -> tuple[int, str, int] | None:
         """(free, node, GPU index) of the matching GPU with the most free memory now; for
