@@ -249,12 +249,9 @@ def working_nodes(
             free = min(capacity, measured - settings.headroom(total) - owed.get(device.uuid, 0))
             in_pod = bool(device.pod_used_bytes) and not empty
             busy = exclusive and (device.uuid in reserved or in_pod)
-            gpus.append(
-                Slot(
-                    name, device.uuid, device.index, device.product, capacity, free, busy,
-                    None if in_pod else whole,
-                )
-            )  # fmt: skip
+            slot = Slot(name, device.uuid, device.index, device.product, capacity, free, busy)
+            slot.whole_free = None if in_pod else whole
+            gpus.append(slot)
         if not gpus:
             continue
         slots = len(gpus)
