@@ -198,9 +198,6 @@ class ClusterView:
             )
         return tuple(out)
 
-    def least_free(self, placed: Placed) -> int:
-        return self.tightest(placed)[0]
-
     def tightest(self, placed: Placed) -> tuple[int, str, int]:
         """(free, node, GPU index) of the GPU with the least free memory the placement may
         get: one of its GPUs, or with `devicePlugin` the least free GPU its nodes' device
