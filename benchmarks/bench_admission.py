@@ -8,7 +8,12 @@ files in, decisions out) on the same cluster and queue. The process pins itself 
 
 Fragmentation: every node runs other work, so each GPU's free memory is drawn from what a
 busy cluster shows (full, half, a sliver); on every node at most four GPUs have room for the
-8-GPU job's per-GPU share, so it cannot fit on one node and must take k nodes x g GPUs.
+8-GPU job's per-GPU share, so it cannot fit on one node and must take k nodes x g GPUs. On
+the other four a pod holds the GPU it uses, as under the device plugin (the default GPU mode,
+which hands a pod any GPU of its node that no pod holds); the four with room are free of
+pods, some partly used by processes outside any pod, so what each node's device plugin may
+hand out (its least free such GPU) differs from node to node. `--gpu-mode dra` times the same
+cluster with the exact GPUs pinned.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from pathlib import Path
 import yaml
 
 from controller.api.enums import AdmissionPolicy
-from controller.decision import JobRequest, decide, plan
+from controller.decision import AdmissionSettings, JobRequest, decide, plan
 from controller.estimator import Method, Parallelism, TrainingSettings, load_shape
 from controller.estimator.settings import Profile
-from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot
+from controller.packing.inventory import GpuDevice, GpuMode, NodeState, PackingSettings, Snapshot
 from controller.packing.view import ClusterView
 from controller.profiles import estimate
 from controller.units import GIB
@@ -50,19 +55,23 @@ def cluster(nodes: int, big_need: int, seed: int = 0) -> Snapshot:
     rng = random.Random(seed)
     out = []
     for n in range(nodes):
-        frees = []
+        frees: list[tuple[int, bool]] = []  # (free, held by a pod)
         for i in range(8):
             if i < 4:  # room for the big job's share on at most four GPUs of a node
-                frees.append(rng.choice([GPU_BYTES, big_need + rng.randrange(0, 20 * GIB)]))
-            else:
-                frees.append(rng.choice([0, 2 * GIB, 9 * GIB, rng.randrange(0, big_need)]))
+                roomy = rng.choice([GPU_BYTES, big_need + rng.randrange(0, 20 * GIB)])
+                frees.append((roomy, False))
+            else:  # a pod's work
+                frees.append((rng.choice([0, 2 * GIB, 9 * GIB, rng.randrange(0, big_need)]), True))
         rng.shuffle(frees)
         name = f"node-{n:05d}"
-        gpus = tuple(
-            GpuDevice(f"GPU-{n:05d}-{i}", i, "NVIDIA H100 80GB HBM3", GPU_BYTES, free)
-            for i, free in enumerate(frees)
-        )
-        out.append(NodeState(name, gpus, gpu_allocatable=8))
+        gpus = []
+        for i, (free, held) in enumerate(frees):
+            pods = {f"pod-{n:05d}-{i}": GPU_BYTES - free} if held else {}
+            gpus.append(
+                GpuDevice(f"GPU-{n:05d}-{i}", i, "NVIDIA H100 80GB HBM3", GPU_BYTES, free, pods)
+            )
+        held = sum(1 for g in gpus if g.pod_used_bytes)
+        out.append(NodeState(name, tuple(gpus), gpu_allocatable=8, gpu_allocated=held))
     return Snapshot(tuple(out))
 
 
@@ -103,7 +112,7 @@ def queue(size: int, seed: int = 1) -> list[JobRequest]:
     return jobs
 
 
-def end_to_end(snapshot: Snapshot, jobs: int) -> float:
+def end_to_end(snapshot: Snapshot, jobs: int, gpu_mode: str) -> float:
     """`vramgate plan --cluster FILE JOBS` on the same cluster, as a subprocess (the cluster
     as JSON, as `kubectl get -o json` writes it; the jobs as YAML manifests)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +120,9 @@ def end_to_end(snapshot: Snapshot, jobs: int) -> float:
             {
                 "name": node.name,
                 "gpus": [
-                    {"memory": f"{g.total_bytes}B", "free": f"{g.free_bytes}B"} for g in node.gpus
+                    {"memory": f"{g.total_bytes}B", "free": f"{g.free_bytes}B"}
+                    | ({"allocated": True} if g.pod_used_bytes else {})
+                    for g in node.gpus
                 ],
             }
             for node in snapshot.nodes
@@ -136,7 +147,7 @@ def end_to_end(snapshot: Snapshot, jobs: int) -> float:
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "controller.cli", "plan", "--json", "--cluster",
-             f"{tmp}/cluster.json", f"{tmp}/jobs.yaml"],
+             f"{tmp}/cluster.json", f"{tmp}/jobs.yaml", "--gpu-mode", gpu_mode],
             check=True,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -149,7 +160,9 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=2_000)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--gpu-mode", choices=[m.value for m in GpuMode], default="devicePlugin")
     args = parser.parse_args()
+    packing = PackingSettings(gpu_mode=GpuMode(args.gpu_mode))
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
@@ -157,9 +170,12 @@ def main() -> None:
     big_need = big.per_gpu_bytes(8, Parallelism.FSDP)
     snapshot = cluster(args.nodes, big_need)
     start = time.perf_counter()
-    view = ClusterView(snapshot, PackingSettings())
+    view = ClusterView(snapshot, packing)
     built = time.perf_counter() - start
-    print(f"cluster: {args.nodes} nodes x 8 GPUs; view built in {built * 1000:.0f} ms")
+    print(
+        f"cluster: {args.nodes} nodes x 8 GPUs, GPU mode {args.gpu_mode}; view built in "
+        f"{built * 1000:.0f} ms"
+    )
 
     small = [
         JobRequest("team/small", _estimate("llama-3.1-8b", Method.QLORA, s), Parallelism.FSDP, 1)
@@ -180,7 +196,7 @@ def main() -> None:
 
     jobs = queue(args.jobs)
     start = time.perf_counter()
-    decisions = plan(snapshot, jobs)
+    decisions = plan(snapshot, jobs, AdmissionSettings(packing=packing))
     took = time.perf_counter() - start
     admitted = sum(d.admitted for d in decisions)
     print(
@@ -188,7 +204,7 @@ def main() -> None:
         f"{len(jobs) - admitted} queued or rejected)   (target < 30 s)"
     )
     if not args.skip_end_to_end:
-        took = end_to_end(snapshot, args.jobs)
+        took = end_to_end(snapshot, args.jobs, args.gpu_mode)
         print(f"vramgate plan end to end ({args.jobs} jobs, YAML in, JSON out): {took:.2f} s")
 
 

@@ -136,7 +136,9 @@ def decision_status(name: str) -> dict[str, Any]:
                          "message": "11.64 GiB in total, 11.64 GiB per GPU on 1 GPU with FSDP"},
             condition | {"type": "Admitted", "reason": "Fits",
                          "message": "needs 11.64 GiB per GPU on 1 GPU with FSDP; placed on "
-                                    "bench-0 GPU 0, 68.36 GiB left on the tightest"},
+                                    "bench-0 GPU 0, 68.36 GiB left on the tightest GPU it may "
+                                    "get (bench-0 GPU 0; in GPU mode devicePlugin the device "
+                                    "plugin picks which of the node's free GPUs the pod gets)"},
         ],
         "estimate": {
             "components": {"activations": 3728179599, "allocator_slack": 993447975,

@@ -22,7 +22,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from controller.api.base import (
     COUNT_LABEL,
@@ -511,6 +519,9 @@ class CompactGpu(_Size):
     uuid: str | None = Field(None, min_length=1, max_length=128)
     product: str | None = Field(None, min_length=1)
     count: int = Field(1, ge=1, le=4096)
+    #: A pod holds the GPU (what is not free is its): with the device plugin or DRA it takes
+    #: no other job, and the device plugin hands it to no other pod.
+    allocated: StrictBool = False
 
     @model_validator(mode="after")
     def _uuid_of_one(self) -> CompactGpu:
@@ -578,6 +589,10 @@ def _compact_problem(first: Any) -> str:
     return f"{path}: {message}"
 
 
+#: The pod a compact file's `allocated: true` GPU is held by (no pod of any job).
+_HOLDER = "allocated-in-the-cluster-file"
+
+
 def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
     """Nodes from the compact form; every GPU is Ready and fresh, its free memory as given."""
     try:
@@ -596,13 +611,15 @@ def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
                     raise ClusterError(
                         where, f"nodes {node.name} GPU {i}: free must be at most memory"
                     )
+                free = gpu.memory if gpu.free is None else gpu.free
                 devices.append(
                     GpuDevice(
                         uuid=gpu.uuid if gpu.uuid and gpu.count == 1 else f"{node.name}-gpu{i}",
                         index=i,
                         product=gpu.product or product,
                         total_bytes=gpu.memory,
-                        free_bytes=gpu.memory if gpu.free is None else gpu.free,
+                        free_bytes=free,
+                        pod_used_bytes={_HOLDER: gpu.memory - free} if gpu.allocated else {},
                     )
                 )
         out.append(
@@ -619,6 +636,7 @@ def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
                 ready=node.ready,
                 cordoned=node.cordoned,
                 gpu_allocatable=len(devices),
+                gpu_allocated=sum(1 for device in devices if device.pod_used_bytes),
             )
         )
     return out

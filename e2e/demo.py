@@ -63,6 +63,8 @@ DECISIONS = {"Fits": "Admit", "Resized": "Resize", "WaitingForVRAM": "Queue",
              "InsufficientVRAM": "Reject"}  # fmt: skip
 #: Pids of simulated processes: the agent looks up no /proc for them (podUID is given).
 HOST_PID, FIRST_POD_PID = 100, 1000
+#: The pod that holds an `allocated: true` GPU of the example cluster (no pod of any job).
+HOLDER_UID, HOLDER_PID = "00000000-0000-4000-8000-00000000d0d0", 200
 
 
 def _log(line: str) -> None:
@@ -74,11 +76,13 @@ def _log(line: str) -> None:
 
 @dataclass(frozen=True)
 class SimGpu:
-    """One GPU of a simulated node; ``other_bytes`` are used by a process outside any pod."""
+    """One GPU of a simulated node; ``other_bytes`` are used by a process outside any pod, or
+    by a pod that holds the GPU (``allocated``: the device plugin hands it to no other)."""
 
     uuid: str
     total_bytes: int
     other_bytes: int = 0
+    allocated: bool = False
 
 
 @dataclass
@@ -95,7 +99,10 @@ class SimNode:
         gpus = []
         for index, gpu in enumerate(self.gpus):
             processes: list[dict[str, Any]] = []
-            if gpu.other_bytes:
+            if gpu.allocated:
+                processes.append({"pid": HOLDER_PID, "usedBytes": gpu.other_bytes,
+                                  "podUID": HOLDER_UID})  # fmt: skip
+            elif gpu.other_bytes:
                 processes.append({"pid": HOST_PID, "usedBytes": gpu.other_bytes})
             for n, (uid, on) in enumerate(sorted(self.pods.items())):
                 if gpu.uuid in on:
@@ -116,7 +123,8 @@ class SimNode:
 
 def example_nodes(path: Path = EXAMPLE_CLUSTER) -> list[SimNode]:
     """The nodes of `vramgate plan`'s example cluster; a GPU's memory not free is in use by
-    a process outside vramgate's jobs."""
+    a process outside vramgate's jobs: a pod's where the GPU is `allocated`, else outside any
+    pod."""
     nodes = []
     for entry in yaml.safe_load(path.read_text())["nodes"]:
         spec = entry["gpus"]
@@ -125,7 +133,8 @@ def example_nodes(path: Path = EXAMPLE_CLUSTER) -> list[SimNode]:
         for i, gpu in enumerate(listed):
             total = parse_size(str(gpu["memory"]))
             free = parse_size(str(gpu.get("free", gpu["memory"])))
-            gpus.append(SimGpu(f"GPU-{entry['name']}-{i}", total, total - free))
+            held = bool(gpu.get("allocated", False))
+            gpus.append(SimGpu(f"GPU-{entry['name']}-{i}", total, total - free, held))
         nodes.append(SimNode(entry["name"], entry["labels"][PRODUCT_LABEL], gpus))
     return nodes
 
@@ -279,7 +288,7 @@ class Stack:
                 name_prefix=node.name,
             )  # fmt: skip
             if made != node.name:  # kwok nodes are named <prefix>-<i>
-                node.gpus = [SimGpu(f"GPU-{made}-{i}", g.total_bytes, g.other_bytes)
+                node.gpus = [SimGpu(f"GPU-{made}-{i}", g.total_bytes, g.other_bytes, g.allocated)
                              for i, g in enumerate(node.gpus)]  # fmt: skip
                 node.name = made
             node.static_file = self.workdir / f"gpus-{node.name}.yaml"

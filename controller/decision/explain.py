@@ -4,6 +4,8 @@ They name the need (per GPU, at which count, with which parallelism), what the c
 now and when empty, and what to change (`spec.resources.gpus`, `admissionPolicy`), since the
 message is what `kubectl describe ftj` shows. With the `visibleDevices` GPU mode a job never
 spans nodes (its GPUs' UUIDs go into one pod's environment), and a count no node has says so.
+With `devicePlugin` the device plugin picks which of a node's free GPUs the pod gets, so the
+figures are each node's least free such GPU, and the messages say so.
 """
 
 from __future__ import annotations
@@ -35,10 +37,24 @@ def where(view: ClusterView, placed: Placed) -> str:
     return f"{len(parts)} nodes x {plural(per_node)} ({names})"
 
 
+def picks(placed: Placed | None = None) -> str:
+    """Why, with `devicePlugin`, a node is judged by its least free GPU."""
+    if placed is None:
+        whose = "a node's free GPUs a pod"
+    elif len(placed.parts) == 1:
+        whose = "the node's free GPUs the pod"
+    else:
+        whose = "each node's free GPUs its pod"
+    return f"in GPU mode devicePlugin the device plugin picks which of {whose} gets"
+
+
 def fits(job: JobRequest, view: ClusterView, placed: Placed, resized: bool) -> str:
-    left = view.least_free(placed) - placed.per_gpu_bytes
+    least, node, index = view.tightest(placed)
+    left = least - placed.per_gpu_bytes
     text = f"needs {need(job, placed.gpus)}; placed on {where(view, placed)}"
     text += f", {gib(left)} left on the tightest"
+    if view.unpinned:
+        text += f" GPU it may get ({node} GPU {index}; {picks(placed)})"
     if resized:
         text = (
             # The spec keeps the request (the operator never writes it): say the count only.
@@ -49,10 +65,13 @@ def fits(job: JobRequest, view: ClusterView, placed: Placed, resized: bool) -> s
 
 
 def advised(job: JobRequest, view: ClusterView, placed: Placed) -> str:
-    least = view.least_free(placed)
+    least, node, index = view.tightest(placed)
+    tightest = "the tightest of them"
+    if view.unpinned:
+        tightest = f"the least free GPU it may get ({node} GPU {index}; {picks(placed)})"
     return (
         f"admitted by GPU count (policy Advise) on {where(view, placed)}, but it needs "
-        f"{need(job, placed.gpus)} and the tightest of them has {gib(least)} free: it may run "
+        f"{need(job, placed.gpus)} and {tightest} has {gib(least)} free: it may run "
         "out of memory"
     )
 
@@ -73,6 +92,11 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         else "no matching GPU takes work now (nodes not Ready, cordoned, stale agents or GPUs "
         "in use)"
     )
+    if now is not None and view.unpinned:
+        most = (
+            f"{picks()}, and the best node's least free one has {gib(max(now[0], 0))} "
+            f"({now[1]} GPU {now[2]})"
+        )
     resting = at.resting
     if resting:
         # Their free memory is in `kubectl get gpunodes`: say why it is not counted here.
@@ -85,14 +109,20 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
     if now is not None and now[0] >= per_gpu and n > 1:
         # The most free GPU holds it: the blocker is how many others do, or where they are.
         have = view.count_now(at, per_gpu, enough=n)  # counted up to n: enough to say why
+        verb = "has" if have == 1 else "have"
+        holding = f"{verb} {gib(per_gpu)} free now"
+        if view.unpinned:
+            verb = "is" if have == 1 else "are"
+            holding = f"{verb} on nodes whose free GPUs all have {gib(per_gpu)} free now"
         if have >= n:
             most = (
-                f"{n} or more matching GPUs that take work have {gib(per_gpu)} free now, but "
+                f"{n} or more matching GPUs that take work {holding}, but "
                 f"no {n} of them in a placement it can use ({_shape(job, view)})"
             )
         else:
-            verb = "has" if have == 1 else "have"
-            most = f"only {have} of the matching GPUs that take work {verb} {gib(per_gpu)} free now"
+            most = f"only {have} of the matching GPUs that take work {holding}"
+            if view.unpinned:
+                most += f" ({picks()})"
     never = "never fits" if job.gpus == 1 else "never fit"
     prefix = "" if n == job.gpus else f"{plural(job.gpus)} {never}; "
     return f"{prefix}needs {need(job, n)}; {most}{largest}, so it waits for memory"

@@ -26,7 +26,8 @@ from controller.cluster import (
     snapshot,
 )
 from controller.operator import observed
-from controller.packing.inventory import NodeGpus, PackingSettings, working_nodes
+from controller.packing.index import schedulable
+from controller.packing.inventory import GpuMode, NodeGpus, PackingSettings, working_nodes
 
 GPU_LABELS = ("node", "gpu", "UUID", "modelName")
 JOB_LABELS = ("namespace", "job")
@@ -78,8 +79,11 @@ def metric_view(
     )
     free = Gauge(
         "vramgate_gpu_schedulable_free_bytes",
-        "Effective free bytes of a placeable GPU as the packer sees it: measured free less "
-        "what admitted jobs will still allocate less headroom (negative: over-committed).",
+        "Bytes a new job may plan on per GPU of a placeable node, as admission sees them: "
+        "measured free less what admitted jobs will still allocate less headroom (negative: "
+        "over-committed); 0 on a GPU a job or pod holds whole (devicePlugin, dra); with "
+        "devicePlugin, whose device plugin may hand a pod any free GPU of its node, the least "
+        "free of those GPUs on each of them, and 0 on a node with no device slot left.",
         GPU_LABELS,
     )
     heartbeat = Gauge(
@@ -147,9 +151,12 @@ def metric_view(
         pending.add((reason,), float(count))
     for gpu_labels in gpus:
         reserved.add(gpu_labels, float(reserved_on.get(gpu_labels[2], 0)))
+    exclusive = packing.gpu_mode is not GpuMode.VISIBLE_DEVICES
+    unpinned = packing.gpu_mode is GpuMode.DEVICE_PLUGIN
     for working in working_nodes(snapshot(objects, now), packing):
-        for slot in working.gpus:
-            free.add((slot.node, str(slot.index), slot.uuid, slot.product), float(slot.free))
+        usable = schedulable(working, exclusive=exclusive, unpinned=unpinned)
+        for slot, each in zip(working.gpus, usable, strict=True):
+            free.add((slot.node, str(slot.index), slot.uuid, slot.product), float(each))
     return (predicted, peak, ratio, reserved, free, heartbeat, pending, created)
 
 

@@ -10,6 +10,13 @@ Two sorted views of the working state, both kept current as reservations are ass
   when `cap_g >= need`, so a bisect finds the tightest such node, and counts them, so that a
   placement that cannot be made is refused without walking the candidates.
 
+With the device plugin (`unpinned`) a pod gets whichever of its node's free GPUs the device
+plugin picks, so a GPU's own free memory promises nothing: a node holds a need on g GPUs only
+when every GPU the device plugin may still hand out holds it. Both views then key a node by
+its bound, the least free memory among those GPUs (`bound`), for every g up to its open GPUs
+and device slots: best fit across nodes is the tightest bound, and the GPUs a placement names
+are the node's least free open ones, the worst the pod may get.
+
 Nodes sort by name (their position in the name-sorted list), so every tie breaks by node name
 and then GPU index, and the same snapshot always gives the same answer.
 """
@@ -25,11 +32,42 @@ from controller.packing.inventory import NodeSlots, Slot
 NodeFilter = Callable[[int], bool]
 
 
+def bound(node: NodeSlots) -> tuple[int, int] | None:
+    """(free, GPU index) of the least free GPU the device plugin may hand a new pod on the
+    node: of those no pod's process is on, including GPUs that reservations name but whose
+    pods do not run yet (whoever gets one gets it whole, so no reservation is charged). None
+    when a pod holds every one."""
+    found = [(s.whole_free, s.index) for s in node.gpus if s.whole_free is not None]
+    return min(found) if found else None
+
+
+def schedulable(node: NodeSlots, *, exclusive: bool, unpinned: bool) -> list[int]:
+    """Per GPU of the node, the bytes a new job may plan on there: its effective free memory;
+    0 on a GPU handed out whole to a job or a pod (`exclusive`); with the device plugin
+    (`unpinned`) the node's bound on each GPU it may hand out, and 0 on all of them when the
+    node has no device slot left."""
+    if not exclusive:
+        return [slot.free for slot in node.gpus]
+    least = bound(node) if unpinned else None
+    out = []
+    for slot in node.gpus:
+        if slot.taken or (unpinned and (node.slots < 1 or least is None)):
+            out.append(0)
+        else:
+            out.append(least[0] if least is not None else slot.free)
+    return out
+
+
 class FreeIndex:
     """The packer's mutable working state over `nodes` (sorted by name)."""
 
     def __init__(
-        self, nodes: Sequence[NodeSlots], *, exclusive: bool = False, one_node: bool = False
+        self,
+        nodes: Sequence[NodeSlots],
+        *,
+        exclusive: bool = False,
+        one_node: bool = False,
+        unpinned: bool = False,
     ) -> None:
         self.nodes = list(nodes)
         self.position = {node.name: pos for pos, node in enumerate(self.nodes)}
@@ -37,6 +75,9 @@ class FreeIndex:
         self.exclusive = exclusive
         #: Every job on one node (visibleDevices: the UUIDs go into one pod's environment).
         self.one_node = one_node
+        #: The device plugin picks which of a node's free GPUs a pod gets: a node holds a need
+        #: only as far as its bound does (the module's docstring).
+        self.unpinned = unpinned
         self.max_gpus = max((len(node.gpus) for node in self.nodes), default=0)
         self._held: list[set[int]] = [
             {i for i, slot in enumerate(node.gpus) if slot.taken} for node in self.nodes
@@ -63,7 +104,11 @@ class FreeIndex:
         return [(i, slot) for i, slot in enumerate(self.nodes[pos].gpus) if i not in held]
 
     def frees_desc(self, pos: int, g: int) -> list[int]:
-        """The node's g largest effective free memories, largest first."""
+        """The node's g largest effective free memories, largest first; unpinned, the g least
+        free GPUs the device plugin may hand out (the worst a pod may get), largest first."""
+        if self.unpinned:
+            frees = sorted(s.whole_free for s in self.nodes[pos].gpus if s.whole_free is not None)
+            return frees[:g][::-1]
         return sorted((slot.free for _, slot in self.open_gpus(pos)), reverse=True)[:g]
 
     def tightest(self, pos: int, g: int, need: int) -> list[int]:
@@ -73,8 +118,13 @@ class FreeIndex:
         )
         return [i for _, _, i in fitting[:g]]
 
-    def most_free(self, pos: int, g: int) -> list[int]:
-        """The node's g GPUs with the most free memory (ties by index)."""
+    def by_count(self, pos: int, g: int) -> list[int]:
+        """The g GPUs a placement by count names on the node: those with the most free memory
+        (ties by index); unpinned, where the device plugin picks the GPUs, the g least free
+        open ones (the worst the pod may get, as `tightest` names), most free first."""
+        if self.unpinned:
+            least = sorted((slot.free, slot.index, i) for i, slot in self.open_gpus(pos))[:g]
+            return [i for _, _, i in sorted(least, key=lambda t: (-t[0], t[1]))]
         ranked = sorted((-slot.free, slot.index, i) for i, slot in self.open_gpus(pos))
         return [i for _, _, i in ranked[:g]]
 
@@ -129,10 +179,12 @@ class FreeIndex:
         return found
 
     def largest_free(self, ok: NodeFilter) -> tuple[int, int, int] | None:
-        """(free, node position, GPU index) of the GPU with the most free memory."""
+        """(free, node position, GPU index) of the GPU with the most free memory; unpinned,
+        of the GPU that bounds the node with the highest bound."""
         for free, pos, index, _ in reversed(self._gpus):
             if ok(pos):
-                return free, pos, index
+                least = bound(self.nodes[pos]) if self.unpinned else None
+                return free, pos, index if least is None else least[1]
         return None
 
     # -- changing ---------------------------------------------------------------------------
@@ -165,9 +217,14 @@ class FreeIndex:
         if node.slots < 1:
             return [], {}
         open_gpus = self.open_gpus(pos)
+        limit = min(node.slots, len(open_gpus))
+        least = bound(node) if self.unpinned else None
+        if least is not None:
+            # Any GPU it may get is what the node promises: every key is the node's bound.
+            gpu_keys = [(least[0], pos, slot.index, i) for i, slot in open_gpus]
+            return gpu_keys, {g: (least[0], pos) for g in range(1, limit + 1)}
         gpu_keys = [(slot.free, pos, slot.index, i) for i, slot in open_gpus]
         frees = sorted((slot.free for _, slot in open_gpus), reverse=True)
-        limit = min(node.slots, len(frees))
         cap_keys = {g: (frees[g - 1], pos) for g in range(1, limit + 1)}
         return gpu_keys, cap_keys
 

@@ -30,6 +30,11 @@ whatever its free memory; only `visibleDevices` shares GPUs by memory.
 **Slots.** With the device-plugin GPU mode the kubelet hands out whole GPUs, so a node also
 needs `n` GPUs not yet allocated: `nvidia.com/gpu` allocatable - GPUs requested by its
 running pods - GPUs of admitted jobs whose pods do not exist yet.
+
+**Any free GPU.** With the device-plugin GPU mode the pod asks for `n` GPUs of its node, and
+the device plugin, not vramgate, picks which of the node's free GPUs it gets: any GPU no
+pod's process is on (`Slot.whole_free`), whatever reservation names it. The index
+(`index.py`) holds a node to the least free of those.
 """
 
 from __future__ import annotations
@@ -178,6 +183,10 @@ class Slot:
     free: int
     #: Handed out whole and already in use (a reservation, or a pod's process on it).
     taken: bool = False
+    #: What a pod given this GPU whole may use: measured free less headroom, no reservation
+    #: charged (a whole GPU is no other job's). None once a pod's process is on it: the
+    #: device plugin has given it to that pod, and hands it to no other.
+    whole_free: int | None = None
 
 
 @dataclass(slots=True)
@@ -270,11 +279,13 @@ def working_nodes(
                 total = device.total_bytes or 0
                 capacity = max(0, total - settings.headroom(total))
                 measured = total if empty else device.free_bytes or 0
+                whole = min(capacity, measured - settings.headroom(total))
                 free = min(capacity, measured - settings.headroom(total) - owed.get(device.uuid, 0))
-                busy = exclusive and (device.uuid in reserved or bool(device.pod_used_bytes))
-                gpus.append(
-                    Slot(name, device.uuid, device.index, device.product, capacity, free, busy)
-                )
+                in_pod = bool(device.pod_used_bytes) and not empty
+                busy = exclusive and (device.uuid in reserved or in_pod)
+                slot = Slot(name, device.uuid, device.index, device.product, capacity, free, busy)
+                slot.whole_free = None if in_pod else whole
+                gpus.append(slot)
         else:
             gpus = _unreported(node, [] if empty else snapshot.reservations, settings, exclusive)
         if not gpus:
@@ -310,7 +321,7 @@ def _unreported(
         capacity = UNKNOWN_BYTES if total is None else max(0, total - settings.headroom(total))
         free = capacity - owed.get(device.index, 0)
         busy = exclusive and device.index in owed
-        gpus.append(
-            Slot(node.name, device.uuid, device.index, device.product, capacity, free, busy)
-        )
+        slot = Slot(node.name, device.uuid, device.index, device.product, capacity, free, busy)
+        slot.whole_free = free  # no pod is known to be on it
+        gpus.append(slot)
     return gpus

@@ -16,6 +16,12 @@ the status use too. Then:
 3. **Device map: one node,** seed 1's rule on that node's GPUs taken most free first (the
    first holds the LM head and its logits, every further one counts at 85 % towards the
    pool and must hold its share); the tightest node that passes.
+4. **`devicePlugin`: any free GPU of the node.** The pod asks its node for n GPUs and the
+   device plugin picks which of the node's free GPUs (those no pod's process is on) it gets,
+   so a node's n-th largest free memory promises nothing: the node holds the need only when
+   its least free such GPU does (`index.bound`), and that least free memory is what best fit
+   and a device map's rule judge. The GPUs named are the node's least free open ones, the
+   worst the pod may get. `visibleDevices` and `dra` pin the exact GPUs named.
 
 Worked examples (effective free memory in GiB; "need" per GPU):
 
@@ -27,6 +33,9 @@ Worked examples (effective free memory in GiB; "need" per GPU):
   30 (30 does). With `visibleDevices` there is no placement: 8 GPUs only as 1 x 8.
 * DDP on 3 GPUs, nodes of 2 GPUs, devicePlugin or DRA: 3 is not 1 x 3 (no node has 3);
   3 x 1 -> three nodes, one GPU each, the tightest three. With `visibleDevices`: none.
+* one GPU of 12, no pod on any GPU: a = [13, 80, 10], b = [14, 30]. With `dra` -> a GPU 0
+  (13 is the least that holds 12); with `devicePlugin` -> b GPU 0 (a's device plugin may
+  hand the pod its GPU 2, of 10; b's least free, 14, holds 12).
 """
 
 from __future__ import annotations
@@ -105,7 +114,7 @@ def place_by_count(
     for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
         nodes = list(islice(index.nodes_by_free(g, ok), k))
         if len(nodes) == k:
-            parts = tuple((pos, tuple(index.most_free(pos, g))) for pos in nodes)
+            parts = tuple((pos, tuple(index.by_count(pos, g))) for pos in nodes)
             return Placed(parts, n, estimate.per_gpu_bytes(n, parallelism))
     return None
 
@@ -128,7 +137,7 @@ def closest(
             if open_gpus
         )
         if len(ranked) >= k:
-            parts = tuple((pos, tuple(index.most_free(pos, g))) for _, _, pos in ranked[:k])
+            parts = tuple((pos, tuple(index.by_count(pos, g))) for _, _, pos in ranked[:k])
             return Placed(parts, n, estimate.per_gpu_bytes(n, parallelism))
     return None
 
@@ -138,7 +147,7 @@ def _device_map(index: FreeIndex, estimate: Estimate, n: int, ok: NodeFilter) ->
         return None
     for pos in index.nodes_fitting(n, estimate.device_map_min_bytes(n), ok):
         if device_map_holds(estimate, index.frees_desc(pos, n)):
-            gpus = tuple(index.most_free(pos, n))
+            gpus = tuple(index.by_count(pos, n))
             head = estimate.per_gpu_bytes(n, Parallelism.DEVICE_MAP)
             return Placed(((pos, gpus),), n, head, head - estimate.device_map_min_bytes(n))
     return None

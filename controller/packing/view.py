@@ -6,6 +6,11 @@ now as if the nodes that take no work did (cordoned, not Ready, a silent agent, 
 reported, a taint the template does not tolerate), which tells a job that waits for those
 nodes from one that waits for memory. Selectors are matched once per distinct selector and
 pass, not once per decision.
+
+With `devicePlugin` the device plugin picks which of a node's free GPUs a pod gets, so `now`
+(and `resting`) holds each node to its least free such GPU (`index.bound`). `empty` does not:
+a node whose small GPUs other pods hold hands a pod only its big ones, so what its big GPUs
+hold may fit some day, and only what no state of the cluster holds is rejected.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from functools import cached_property
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.packing.constraints import GPU_TOLERATION, NodeConstraints
-from controller.packing.index import FreeIndex, NodeFilter
+from controller.packing.index import FreeIndex, NodeFilter, bound
 from controller.packing.inventory import (
     GpuMode,
     NodeGpus,
@@ -64,8 +69,13 @@ class ClusterView:
         self.counts_slots = settings.gpu_mode is GpuMode.DEVICE_PLUGIN
         # visibleDevices pins by UUIDs in one pod's environment: one node per job.
         self.one_node = not exclusive
+        #: The device plugin, not the placement, picks which of a node's free GPUs a pod gets.
+        self.unpinned = self.counts_slots
         self.now = FreeIndex(
-            working_nodes(snapshot, settings), exclusive=exclusive, one_node=self.one_node
+            working_nodes(snapshot, settings),
+            exclusive=exclusive,
+            one_node=self.one_node,
+            unpinned=self.unpinned,
         )
         self._snapshot, self._settings = snapshot, settings
         self.gpu_mode = settings.gpu_mode
@@ -99,6 +109,7 @@ class ClusterView:
             working_nodes(self._snapshot, self._settings, resting=True),
             exclusive=self.gpu_mode is not GpuMode.VISIBLE_DEVICES,
             one_node=self.one_node,
+            unpinned=self.unpinned,
         )
         for name, gpus, held in self._changes:
             self._change(index, name, gpus, held)
@@ -257,8 +268,21 @@ class ClusterView:
             )
         return tuple(out)
 
-    def least_free(self, placed: Placed) -> int:
-        return min(self.now.nodes[pos].gpus[i].free for pos, gpus in placed.parts for i in gpus)
+    def tightest(self, placed: Placed) -> tuple[int, str, int]:
+        """(free, node, GPU index) of the GPU with the least free memory the placement may
+        get: one of its GPUs, or with `devicePlugin` the least free GPU its nodes' device
+        plugins may hand out (`index.bound`), which may be a GPU the placement does not name.
+        Before the placement is assumed; ties by node name, then index."""
+        found = []
+        for pos, gpus in placed.parts:
+            node = self.now.nodes[pos]
+            least = bound(node) if self.unpinned else None
+            if least is not None:
+                found.append((least[0], pos, least[1]))
+            else:
+                found.extend((node.gpus[i].free, pos, node.gpus[i].index) for i in gpus)
+        free, pos, index = min(found)
+        return free, self.now.nodes[pos].name, index
 
     def largest_now(self, where: Selection) -> tuple[int, str, int] | None:
         """(free, node, GPU index) of the matching GPU with the most free memory now; for

@@ -105,14 +105,15 @@ def _env(container: Mapping[str, Any]) -> dict[str, str]:
 
 
 def admits_onto_the_tightest_gpu_that_holds_it(target: Target) -> None:
-    """A small job goes to GPU 0 of the first node, the least free memory that holds it
-    (big GPUs stay free for big jobs); its batch Job asks for one GPU on that node, tells
-    the trainer what it got, runs, and goes when the FineTuneJob is deleted."""
+    """A small job goes to the first node (the nodes tie; best fit by name), GPU 1, the one
+    GPU its device plugin may hand out (a pod holds GPU 0); its batch Job asks for one GPU on
+    that node, tells the trainer what it got, runs, and goes when the FineTuneJob is
+    deleted."""
     with target.namespace("best-fit") as namespace:
         _applied(target, namespace, finetunejob(target, "small", QLORA, gpus=1))
         placement = _admitted_as(_decided(target, namespace, "small"), {"Fits"})
-        expect(_where(placement) == [(target.nodes[0], [0])],
-               f"small: expected {target.nodes[0]} GPU 0, got {_where(placement)}")  # fmt: skip
+        expect(_where(placement) == [(target.nodes[0], [1])],
+               f"small: expected {target.nodes[0]} GPU 1, got {_where(placement)}")  # fmt: skip
         workload = target.wait(lambda: target.get("job", "small", namespace), "small's Job")
         owner = workload["metadata"]["ownerReferences"][0]
         expect((owner["kind"], owner["name"]) == ("FineTuneJob", "small"),
@@ -212,11 +213,11 @@ def a_cordoned_node_gets_nothing(target: Target) -> None:
     target.kubectl("cordon", target.nodes[0])
     try:
         with target.namespace("cordon") as namespace:
-            _wait_until_the_operator_sees(target, namespace, f"placed on {target.nodes[1]} GPU 0")
+            _wait_until_the_operator_sees(target, namespace, f"placed on {target.nodes[1]} GPU 1")
             _applied(target, namespace, finetunejob(target, "small", QLORA, gpus=1))
             placement = _admitted_as(_decided(target, namespace, "small"), {"Fits"})
-            expect(_where(placement) == [(target.nodes[1], [0])],
-                   f"small: expected {target.nodes[1]} GPU 0, got {_where(placement)}")  # fmt: skip
+            expect(_where(placement) == [(target.nodes[1], [1])],
+                   f"small: expected {target.nodes[1]} GPU 1, got {_where(placement)}")  # fmt: skip
     finally:
         target.kubectl("uncordon", target.nodes[0])
 

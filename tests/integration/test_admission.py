@@ -43,6 +43,7 @@ from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixtur
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 20.0
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 WEBHOOK_CONFIG = "vramgate-admission.vramgate.dev"
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
@@ -85,6 +86,9 @@ class Gpus:
         self.product = f"TEST-{self.tag}-80GB"
         self.nodes: list[str] = []
         self.published: dict[str, tuple[list[float], float]] = {}
+        #: Per node, the GPU indices a pod outside vramgate holds (its processes use what is
+        #: not free): with the device plugin no other pod gets them.
+        self.held: dict[str, set[int]] = {}
         self.silent: set[str] = set()
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeats, daemon=True)
@@ -108,15 +112,19 @@ class Gpus:
     def selector(self) -> dict[str, str]:
         return {PRODUCT_LABEL: self.product}
 
-    def add(self, *frees: list[float], total: float = 80) -> list[str]:
+    def add(
+        self, *frees: list[float], total: float = 80, held: dict[int, list[int]] | None = None
+    ) -> list[str]:
         """One node per list, GPU i with frees[i] GiB free of `total` (as GPU feature
-        discovery labels the Node too: until its GPUNode is seen, the GPUs count as large)."""
+        discovery labels the Node too: until its GPUNode is seen, the GPUs count as large);
+        `held`: per node (its position in this call), the GPUs a pod outside vramgate holds."""
         prefix = f"n{self.tag}-{len(self.nodes)}"
         names = self.cluster.create_gpu_nodes(
             len(frees), gpus_per_node=len(frees[0]), product=self.product, name_prefix=prefix,
             memory_mib=int(total * 1024),
         )  # fmt: skip
-        for name, free in zip(names, frees, strict=True):
+        for position, (name, free) in enumerate(zip(names, frees, strict=True)):
+            self.held[name] = set((held or {}).get(position, []))
             self.publish(name, free, total)
         self.nodes += names
         self._wait_until_seen()
@@ -132,9 +140,24 @@ class Gpus:
     def publish(
         self, name: str, frees: list[float], total: float = 80, api: Any = None, **kw: Any
     ) -> None:
-        gpus = [gpu_status(name, i, total, f, self.product) for i, f in enumerate(frees)]
+        held = self.held.get(name, set())
+        gpus = [
+            gpu_status(name, i, total, f, self.product,
+                       pods={f"other-{i}": total - f} if i in held else None)
+            for i, f in enumerate(frees)
+        ]  # fmt: skip
         publish(api or self.api, name, gpus, **kw)
         self.published[name] = (frees, total)
+
+
+def wait_seen(gpus: Gpus, nodes: list[str]) -> None:
+    """Until the operator's view holds every one of `nodes` (a dry run selecting each one by
+    hostname passes the webhook), so a best fit is judged on all of them, not the first."""
+    for node in nodes:
+        probe = job(f"probe-{gpus.tag}", gpus, resources={
+            "gpuSelector": {**gpus.selector, HOSTNAME_LABEL: node}})  # fmt: skip
+        wait_until(lambda probe=probe: webhook_sees(gpus.api, probe), timeout=DEADLINE_S,
+                   what=f"the operator to see {node}")  # fmt: skip
 
 
 def webhook_sees(api: client.ApiClient, probe: dict[str, Any]) -> bool:
@@ -248,12 +271,17 @@ def test_a_job_is_admitted_onto_the_best_fitting_gpu_and_runs_there(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus,
     cluster: Cluster,
 ) -> None:  # fmt: skip
-    (node,) = gpus.add([80, 30, 14, 10])
+    # A pod outside vramgate holds GPU 3 of node. Of other's GPUs, free of pods, 13 GiB is the
+    # tightest that holds 11.64 GiB, but the pod asks other for one GPU and its device plugin
+    # may hand it GPU 2, of 10 GiB: other takes no such job.
+    node, other = gpus.add([80, 30, 14, 10], [13, 80, 10, 80], held={0: [3]})
+    wait_seen(gpus, [node, other])
     create(api_client, namespace, job("best-fit", gpus))
     obj = admitted(api_client, namespace, "best-fit", "True", "Fits")
-    # 14 GiB is the least free memory that holds 11.64 GiB; 10 does not, 30 and 80 are looser.
+    # 14 GiB is the least free memory of the GPUs node may hand out, and it holds 11.64 GiB.
     assert placed(obj) == [(node, [2])]
     assert _wide_column(cluster, namespace, "best-fit", "NODE") == node
+    assert "GPU it may get (" in condition(obj, "Admitted")["message"]  # type: ignore[index]
     assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
     assert obj["status"]["placement"]["nodes"][0]["gpuUUIDs"] == [f"GPU-{node}-2"]
     assert obj["status"]["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job",
@@ -344,7 +372,7 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
 def test_resize_down_to_what_fits_now(
     admitting: OperatorProcess, api_client: client.ApiClient, namespace: str, gpus: Gpus
 ) -> None:
-    gpus.add([80, 80, 5, 5])  # two GPUs busy with memory outside vramgate's view
+    gpus.add([80, 80, 5, 5], held={0: [2, 3]})  # two GPUs held by pods outside vramgate
     body = job("shrinks", gpus, admissionPolicy="Resize", resources={"gpus": 4, "minGPUs": 1})
     create(api_client, namespace, body)
     obj = admitted(api_client, namespace, "shrinks", "True", "Resized")

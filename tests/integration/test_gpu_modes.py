@@ -25,7 +25,6 @@ from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, PRODUCT_LABEL, V
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
 from tests.integration.test_admission import (
-    DEADLINE_S,
     FULL,
     QLORA_BYTES,
     Gpus,
@@ -37,7 +36,7 @@ from tests.integration.test_admission import (
     job,
     objects,
     placed,
-    webhook_sees,
+    wait_seen,
 )
 from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
     PLURAL,
@@ -49,7 +48,6 @@ from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixtur
 
 pytestmark = pytest.mark.integration
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 WEBHOOK_CONFIG = "vramgate-visible-devices.vramgate.dev"
 LEASE = "vramgate-visible-devices-tests"
 
@@ -110,16 +108,6 @@ def gpus_of_this_test(cluster: Cluster, api: client.ApiClient) -> Iterator[Gpus]
             except ApiException as error:
                 if error.status != 404:
                     raise
-
-
-def wait_seen(gpus: Gpus, nodes: list[str]) -> None:
-    """Until the operator's view holds every one of `nodes` (a dry run selecting each one by
-    hostname passes the webhook), so a best fit is judged on all of them, not the first."""
-    for node in nodes:
-        probe = job(f"probe-{gpus.tag}", gpus, resources={
-            "gpuSelector": {**gpus.selector, HOSTNAME_LABEL: node}})  # fmt: skip
-        wait_until(lambda probe=probe: webhook_sees(gpus.api, probe), timeout=DEADLINE_S,
-                   what=f"the operator to see {node}")  # fmt: skip
 
 
 def pods_of(api: client.ApiClient, namespace: str, name: str) -> list[client.V1Pod]:

@@ -113,6 +113,9 @@ def test_metrics_follow_an_admitted_job_its_observed_peak_and_the_queue(
                            job="runs", profile="calibrated", **gpu)  # fmt: skip
     assert predicted == QLORA_BYTES
     assert eventually(port, "vramgate_gpu_reservation_bytes", **gpu) == QLORA_BYTES
+    # The GPU runs' pod will hold is worth nothing to a new job, whatever it has free.
+    wait_until(lambda: sample(port, "vramgate_gpu_schedulable_free_bytes", **gpu) == 0,
+               timeout=DEADLINE_S, what="the promised GPU's schedulable bytes at 0")  # fmt: skip
     assert eventually(port, "vramgate_pending_jobs", reason="WaitingForVRAM") >= 1
     assert eventually(port, "vramgate_pending_job_created_timestamp_seconds",
                       namespace=namespace, job="waits", reason="WaitingForVRAM") > 0  # fmt: skip

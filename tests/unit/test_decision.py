@@ -187,11 +187,22 @@ def test_a_job_waiting_for_more_gpus_says_how_many_hold_it_not_the_most_free() -
     says(d, "3 or more matching GPUs that take work have 30.00 GiB free now, but no 3 of them "
          "in a placement it can use (k nodes x g GPUs, the same g on every node)")  # fmt: skip
     # Device plugin: a GPU allocated to another pod takes no work, whatever its free memory.
-    busy = view(node("a", [80, 80, 80, 10], gpu_allocatable=4, gpu_allocated=3),
+    held = tuple(gpu("a", i, 60, pods={f"p{i}": 20}) for i in range(3))
+    busy = view(NodeState("a", (*held, gpu("a", 3, 80)), gpu_allocatable=4, gpu_allocated=3),
                 settings=EXCLUSIVE)  # fmt: skip
     d = decide(job("j", est(30), gpus=2, parallelism=DDP), busy)
     assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(d, "only 1 of the matching GPUs that take work has 30.00 GiB free now")
+    says(d, "only 1 of the matching GPUs that take work is on nodes whose free GPUs all have "
+         "30.00 GiB free now (in GPU mode devicePlugin the device plugin picks which of a "
+         "node's free GPUs a pod gets)")  # fmt: skip
+    # Pods hold three GPUs, but which ones their processes do not show yet: the one left may
+    # be GPU 3, of 10 GiB, so that is all the node promises.
+    unseen = view(node("a", [80, 80, 80, 10], gpu_allocatable=4, gpu_allocated=3),
+                  settings=EXCLUSIVE)  # fmt: skip
+    d = decide(job("j", est(30), gpus=2, parallelism=DDP), unseen)
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "the device plugin picks which of a node's free GPUs a pod gets, and the best "
+         "node's least free one has 10.00 GiB (a GPU 3)")  # fmt: skip
 
 
 def test_a_job_that_fits_only_a_node_taking_no_work_waits_for_that_node_not_for_memory() -> None:
@@ -791,3 +802,92 @@ def test_a_rejection_whose_largest_gpu_holds_the_need_says_what_does_not() -> No
     few = (node("a", [24, 24], total=24), node("b", [80]))
     d = decide(job("j", est(80, 2), gpus=2, parallelism=DEVICE_MAP), view(*few))
     says(d, "but even when the cluster is empty only 1 GPU holds 42.00 GiB")
+
+
+# -- devicePlugin: the device plugin picks which of the node's free GPUs the pod gets -------
+
+
+def _partly_used_node(gpu6_free: float) -> NodeState:
+    """h100-0: pods hold six GPUs; GPU 1 is partly used outside any pod (20 GiB free) and GPU
+    6, free of pods, has `gpu6_free` GiB."""
+    gpus = [
+        gpu("h100-0", i, {1: 20, 6: gpu6_free}[i])
+        if i in (1, 6)
+        else gpu("h100-0", i, 10, pods={f"pod-{i}": 70})
+        for i in range(8)
+    ]
+    return NodeState("h100-0", tuple(gpus), gpu_allocatable=8, gpu_allocated=6)
+
+
+def test_device_plugin_waits_while_a_gpu_the_pod_may_get_is_too_small_and_says_why() -> None:
+    qlora = job("j", est(11.64))
+    d = decide(qlora, view(_partly_used_node(10), settings=EXCLUSIVE))
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "needs 11.64 GiB per GPU on 1 GPU with FSDP; in GPU mode devicePlugin the device "
+         "plugin picks which of a node's free GPUs a pod gets, and the best node's least free "
+         "one has 10.00 GiB (h100-0 GPU 6)", "so it waits for memory")  # fmt: skip
+    # dra pins the GPU named: GPU 1 holds it.
+    pinned = decide(qlora, view(_partly_used_node(10), settings=SPANS))
+    assert where(pinned) == [("h100-0", (1,))]
+    says(pinned, "placed on h100-0 GPU 1, 8.36 GiB left on the tightest")
+    assert "devicePlugin" not in pinned.message
+    # With 12 GiB on GPU 6 the node takes it, and says what is left on the worst it may get.
+    d = decide(qlora, view(_partly_used_node(12), settings=EXCLUSIVE))
+    assert (d.outcome, where(d)) == (Outcome.ADMIT, [("h100-0", (6,))])
+    says(d, "placed on h100-0 GPU 6, 0.36 GiB left on the tightest GPU it may get (h100-0 GPU "
+         "6; in GPU mode devicePlugin the device plugin picks which of the node's free GPUs "
+         "the pod gets)")  # fmt: skip
+
+
+def test_device_plugin_names_the_gpu_that_bounds_a_node_when_the_placement_does_not() -> None:
+    # GPU 1 (10 free) is promised to an admitted job whose pod does not run yet: the next job
+    # is named on GPU 0, but the pod may get GPU 1 all the same.
+    pending = [reservation("first", {"a": [1]}, 8)]
+    d = decide(job("j", est(9)), view(node("a", [80, 10, 80]), reservations=pending,
+                                      settings=EXCLUSIVE))  # fmt: skip
+    assert where(d) == [("a", (0,))]
+    says(d, "placed on a GPU 0, 1.00 GiB left on the tightest GPU it may get (a GPU 1; ")
+
+
+def test_device_plugin_resizes_to_a_count_whose_share_each_gpu_the_pod_may_get_holds() -> None:
+    # FSDP 30 + 10: 40 on 1 GPU, 25 on 2. GPU 0 holds 40, but the pod may get GPU 1 (30).
+    j = job("j", est(30, 10), policy=RESIZE, max_gpus=2)
+    d = decide(j, view(node("a", [80, 30]), settings=SPANS))
+    assert (d.outcome, d.admitted_gpus, where(d)) == (Outcome.ADMIT, 1, [("a", (0,))])
+    d = decide(j, view(node("a", [80, 30]), settings=EXCLUSIVE))
+    assert (d.outcome, d.reason, d.admitted_gpus) == (Outcome.RESIZE, cond.REASON_RESIZED, 2)
+    assert where(d) == [("a", (1, 0))]
+    says(d, "resized 1 -> 2 GPUs", "5.00 GiB left on the tightest GPU it may get (a GPU 1; ")
+
+
+def test_device_plugin_advise_warns_of_the_least_free_gpu_the_pod_may_get() -> None:
+    d = decide(job("j", est(50), policy=ADVISE), view(node("a", [30, 80, 20]), settings=EXCLUSIVE))
+    assert (d.outcome, d.reason) == (Outcome.ADMIT, cond.REASON_ADVISED)
+    says(d, "the least free GPU it may get (a GPU 2; in GPU mode devicePlugin the device plugin "
+         "picks which of the node's free GPUs the pod gets) has 20.00 GiB free")  # fmt: skip
+
+
+def test_device_plugin_queues_rather_than_rejects_what_a_nodes_big_gpus_hold() -> None:
+    """Rejection is for what never fits: once a pod holds the node's small GPU, its device
+    plugin hands out only the big one."""
+    mixed = NodeState("a", (gpu("a", 0, 80), gpu("a", 1, 24, total=24)))
+    d = decide(job("j", est(60)), view(mixed, settings=EXCLUSIVE))
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
+    says(d, "the best node's least free one has 24.00 GiB (a GPU 1)", "80.00 GiB usable")
+    held = NodeState("a", (gpu("a", 0, 80), gpu("a", 1, 4, total=24, pods={"p": 20})))
+    assert decide(job("j", est(60)), view(held, settings=EXCLUSIVE)).admitted
+
+
+def test_device_plugin_a_starving_job_holds_the_node_it_is_closest_to() -> None:
+    """a is closest to taking big (2 GPUs of 70: each GPU it may hand out has 65); while big
+    starves, a later small job does not take a's GPUs, and b may hand it a GPU of 8."""
+    nodes = [node("a", [65, 65], heartbeat=NOW), node("b", [8, 80], heartbeat=NOW)]
+    small = job("small", est(10), created=NOW)
+    fresh = run(nodes, [job("big", est(70), gpus=2, parallelism=DDP, created=NOW), small],
+                now=NOW, packing=EXCLUSIVE)  # fmt: skip
+    assert where(fresh["small"]) == [("a", (0,))]
+    starving = job("big", est(70), gpus=2, parallelism=DDP, created=NOW - timedelta(hours=1))
+    d = run(nodes, [starving, small], now=NOW, packing=EXCLUSIVE)
+    assert d["big"].reason == cond.REASON_WAITING_FOR_VRAM
+    says(d["big"], "the best node's least free one has 65.00 GiB (a GPU 0)")
+    assert (d["small"].outcome, d["small"].reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)

@@ -34,6 +34,10 @@ def test_the_static_backend_reads_the_layout_with_uuids_of_each_node() -> None:
         assert [g.uuid for g in gpus] == [f"GPU-{node}-{i}" for i in range(layout.GPUS_PER_NODE)]
         assert {g.product for g in gpus} == {layout.PRODUCT}
         assert [g.used_bytes for g in gpus] == [u * GIB for u in layout.USED_GIB_BY_OTHER_WORK]
+        # The other work is a pod's: with the device plugin that GPU is no other pod's.
+        held = [{p.pod_uid for p in g.processes} for g in gpus]
+        assert held == [{layout.OTHER_POD_UID} if u else set()
+                        for u in layout.USED_GIB_BY_OTHER_WORK]  # fmt: skip
 
 
 @pytest.fixture
@@ -47,9 +51,11 @@ def plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Any:
 def _plan(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], *jobs: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """`vramgate plan --json` of `jobs` on the layout, as the compact cluster form."""
+    """`vramgate plan --json` of `jobs` on the layout, as the compact cluster form (a GPU the
+    other work's pod uses is `allocated`)."""
     total = layout.TOTAL_MIB
-    gpus = [{"memory": f"{total}MiB", "free": f"{total - used * GIB // MIB}MiB"}
+    gpus = [{"memory": f"{total}MiB", "free": f"{total - used * GIB // MIB}MiB",
+             "allocated": bool(used)}
             for used in layout.USED_GIB_BY_OTHER_WORK]  # fmt: skip
     cluster = {"nodes": [{"name": n, "labels": {PRODUCT_LABEL: layout.PRODUCT}, "gpus": gpus}
                          for n in NODES]}  # fmt: skip
@@ -77,10 +83,10 @@ def test_every_suite_job_is_a_valid_spec() -> None:
         FineTuneJobSpec.model_validate(job["spec"])
 
 
-def test_a_small_job_takes_gpu_0_of_the_first_node(plan: Any) -> None:
+def test_a_small_job_takes_gpu_1_of_the_first_node(plan: Any) -> None:
     small = plan(finetunejob(TARGET, "small", QLORA, gpus=1))["small"]
     assert (small["decision"], small["reason"]) == ("Admit", "Fits")
-    assert _where(small) == [(NODES[0], [0])]
+    assert _where(small) == [(NODES[0], [1])]
 
 
 def test_a_full_fine_tune_is_resized_to_one_gpu_1_per_node(plan: Any) -> None:

@@ -24,7 +24,7 @@ from controller.operator.admission import Recorded
 from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
 from controller.operator.observed import GpuPeak, spec_family
-from controller.packing.inventory import PackingSettings
+from controller.packing.inventory import GpuMode, PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook
 from tests.unit.test_admission_pass import (
@@ -74,10 +74,13 @@ def one_admitted_one_waiting() -> tuple[Any, dict[str, Any], dict[str, Any]]:
     return cluster(a, w, gpus={"n1": [80, 80]}), a, w
 
 
-def view_of(objects: Any, peaks: Mapping[str, Mapping[str, GpuPeak]] | None = None) -> Any:
-    return families(
-        metric_view(objects, PackingSettings(), NOW, peaks or {}, lambda job: "llama")
-    )
+def view_of(
+    objects: Any,
+    peaks: Mapping[str, Mapping[str, GpuPeak]] | None = None,
+    packing: PackingSettings | None = None,
+) -> Any:
+    settings = packing or PackingSettings()
+    return families(metric_view(objects, settings, NOW, peaks or {}, lambda job: "llama"))
 
 
 # -- the view ----------------------------------------------------------------------------------
@@ -99,15 +102,43 @@ def test_an_admitted_job_is_predicted_and_reserved_on_each_gpu_of_its_placement(
 def test_schedulable_free_is_free_less_what_admitted_jobs_will_still_allocate() -> None:
     objects, a, _ = one_admitted_one_waiting()
     per_gpu = a["status"]["placement"]["perGpuBytes"]
-    free = samples(view_of(objects)["vramgate_gpu_schedulable_free_bytes"])
+    shared = PackingSettings(gpu_mode=GpuMode.VISIBLE_DEVICES)
+    free = samples(view_of(objects, packing=shared)["vramgate_gpu_schedulable_free_bytes"])
     assert free == {
         ("n1", "0", "GPU-n1-0", PRODUCT): float(80 * GIB - per_gpu),
         ("n1", "1", "GPU-n1-1", PRODUCT): float(80 * GIB),
     }
+    # Whole GPUs: the one a's job holds takes no other job, whatever memory it has left.
+    for mode in (GpuMode.DEVICE_PLUGIN, GpuMode.DRA):
+        found = view_of(objects, packing=PackingSettings(gpu_mode=mode))
+        assert samples(found["vramgate_gpu_schedulable_free_bytes"]) == {
+            ("n1", "0", "GPU-n1-0", PRODUCT): 0.0,
+            ("n1", "1", "GPU-n1-1", PRODUCT): float(80 * GIB),
+        }, mode
     objects.nodes["n1"]["spec"]["unschedulable"] = True
     assert samples(view_of(objects)["vramgate_gpu_schedulable_free_bytes"]) == {}, (
         "a cordoned node's GPUs are not placeable"
     )
+
+
+def test_schedulable_free_with_the_device_plugin_is_what_the_node_may_hand_a_pod() -> None:
+    """GPU 0 runs a pod's process: 0. GPUs 1 and 2 are free of pods, and the device plugin
+    may hand a new pod either: each is worth what the less free of them has, 30 GiB."""
+    objects = cluster(gpus={"n1": [50, 30, 80]})
+    objects.gpunodes["n1"]["status"]["gpus"][0]["pods"] = [{"uid": "other", "usedBytes": 30 * GIB}]
+    objects.nodes["n1"]["status"]["allocatable"] = {"nvidia.com/gpu": "3"}
+    free = samples(view_of(objects)["vramgate_gpu_schedulable_free_bytes"])
+    assert free == {
+        ("n1", "0", "GPU-n1-0", PRODUCT): 0.0,
+        ("n1", "1", "GPU-n1-1", PRODUCT): float(30 * GIB),
+        ("n1", "2", "GPU-n1-2", PRODUCT): float(30 * GIB),
+    }
+    found = view_of(objects, packing=PackingSettings(gpu_mode=GpuMode.DRA))
+    assert samples(found["vramgate_gpu_schedulable_free_bytes"]) == {
+        ("n1", "0", "GPU-n1-0", PRODUCT): 0.0,
+        ("n1", "1", "GPU-n1-1", PRODUCT): float(30 * GIB),
+        ("n1", "2", "GPU-n1-2", PRODUCT): float(80 * GIB),
+    }
 
 
 def test_pending_jobs_are_counted_by_reason_with_their_creation_time() -> None:

@@ -354,6 +354,125 @@ def test_a_node_without_free_device_slots_takes_no_job_whatever_its_memory() -> 
     assert on(v, place(v.now, est(10), Parallelism.FSDP, 1, everywhere)) == [("b", (0,))]
 
 
+# -- devicePlugin: the device plugin picks which of the node's free GPUs the pod gets -------
+
+DEVICE_PLUGIN = PackingSettings()  # the default
+
+
+def _h100_0(gpu6_free: float) -> NodeState:
+    """The node of the report: pods hold six GPUs; GPU 1 is partly used outside any pod (20
+    GiB free) and GPU 6, free of pods too, has `gpu6_free` GiB."""
+    gpus = []
+    for i in range(8):
+        if i == 1:
+            gpus.append(gpu("h100-0", i, 20))
+        elif i == 6:
+            gpus.append(gpu("h100-0", i, gpu6_free))
+        else:
+            gpus.append(gpu("h100-0", i, 10, pods={f"pod-{i}": 70}))
+    return NodeState("h100-0", tuple(gpus), gpu_allocatable=8, gpu_allocated=6)
+
+
+def test_device_plugin_places_on_a_node_only_what_each_gpu_it_may_hand_out_holds() -> None:
+    """11.64 GiB fits GPU 1 (20 free), but the pod asks the node for one GPU and the device
+    plugin may hand it GPU 6 (10 free): the node must not take it."""
+    job = est(11.64)
+    v = view(_h100_0(10), settings=DEVICE_PLUGIN)
+    assert place(v.now, job, Parallelism.FSDP, 1, everywhere) is None
+    # dra and visibleDevices pin the GPU named: GPU 1, the least free that holds it.
+    for pinned in (SPANS, SHARED):
+        v = view(_h100_0(10), settings=pinned)
+        assert on(v, place(v.now, job, Parallelism.FSDP, 1, everywhere)) == [("h100-0", (1,))]
+    # Once GPU 6 holds it too the node takes it, naming the least free GPU it may hand out.
+    v = view(_h100_0(12), settings=DEVICE_PLUGIN)
+    placed = place(v.now, job, Parallelism.FSDP, 1, everywhere)
+    assert on(v, placed) == [("h100-0", (6,))]
+    assert placed is not None and v.tightest(placed) == (12 * GIB, "h100-0", 6)
+
+
+def test_device_plugin_best_fit_across_nodes_goes_by_each_nodes_least_free_gpu() -> None:
+    # The placement docstring's example: a's 13 is the least that holds 12, but a may hand
+    # the pod its GPU 2, of 10; b's least free GPU, 14, holds 12.
+    a, b = node("a", [13, 80, 10]), node("b", [14, 30])
+    dra = view(a, b, settings=SPANS)
+    assert on(dra, place(dra.now, est(12), Parallelism.FSDP, 1, everywhere)) == [("a", (0,))]
+    v = view(a, b, settings=DEVICE_PLUGIN)
+    assert on(v, place(v.now, est(12), Parallelism.FSDP, 1, everywhere)) == [("b", (0,))]
+    # Of two nodes that both hold it, the one whose least free GPU is tighter: b's 14 over
+    # c's 15, although b's other GPU is the loosest of all.
+    v = view(b, node("c", [15, 15]), settings=DEVICE_PLUGIN)
+    assert on(v, place(v.now, est(12), Parallelism.FSDP, 1, everywhere)) == [("b", (0,))]
+
+
+def test_device_plugin_judges_each_node_of_a_multi_node_placement_by_its_least_free_gpu() -> None:
+    # FSDP on 4 GPUs of 35 (100 // 4 + 10) over 3-GPU nodes: 2 nodes x 2 GPUs.
+    job = est(100, 10)
+    a, b, c = node("a", [36, 36, 10]), node("b", [40, 40, 40]), node("c", [50, 50, 50])
+    dra = view(a, b, c, settings=SPANS)
+    assert sorted(on(dra, place(dra.now, job, Parallelism.FSDP, 4, everywhere))) == [
+        ("a", (0, 1)), ("b", (0, 1))]  # fmt: skip
+    v = view(a, b, c, settings=DEVICE_PLUGIN)
+    placed = place(v.now, job, Parallelism.FSDP, 4, everywhere)
+    assert sorted(on(v, placed)) == [("b", (0, 1)), ("c", (0, 1))]
+    assert placed is not None and v.tightest(placed) == (40 * GIB, "b", 0)
+
+
+def test_device_plugin_counts_gpus_that_reservations_name_but_whose_pods_are_not_there() -> None:
+    """A job admitted on GPU 1 whose pod does not run yet may get GPU 0 or 2 instead, and
+    the next pod GPU 1: its 10 GiB bound the node, though GPU 1 is promised already."""
+    a = node("a", [80, 10, 80])
+    pending = [reservation("first", {"a": [1]}, 8)]
+    v = view(a, reservations=pending, settings=DEVICE_PLUGIN)
+    assert place(v.now, est(20), Parallelism.FSDP, 1, everywhere) is None
+    assert on(v, place(v.now, est(9), Parallelism.FSDP, 1, everywhere)) == [("a", (0,))]
+
+
+def test_device_plugin_charges_no_reservation_to_a_gpu_its_pod_did_not_get() -> None:
+    """The device plugin gave the admitted job GPU 1, not GPU 0 that its placement names: the
+    reservation on idle GPU 0 does not make the node look fuller than it is."""
+    a = NodeState("a", (gpu("a", 0, 80), gpu("a", 1, 50, pods={"p1": 30}), gpu("a", 2, 80)),
+                  gpu_allocatable=3, gpu_allocated=1)  # fmt: skip
+    running = [reservation("first", {"a": [0]}, 30, pods=["p1"], allocated={"a": 1})]
+    v = view(a, reservations=running, settings=DEVICE_PLUGIN)
+    assert on(v, place(v.now, est(70), Parallelism.FSDP, 1, everywhere)) == [("a", (2,))]
+
+
+def test_device_plugin_assumed_jobs_take_slots_and_names_but_not_the_bound() -> None:
+    v = view(node("a", [30, 20, 40]), settings=DEVICE_PLUGIN)
+    first = place(v.now, est(15), Parallelism.FSDP, 1, everywhere)
+    assert on(v, first) == [("a", (1,))]  # the least free GPU it may get
+    assert first is not None
+    v.assume(first)
+    second = place(v.now, est(15), Parallelism.FSDP, 1, everywhere)
+    assert on(v, second) == [("a", (0,))]  # another name; GPU 1 still bounds what it may get
+    assert second is not None and v.tightest(second) == (20 * GIB, "a", 1)
+    v.assume(second)
+    assert place(v.now, est(15), Parallelism.FSDP, 2, everywhere) is None  # one slot left
+
+
+def test_device_plugin_device_map_must_fit_the_least_free_gpus_it_may_get() -> None:
+    # A device map on 2 GPUs: 70 GiB in all, 40 on each (no LM head of its own here).
+    job = est(60, 10)
+    assert job.per_gpu_bytes(2, Parallelism.DEVICE_MAP) == job.device_map_min_bytes(2) == 40 * GIB
+    a = node("a", [45, 80, 20])
+    dra = view(a, settings=SPANS)
+    assert on(dra, place(dra.now, job, Parallelism.DEVICE_MAP, 2, everywhere)) == [("a", (1, 0))]
+    v = view(a, settings=DEVICE_PLUGIN)
+    assert place(v.now, job, Parallelism.DEVICE_MAP, 2, everywhere) is None  # 45 and 20
+    v = view(node("a", [45, 80, 42]), settings=DEVICE_PLUGIN)
+    assert on(v, place(v.now, job, Parallelism.DEVICE_MAP, 2, everywhere)) == [("a", (0, 2))]
+
+
+def test_the_empty_cluster_is_not_held_to_the_least_free_gpu() -> None:
+    """Reject is judged on the empty cluster: a node whose small GPU another pod may hold
+    hands a pod only its big one then, so what the big one holds may fit some day."""
+    mixed = NodeState("a", (gpu("a", 0, 80), gpu("a", 1, 24, total=24)))
+    v = view(mixed, settings=DEVICE_PLUGIN)
+    every = v.select({})
+    assert v.place_now(est(60), Parallelism.FSDP, 1, every) is None
+    assert v.fits_empty(est(60), Parallelism.FSDP, 1, every)
+
+
 # -- placement: the module docstring's worked examples --------------------------------------
 
 

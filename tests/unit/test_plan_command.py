@@ -84,7 +84,7 @@ def test_a_compact_cluster_and_a_job_file(
     assert code == 0
     (decision,) = decisions(out)
     assert decision["decision"] == "Queue" and decision["reason"] == "WaitingForVRAM"
-    assert "the most free GPU has 6.00 GiB (a GPU 0)" in decision["message"]
+    assert "the best node's least free one has 6.00 GiB (a GPU 0)" in decision["message"]
 
 
 @pytest.mark.parametrize("zero", ["0B", "0GiB", 0], ids=["0B", "0GiB", "bare-0"])
@@ -94,10 +94,29 @@ def test_a_full_gpu_has_zero_free(
     """Zero bytes in any unit, or none: unambiguous, unlike a bare 80."""
     node = {"name": "a", "gpus": [{"memory": "80GiB", "free": zero}, {"memory": "80GiB"}]}
     cluster = write(tmp_path, "c.yaml", {"nodes": [node]})
-    code, out, _ = run(
-        capsys, "--cluster", cluster, write(tmp_path, "j.yaml", LLAMA_QLORA), "--json"
-    )
+    jobs = write(tmp_path, "j.yaml", LLAMA_QLORA)
+    code, out, _ = run(capsys, "--cluster", cluster, jobs, "--json", "--gpu-mode", "dra")
     assert code == 0 and decisions(out)[0]["placement"][0]["gpus"] == [1]
+
+
+def test_a_compact_gpu_a_pod_holds_is_one_the_device_plugin_never_hands_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A full GPU free of pods may be the one the device plugin hands the job's pod; once
+    `allocated: true` says a pod holds it, it is not."""
+    full = {"memory": "80GiB", "free": "2GiB"}
+    jobs = write(tmp_path, "j.yaml", LLAMA_QLORA)
+    for allocated, decided in ((False, "Queue"), (True, "Admit")):
+        gpu = dict(full, allocated=True) if allocated else full
+        node = {"name": "a", "gpus": [gpu, {"memory": "80GiB"}]}
+        cluster = write(tmp_path, "c.yaml", {"nodes": [node]})
+        code, out, _ = run(capsys, "--cluster", cluster, jobs, "--json")
+        (decision,) = decisions(out)
+        assert code == 0 and decision["decision"] == decided, decision["message"]
+    assert decision["placement"] == [{"node": "a", "gpus": [1], "uuids": ["a-gpu1"]}]
+    node = {"name": "a", "gpus": [dict(full, allocated="yes")]}
+    code, _, err = run(capsys, "--cluster", write(tmp_path, "c.yaml", {"nodes": [node]}))
+    assert code == 2 and "nodes[0].gpus[0].allocated: Input should be a valid boolean" in err
 
 
 def test_the_profile_flag_overrides_the_spec(

@@ -217,6 +217,9 @@ class RefGpu:
     index: int
     free: int
     taken: bool
+    #: Measured free less headroom, None where a pod's process is on it: what the device
+    #: plugin may hand a new pod (it picks any GPU of the node no pod holds).
+    whole: int | None = None
 
 
 @dataclass
@@ -260,7 +263,8 @@ def reference(snapshot: Snapshot, packing: PackingSettings) -> dict[str, RefNode
             keep = packing.headroom_bytes + g.total_bytes * packing.headroom_percent // 100
             free = min(g.total_bytes - keep, g.free_bytes - keep - owed.get(g.uuid, 0))
             taken = exclusive and (g.uuid in reserved or bool(g.pod_used_bytes))
-            gpus.append(RefGpu(g.uuid, g.index, free, taken))
+            whole = None if g.pod_used_bytes else min(g.total_bytes - keep, g.free_bytes - keep)
+            gpus.append(RefGpu(g.uuid, g.index, free, taken, whole))
         if not gpus:
             continue
         slots = len(gpus)
@@ -334,6 +338,15 @@ def test_no_admission_ever_takes_a_gpu_below_zero_effective_free_memory(
             gpus = {g.uuid: g for g in n.gpus}
             assert len(set(part.uuids)) == len(part.uuids)
             used_slots[n.name] = used_slots.get(n.name, 0) + len(part.uuids)
+            if packing.gpu_mode is GpuMode.DEVICE_PLUGIN:
+                # The device plugin may hand the pod any GPU of the node that no pod's process
+                # is on, whichever reservation names it: the least free of them must hold it.
+                worst = sorted(g.whole for g in n.gpus if g.whole is not None)[: len(part.uuids)]
+                assert len(worst) == len(part.uuids)
+                if j.parallelism is Parallelism.DEVICE_MAP:
+                    assert device_map_ok(j.estimate, worst[::-1]), f"{d.job} may not fit"
+                else:
+                    assert worst[0] >= d.per_gpu_bytes, f"{d.job} may get a GPU too small"
             for p, (uuid, index) in enumerate(zip(part.uuids, part.indices, strict=True)):
                 g = gpus[uuid]
                 assert g.index == index and not g.taken
@@ -516,15 +529,25 @@ def brute_force(
     count_slots: bool,
     *,
     one_node: bool,
+    any_free: bool = False,
 ) -> Choice | None:
     """Search every node set and GPU subset for the documented best fit; with `one_node`
-    (visibleDevices) only on one node."""
+    (visibleDevices) only on one node; with `any_free` (devicePlugin) a node judged by the
+    least free GPUs its device plugin may hand out, naming its least free open ones."""
     usable = [x for x in sorted(nodes, key=lambda x: x.name) if matches(x.labels, selector)]
     if parallelism is Parallelism.DEVICE_MAP and n > 1:
         best: tuple[tuple[int, str], Choice] | None = None
         for x in usable:
             open_gpus = x.open()
             if len(open_gpus) < n or (count_slots and x.slots < n):
+                continue
+            if any_free:
+                worst = sorted(g.whole for g in x.gpus if g.whole is not None)[:n]
+                tighter = best is None or (worst[0], x.name) < best[0]
+                if device_map_ok(estimate, worst[::-1]) and tighter:
+                    named = sorted(open_gpus, key=lambda g: (g.free, g.index))[:n]
+                    named.sort(key=lambda g: (-g.free, g.index))
+                    best = ((worst[0], x.name), [(x.name, tuple(g.index for g in named))])
                 continue
             ranked = sorted(open_gpus, key=lambda g: (-g.free, g.index))
             top = ranked[:n]
@@ -547,6 +570,12 @@ def brute_force(
         fits: list[tuple[tuple[int, str], str, tuple[int, ...]]] = []
         for x in usable:
             if count_slots and x.slots < g:
+                continue
+            if any_free:
+                wholes = [y.whole for y in x.gpus if y.whole is not None]
+                named = sorted((y.free, y.index) for y in x.open())[:g]
+                if wholes and min(wholes) >= need and len(named) == g:
+                    fits.append(((min(wholes), x.name), x.name, tuple(i for _, i in named)))
                 continue
             holding = sorted((y.free, y.index) for y in x.open() if y.free >= need)
             if len(holding) < g:
@@ -631,6 +660,7 @@ def test_best_fit_placement_agrees_with_a_brute_force_search(
             selector,
             slots,
             one_node=mode is GpuMode.VISIBLE_DEVICES,
+            any_free=mode is GpuMode.DEVICE_PLUGIN,
         )
         placed = place(view.now, estimate, parallelism, n, where.now)
         assert as_choice(view, placed, ordered=dm) == expected
