@@ -32,13 +32,13 @@ from pathlib import Path
 import yaml
 
 from controller.api.enums import AdmissionPolicy
+from controller.base.units import GIB
 from controller.decision import AdmissionSettings, JobRequest, decide, plan
 from controller.estimator import Method, Parallelism, TrainingSettings, load_shape
 from controller.estimator.settings import Profile
+from controller.jobs.profiles import estimate
 from controller.packing.inventory import GpuDevice, GpuMode, NodeState, PackingSettings, Snapshot
 from controller.packing.view import ClusterView
-from controller.profiles import estimate
-from controller.units import GIB
 
 GPU_BYTES = 80 * GIB
 

@@ -32,7 +32,7 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.presets import load_preset
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 
 CASES = {
     "llama-3.1-8b qlora analytic": ("llama-3.1-8b", TrainingSettings()),

@@ -61,7 +61,7 @@ def trace_case(model: str, args: list[str], layers: str) -> dict[str, float]:
 
 def calibrated_rate(model: str, seconds: float) -> float:
     from controller.estimator import Method, Profile, TrainingSettings, load_shape
-    from controller.profiles import estimate
+    from controller.jobs.profiles import estimate
 
     shape = load_shape(model)
     settings = TrainingSettings(method=Method.LORA, profile=Profile.CALIBRATED)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from controller.base.units import GIB
 from controller.estimator import (
     Checkpointing,
     Method,
@@ -23,8 +24,7 @@ from controller.estimator import (
     load_shape,
 )
 from controller.estimator.presets import load_preset
-from controller.profiles import estimate
-from controller.units import GIB
+from controller.jobs.profiles import estimate
 
 DEFAULT_PRESETS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b")
 

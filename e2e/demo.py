@@ -38,7 +38,7 @@ import yaml
 from kubernetes import client, config
 
 from controller.api.base import JOB_LABEL, PRODUCT_LABEL
-from controller.units import parse_size
+from controller.base.units import parse_size
 from e2e.cluster import Cluster
 from e2e.procs import (
     PORT_TRIES,

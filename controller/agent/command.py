@@ -17,7 +17,6 @@ from typing import cast
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
-from controller.agent.clock import SystemClock
 from controller.agent.dcgm import DcgmBackend
 from controller.agent.loop import Agent, LoopTiming
 from controller.agent.metrics import AgentMetrics, agent_registry
@@ -26,6 +25,7 @@ from controller.agent.publisher import GpuNodePublisher
 from controller.agent.readings import BackendError, GpuBackend
 from controller.agent.settings import AgentSettings, SettingsError, load_settings
 from controller.agent.static import StaticBackend
+from controller.base.clock import SystemClock
 
 log = logging.getLogger("vramgate.agent")
 

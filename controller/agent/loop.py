@@ -15,13 +15,13 @@ from datetime import datetime
 from typing import Protocol
 
 from controller.agent.change import Written, write_reason
-from controller.agent.clock import Clock
 from controller.agent.metrics import AgentMetrics
 from controller.agent.pods import PodResolver
 from controller.agent.publisher import PublishError
 from controller.agent.readings import BackendError, GpuBackend, GpuReading
 from controller.agent.status import Observation
-from controller.backoff import Backoff
+from controller.base.backoff import Backoff
+from controller.base.clock import Clock
 
 log = logging.getLogger(__name__)
 

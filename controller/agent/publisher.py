@@ -28,7 +28,7 @@ from controller.agent.status import Observation, build_status
 from controller.api.base import API_VERSION, GROUP, VERSION
 from controller.api.conditions import READY, find_condition
 from controller.api.gpunode import KIND, PLURAL
-from controller.errors import TemporaryError
+from controller.base.errors import TemporaryError
 
 FIELD_MANAGER = "vramgate-agent"
 APPLY = "application/apply-patch+yaml"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.errors import TemporaryError
+from controller.base.errors import TemporaryError
 
 
 class BackendError(TemporaryError):

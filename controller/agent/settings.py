@@ -2,7 +2,7 @@
 
 Every setting gets its flag (``--poll-interval-seconds``), its environment variable
 (``VRAMGATE_AGENT_POLL_INTERVAL_SECONDS``) and its config-file key (``pollIntervalSeconds``)
-from its field name, through the loader the operator shares (`controller.settings`), so the
+from its field name, through the loader the operator shares (`controller.base.settings`), so the
 agent and the operator are configured the same way.
 """
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from controller.agent.sizes import ByteSize
-from controller.settings import MAX_SECONDS, SettingsError, SettingsLoader
+from controller.base.settings import MAX_SECONDS, SettingsError, SettingsLoader
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
 MIB = 2**20

@@ -1,6 +1,6 @@
 """Byte sizes in agent settings and static files: integers, or strings such as ``256MiB``.
 
-Why not ``controller.units.parse_size`` alone: it refuses zero (no GPU has zero memory), but
+Why not ``controller.base.units.parse_size`` alone: it refuses zero (no GPU has zero memory), but
 zero is a real value here: an idle GPU uses ``0GiB``, and a change threshold of 0 writes
 every change.
 """
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from controller.units import parse_size
+from controller.base.units import parse_size
 
 
 def _to_bytes(value: Any) -> Any:

@@ -28,7 +28,7 @@ from controller.api.gpunode import (
     MIGStatus,
     PodUsageStatus,
 )
-from controller.units import format_gib
+from controller.base.units import format_gib
 
 MAX_MESSAGE = 1024  # a condition message is one line for `kubectl describe`, not a log
 STOPPED_MESSAGE = (

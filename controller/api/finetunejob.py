@@ -1,7 +1,7 @@
 """FineTuneJob (vramgate.dev/v1alpha1): one fine-tuning run whose VRAM vramgate estimates.
 
 These models are the single source of the CRD schema (`vramgate crds` renders them) and of
-the field names the spec validator (`controller.jobspec`) accepts. Bounds come from the
+the field names the spec validator (`controller.jobs.spec`) accepts. Bounds come from the
 estimator's own constants, so the schema and the validator cannot disagree on a limit.
 
 Descriptions start with the field's name and state bounds and defaults: `kubectl explain

@@ -1,7 +1,7 @@
 """Many jobs against one snapshot, in queue order, each admission charged before the next.
 
 The order is priority (highest first: the value of the job's PriorityClass, resolved where
-the requests are made, `controller.priority`), then creation time, whatever the namespace,
+the requests are made, `controller.admission.priority`), then creation time, whatever the namespace,
 then the order given: the queue the operator keeps. An admitted job's reservation is assumed
 in the view before the next job is decided, so two jobs are never placed on the same free
 memory, exactly as the operator's loop assumes before it writes.

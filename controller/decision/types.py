@@ -46,8 +46,9 @@ class AdmissionSettings:
     packing: PackingSettings = field(default_factory=PackingSettings)
     queueing: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
     starvation_limit: timedelta = DEFAULT_STARVATION_LIMIT
-    #: The namespaces whose jobs' raw spec.priority is honoured (`controller.priority`): read
-    #: where requests are made, not by the decision, which takes each job's priority as given.
+    #: The namespaces whose jobs' raw spec.priority is honoured (`controller.admission.priority`):
+    #: read where requests are made, not by the decision, which takes each job's priority as
+    #: given.
     raw_priority_namespaces: frozenset[str] = frozenset()
 
 
@@ -69,7 +70,8 @@ class JobRequest:
     #: Its pod template's nodeSelector, required node affinity and tolerations; None for a
     #: job without a template, which runs no pods (NoTemplate).
     constraints: NodeConstraints | None = None
-    #: Its rank in the queue, higher first: its PriorityClass's value (`controller.priority`).
+    #: Its rank in the queue, higher first: its PriorityClass's value
+    #: (`controller.admission.priority`).
     priority: int = 0
     created: datetime | None = None
     suspend: bool = False

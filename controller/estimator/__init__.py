@@ -6,7 +6,7 @@
     est.per_gpu_bytes(2, Parallelism.FSDP)      # what each of 2 GPUs holds
 
 No I/O beyond reading the bundled presets, no Kubernetes: the operator, webhook and CLI call
-this and nothing here calls them. Callers estimate through `controller.profiles.estimate`,
+this and nothing here calls them. Callers estimate through `controller.jobs.profiles.estimate`,
 which checks the settings and also reaches the trace profile; this package never imports
 `controller.trace`, which is built on it.
 """
@@ -106,12 +106,14 @@ def check_against_model(
 def formula_estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     """The estimate of a formula profile (analytic, unsloth, calibrated), for settings that
     `check_against_model` returned (its targets are canonical). The trace profile is not a
-    formula: `controller.profiles.estimate` dispatches to it."""
+    formula: `controller.jobs.profiles.estimate` dispatches to it."""
     if settings.profile is Profile.UNSLOTH:
         return unsloth.estimate(shape, settings)
     if settings.profile is Profile.CALIBRATED:
         return calibrated.estimate(shape, settings)
     if settings.profile is Profile.TRACE:
-        raise ValueError("the trace profile is not a formula; use controller.profiles.estimate")
+        raise ValueError(
+            "the trace profile is not a formula; use controller.jobs.profiles.estimate"
+        )
     per_rank = shape.lora_params_per_rank(settings.targets) if settings.is_adapter else 0
     return analytic.estimate(shape, settings, per_rank)

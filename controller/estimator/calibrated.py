@@ -31,7 +31,7 @@ One (a, b) per architecture family x method x checkpointing x attention (sdpa, a
 flash/flex, or eager) x moment; the estimate is the largest moment. Only moments that decide
 some sample at 2, 3, 32 or 80 layers (to within 0.2 %) are kept.
 
-`python -m controller.trace.calibrate` regenerates `calibration.json` from traces of shrunk
+`python -m controller.calibration.calibrate` regenerates `calibration.json` from traces of shrunk
 variants of each family (about half an hour on 2 cores). Known limits, recorded in the
 file's `scope`: fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the
 exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); a fused
@@ -44,7 +44,7 @@ Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mam
 Qwen3-Next's Gated DeltaNet and gated attention, each with an MoE; Gemma 3n's
 activation-sparse, dense and kv-shared layers, each with AltUp, LAuReL and a per-layer
 input; Jamba's Mamba-1 and attention layers, each dense or MoE) are priced from a section of
-their own in the file (`hybrid`, written by `python -m controller.trace.calibrate_hybrid`):
+their own in the file (`hybrid`, written by `python -m controller.calibration.calibrate_hybrid`):
 the per-layer features summed over the layers, each by its own type, with the scans', the
 MoE layers' and Gemma 3n's terms (`hybrid_fit.py`). A hybrid the file has no fit for is
 refused (UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never traced
@@ -242,7 +242,7 @@ def _moments(
 
 
 #: Hybrid stacks are refused unless the data file has a `hybrid` section for their family
-#: (`controller.trace.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1,
+#: (`controller.calibration.calibrate_hybrid`, `hybrid_fit.py`): Nemotron-H, Nemotron 3, Falcon-H1,
 #: Qwen3-Next, Gemma 3n and Jamba have one (a file fitted before one of them was has not).
 #: Measured before those fits existed: the nearest uniform fit (Llama's) priced shrunk
 #: Nemotron-H variants 13-36 % under the trace, Gemma 3n 34-43 % under (AltUp's streams and

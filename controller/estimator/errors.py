@@ -3,12 +3,12 @@
 A `SpecError` is permanent: the same spec fails the same way however often it is retried, so
 the operator records it (condition reason `InvalidSpec`) instead of retrying, the webhook
 refuses it, and the CLI exits 2. Its text is one line that names the field and what is allowed.
-It is a `PermanentError` of `controller.errors`, and a `ValueError`: a value the field refuses.
+It is a `PermanentError` of `controller.base.errors`, and a `ValueError`: a value the field refuses.
 """
 
 from __future__ import annotations
 
-from controller.errors import PermanentError
+from controller.base.errors import PermanentError
 
 
 class SpecError(PermanentError, ValueError):

@@ -6,7 +6,7 @@ In Nemotron-H each layer is one mixer (Mamba-2, attention or an MLP), so what a 
 depends on its type: here the per-layer features are summed over the layers, each computed
 for its own type (a Mamba-2 layer has no t·q, an MLP layer no scan), and one coefficient
 vector prices them all. That stays linear, so it is fitted as the uniform families are
-(`controller.trace.calibrate`), from traces that add one layer of each type to a two-layer
+(`controller.calibration.calibrate`), from traces that add one layer of each type to a two-layer
 stack. Falcon-H1 runs attention and Mamba-2 side by side in every layer: one type.
 
 The Mamba-2 terms are the tensors transformers' chunked scan holds for backward (its torch

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from controller.base.units import MIB
 from controller.estimator.unsloth import CUDA_OVERHEAD_BYTES
-from controller.units import MIB
 
 #: CUDA driver context + PyTorch runtime (kernels, cuBLAS/cuDNN handles) outside the caching
 #: allocator. Source: seed 1 (unsloth-vram-estimation.md, section 7), "1.4 GB fixed",

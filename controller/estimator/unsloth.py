@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
+from controller.base.units import GIB
 from controller.estimator.architecture import (
     ArchDims,
     ModelShape,
@@ -36,7 +37,6 @@ from controller.estimator.settings import (
     Optimizer,
     TrainingSettings,
 )
-from controller.units import GIB
 
 NF4_FACTOR = Fraction(16, 5)  # 3.2: BNB NF4 blockwise scales
 NF4_DOUBLE_QUANT_FACTOR = Fraction(18, 5)  # 3.6 with bnb_4bit_use_double_quant

@@ -22,10 +22,16 @@ from typing import Any, cast
 
 import kopf
 
+from controller.admission.cluster import (
+    SCHEDULING_GROUP,
+    ClusterObjects,
+    job_key,
+    pod_gpus,
+    pods_by_job,
+)
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
-from controller.cluster import SCHEDULING_GROUP, ClusterObjects, job_key, pod_gpus, pods_by_job
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"

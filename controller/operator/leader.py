@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from controller.operator.kube import Conflict, Gone, Kube
+from controller.kube.client import Conflict, Gone, Kube
 
 log = logging.getLogger("vramgate.leader")
 

@@ -14,8 +14,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from controller.api.base import GROUP
+from controller.base.errors import DeploymentError
 from controller.decision import AdmissionSettings
-from controller.errors import DeploymentError
 
 DEFAULT_WEBHOOK_PORT = 9443
 DEFAULT_WEBHOOK_CONFIG = GROUP

@@ -25,9 +25,9 @@ from typing import Any, cast
 import kopf
 
 from controller.api.base import GROUP
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
+from controller.kube.client import Kube, api_client
 from controller.operator import handlers, memory
-from controller.operator.kube import Kube, api_client
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics, start_metrics_server
 from controller.operator.options import OperatorOptions, StartupError, WebhookMode

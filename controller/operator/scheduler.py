@@ -51,19 +51,20 @@ from typing import Any, cast
 import kopf
 from kubernetes.client.rest import ApiException
 
+from controller.admission import admission_pass as admission
+from controller.admission import observed
+from controller.admission.cluster import finished, parse_time, reservation, snapshot
+from controller.admission.failures import failure_of
+from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.api import conditions as cond
-from controller.backoff import Backoff
-from controller.cluster import finished, parse_time, reservation, snapshot
+from controller.base.backoff import Backoff
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
-from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
-from controller.operator import admission, observed
+from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.kube.client import Conflict, Gone, Kube
+from controller.kube.configmaps import read_model_config
 from controller.operator.caches import Caches, slim_job
-from controller.operator.configmaps import read_model_config
-from controller.operator.errors import failure_of
-from controller.operator.kube import Conflict, Gone, Kube
 from controller.operator.leader import Leader
-from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import OperatorMetrics
 from controller.packing.view import ClusterView
 from controller.workload import Remains

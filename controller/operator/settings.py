@@ -1,6 +1,6 @@
 """The operator's settings: one typed model; flag > environment > config file > default.
 
-Loaded like the agent's (`controller.settings`): ``--webhook-port``,
+Loaded like the agent's (`controller.base.settings`): ``--webhook-port``,
 ``VRAMGATE_OPERATOR_WEBHOOK_PORT`` and ``webhookPort:`` in the ``--config`` file (or
 ``$VRAMGATE_OPERATOR_CONFIG``) set the same field, so the Helm chart renders every setting
 into one ConfigMap. The command line of earlier releases keeps working: ``-n`` /
@@ -23,7 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
+from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
+from controller.base.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
 from controller.operator.options import (
     DEFAULT_CERT_DIR,
     DEFAULT_LEASE,
@@ -33,7 +34,6 @@ from controller.operator.options import (
     OperatorOptions,
     WebhookMode,
 )
-from controller.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from controller.base.units import GIB
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
-from controller.units import GIB
 
 FURTHER_GPU_SHARE = Fraction(85, 100)
 _MODE = {Parallelism.DDP: "DDP", Parallelism.FSDP: "FSDP", Parallelism.DEVICE_MAP: "a device map"}

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from controller.errors import PermanentError
+from controller.base.errors import PermanentError
 from controller.estimator.settings import Attention, Checkpointing, Method, Precision
 from controller.estimator.settings import TrainingSettings as Settings
 from controller.trace import dbrx, qlora

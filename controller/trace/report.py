@@ -7,11 +7,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from controller.base.units import GIB
 from controller.estimator.settings import TrainingSettings
 from controller.trace import TraceReport
 from controller.trace.run import PHASES, SegmentPeak
 from controller.trace.tracker import CATEGORIES
-from controller.units import GIB
 
 _EXTRA_LABELS = {
     "cuda_context": "CUDA context (constant)",

@@ -9,7 +9,7 @@ Validating (CREATE and UPDATE):
   Reject decision (`InsufficientVRAM`, `NoMatchingGPU`, `InsufficientGPUs`), except in an
   UPDATE that only suspends or resumes it (the cluster may have shrunk since its create);
 * a raw `spec.priority` in a namespace not allowed to set one (`rawPriorityNamespaces`) is
-  allowed with a warning that it is ignored (`controller.priority`): the manifest stays
+  allowed with a warning that it is ignored (`controller.admission.priority`): the manifest stays
   valid everywhere, and its author learns at once that the number ranks nothing there.
 * a pod template the Job API refuses, found by a server-side dry run of the batch Job the
   operator would create (`dry_run.py`), last, as it is the one check that calls the API
@@ -48,21 +48,21 @@ from typing import Any
 
 import kopf
 
+from controller.admission.cluster import finished, job_request, reservation
+from controller.admission.priority import ignored_priority
 from controller.api import conditions as cond
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
 from controller.api.enums import AdmissionPolicy
-from controller.cluster import finished, job_request, reservation
+from controller.base.units import format_gib
 from controller.decision import Outcome, decide
 from controller.decision.decide import resize_counts
 from controller.estimator import Estimate
 from controller.estimator.settings import MAX_GPUS, Parallelism, Profile
-from controller.jobspec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural
 from controller.packing.inventory import GpuMode
 from controller.packing.view import ClusterView, Selection
-from controller.priority import ignored_priority
-from controller.units import format_gib
 from controller.webhook.dry_run import WorkloadDryRun
 from controller.webhook.validating import INVALID, but_suspend, validate_finetunejob
 from controller.workload import workload_problem

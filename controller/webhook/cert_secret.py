@@ -43,7 +43,7 @@ from typing import Any
 
 from kubernetes import client
 
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
 from controller.webhook.certs import (
     CA_CERT,
     CA_KEY,

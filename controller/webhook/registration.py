@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION, VERSION
 from controller.api.finetunejob import PLURAL
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
 
 #: The webhooks' kopf handler ids: the last segment of their URLs (the chart's paths too).
 VALIDATE_HANDLER = "validate-finetunejob"

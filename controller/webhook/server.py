@@ -42,7 +42,7 @@ from aiohttp import web
 
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
 from controller.webhook.admission import AdmissionWebhook, Mutation
 from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER, Registrar
 

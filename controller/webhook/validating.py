@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 
 from controller.estimator import SpecErrors
-from controller.jobspec import translate
+from controller.jobs.spec import translate
 
 #: HTTP status of the refusal: 422 Unprocessable Entity, as the API server's own validation.
 INVALID = 422

@@ -30,7 +30,7 @@ from typing import Any
 
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import job_label_value, workload_name
-from controller.errors import PermanentError
+from controller.base.errors import PermanentError
 from controller.packing.constraints import GPU_TOLERATION
 from controller.packing.inventory import GpuMode, NodeGpus
 

@@ -23,7 +23,6 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.agent.clock import SystemClock
 from controller.agent.loop import Agent, LoopTiming
 from controller.agent.metrics import AgentMetrics, agent_registry
 from controller.agent.pods import PodResolver
@@ -37,6 +36,7 @@ from controller.api.conditions import (
     REASON_GPUS_READ,
 )
 from controller.api.gpunode import PLURAL
+from controller.base.clock import SystemClock
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
 

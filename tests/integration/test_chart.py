@@ -634,7 +634,7 @@ def _bounds(info: Any) -> dict[str, Any]:
 def test_the_schema_bounds_numbers_as_the_binaries_do() -> None:
     """A number the schema lets through is one the operator and the agent take (an interval
     past a year overflowed the operator's dates: a crash loop after a good install)."""
-    from controller.admission_config import MAX_HEADROOM_PERCENT
+    from controller.admission.config import MAX_HEADROOM_PERCENT
     from controller.agent.settings import AgentSettings
     from controller.operator.settings import OperatorSettings
 

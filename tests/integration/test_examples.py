@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.jobspec import translate
+from controller.jobs.spec import translate
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.workload import Admission, build_workload
 from e2e.cluster import Cluster

@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from controller.api.base import GROUP, VERSION
 from controller.estimator.presets import load_preset
-from controller.jobspec import estimate_plan, translate
+from controller.jobs.spec import estimate_plan, translate
 from controller.webhook.registration import (
     MATCH_CONDITIONS,
     MUTATE_HANDLER,

@@ -16,15 +16,9 @@ from typing import Any
 
 import pytest
 
-from controller.api import conditions as cond
-from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
-from controller.cluster import ClusterObjects, job_key
-from controller.decision import AdmissionSettings, Outcome, QueueingStrategy
-from controller.estimator import SpecError, SpecErrors
-from controller.jobspec import estimate_plan, translate
-from controller.operator import observed
-from controller.operator import status as status_rules
-from controller.operator.admission import (
+from controller.admission import observed
+from controller.admission import status as status_rules
+from controller.admission.admission_pass import (
     MESSAGE_REFRESH,
     CreateWorkload,
     DeleteWorkload,
@@ -37,11 +31,17 @@ from controller.operator.admission import (
     StatusWrite,
     admission_pass,
 )
-from controller.operator.configmaps import ConfigMapUnavailable
-from controller.operator.errors import failure_of
-from controller.operator.observed import GROWTH_BYTES, Peaks
+from controller.admission.cluster import ClusterObjects, job_key
+from controller.admission.failures import failure_of
+from controller.admission.observed import GROWTH_BYTES, Peaks
+from controller.api import conditions as cond
+from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL
+from controller.base.errors import ConfigMapUnavailable
+from controller.base.units import format_gib
+from controller.decision import AdmissionSettings, Outcome, QueueingStrategy
+from controller.estimator import SpecError, SpecErrors
+from controller.jobs.spec import estimate_plan, translate
 from controller.packing.inventory import GpuMode, NodeGpus
-from controller.units import format_gib
 from controller.workload import Admission, Remains, build_workload
 
 GIB = 2**30

@@ -10,13 +10,13 @@ from datetime import datetime
 import pytest
 
 from controller.agent import change
-from controller.agent.clock import FakeClock
 from controller.agent.loop import Agent, LoopTiming
 from controller.agent.metrics import AgentMetrics
 from controller.agent.pods import PodResolver
 from controller.agent.publisher import PublishError
 from controller.agent.readings import BackendError, GpuProcess, GpuReading
 from controller.agent.status import Observation
+from controller.base.clock import FakeClock
 
 MIB = 2**20
 GIB = 2**30

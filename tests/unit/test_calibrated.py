@@ -45,7 +45,7 @@ from controller.estimator.calibrated import (
 )
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.storage import BLOCK, Static, block, static_bytes
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2")
@@ -73,7 +73,7 @@ JOBS = [
 def test_calibrated_is_pure() -> None:
     code = (
         "import sys; from controller.estimator import load_shape, TrainingSettings, Profile; "
-        "from controller.profiles import estimate; est = estimate(load_shape('qwen3-8b'), "
+        "from controller.jobs.profiles import estimate; est = estimate(load_shape('qwen3-8b'), "
         "TrainingSettings(profile=Profile.CALIBRATED)); assert est.total_bytes > 0; "
         "assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     )
@@ -261,7 +261,7 @@ def test_static_bytes_of_many_identical_layers_match_a_tensor_by_tensor_count(pr
 
 
 def grid_config(family: str) -> dict[str, object]:
-    from controller.trace.calibrate import shrunk
+    from controller.calibration.calibrate import shrunk
 
     return shrunk(family, random.Random(f"grid/{family}"), layers=3)
 

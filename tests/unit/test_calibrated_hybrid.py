@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from controller.calibration import calibrate_hybrid
+from controller.calibration.calibrate import QWEN3_NEXT_LAYERS, gemma3n_layers, jamba_layers
 from controller.estimator import (
     Attention,
     Checkpointing,
@@ -33,9 +35,7 @@ from controller.estimator.architecture import is_kv_shared_layer
 from controller.estimator.calibrated import OPTIMIZER_KEY
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
-from controller.profiles import estimate
-from controller.trace import calibrate_hybrid
-from controller.trace.calibrate import QWEN3_NEXT_LAYERS, gemma3n_layers, jamba_layers
+from controller.jobs.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
 PRESETS = {
@@ -51,7 +51,7 @@ LAYER_N, LOCAL_N = len(hybrid_fit.HYBRID_LAYER_FEATURES), len(hybrid_fit.HYBRID_
 
 
 def _config(family: str, pattern: str) -> dict[str, Any]:
-    from controller.trace.calibrate import shrunk_hybrid
+    from controller.calibration.calibrate import shrunk_hybrid
 
     return shrunk_hybrid(family, random.Random(f"test/{family}"), pattern, (64, 128, 256))
 
@@ -587,7 +587,7 @@ def test_within_5_percent_of_the_trace_on_the_grid(family: str) -> None:
     256 / 512 tokens x batch 1 / 2 (Jamba's: LOOPED_GRID_JOBS), against the whole stack's
     trace."""
     require_trace_extra()
-    from controller.trace.calibrate import shrunk_hybrid
+    from controller.calibration.calibrate import shrunk_hybrid
     from controller.trace.run import trace_run
 
     config = shrunk_hybrid(family, random.Random(f"grid/{family}"), GRID_PATTERNS[family])

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from controller.base.units import GIB
 from controller.cli import main
-from controller.units import GIB
 from tests.unit.conftest import LLAMA_31_8B, NOT_A_FAMILY, PYTHIA_69B
 
 

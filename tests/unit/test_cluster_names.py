@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.admission.cluster import ClusterObjects, pods_by_job, pods_key, snapshot
 from controller.api.base import JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import job_label_value
-from controller.cluster import ClusterObjects, pods_by_job, pods_key, snapshot
 from controller.operator.caches import Caches
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from controller.admission.cluster import ClusterObjects, job_request, snapshot
 from controller.api import conditions as cond
-from controller.cluster import ClusterObjects, job_request, snapshot
+from controller.base.units import GIB
 from controller.decision import Outcome, decide
-from controller.jobspec import translate
+from controller.jobs.spec import translate
 from controller.packing.constraints import (
     NodeConstraints,
     Requirement,
@@ -19,7 +20,6 @@ from controller.packing.constraints import (
     from_pod_template,
 )
 from controller.packing.inventory import GpuMode, NodeGpus, PackingSettings, Taint
-from controller.units import GIB
 from controller.workload.build import Admission, build_workload
 from tests.unit.test_decision import EXCLUSIVE, job, says
 from tests.unit.test_packing import SHARED, est, node, view

@@ -16,7 +16,7 @@ from controller.api import crds
 from controller.api.schema import SchemaError, structural_schema
 from controller.cli import main
 from controller.estimator import Profile, TrainingSettings, build_settings
-from controller.jobspec import translate
+from controller.jobs.spec import translate
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "charts" / "vramgate" / "crds"

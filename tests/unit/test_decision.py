@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from controller.api import conditions as cond
 from controller.api.enums import AdmissionPolicy
+from controller.base.units import GIB
 from controller.decision import (
     AdmissionSettings,
     Decision,
@@ -34,7 +35,6 @@ from controller.packing.inventory import (
     Snapshot,
 )
 from controller.packing.view import ClusterView
-from controller.units import GIB
 from tests.unit.test_packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
 
 FSDP, DDP, DEVICE_MAP = Parallelism.FSDP, Parallelism.DDP, Parallelism.DEVICE_MAP

@@ -17,8 +17,8 @@ import yaml
 from controller.agent.static import parse_static
 from controller.api.base import PRODUCT_LABEL
 from controller.api.finetunejob import FineTuneJobSpec
+from controller.base.units import GIB, MIB
 from controller.cli import main
-from controller.units import GIB, MIB
 from e2e.suite import layout
 from e2e.suite.scenarios import FULL, HUGE, QLORA, finetunejob
 from e2e.suite.target import Target, condition

@@ -18,7 +18,7 @@ import pytest
 
 from controller.estimator import Parallelism
 from controller.estimator.presets import preset_names
-from controller.jobspec import estimate_plan, translate
+from controller.jobs.spec import estimate_plan, translate
 
 GOLDEN = Path(__file__).parent / "data" / "estimates.json"
 METHODS = ("Full", "LoRA", "QLoRA")

@@ -156,7 +156,7 @@ def test_skip_entries_match_as_the_loader_matches(entry: str, name: str, matches
 
 def _unsloth_weights(config: dict[str, Any], skip: list[str]) -> int:
     from controller.estimator import Method, Profile, TrainingSettings
-    from controller.profiles import estimate
+    from controller.jobs.profiles import estimate
 
     qc = {"load_in_4bit": True, "llm_int8_skip_modules": skip}
     settings = TrainingSettings(profile=Profile.UNSLOTH, method=Method.QLORA, targets=("q_proj",))
@@ -247,7 +247,7 @@ def test_the_trace_quantizes_what_the_loader_would() -> None:
 
 def _unsloth(config: dict[str, Any], **kw: Any) -> Any:
     from controller.estimator import Profile, TrainingSettings
-    from controller.profiles import estimate
+    from controller.jobs.profiles import estimate
 
     return estimate(parse_config(config), TrainingSettings(profile=Profile.UNSLOTH, **kw))
 
@@ -295,7 +295,7 @@ def test_deepseek_shared_experts_get_no_gate_in_the_unsloth_weights() -> None:
 def test_an_unknown_attention_implementation_takes_the_quadratic_path_with_a_warning() -> None:
     from controller.estimator import Attention, Profile, context_warnings
     from controller.estimator.settings import build_settings
-    from controller.profiles import estimate
+    from controller.jobs.profiles import estimate
 
     values = {"profile": "unsloth", "attention": "kernels-community/flash-attn3"}
     refused, errors = build_settings(values)

@@ -8,8 +8,8 @@ from controller.estimator import (
     TrainingSettings,
     parse_config,
 )
+from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
-from controller.profiles import estimate
 from tests.unit.conftest import GIB, LLAMA_31_8B
 
 LLAMA = parse_config(LLAMA_31_8B)
@@ -100,7 +100,7 @@ def test_no_gpus() -> None:
 def test_calibrated_slack_grows_with_each_gpus_share_not_the_whole_job() -> None:
     from controller.estimator import Profile, load_shape
     from controller.estimator.overheads import ALLOCATOR_SLACK, PER_GPU_EXTRAS
-    from controller.profiles import estimate as estimate_profile
+    from controller.jobs.profiles import estimate as estimate_profile
 
     shape = load_shape("llama-3.1-70b")
     full = estimate_profile(

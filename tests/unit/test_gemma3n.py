@@ -21,7 +21,7 @@ from controller.estimator import (
 )
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 from tests.unit.trace_support import require_trace_extra
 
 E4B = "gemma-3n-e4b"

@@ -24,7 +24,7 @@ from controller.estimator.architecture import canonical_targets
 from controller.estimator.module_paths import layer_linear_paths
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 from tests.unit.test_families import _error
 from tests.unit.trace_support import require_trace_extra
 
@@ -637,7 +637,7 @@ def test_the_qwen3_next_trace_builds_what_the_parser_counts() -> None:
 
 
 def _shrunk(family: str) -> dict[str, Any]:
-    from controller.trace.calibrate import shrunk_hybrid
+    from controller.calibration.calibrate import shrunk_hybrid
 
     return shrunk_hybrid(family, random.Random(f"test/{family}"), "M*-")
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from controller.api.finetunejob import FineTuneJobSpec
 from controller.estimator import Method, Optimizer, Parallelism, Profile
 from controller.estimator.presets import load_preset
-from controller.jobspec import (
+from controller.jobs.spec import (
     ConfigMapKey,
     config_map_ref,
     estimate_plan,
@@ -535,7 +535,7 @@ def test_specs_the_schema_accepts_translate(spec: dict[str, Any]) -> None:
 
 def test_the_pure_modules_import_no_kubernetes_client() -> None:
     code = (
-        "import sys, json, controller.jobspec, controller.api.crds, controller.operator.status;"
+        "import sys, json, controller.jobs.spec, controller.api.crds, controller.admission.status;"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('kopf', 'kubernetes', 'aiohttp'))))"
     )

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from controller.api.finetunejob import FineTuneJobSpec
 from controller.estimator.presets import load_preset
-from controller.jobspec import translate
+from controller.jobs.spec import translate
 from tests.unit import test_jobspec
 from tests.unit.test_jobspec import job
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from controller.admission.failures import PROFILE_RETRY_S, TEMPORARY_REASONS, failure_of
 from controller.agent.publisher import PublishError
 from controller.agent.readings import BackendError
 from controller.agent.settings import SettingsError
 from controller.api import conditions as cond
-from controller.errors import (
+from controller.base.errors import (
+    ConfigMapUnavailable,
     DeploymentError,
     PermanentError,
     ProfileUnavailable,
@@ -16,8 +18,6 @@ from controller.errors import (
     VramgateError,
 )
 from controller.estimator import SpecError, SpecErrors
-from controller.operator.configmaps import ConfigMapUnavailable
-from controller.operator.errors import PROFILE_RETRY_S, TEMPORARY_REASONS, failure_of
 from controller.operator.options import StartupError
 
 

@@ -23,17 +23,17 @@ import kopf
 import pytest
 from kubernetes.client.rest import ApiException
 
+from controller.admission.admission_pass import Estimated
+from controller.admission.failures import PROFILE_RETRY_S, failure_of
 from controller.api import conditions as cond
+from controller.base.errors import ProfileUnavailable
 from controller.cli import main
 from controller.decision import QueueingStrategy
-from controller.errors import ProfileUnavailable
 from controller.estimator import SpecErrors
-from controller.jobspec import ConfigMapKey
+from controller.jobs.spec import ConfigMapKey
+from controller.kube.client import Kube
+from controller.kube.configmaps import ConfigMapUnavailable, read_model_config
 from controller.operator import caches, handlers, scheduler
-from controller.operator.admission import Estimated
-from controller.operator.configmaps import ConfigMapUnavailable, read_model_config
-from controller.operator.errors import PROFILE_RETRY_S, failure_of
-from controller.operator.kube import Kube
 from controller.operator.options import OperatorOptions, WebhookMode
 from controller.operator.run import NoDiffBase, build_registry, operator_settings
 from controller.operator.scheduler import Scheduler, SchedulerOptions

@@ -19,11 +19,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from controller.admission.admission_pass import Recorded
+from controller.admission.metric_view import Gauge, accuracy_series, metric_view
+from controller.admission.observed import GpuPeak, spec_family
 from controller.api import conditions as cond
-from controller.operator.admission import Recorded
-from controller.operator.metric_view import Gauge, accuracy_series, metric_view
 from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
-from controller.operator.observed import GpuPeak, spec_family
 from controller.packing.inventory import GpuMode, PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from controller.admission import status as rules
 from controller.api import conditions as cond
+from controller.base.units import format_gib
 from controller.estimator import SpecErrors
-from controller.jobspec import estimate_plan, translate
-from controller.operator import status as rules
-from controller.units import format_gib
+from controller.jobs.spec import estimate_plan, translate
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 LATER = T0 + timedelta(hours=1)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from controller.base.units import GIB
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.packing.index import FreeIndex
@@ -33,7 +34,6 @@ from controller.packing.inventory import (
 )
 from controller.packing.placement import Placed, closest, place, place_by_count, shapes
 from controller.packing.view import ClusterView
-from controller.units import GIB
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SHARED = PackingSettings(gpu_mode=GpuMode.VISIBLE_DEVICES)

@@ -10,11 +10,11 @@ gradients it surely holds by then counted as sharded.
 
 from __future__ import annotations
 
+from controller.base.units import GIB
 from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, load_shape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.estimator.storage import static_bytes
-from controller.units import GIB
 
 
 def test_the_largest_moment_on_n_gpus_is_each_gpus_need() -> None:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from controller import plan_command
+from controller.base.units import GIB
 from controller.cli import main
+from controller.cli import plan as plan_command
+from controller.cli.plan import DRAFT_WITHOUT_TEMPLATE
 from controller.estimator.presets import load_preset
-from controller.plan_command import DRAFT_WITHOUT_TEMPLATE
-from controller.units import GIB
 from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B
 
 LLAMA_QLORA = {
@@ -918,9 +918,9 @@ def test_plan_and_the_operator_share_the_admission_settings(
 ) -> None:
     """One model (`AdmissionConfig`): the same fields, flags, defaults and checks; plan reads
     them from its command line only, never the operator's environment or config file."""
-    from controller import plan_command
-    from controller.admission_config import AdmissionConfig
-    from controller.cli import build_parser
+    from controller.admission.config import AdmissionConfig
+    from controller.cli.main import build_parser
+    from controller.cli import plan as plan_command
     from controller.operator import settings as operator
 
     assert issubclass(operator.OperatorSettings, AdmissionConfig)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from controller.api import conditions as cond
 from controller.api.enums import AdmissionPolicy
 from controller.api.finetunejob import MAX_GPUS
+from controller.base.units import GIB
 from controller.decision import (
     AdmissionSettings,
     Decision,
@@ -44,7 +45,6 @@ from controller.packing.inventory import (
 )
 from controller.packing.placement import Placed, closest, place, place_by_count
 from controller.packing.view import ClusterView
-from controller.units import GIB
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=90)

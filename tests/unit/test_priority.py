@@ -1,5 +1,5 @@
 """Priority comes from a class an administrator defines, never from a number a job's author
-writes: the resolution (`controller.priority`), and the admission pass that ranks by it.
+writes: the resolution (`controller.admission.priority`), and the admission pass that ranks by it.
 
 The pass is run as in test_admission_pass.py: jobs as the API holds them, PriorityClasses as
 `kubectl get priorityclasses -o yaml` prints them.
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from controller.admission.cluster import ClusterObjects
+from controller.admission.priority import JobPriority, Priorities
 from controller.api import conditions as cond
-from controller.cluster import ClusterObjects
 from controller.decision import AdmissionSettings, QueueingStrategy
-from controller.priority import JobPriority, Priorities
 from tests.unit.test_admission_pass import (
     cluster,
     condition,

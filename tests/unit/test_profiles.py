@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from controller.errors import ProfileUnavailable
+from controller.base.errors import ProfileUnavailable
 from controller.estimator import (
     Profile,
     SpecError,
@@ -17,8 +17,8 @@ from controller.estimator import (
     formula_estimate,
     load_shape,
 )
-from controller.jobspec import SPEC_PATHS
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
+from controller.jobs.spec import SPEC_PATHS
 
 LLAMA = load_shape("llama-3.1-8b")
 

@@ -18,8 +18,8 @@ from controller.estimator import (
 )
 from controller.estimator.architecture import PEFT_REFUSED_MODULES, peft_adaptable_modules
 from controller.estimator.presets import preset_names
+from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
-from controller.profiles import estimate
 
 GIB = 2**30
 SHAPES = {name: load_shape(name) for name in preset_names()}

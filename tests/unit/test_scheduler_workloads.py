@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Any, cast
 
-from controller.cluster import ClusterObjects
-from controller.operator import admission
-from controller.operator.kube import Conflict
+from controller.admission import admission_pass as admission
+from controller.admission.cluster import ClusterObjects
+from controller.kube.client import Conflict
 from controller.operator.scheduler import NameTaken, Scheduler, SchedulerOptions
 
 KEY = "ns/j"

@@ -14,8 +14,8 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.analytic import OVERHEAD
+from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
-from controller.profiles import estimate
 from tests.unit.conftest import GIB, LLAMA_31_8B, LLAMA_65B
 
 LLAMA = parse_config(LLAMA_31_8B)

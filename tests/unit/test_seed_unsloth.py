@@ -13,8 +13,8 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.unsloth import CUDA_OVERHEAD_BYTES
+from controller.jobs.profiles import estimate
 from controller.packing.fit import fit, select_device_map
-from controller.profiles import estimate
 from tests.unit.conftest import GIB, LLAMA_31_8B, QWEN25_05B
 
 SEVEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -14,7 +14,7 @@ from controller.estimator import (
     context_warnings,
     parse_config,
 )
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 from tests.unit.conftest import LLAMA_31_8B
 
 

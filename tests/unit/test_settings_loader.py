@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from controller.settings import Flag, SettingsError, SettingsLoader
+from controller.base.settings import Flag, SettingsError, SettingsLoader
 
 
 class Example(BaseModel):

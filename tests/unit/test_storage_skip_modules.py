@@ -123,7 +123,7 @@ def test_without_a_skip_list_nothing_changes() -> None:
 def test_expert_stacks_stay_4_bit_whatever_the_skip_list_says() -> None:
     """The trace's `quantize_experts` quantises every expert stack (the skip list is the
     loader's, for nn.Linear modules); storage does what the trace does."""
-    from controller.trace.calibrate import shrunk
+    from controller.calibration.calibrate import shrunk
 
     config = shrunk("qwen3_moe", random.Random(3), layers=2)
     plain = static_bytes(parse_config(_with_skip(config, None)), QLORA)
@@ -179,7 +179,7 @@ def test_deepseek_shared_experts_are_matched_by_their_path() -> None:
     """DeepSeek's shared experts (`mlp.shared_experts`) in its MoE layer, not the dense
     layer's MLP; the expert stacks, named too, stay 4-bit in the trace and in storage."""
     require_trace_extra()
-    from controller.trace.calibrate import shrunk
+    from controller.calibration.calibrate import shrunk
 
     config = shrunk("deepseek_v3", random.Random(5), layers=2)
     shape = parse_config(config)
@@ -200,7 +200,7 @@ def test_nemotron_h_mixer_paths() -> None:
     """Nemotron-H holds every layer's mixer at `mixer`: `mixer.in_proj` is the Mamba-2
     layer's in_proj, `model.layers.2` the MLP layer (up_proj, down_proj)."""
     require_trace_extra()
-    from controller.trace.calibrate import shrunk_hybrid
+    from controller.calibration.calibrate import shrunk_hybrid
 
     config = shrunk_hybrid("nemotron_h", random.Random(7), "M*-")
     shape = parse_config(config)

@@ -34,7 +34,7 @@ from controller.estimator import (  # noqa: E402
 )
 from controller.estimator.presets import load_preset  # noqa: E402
 from controller.estimator.storage import block, nf4_bytes, static_bytes  # noqa: E402
-from controller.profiles import estimate  # noqa: E402
+from controller.jobs.profiles import estimate  # noqa: E402
 from controller.trace import TraceUnsupported, trace  # noqa: E402
 from controller.trace.extrapolate import extend  # noqa: E402
 from controller.trace.run import trace_run  # noqa: E402
@@ -80,7 +80,7 @@ def test_split_ops_cut_a_layer_op_by_op_at_the_same_peaks() -> None:
     ops' (nothing moves, the same run is only seen finer)."""
     import random
 
-    from controller.trace.calibrate import _in_a_layer, moments, shrunk_hybrid
+    from controller.calibration.calibrate import _in_a_layer, moments, shrunk_hybrid
 
     config = shrunk_hybrid("nemotron_h", random.Random("split"), "M-")
     job = TrainingSettings(method=Method.LORA, rank=8, targets=("in_proj",), seq_len=256)
@@ -109,7 +109,7 @@ def test_the_estimator_core_does_not_import_torch() -> None:
     code = (
         "import sys, controller.estimator, controller.cli; "
         "from controller.estimator import load_shape, TrainingSettings, Profile; "
-        "from controller.profiles import estimate; "
+        "from controller.jobs.profiles import estimate; "
         "estimate(load_shape('llama-3.1-8b'), TrainingSettings(profile=Profile.CALIBRATED)); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

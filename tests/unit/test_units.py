@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.units import GIB, format_gib, parse_size
+from controller.base.units import GIB, format_gib, parse_size
 
 
 @pytest.mark.parametrize(

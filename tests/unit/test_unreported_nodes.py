@@ -3,7 +3,8 @@ its agent, or no agent at all) is not absent: it takes no work, counts for what 
 can ever hold at the size its Node gives, and messages name it.
 
 The cluster is given as the API serves it (Node and GPUNode dicts) and read by
-`controller.cluster.snapshot`, the operator's, the webhook's and `vramgate plan`'s one path.
+`controller.admission.cluster.snapshot`, the operator's, the webhook's and `vramgate plan`'s one
+path.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller.admission.cluster import ClusterObjects, snapshot
 from controller.api import conditions as cond
-from controller.cluster import ClusterObjects, snapshot
+from controller.base.units import GIB
 from controller.decision import AdmissionSettings, Decision, JobRequest, Outcome, decide, plan
 from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
@@ -24,7 +26,6 @@ from controller.packing.inventory import (
     placeable,
 )
 from controller.packing.view import ClusterView
-from controller.units import GIB
 from tests.unit.test_packing import est
 
 FSDP, DDP = Parallelism.FSDP, Parallelism.DDP

@@ -9,11 +9,11 @@ import jsonpatch
 import kopf
 import pytest
 
+from controller.admission.cluster import ClusterObjects, snapshot
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
-from controller.cluster import ClusterObjects, snapshot
+from controller.base.units import GIB
 from controller.packing.inventory import GpuDevice, NodeState, PackingSettings, Snapshot, Taint
 from controller.packing.view import ClusterView
-from controller.units import GIB
 from controller.webhook.admission import AdmissionWebhook
 
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}

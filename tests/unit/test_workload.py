@@ -10,7 +10,7 @@ import pytest
 
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
 from controller.api.names import MAX_WORKLOAD_NAME
-from controller.errors import PermanentError
+from controller.base.errors import PermanentError
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.workload import (
     Admission,

@@ -1,6 +1,6 @@
 """Regenerate `controller/estimator/calibration.json`: fit the calibrated profile to traces.
 
-    python -m controller.trace.calibrate [--samples 20] [--workers N] [--out PATH]
+    python -m controller.calibration.calibrate [--samples 20] [--workers N] [--out PATH]
         [--families F,F...]  # trace and fit only these; merged into --out, the rest kept
 
 For every architecture family among the bundled presets (the mixture-of-experts ones
@@ -120,7 +120,7 @@ def shrunk(family: str, rng: random.Random, layers: int) -> dict[str, Any]:
     return config
 
 
-#: Hybrid families: fitted by `controller.trace.calibrate_hybrid` (a layer's kind depends on
+#: Hybrid families: fitted by `controller.calibration.calibrate_hybrid` (a layer's kind depends on
 #: its place in the stack, so two depths alone do not isolate one layer), on shrunk variants
 #: of these presets (`shrunk_hybrid`).
 HYBRID_PRESETS = {
@@ -658,7 +658,7 @@ def calibrate(
         )
         errors[f"{family}/{method}/{gc}/{attention}"] = worst
     return {
-        "generated_by": "python -m controller.trace.calibrate",
+        "generated_by": "python -m controller.calibration.calibrate",
         "versions": library_versions(),
         "samples_per_class": {
             "dense": _count(rows, lambda family: family not in MOE_FAMILIES),

@@ -71,7 +71,7 @@ from controller.estimator.settings import (
     Profile,
     int_in_range,
 )
-from controller.profiles import estimate
+from controller.jobs.profiles import estimate
 
 C = TypeVar("C", bound=StrEnum)
 
@@ -155,7 +155,7 @@ class JobPlan:
     min_gpus: int = 1
     max_gpus: int | None = None
     #: spec.priority: a raw number, honoured only where an administrator allows it
-    #: (`controller.priority`).
+    #: (`controller.admission.priority`).
     priority: int = 0
     #: spec.priorityClassName, the PriorityClass whose value orders the queue; None: unset.
     priority_class_name: str | None = None
@@ -245,7 +245,7 @@ def translate(
 
 def estimate_plan(plan: JobPlan) -> Estimate:
     """The estimate of a plan whose model is known (SpecError otherwise), with the profile its
-    spec names: raises what `controller.profiles.estimate` raises."""
+    spec names: raises what `controller.jobs.profiles.estimate` raises."""
     if plan.shape is None:
         raise SpecError("spec.model.configMapRef", "the ConfigMap's config.json was not read")
     return estimate(plan.shape, plan.settings, SPEC_PATHS)

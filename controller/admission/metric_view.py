@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.api import conditions as cond
-from controller.cluster import (
+from controller.admission import observed
+from controller.admission.cluster import (
     ClusterObjects,
     finished,
     parse_time,
     reservation,
     snapshot,
 )
-from controller.operator import observed
+from controller.api import conditions as cond
 from controller.packing.index import schedulable
 from controller.packing.inventory import GpuMode, NodeGpus, PackingSettings, working_nodes
 

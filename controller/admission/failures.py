@@ -1,7 +1,7 @@
 """The one adapter from vramgate's errors to a FineTuneJob's status and kopf's retries.
 
 Handlers do not decide per exception what to record or whether to retry: they hand whatever a
-reconcile raised to `failure_of`, which reads the branch of `controller.errors` it belongs to.
+reconcile raised to `failure_of`, which reads the branch of `controller.base.errors` it belongs to.
 
 * permanent (a bad spec): InvalidSpec, never retried; the next spec change reconciles again.
 * temporary (a ConfigMap not readable yet): its own reason, retried after `temporary_retry_s`.
@@ -16,8 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.api import conditions as cond
-from controller.errors import PermanentError, ProfileUnavailable, TemporaryError
-from controller.operator.configmaps import ConfigMapUnavailable
+from controller.base.errors import (
+    ConfigMapUnavailable,
+    PermanentError,
+    ProfileUnavailable,
+    TemporaryError,
+)
 
 #: Seconds between retries of a job whose profile is not installed: only a redeployed operator
 #: can estimate it, and a check every 10 minutes per waiting job costs nothing.

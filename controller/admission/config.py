@@ -5,7 +5,7 @@ decide how jobs are packed onto GPUs, ``rawPriorityNamespaces`` which jobs' raw
 ``spec.priority`` ranks them. The operator reads them from flags, its environment and
 its config file (`controller.operator.settings` inherits this model); ``vramgate plan`` from
 the same flags only, so that a plan is decided as the operator so configured would decide.
-Both go through `controller.settings.SettingsLoader`, so the flag spellings, checks and
+Both go through `controller.base.settings.SettingsLoader`, so the flag spellings, checks and
 one-line errors cannot differ.
 """
 
@@ -25,10 +25,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from controller.base.settings import MAX_SECONDS, Flag
+from controller.base.units import parse_size
 from controller.decision import AdmissionSettings, QueueingStrategy
 from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
-from controller.settings import MAX_SECONDS, Flag
-from controller.units import parse_size
 
 #: Keeping more than half of every GPU free is a misconfiguration, not a margin.
 MAX_HEADROOM_PERCENT = 50

@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
 
 #: Seconds to connect and to wait for an answer: a request that hangs (an API server gone
 #: quiet mid-request) must free its worker thread, or a few of them stop every write.

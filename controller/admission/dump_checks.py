@@ -161,7 +161,8 @@ class _FineTuneJob(_Shape):
 
 
 class _PriorityClass(_Shape):
-    """What ranks the jobs (`controller.priority`): an int32 value the API server requires."""
+    """What ranks the jobs (`controller.admission.priority`): an int32 value the API server
+    requires."""
 
     metadata: _Meta
     value: StrictInt = Field(ge=-(2**31), lt=2**31)

@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from controller.base.units import GIB
 from controller.estimator import Estimate, Parallelism, TrainingSettings
 from controller.packing.fit import Fit
-from controller.units import GIB
 
 _LABELS = {
     "weights": "weights",

@@ -7,8 +7,8 @@ admitted (their `status.placement`). A GPU node whose GPUNode lists no GPUs (non
 deleted and not yet made again by its agent) is a node whose GPUs are not yet reported, as
 many and as large as its Node says, never a node without GPUs. Jobs not admitted yet become
 `JobRequest`s through the same spec translation the webhook and the operator use, each ranked
-by the PriorityClasses among the objects (`controller.priority`). Pure: no I/O, no Kubernetes
-client.
+by the PriorityClasses among the objects (`controller.admission.priority`). Pure: no I/O, no
+Kubernetes client.
 
 A compact cluster description (`nodes:` with their GPUs' memory) serves `vramgate plan` for
 clusters that do not exist yet.
@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from controller.admission.dump_checks import object_problem
+from controller.admission.priority import Priorities
 from controller.api.base import (
     COUNT_LABEL,
     GPU_RESOURCE,
@@ -45,11 +47,11 @@ from controller.api.base import (
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
 from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
+from controller.base.errors import PermanentError
+from controller.base.units import parse_size
 from controller.decision.types import JobRequest
-from controller.dump_checks import object_problem
-from controller.errors import PermanentError
 from controller.estimator import Estimate, SpecError, SpecErrors
-from controller.jobspec import JobPlan, config_map_ref, translate
+from controller.jobs.spec import JobPlan, config_map_ref, translate
 from controller.packing.constraints import from_pod_template
 from controller.packing.inventory import (
     GpuDevice,
@@ -59,8 +61,6 @@ from controller.packing.inventory import (
     Snapshot,
     Taint,
 )
-from controller.priority import Priorities
-from controller.units import parse_size
 
 _FINISHED = {"Succeeded", "Failed"}
 

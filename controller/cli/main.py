@@ -18,8 +18,10 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from controller import plan_command
-from controller.errors import VramgateError
+from controller.base.errors import VramgateError
+from controller.base.units import MIB, parse_size
+from controller.cli import plan as plan_command
+from controller.cli.report import estimate_json, render
 from controller.estimator import (
     ModelShape,
     Parallelism,
@@ -41,10 +43,8 @@ from controller.estimator.settings import (
     Optimizer,
     Profile,
 )
+from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
-from controller.profiles import estimate
-from controller.report import estimate_json, render
-from controller.units import MIB, parse_size
 
 # Settings field -> the flag that sets it, so errors name what the user typed.
 FLAG_PATHS = {

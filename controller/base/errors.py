@@ -10,7 +10,7 @@ One root, three branches, because each caller acts on the branch, not on the err
   credentials, a bad setting of the operator or agent); fixed by changing the deployment,
   not the job, and not a vramgate bug.
 
-Anything else escaping vramgate code is a bug. `controller.operator.errors` maps the branches
+Anything else escaping vramgate code is a bug. `controller.admission.failures` maps the branches
 to condition reasons and kopf's retries; the CLI exits 2 on permanent errors. A leaf module,
 so that every layer, the pure core included, can raise these.
 """
@@ -32,6 +32,12 @@ class TemporaryError(VramgateError):
 
 class DeploymentError(VramgateError):
     """The installation cannot do this; the message says what to install or configure."""
+
+
+class ConfigMapUnavailable(TemporaryError):
+    """The ConfigMap a job's model config is in, or its key, is missing or does not hold a
+    JSON object (`controller.kube.configmaps`); message: one line naming the field and the
+    ConfigMap."""
 
 
 class ProfileUnavailable(DeploymentError):

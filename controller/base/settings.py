@@ -33,7 +33,7 @@ from pydantic import BaseModel, BeforeValidator, PlainValidator, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
-from controller.errors import DeploymentError
+from controller.base.errors import DeploymentError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -35,10 +35,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.api import conditions as cond
-from controller.api.enums import ConditionStatus
-from controller.api.finetunejob import NodePlacement, Placement
-from controller.cluster import (
+from controller.admission import observed
+from controller.admission import status as status_rules
+from controller.admission.cluster import (
     ClusterObjects,
     finished,
     has_template,
@@ -47,6 +46,10 @@ from controller.cluster import (
     reservation,
     snapshot,
 )
+from controller.admission.failures import Failure
+from controller.api import conditions as cond
+from controller.api.enums import ConditionStatus
+from controller.api.finetunejob import NodePlacement, Placement
 from controller.decision import (
     ADVISE,
     AdmissionSettings,
@@ -55,10 +58,7 @@ from controller.decision import (
     plan_on,
 )
 from controller.estimator import Estimate
-from controller.jobspec import JobPlan
-from controller.operator import observed
-from controller.operator import status as status_rules
-from controller.operator.errors import Failure
+from controller.jobs.spec import JobPlan
 from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
 from controller.workload import (

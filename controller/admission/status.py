@@ -20,9 +20,9 @@ from typing import Any
 from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus
 from controller.api.finetunejob import EstimateStatus
+from controller.base.units import format_gib
 from controller.estimator import Estimate, Parallelism
-from controller.jobspec import JobPlan
-from controller.units import format_gib
+from controller.jobs.spec import JobPlan
 
 #: Longest condition message we write; the API allows 32768 and people read one line.
 MAX_MESSAGE = 4096
@@ -133,7 +133,7 @@ def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate
         # Why the figure can be far above the total over the count (`Estimate.undivided_bytes`).
         notes.insert(0, f"{format_gib(est.undivided_bytes(gpus))} of it FSDP does not divide")
     message = f"{estimate['perGpu']} per GPU on {gpus} GPU{'s' if gpus > 1 else ''} with "
-    message += estimate["parallelism"] + (f" ({'; '.join(notes)})" if notes else "")
+    message += str(estimate["parallelism"]) + (f" ({'; '.join(notes)})" if notes else "")
     if gpus != plan.gpus:
         asked = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''}"
         message += f"; resized from the {asked} asked for (policy Resize)"

@@ -1,7 +1,8 @@
 """`vramgate plan`: the operator's admission decisions, offline, for a cluster and some jobs.
 
-Thin: read the YAML files, turn them into a snapshot and job requests (`controller.cluster`),
-estimate each distinct spec once, decide with `controller.decision.plan`, print.
+Thin: read the YAML files, turn them into a snapshot and job requests
+(`controller.admission.cluster`), estimate each distinct spec once, decide with
+`controller.decision.plan`, print.
 """
 
 from __future__ import annotations
@@ -20,10 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from controller.admission_config import SHOWN_DEFAULTS, AdmissionConfig
-from controller.api.conditions import REASON_NO_TEMPLATE
-from controller.apply_checks import refused_at_apply
-from controller.cluster import (
+from controller.admission.cluster import (
     ClusterError,
     ClusterObjects,
     has_template,
@@ -32,19 +30,22 @@ from controller.cluster import (
     requests,
     snapshot,
 )
+from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig
+from controller.api.conditions import REASON_NO_TEMPLATE
+from controller.base.errors import PermanentError
+from controller.base.settings import SettingsError, SettingsLoader
+from controller.base.units import GIB
+from controller.cli.apply_checks import refused_at_apply
 from controller.decision import (
     ADVISE,
     AdmissionSettings,
     Decision,
     plan_on,
 )
-from controller.errors import PermanentError
 from controller.estimator import Estimate
 from controller.estimator.settings import Profile
-from controller.jobspec import JobPlan, estimate_plan
+from controller.jobs.spec import JobPlan, estimate_plan
 from controller.packing.view import ClusterView
-from controller.settings import SettingsError, SettingsLoader
-from controller.units import GIB
 from controller.workload import workload_problem
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
@@ -100,7 +101,7 @@ def add_parser(sub: Any) -> None:
 
 def add_admission_arguments(p: argparse.ArgumentParser) -> None:
     """The admission settings of `vramgate plan`: the operator's flags for them
-    (`controller.admission_config`), read from the command line only."""
+    (`controller.admission.config`), read from the command line only."""
     ADMISSION.add_arguments(p, example=None)
 
 

@@ -11,7 +11,7 @@ for it, since it needs the optional `trace` extra.
 
 from __future__ import annotations
 
-from controller.errors import ProfileUnavailable
+from controller.base.errors import ProfileUnavailable
 from controller.estimator import (
     ModelShape,
     Profile,

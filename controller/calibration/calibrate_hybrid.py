@@ -1,7 +1,7 @@
 """Fit the calibrated profile's hybrid section: Nemotron-H, Nemotron 3, Falcon-H1,
 Qwen3-Next, Gemma 3n and Jamba (`hybrid_fit.py`).
 
-    python -m controller.trace.calibrate_hybrid [--samples 60] [--first-seed 0] [--workers N]
+    python -m controller.calibration.calibrate_hybrid [--samples 60] [--first-seed 0] [--workers N]
         [--out PATH] [--rows PATH] [--refit PATH...] [--families nemotron_3,...]
         [--cross-validate FOLDS]
 
@@ -64,13 +64,7 @@ from operator import mul
 from pathlib import Path
 from typing import Any
 
-from controller.estimator import hybrid_fit
-from controller.estimator.architecture import parse_config
-from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY, dynamic_bytes
-from controller.estimator.presets import load_preset
-from controller.estimator.settings import Attention, Checkpointing, Method, TrainingSettings
-from controller.estimator.storage import static_bytes
-from controller.trace.calibrate import (
+from controller.calibration.calibrate import (
     CHECKPOINTING,
     HYBRID_PRESETS,
     METHODS,
@@ -84,6 +78,12 @@ from controller.trace.calibrate import (
     library_versions,
     shrunk_hybrid,
 )
+from controller.estimator import hybrid_fit
+from controller.estimator.architecture import parse_config
+from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY, dynamic_bytes
+from controller.estimator.presets import load_preset
+from controller.estimator.settings import Attention, Checkpointing, Method, TrainingSettings
+from controller.estimator.storage import static_bytes
 
 _ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _LATENT = ("fc1_latent_proj", "fc2_latent_proj")
@@ -503,7 +503,7 @@ def calibrate(
         fits.setdefault(family, {}).setdefault(method, {}).setdefault(gc, {})["sdpa"] = coefficients
         errors[f"{family}/{method}/{gc}/sdpa"] = worst
     return {
-        "generated_by": "python -m controller.trace.calibrate_hybrid",
+        "generated_by": "python -m controller.calibration.calibrate_hybrid",
         "versions": library_versions(),
         "samples_per_class": {
             f: sum(r["class"][0] == f for r in rows) // _CLASSES

@@ -11,14 +11,9 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from controller.errors import TemporaryError
+from controller.base.errors import ConfigMapUnavailable
 from controller.estimator import SpecError
-from controller.jobspec import ConfigMapKey
-
-
-class ConfigMapUnavailable(TemporaryError):
-    """The ConfigMap or its key is missing or does not hold a JSON object; message: one line
-    naming the field and the ConfigMap."""
+from controller.jobs.spec import ConfigMapKey
 
 
 class ConfigMapReader(Protocol):
