@@ -12,9 +12,7 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import cast
 
-from kubernetes import client, config
 from prometheus_client import start_http_server
 
 from controller.agent.dcgm import DcgmBackend
@@ -26,6 +24,7 @@ from controller.agent.readings import BackendError, GpuBackend
 from controller.agent.settings import AgentSettings, SettingsError, load_settings
 from controller.agent.static import StaticBackend
 from controller.base.clock import SystemClock
+from controller.kube import ApiClient, NoCredentials, default_api_client
 
 log = logging.getLogger("vramgate.agent")
 
@@ -54,17 +53,10 @@ def timing(settings: AgentSettings) -> LoopTiming:
     )
 
 
-def _api_client(settings: AgentSettings) -> client.ApiClient:
+def _api_client(settings: AgentSettings) -> ApiClient:
     try:
-        if settings.kubeconfig is not None:
-            api = config.new_client_from_config(config_file=str(settings.kubeconfig))
-            return cast(client.ApiClient, api)
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        return client.ApiClient()
-    except (config.ConfigException, OSError) as error:
+        return default_api_client(settings.kubeconfig)
+    except NoCredentials as error:
         raise SettingsError(
             f"--kubeconfig: no usable Kubernetes credentials ({error}); run in the cluster "
             "with a ServiceAccount or pass --kubeconfig"

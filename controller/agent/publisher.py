@@ -21,14 +21,13 @@ from datetime import datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from controller.agent.status import Observation, build_status
-from controller.api.base import API_VERSION, GROUP, VERSION
+from controller.api.base import API_VERSION
 from controller.api.conditions import READY, find_condition
-from controller.api.gpunode import KIND, PLURAL
+from controller.api.gpunode import KIND
 from controller.base.errors import TemporaryError
+from controller.kube import ApiClient, ApiError, GpuNodes
 
 FIELD_MANAGER = "vramgate-agent"
 APPLY = "application/apply-patch+yaml"
@@ -44,10 +43,9 @@ class PublishError(TemporaryError):
 class GpuNodePublisher:
     """Writes the GPUNode named ``node_name`` through ``api_client``."""
 
-    def __init__(self, api_client: client.ApiClient, node_name: str) -> None:
+    def __init__(self, api_client: ApiClient, node_name: str) -> None:
         self.node_name = node_name
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        self.gpunodes = GpuNodes(api_client, REQUEST_TIMEOUT_S)
         self._ensured = False
         self._generation: int | None = None
         self._ready: list[dict[str, Any]] = []  # the Ready condition last written
@@ -59,14 +57,14 @@ class GpuNodePublisher:
                 self._ensure()
             try:
                 self._apply(observation, now)
-            except ApiException as error:
+            except ApiError as error:
                 if error.status != 404:
                     raise
                 # Deleted under us (by hand, or GC of a Node re-registering): create again.
                 self._ensured = False
                 self._ensure()
                 self._apply(observation, now)
-        except ApiException as error:
+        except ApiError as error:
             raise PublishError(
                 f"GPUNode {self.node_name}: API server answered {error.status} {error.reason}"
                 f"{_detail(error)}"
@@ -84,19 +82,13 @@ class GpuNodePublisher:
             "metadata": {"name": self.node_name},
             "status": status,
         }
-        self.custom.patch_cluster_custom_object_status(
-            GROUP, VERSION, PLURAL, self.node_name, body,
-            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
-            _request_timeout=REQUEST_TIMEOUT_S,
-        )
+        self.gpunodes.apply_status(self.node_name, body, FIELD_MANAGER, APPLY)
         self._ready = [c for c in status["conditions"] if c["type"] == READY]
 
     def _ensure(self) -> None:
         try:
-            existing = self.custom.get_cluster_custom_object(
-                GROUP, VERSION, PLURAL, self.node_name, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as error:
+            existing = self.gpunodes.get(self.node_name)
+        except ApiError as error:
             if error.status != 404:
                 raise
             existing = self._create()
@@ -105,15 +97,14 @@ class GpuNodePublisher:
 
     def _create(self) -> Any:
         try:
-            node = self.core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT_S)
-        except ApiException as error:
+            uid = self.gpunodes.node_uid(self.node_name)
+        except ApiError as error:
             if error.status == 404:
                 raise PublishError(
                     f"Node {self.node_name} not found: --node-name must be this node's name "
                     "(in a DaemonSet, set it from spec.nodeName)"
                 ) from None
             raise
-        uid = node.metadata.uid if node.metadata else None
         if not uid:
             raise PublishError(f"Node {self.node_name} has no UID yet; retrying")
         body = {
@@ -131,17 +122,13 @@ class GpuNodePublisher:
             "spec": {"nodeName": self.node_name},
         }
         try:
-            created = self.custom.create_cluster_custom_object(
-                GROUP, VERSION, PLURAL, body, _request_timeout=REQUEST_TIMEOUT_S
-            )
+            created = self.gpunodes.create(body)
             log.info("created GPUNode %s owned by Node %s", self.node_name, uid)
             return created
-        except ApiException as error:
+        except ApiError as error:
             if error.status != 409:
                 raise
-            return self.custom.get_cluster_custom_object(
-                GROUP, VERSION, PLURAL, self.node_name, _request_timeout=REQUEST_TIMEOUT_S
-            )
+            return self.gpunodes.get(self.node_name)
 
     def _remember(self, obj: Any) -> None:
         """The object's generation, and a Ready condition a previous agent run left."""
@@ -150,7 +137,7 @@ class GpuNodePublisher:
         self._ready = [dict(ready)] if ready else []
 
 
-def _detail(error: ApiException) -> str:
+def _detail(error: ApiError) -> str:
     """The API server's own message from a Status body, when it sent one."""
     try:
         message = json.loads(error.body or "").get("message")

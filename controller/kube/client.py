@@ -1,21 +1,23 @@
-"""The operator's writes to the API server, and the few reads its caches do not hold.
+"""The client, the errors in vramgate's terms, and the operator's calls to the API server.
 
 A thin layer over the official client: blocking calls, run by the scheduler in a bounded
 thread pool so the event loop (and the webhook on it) never waits for the API server. Every
-call says which way it failed in our terms: `Conflict` (the object changed since we read it:
-the decision was made on a stale snapshot), `Gone` (deleted meanwhile), anything else raised
-as it is.
+call of `Kube` says which way it failed in our terms: `Conflict` (the object changed since we
+read it: the decision was made on a stale snapshot), `Gone` (deleted meanwhile), `ApiError`
+(any other refusal, with its HTTP status), anything else (no answer) raised as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
@@ -37,6 +39,37 @@ class Gone(Exception):
     """404: the object (or its namespace) no longer exists."""
 
 
+class ApiError(Exception):
+    """The API server refused a request: its HTTP `status`, its `reason` (the API server's
+    message where `Kube` raises it, the HTTP reason phrase where a typed call of the client
+    did), and the response `body` when kept. Said as the client's own exception says its
+    status, reason and body, so a log line that quotes one reads as it did."""
+
+    def __init__(self, status: int, reason: str | None, body: str | None = None) -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    def __str__(self) -> str:
+        said = f"({self.status})\nReason: {self.reason}\n"
+        return said + (f"HTTP response body: {self.body}\n" if self.body else "")
+
+
+class NoCredentials(Exception):
+    """Neither in-cluster credentials nor a usable kubeconfig; the message says why."""
+
+
+@contextlib.contextmanager
+def api_errors() -> Iterator[None]:
+    """The client's typed calls made inside raise `ApiError` where they raised the client's
+    exception (status, reason and body kept)."""
+    try:
+        yield
+    except ApiException as error:
+        raise ApiError(error.status, error.reason, error.body) from None
+
+
 #: Where each kind the workload builder returns lives in the API: (path prefix, plural).
 _KINDS = {
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
@@ -49,7 +82,7 @@ _KINDS = {
 }
 
 
-def api_client(pool_size: int) -> client.ApiClient:
+def api_client(pool_size: int) -> ApiClient:
     """A client from in-cluster credentials, else $KUBECONFIG, with room for `pool_size`
     concurrent requests."""
     configuration = client.Configuration()
@@ -64,10 +97,49 @@ def api_client(pool_size: int) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def default_api_client(kubeconfig: Path | None = None) -> ApiClient:
+    """The agent's client: from `kubeconfig` when given, else in-cluster credentials, else
+    $KUBECONFIG (the client's process-wide default configuration then). `NoCredentials`
+    when none can be used."""
+    try:
+        if kubeconfig is not None:
+            api = config.new_client_from_config(config_file=str(kubeconfig))
+            return cast(ApiClient, api)
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return client.ApiClient()
+    except (config.ConfigException, OSError) as error:
+        raise NoCredentials(str(error)) from None
+
+
+def request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    body: object = None,
+    query: Sequence[tuple[str, str]] = (),
+    timeout: tuple[float, float] | None = None,
+    content: str = "application/json",
+) -> Any:
+    """One request of `body` as `content` to `path`; the client's response (`.status`,
+    `.reason`, `.read()`), whatever its status. Raises only when no answer came."""
+    serialized = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=list(query),
+        header_params={"Accept": "application/json", "Content-Type": content},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    return api.call_api(*serialized, _request_timeout=timeout)
+
+
 class Kube:
     """The calls the operator makes, each one request."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: ApiClient) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)  # ConfigMap reads (configmaps.read_model_config)
 
@@ -84,15 +156,7 @@ class Kube:
         its status."""
         if content is None:
             content = "application/merge-patch+json" if method == "PATCH" else "application/json"
-        serialized = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params={"Accept": "application/json", "Content-Type": content},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        return self.api.call_api(*serialized, _request_timeout=timeout)
+        return request(self.api, method, path, body, query, timeout, content)
 
     def _call(
         self,
@@ -109,7 +173,7 @@ class Kube:
         if response.status == 404:
             raise Gone(_message(data, response.reason))
         if not 200 <= response.status < 300:
-            raise ApiException(status=response.status, reason=_message(data, response.reason))
+            raise ApiError(response.status, _message(data, response.reason))
         return json.loads(data or b"null")
 
     def create_dry_run(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -22,9 +22,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
-from controller.kube.client import Conflict, Gone, Kube
+from controller.kube import ApiError, Conflict, Gone, Kube
 
 log = logging.getLogger("vramgate.leader")
 
@@ -92,7 +90,7 @@ class Leader:
                 self.kube.create_lease(self.namespace, self._body(now, transitions=0))
             except Conflict:
                 return False  # another replica created it first
-            except ApiException as error:
+            except ApiError as error:
                 if error.status != 403:
                     raise
                 # The chart creates the Lease and grants no `create`: deleted by hand, it is

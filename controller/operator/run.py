@@ -26,7 +26,7 @@ import kopf
 
 from controller.api.base import GROUP
 from controller.base.errors import DeploymentError
-from controller.kube.client import Kube, api_client
+from controller.kube import Kube, api_client
 from controller.operator import handlers, memory
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics, start_metrics_server

@@ -49,7 +49,6 @@ from datetime import datetime
 from typing import Any, cast
 
 import kopf
-from kubernetes.client.rest import ApiException
 
 from controller.admission import admission_pass as admission
 from controller.admission import observed
@@ -61,8 +60,7 @@ from controller.base.backoff import Backoff
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
 from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
-from controller.kube.client import Conflict, Gone, Kube
-from controller.kube.configmaps import read_model_config
+from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
 from controller.operator.caches import Caches, slim_job
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics
@@ -603,7 +601,7 @@ class Scheduler:
                             taken = NameTaken(obj, owners)
                             self._create_failed(c.key, obj, taken, jobs.get(c.key))
                             return
-                    except ApiException as error:
+                    except ApiError as error:
                         if error.status in REFUSED_FOR_GOOD:
                             refused = admission.Refused(uid, generation, str(error.reason))
                             self._refused[c.key] = refused
@@ -678,7 +676,7 @@ class Scheduler:
         self._create_failures[key] = (backoff, time.monotonic() + delay)
         what = f"{obj['kind']} {obj['metadata'].get('name')}"
         reason: str | None = None
-        if isinstance(error, ApiException):
+        if isinstance(error, ApiError):
             reason = error.reason
         elif isinstance(error, NameTaken):
             reason = str(error)

@@ -41,9 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
 from controller.base.errors import DeploymentError
+from controller.kube import ApiClient, request
 from controller.webhook.certs import (
     CA_CERT,
     CA_KEY,
@@ -99,7 +98,7 @@ class CertSecret:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         namespace: str,
         name: str,
         hosts: Iterable[str],
@@ -346,15 +345,8 @@ class CertSecret:
     def _request(
         self, method: str, path: str, body: object = None, content: str = "application/json"
     ) -> dict[str, Any]:
-        serialized = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            header_params={"Accept": "application/json", "Content-Type": content},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self.api.call_api(*serialized)
+            response = request(self.api, method, path, body, content=content)
         except Exception as error:  # urllib3's connection errors: the API is unreachable
             raise CertSecretError(f"{self.where}: API server unreachable: {error}") from None
         data = response.read()

@@ -23,12 +23,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.base.errors import DeploymentError
+from controller.kube import ApiClient, ApiError, WebhookConfigurations
 
 #: The webhooks' kopf handler ids: the last segment of their URLs (the chart's paths too).
 VALIDATE_HANDLER = "validate-finetunejob"
@@ -120,13 +118,6 @@ def configurations(
     }
 
 
-#: The API's method suffix for each kind.
-_METHODS = {
-    "ValidatingWebhookConfiguration": "validating_webhook_configuration",
-    "MutatingWebhookConfiguration": "mutating_webhook_configuration",
-}
-
-
 class Registrar:
     """Writes and deletes the two configurations named `name` (blocking calls: run them in
     a thread)."""
@@ -136,8 +127,8 @@ class Registrar:
     #: server briefly unreachable.
     ATTEMPTS = 5
 
-    def __init__(self, api: client.ApiClient, name: str, namespaces: Sequence[str] = ()) -> None:
-        self.admission = client.AdmissionregistrationV1Api(api)
+    def __init__(self, api: ApiClient, name: str, namespaces: Sequence[str] = ()) -> None:
+        self.configs = WebhookConfigurations(api)
         self.name = name
         self.namespaces = tuple(namespaces)
         self.url: str | None = None  # what this server registered last
@@ -146,11 +137,9 @@ class Registrar:
         """Create both, or replace what is there (an earlier run's, another replica's)."""
         for kind, body in configurations(self.name, url, ca_bundle, self.namespaces).items():
             try:
-                self._write(_METHODS[kind], body)
+                self._write(kind, body)
             except Exception as error:
-                reason = (
-                    f"{error.status} {error.reason}" if isinstance(error, ApiException) else error
-                )
+                reason = f"{error.status} {error.reason}" if isinstance(error, ApiError) else error
                 raise DeploymentError(
                     f"--webhook managed: cannot register the {kind} {self.name}: {reason}"
                 ) from None
@@ -162,44 +151,39 @@ class Registrar:
         next pod of a rolling update, may have registered its own since."""
         if self.url is None:
             return
-        for kind, method in _METHODS.items():
+        for kind in _HANDLERS:
             try:
-                there = getattr(self.admission, f"read_{method}")(self.name)
-                urls = {w.client_config.url for w in there.webhooks or []}
+                there = self.configs.read(kind, self.name)
+                urls = set(there.urls)
                 if not urls or not all(u and u.startswith(self.url) for u in urls):
                     continue
-                precondition = client.V1Preconditions(
-                    resource_version=there.metadata.resource_version
-                )
-                getattr(self.admission, f"delete_{method}")(
-                    self.name, body=client.V1DeleteOptions(preconditions=precondition)
-                )
-            except ApiException as error:
+                self.configs.delete(kind, self.name, there.resource_version)
+            except ApiError as error:
                 if error.status not in (404, 409):  # gone, or rewritten by another meanwhile
                     log.warning("cannot delete the %s %s: %s", kind, self.name, error.reason)
             except Exception as error:  # the API server gone first (a local run's teardown)
                 log.warning("cannot delete the %s %s: %s", kind, self.name, error)
 
-    def _write(self, method: str, body: dict[str, Any]) -> None:
+    def _write(self, kind: str, body: dict[str, Any]) -> None:
         for attempt in range(self.ATTEMPTS):
             if attempt:
                 time.sleep(0.2 * 2**attempt)
             try:
-                getattr(self.admission, f"create_{method}")(body)
+                self.configs.create(kind, body)
                 return
-            except ApiException as error:
+            except ApiError as error:
                 if error.status != 409:
                     if attempt + 1 < self.ATTEMPTS and error.status >= 500:
                         continue
                     raise
             try:
-                there = getattr(self.admission, f"read_{method}")(self.name)
-                version = {"resourceVersion": there.metadata.resource_version}
-                getattr(self.admission, f"replace_{method}")(
-                    self.name, {**body, "metadata": {**body["metadata"], **version}}
+                there = self.configs.read(kind, self.name)
+                version = {"resourceVersion": there.resource_version}
+                self.configs.replace(
+                    kind, self.name, {**body, "metadata": {**body["metadata"], **version}}
                 )
                 return
-            except ApiException as error:
+            except ApiError as error:
                 # 404: deleted since (create again); 409: replaced since (read again)
                 if error.status not in (404, 409) or attempt + 1 == self.ATTEMPTS:
                     raise

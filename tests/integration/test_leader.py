@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from controller.kube.client import Kube
+from controller.kube import Kube
 from controller.operator.leader import Leader
 
 

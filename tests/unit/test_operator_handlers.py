@@ -26,13 +26,12 @@ from kubernetes.client.rest import ApiException
 from controller.admission.admission_pass import Estimated
 from controller.admission.failures import PROFILE_RETRY_S, failure_of
 from controller.api import conditions as cond
-from controller.base.errors import ProfileUnavailable
+from controller.base.errors import ConfigMapUnavailable, ProfileUnavailable
 from controller.cli import main
 from controller.decision import QueueingStrategy
 from controller.estimator import SpecErrors
 from controller.jobs.spec import ConfigMapKey
-from controller.kube.client import Kube
-from controller.kube.configmaps import ConfigMapUnavailable, read_model_config
+from controller.kube import Kube, read_model_config
 from controller.operator import caches, handlers, scheduler
 from controller.operator.options import OperatorOptions, WebhookMode
 from controller.operator.run import NoDiffBase, build_registry, operator_settings

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from controller.admission import admission_pass as admission
 from controller.admission.cluster import ClusterObjects
-from controller.kube.client import Conflict
+from controller.kube import Conflict
 from controller.operator.scheduler import NameTaken, Scheduler, SchedulerOptions
 
 KEY = "ns/j"
