@@ -284,10 +284,12 @@ def test_a_job_is_admitted_onto_the_best_fitting_gpu_and_runs_there(
     assert "GPU it may get (" in condition(obj, "Admitted")["message"]  # type: ignore[index]
     assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
     assert obj["status"]["placement"]["nodes"][0]["gpuUUIDs"] == [f"GPU-{node}-2"]
-    assert obj["status"]["workloadRef"] == {"apiVersion": "batch/v1", "kind": "Job",
-                                            "name": "best-fit"}  # fmt: skip
-
     workload = batch_job(api_client, namespace, "best-fit")
+    ref = _job_uid_recorded(api_client, namespace, "best-fit")  # recorded once it is made
+    assert get(api_client, namespace, "best-fit")["status"]["workloadRef"] == {
+        "apiVersion": "batch/v1", "kind": "Job", "name": "best-fit", "uid": ref,
+    }  # fmt: skip
+    assert ref == workload.metadata.uid
     pod_spec = workload.spec.template.spec
     trainer = pod_spec.containers[0]
     assert trainer.resources.limits == {"nvidia.com/gpu": "1"}

@@ -170,8 +170,8 @@ def scenario(
     products = {k: f"PROM-{tag}-{k}" for k in "ABCD"}
     sim = [
         SimNode(f"prom-{tag}-a", products["A"],
-                [SimGpu(f"GPU-prom-{tag}-a-{i}", 80 * GIB, 75 * GIB if i >= 2 else 0)
-                 for i in range(4)]),
+                [SimGpu(f"GPU-prom-{tag}-a-{i}", 80 * GIB, 75 * GIB if i >= 2 else 0, i >= 2)
+                 for i in range(4)]),  # GPUs 2 and 3 held by a pod outside vramgate
         SimNode(f"prom-{tag}-b", products["B"], [SimGpu(f"GPU-prom-{tag}-b-0", 20 * GIB)]),
         SimNode(f"prom-{tag}-c", products["C"],
                 [SimGpu(f"GPU-prom-{tag}-c-{i}", 20 * GIB) for i in range(2)]),
