@@ -168,6 +168,7 @@ def test_jamba_s_layer_kinds_are_its_mixer_and_its_experts() -> None:
 def test_the_preset_s_mix_is_solved_from_stacks_that_add_a_pair() -> None:
     """Jamba's MoE layer is traced in a pair with a dense one: 10 dense, 15 MoE and 4
     attention layers more than the base are 15 pairs, 5 dense layers fewer, 4 attention."""
+    require_trace_extra()  # the fit solves with numpy
     needed = {"mamba_dense": 10, "mamba_moe": 15, "attention_dense": 4}
     assert calibrate_hybrid._multiples("jamba", needed) == {
         "mamba_dense": -5,
@@ -387,6 +388,7 @@ def _synthetic_rows(family: str, truth: dict[str, list[list[float]]]) -> Iterato
 
 @pytest.mark.parametrize("family", list(PRESETS))
 def test_the_fit_recovers_a_linear_truth(family: str) -> None:
+    require_trace_extra()  # the fit solves with numpy
     truth = {"backward/tail": _truth(1), OPTIMIZER_KEY: _truth(2)}
     rows = list(_synthetic_rows(family, truth))
     coefficients, worst = calibrate_hybrid.fit(rows, family)
@@ -406,6 +408,7 @@ def test_the_fit_recovers_a_linear_truth(family: str) -> None:
 def test_cross_validation_reports_each_class_on_held_out_samples() -> None:
     """A linear truth is predicted on every held-out sample; a sample whose peak strays from
     it (a third more) shows as an error of about that size."""
+    require_trace_extra()  # the fit solves with numpy
     truth = {"backward/tail": _truth(1), OPTIMIZER_KEY: _truth(2)}
     rows = list(_synthetic_rows("falcon_h1", truth))
     exact = calibrate_hybrid.cross_validate(rows, 4)

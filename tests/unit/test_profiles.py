@@ -19,6 +19,7 @@ from controller.estimator import (
 )
 from controller.jobs.profiles import estimate
 from controller.jobs.spec import SPEC_PATHS
+from tests.unit.trace_support import require_trace_extra
 
 LLAMA = load_shape("llama-3.1-8b")
 
@@ -50,6 +51,7 @@ def test_the_trace_without_its_extra_is_unavailable_not_a_spec_error(
 
 
 def test_the_trace_needs_the_models_config() -> None:
+    require_trace_extra()  # without it, the trace profile is unavailable before it reads a shape
     shapeless = replace(LLAMA, source=None)
     with pytest.raises(SpecError, match=r"^estimator\.profile: trace needs the model's config"):
         estimate(shapeless, TrainingSettings(profile=Profile.TRACE))
