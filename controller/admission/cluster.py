@@ -48,7 +48,7 @@ from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_c
 from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
 from controller.base.errors import PermanentError
-from controller.base.units import parse_size
+from controller.base.units import MIB, parse_size
 from controller.decision.types import JobRequest
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobs.spec import JobPlan, config_map_ref, translate
@@ -234,7 +234,7 @@ def unreported_node_state(name: str, node: Mapping[str, Any], allocated: int) ->
     mib = _quantity(labels.get(MEMORY_LABEL))
     product = str(labels.get(PRODUCT_LABEL) or "")
     gpus = tuple(
-        GpuDevice("", i, product, None if not mib else mib * 2**20, None)
+        GpuDevice("", i, product, None if not mib else mib * MIB, None)
         for i in range(gpu_count(node))
     )
     return replace(node_state(name, node, {}, allocated), gpus=gpus, reported=False)

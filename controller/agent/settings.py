@@ -19,9 +19,9 @@ from pydantic.alias_generators import to_camel
 
 from controller.agent.sizes import ByteSize
 from controller.base.settings import MAX_SECONDS, SettingsError, SettingsLoader
+from controller.base.units import MIB
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
-MIB = 2**20
 __all__ = ["AgentSettings", "SettingsError", "add_arguments", "load_settings"]
 
 

@@ -21,17 +21,17 @@ _UNITS = {
     "kib": 2**10,
     "m": 1000**2,
     "mb": 1000**2,
-    "mib": 2**20,
+    "mib": MIB,
     "g": 1000**3,
     "gb": 1000**3,
-    "gib": 2**30,
+    "gib": GIB,
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 2**40,
     # Kubernetes quantities' binary suffixes, as people write them in Helm values (2Gi).
     "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
+    "mi": MIB,
+    "gi": GIB,
     "ti": 2**40,
 }
 
