@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from controller.base.settings import MAX_SECONDS, Flag
-from controller.base.units import parse_size
+from controller.base.units import Bytes
 from controller.decision import AdmissionSettings, QueueingStrategy
 from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
 
@@ -35,16 +28,6 @@ MAX_HEADROOM_PERCENT = 50
 #: How ``--help`` shows the defaults whose values read badly (bytes).
 SHOWN_DEFAULTS = {"headroom": "0GiB"}
 
-
-def _headroom_bytes(value: Any) -> Any:
-    """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
-    GB), zero in any unit, or an integer of bytes from YAML."""
-    if isinstance(value, str):
-        return parse_size(value, require_unit=True, allow_zero=True)
-    return value
-
-
-HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
@@ -80,7 +63,9 @@ class AdmissionConfig(BaseModel):
         description="BestEffortFIFO: a later job that fits may go first (keeps GPUs busy); "
         "StrictFIFO: never.",
     )
-    headroom: Annotated[HeadroomBytes, Flag(metavar="SIZE")] = Field(
+    #: A size with its unit (``2GiB``; a bare ``2`` would be bytes where a person means GB),
+    #: zero in any unit, or an integer of bytes from YAML.
+    headroom: Annotated[int, Bytes(unit=True), Flag(metavar="SIZE")] = Field(
         0,
         description="memory kept free on every GPU, a size like 2GiB; 0 because the estimate "
         "already includes the CUDA context.",
