@@ -66,6 +66,7 @@ from controller.kube.configmaps import read_model_config
 from controller.operator.caches import Caches, slim_job
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics
+from controller.operator.settings import DEFAULTS
 from controller.packing.view import ClusterView
 from controller.workload import Remains
 
@@ -90,7 +91,7 @@ class SchedulerOptions:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     #: A pass after this long without events: heartbeats going stale, starvation limits and
     #: ConfigMap retries need time to pass, not an event.
-    resync_s: float = 10.0
+    resync_s: float = DEFAULTS.resync_seconds
     #: After an event, wait this long for more before a pass: 1,000 jobs created at once are
     #: decided in a few passes, not 1,000.
     debounce_s: float = 0.1
@@ -98,7 +99,7 @@ class SchedulerOptions:
     write_workers: int = 16
     #: Workload creates and deletes, beside the status writes: fewer, so decisions come first.
     create_workers: int = 4
-    configmap_retry_s: float = 30.0
+    configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
     #: The namespaces the operator watches (none: all); a new leader relists only these.
     namespaces: tuple[str, ...] = ()
 
