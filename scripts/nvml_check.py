@@ -35,7 +35,8 @@ def _library(fake: bool) -> Any:
         import pynvml
 
         return pynvml
-    from controller.agent.fake_nvml import GIB, FakeNvml, FakeProcess, h100
+    from controller.agent.fake_nvml import FakeNvml, FakeProcess, h100
+    from controller.base.units import GIB
 
     return FakeNvml([h100(0), h100(1, used=30 * GIB, processes=[FakeProcess(1, 29 * GIB)])])
 

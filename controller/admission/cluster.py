@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -48,7 +48,7 @@ from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_c
 from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
 from controller.base.errors import PermanentError
-from controller.base.units import parse_size
+from controller.base.units import MIB, Bytes
 from controller.decision.types import JobRequest
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobs.spec import JobPlan, config_map_ref, translate
@@ -234,7 +234,7 @@ def unreported_node_state(name: str, node: Mapping[str, Any], allocated: int) ->
     mib = _quantity(labels.get(MEMORY_LABEL))
     product = str(labels.get(PRODUCT_LABEL) or "")
     gpus = tuple(
-        GpuDevice("", i, product, None if not mib else mib * 2**20, None)
+        GpuDevice("", i, product, None if not mib else mib * MIB, None)
         for i in range(gpu_count(node))
     )
     return replace(node_state(name, node, {}, allocated), gpus=gpus, reported=False)
@@ -499,23 +499,13 @@ def requests(
 # -- the compact description ----------------------------------------------------------------
 
 
-class _Size(BaseModel):
+class CompactGpu(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    @staticmethod
-    def size(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise ValueError("must be a size such as 80GiB or 24GB")
-        if isinstance(value, int):
-            if value == 0:
-                return 0  # zero bytes in any unit: a full GPU's free memory
-            raise ValueError("must have a unit (80GiB, 24GB); a bare number is ambiguous")
-        return parse_size(value, require_unit=True, allow_zero=True)
-
-
-class CompactGpu(_Size):
-    memory: int
-    free: int | None = None
+    #: Sizes with their units, as people write them: a bare number is ambiguous.
+    memory: Annotated[int, Bytes(unit=True, integers=False, zero=False)]
+    #: 0 in any unit: a full GPU's free memory.
+    free: Annotated[int, Bytes(unit=True, integers=False)] | None = None
     uuid: str | None = Field(None, min_length=1, max_length=128)
     product: str | None = Field(None, min_length=1)
     count: int = Field(1, ge=1, le=4096)
@@ -530,19 +520,6 @@ class CompactGpu(_Size):
                 f"uuid names one GPU, but count is {self.count}: give each GPU its own entry"
             )
         return self
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory(cls, value: object) -> int:
-        size = cls.size(value)
-        if size <= 0:
-            raise ValueError("must be greater than 0")
-        return size
-
-    @field_validator("free", mode="before")
-    @classmethod
-    def _free(cls, value: object) -> int | None:
-        return None if value is None else cls.size(value)
 
 
 class CompactNode(BaseModel):

@@ -6,45 +6,32 @@ decide how jobs are packed onto GPUs, ``rawPriorityNamespaces`` which jobs' raw
 its config file (`controller.operator.settings` inherits this model); ``vramgate plan`` from
 the same flags only, so that a plan is decided as the operator so configured would decide.
 Both go through `controller.base.settings.SettingsLoader`, so the flag spellings, checks and
-one-line errors cannot differ.
+one-line errors cannot differ. The defaults are the pure core's (`PackingSettings`,
+`AdmissionSettings`, each default with its reason there), so they are stated once.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from controller.base.settings import MAX_SECONDS, Flag
-from controller.base.units import parse_size
+from controller.base.units import Bytes
 from controller.decision import AdmissionSettings, QueueingStrategy
-from controller.packing.inventory import DEFAULT_HEARTBEAT_TTL, GpuMode, PackingSettings
+from controller.packing.inventory import GpuMode, PackingSettings
 
 #: Keeping more than half of every GPU free is a misconfiguration, not a margin.
 MAX_HEADROOM_PERCENT = 50
 #: How ``--help`` shows the defaults whose values read badly (bytes).
 SHOWN_DEFAULTS = {"headroom": "0GiB"}
+#: Where the defaults come from.
+_PACKING = PackingSettings()
+_ADMISSION = AdmissionSettings()
 
-
-def _headroom_bytes(value: Any) -> Any:
-    """A size with a unit (``2GiB``; a bare number would be read as bytes where a person means
-    GB), zero in any unit, or an integer of bytes from YAML."""
-    if isinstance(value, str):
-        return parse_size(value, require_unit=True, allow_zero=True)
-    return value
-
-
-HeadroomBytes = Annotated[int, BeforeValidator(_headroom_bytes), Field(ge=0)]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
@@ -71,25 +58,28 @@ class AdmissionConfig(BaseModel):
     )
 
     gpu_mode: GpuMode = Field(
-        GpuMode.DEVICE_PLUGIN,
+        _PACKING.gpu_mode,
         description="how workloads get GPUs: devicePlugin (whole GPUs, works everywhere), "
         "visibleDevices (shared by memory), dra.",
     )
     queueing: QueueingStrategy = Field(
-        QueueingStrategy.BEST_EFFORT_FIFO,
+        _ADMISSION.queueing,
         description="BestEffortFIFO: a later job that fits may go first (keeps GPUs busy); "
         "StrictFIFO: never.",
     )
-    headroom: Annotated[HeadroomBytes, Flag(metavar="SIZE")] = Field(
-        0,
+    #: A size with its unit (``2GiB``; a bare ``2`` would be bytes where a person means GB),
+    #: zero in any unit, or an integer of bytes from YAML.
+    headroom: Annotated[int, Bytes(unit=True), Flag(metavar="SIZE")] = Field(
+        _PACKING.headroom_bytes,
         description="memory kept free on every GPU, a size like 2GiB; 0 because the estimate "
         "already includes the CUDA context.",
     )
     headroom_percent: int = Field(
-        0, description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom."
+        _PACKING.headroom_percent,
+        description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom.",
     )
     heartbeat_ttl_seconds: int = Field(
-        int(DEFAULT_HEARTBEAT_TTL.total_seconds()), ge=1, le=MAX_SECONDS,
+        int(_PACKING.heartbeat_ttl.total_seconds()), ge=1, le=MAX_SECONDS,
         description="a GPU node whose agent has not written for this long takes no new job; "
         "a few of the agent's 30 s heartbeats.",
     )
@@ -97,7 +87,7 @@ class AdmissionConfig(BaseModel):
     raw_priority_namespaces: Annotated[
         list[NamespaceName], Flag("--raw-priority-namespace", metavar="NAMESPACE")
     ] = Field(
-        default_factory=list,
+        default_factory=lambda: sorted(_ADMISSION.raw_priority_namespaces),
         description="namespaces whose FineTuneJobs' spec.priority, a raw number, is honoured "
         "(an administrator's own, e.g. a platform team's); elsewhere a job's priority comes "
         "only from its PriorityClass, and a spec.priority is ignored with a warning. None by "

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api.finetunejob import ObservedGpu, ObservedStatus
-from controller.base.units import format_gib
+from controller.base.units import MIB, format_gib
 from controller.estimator import SpecError
 from controller.estimator.presets import load_preset
 from controller.jobs.spec import config_map_ref
 
-MIB = 2**20
 #: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:
 #: 256 MiB is below any estimate's resolution worth reading, 5 % keeps a 70 GiB job's writes
 #: to a handful.

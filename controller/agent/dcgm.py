@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.agent.readings import BackendError, GpuReading, MigInstance
+from controller.base.units import MIB
 
-MIB = 2**20
 FIELDS = {
     "DCGM_FI_DEV_FB_FREE": "free",
     "DCGM_FI_DEV_FB_USED": "used",

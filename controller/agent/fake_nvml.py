@@ -16,8 +16,7 @@ from typing import Any, NoReturn
 
 import pynvml
 
-GIB = 2**30
-MIB = 2**20
+from controller.base.units import MIB
 
 
 @dataclass

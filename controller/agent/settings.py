@@ -12,16 +12,15 @@ import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from controller.agent.sizes import ByteSize
 from controller.base.settings import MAX_SECONDS, SettingsError, SettingsLoader
+from controller.base.units import MIB, Bytes
 
 ENV_PREFIX = "VRAMGATE_AGENT_"
-MIB = 2**20
 __all__ = ["AgentSettings", "SettingsError", "add_arguments", "load_settings"]
 
 
@@ -68,7 +67,7 @@ class AgentSettings(BaseModel):
         description="longest time between two GPUNode writes; the operator treats an older "
         "heartbeat as stale. 30 s bounds the steady write rate at 1/30 per second per node.",
     )
-    change_threshold_bytes: ByteSize = Field(
+    change_threshold_bytes: Annotated[int, Bytes()] = Field(
         256 * MIB,
         description="a change of free, used, total or per-pod memory larger than this is "
         "written at once (bytes, or a size like 256MiB); smaller jitter waits for the "

@@ -44,14 +44,14 @@ nodes (the chart's ConfigMap) therefore writes ``{node}`` into each ``uuid`` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.agent.readings import BackendError, GpuProcess, GpuReading, MigInstance
-from controller.agent.sizes import ByteSize
 from controller.api.gpunode import MAX_POD_UID, MAX_UUID
+from controller.base.units import Bytes
 
 
 class _Model(BaseModel):
@@ -60,7 +60,7 @@ class _Model(BaseModel):
 
 class _Process(_Model):
     pid: int = Field(ge=0)
-    usedBytes: ByteSize | None = None
+    usedBytes: Annotated[int, Bytes()] | None = None
     podUID: str | None = Field(None, min_length=1, max_length=MAX_POD_UID)
 
 
@@ -75,11 +75,12 @@ class _Gpu(_Model):
     uuid: str = Field(min_length=1, max_length=MAX_UUID)
     product: str
     memoryInfoSupported: bool = True
-    totalBytes: ByteSize | None = None
-    usedBytes: ByteSize | None = None
-    driverReservedBytes: ByteSize | None = None
-    reservedBytes: ByteSize | None = None  # the older spelling of driverReservedBytes
-    freeBytes: ByteSize | None = None
+    totalBytes: Annotated[int, Bytes()] | None = None
+    usedBytes: Annotated[int, Bytes()] | None = None
+    driverReservedBytes: Annotated[int, Bytes()] | None = None
+    # The older spelling of driverReservedBytes.
+    reservedBytes: Annotated[int, Bytes()] | None = None
+    freeBytes: Annotated[int, Bytes()] | None = None
     mig: _Mig | None = None
     processes: list[_Process] = []
 

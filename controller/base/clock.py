@@ -1,5 +1,7 @@
-"""Time, injected: the agent's heartbeats, thresholds and backoff take a clock, so tests of an
-hour of polling run in milliseconds and never sleep."""
+"""Time, injected: the agent's heartbeats, thresholds and backoff, the operator's retries,
+backoff and lookups (`controller.operator.scheduler`) and its hold on the Lease
+(`controller.operator.leader`) take a clock, so tests of an hour of polling run in
+milliseconds and never sleep. Each defaults to `SystemClock`."""
 
 from __future__ import annotations
 

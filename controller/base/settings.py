@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
+from annotated_types import GroupedMetadata
 from pydantic import BaseModel, BeforeValidator, PlainValidator, ValidationError, WrapValidator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
@@ -170,9 +171,15 @@ class SettingsLoader(Generic[M]):
 
     @staticmethod
     def _parses_itself(info: FieldInfo) -> bool:
-        """Whether the field reads its own strings (a size like ``2GiB`` into bytes)."""
+        """Whether the field reads its own strings (a size like ``2GiB`` into bytes): a
+        validator in its metadata, or in a group there (`controller.base.units.Bytes`)."""
         kinds = (BeforeValidator, PlainValidator, WrapValidator)
-        return any(isinstance(m, kinds) for m in info.metadata)
+        unpacked = (
+            part
+            for meta in info.metadata
+            for part in (meta if isinstance(meta, GroupedMetadata) else (meta,))
+        )
+        return any(isinstance(part, kinds) for part in unpacked)
 
     def _default_text(self, name: str) -> str:
         info = self.fields[name]

@@ -363,8 +363,7 @@ def _add_operator(sub: Any) -> None:
 
 
 def _run_operator(args: argparse.Namespace, console: Console) -> int:
-    from controller.operator.options import StartupError
-    from controller.operator.run import run
+    from controller.operator.run import StartupError, run
     from controller.operator.settings import SettingsError, load_options
 
     try:

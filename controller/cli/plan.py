@@ -34,7 +34,7 @@ from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig
 from controller.api.conditions import REASON_NO_TEMPLATE
 from controller.base.errors import PermanentError
 from controller.base.settings import SettingsError, SettingsLoader
-from controller.base.units import GIB
+from controller.base.units import GIB, MIB
 from controller.cli.apply_checks import refused_at_apply
 from controller.decision import (
     ADVISE,
@@ -49,7 +49,7 @@ from controller.packing.view import ClusterView
 from controller.workload import workload_problem
 
 #: Largest YAML file read: far above any cluster dump of 10,000 nodes, far below memory.
-MAX_FILE_BYTES = 256 * 2**20
+MAX_FILE_BYTES = 256 * MIB
 EXAMPLES = files("controller") / "examples"
 #: Deepest YAML nesting read: Kubernetes objects nest a few dozen levels at most.
 MAX_DEPTH = 100
@@ -211,7 +211,7 @@ def _documents(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     except OSError as error:
         raise PlanInputError(f"{path}: cannot read: {error.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise PlanInputError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
+        raise PlanInputError(f"{path}: larger than {MAX_FILE_BYTES // MIB} MiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -22,11 +22,6 @@ _LABELS = {
     "cuda_overhead": "CUDA overhead",
 }
 _BAR = 30
-_MODES = {
-    Parallelism.DDP: "DDP",
-    Parallelism.FSDP: "FSDP",
-    Parallelism.DEVICE_MAP: "a device map",
-}
 _NO_COUNT = "no number of GPUs fits"
 
 
@@ -86,7 +81,7 @@ def fit_sentence(result: Fit, card: str) -> str:
     """The fit answer for the count asked for, in words: "fits one 24GiB GPU", "fits 2 x 80GB
     with FSDP", "does not fit one 80GB GPU: needs ...". The figures are the reason's; the
     per-GPU line above carries the one for the count."""
-    mode = _MODES[result.parallelism]
+    mode = result.parallelism.prose
     on = f"one {card} GPU" if result.gpus == 1 else f"{result.gpus} x {card} with {mode}"
     if result.fits:
         return f"fits {on}"
@@ -100,7 +95,7 @@ def per_gpu_line(est: Estimate, n_gpus: int, parallelism: Parallelism) -> str:
     if n_gpus == 1:
         return f"per GPU on 1 GPU: {est.total_bytes / GIB:.2f} GiB"
     per_gpu = est.per_gpu_bytes(n_gpus, parallelism)
-    line = f"per GPU on {n_gpus} GPUs with {_MODES[parallelism]}: {per_gpu / GIB:.2f} GiB"
+    line = f"per GPU on {n_gpus} GPUs with {parallelism.prose}: {per_gpu / GIB:.2f} GiB"
     if parallelism is Parallelism.FSDP:
         line += f" ({est.undivided_bytes(n_gpus) / GIB:.2f} GiB of it FSDP does not divide)"
     return line

@@ -16,13 +16,11 @@ from controller.packing.fit import gib, plural
 from controller.packing.placement import Placed
 from controller.packing.view import ClusterView, Selection
 
-_MODE = {Parallelism.DDP: "DDP", Parallelism.FSDP: "FSDP", Parallelism.DEVICE_MAP: "DeviceMap"}
-
 
 def need(job: JobRequest, n: int) -> str:
     """`47.33 GiB per GPU on 2 GPUs with FSDP`."""
     per_gpu = job.estimate.per_gpu_bytes(n, job.parallelism)
-    return f"{gib(per_gpu)} per GPU on {plural(n)} with {_MODE[job.parallelism]}"
+    return f"{gib(per_gpu)} per GPU on {plural(n)} with {job.parallelism.api}"
 
 
 def where(view: ClusterView, placed: Placed) -> str:
@@ -165,7 +163,7 @@ def never_fits(
     largest = f"the largest GPU holds {gib(empty[0])} usable" if empty else "no GPU reports memory"
     if other is not None:
         return (
-            f"needs {plural(other)} with {_MODE[job.parallelism]} "
+            f"needs {plural(other)} with {job.parallelism.api} "
             f"({gib(job.estimate.per_gpu_bytes(other, job.parallelism))} each); requested "
             f"{job.gpus}; policy {job.policy.value}: set spec.resources.gpus to {other} or "
             "admissionPolicy Resize"
@@ -264,13 +262,13 @@ def no_shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
         shape = "on one node (a device map)"
     elif view.one_node:
         return (
-            f"needs {plural(job.gpus)} with {_MODE[job.parallelism]}; "
+            f"needs {plural(job.gpus)} with {job.parallelism.api}; "
             f"{_one_node_note(view, at, job.gpus, why=True)}, so no such placement exists; set "
             f"spec.resources.gpus to {widest} or fewer (the devicePlugin and dra GPU modes can "
             "span nodes with DDP or FSDP)"
         )
     else:
-        shape = f"as k nodes x g GPUs with the same g on every node ({_MODE[job.parallelism]})"
+        shape = f"as k nodes x g GPUs with the same g on every node ({job.parallelism.api})"
     return (
         f"needs {plural(job.gpus)} {shape}; the matching nodes have at most "
         f"{plural(widest)} each, so no such placement exists"

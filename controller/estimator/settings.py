@@ -99,6 +99,12 @@ class Parallelism(Choice):
     FSDP = "fsdp", "FSDP"
     DEVICE_MAP = "device-map", "DeviceMap"
 
+    @property
+    def prose(self) -> str:
+        """Its name in a sentence (`2 x 80GB with a device map`): the API's word, but for
+        DeviceMap, which reads as a type name there."""
+        return "a device map" if self is Parallelism.DEVICE_MAP else self.api
+
 
 _ALIASES: dict[str, dict[str, str]] = {
     "Checkpointing": {"true": "on", "false": "off", "none": "off", "enabled": "on"},

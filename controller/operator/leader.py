@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from controller.base.clock import Clock, SystemClock
 from controller.kube import ApiError, Conflict, Gone, Kube
 
 log = logging.getLogger("vramgate.leader")
@@ -46,21 +46,25 @@ class Leader:
         identity: str,
         duration_s: float = 15.0,
         renew_s: float = 5.0,
+        clock: Clock | None = None,
     ) -> None:
         self.kube = kube
+        #: When the Lease was renewed (wall time, written into it) and how long this replica
+        #: may decide since (monotonic): injected, so a test can move time.
+        self.clock = clock or SystemClock()
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration_s, self.renew_s = duration_s, renew_s
-        self._held_until = 0.0  # time.monotonic() until which this replica may decide
+        self._held_until = 0.0  # clock.monotonic() until which this replica may decide
         self.on_change: list[Any] = []
 
     def is_leader(self) -> bool:
-        return time.monotonic() < self._held_until
+        return self.clock.monotonic() < self._held_until
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             was = self.is_leader()
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 held = await loop.run_in_executor(None, self._try)
             except Exception as error:  # an API hiccup: try again next round
@@ -82,7 +86,7 @@ class Leader:
 
     def _try(self) -> bool:
         """One acquire-or-renew round trip; True if this replica holds the Lease now."""
-        now = datetime.now(UTC)
+        now = self.clock.wall()
         try:
             lease = self.kube.read_lease(self.namespace, self.name)
         except Gone:

@@ -30,12 +30,16 @@ from controller.kube import Kube, api_client
 from controller.operator import handlers, memory
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics, start_metrics_server
-from controller.operator.options import OperatorOptions, StartupError, WebhookMode
 from controller.operator.scheduler import Scheduler, SchedulerOptions
+from controller.operator.settings import OperatorOptions, WebhookMode
 from controller.webhook.cert_secret import CertSecret, CertSecretError
 from controller.webhook.certs import ServingCert, ensure_serving_cert
 from controller.webhook.registration import Registrar
 from controller.webhook.server import ReviewServer
+
+
+class StartupError(DeploymentError):
+    """The operator cannot start (no credentials, unusable certificate directory)."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):

@@ -57,6 +57,7 @@ from controller.admission.failures import failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.api import conditions as cond
 from controller.base.backoff import Backoff
+from controller.base.clock import Clock, SystemClock
 from controller.decision import AdmissionSettings
 from controller.estimator import SpecErrors
 from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
@@ -64,6 +65,7 @@ from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
 from controller.operator.caches import Caches, slim_job
 from controller.operator.leader import Leader
 from controller.operator.metrics import OperatorMetrics
+from controller.operator.settings import DEFAULTS
 from controller.packing.view import ClusterView
 from controller.workload import Remains
 
@@ -88,7 +90,7 @@ class SchedulerOptions:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     #: A pass after this long without events: heartbeats going stale, starvation limits and
     #: ConfigMap retries need time to pass, not an event.
-    resync_s: float = 10.0
+    resync_s: float = DEFAULTS.resync_seconds
     #: After an event, wait this long for more before a pass: 1,000 jobs created at once are
     #: decided in a few passes, not 1,000.
     debounce_s: float = 0.1
@@ -96,7 +98,7 @@ class SchedulerOptions:
     write_workers: int = 16
     #: Workload creates and deletes, beside the status writes: fewer, so decisions come first.
     create_workers: int = 4
-    configmap_retry_s: float = 30.0
+    configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
     #: The namespaces the operator watches (none: all); a new leader relists only these.
     namespaces: tuple[str, ...] = ()
 
@@ -109,12 +111,16 @@ class Scheduler:
         leader: Leader | None = None,
         now: Callable[[], datetime] = cond.now_utc,
         metrics: OperatorMetrics | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.kube = kube
         self.options = options
         self.leader = leader
         self.now = now
         self.metrics = metrics or OperatorMetrics()
+        #: Intervals (retries, backoff, lookups, a pass's length): injected, so a test can
+        #: move time instead of waiting for it.
+        self.clock = clock or SystemClock()
         self.caches: Caches | None = None
         self._context = contextvars.copy_context()
         self._wake = asyncio.Event()
@@ -232,7 +238,7 @@ class Scheduler:
                 continue
             relist = not self._leading
             self._leading = True
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 await self._pass(relist)
             except asyncio.CancelledError:
@@ -243,7 +249,7 @@ class Scheduler:
                 await asyncio.sleep(1)
                 self.wake()
             self.passes += 1
-            log.debug("pass %d took %.3f s", self.passes, time.monotonic() - started)
+            log.debug("pass %d took %.3f s", self.passes, self.clock.monotonic() - started)
 
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)
@@ -296,9 +302,9 @@ class Scheduler:
             },
             refused=dict(self._refused),
         )
-        decided_at = time.monotonic()
+        decided_at = self.clock.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
-        self._decide_s = time.monotonic() - decided_at
+        self._decide_s = self.clock.monotonic() - decided_at
         log.debug(
             "decided %d jobs in %.3f s: %d writes, %d creates, %d deletes",
             len(objects.jobs), self._decide_s,
@@ -361,7 +367,7 @@ class Scheduler:
     # -- estimates -------------------------------------------------------------------------
 
     def _start_estimates(self, jobs: Mapping[str, Mapping[str, Any]]) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for key in [k for k in self._estimates if k not in jobs]:
             del self._estimates[key]
         for key in [k for k in self._retry_at if k not in jobs]:
@@ -408,10 +414,10 @@ class Scheduler:
         self._estimates[key] = found
         self._estimate_uid[key] = uid
         if found.failure is not None and found.failure.retry_s is not None:
-            self._retry_at[key] = time.monotonic() + found.failure.retry_s
+            self._retry_at[key] = self.clock.monotonic() + found.failure.retry_s
             loop.call_later(found.failure.retry_s, self.wake)
         elif config_map_ref(job.get("spec") or {}) is not None:
-            self._retry_at[key] = time.monotonic() + self.options.configmap_retry_s
+            self._retry_at[key] = self.clock.monotonic() + self.options.configmap_retry_s
         if (found, uid) != previous:
             self.wake()  # a ConfigMap read again to the same estimate changes no decision
 
@@ -465,7 +471,7 @@ class Scheduler:
         """Read what each missing workload left behind, in the background; the read's arrival
         wakes the pass that acts on it. A job's are read at most every LOOKUP_INTERVAL_S (a
         cache that lags behind a Job that exists would ask on every pass)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for lookup in lookups:
             key = lookup.key
             if key in self._looking or now < self._looked_at.get(key, 0) + LOOKUP_INTERVAL_S:
@@ -656,7 +662,7 @@ class Scheduler:
             if job is None or c.key in self._creating or (c.after_write and not landed.get(c.key)):
                 continue
             failed = self._create_failures.get(c.key)
-            if failed is not None and failed[1] > time.monotonic():
+            if failed is not None and failed[1] > self.clock.monotonic():
                 continue  # backing off: `_create_failed` wakes a pass when it is time
             uid = self._creating[c.key] = _uid(job)
             generation = admitted_generation(after_writes.get(c.key, job))
@@ -673,7 +679,7 @@ class Scheduler:
         failed = self._create_failures.get(key)
         backoff = failed[0] if failed else Backoff(CREATE_RETRY_S, CREATE_RETRY_MAX_S)
         delay = backoff.next_delay()
-        self._create_failures[key] = (backoff, time.monotonic() + delay)
+        self._create_failures[key] = (backoff, self.clock.monotonic() + delay)
         what = f"{obj['kind']} {obj['metadata'].get('name')}"
         reason: str | None = None
         if isinstance(error, ApiError):

@@ -8,7 +8,11 @@ into one ConfigMap. The command line of earlier releases keeps working: ``-n`` /
 URL``, ``-v`` and ``--debug`` are shorthands for ``namespaces: []``, ``probeAddr`` /
 ``probePort`` and ``logLevel``.
 
-Kept apart from `run` so that building the CLI parser does not import kopf.
+One shape, one set of defaults: `OperatorSettings` is what users set, each default stated
+once, there (the admission fields' defaults are the pure core's, `AdmissionConfig`);
+`OperatorOptions` is the same in the types `controller.operator.run` works with, its
+defaults read from `DEFAULTS`. Kept apart from `run` so that building the CLI parser does
+not import kopf.
 """
 
 from __future__ import annotations
@@ -16,28 +20,45 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import tempfile
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
+from controller.api.base import GROUP
 from controller.base.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
-from controller.operator.options import (
-    DEFAULT_CERT_DIR,
-    DEFAULT_LEASE,
-    DEFAULT_SERVICE_DNS,
-    DEFAULT_WEBHOOK_CONFIG,
-    DEFAULT_WEBHOOK_PORT,
-    OperatorOptions,
-    WebhookMode,
-)
+from controller.decision import AdmissionSettings
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
-__all__ = ["OperatorSettings", "SettingsError", "add_arguments", "load_options", "load_settings"]
+#: The Service name the Helm chart gives the webhook, so a generated cert covers it.
+DEFAULT_SERVICE_DNS = ("vramgate-webhook.vramgate.svc",)
+__all__ = [
+    "DEFAULTS",
+    "OperatorOptions",
+    "OperatorSettings",
+    "SettingsError",
+    "WebhookMode",
+    "add_arguments",
+    "load_options",
+    "load_settings",
+]
+
+
+class WebhookMode(StrEnum):
+    MANAGED = "managed"
+    SERVE = "serve"
+    OFF = "off"
+
+
+LogLevel = Literal["info", "verbose", "debug"]
+
 
 def _process_identity() -> str:
     """Outside a pod: the host name alone would be shared by two operators run side by side
@@ -68,7 +89,7 @@ class OperatorSettings(AdmissionConfig):
         "0.0.0.0", description="listen address of the webhook; every interface, for a Service."
     )
     webhook_port: int = Field(
-        DEFAULT_WEBHOOK_PORT, ge=0, le=65535,
+        9443, ge=0, le=65535,
         description="HTTPS port of the webhook (0: any free port, logged; webhook managed "
         "registers it); 9443 is the convention of Kubernetes webhooks and needs no privilege.",
     )
@@ -76,12 +97,12 @@ class OperatorSettings(AdmissionConfig):
         None, description="host in the URL a managed webhook registers; default: the address."
     )
     webhook_config_name: str = Field(
-        DEFAULT_WEBHOOK_CONFIG,
+        GROUP,
         description="name of the Validating- and MutatingWebhookConfiguration: the operator "
         "registers them in managed mode and injects their caBundle in serve mode.",
     )
     cert_dir: Path = Field(
-        DEFAULT_CERT_DIR,
+        Path(tempfile.gettempdir()) / "vramgate-webhook",
         description="directory of the webhook's tls.crt, tls.key and ca.crt; generated when "
         "absent, so a local run needs nothing. Must be writable with certSecretName.",
     )
@@ -118,7 +139,7 @@ class OperatorSettings(AdmissionConfig):
         "$POD_NAMESPACE is unset; the pod's own namespace in a cluster.",
     )
     lease_name: str = Field(
-        DEFAULT_LEASE, min_length=1, description="name of the Lease the replicas share."
+        "vramgate-operator", min_length=1, description="name of the Lease the replicas share."
     )
     identity: str = Field(
         default_factory=_process_identity, min_length=1,
@@ -139,15 +160,11 @@ class OperatorSettings(AdmissionConfig):
         8081, ge=0, le=65535,
         description="port of /healthz (0: any free port); 8081, beside the metrics.",
     )
-    log_level: Literal["info", "verbose", "debug"] = Field(
+    log_level: LogLevel = Field(
         "info",
         description="info: decisions and problems; verbose: each handler call; debug: "
         "everything kopf does. info because handler lines cost CPU on a busy cluster.",
     )
-
-    def liveness_url(self) -> str:
-        host = f"[{self.probe_addr}]" if ":" in self.probe_addr else self.probe_addr
-        return f"http://{host}:{self.probe_port}{PROBE_PATH}"
 
     def options(self, environ: Mapping[str, str] = os.environ) -> OperatorOptions:
         """What `controller.operator.run` needs, in its own types."""
@@ -169,12 +186,67 @@ class OperatorSettings(AdmissionConfig):
             lease_namespace=self.lease_namespace,
             lease_name=self.lease_name,
             identity=self.identity,
-            liveness=self.liveness_url(),
+            probe_addr=self.probe_addr,
+            probe_port=self.probe_port,
             metrics_addr=self.metrics_addr,
             metrics_port=self.metrics_port,
-            verbose=self.log_level in ("verbose", "debug"),
-            debug=self.log_level == "debug",
+            log_level=self.log_level,
         )
+
+
+#: Every setting at its default: what the dataclasses that carry settings further
+#: (`OperatorOptions`, `controller.operator.scheduler.SchedulerOptions`) default to.
+DEFAULTS = OperatorSettings()
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """Everything `vramgate operator` can be told (`OperatorSettings.options`), in the types
+    the operator works with; the defaults are the settings' own, a local run's."""
+
+    namespaces: tuple[str, ...] = tuple(DEFAULTS.namespaces)  # empty: every namespace
+    webhook: WebhookMode = DEFAULTS.webhook
+    webhook_addr: str = DEFAULTS.webhook_addr
+    webhook_port: int = DEFAULTS.webhook_port
+    webhook_host: str | None = DEFAULTS.webhook_host  # host in the registered URL
+    webhook_config: str = DEFAULTS.webhook_config_name
+    cert_dir: Path = DEFAULTS.cert_dir
+    cert_hosts: tuple[str, ...] = tuple(DEFAULTS.cert_hosts)
+    #: The kubernetes.io/tls Secret the certificate lives in (`controller.webhook.cert_secret`);
+    #: None: the files in cert_dir only.
+    cert_secret_name: str | None = DEFAULTS.cert_secret_name
+    #: The operator's own namespace ($POD_NAMESPACE, else the Lease's): where the certificate
+    #: Secret lives.
+    own_namespace: str = DEFAULTS.lease_namespace
+    configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
+    admission: AdmissionSettings = field(default_factory=DEFAULTS.admission)
+    resync_s: float = DEFAULTS.resync_seconds
+    #: Leader election on a Lease (off: this replica decides alone; for one-replica runs).
+    leader_election: bool = DEFAULTS.leader_election
+    lease_namespace: str = DEFAULTS.lease_namespace
+    lease_name: str = DEFAULTS.lease_name
+    #: The Lease holder's name: the pod's name in a cluster (a restarted container takes its
+    #: own Lease back at once), the host name and process id elsewhere.
+    identity: str = field(default_factory=_process_identity)
+    probe_addr: str = DEFAULTS.probe_addr
+    probe_port: int = DEFAULTS.probe_port
+    metrics_addr: str = DEFAULTS.metrics_addr
+    metrics_port: int = DEFAULTS.metrics_port  # /metrics; 0: any free port
+    log_level: LogLevel = DEFAULTS.log_level
+
+    @property
+    def liveness(self) -> str:
+        """kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz."""
+        host = f"[{self.probe_addr}]" if ":" in self.probe_addr else self.probe_addr
+        return f"http://{host}:{self.probe_port}{PROBE_PATH}"
+
+    @property
+    def verbose(self) -> bool:
+        return self.log_level in ("verbose", "debug")
+
+    @property
+    def debug(self) -> bool:
+        return self.log_level == "debug"
 
 
 LOADER = SettingsLoader(

@@ -28,7 +28,6 @@ from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 
 FURTHER_GPU_SHARE = Fraction(85, 100)
-_MODE = {Parallelism.DDP: "DDP", Parallelism.FSDP: "FSDP", Parallelism.DEVICE_MAP: "a device map"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +154,7 @@ def _why_not(
     frees_desc: Sequence[int],
     smallest: int | None,
 ) -> str:
-    mode = _MODE[parallelism]
+    mode = parallelism.prose
     largest = frees_desc[0] if frees_desc else 0
     if not frees_desc:
         return "no GPUs to place on"

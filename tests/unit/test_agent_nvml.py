@@ -12,8 +12,6 @@ import pynvml
 import pytest
 
 from controller.agent.fake_nvml import (
-    GIB,
-    MIB,
     FakeGpu,
     FakeMemory,
     FakeMigDevice,
@@ -26,6 +24,7 @@ from controller.agent.pods import PodResolver
 from controller.agent.readings import BackendError, GpuProcess, MigInstance
 from controller.agent.status import Observation, build_status
 from controller.api.gpunode import GPUNodeStatus
+from controller.base.units import GIB, MIB
 
 
 def test_fake_answers_like_pynvml_before_init() -> None:

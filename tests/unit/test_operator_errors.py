@@ -18,7 +18,7 @@ from controller.base.errors import (
     VramgateError,
 )
 from controller.estimator import SpecError, SpecErrors
-from controller.operator.options import StartupError
+from controller.operator.run import StartupError
 
 
 def test_a_spec_error_is_recorded_as_invalid_spec_and_never_retried() -> None:

@@ -33,9 +33,9 @@ from controller.estimator import SpecErrors
 from controller.jobs.spec import ConfigMapKey
 from controller.kube import Kube, read_model_config
 from controller.operator import caches, handlers, scheduler
-from controller.operator.options import OperatorOptions, WebhookMode
 from controller.operator.run import NoDiffBase, build_registry, operator_settings
 from controller.operator.scheduler import Scheduler, SchedulerOptions
+from controller.operator.settings import OperatorOptions, WebhookMode
 from controller.packing.inventory import GpuMode
 from controller.webhook.server import ReviewServer
 from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B, QWEN25_05B

@@ -14,11 +14,11 @@ import yaml
 
 from controller.cli import main
 from controller.decision import QueueingStrategy
-from controller.operator.options import WebhookMode
 from controller.operator.settings import (
     LOADER,
     OperatorSettings,
     SettingsError,
+    WebhookMode,
     add_arguments,
     load_options,
     load_settings,

@@ -919,8 +919,8 @@ def test_plan_and_the_operator_share_the_admission_settings(
     """One model (`AdmissionConfig`): the same fields, flags, defaults and checks; plan reads
     them from its command line only, never the operator's environment or config file."""
     from controller.admission.config import AdmissionConfig
-    from controller.cli.main import build_parser
     from controller.cli import plan as plan_command
+    from controller.cli.main import build_parser
     from controller.operator import settings as operator
 
     assert issubclass(operator.OperatorSettings, AdmissionConfig)
