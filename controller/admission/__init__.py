@@ -7,7 +7,8 @@
     metric_view.py     the state gauges' view of the jobs, as the pass left them
     failures.py        an estimation's error -> the condition reason and retry it gets
     cluster.py         Nodes, GPUNodes, Pods, FineTuneJobs (dicts) -> a packing snapshot and
-                       the jobs' requests; plan's compact cluster description
+                       the jobs' requests
+    compact.py         `vramgate plan`'s compact description of a cluster not built yet
     priority.py        a job's queue priority, from the PriorityClasses an administrator made
     config.py          the admission settings the operator and `vramgate plan` share
     dump_checks.py     the fields admission reads of a cluster dump, checked as the API

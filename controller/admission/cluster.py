@@ -10,8 +10,8 @@ many and as large as its Node says, never a node without GPUs. Jobs not admitted
 by the PriorityClasses among the objects (`controller.admission.priority`). Pure: no I/O, no
 Kubernetes client.
 
-A compact cluster description (`nodes:` with their GPUs' memory) serves `vramgate plan` for
-clusters that do not exist yet.
+A compact cluster description (`nodes:` with their GPUs' memory, `compact.py`) serves
+`vramgate plan` for clusters that do not exist yet.
 """
 
 from __future__ import annotations
@@ -20,18 +20,9 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
+from controller.admission.compact import CompactProblem, compact_nodes
 from controller.admission.dump_checks import object_problem
 from controller.admission.priority import Priorities
 from controller.api.base import (
@@ -45,10 +36,9 @@ from controller.api.base import (
     PRODUCT_LABEL,
 )
 from controller.api.conditions import ADMITTED, FAILED, READY, SUCCEEDED, find_condition
-from controller.api.finetunejob import DNS_SUBDOMAIN_PATTERN
 from controller.api.names import job_label_value
 from controller.base.errors import PermanentError
-from controller.base.units import MIB, Bytes
+from controller.base.units import MIB
 from controller.decision.types import JobRequest
 from controller.estimator import Estimate, SpecError, SpecErrors
 from controller.jobs.spec import JobPlan, config_map_ref, translate
@@ -98,7 +88,11 @@ class ClusterObjects:
             return
         if kind is None and "nodes" in obj:
             known = {node.name for node in self.compact}
-            for node in compact_nodes(obj, where):
+            try:
+                described = compact_nodes(obj)
+            except CompactProblem as wrong:
+                raise ClusterError(where, str(wrong)) from None
+            for node in described:
                 if node.name in known:  # merged, it would plan on half of what was described
                     raise ClusterError(where, f"nodes: node {node.name!r} is described twice")
                 known.add(node.name)
@@ -494,126 +488,3 @@ def requests(
         out.append(job_request(job, plan, estimate, priorities))
         plans[key] = plan
     return out, plans, invalid
-
-
-# -- the compact description ----------------------------------------------------------------
-
-
-class CompactGpu(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    #: Sizes with their units, as people write them: a bare number is ambiguous.
-    memory: Annotated[int, Bytes(unit=True, integers=False, zero=False)]
-    #: 0 in any unit: a full GPU's free memory.
-    free: Annotated[int, Bytes(unit=True, integers=False)] | None = None
-    uuid: str | None = Field(None, min_length=1, max_length=128)
-    product: str | None = Field(None, min_length=1)
-    count: int = Field(1, ge=1, le=4096)
-    #: A pod holds the GPU (what is not free is its): with the device plugin or DRA it takes
-    #: no other job, and the device plugin hands it to no other pod.
-    allocated: StrictBool = False
-
-    @model_validator(mode="after")
-    def _uuid_of_one(self) -> CompactGpu:
-        if self.uuid is not None and self.count > 1:
-            raise ValueError(
-                f"uuid names one GPU, but count is {self.count}: give each GPU its own entry"
-            )
-        return self
-
-
-class CompactNode(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
-    labels: dict[str, str] = Field(default_factory=dict)
-    gpus: list[CompactGpu] = Field(min_length=1)
-    ready: bool = True
-    cordoned: bool = False
-
-    @field_validator("gpus", mode="before")
-    @classmethod
-    def _one_kind(cls, value: object) -> object:
-        """`gpus: {count: 8, memory: 80GiB}` is a list of one kind of GPU."""
-        return [value] if isinstance(value, Mapping) else value
-
-
-class CompactCluster(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    nodes: list[CompactNode] = Field(min_length=1)
-
-
-#: The model each key's items are, for naming the keys a mapping allows.
-_COMPACT_MODELS: dict[str, type[BaseModel]] = {"nodes": CompactNode, "gpus": CompactGpu}
-#: pydantic's wording, and what a person writing the file needs to read instead.
-_COMPACT_MESSAGES = {
-    "missing": "required",
-    "string_pattern_mismatch": "must be a DNS-1123 subdomain (lower-case letters, digits, '-' "
-    "and '.'), as a node's name is",
-}
-
-
-def _compact_problem(first: Any) -> str:
-    """`path: what is wrong`, an unknown key with the keys allowed there."""
-    loc = first["loc"]
-    path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-    message = _COMPACT_MESSAGES.get(first["type"], first["msg"].removeprefix("Value error, "))
-    if first["type"] == "extra_forbidden":
-        parent = next((p for p in reversed(loc[:-1]) if isinstance(p, str)), "")
-        model = _COMPACT_MODELS.get(parent, CompactCluster)
-        message = f"unknown key; allowed: {', '.join(model.model_fields)}"
-    return f"{path}: {message}"
-
-
-#: The pod a compact file's `allocated: true` GPU is held by (no pod of any job).
-_HOLDER = "allocated-in-the-cluster-file"
-
-
-def compact_nodes(document: Mapping[str, Any], where: str) -> list[NodeState]:
-    """Nodes from the compact form; every GPU is Ready and fresh, its free memory as given."""
-    try:
-        cluster = CompactCluster.model_validate(document)
-    except ValidationError as error:
-        raise ClusterError(where, _compact_problem(error.errors()[0])) from None
-    out = []
-    for node in cluster.nodes:
-        gpus = node.gpus
-        product = node.labels.get(PRODUCT_LABEL, "GPU")
-        devices: list[GpuDevice] = []
-        for gpu in gpus:
-            for _ in range(gpu.count):
-                i = len(devices)
-                if gpu.free is not None and gpu.free > gpu.memory:
-                    raise ClusterError(
-                        where, f"nodes {node.name} GPU {i}: free must be at most memory"
-                    )
-                free = gpu.memory if gpu.free is None else gpu.free
-                devices.append(
-                    GpuDevice(
-                        uuid=gpu.uuid if gpu.uuid and gpu.count == 1 else f"{node.name}-gpu{i}",
-                        index=i,
-                        product=gpu.product or product,
-                        total_bytes=gpu.memory,
-                        free_bytes=free,
-                        pod_used_bytes={_HOLDER: gpu.memory - free} if gpu.allocated else {},
-                    )
-                )
-        out.append(
-            NodeState(
-                node.name,
-                tuple(devices),
-                # The labels every kubelet sets, which pod templates select on; the file's win.
-                labels={
-                    "kubernetes.io/hostname": node.name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    **node.labels,
-                },
-                ready=node.ready,
-                cordoned=node.cordoned,
-                gpu_allocatable=len(devices),
-                gpu_allocated=sum(1 for device in devices if device.pod_used_bytes),
-            )
-        )
-    return out
