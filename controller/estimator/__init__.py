@@ -67,7 +67,7 @@ def load_shape(preset: str) -> ModelShape:
 def _preset_shape(name: str) -> ModelShape:
     """Parsed once per process: estimates reuse the shape and its memoised counts. A preset
     warns of nothing its config leaves out (Gemma 3 4B's heads and vocabulary): its shape is
-    held to the model's published parameter count (tests/unit/test_presets.py)."""
+    held to the model's published parameter count (tests/unit/estimator/test_presets.py)."""
     from controller.estimator.presets import load_preset
 
     shape = parse_config(load_preset(name).config, prefix="model.preset")

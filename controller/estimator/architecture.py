@@ -1751,7 +1751,7 @@ def _hybrid_layers(
     if dims.mamba1 is not None or dims.deltanet is not None:
         # Jamba, Qwen3-Next: a layer's kind is its mixer and whether it is MoE
         dense = frozenset(dims.dense_layers)  # not the cached property: parsing keeps the
-        # shape's __dict__ to its fields (tests/unit/test_estimator_speed.py)
+        # shape's __dict__ to its fields (tests/unit/estimator/test_estimator_speed.py)
         keys = [(kind, dims.num_experts > 1 and i not in dense) for i, kind in enumerate(mixers)]
         by_key = {
             key: _jamba_layer(dims, fam, r, keys.index(key), key[1], mlp_bias)

@@ -96,7 +96,7 @@ FAMILY_ALIASES = {
     "deepseek_v2": "deepseek_v3",
     # Not fitted: read as the fitted family of the closest layout. Kimi K2 is DeepSeek-V3's
     # code at another size (the trace builds it as that class, `trace.build.BUILT_AS`, and
-    # tests/unit/test_calibrated.py holds it to the trace at its real widths); DBRX
+    # tests/unit/estimator/test_calibrated.py holds it to the trace at its real widths); DBRX
     # Mixtral's (routed experts only; its expert loop cannot be traced); Llama 4 GQA with
     # routed and one shared expert, as Qwen-MoE (PEFT's all-linear LoRA breaks on its
     # router): approximations, not held to the 5 % of the fitted families.

@@ -4,7 +4,7 @@ A frozen dataclass's `__init__` sets each field through `object.__setattr__`, wh
 Python 3.11 costs about 1,700 machine instructions a field: the 28 fields of `ArchDims`
 took a fifth of a raw-config parse, and an estimate builds five such objects. `assemble`
 fills the instance's `__dict__` in one update instead, so it needs a class without
-`__slots__` and every field given (tests/unit/test_estimator_speed.py holds each hot-path
+`__slots__` and every field given (tests/unit/estimator/test_estimator_speed.py holds each hot-path
 class to an instance its `__init__` builds).
 """
 

@@ -13,7 +13,7 @@ The CRD schema already refuses most type and range errors at the API server; thi
 still checks them, because it also serves inputs that never went through the API server
 (tests, the CLI, a webhook that runs before schema defaulting is guaranteed). An omitted
 field takes the API models' default, the one the API server would write in;
-`tests/unit/test_jobspec_schema.py` checks that the models refuse, at the same path, each
+`tests/unit/jobs/test_jobspec_schema.py` checks that the models refuse, at the same path, each
 error found here that a schema can state.
 """
 

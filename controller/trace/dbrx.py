@@ -12,7 +12,7 @@ out evenly among the experts, as a uniform routing would: the same modules
 full fine-tuning's backward accumulates one full-size gradient per expert into each stack's,
 as the loop's does), the same saved tensors in total. Only each expert's share of the pairs
 is the uniform one rather than the router's, which moves the forward's transient peak by a
-fraction of one expert's tensors (tests/unit/test_trace.py compares it with the loop on real
+fraction of one expert's tensors (tests/unit/trace/test_trace.py compares it with the loop on real
 tensors and a real routing).
 """
 

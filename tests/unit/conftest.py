@@ -87,7 +87,7 @@ LONG_FILES_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The unit tests reordered among the places they hold; any other test keeps its own."""
     here = Path(__file__).parent
-    places = [i for i, item in enumerate(items) if item.path.parent == here]
+    places = [i for i, item in enumerate(items) if here in item.path.parents]
 
     def rank(item: pytest.Item) -> int:
         name = item.path.name

@@ -134,7 +134,7 @@ def test_every_type_and_reason_is_documented_with_what_it_indicates() -> None:
 def test_the_readme_explains_every_reason_admitted_can_have() -> None:
     """The README's table of what a job can end as, and the paragraph after it, name every
     Admitted reason (those from Pending to SpecLocked in conditions.py, and the estimation's)."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
     start = readme.index("What a job can end as")
     section = readme[start : readme.index("\n#", start)]
     names = list(_documented_constants())

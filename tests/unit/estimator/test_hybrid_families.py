@@ -25,7 +25,7 @@ from controller.estimator.module_paths import layer_linear_paths
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
 from controller.jobs.profiles import estimate
-from tests.unit.test_families import _error
+from tests.unit.estimator.test_families import _error
 from tests.unit.trace_support import require_trace_extra
 
 NANO = "nemotron-nano-9b-v2"
@@ -306,7 +306,7 @@ def test_nemotron_moe_resident_bytes_are_storages_exactly(
     expert stacks, 4-bit under QLoRA; PEFT's adapters on the shared expert) is what the
     exact static bytes (`storage.py`, the calibrated profile's static part) say."""
     require_trace_extra()
-    from tests.unit.test_trace import resident_bytes
+    from tests.unit.trace.test_trace import resident_bytes
 
     config = SMALL_MOE | {"moe_latent_size": latent, "pad_token_id": 0}
     job = TrainingSettings(
@@ -504,7 +504,7 @@ def test_jamba_prices_its_mamba_layers_in_every_formula_profile() -> None:
     assert estimate(shape, unsloth).trainable_params == 2 * 28 * mamba_lora
     q_only = replace(unsloth, targets=("q_proj",))  # attention in 4 layers only
     assert estimate(shape, q_only).trainable_params == 2 * 4 * (h + h)
-    # calibrated: its own fit (tests/unit/test_calibrated_hybrid.py)
+    # calibrated: its own fit (tests/unit/estimator/test_calibrated_hybrid.py)
     fitted = estimate(shape, replace(unsloth, profile=Profile.CALIBRATED))
     assert fitted.profile == "calibrated" and fitted.components["activations"] > 0
 

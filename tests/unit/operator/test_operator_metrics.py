@@ -2,8 +2,8 @@
 and standby), the counters a landed write moves, the accuracy histogram observed once, and
 the webhook's latency by result.
 
-The cluster is built the way tests/unit/test_admission_pass.py builds it, and admitted jobs
-come from a real pass, so the figures are the pass's own.
+The cluster is built the way tests/unit/admission/test_admission_pass.py builds it, and
+admitted jobs come from a real pass, so the figures are the pass's own.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
 from controller.packing.inventory import GpuMode, PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook
-from tests.unit.test_admission_pass import (
+from tests.unit.admission.test_admission_pass import (
     GIB,
     NOW,
     admitted,

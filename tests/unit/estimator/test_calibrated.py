@@ -96,7 +96,7 @@ def test_the_data_file_covers_every_family_and_job() -> None:
 
 
 #: Hybrid stacks (Nemotron-H ...) and Gemma 3n are priced by the hybrid section, layer by
-#: layer (tests/unit/test_calibrated_hybrid.py), Jamba included.
+#: layer (tests/unit/estimator/test_calibrated_hybrid.py), Jamba included.
 FITTED_PRESETS = [
     name for name in preset_names() if hybrid_fit.layer_kinds(load_shape(name)) is None
 ]

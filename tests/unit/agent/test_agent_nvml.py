@@ -236,7 +236,7 @@ def test_uninitialised_mid_read_is_a_backend_error() -> None:
 
 def test_the_gpu_check_script_runs_against_the_fake() -> None:
     """scripts/nvml_check.py is for GPU machines; here it must at least run and print JSON."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "nvml_check.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "nvml_check.py"
     result = subprocess.run(
         [sys.executable, str(script), "--fake"],
         capture_output=True,

@@ -466,7 +466,7 @@ def test_analytic_lora_adapts_no_expert_stack_peft_does_not(preset: str) -> None
 @pytest.mark.parametrize("targets", [["all-linear"], ["q_proj", "router"]])
 def test_llama4_lora_on_its_router_is_refused_as_training_would_fail(targets: list[str]) -> None:
     """PEFT wraps Llama 4's tuple-returning router and its LoRA layer fails on the tuple in
-    the first forward (the trace shows it: tests/unit/test_trace.py), so a job that would
+    the first forward (the trace shows it: tests/unit/trace/test_trace.py), so a job that would
     adapt the router is refused in one line that says what to write instead."""
     from controller.estimator import load_shape
     from controller.estimator.architecture import canonical_targets

@@ -18,7 +18,7 @@ from controller.cli import main
 from controller.estimator import Profile, TrainingSettings, build_settings
 from controller.jobs.spec import translate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "charts" / "vramgate" / "crds"
 # Structural schemas forbid these (or they have no meaning for the API server).
 FORBIDDEN = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "uniqueItems"}

@@ -35,7 +35,7 @@ from controller.packing.inventory import (
     Snapshot,
 )
 from controller.packing.view import ClusterView
-from tests.unit.test_packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
+from tests.unit.packing.test_packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
 
 FSDP, DDP, DEVICE_MAP = Parallelism.FSDP, Parallelism.DDP, Parallelism.DEVICE_MAP
 ENFORCE, RESIZE, ADVISE = AdmissionPolicy.ENFORCE, AdmissionPolicy.RESIZE, AdmissionPolicy.ADVISE

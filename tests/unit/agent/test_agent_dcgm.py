@@ -1,5 +1,5 @@
 """The dcgm backend against dcgm-exporter payloads laid out as the exporter's own template writes
-them (``agent_data/``): both host-label spellings, pod-mapped duplicates, MIG instances."""
+them (``data/``): both host-label spellings, pod-mapped duplicates, MIG instances."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from controller.agent.dcgm import DcgmBackend, fetch_url, parse_dcgm_metrics
 from controller.agent.readings import BackendError, MigInstance
 
 MIB = 2**20
-DATA = Path(__file__).parent / "agent_data"
+DATA = Path(__file__).parent / "data"
 H100 = (DATA / "dcgm-exporter-h100.txt").read_text()
 A100_MIG = (DATA / "dcgm-exporter-a100-mig.txt").read_text()
 

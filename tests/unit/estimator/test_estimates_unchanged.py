@@ -3,7 +3,8 @@
 The golden file holds each estimate whole (components, parameters, the per-GPU split and its
 moments, per-GPU bytes at 1, 2 and 8 GPUs under FSDP and DDP). A change of layout or of
 reading must leave every figure byte-identical; a change meant to move figures rewrites the
-file on purpose (`python -m tests.unit.test_estimates_unchanged`) and says why in its commit.
+file on purpose (`python -m tests.unit.estimator.test_estimates_unchanged`) and says why in
+its commit.
 The trace profile is left out: seconds per estimate, and its own tests pin its figures.
 """
 
