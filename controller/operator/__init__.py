@@ -8,5 +8,5 @@
                   persist, create and delete workloads, read what a missing workload left
     leader.py     the Lease: one replica decides, the others keep their caches warm
     metrics.py    the Prometheus metrics; memory.py, the process's own footprint
-    settings.py   its settings (flag > env > file > default); options.py, what run needs
+    settings.py   its settings (flag > env > file > default), and the options run takes
 """
