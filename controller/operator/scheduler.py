@@ -474,7 +474,8 @@ class Scheduler:
         now = self.clock.monotonic()
         for lookup in lookups:
             key = lookup.key
-            if key in self._looking or (key in self._looked_at and now < self._looked_at[key] + LOOKUP_INTERVAL_S):
+            last = self._looked_at.get(key)
+            if key in self._looking or (last is not None and now < last + LOOKUP_INTERVAL_S):
                 continue
             self._looking.add(key)
             self._looked_at[key] = now
