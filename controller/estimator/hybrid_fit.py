@@ -63,8 +63,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from controller.estimator.analytic import DELTANET_CHUNK
-from controller.estimator.architecture import Layer, ModelShape
 from controller.estimator.errors import SpecError
+from controller.estimator.model import Layer, ModelShape
 from controller.estimator.settings import Method, Precision, TrainingSettings
 from controller.estimator.storage import Static
 

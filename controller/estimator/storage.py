@@ -37,14 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.estimator.architecture import (
+from controller.estimator.frozen import assemble
+from controller.estimator.model import (
     Layer,
     Linear,
     ModelShape,
     family_traits,
     skip_module_matches_text,
 )
-from controller.estimator.frozen import assemble
 from controller.estimator.module_paths import layer_linear_paths, outer_linear_paths
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 

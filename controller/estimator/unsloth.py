@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.base.units import GIB
-from controller.estimator.architecture import (
+from controller.estimator.model import (
     ArchDims,
     ModelShape,
     is_kv_shared_layer,
@@ -161,7 +161,7 @@ def _routed_elements(d: ArchDims) -> int:
 def _shared_elements(d: ArchDims) -> int:
     """Shared experts (an extension of seed 1): three projections each, and the h -> 1 gate
     only where the model has one (Qwen-MoE's `shared_expert_gate`; DeepSeek has none): one
-    tensor count (`architecture.py`), whichever profile prices it."""
+    tensor count (`model/tensors.py`), whichever profile prices it."""
     if not d.n_shared_experts:
         return 0
     gate = d.n_shared_experts * d.hidden_size if d.shared_expert_gate else 0
@@ -413,7 +413,7 @@ def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -
     """Quantizable elements that `llm_int8_skip_modules` keeps in 16-bit.
 
     Entries match as transformers' bitsandbytes integration matches them
-    (`architecture.skip_module_matches`: a bare name in every layer, a dotted path by suffix
+    (`model.skip_module_matches`: a bare name in every layer, a dotted path by suffix
     or from the model's root, under any text-model root); other roots (vision towers) and
     non-quantizable names (embeddings) match nothing. A module inside another matched module
     counts once.
