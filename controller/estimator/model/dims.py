@@ -9,7 +9,7 @@ from typing import Any
 
 from controller.estimator.errors import SpecError, shown
 from controller.estimator.frozen import assemble
-from controller.estimator.model.families import GEMMA3N, HYBRID_FAMILIES
+from controller.estimator.model.families import HYBRID_FAMILIES, Family, Period
 from controller.estimator.model.read import (
     EXPERT_COUNT_FIELDS,
     MAX_DIMENSION,
@@ -110,13 +110,15 @@ def _layer_list(r: Reader, name: str, num_layers: int) -> list[int]:
     return raw
 
 
-def _dense_layer_indices(r: Reader, num_layers: int, num_experts: int) -> tuple[int, ...]:
+def _dense_layer_indices(
+    r: Reader, num_layers: int, num_experts: int, expert_period: Period | None = None
+) -> tuple[int, ...]:
     """Which layers of an MoE model keep a dense MLP. Position matters (DeepSeek, Qwen-MoE,
-    Llama 4's interleaving, ERNIE's start/interval/end)."""
+    Llama 4's interleaving, ERNIE's start/interval/end, Jamba's `Family.expert_period`)."""
     if num_experts <= 1:
         return ()
-    if r.config.get("model_type") == "jamba":
-        period, offset = _period(r, "expert_layer_period", 2, "expert_layer_offset", 1)
+    if expert_period is not None:
+        period, offset = _period(r, expert_period)
         return tuple(i for i in range(num_layers) if i % period != offset)
     mlp_types = r.config.get("mlp_layer_types")
     if mlp_types:
@@ -318,11 +320,11 @@ def _falcon_ssm_dims(r: Reader, hidden: int) -> SsmDims:
     )
 
 
-def _period(
-    r: Reader, period_name: str, period_default: int, offset_name: str, offset_default: int
-) -> tuple[int, int]:
-    """Jamba's (period, offset) of a layer kind: layer i is of that kind when i % period ==
-    offset; the offset must be below the period, as its config class checks."""
+def _period(r: Reader, kind: Period) -> tuple[int, int]:
+    """A `Period`'s (period, offset): layer i is of that kind when i % period == offset; the
+    offset must be below the period, as Jamba's config class checks."""
+    period_name, period_default = kind.period_field, kind.period_default
+    offset_name, offset_default = kind.offset_field, kind.offset_default
     period = r.int(period_name, default=period_default) or period_default
     offset = r.int(offset_name, default=offset_default, minimum=0, maximum=MAX_LAYERS)
     offset = offset_default if offset is None else offset
@@ -392,10 +394,10 @@ def _mamba1_dims(r: Reader, hidden: int) -> Mamba1Dims:
     )
 
 
-def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
+def read_dims(r: Reader, fam: Family) -> ArchDims:
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
-    hybrid = model_type in HYBRID_FAMILIES
-    mixers = _nemotron_mixers(r) if model_type == "nemotron_h" else None
+    hybrid = bool(fam.stack)
+    mixers = _nemotron_mixers(r) if fam.stack == "pattern" else None
     layers = (
         len(mixers)
         if mixers is not None
@@ -403,14 +405,15 @@ def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
         )
     )
-    if model_type == "falcon_h1":
+    if fam.stack == "parallel":
         mixers = ("parallel",) * layers  # every layer the same (`layers_block_type`: "hybrid")
-    elif model_type == "jamba":
-        period, offset = _period(r, "attn_layer_period", 8, "attn_layer_offset", 4)
+    elif fam.stack == "periodic":
+        assert fam.attention_period is not None  # every periodic stack states its period
+        period, offset = _period(r, fam.attention_period)
         mixers = tuple(
             "attention_mlp" if i % period == offset else "mamba1_mlp" for i in range(layers)
         )
-    elif model_type == "qwen3_next":
+    elif fam.stack == "interval":
         mixers = _qwen3_next_mixers(r, layers)
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
@@ -443,20 +446,19 @@ def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     vocab = r.required_int("vocab_size")
 
     limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    nemotron_moe = mixers is not None and "moe" in mixers
-    if nemotron_moe:
-        # Nemotron 3: its config class's names and defaults; the fields shape the MoE layers
-        # only (dense Nemotron-H configs carry them too, as class defaults, and are read as
-        # one expert below).
-        num_experts = r.int("n_routed_experts", default=8, minimum=1, maximum=MAX_EXPERTS) or 1
-        top_k = r.int("num_experts_per_tok", default=2, minimum=1, maximum=MAX_EXPERTS) or 1
-    elif model_type in ("nemotron_h", "falcon_h1"):
+    moe_mixers = mixers is not None and "moe" in mixers
+    if fam.experts_in_mixers and not moe_mixers:
         # Expert fields without an MoE layer (Nemotron-H's class defaults) shape nothing.
         num_experts, top_k = 1, 1
-    elif model_type == "jamba":
-        _check_expert_fields(r)
-        num_experts = r.int("num_experts", default=16, minimum=1, maximum=MAX_EXPERTS) or 1
-        top_k = r.int("num_experts_per_tok", default=2, minimum=1, maximum=MAX_EXPERTS) or 1
+    elif fam.experts is not None:
+        # Its config class's names and defaults (Jamba; Nemotron 3, whose fields shape the MoE
+        # layers only: dense Nemotron-H configs carry them too, as class defaults, and are
+        # read as one expert above).
+        if not fam.experts_in_mixers:
+            _check_expert_fields(r)
+        (number, number_default), (top, top_default) = fam.experts.number, fam.experts.top_k
+        num_experts = r.int(number, default=number_default, minimum=1, maximum=MAX_EXPERTS) or 1
+        top_k = r.int(top, default=top_default, minimum=1, maximum=MAX_EXPERTS) or 1
     else:
         _check_expert_fields(r)
         for name in () if hybrid else _NON_ATTENTION_FIELDS:
@@ -477,14 +479,14 @@ def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
     shared_size = r.dim("shared_expert_intermediate_size")
     n_shared = _scalar(r, SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
     moe_size = None
-    if model_type == "nemotron_h":
+    widths = fam.experts.widths if fam.experts is not None else None
+    if widths is not None:
         # One shared expert in every MoE layer, whatever n_shared_experts says (transformers
-        # builds one MLP of moe_shared_expert_intermediate_size), with no gate.
-        n_shared = 1 if nemotron_moe else 0
-        shared_size = (
-            r.int("moe_shared_expert_intermediate_size", default=7688) if nemotron_moe else None
-        )
-        moe_size = r.int("moe_intermediate_size", default=7688) if nemotron_moe else None
+        # builds one MLP of the shared width: Nemotron 3).
+        (width, width_default), (shared, shared_default) = widths
+        n_shared = 1 if moe_mixers else 0
+        shared_size = r.int(shared, default=shared_default) if moe_mixers else None
+        moe_size = r.int(width, default=width_default) if moe_mixers else None
     if shared_size and n_shared == 0:
         n_shared = 1
     dense_size = r.dim("intermediate_size_mlp")
@@ -535,14 +537,14 @@ def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "experts_per_token": top_k,
             "moe_intermediate_size": (
                 moe_size
-                if model_type == "nemotron_h"
+                if widths is not None
                 else _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
             ),
             "n_shared_experts": n_shared,
             "shared_expert_intermediate_size": shared_size,
-            "shared_expert_gate": bool(shared_size) and model_type != "nemotron_h",
+            "shared_expert_gate": bool(shared_size) and fam.shared_expert_gate,
             "dense_intermediate_size": dense_size,
-            "dense_layers": _dense_layer_indices(r, layers, num_experts),
+            "dense_layers": _dense_layer_indices(r, layers, num_experts, fam.expert_period),
             "moe_has_dense_mlp": r.bool("enable_moe_block", False),
             "q_lora_rank": r.dim("q_lora_rank"),
             "kv_lora_rank": kv_lora,
@@ -561,32 +563,29 @@ def read_dims(r: Reader, tie_default: bool, model_type: str = "") -> ArchDims:
             "hidden_size_per_layer_input": (
                 r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0
             ),
-            # Read last, as ever. Nemotron-H never ties (its causal LM declares no tied
-            # weights, so transformers builds an lm_head of its own whatever the flag says).
-            "tie_word_embeddings": r.bool("tie_word_embeddings", tie_default)
-            and model_type != "nemotron_h",
+            # Read last, as ever (`Family.never_tied`: Nemotron-H's lm_head is its own).
+            "tie_word_embeddings": r.bool("tie_word_embeddings", fam.tie_default)
+            and not fam.never_tied,
             "mixers": mixers,
             "ssm": (
                 _falcon_ssm_dims(r, hidden)
-                if model_type == "falcon_h1"
+                if fam.stack == "parallel"
                 else _ssm_dims(r)
                 if mixers is not None and "mamba2" in mixers
                 else None
             ),
-            "mamba1": _mamba1_dims(r, hidden) if model_type == "jamba" else None,
-            "deltanet": _deltanet_dims(r) if model_type == "qwen3_next" else None,
-            "laurel_rank": r.int("laurel_rank", default=64) or 0 if model_type in GEMMA3N else 0,
+            "mamba1": _mamba1_dims(r, hidden) if fam.stack == "periodic" else None,
+            "deltanet": _deltanet_dims(r) if fam.stack == "interval" else None,
+            "laurel_rank": r.int("laurel_rank", default=64) or 0 if fam.laurel_altup else 0,
             "altup_num_inputs": (
-                r.int("altup_num_inputs", default=4) or 0 if model_type in GEMMA3N else 0
+                r.int("altup_num_inputs", default=4) or 0 if fam.laurel_altup else 0
             ),
-            "activation_sparsity": (
-                _activation_sparsity(r, layers) if model_type in GEMMA3N else ()
-            ),
+            "activation_sparsity": (_activation_sparsity(r, layers) if fam.laurel_altup else ()),
             "sliding_window": (
-                r.int("sliding_window", default=_GEMMA3N_WINDOW) if model_type in GEMMA3N else None
+                r.int("sliding_window", default=_GEMMA3N_WINDOW) if fam.laurel_altup else None
             ),
-            "attention_output_gate": model_type == "qwen3_next",
-            "moe_latent_size": r.dim("moe_latent_size") if nemotron_moe else None,
+            "attention_output_gate": fam.gated_q,
+            "moe_latent_size": r.dim("moe_latent_size") if moe_mixers else None,
         },
     )
 

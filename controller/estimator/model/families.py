@@ -13,11 +13,44 @@ Phi-2, Falcon, OPT and StarCoder2 lay out their blocks otherwise, and read so we
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+#: How a hybrid's config lists its layers' mixers (`shape.MIXERS`), which also says whose
+#: mixer widths it states: "pattern" (Nemotron-H: one character or name a layer, which
+#: counts the layers; Mamba-2 widths), "parallel" (Falcon-H1: attention beside Mamba-2 in
+#: every layer), "periodic" (Jamba: attention every `Family.attention_period`, Mamba (1) in
+#: the others), "interval" (Qwen3-Next: `layer_types`, else full attention every
+#: full_attention_interval layers; Gated DeltaNet in the others); "" for a stack of
+#: attention + MLP blocks.
+Stack = Literal["", "pattern", "parallel", "periodic", "interval"]
+
+
+class Period(NamedTuple):
+    """Layers of one kind recur: layer i is one when i % period == offset, each read from its
+    field with its config class's default (Jamba's attention and MoE layers)."""
+
+    period_field: str
+    period_default: int
+    offset_field: str
+    offset_default: int
+
+
+class ClassExperts(NamedTuple):
+    """Where a family's config class states its experts: the number and top-k fields with the
+    class's defaults, read there and not under every family's spellings
+    (`read.EXPERT_COUNT_FIELDS`). `widths` names the experts' and the shared expert's width
+    fields (with defaults) where an MoE layer holds exactly one shared expert, whatever
+    n_shared_experts says (Nemotron 3)."""
+
+    number: tuple[str, int]
+    top_k: tuple[str, int]
+    widths: tuple[tuple[str, int], tuple[str, int]] | None = None
 
 
 @dataclass(frozen=True)
 class Family:
-    """How one `model_type` lays out its block beyond the Llama default."""
+    """How one `model_type` lays out its block beyond the Llama default, and where its config
+    states what sets it apart."""
 
     qkv_bias: bool | None = None  # None: read `attention_bias`
     o_bias: bool | None = None
@@ -47,6 +80,23 @@ class Family:
     # keep LoRA to their real nn.Linear modules.
     peft_moe_pattern: str = ""
     gated_q: bool = False  # q_proj also projects an output gate (twice q's width)
+    # Hybrid stacks: how the mixers are listed (`Stack`); Jamba's attention and MoE layers
+    # by period.
+    stack: Stack = ""
+    attention_period: Period | None = None
+    expert_period: Period | None = None
+    # Expert fields shape only a stack's MoE mixers (Nemotron 3's "moe"); without one they are
+    # class defaults that shape nothing (Nemotron-H, Falcon-H1).
+    experts_in_mixers: bool = False
+    experts: ClassExperts | None = None
+    # Qwen-MoE gates its shared expert by an h -> 1 linear; Nemotron 3's has no gate.
+    shared_expert_gate: bool = True
+    # The LM head is its own whatever tie_word_embeddings says (Nemotron-H's causal LM
+    # declares no tied weights).
+    never_tied: bool = False
+    # Gemma 3n's additions are read: LAuReL and AltUp in every layer, activation sparsity per
+    # layer, the sliding window (its mask).
+    laurel_altup: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -65,8 +115,8 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family(norms_per_layer=4, qk_norm="head", tie_default=True),
     # Gemma 3n: Gemma 3's block plus LAuReL and AltUp in every layer, per-layer inputs;
     # kv-shared layers hold no k_proj, v_proj or k_norm.
-    "gemma3n_text": Family(norms_per_layer=4, qk_norm="head", tie_default=True),
-    "gemma3n": Family(norms_per_layer=4, qk_norm="head", tie_default=True),
+    "gemma3n_text": Family(norms_per_layer=4, qk_norm="head", tie_default=True, laurel_altup=True),
+    "gemma3n": Family(norms_per_layer=4, qk_norm="head", tie_default=True, laurel_altup=True),
     "phi3": Family(fused_qkv=True, fused_gate_up=True),
     "olmo2": Family(qk_norm="full"),
     # DBRX: fused Wqkv, experts w1/v1/w2 and the router under ffn_config, bias-free norms.
@@ -101,19 +151,43 @@ FAMILIES: dict[str, Family] = {
     # (its q/k/v/o are built bias-free whatever attention_bias says), a ReLU² MLP of up/down;
     # Nemotron 3's MoE routes as DeepSeek-V3 does (an fp32 router with a correction bias).
     "nemotron_h": Family(
-        qkv_bias=False, o_bias=False, norms_per_layer=1, router_correction_bias=True
+        qkv_bias=False,
+        o_bias=False,
+        norms_per_layer=1,
+        router_correction_bias=True,
+        stack="pattern",
+        experts_in_mixers=True,
+        experts=ClassExperts(
+            number=("n_routed_experts", 8),
+            top_k=("num_experts_per_tok", 2),
+            widths=(("moe_intermediate_size", 7688), ("moe_shared_expert_intermediate_size", 7688)),
+        ),
+        shared_expert_gate=False,
+        never_tied=True,
     ),
     # Falcon-H1: attention (biases by attention_bias) beside a Mamba-2 mixer, then a SwiGLU
     # MLP; input_layernorm and pre_ff_layernorm; tied only where the config says so.
-    "falcon_h1": Family(),
+    "falcon_h1": Family(stack="parallel", experts_in_mixers=True),
     # Jamba: bias-free attention every attn_layer_period layers, Mamba (1) in the others;
     # an MoE (fused expert stacks, a router parameter) every expert_layer_period layers.
-    "jamba": Family(qkv_bias=False, o_bias=False, fused_expert_gate_up=True),
+    "jamba": Family(
+        qkv_bias=False,
+        o_bias=False,
+        fused_expert_gate_up=True,
+        stack="periodic",
+        attention_period=Period("attn_layer_period", 8, "attn_layer_offset", 4),
+        expert_period=Period("expert_layer_period", 2, "expert_layer_offset", 1),
+        experts=ClassExperts(number=("num_experts", 16), top_k=("num_experts_per_tok", 2)),
+    ),
     # Qwen3-Next: Gated DeltaNet layers and, every full_attention_interval layers, gated full
     # attention (q_proj doubled, q/k norms over the head); Qwen-MoE experts with a gated
     # shared expert.
     "qwen3_next": Family(
-        qk_norm="head", gated_q=True, fused_expert_gate_up=True, peft_moe_pattern="qwen2_moe"
+        qk_norm="head",
+        gated_q=True,
+        fused_expert_gate_up=True,
+        peft_moe_pattern="qwen2_moe",
+        stack="interval",
     ),
 }
 
@@ -129,10 +203,6 @@ def family_traits(model_type: str) -> Family:
     return FAMILIES[model_type]
 
 
-# Hybrid families whose stacks the parser builds layer type by layer type: their fields are
-# read, not refused. Jamba, Qwen3-Next and Falcon-H1 are still refused by the fields above.
-HYBRID_FAMILIES = frozenset({"nemotron_h", "falcon_h1", "jamba", "qwen3_next"})
-
-
-# Gemma 3n's text model types: LAuReL and AltUp are read for these only.
-GEMMA3N = ("gemma3n_text", "gemma3n")
+#: Hybrid families, whose stacks the parser builds layer type by layer type: their fields
+#: are read, not refused as layers that are not attention.
+HYBRID_FAMILIES = frozenset(name for name, family in FAMILIES.items() if family.stack)

@@ -137,11 +137,11 @@ def _parse_text(
 ) -> ModelShape:
     """The shape of the language model whose fields (class defaults filled in) `r` reads."""
     model_type = _family_type(config, prefix)
-    missing = missing_dimensions(r, defaulted, model_type)
+    fam = family_traits(model_type)
+    missing = missing_dimensions(r, defaulted, fam)
     if missing:
         raise SpecErrors(missing)
-    fam = family_traits(model_type)
-    dims = read_dims(r, fam.tie_default, model_type)
+    dims = read_dims(r, fam)
     tie = dims.tie_word_embeddings
     mlp_bias = r.bool("mlp_bias", False)
     h = dims.hidden_size

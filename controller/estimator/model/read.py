@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from controller.estimator.errors import SpecError, shown
+from controller.estimator.model.families import Family
 from controller.estimator.model.shape import ArchDims, Quantization
 
 EXPERT_COUNT_FIELDS = (
@@ -210,15 +211,15 @@ _QUIET_DEFAULTS = frozenset(
 _KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads")
 
 
-def missing_dimensions(r: Reader, defaulted: Defaulted, model_type: str) -> list[SpecError]:
+def missing_dimensions(r: Reader, defaulted: Defaulted, fam: Family) -> list[SpecError]:
     """One error for each of `REQUIRED_DIMENSIONS` the config does not state (in a nested
     text_config, its class's default stands in), naming the default it was not read as; and
     where one is missing, the errors of those it states, so that one answer lists them all.
     None missing, nothing: `read_dims` reads them, and says what is wrong in its order."""
     errors, missing = [], False
     for names in REQUIRED_DIMENSIONS:
-        if model_type == "nemotron_h" and names[0] == "num_hidden_layers":
-            continue  # its layer pattern counts the layers (`_nemotron_mixers`)
+        if fam.stack == "pattern" and names[0] == "num_hidden_layers":
+            continue  # its layer pattern counts the layers (`dims._nemotron_mixers`)
         stated = [n for n in names if r.get(n) is not None and n not in defaulted.fields]
         if stated:
             # intermediate_size may list [text, vision] widths: `read_dims` checks those
