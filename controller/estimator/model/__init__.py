@@ -12,6 +12,7 @@ The modules, each built on the ones before it:
                  `ArchDims`, and the figures derived from them (per-layer widths, LoRA counts)
     read.py      reading a config dict: typed fields (`Reader`), the text model's fields with
                  its config class's defaults, what a config must state
+    stacks.py    a hybrid's mixer per layer and the mixers' widths
     dims.py      the config's `ArchDims`, field by field
     targets.py   LoRA targets as PEFT matches them
     tensors.py   every tensor of a layer, as transformers builds the family's

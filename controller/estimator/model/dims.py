@@ -1,11 +1,12 @@
 """The config-level dimensions (`ArchDims`) of a config, read field by field: widths, heads,
-experts and which layers hold them, per-layer attention types, and a hybrid stack's mixers.
+experts and which layers hold them, per-layer attention types, Gemma 3n's additions, and a
+hybrid stack's mixers (stacks.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.estimator.errors import SpecError, shown
 from controller.estimator.frozen import assemble
@@ -19,9 +20,11 @@ from controller.estimator.model.read import (
     TOP_K_FIELDS,
     Reader,
 )
-from controller.estimator.model.shape import ArchDims, DeltaNetDims, Mamba1Dims, SsmDims
+from controller.estimator.model.shape import ArchDims
+from controller.estimator.model.stacks import read_mixer_widths, read_period, read_stack
 
-# Fields about experts the parser reads somewhere (shape) besides the two lists above.
+# Fields about experts the parser reads somewhere (shape) besides `read.EXPERT_COUNT_FIELDS`
+# and `read.TOP_K_FIELDS`.
 _MOE_SHAPE_FIELDS = frozenset(
     {
         "moe_use_aux_free",
@@ -80,20 +83,6 @@ _NON_ATTENTION_FIELDS = (
 )
 
 
-# Nemotron-H's layer list, in each spelling its configs use: `hybrid_override_pattern` (one
-# character a layer), or transformers 5's `layers_block_type` (alias `layer_types`), whose
-# "linear_attention" is the Mamba-2 mixer; the remote code's older names too.
-_NEMOTRON_PATTERN = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
-_NEMOTRON_BLOCKS = {
-    "mamba": "mamba2",
-    "linear_attention": "mamba2",
-    "attention": "attention",
-    "full_attention": "attention",
-    "mlp": "mlp",
-    "moe": "moe",
-}
-
-
 # Layer types the parser builds (`layer_types`); any other is refused.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
@@ -118,7 +107,7 @@ def _dense_layer_indices(
     if num_experts <= 1:
         return ()
     if expert_period is not None:
-        period, offset = _period(r, expert_period)
+        period, offset = read_period(r, expert_period)
         return tuple(i for i in range(num_layers) if i % period != offset)
     mlp_types = r.config.get("mlp_layer_types")
     if mlp_types:
@@ -214,207 +203,86 @@ def _scalar(r: Reader, names: tuple[str, ...], pick: str, **limits: Any) -> int 
     return limits.get("default")
 
 
-def _nemotron_mixers(r: Reader) -> tuple[str, ...]:
-    """Nemotron-H's mixer per layer, from whichever field states them (transformers 5's
-    `layers_block_type` wins over the older `hybrid_override_pattern`, as its config class
-    reads them), MoE layers ("E", "moe": Nemotron 3) included."""
-    for name in ("layers_block_type", "layer_types"):
-        blocks = r.get(name)
-        if blocks is None:
-            continue
-        if (
-            not isinstance(blocks, list)
-            or not blocks
-            or not all(isinstance(b, str) for b in blocks)
-        ):
-            raise SpecError(r.path(name), "must be a non-empty list of layer types")
-        path, items, table = r.path(name), blocks, _NEMOTRON_BLOCKS
-        break
-    else:
-        pattern = r.get("hybrid_override_pattern")
-        path = r.path("hybrid_override_pattern")
-        if pattern is None:
-            raise SpecError(path, "is required in a nemotron_h config (or layers_block_type)")
-        if not isinstance(pattern, str) or not pattern:
-            raise SpecError(
-                path, f"must be a non-empty string of M, E, * and -, got {shown(pattern)}"
-            )
-        items, table = list(pattern), _NEMOTRON_PATTERN
-    if len(items) > MAX_LAYERS:
-        raise SpecError(path, f"must list at most {MAX_LAYERS} layers, got {len(items)}")
-    mixers = []
-    for i, item in enumerate(items):
-        mixer = table.get(item)
-        if mixer is None:
-            known = ", ".join(repr(k) for k in table)
-            raise SpecError(
-                f"{path}[{i}]", f"{shown(item)} is an unknown layer type; allowed: {known}"
-            )
-        mixers.append(mixer)
-    stated = r.int("num_hidden_layers", maximum=MAX_LAYERS)
-    if stated is not None and stated != len(mixers):
-        raise SpecError(path, f"must give one layer type per layer ({stated}), got {len(mixers)}")
-    return tuple(mixers)
-
-
-def _ssm_dims(r: Reader) -> SsmDims:
-    """Nemotron-H's Mamba-2 widths, with its config class's defaults; the `mamba_*` spellings
-    win where both are given, as the class's `__post_init__` reads them."""
-    heads = r.int("mamba_num_heads", default=128) or 128
-    groups = r.int("mamba_n_groups", "n_groups", default=8) or 8
-    if heads % groups:
-        raise SpecError(r.path("n_groups"), f"must divide mamba_num_heads ({heads}), got {groups}")
-    conv_bias = r.get("mamba_conv_bias")
-    return SsmDims(
-        num_heads=heads,
-        head_dim=r.int("mamba_head_dim", default=64) or 64,
-        n_groups=groups,
-        state_size=r.int("ssm_state_size", default=128) or 128,
-        conv_kernel=r.int("mamba_d_conv", "conv_kernel", default=4) or 4,
-        chunk_size=r.int("mamba_chunk_size", "chunk_size", default=128) or 128,
-        conv_bias=r.bool("mamba_conv_bias" if conv_bias is not None else "use_conv_bias", True),
-        proj_bias=r.bool("use_bias", False),
-        out_bias=r.bool("use_bias", False),
-    )
-
-
-def _falcon_ssm_dims(r: Reader, hidden: int) -> SsmDims:
-    """Falcon-H1's Mamba-2 widths, with its config class's defaults: the SSM width is
-    `mamba_d_ssm` (1024 when absent; null: mamba_expand x hidden), its head dim
-    `mamba_d_head` ("auto": the width over the heads), and the two must agree."""
-    heads = r.int("mamba_n_heads", default=128) or 128
-    if "mamba_d_ssm" in r.config and r.config["mamba_d_ssm"] is None:
-        inner = (r.int("mamba_expand", default=2) or 2) * hidden
-    else:
-        inner = r.int("mamba_d_ssm", default=1024) or 1024
-    raw_head = r.get("mamba_d_head")
-    if raw_head is None or raw_head == "auto":
-        if inner % heads:
-            raise SpecError(
-                r.path("mamba_n_heads"), f"must divide the SSM width ({inner}), got {heads}"
-            )
-        head_dim = inner // heads
-    else:
-        head_dim = r.int("mamba_d_head") or 1
-        if head_dim * heads != inner:
-            raise SpecError(
-                r.path("mamba_d_head"),
-                f"times mamba_n_heads ({heads}) must be the SSM width ({inner}), got {head_dim}",
-            )
-    groups = r.int("mamba_n_groups", default=1) or 1
-    if heads % groups:
-        raise SpecError(
-            r.path("mamba_n_groups"), f"must divide mamba_n_heads ({heads}), got {groups}"
-        )
-    return SsmDims(
-        num_heads=heads,
-        head_dim=head_dim,
-        n_groups=groups,
-        state_size=r.int("mamba_d_state", default=256) or 256,
-        conv_kernel=r.int("mamba_d_conv", default=4) or 4,
-        chunk_size=r.int("mamba_chunk_size", default=256) or 256,
-        conv_bias=r.bool("mamba_conv_bias", True),
-        proj_bias=r.bool("mamba_proj_bias", False),
-        out_bias=r.bool("projectors_bias", False),
-        gated_norm=r.bool("mamba_rms_norm", False),
-    )
-
-
-def _period(r: Reader, kind: Period) -> tuple[int, int]:
-    """A `Period`'s (period, offset): layer i is of that kind when i % period == offset; the
-    offset must be below the period, as Jamba's config class checks."""
-    period_name, period_default = kind.period_field, kind.period_default
-    offset_name, offset_default = kind.offset_field, kind.offset_default
-    period = r.int(period_name, default=period_default) or period_default
-    offset = r.int(offset_name, default=offset_default, minimum=0, maximum=MAX_LAYERS)
-    offset = offset_default if offset is None else offset
-    if offset >= period:
-        raise SpecError(
-            r.path(offset_name), f"must be less than {period_name} ({period}), got {offset}"
-        )
-    return period, offset
-
-
-def _qwen3_next_mixers(r: Reader, layers: int) -> tuple[str, ...]:
-    """Qwen3-Next's layers: `layer_types` ("linear_attention" / "full_attention"), else full
-    attention every `full_attention_interval` layers (4), as its config class builds them."""
-    types = r.get("layer_types")
-    if types is None:
-        interval = r.int("full_attention_interval", default=4) or 4
-        return tuple(
-            "deltanet_mlp" if (i + 1) % interval else "attention_mlp" for i in range(layers)
-        )
-    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-        raise SpecError(r.path("layer_types"), "must be a list of strings")
-    if len(types) != layers:
-        raise SpecError(
-            r.path("layer_types"), f"must list one type per layer ({layers}), got {len(types)}"
-        )
-    table = {"linear_attention": "deltanet_mlp", "full_attention": "attention_mlp"}
-    for i, kind in enumerate(types):
-        if kind not in table:
-            raise SpecError(
-                f"{r.path('layer_types')}[{i}]",
-                f"unknown layer type {shown(kind)}; allowed: {', '.join(table)}",
-            )
-    return tuple(table[kind] for kind in types)
-
-
-def _deltanet_dims(r: Reader) -> DeltaNetDims:
-    """Qwen3-Next's Gated DeltaNet widths, with its config class's defaults; the value heads
-    are grouped over the key heads, so their count must divide."""
-    k_heads = r.int("linear_num_key_heads", default=16) or 16
-    v_heads = r.int("linear_num_value_heads", default=32) or 32
-    if v_heads % k_heads:
-        raise SpecError(
-            r.path("linear_num_value_heads"),
-            f"must be a multiple of linear_num_key_heads ({k_heads}), got {v_heads}",
-        )
-    return DeltaNetDims(
-        num_k_heads=k_heads,
-        num_v_heads=v_heads,
-        head_k_dim=r.int("linear_key_head_dim", default=128) or 128,
-        head_v_dim=r.int("linear_value_head_dim", default=128) or 128,
-        conv_kernel=r.int("linear_conv_kernel_dim", default=4) or 4,
-    )
-
-
-def _mamba1_dims(r: Reader, hidden: int) -> Mamba1Dims:
-    """Jamba's Mamba widths with its config class's defaults (`mamba_dt_rank` "auto":
-    ceil(hidden / 16))."""
-    rank = r.get("mamba_dt_rank")
-    dt_rank = -(-hidden // 16) if rank is None or rank == "auto" else r.int("mamba_dt_rank")
-    return Mamba1Dims(
-        inner=(r.int("mamba_expand", default=2) or 2) * hidden,
-        state_size=r.int("mamba_d_state", default=16) or 16,
-        conv_kernel=r.int("mamba_d_conv", default=4) or 4,
-        dt_rank=dt_rank or 1,
-        conv_bias=r.bool("mamba_conv_bias", True),
-        proj_bias=r.bool("mamba_proj_bias", False),
-    )
-
-
 def read_dims(r: Reader, fam: Family) -> ArchDims:
+    """The config-level dimensions of the text model `r` reads, laid out as `fam` says.
+
+    Fields are read in one fixed order (the calls below, then the dict's), so a config with
+    several bad fields reports the same one first as ever.
+    """
     hidden = r.required_int("hidden_size", "n_embd", "d_model")
-    hybrid = bool(fam.stack)
-    mixers = _nemotron_mixers(r) if fam.stack == "pattern" else None
-    layers = (
-        len(mixers)
-        if mixers is not None
-        else r.required_int(
-            "num_hidden_layers", "n_layer", "num_layers", "n_layers", maximum=MAX_LAYERS
-        )
+    mixers, layers = read_stack(r, fam)
+    heads, kv_heads = _heads(r)
+    # Absent, it is hidden_size // num_attention_heads (floored), as transformers' families
+    # derive it (`getattr(config, "head_dim", hidden_size // num_attention_heads)`).
+    head_dim = r.dim("head_dim")
+    intermediate = _intermediate_size(r, hidden)
+    vocab = r.required_int("vocab_size")
+    moe_mixers = mixers is not None and "moe" in mixers
+    num_experts, top_k = _experts(r, fam, moe_mixers)
+    shared = _shared_experts(r, fam, moe_mixers, num_experts)
+    layer_types = None if fam.stack else _layer_types(r, layers)  # hybrid: the mixers
+    kv_shared = _kv_shared_layers(r, layers)
+    kv_lora = r.dim("kv_lora_rank")
+    if kv_lora is not None:
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            r.required_int(name)
+
+    # `assemble`: see frozen.py.
+    return assemble(
+        ArchDims,
+        {
+            "hidden_size": hidden,
+            "num_layers": layers,
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "intermediate_size": intermediate,
+            "vocab_size": vocab,
+            "num_experts": num_experts,
+            "experts_per_token": top_k,
+            "moe_intermediate_size": (
+                shared.moe_width
+                if fam.experts is not None and fam.experts.widths is not None
+                else _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
+            ),
+            "n_shared_experts": shared.number,
+            "shared_expert_intermediate_size": shared.width,
+            "shared_expert_gate": bool(shared.width) and fam.shared_expert_gate,
+            "dense_intermediate_size": shared.dense_width,
+            "dense_layers": _dense_layer_indices(r, layers, num_experts, fam.expert_period),
+            "moe_has_dense_mlp": r.bool("enable_moe_block", False),
+            "q_lora_rank": r.dim("q_lora_rank"),
+            "kv_lora_rank": kv_lora,
+            "qk_nope_head_dim": r.dim("qk_nope_head_dim"),
+            "qk_rope_head_dim": r.dim("qk_rope_head_dim"),
+            "v_head_dim": r.dim("v_head_dim"),
+            "global_head_dim": r.dim("global_head_dim"),
+            "num_global_kv_heads": r.dim("num_global_key_value_heads"),
+            "attention_k_eq_v": r.bool("attention_k_eq_v", False),
+            "layer_types": layer_types,
+            "num_kv_shared_layers": kv_shared,
+            "use_double_wide_mlp": r.bool("use_double_wide_mlp", False),
+            "vocab_size_per_layer_input": (
+                r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0
+            ),
+            "hidden_size_per_layer_input": (
+                r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0
+            ),
+            # Read last, as ever (`Family.never_tied`: Nemotron-H's lm_head is its own).
+            "tie_word_embeddings": r.bool("tie_word_embeddings", fam.tie_default)
+            and not fam.never_tied,
+            "mixers": mixers,
+            **read_mixer_widths(r, fam, mixers, hidden),
+            **_gemma3n_fields(r, fam, layers),
+            "attention_output_gate": fam.gated_q,
+            "moe_latent_size": r.dim("moe_latent_size") if moe_mixers else None,
+        },
     )
-    if fam.stack == "parallel":
-        mixers = ("parallel",) * layers  # every layer the same (`layers_block_type`: "hybrid")
-    elif fam.stack == "periodic":
-        assert fam.attention_period is not None  # every periodic stack states its period
-        period, offset = _period(r, fam.attention_period)
-        mixers = tuple(
-            "attention_mlp" if i % period == offset else "mamba1_mlp" for i in range(layers)
-        )
-    elif fam.stack == "interval":
-        mixers = _qwen3_next_mixers(r, layers)
+
+
+def _heads(r: Reader) -> tuple[int, int]:
+    """The attention heads and the key/value heads (as many when the config leaves them out),
+    which must divide them."""
     heads = r.required_int("num_attention_heads", "n_head", "n_heads")
     kv_heads = (
         r.int("num_key_value_heads", "num_kv_heads", "attn_config.kv_n_heads", default=heads)
@@ -425,9 +293,12 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
             r.path("num_key_value_heads"),
             f"must divide num_attention_heads ({heads}), got {kv_heads}",
         )
-    # Absent, it is hidden_size // num_attention_heads (floored), as transformers' families
-    # derive it (`getattr(config, "head_dim", hidden_size // num_attention_heads)`).
-    head_dim = r.dim("head_dim")
+    return heads, kv_heads
+
+
+def _intermediate_size(r: Reader, hidden: int) -> int:
+    """The MLP width: the first of a [text, vision] list (ERNIE-VL), else under any of its
+    names, else 4 x hidden."""
     inter_raw = r.config.get("intermediate_size")
     if isinstance(inter_raw, list):
         if not inter_raw or any(
@@ -437,20 +308,25 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
             raise SpecError(
                 r.path("intermediate_size"), f"must be integers from 1 to {MAX_DIMENSION}"
             )
-        intermediate = inter_raw[0]
-    else:
-        intermediate = (
-            r.int("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_config.ffn_hidden_size")
-            or 4 * hidden
-        )
-    vocab = r.required_int("vocab_size")
+        first: int = inter_raw[0]
+        return first
+    return (
+        r.int("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_config.ffn_hidden_size")
+        or 4 * hidden
+    )
 
-    limits = {"minimum": 0, "maximum": MAX_EXPERTS}
-    moe_mixers = mixers is not None and "moe" in mixers
+
+_EXPERT_LIMITS = {"minimum": 0, "maximum": MAX_EXPERTS}
+
+
+def _experts(r: Reader, fam: Family, moe_mixers: bool) -> tuple[int, int]:
+    """The routed experts per MoE layer and how many a token takes (1, 1: no MoE). A layout
+    the parser does not know is refused rather than read as dense (`_check_expert_fields`),
+    as are layers that are not attention in a family that is no hybrid."""
     if fam.experts_in_mixers and not moe_mixers:
         # Expert fields without an MoE layer (Nemotron-H's class defaults) shape nothing.
-        num_experts, top_k = 1, 1
-    elif fam.experts is not None:
+        return 1, 1
+    if fam.experts is not None:
         # Its config class's names and defaults (Jamba; Nemotron 3, whose fields shape the MoE
         # layers only: dense Nemotron-H configs carry them too, as class defaults, and are
         # read as one expert above).
@@ -461,7 +337,7 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
         top_k = r.int(top, default=top_default, minimum=1, maximum=MAX_EXPERTS) or 1
     else:
         _check_expert_fields(r)
-        for name in () if hybrid else _NON_ATTENTION_FIELDS:
+        for name in () if fam.stack else _NON_ATTENTION_FIELDS:
             if r.config.get(name) is not None:
                 raise SpecError(
                     r.path(name),
@@ -469,6 +345,7 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
                     "which vramgate does not estimate for this model type yet; of the hybrid "
                     f"families it builds {', '.join(sorted(HYBRID_FAMILIES))}",
                 )
+        limits = _EXPERT_LIMITS
         num_experts = _scalar(r, EXPERT_COUNT_FIELDS, "first", default=1, **limits) or 1
         top_k = _scalar(r, TOP_K_FIELDS, "max", default=1 if num_experts == 1 else 2, **limits) or 1
     if num_experts > 1 and top_k > num_experts:
@@ -476,8 +353,26 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
             r.path("num_experts_per_tok"),
             f"must not exceed the number of experts ({num_experts}), got {top_k}",
         )
+    return num_experts, top_k
+
+
+class _Shared(NamedTuple):
+    """The shared experts of an MoE layer: how many (they run as one MLP), the width of one
+    where it has its own (Qwen-MoE's), the routed experts' width where the family's class
+    names it (Nemotron 3), and the dense layers' MLP width where it is not
+    intermediate_size (Llama 4's, which also implies one shared expert)."""
+
+    number: int
+    width: int | None
+    moe_width: int | None
+    dense_width: int | None
+
+
+def _shared_experts(r: Reader, fam: Family, moe_mixers: bool, num_experts: int) -> _Shared:
+    """`_Shared` from the config: a shared width implies one shared expert where no count is
+    given."""
     shared_size = r.dim("shared_expert_intermediate_size")
-    n_shared = _scalar(r, SHARED_COUNT_FIELDS, "first", default=0, **limits) or 0
+    n_shared = _scalar(r, SHARED_COUNT_FIELDS, "first", default=0, **_EXPERT_LIMITS) or 0
     moe_size = None
     widths = fam.experts.widths if fam.experts is not None else None
     if widths is not None:
@@ -492,102 +387,62 @@ def read_dims(r: Reader, fam: Family) -> ArchDims:
     dense_size = r.dim("intermediate_size_mlp")
     if dense_size and num_experts > 1 and n_shared == 0:
         n_shared = 1  # Llama 4: one shared expert in every MoE layer
+    return _Shared(n_shared, shared_size, moe_size, dense_size)
 
-    layer_types = None if hybrid else r.config.get("layer_types")  # hybrid: the mixers
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-            raise SpecError(r.path("layer_types"), "must be a list of strings")
-        if len(layer_types) != layers:
+
+def _layer_types(r: Reader, layers: int) -> tuple[str, ...] | None:
+    """Each layer's attention type (`KNOWN_LAYER_TYPES`), None where the config lists none."""
+    layer_types = r.config.get("layer_types")
+    if layer_types is None:
+        return None
+    if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+        raise SpecError(r.path("layer_types"), "must be a list of strings")
+    if len(layer_types) != layers:
+        raise SpecError(
+            r.path("layer_types"),
+            f"must list one type per layer ({layers}), got {len(layer_types)}",
+        )
+    for i, kind in enumerate(layer_types):
+        if kind not in KNOWN_LAYER_TYPES:
             raise SpecError(
-                r.path("layer_types"),
-                f"must list one type per layer ({layers}), got {len(layer_types)}",
+                f"{r.path('layer_types')}[{i}]",
+                f"unknown layer type {shown(kind)}; allowed: {', '.join(KNOWN_LAYER_TYPES)}",
             )
-        for i, kind in enumerate(layer_types):
-            if kind not in KNOWN_LAYER_TYPES:
-                raise SpecError(
-                    f"{r.path('layer_types')}[{i}]",
-                    f"unknown layer type {shown(kind)}; allowed: {', '.join(KNOWN_LAYER_TYPES)}",
-                )
-    # Equal to the layer count, no layer shares (`is_kv_shared_layer`: there is no earlier
-    # layer to share with), as seed 1's reference and Gemma's modelling read it.
+    return tuple(layer_types)
+
+
+def _kv_shared_layers(r: Reader, layers: int) -> int:
+    """How many of the last layers reuse an earlier layer's k/v (Gemma 3n). Equal to the
+    layer count, no layer shares (`is_kv_shared_layer`: there is no earlier layer to share
+    with), as seed 1's reference and Gemma's modelling read it."""
     kv_shared = r.int("num_kv_shared_layers", default=0, minimum=0) or 0
     if kv_shared > layers:
         raise SpecError(
             r.path("num_kv_shared_layers"),
             f"must be less than or equal to num_hidden_layers ({layers}), got {kv_shared}",
         )
-    kv_lora = r.dim("kv_lora_rank")
-    if kv_lora is not None:
-        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            r.required_int(name)
+    return kv_shared
 
-    # Read in this order (the dict's), so a config with several bad fields reports the same
-    # one first as ever; `assemble`: see frozen.py.
-    return assemble(
-        ArchDims,
-        {
-            "hidden_size": hidden,
-            "num_layers": layers,
-            "num_heads": heads,
-            "num_kv_heads": kv_heads,
-            "head_dim": head_dim,
-            "intermediate_size": intermediate,
-            "vocab_size": vocab,
-            "num_experts": num_experts,
-            "experts_per_token": top_k,
-            "moe_intermediate_size": (
-                moe_size
-                if widths is not None
-                else _scalar(r, ("moe_intermediate_size", "ffn_config.ffn_hidden_size"), "first")
-            ),
-            "n_shared_experts": n_shared,
-            "shared_expert_intermediate_size": shared_size,
-            "shared_expert_gate": bool(shared_size) and fam.shared_expert_gate,
-            "dense_intermediate_size": dense_size,
-            "dense_layers": _dense_layer_indices(r, layers, num_experts, fam.expert_period),
-            "moe_has_dense_mlp": r.bool("enable_moe_block", False),
-            "q_lora_rank": r.dim("q_lora_rank"),
-            "kv_lora_rank": kv_lora,
-            "qk_nope_head_dim": r.dim("qk_nope_head_dim"),
-            "qk_rope_head_dim": r.dim("qk_rope_head_dim"),
-            "v_head_dim": r.dim("v_head_dim"),
-            "global_head_dim": r.dim("global_head_dim"),
-            "num_global_kv_heads": r.dim("num_global_key_value_heads"),
-            "attention_k_eq_v": r.bool("attention_k_eq_v", False),
-            "layer_types": tuple(layer_types) if layer_types is not None else None,
-            "num_kv_shared_layers": kv_shared,
-            "use_double_wide_mlp": r.bool("use_double_wide_mlp", False),
-            "vocab_size_per_layer_input": (
-                r.int("vocab_size_per_layer_input", default=0, minimum=0) or 0
-            ),
-            "hidden_size_per_layer_input": (
-                r.int("hidden_size_per_layer_input", default=0, minimum=0) or 0
-            ),
-            # Read last, as ever (`Family.never_tied`: Nemotron-H's lm_head is its own).
-            "tie_word_embeddings": r.bool("tie_word_embeddings", fam.tie_default)
-            and not fam.never_tied,
-            "mixers": mixers,
-            "ssm": (
-                _falcon_ssm_dims(r, hidden)
-                if fam.stack == "parallel"
-                else _ssm_dims(r)
-                if mixers is not None and "mamba2" in mixers
-                else None
-            ),
-            "mamba1": _mamba1_dims(r, hidden) if fam.stack == "periodic" else None,
-            "deltanet": _deltanet_dims(r) if fam.stack == "interval" else None,
-            "laurel_rank": r.int("laurel_rank", default=64) or 0 if fam.laurel_altup else 0,
-            "altup_num_inputs": (
-                r.int("altup_num_inputs", default=4) or 0 if fam.laurel_altup else 0
-            ),
-            "activation_sparsity": (_activation_sparsity(r, layers) if fam.laurel_altup else ()),
-            "sliding_window": (
-                r.int("sliding_window", default=_GEMMA3N_WINDOW) if fam.laurel_altup else None
-            ),
-            "attention_output_gate": fam.gated_q,
-            "moe_latent_size": r.dim("moe_latent_size") if moe_mixers else None,
-        },
-    )
+
+def _gemma3n_fields(r: Reader, fam: Family, layers: int) -> dict[str, Any]:
+    """Gemma 3n's LAuReL rank, AltUp streams, activation sparsity and sliding window, read
+    for its family only (`Family.laurel_altup`)."""
+    if not fam.laurel_altup:
+        return _NO_GEMMA3N
+    return {
+        "laurel_rank": r.int("laurel_rank", default=64) or 0,
+        "altup_num_inputs": r.int("altup_num_inputs", default=4) or 0,
+        "activation_sparsity": _activation_sparsity(r, layers),
+        "sliding_window": r.int("sliding_window", default=_GEMMA3N_WINDOW),
+    }
+
+
+_NO_GEMMA3N: dict[str, Any] = {
+    "laurel_rank": 0,
+    "altup_num_inputs": 0,
+    "activation_sparsity": (),
+    "sliding_window": None,
+}
 
 
 #: Gemma 3n's default when the config leaves `activation_sparsity_pattern` out (its config

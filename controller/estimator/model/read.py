@@ -219,7 +219,7 @@ def missing_dimensions(r: Reader, defaulted: Defaulted, fam: Family) -> list[Spe
     errors, missing = [], False
     for names in REQUIRED_DIMENSIONS:
         if fam.stack == "pattern" and names[0] == "num_hidden_layers":
-            continue  # its layer pattern counts the layers (`dims._nemotron_mixers`)
+            continue  # its layer pattern counts the layers (`stacks._nemotron_mixers`)
         stated = [n for n in names if r.get(n) is not None and n not in defaulted.fields]
         if stated:
             # intermediate_size may list [text, vision] widths: `read_dims` checks those
