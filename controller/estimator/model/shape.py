@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from controller.estimator.model.families import family_traits
 
@@ -226,7 +226,8 @@ class ModelShape:
     # The config.json this shape was parsed from: the `trace` profile builds the real model.
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # Derived values computed once per parsed model (LoRA counts per target set, profile
-    # views): estimates run thousands of times a second on the same few shapes.
+    # views): estimates run thousands of times a second on the same few shapes. Read and
+    # written only through `Memo` kinds, which say what type each value has.
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
     # Linear modules outside the decoder layers, the LM head aside (Gemma 3n's AltUp
     # projections and per-layer model projection): PEFT's all-linear adapts them, and
@@ -282,10 +283,9 @@ class ModelShape:
         `targets` holds canonical module names; `all-linear` selects every linear module
         of every block, as PEFT does (the LM head excluded).
         """
-        key = ("lora", targets)
-        cached = self.memo.get(key)
+        cached = _LORA_PER_RANK.get(self, targets)
         if cached is not None:
-            return cached  # type: ignore[return-value]
+            return cached
         wanted = set(targets)
         every = "all-linear" in wanted
         # An expert stack is a parameter in transformers 5 (3-D; DBRX's 2-D), no nn.Linear:
@@ -306,8 +306,40 @@ class ModelShape:
         total += sum(
             lin.lora_params(1) for lin in self.outer_linears if every or lin.name in wanted
         )
-        self.memo[key] = total
-        return total
+        return _LORA_PER_RANK.put(self, total, targets)
+
+
+_V = TypeVar("_V")
+
+
+class Memo(Generic[_V]):
+    """One kind of value derived from a shape and kept in the shape's `memo`, typed: `get`
+    returns what `put` kept, as the kind's type, so no caller casts.
+
+    The modules that derive values from a shape declare their kinds (storage's static bytes,
+    the unsloth view, ...), so the shape, below them, need not know their types. A value is
+    kept under the kind's name, or a tuple of the name and the key's parts; the memo is the
+    shape's own (a copy by `dataclasses.replace` shares it, as the copy's values are the
+    same but for what the copy changes: pass `memo={}` with those).
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get(self, shape: ModelShape, *key: Hashable) -> _V | None:
+        """The value kept for `key`, None before one is."""
+        return cast("_V | None", shape.memo.get((self.name, *key) if key else self.name))
+
+    def put(self, shape: ModelShape, value: _V, *key: Hashable) -> _V:
+        """Keep `value` for `key`, and return it."""
+        shape.memo[(self.name, *key) if key else self.name] = value
+        return value
+
+
+#: `ModelShape.lora_params_per_rank` by target set.
+_LORA_PER_RANK: Memo[int] = Memo("lora")
 
 
 #: The mixers of a hybrid stack: Mamba-2 (selective state space), attention alone, an MLP
