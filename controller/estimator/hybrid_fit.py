@@ -146,7 +146,7 @@ def _jamba_kinds(
     mixers: tuple[str, ...], dense: tuple[int, ...], experts: bool
 ) -> tuple[str, ...]:
     """`layer_kinds` of a Jamba stack, once per layout (every estimate asks): its mixer and
-    whether it has experts, as the parser builds its layers (`_hybrid_layers`)."""
+    whether it has experts, as the parser builds its layers (`model.tensors._hybrid_layers`)."""
     return tuple(
         f"{'attention' if mixer == 'attention_mlp' else 'mamba'}_"
         f"{'moe' if experts and i not in dense else 'dense'}"
