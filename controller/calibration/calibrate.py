@@ -37,7 +37,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from controller.estimator.architecture import parse_config
 from controller.estimator.calibrated import (
     DATA_FILE,
     LAYER_FEATURES,
@@ -46,6 +45,7 @@ from controller.estimator.calibrated import (
     dynamic_bytes,
     features,
 )
+from controller.estimator.model import parse_config
 from controller.estimator.presets import load_preset
 from controller.estimator.settings import (
     Attention,

@@ -79,8 +79,8 @@ from controller.calibration.calibrate import (
     shrunk_hybrid,
 )
 from controller.estimator import hybrid_fit
-from controller.estimator.architecture import parse_config
 from controller.estimator.calibrated import DATA_FILE, OPTIMIZER_KEY, dynamic_bytes
+from controller.estimator.model import parse_config
 from controller.estimator.presets import load_preset
 from controller.estimator.settings import Attention, Checkpointing, Method, TrainingSettings
 from controller.estimator.storage import static_bytes

@@ -17,9 +17,9 @@ from dataclasses import replace
 from functools import cache
 
 from controller.estimator import analytic, calibrated, unsloth
-from controller.estimator.architecture import ModelShape, canonical_targets, parse_config
 from controller.estimator.context import context_warnings
 from controller.estimator.errors import SpecError, SpecErrors
+from controller.estimator.model import ModelShape, canonical_targets, parse_config
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     PATHS,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from controller.estimator.architecture import ModelShape
+from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     Checkpointing,

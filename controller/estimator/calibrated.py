@@ -60,9 +60,9 @@ from operator import mul
 from typing import Any
 
 from controller.estimator import hybrid_fit, overheads
-from controller.estimator.architecture import ModelShape
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
+from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     Attention,

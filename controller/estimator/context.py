@@ -21,7 +21,7 @@ from controller.estimator.settings import (
 )
 
 if TYPE_CHECKING:
-    from controller.estimator.architecture import ModelShape
+    from controller.estimator.model import ModelShape
 
 #: The `rope_type` (older configs: `type`) values that stretch the window by `factor`
 #: (transformers' names; `su` is Phi-3's early name for `longrope`).

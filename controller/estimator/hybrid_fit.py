@@ -63,8 +63,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from controller.estimator.analytic import DELTANET_CHUNK
-from controller.estimator.architecture import Layer, ModelShape
 from controller.estimator.errors import SpecError
+from controller.estimator.model import Layer, Memo, ModelShape
 from controller.estimator.settings import Method, Precision, TrainingSettings
 from controller.estimator.storage import Static
 
@@ -146,7 +146,7 @@ def _jamba_kinds(
     mixers: tuple[str, ...], dense: tuple[int, ...], experts: bool
 ) -> tuple[str, ...]:
     """`layer_kinds` of a Jamba stack, once per layout (every estimate asks): its mixer and
-    whether it has experts, as the parser builds its layers (`_hybrid_layers`)."""
+    whether it has experts, as the parser builds its layers (`model.tensors._hybrid_layers`)."""
     return tuple(
         f"{'attention' if mixer == 'attention_mlp' else 'mamba'}_"
         f"{'moe' if experts and i not in dense else 'dense'}"
@@ -179,18 +179,19 @@ def _sparse_flags(sparsity: tuple[float, ...]) -> tuple[bool, ...]:
     return tuple(value > 0 for value in sparsity)
 
 
-_UNCHECKED = object()
+#: Why `check_stack` refuses a shape ("" where it does not).
+_REFUSAL: Memo[str] = Memo("hybrid-refusal")
 
 
 def check_stack(shape: ModelShape, field: str) -> None:
     """Refuse a stack the fit was not traced with: a layer type it never traced, or other
     first and last layers (their moments are not in the fit). Decided once per shape
     (every estimate asks); each refusal is a new error, so no traceback grows."""
-    refusal = shape.memo.get("hybrid-refusal", _UNCHECKED)
-    if refusal is _UNCHECKED:
-        refusal = shape.memo["hybrid-refusal"] = _refusal(shape)
-    if refusal is not None:
-        raise SpecError(field, str(refusal))
+    refusal = _REFUSAL.get(shape)
+    if refusal is None:
+        refusal = _REFUSAL.put(shape, _refusal(shape) or "")
+    if refusal:
+        raise SpecError(field, refusal)
 
 
 def _refusal(shape: ModelShape) -> str | None:
@@ -351,14 +352,15 @@ def _by_name(
     return vector
 
 
+_STACK: Memo[_Stack] = Memo("hybrid-stack")
+
+
 def _stack(shape: ModelShape) -> _Stack:
     """The shape's `_Stack`, built on its first estimate."""
-    cached = shape.memo.get("hybrid-stack")
+    cached = _STACK.get(shape)
     if cached is not None:
-        return cached  # type: ignore[return-value]
-    stack = _build_stack(shape)
-    shape.memo["hybrid-stack"] = stack
-    return stack
+        return cached
+    return _STACK.put(shape, _build_stack(shape))
 
 
 def _build_stack(shape: ModelShape) -> _Stack:

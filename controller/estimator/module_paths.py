@@ -4,7 +4,7 @@
 so whatever honours it must know each linear's path: the exact static bytes
 (`storage.py`) and the `unsloth` profile (`unsloth.py`) both read it from here. Paths are
 relative to the text model's root (`layers.3.self_attn.q_proj`, `altup_projections.0`),
-the form `architecture.skip_module_matches_text` matches under every root of
+the form `model.skip_module_matches_text` matches under every root of
 `TEXT_ROOTS`.
 
 A layer's linears sit in one of its parts (`PARTS`), each a module of the layer whose name
@@ -27,7 +27,7 @@ norm_attn_norm.attn.Wqkv`); its linears get the Llama-style paths.
 
 from __future__ import annotations
 
-from controller.estimator.architecture import ArchDims, Layer, Linear
+from controller.estimator.model import ArchDims, Layer, Linear
 
 PARTS = ("attention", "mlp", "experts", "shared", "mixer", "laurel", "altup", "layer")
 
@@ -94,7 +94,7 @@ def layer_linear_paths(model_type: str, dims: ArchDims, layer: Layer) -> tuple[s
 
     An expert linear's is its expert stacks' module (`mlp.experts`), the router's its
     module. In an MoE layer the MLP-named linears after the router are the shared expert's
-    (as `architecture._moe_mlp` builds them), until a name repeats: a dense MLP beside the
+    (as `model.tensors._moe_mlp` builds them), until a name repeats: a dense MLP beside the
     experts (`enable_moe_block`) follows them.
     """
     paths: list[str] = []

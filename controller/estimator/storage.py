@@ -37,14 +37,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.estimator.architecture import (
+from controller.estimator.frozen import assemble
+from controller.estimator.model import (
     Layer,
     Linear,
+    Memo,
     ModelShape,
     family_traits,
     skip_module_matches_text,
 )
-from controller.estimator.frozen import assemble
 from controller.estimator.module_paths import layer_linear_paths, outer_linear_paths
 from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
 
@@ -133,10 +134,13 @@ def _scratch_bytes(numel: int, elem: int, optimizer: Optimizer) -> int:
     return 0
 
 
+#: `static_bytes` by the settings it depends on.
+_STATIC: Memo[Static] = Memo("static")
+
+
 def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
     """Weights, gradients, optimizer state and step scratch of the job, exactly."""
     key = (
-        "static",
         settings.method,
         settings.rank,
         settings.targets,
@@ -144,12 +148,10 @@ def static_bytes(shape: ModelShape, settings: TrainingSettings) -> Static:
         settings.precision,
         settings.optimizer,
     )
-    cached = shape.memo.get(key)
+    cached = _STATIC.get(shape, *key)
     if cached is not None:
-        return cached  # type: ignore[return-value]
-    result = _price(shape, settings)
-    shape.memo[key] = result
-    return result
+        return cached
+    return _STATIC.put(shape, _price(shape, settings), *key)
 
 
 def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
@@ -324,15 +326,18 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     )
 
 
+_SKIPPED: Memo[tuple[tuple[frozenset[int], ...], frozenset[int]]] = Memo("skipped-linears")
+
+
 def _skipped_linears(shape: ModelShape) -> tuple[tuple[frozenset[int], ...], frozenset[int]]:
     """Which linears `llm_int8_skip_modules` keeps 16-bit: per layer index, the indices into
     its `Layer.linears`; then the indices into `shape.outer_linears`. Matched by each
     linear's path (`module_paths`) under every text-model root, as `qlora.quantize_linears`
     matches the model's modules; expert stacks and routers are never among them (the
     trace's `quantize_experts` quantises every stack, the router is never quantised)."""
-    cached = shape.memo.get("skipped-linears")
+    cached = _SKIPPED.get(shape)
     if cached is not None:
-        return cached  # type: ignore[return-value]
+        return cached
     assert shape.quantization is not None
     entries = shape.quantization.skip_modules
     paths_of: dict[int, tuple[str, ...]] = {}
@@ -355,9 +360,7 @@ def _skipped_linears(shape: ModelShape) -> tuple[tuple[frozenset[int], ...], fro
         for k, path in enumerate(outer_linear_paths(shape.outer_linears))
         if any(skip_module_matches_text(e, path) for e in entries)
     )
-    result = (tuple(per_layer), outer)
-    shape.memo["skipped-linears"] = result
-    return result
+    return _SKIPPED.put(shape, (tuple(per_layer), outer))
 
 
 def _skip_correction(shape: ModelShape, elem: int, double: bool) -> tuple[int, int]:

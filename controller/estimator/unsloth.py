@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.base.units import GIB
-from controller.estimator.architecture import (
+from controller.estimator.model import (
     ArchDims,
+    Memo,
     ModelShape,
     is_kv_shared_layer,
     layer_attention_dims,
@@ -161,7 +162,7 @@ def _routed_elements(d: ArchDims) -> int:
 def _shared_elements(d: ArchDims) -> int:
     """Shared experts (an extension of seed 1): three projections each, and the h -> 1 gate
     only where the model has one (Qwen-MoE's `shared_expert_gate`; DeepSeek has none): one
-    tensor count (`architecture.py`), whichever profile prices it."""
+    tensor count (`model/tensors.py`), whichever profile prices it."""
     if not d.n_shared_experts:
         return 0
     gate = d.n_shared_experts * d.hidden_size if d.shared_expert_gate else 0
@@ -344,10 +345,13 @@ def _layer_key(d: ArchDims, i: int) -> tuple[object, ...]:
     return (layer_type, is_kv_shared_layer(d, i), _is_moe_layer(d, i))
 
 
+_VIEW: Memo[_View] = Memo("unsloth")
+
+
 def _view(shape: ModelShape) -> _View:
-    cached = shape.memo.get("unsloth")
+    cached = _VIEW.get(shape)
     if cached is not None:
-        return cached  # type: ignore[return-value]
+        return cached
     d = shape.dims
     h, n = d.hidden_size, d.num_layers
     by_key: dict[tuple[object, ...], dict[str, int]] = {}
@@ -379,8 +383,7 @@ def _view(shape: ModelShape) -> _View:
         else 0,
         layer_size_counts=tuple(Counter(_activation_sizes(d, i) for i in range(n)).items()),
     )
-    shape.memo["unsloth"] = view
-    return view
+    return _VIEW.put(shape, view)
 
 
 def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int]:
@@ -413,7 +416,7 @@ def _skipped_elements(skip_modules: tuple[str, ...], elements: dict[str, int]) -
     """Quantizable elements that `llm_int8_skip_modules` keeps in 16-bit.
 
     Entries match as transformers' bitsandbytes integration matches them
-    (`architecture.skip_module_matches`: a bare name in every layer, a dotted path by suffix
+    (`model.skip_module_matches`: a bare name in every layer, a dotted path by suffix
     or from the model's root, under any text-model root); other roots (vision towers) and
     non-quantizable names (embeddings) match nothing. A module inside another matched module
     counts once.
@@ -497,12 +500,15 @@ def _lora_mlp(h: int, size: int, rows: frozenset[str], copies: int) -> int:
     return sum(v for k, v in per.items() if k in rows) * copies
 
 
+#: `lora_params_per_rank` by target set.
+_LORA: Memo[int] = Memo("unsloth-lora")
+
+
 def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
     """Seed 1's LoRA table at rank 1: A (in × r) + B (r × out) per selected module per layer."""
-    key = ("unsloth-lora", targets)
-    cached = shape.memo.get(key)
+    cached = _LORA.get(shape, targets)
     if cached is not None:
-        return cached  # type: ignore[return-value]
+        return cached
     d = shape.dims
     if d.mamba1 is not None or d.deltanet is not None:
         # Jamba, Qwen3-Next: seed 1's table over the standard blocks with attention only
@@ -517,8 +523,7 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
         total = _block_lora(d, targets) + mixer * n_mixer
         if not _structured(d):  # the structured table skips attention where there is none
             total -= _lora_attention(d, _table_rows(targets)) * n_mixer
-        shape.memo[key] = total
-        return total
+        return _LORA.put(shape, total, targets)
     if d.mixers is not None:
         # A hybrid stack: each layer's own modules, by name (all-linear, which PEFT refuses
         # on Mamba models, never reaches here: `canonical_targets`).
@@ -529,11 +534,8 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
             for name, (a, b) in _hybrid_dims(d, i).items()
             if every or name in targets
         )
-        shape.memo[key] = total
-        return total
-    total = _block_lora(d, targets)
-    shape.memo[key] = total
-    return total
+        return _LORA.put(shape, total, targets)
+    return _LORA.put(shape, _block_lora(d, targets), targets)
 
 
 def _block_lora(d: ArchDims, targets: tuple[str, ...]) -> int:
@@ -621,11 +623,14 @@ def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
     return max(linear, scores * effective.numerator // effective.denominator)
 
 
+#: `_weights` by method.
+_WEIGHTS: Memo[int] = Memo("unsloth-weights")
+
+
 def _weights(shape: ModelShape, view: _View, method: Method) -> int:
-    key = ("unsloth-weights", method)
-    cached = shape.memo.get(key)
+    cached = _WEIGHTS.get(shape, method)
     if cached is not None:
-        return cached  # type: ignore[return-value]
+        return cached
     if method is Method.QLORA:
         quant = shape.quantization
         factor = NF4_DOUBLE_QUANT_FACTOR if quant and quant.double_quant else NF4_FACTOR
@@ -634,8 +639,7 @@ def _weights(shape: ModelShape, view: _View, method: Method) -> int:
         weights = int(quantized + sixteen_bit)
     else:
         weights = (view.quantizable + view.non_quantizable) * 2
-    shape.memo[key] = weights
-    return weights
+    return _WEIGHTS.put(shape, weights, method)
 
 
 def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:

@@ -107,8 +107,8 @@ def _depth(config: Mapping[str, Any]) -> int:
     """The model's layer count under whichever name its config gives it (DBRX: `n_layers`),
     read by the parser; a config the parser refuses is traced as transformers builds it,
     from the field transformers reads."""
-    from controller.estimator.architecture import parse_config
     from controller.estimator.errors import SpecError
+    from controller.estimator.model import parse_config
 
     try:
         return parse_config(config).num_layers
@@ -121,8 +121,8 @@ def _traced_whole(config: Mapping[str, Any]) -> bool:
     """Whether the parser reads `config` as a stack of unlike layers: a hybrid's mixers, or
     Gemma 3n's (a config it refuses is traced as transformers builds it, as before: the
     trace does not need the parser's reading)."""
-    from controller.estimator.architecture import parse_config
     from controller.estimator.errors import SpecError
+    from controller.estimator.model import parse_config
 
     try:
         dims = parse_config(config).dims
@@ -140,7 +140,7 @@ def _layout(config: Mapping[str, Any]) -> tuple[int, int]:
     how many layers that pattern repeats in): DeepSeek-V3's three dense layers before its
     MoE ones (3, 1), Llama 4 Maverick's dense and MoE layers in turn (0, 2). A pattern that
     does not repeat twice in the model is read from its last layer's kind, as before."""
-    from controller.estimator.architecture import parse_config
+    from controller.estimator.model import parse_config
 
     kinds = [layer.moe for layer in parse_config(config).layers]
     for lead in range(len(kinds)):

@@ -296,7 +296,7 @@ def _from_config(auto: Any, cfg: Any, dtype: torch.dtype) -> Any:
 def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
     from peft import LoraConfig, get_peft_model
 
-    from controller.estimator.architecture import peft_name
+    from controller.estimator.model import peft_name
 
     model_type = getattr(model.config, "model_type", "")
     targets: str | list[str] = (

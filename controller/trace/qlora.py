@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from controller.estimator.architecture import skip_module_matches, skip_module_matches_text
+from controller.estimator.model import skip_module_matches, skip_module_matches_text
 
 BLOCKSIZE = 64  # transformers' BitsAndBytesConfig default for 4-bit
 NESTED_BLOCKSIZE = 256  # bitsandbytes' blocksize for the double-quantised absmax
@@ -297,7 +297,7 @@ def quantize_linears(
 
     The loader converts every `nn.Linear` except the output embedding (`lm_head`) and the
     modules `llm_int8_skip_modules` names, matched by the loader's own rule
-    (`architecture.skip_module_matches`), under any text-model root.
+    (`model.skip_module_matches`), under any text-model root.
     """
     skipped = ("lm_head", *skip)
     for name, module in list(model.named_modules()):

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from controller.estimator import SpecError, SpecErrors, load_shape, parse_config
-from controller.estimator.architecture import (
+from controller.estimator.model import (
     MAX_LAYERS,
     REQUIRED_DIMENSIONS,
     SUPPORTED_MODEL_TYPES,
-    _dense_layer_indices,
-    _model_defaults,
-    _Reader,
     canonical_targets,
 )
+from controller.estimator.model.dims import _dense_layer_indices
+from controller.estimator.model.read import Reader as _Reader
+from controller.estimator.model.read import model_defaults as _model_defaults
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.settings import MAX_SEQUENCE_LENGTH
 from tests.unit.conftest import LLAMA_31_8B, PYTHIA_69B, QWEN25_05B

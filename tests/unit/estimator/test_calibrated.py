@@ -31,17 +31,17 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
-from controller.estimator.architecture import (
-    PEFT_REFUSED_MODULES,
-    ModelShape,
-    peft_adaptable_modules,
-)
 from controller.estimator.calibrated import (
     LAYER_FEATURES,
     LOCAL_FEATURES,
     calibration,
     family_of,
     peak_bytes,
+)
+from controller.estimator.model import (
+    PEFT_REFUSED_MODULES,
+    ModelShape,
+    peft_adaptable_modules,
 )
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.storage import BLOCK, Static, block, static_bytes

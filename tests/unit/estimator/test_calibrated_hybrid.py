@@ -31,8 +31,8 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
-from controller.estimator.architecture import is_kv_shared_layer
 from controller.estimator.calibrated import OPTIMIZER_KEY
+from controller.estimator.model import is_kv_shared_layer
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes
 from controller.jobs.profiles import estimate

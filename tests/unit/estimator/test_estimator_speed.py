@@ -18,8 +18,9 @@ from controller.estimator import (
     TrainingSettings,
     parse_config,
 )
-from controller.estimator.architecture import ArchDims, Layer, ModelShape, _parse_config
 from controller.estimator.calibrated import estimate as calibrated_estimate
+from controller.estimator.model import ArchDims, Layer, ModelShape
+from controller.estimator.model.parse import _parse_config
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.result import Estimate
 from controller.estimator.storage import Static, static_bytes

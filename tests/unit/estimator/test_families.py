@@ -149,7 +149,7 @@ def test_list_valued_expert_fields_read_the_text_model() -> None:
     ],
 )
 def test_skip_entries_match_as_the_loader_matches(entry: str, name: str, matches: bool) -> None:
-    from controller.estimator.architecture import skip_module_matches
+    from controller.estimator.model import skip_module_matches
 
     assert skip_module_matches(entry, name) is matches
 
@@ -469,7 +469,7 @@ def test_llama4_lora_on_its_router_is_refused_as_training_would_fail(targets: li
     the first forward (the trace shows it: tests/unit/trace/test_trace.py), so a job that would
     adapt the router is refused in one line that says what to write instead."""
     from controller.estimator import load_shape
-    from controller.estimator.architecture import canonical_targets
+    from controller.estimator.model import canonical_targets
 
     shape = load_shape("llama-4-maverick")
     with pytest.raises(SpecError) as info:
@@ -492,7 +492,7 @@ def test_targets_peft_cannot_adapt_are_refused_naming_those_it_can(
     preset: str, targets: list[str], words: str
 ) -> None:
     from controller.estimator import load_shape
-    from controller.estimator.architecture import canonical_targets, peft_adaptable_modules
+    from controller.estimator.model import canonical_targets, peft_adaptable_modules
 
     shape = load_shape(preset)
     with pytest.raises(SpecError) as info:
@@ -509,7 +509,7 @@ def test_dbrx_targets_may_use_its_own_module_names() -> None:
     layer): those are accepted as the canonical names are, and listed as what can be
     adapted; canonicalising twice changes nothing."""
     from controller.estimator import load_shape
-    from controller.estimator.architecture import canonical_targets, peft_adaptable_modules
+    from controller.estimator.model import canonical_targets, peft_adaptable_modules
 
     shape = load_shape("dbrx-instruct")
     own = canonical_targets(["Wqkv", "out_proj", "layer"], shape, "t")

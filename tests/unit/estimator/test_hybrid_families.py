@@ -20,7 +20,7 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.analytic import mixer_bytes_per_token
-from controller.estimator.architecture import canonical_targets
+from controller.estimator.model import canonical_targets
 from controller.estimator.module_paths import layer_linear_paths
 from controller.estimator.presets import load_preset
 from controller.estimator.storage import static_bytes

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller.estimator import SpecError, parse_config
-from controller.estimator.architecture import PARSED_CONFIG_MAX_BYTES, PARSED_CONFIG_MAX_CONTAINERS
+from controller.estimator.model.parse import PARSED_CONFIG_MAX_BYTES, PARSED_CONFIG_MAX_CONTAINERS
 from tests.unit.conftest import LLAMA_31_8B
 
 

@@ -10,8 +10,8 @@ from importlib import resources
 
 import pytest
 
-from controller.estimator.architecture import parse_config
 from controller.estimator.errors import SpecError
+from controller.estimator.model import parse_config
 from controller.estimator.presets import load_preset, preset_names
 
 NAMES = preset_names()

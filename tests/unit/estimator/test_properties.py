@@ -16,7 +16,7 @@ from controller.estimator import (
     TrainingSettings,
     load_shape,
 )
-from controller.estimator.architecture import PEFT_REFUSED_MODULES, peft_adaptable_modules
+from controller.estimator.model import PEFT_REFUSED_MODULES, peft_adaptable_modules
 from controller.estimator.presets import preset_names
 from controller.jobs.profiles import estimate
 from controller.packing.fit import fit

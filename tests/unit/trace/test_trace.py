@@ -558,7 +558,7 @@ def test_dbrx_resident_bytes_are_the_estimators_exactly(method: Method) -> None:
 def test_dbrx_lora_on_named_modules_is_what_peft_adapts() -> None:
     """Targets in DBRX's own names (what PEFT matches) train what storage and analytic
     count; the trace hands PEFT those names whichever spelling the job used."""
-    from controller.estimator.architecture import canonical_targets
+    from controller.estimator.model import canonical_targets
 
     config = dbrx_config()
     shape = parse_config(config)
@@ -636,7 +636,7 @@ def test_llama4_full_fine_tuning_traces_as_the_static_count() -> None:
 def test_llama4_lora_traces_with_named_targets_and_fails_on_its_router() -> None:
     """With the router left out, PEFT's LoRA on Llama 4 trains what every count says; with
     it (all-linear), PEFT's LoRA layer fails on the router's tuple, which is why the
-    estimator refuses such targets (`architecture.PEFT_REFUSED_MODULES`)."""
+    estimator refuses such targets (`model.PEFT_REFUSED_MODULES`)."""
     config = llama4_config()
     shape = parse_config(config)
     targets = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
