@@ -24,8 +24,7 @@ from typing import Any
 
 from controller.api.finetunejob import ObservedGpu, ObservedStatus
 from controller.base.units import MIB, format_gib
-from controller.estimator import SpecError
-from controller.estimator.presets import load_preset
+from controller.estimator import SpecError, load_preset
 from controller.jobs.spec import config_map_ref
 
 #: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:

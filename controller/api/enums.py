@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from controller.estimator.settings import (
+from controller.estimator import (
     Attention,
     Checkpointing,
     Choice,

@@ -28,7 +28,7 @@ from controller.api.enums import (
     SavableModule,
     TrainingMethod,
 )
-from controller.estimator.settings import (
+from controller.estimator import (
     MAX_BATCH,
     MAX_GPUS,
     MAX_LORA_RANK,

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
-from controller.estimator.settings import Choice
+from controller.estimator import Choice
 
 # Keywords copied as they are (after their sub-schemas are converted).
 _KEPT = {

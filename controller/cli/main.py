@@ -23,8 +23,15 @@ from controller.base.units import MIB, parse_size
 from controller.cli import plan as plan_command
 from controller.cli.report import estimate_json, render
 from controller.estimator import (
+    DEFAULT_RANK,
+    MAX_GPUS,
+    Attention,
+    Checkpointing,
+    Method,
     ModelShape,
+    Optimizer,
     Parallelism,
+    Profile,
     SpecError,
     SpecErrors,
     TrainingSettings,
@@ -33,15 +40,6 @@ from controller.estimator import (
     context_warnings,
     load_shape,
     parse_config,
-)
-from controller.estimator.settings import (
-    DEFAULT_RANK,
-    MAX_GPUS,
-    Attention,
-    Checkpointing,
-    Method,
-    Optimizer,
-    Profile,
 )
 from controller.jobs.profiles import estimate
 from controller.packing.fit import fit

@@ -42,8 +42,7 @@ from controller.decision import (
     Decision,
     plan_on,
 )
-from controller.estimator import Estimate
-from controller.estimator.settings import Profile
+from controller.estimator import Estimate, Profile
 from controller.jobs.spec import JobPlan, estimate_plan
 from controller.packing.view import ClusterView
 from controller.workload import workload_problem

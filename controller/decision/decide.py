@@ -31,7 +31,7 @@ from controller.api import conditions as cond
 from controller.api.enums import AdmissionPolicy
 from controller.decision import explain
 from controller.decision.types import Decision, JobRequest, Outcome
-from controller.estimator.settings import MAX_GPUS
+from controller.estimator import MAX_GPUS
 from controller.packing.placement import Placed
 from controller.packing.view import ClusterView, Selection
 

@@ -11,7 +11,7 @@ figures are each node's least free such GPU, and the messages say so.
 from __future__ import annotations
 
 from controller.decision.types import Decision, JobRequest, Outcome
-from controller.estimator.settings import Parallelism
+from controller.estimator import Parallelism
 from controller.packing.fit import gib, plural
 from controller.packing.placement import Placed
 from controller.packing.view import ClusterView, Selection

@@ -8,8 +8,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from controller.api.enums import AdmissionPolicy
-from controller.estimator.result import Estimate
-from controller.estimator.settings import Parallelism
+from controller.estimator import Estimate, Parallelism
 from controller.packing.constraints import NodeConstraints
 from controller.packing.inventory import NodeGpus, PackingSettings
 

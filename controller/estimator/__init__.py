@@ -19,12 +19,26 @@ from functools import cache
 from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.context import context_warnings
 from controller.estimator.errors import SpecError, SpecErrors
-from controller.estimator.model import ModelShape, canonical_targets, parse_config
+from controller.estimator.model import (
+    ModelShape,
+    canonical_targets,
+    parse_config,
+    peft_name,
+    skip_module_matches,
+    skip_module_matches_text,
+)
+from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_RANK,
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_LORA_RANK,
+    MAX_SEQUENCE_LENGTH,
     PATHS,
     Attention,
     Checkpointing,
+    Choice,
     Method,
     Optimizer,
     Parallelism,
@@ -32,11 +46,20 @@ from controller.estimator.settings import (
     Profile,
     TrainingSettings,
     build_settings,
+    int_in_range,
 )
+from controller.estimator.storage import static_bytes
 
 __all__ = [
+    "DEFAULT_RANK",
+    "MAX_BATCH",
+    "MAX_GPUS",
+    "MAX_LORA_RANK",
+    "MAX_SEQUENCE_LENGTH",
+    "PATHS",
     "Attention",
     "Checkpointing",
+    "Choice",
     "Estimate",
     "Method",
     "ModelShape",
@@ -51,15 +74,20 @@ __all__ = [
     "check_against_model",
     "context_warnings",
     "formula_estimate",
+    "int_in_range",
+    "load_preset",
     "load_shape",
     "parse_config",
+    "peft_name",
+    "preset_names",
+    "skip_module_matches",
+    "skip_module_matches_text",
+    "static_bytes",
 ]
 
 
 def load_shape(preset: str) -> ModelShape:
     """The parsed shape of a bundled preset (any spelling `load_preset` accepts)."""
-    from controller.estimator.presets import load_preset
-
     return _preset_shape(load_preset(preset).name)
 
 

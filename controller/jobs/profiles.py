@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from controller.base.errors import ProfileUnavailable
 from controller.estimator import (
+    PATHS,
+    Estimate,
     ModelShape,
     Profile,
     SpecError,
@@ -21,8 +23,6 @@ from controller.estimator import (
     check_against_model,
     formula_estimate,
 )
-from controller.estimator.result import Estimate
-from controller.estimator.settings import PATHS
 
 #: How to install the trace profile, as its error says it.
 TRACE_EXTRA = "pip install 'vramgate[trace]'"

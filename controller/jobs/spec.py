@@ -46,30 +46,28 @@ from controller.api.finetunejob import (
     TrainingSpec,
 )
 from controller.estimator import (
+    MAX_GPUS,
+    PATHS,
+    Attention,
+    Checkpointing,
+    Choice,
     Estimate,
+    Method,
     ModelShape,
+    Optimizer,
     Parallelism,
+    Precision,
+    Profile,
     SpecError,
     SpecErrors,
     TrainingSettings,
     build_settings,
     check_against_model,
     context_warnings,
+    int_in_range,
+    load_preset,
     load_shape,
     parse_config,
-)
-from controller.estimator.presets import load_preset
-from controller.estimator.settings import (
-    MAX_GPUS,
-    PATHS,
-    Attention,
-    Checkpointing,
-    Choice,
-    Method,
-    Optimizer,
-    Precision,
-    Profile,
-    int_in_range,
 )
 from controller.jobs.profiles import estimate
 

@@ -26,7 +26,7 @@ from controller.admission.admission_pass import Recorded
 from controller.admission.metric_view import Gauge
 from controller.api import conditions as cond
 from controller.decision import ADVISE
-from controller.estimator.settings import Profile
+from controller.estimator import Profile
 
 #: Observed peak / predicted: dense around 1, where the estimator should be.
 ACCURACY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0)

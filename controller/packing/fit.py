@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.base.units import GIB
-from controller.estimator.result import Estimate
-from controller.estimator.settings import Parallelism
+from controller.estimator import Estimate, Parallelism
 
 FURTHER_GPU_SHARE = Fraction(85, 100)
 

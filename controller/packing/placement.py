@@ -44,8 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from controller.estimator.result import Estimate
-from controller.estimator.settings import Parallelism
+from controller.estimator import Estimate, Parallelism
 from controller.packing.fit import device_map_holds
 from controller.packing.index import FreeIndex, NodeFilter
 

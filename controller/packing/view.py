@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from controller.estimator.result import Estimate
-from controller.estimator.settings import Parallelism
+from controller.estimator import Estimate, Parallelism
 from controller.packing.constraints import GPU_TOLERATION, NodeConstraints
 from controller.packing.index import FreeIndex, NodeFilter, bound
 from controller.packing.inventory import (

@@ -15,9 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.estimator import overheads
-from controller.estimator.result import Estimate
-from controller.estimator.settings import TrainingSettings
+from controller.estimator import Estimate, TrainingSettings, overheads
 from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, batch_bytes, trace_run

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from controller.base.errors import PermanentError
-from controller.estimator.settings import Attention, Checkpointing, Method, Precision
+from controller.estimator import Attention, Checkpointing, Method, Precision
 from controller.estimator.settings import TrainingSettings as Settings
 from controller.trace import dbrx, qlora
 

@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from controller.estimator.settings import Optimizer
+from controller.estimator import Optimizer
 
 MIN_8BIT_SIZE = 4096
 BLOCKSIZE_8BIT = 256

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from controller.estimator.model import skip_module_matches, skip_module_matches_text
+from controller.estimator import skip_module_matches, skip_module_matches_text
 
 BLOCKSIZE = 64  # transformers' BitsAndBytesConfig default for 4-bit
 NESTED_BLOCKSIZE = 256  # bitsandbytes' blocksize for the double-quantised absmax

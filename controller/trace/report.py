@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.base.units import GIB
-from controller.estimator.settings import TrainingSettings
+from controller.estimator import TrainingSettings
 from controller.trace import TraceReport
 from controller.trace.run import PHASES, SegmentPeak
 from controller.trace.tracker import CATEGORIES

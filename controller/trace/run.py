@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from controller.estimator.settings import TrainingSettings
+from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
 from controller.trace.optim import build_optimizer

@@ -56,8 +56,7 @@ from controller.api.enums import AdmissionPolicy
 from controller.base.units import format_gib
 from controller.decision import Outcome, decide
 from controller.decision.decide import resize_counts
-from controller.estimator import Estimate
-from controller.estimator.settings import MAX_GPUS, Parallelism, Profile
+from controller.estimator import MAX_GPUS, Estimate, Parallelism, Profile
 from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.estimator.settings import MAX_GPUS
+from controller.estimator import MAX_GPUS
 from controller.packing.inventory import GpuMode, NodeGpus
 from controller.workload import Admission, WorkloadError, build_workload
 
