@@ -34,7 +34,8 @@ lock-upgrade:  ## every pin in requirements/*.txt to the newest release pyprojec
 	$(MAKE) lock LOCK_FLAGS=--upgrade
 
 lint: install  ## ruff, the import contracts that keep the core pure and layered, mypy
-	$(PYTHON) -m ruff check controller tests e2e benchmarks
+	$(PYTHON) -m ruff check controller tests e2e benchmarks scripts
+	$(PYTHON) -m ruff format --check .
 	lint-imports
 	$(PYTHON) -m mypy
 

@@ -81,8 +81,9 @@ def binary_path(name: str, specs: Iterable[ModuleSpec] | None = None) -> Path:
 
 def find_go() -> str:
     """The machine's Go, from PATH or the standard install location."""
-    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.access(
-        "/usr/local/go/bin/go", os.X_OK) else None)
+    found = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
     if found is None:
         raise MissingPrerequisite(
             "Go toolchain not found (need go >= 1.26 on PATH or at /usr/local/go/bin/go)"
@@ -229,8 +230,10 @@ def _build_module(go: str, go_version: str, spec: ModuleSpec, missing: list[str]
         tmp_path.chmod(0o755)
         tmp_path.replace(target)
         size_mib = target.stat().st_size / 2**20
-        log(f"[build] built {name} {spec.version} in {time.monotonic() - started:.1f}s "
-            f"({size_mib:.0f} MiB) -> {target}")
+        log(
+            f"[build] built {name} {spec.version} in {time.monotonic() - started:.1f}s "
+            f"({size_mib:.0f} MiB) -> {target}"
+        )
 
 
 def _print_progress(line: str) -> None:
@@ -264,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Build the pinned control-plane binaries (all, or those named) into "
         f"{bin_dir()}; cached ones are skipped.",
     )
-    parser.add_argument("binaries", nargs="*", metavar="BINARY",
-                        help=f"one of: {', '.join(names)}")
+    parser.add_argument("binaries", nargs="*", metavar="BINARY", help=f"one of: {', '.join(names)}")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.binaries) - set(names))
     if unknown:

@@ -49,9 +49,7 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
 class CertificateAuthority:
     """A throwaway CA that signs the serving and client certificates of one cluster."""
 
-    def __init__(
-        self, directory: Path, name: str = "vramgate-e2e-ca", stem: str = "ca"
-    ) -> None:
+    def __init__(self, directory: Path, name: str = "vramgate-e2e-ca", stem: str = "ca") -> None:
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
@@ -66,9 +64,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -125,8 +129,11 @@ class CertificateAuthority:
     def issue_serving(self, stem: str, *extra_dns: str) -> CertPair:
         """A serving certificate valid for loopback, e.g. for a webhook on 127.0.0.1."""
         return self.issue(
-            stem, "127.0.0.1", dns_names=("localhost", *extra_dns),
-            ip_addresses=("127.0.0.1",), server=True,
+            stem,
+            "127.0.0.1",
+            dns_names=("localhost", *extra_dns),
+            ip_addresses=("127.0.0.1",),
+            server=True,
         )
 
 

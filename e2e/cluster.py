@@ -149,14 +149,18 @@ class Cluster:
             "apiserver",
             "kube-apiserver",
             dns_names=(
-                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
             ip_addresses=(comp.LOOPBACK, comp.first_service_ip()),
             server=True,
         )
-        front_proxy_ca = CertificateAuthority(self.pki_dir, "vramgate-front-proxy-ca",
-                                              stem="front-proxy-ca")
+        front_proxy_ca = CertificateAuthority(
+            self.pki_dir, "vramgate-front-proxy-ca", stem="front-proxy-ca"
+        )
         pki = comp.Pki(
             ca=ca.pair,
             serving=serving,
@@ -205,13 +209,19 @@ class Cluster:
             ),
         )
         # KWOK_WORKDIR: otherwise kwok also loads stages from a user's ~/.kwok/kwok.yaml.
-        self._launch("kwok", comp.kwok_args(b["kwok"], kubeconfigs["kwok"]),
-                     env={**os.environ, "KWOK_WORKDIR": str(self.state_dir / "kwok")})
+        self._launch(
+            "kwok",
+            comp.kwok_args(b["kwok"], kubeconfigs["kwok"]),
+            env={**os.environ, "KWOK_WORKDIR": str(self.state_dir / "kwok")},
+        )
         loopback = f"https://{comp.LOOPBACK}"
-        self._wait("kube-controller-manager",
-                   lambda: self._https_ok(f"{loopback}:{ports.controller_manager}/healthz"))
-        self._wait("kube-scheduler",
-                   lambda: self._https_ok(f"{loopback}:{ports.scheduler}/healthz"))
+        self._wait(
+            "kube-controller-manager",
+            lambda: self._https_ok(f"{loopback}:{ports.controller_manager}/healthz"),
+        )
+        self._wait(
+            "kube-scheduler", lambda: self._https_ok(f"{loopback}:{ports.scheduler}/healthz")
+        )
         # The ServiceAccount admission plugin rejects pods until their namespace has a
         # `default` ServiceAccount, which only kube-controller-manager creates.
         self._wait(
@@ -304,8 +314,13 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         binary = self.binaries.get(name) or ensure_binaries([name], log=self.log)[name]
         return subprocess.run(
-            [str(binary), *args], env=self.env(), input=stdin, capture_output=True,
-            text=True, timeout=120, check=False,
+            [str(binary), *args],
+            env=self.env(),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
 
     def issue_serving_cert(self, stem: str, *extra_dns: str) -> CertPair:
@@ -332,8 +347,13 @@ class Cluster:
         from e2e.nodes import create_gpu_nodes
 
         return create_gpu_nodes(
-            self.kubeconfig, count, gpus_per_node=gpus_per_node, product=product,
-            memory_mib=memory_mib, name_prefix=name_prefix, timeout=timeout,
+            self.kubeconfig,
+            count,
+            gpus_per_node=gpus_per_node,
+            product=product,
+            memory_mib=memory_mib,
+            name_prefix=name_prefix,
+            timeout=timeout,
         )
 
 
@@ -347,8 +367,9 @@ def _up(state_dir: Path | None) -> int:
     except (ClusterError, BuildError) as err:
         print(f"e2e.cluster: {err}", file=sys.stderr)
         return 2 if isinstance(err, MissingPrerequisite) else 1
-    _stderr(f"[cluster] logs and pids in {cluster.state_dir}; stop with "
-            f"`python -m e2e.cluster down`")
+    _stderr(
+        f"[cluster] logs and pids in {cluster.state_dir}; stop with `python -m e2e.cluster down`"
+    )
     print(f"KUBECONFIG={cluster.kubeconfig}", flush=True)
     return 0
 
@@ -365,8 +386,12 @@ def _down(state_dir: Path | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
     parser.add_argument("command", choices=["up", "down"])
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="default: $VRAMGATE_CLUSTER_DIR or ~/.cache/vramgate/cluster")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="default: $VRAMGATE_CLUSTER_DIR or ~/.cache/vramgate/cluster",
+    )
     args = parser.parse_args(argv)
     return _up(args.state_dir) if args.command == "up" else _down(args.state_dir)
 

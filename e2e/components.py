@@ -114,9 +114,7 @@ def _delegated_auth(kubeconfig: Path) -> list[str]:
     ]
 
 
-def controller_manager_args(
-    binary: Path, pki: Pki, ports: Ports, kubeconfig: Path
-) -> list[str]:
+def controller_manager_args(binary: Path, pki: Pki, ports: Ports, kubeconfig: Path) -> list[str]:
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",

@@ -464,8 +464,11 @@ def run(once: bool, state_dir: Path | None, prometheus_port: int) -> int:
         for name, message in messages(cluster).items():
             print(f"{name}: {message}", flush=True)
         assert demo.prometheus is not None
-        print(f"Prometheus: {demo.prometheus.url}  (try vramgate_job_predicted_bytes, "
-              "vramgate_pending_jobs, vramgate_decisions_total)", flush=True)
+        print(
+            f"Prometheus: {demo.prometheus.url}  (try vramgate_job_predicted_bytes, "
+            "vramgate_pending_jobs, vramgate_decisions_total)",
+            flush=True,
+        )
         print(f"KUBECONFIG={cluster.kubeconfig}", flush=True)
         if once:
             return 0
@@ -481,14 +484,28 @@ def run(once: bool, state_dir: Path | None, prometheus_port: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--once", action="store_true",
-                        help="stop everything after printing `kubectl get ftj` (tests)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="the control plane's state dir (default: a temp dir)")
-    parser.add_argument("--prometheus-port", type=int, default=9090,
-                        help="Prometheus' port on 127.0.0.1 (0: any free port)")
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="stop everything after printing `kubectl get ftj` (tests)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="the control plane's state dir (default: a temp dir)",
+    )
+    parser.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        help="Prometheus' port on 127.0.0.1 (0: any free port)",
+    )
     args = parser.parse_args(argv)
     return run(args.once, args.state_dir, args.prometheus_port)
 

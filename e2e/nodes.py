@@ -72,8 +72,9 @@ def create_gpu_nodes(
 
         def all_schedulable() -> bool:
             # One LIST per poll rather than a GET per node: callers create thousands.
-            ready = {n.metadata.name for n in core.list_node().items
-                     if n.metadata and _schedulable(n)}
+            ready = {
+                n.metadata.name for n in core.list_node().items if n.metadata and _schedulable(n)
+            }
             return ready.issuperset(names)
 
         wait_until(

@@ -93,8 +93,13 @@ def start(
     """
     with open(log, "ab") as out:
         popen = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=_kill_with_parent if die_with_parent else None,
         )
     _children[popen.pid] = popen

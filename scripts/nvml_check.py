@@ -48,7 +48,10 @@ def _nvidia_smi() -> str | None:
     query = "index,uuid,name,memory.total,memory.used,memory.free,memory.reserved"
     result = subprocess.run(
         ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     return (result.stdout or result.stderr).strip()
 
@@ -61,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     lib = _library(args.fake)
     backend = NvmlBackend(lib)
-    report: dict[str, Any] = {"fake": args.fake, "host": Path("/etc/hostname").read_text().strip()
-                              if Path("/etc/hostname").exists() else None}
+    report: dict[str, Any] = {
+        "fake": args.fake,
+        "host": Path("/etc/hostname").read_text().strip()
+        if Path("/etc/hostname").exists()
+        else None,
+    }
     try:
         started = time.perf_counter()
         readings = PodResolver(Path(args.proc_root)).attribute(backend.read())
@@ -79,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         backend.close()
-    report["gpus"] = [
-        {**dataclasses.asdict(r), "pods": pod_usage(r)} for r in readings
-    ]
+    report["gpus"] = [{**dataclasses.asdict(r), "pods": pod_usage(r)} for r in readings]
     report["gpunode_status"] = build_status(
         Observation(backend.name, tuple(readings)), datetime.now(UTC), [], None
     )

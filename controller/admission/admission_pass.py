@@ -583,9 +583,7 @@ def _observe(
     uid = str((draft.job.get("metadata") or {}).get("uid"))
     written = observed.from_status(draft.current.get("observed"))
     pod_uids = {str((p.get("metadata") or {}).get("uid")) for p in inp.job_pods.get(key, ())}
-    peaks = observed.merged(
-        written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, usage)
-    )
+    peaks = observed.merged(written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, usage))
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
     if peaks and (draft.urgent or ended is not None or observed.due(written, peaks)):

@@ -79,7 +79,9 @@ class AdmissionConfig(BaseModel):
         description="percent of each GPU's memory kept free, 0 to 50; 0 as for headroom.",
     )
     heartbeat_ttl_seconds: int = Field(
-        int(_PACKING.heartbeat_ttl.total_seconds()), ge=1, le=MAX_SECONDS,
+        int(_PACKING.heartbeat_ttl.total_seconds()),
+        ge=1,
+        le=MAX_SECONDS,
         description="a GPU node whose agent has not written for this long takes no new job; "
         "a few of the agent's 30 s heartbeats.",
     )

@@ -160,9 +160,7 @@ def metric_view(
     return (predicted, peak, ratio, reserved, free, heartbeat, pending, created)
 
 
-def _where_held(
-    placement: Iterable[NodeGpus], seen: observed.Peaks
-) -> list[tuple[str, int, str]]:
+def _where_held(placement: Iterable[NodeGpus], seen: observed.Peaks) -> list[tuple[str, int, str]]:
     """The GPUs a job holds: its placement's, except that a placed GPU where its pods are not
     seen gives way to one of the same node where they are. With the device plugin the kubelet,
     not vramgate, picks which of a node's GPUs a pod gets; charging the placement's GPU would

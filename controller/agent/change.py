@@ -34,8 +34,13 @@ class Written:
 
 
 def _identity(reading: GpuReading) -> tuple[object, ...]:
-    return (reading.uuid, reading.index, reading.product, reading.memory_info_supported,
-            reading.mig)
+    return (
+        reading.uuid,
+        reading.index,
+        reading.product,
+        reading.memory_info_supported,
+        reading.mig,
+    )
 
 
 def _moved(before: int | None, after: int | None, threshold: int) -> bool:

@@ -35,7 +35,8 @@ def make_backend(settings: AgentSettings) -> GpuBackend:
         return StaticBackend(settings.static_file, settings.node_name)
     if settings.backend == "dcgm":
         return DcgmBackend(
-            settings.dcgm_url, settings.dcgm_host or settings.node_name,
+            settings.dcgm_url,
+            settings.dcgm_host or settings.node_name,
             settings.dcgm_timeout_seconds,
         )
     from controller.agent.nvml import NvmlBackend
@@ -84,8 +85,14 @@ def run_agent(args: argparse.Namespace) -> int:
             f"--metrics-port: cannot listen on {settings.metrics_address}:"
             f"{settings.metrics_port}: {error.strerror}"
         ) from None
-    agent = Agent(backend, PodResolver(settings.proc_root), publisher, metrics,
-                  timing(settings), SystemClock())
+    agent = Agent(
+        backend,
+        PodResolver(settings.proc_root),
+        publisher,
+        metrics,
+        timing(settings),
+        SystemClock(),
+    )
     stop = threading.Event()
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -96,8 +103,12 @@ def run_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     log.info(
         "agent for node %s: backend %s, metrics on %s:%d, poll %.1fs, heartbeat %.1fs",
-        settings.node_name, backend.name, settings.metrics_address, server.server_port,
-        settings.poll_interval_seconds, settings.heartbeat_interval_seconds,
+        settings.node_name,
+        backend.name,
+        settings.metrics_address,
+        server.server_port,
+        settings.poll_interval_seconds,
+        settings.heartbeat_interval_seconds,
     )
     try:
         agent.run(stop)

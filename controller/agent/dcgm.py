@@ -66,8 +66,9 @@ def parse_dcgm_metrics(text: str, host: str | None) -> list[GpuReading]:
                 key = (uuid, int(gi) if gi else None)
                 device = devices.setdefault(
                     key,
-                    _Device(int(labels.get("gpu", "0")), key[0], labels.get("modelName", ""),
-                            key[1]),
+                    _Device(
+                        int(labels.get("gpu", "0")), key[0], labels.get("modelName", ""), key[1]
+                    ),
                 )
                 # Pod-mapped exporters repeat a GPU's series per pod: the first value stands.
                 device.mib.setdefault(name, round(sample.value))
@@ -77,7 +78,8 @@ def parse_dcgm_metrics(text: str, host: str | None) -> list[GpuReading]:
     # all again.
     mig_parents = {uuid for uuid, gi in devices if gi is not None}
     readings = [
-        _reading(d) for (uuid, gi), d in devices.items()
+        _reading(d)
+        for (uuid, gi), d in devices.items()
         if {"free", "used"} <= d.mib.keys() and not (gi is None and uuid in mig_parents)
     ]
     if not readings:

@@ -97,7 +97,10 @@ def _memory_struct(memory: FakeMemory, version: int | None) -> Any:
     v2 = pynvml.c_nvmlMemory_v2_t()
     v2.version = version
     v2.total, v2.reserved, v2.free, v2.used = (
-        memory.total, memory.reserved, memory.free, memory.used
+        memory.total,
+        memory.reserved,
+        memory.free,
+        memory.used,
     )
     return v2
 
@@ -109,7 +112,8 @@ def _process_objects(processes: list[FakeProcess], gi: int, ci: int) -> list[Any
         info.pid = proc.pid
         info.usedGpuMemory = (
             pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-            if proc.used_bytes is None else proc.used_bytes
+            if proc.used_bytes is None
+            else proc.used_bytes
         )
         info.gpuInstanceId, info.computeInstanceId = gi, ci
         obj = pynvml.nvmlStructToFriendlyObject(info)

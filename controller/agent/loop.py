@@ -76,8 +76,11 @@ class Agent:
             self._read(now)
         observation = Observation(self.backend.name, self.readings, self.error)
         reason = write_reason(
-            self.written, observation, now,
-            self.timing.change_threshold_bytes, self.timing.heartbeat_interval_s,
+            self.written,
+            observation,
+            now,
+            self.timing.change_threshold_bytes,
+            self.timing.heartbeat_interval_s,
         )
         if reason is None or now < self._next_write:
             return None

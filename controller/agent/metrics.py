@@ -25,8 +25,11 @@ MEMORY_SERIES = (
     ("total", "total_bytes", "Framebuffer memory of the GPU, in bytes."),
     ("free", "free_bytes", "Framebuffer memory free, in bytes, as the backend read it."),
     ("used", "used_bytes", "Framebuffer memory used, in bytes, as the backend read it."),
-    ("reserved", "reserved_bytes",
-     "Framebuffer memory the driver reserves (NVML v2 memory call), in bytes."),
+    (
+        "reserved",
+        "reserved_bytes",
+        "Framebuffer memory the driver reserves (NVML v2 memory call), in bytes.",
+    ),
 )
 
 

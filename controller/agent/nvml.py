@@ -162,18 +162,28 @@ class NvmlBackend:
 def describe_nvml_error(lib: Any, error: Exception) -> str:
     """One line: what NVML said, its likely cause on a Kubernetes node, and what to do."""
     hints: list[tuple[str, str]] = [
-        ("NVMLError_LibraryNotFound",
-         "libnvidia-ml.so.1 is not visible to the agent: run it with the NVIDIA container "
-         "runtime (runtimeClassName: nvidia) on a node with the NVIDIA driver"),
-        ("NVMLError_DriverNotLoaded",
-         "the NVIDIA kernel driver is not loaded on this node: check nvidia-smi on the host"),
-        ("NVMLError_NoPermission",
-         "the agent may not open /dev/nvidia*: run it with the NVIDIA container runtime"),
-        ("NVMLError_LibRmVersionMismatch",
-         "the NVML library and the kernel driver differ in version: reboot the node or "
-         "reinstall the driver"),
-        ("NVMLError_GpuIsLost",
-         "a GPU fell off the bus: drain the node and reset the GPU (nvidia-smi -r) or reboot"),
+        (
+            "NVMLError_LibraryNotFound",
+            "libnvidia-ml.so.1 is not visible to the agent: run it with the NVIDIA container "
+            "runtime (runtimeClassName: nvidia) on a node with the NVIDIA driver",
+        ),
+        (
+            "NVMLError_DriverNotLoaded",
+            "the NVIDIA kernel driver is not loaded on this node: check nvidia-smi on the host",
+        ),
+        (
+            "NVMLError_NoPermission",
+            "the agent may not open /dev/nvidia*: run it with the NVIDIA container runtime",
+        ),
+        (
+            "NVMLError_LibRmVersionMismatch",
+            "the NVML library and the kernel driver differ in version: reboot the node or "
+            "reinstall the driver",
+        ),
+        (
+            "NVMLError_GpuIsLost",
+            "a GPU fell off the bus: drain the node and reset the GPU (nvidia-smi -r) or reboot",
+        ),
     ]
     for class_name, hint in hints:
         cls = getattr(lib, class_name, None)

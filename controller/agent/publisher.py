@@ -112,12 +112,14 @@ class GpuNodePublisher:
             "kind": KIND,
             "metadata": {
                 "name": self.node_name,
-                "ownerReferences": [{
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node_name,
-                    "uid": uid,
-                }],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.node_name,
+                        "uid": uid,
+                    }
+                ],
             },
             "spec": {"nodeName": self.node_name},
         }

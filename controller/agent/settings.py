@@ -32,7 +32,8 @@ class AgentSettings(BaseModel):
     )
 
     node_name: str = Field(
-        min_length=1, max_length=253,
+        min_length=1,
+        max_length=253,
         description="name of the Node this agent runs on; its GPUNode gets the same name. "
         "Required: in a DaemonSet, set it from spec.nodeName with the downward API.",
     )
@@ -58,12 +59,16 @@ class AgentSettings(BaseModel):
         5.0, gt=0, le=MAX_SECONDS, description="timeout of one dcgm-exporter scrape."
     )
     poll_interval_seconds: float = Field(
-        5.0, gt=0, le=MAX_SECONDS,
+        5.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="how often the GPUs are read; an NVML read costs milliseconds, and a job's "
         "memory ramps over seconds.",
     )
     heartbeat_interval_seconds: float = Field(
-        30.0, gt=0, le=MAX_SECONDS,
+        30.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="longest time between two GPUNode writes; the operator treats an older "
         "heartbeat as stale. 30 s bounds the steady write rate at 1/30 per second per node.",
     )
@@ -74,18 +79,24 @@ class AgentSettings(BaseModel):
         "heartbeat. 256 MiB is far below any training job's footprint.",
     )
     backoff_initial_seconds: float = Field(
-        1.0, gt=0, le=MAX_SECONDS,
+        1.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="first retry delay after a failed read or write; doubles.",
     )
     backoff_max_seconds: float = Field(
-        60.0, gt=0, le=MAX_SECONDS,
+        60.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="longest retry delay, so a healed API server is seen quickly.",
     )
     metrics_address: str = Field(
         "0.0.0.0", description="address of the Prometheus metrics endpoint."
     )
     metrics_port: int = Field(
-        9402, ge=0, le=65535,
+        9402,
+        ge=0,
+        le=65535,
         description="port of the Prometheus metrics endpoint (0: any free port); 9402 sits "
         "beside dcgm-exporter's 9400.",
     )
@@ -110,8 +121,7 @@ class AgentSettings(BaseModel):
         if self.backoff_max_seconds < self.backoff_initial_seconds:
             raise ValueError("backoffMaxSeconds must not be less than backoffInitialSeconds")
         if self.heartbeat_interval_seconds < self.poll_interval_seconds:
-            raise ValueError("heartbeatIntervalSeconds must not be less than "
-                             "pollIntervalSeconds")
+            raise ValueError("heartbeatIntervalSeconds must not be less than pollIntervalSeconds")
         return self
 
 

@@ -88,8 +88,9 @@ class _Gpu(_Model):
     def _one_spelling(self) -> _Gpu:
         if self.reservedBytes is not None:
             if self.driverReservedBytes is not None:
-                raise ValueError("set driverReservedBytes or reservedBytes (its older "
-                                 "spelling), not both")
+                raise ValueError(
+                    "set driverReservedBytes or reservedBytes (its older spelling), not both"
+                )
             self.driverReservedBytes = self.reservedBytes
         return self
 
@@ -103,32 +104,62 @@ def _check_unique(gpus: list[_Gpu]) -> None:
     seen: dict[str, int] = {}
     for i, gpu in enumerate(gpus):
         if gpu.uuid in seen:
-            raise ValueError(f"gpus[{i}].uuid: {gpu.uuid} is also gpus[{seen[gpu.uuid]}]'s; "
-                             "every GPU and MIG device needs a UUID of its own")
+            raise ValueError(
+                f"gpus[{i}].uuid: {gpu.uuid} is also gpus[{seen[gpu.uuid]}]'s; "
+                "every GPU and MIG device needs a UUID of its own"
+            )
         seen[gpu.uuid] = i
 
 
 def _reading(gpu: _Gpu) -> GpuReading:
-    mig = (MigInstance(gpu.mig.parentUUID, gpu.mig.gpuInstanceId, gpu.mig.computeInstanceId)
-           if gpu.mig else None)
+    mig = (
+        MigInstance(gpu.mig.parentUUID, gpu.mig.gpuInstanceId, gpu.mig.computeInstanceId)
+        if gpu.mig
+        else None
+    )
     processes = tuple(GpuProcess(p.pid, p.usedBytes, p.podUID) for p in gpu.processes)
     if not gpu.memoryInfoSupported:
-        if any(v is not None for v in (gpu.totalBytes, gpu.usedBytes, gpu.freeBytes,
-                                       gpu.driverReservedBytes)):
-            raise ValueError(f"GPU {gpu.uuid}: memoryInfoSupported is false, so totalBytes, "
-                             "usedBytes, freeBytes and driverReservedBytes must be left out")
-        return GpuReading(gpu.index, gpu.uuid, gpu.product, None, None, None, None,
-                          memory_info_supported=False, mig=mig, processes=processes)
+        if any(
+            v is not None
+            for v in (gpu.totalBytes, gpu.usedBytes, gpu.freeBytes, gpu.driverReservedBytes)
+        ):
+            raise ValueError(
+                f"GPU {gpu.uuid}: memoryInfoSupported is false, so totalBytes, "
+                "usedBytes, freeBytes and driverReservedBytes must be left out"
+            )
+        return GpuReading(
+            gpu.index,
+            gpu.uuid,
+            gpu.product,
+            None,
+            None,
+            None,
+            None,
+            memory_info_supported=False,
+            mig=mig,
+            processes=processes,
+        )
     if gpu.totalBytes is None or gpu.usedBytes is None:
-        raise ValueError(f"GPU {gpu.uuid}: totalBytes and usedBytes are required "
-                         "unless memoryInfoSupported is false")
+        raise ValueError(
+            f"GPU {gpu.uuid}: totalBytes and usedBytes are required "
+            "unless memoryInfoSupported is false"
+        )
     free = gpu.freeBytes
     if free is None:
         free = gpu.totalBytes - gpu.usedBytes - (gpu.driverReservedBytes or 0)
     if free < 0:
         raise ValueError(f"GPU {gpu.uuid}: usedBytes + driverReservedBytes exceed totalBytes")
-    return GpuReading(gpu.index, gpu.uuid, gpu.product, gpu.totalBytes, free, gpu.usedBytes,
-                      gpu.driverReservedBytes, mig=mig, processes=processes)
+    return GpuReading(
+        gpu.index,
+        gpu.uuid,
+        gpu.product,
+        gpu.totalBytes,
+        free,
+        gpu.usedBytes,
+        gpu.driverReservedBytes,
+        mig=mig,
+        processes=processes,
+    )
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -155,8 +186,10 @@ def _expand_node(data: Any, node_name: str | None) -> Any:
                 gpu["uuid"] = gpu["uuid"].replace(NODE_PLACEHOLDER, node_name)
             mig = gpu.get("mig")
             if isinstance(mig, dict) and isinstance(mig.get("parentUUID"), str):
-                gpu["mig"] = {**mig,
-                              "parentUUID": mig["parentUUID"].replace(NODE_PLACEHOLDER, node_name)}
+                gpu["mig"] = {
+                    **mig,
+                    "parentUUID": mig["parentUUID"].replace(NODE_PLACEHOLDER, node_name),
+                }
         gpus.append(gpu)
     return {**data, "gpus": gpus}
 
@@ -175,9 +208,12 @@ def parse_static(text: str, source: str, node_name: str | None = None) -> list[G
     except ValidationError as error:
         first = error.errors()[0]
         where = _location(first["loc"]) or "the file"
-        message = (first["msg"].replace("Input should be", "must be")
-                   .replace("Value error, ", "")
-                   .replace("Extra inputs are not permitted", "unknown field"))
+        message = (
+            first["msg"]
+            .replace("Input should be", "must be")
+            .replace("Value error, ", "")
+            .replace("Extra inputs are not permitted", "unknown field")
+        )
         if not first["loc"]:
             message = "must be a mapping with a gpus list"
         raise BackendError(f"static: {source}: {where}: {message}") from None

@@ -105,7 +105,9 @@ def gpu_entry(reading: GpuReading) -> GPUStatus:
         used_bytes=reading.used_bytes if supported else None,
         driver_reserved_bytes=reading.reserved_bytes if supported else None,
         reserved_bytes=None,  # the operator's reservation: the agent leaves it alone
-        mig=None if mig is None else MIGStatus(
+        mig=None
+        if mig is None
+        else MIGStatus(
             parent_uuid=mig.parent_uuid,
             gpu_instance_id=mig.gpu_instance_id,
             compute_instance_id=mig.compute_instance_id,
@@ -129,8 +131,9 @@ def gpu_entries(readings: tuple[GpuReading, ...]) -> tuple[list[GPUStatus], list
     return entries, left_out
 
 
-def ready_condition(observation: Observation, left_out: list[str]) -> tuple[ConditionStatus,
-                                                                             str, str]:
+def ready_condition(
+    observation: Observation, left_out: list[str]
+) -> tuple[ConditionStatus, str, str]:
     if observation.stopped:
         return ConditionStatus.FALSE, REASON_AGENT_STOPPED, STOPPED_MESSAGE
     if observation.error is not None:
@@ -156,14 +159,16 @@ def build_status(
     entries, left_out = gpu_entries(observation.readings)
     free = sum(entry.free_bytes or 0 for entry in entries)
     products = sorted({entry.product for entry in entries})
-    status = GPUNodeStatus.model_validate({
-        "gpus": entries,
-        "gpuCount": len(entries),
-        "product": ", ".join(products) or None,
-        "freeBytes": free,
-        "free": format_gib(free),
-        "heartbeatTime": heartbeat.replace(microsecond=0),
-    })
+    status = GPUNodeStatus.model_validate(
+        {
+            "gpus": entries,
+            "gpuCount": len(entries),
+            "product": ", ".join(products) or None,
+            "freeBytes": free,
+            "free": format_gib(free),
+            "heartbeatTime": heartbeat.replace(microsecond=0),
+        }
+    )
     body = status.model_dump(mode="json", by_alias=True, exclude_none=True)
     ready, reason, message = ready_condition(observation, left_out)
     body["conditions"] = set_condition(

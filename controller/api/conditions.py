@@ -240,8 +240,10 @@ def set_condition(
             continue
         found = True
         same = existing.get("status") == status.value and existing.get("lastTransitionTime")
-        if same and (existing.get("reason"), existing.get("message")) == (reason, message) and (
-            existing.get("observedGeneration") == generation
+        if (
+            same
+            and (existing.get("reason"), existing.get("message")) == (reason, message)
+            and (existing.get("observedGeneration") == generation)
         ):
             out.append(dict(existing))  # unchanged: no need to validate it again
             continue

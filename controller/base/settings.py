@@ -137,7 +137,8 @@ class SettingsLoader(Generic[M]):
         """
         if example is not None:
             parser.add_argument(
-                "--config", metavar="FILE",
+                "--config",
+                metavar="FILE",
                 help=f"YAML config file of camelCase keys, e.g. {example} (env {self.config_env})",
             )
         for name, info in self.fields.items():
@@ -154,8 +155,10 @@ class SettingsLoader(Generic[M]):
         inner = _unwrap_optional(annotation)
         meta = self._flag_meta(name)
         choices = _choices(annotation)
-        metavar = meta.metavar if meta and meta.metavar else (
-            "|".join(choices) if choices else name.split("_")[-1].upper()
+        metavar = (
+            meta.metavar
+            if meta and meta.metavar
+            else ("|".join(choices) if choices else name.split("_")[-1].upper())
         )
         if inner is bool:
             return {"action": argparse.BooleanOptionalAction, "default": None, "help": help_text}
@@ -269,8 +272,10 @@ class SettingsLoader(Generic[M]):
             return message
         name = self._field_of(str(first["loc"][0]))
         if first["type"] == "missing":
-            return (f"{self.flag(name)} is required (or {self.env_var(name)}, or "
-                    f"{self.key(name)} in the config file)")
+            return (
+                f"{self.flag(name)} is required (or {self.env_var(name)}, or "
+                f"{self.key(name)} in the config file)"
+            )
         got = values.get(name)
         if len(first["loc"]) > 1 and isinstance(first["loc"][1], int) and isinstance(got, list):
             got = got[first["loc"][1]]  # the bad item of a list, not the whole list

@@ -142,9 +142,7 @@ def layer_kinds(shape: ModelShape) -> tuple[str, ...] | None:
 
 
 @lru_cache(maxsize=256)
-def _jamba_kinds(
-    mixers: tuple[str, ...], dense: tuple[int, ...], experts: bool
-) -> tuple[str, ...]:
+def _jamba_kinds(mixers: tuple[str, ...], dense: tuple[int, ...], experts: bool) -> tuple[str, ...]:
     """`layer_kinds` of a Jamba stack, once per layout (every estimate asks): its mixer and
     whether it has experts, as the parser builds its layers (`model.tensors._hybrid_layers`)."""
     return tuple(

@@ -161,7 +161,13 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(
-            body, "name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp",
+            body,
+            "name",
+            "namespace",
+            "uid",
+            "labels",
+            "ownerReferences",
+            "deletionTimestamp",
             "creationTimestamp",  # how long it has had no pod (workload/state.py)
         ),
         "spec": {key: spec[key] for key in ("completions", "parallelism") if key in spec},

@@ -387,8 +387,10 @@ class Scheduler:
             # a changed one is not admitted on its old estimate.
             spec = job.get("spec") or {}
             recheck = config_map_ref(spec) is not None and not spec.get("suspend")
-            if current and not recheck and (
-                found is None or found.failure is None or found.failure.retry_s is None
+            if (
+                current
+                and not recheck
+                and (found is None or found.failure is None or found.failure.retry_s is None)
             ):
                 continue
             if current and now < self._retry_at.get(key, 0):

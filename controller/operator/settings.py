@@ -89,7 +89,9 @@ class OperatorSettings(AdmissionConfig):
         "0.0.0.0", description="listen address of the webhook; every interface, for a Service."
     )
     webhook_port: int = Field(
-        9443, ge=0, le=65535,
+        9443,
+        ge=0,
+        le=65535,
         description="HTTPS port of the webhook (0: any free port, logged; webhook managed "
         "registers it); 9443 is the convention of Kubernetes webhooks and needs no privilege.",
     )
@@ -118,13 +120,17 @@ class OperatorSettings(AdmissionConfig):
         "files in certDir only (cert-manager mounts its Secret there).",
     )
     configmap_retry_seconds: float = Field(
-        30.0, gt=0, le=MAX_SECONDS,
+        30.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="retry interval while a job's ConfigMap cannot be read, and how often a "
         "waiting job's ConfigMap is read again; a missing ConfigMap is usually created, and a "
         "wrong one fixed, within seconds to minutes.",
     )
     resync_seconds: float = Field(
-        10.0, gt=0, le=MAX_SECONDS,
+        10.0,
+        gt=0,
+        le=MAX_SECONDS,
         description="an admission pass at least this often, events or not, so a missed "
         "event delays a decision by seconds only.",
     )
@@ -134,7 +140,8 @@ class OperatorSettings(AdmissionConfig):
         "once; off only for a single replica.",
     )
     lease_namespace: str = Field(
-        "default", min_length=1,
+        "default",
+        min_length=1,
         description="namespace of the Lease, and of the certificate Secret when "
         "$POD_NAMESPACE is unset; the pod's own namespace in a cluster.",
     )
@@ -142,22 +149,25 @@ class OperatorSettings(AdmissionConfig):
         "vramgate-operator", min_length=1, description="name of the Lease the replicas share."
     )
     identity: str = Field(
-        default_factory=_process_identity, min_length=1,
+        default_factory=_process_identity,
+        min_length=1,
         description="this replica's name in the Lease; the pod's name, so a restarted "
         "container takes its own Lease back at once.",
     )
-    metrics_addr: str = Field(
-        "0.0.0.0", description="address of the Prometheus endpoint /metrics."
-    )
+    metrics_addr: str = Field("0.0.0.0", description="address of the Prometheus endpoint /metrics.")
     metrics_port: int = Field(
-        8080, ge=0, le=65535,
+        8080,
+        ge=0,
+        le=65535,
         description="port of /metrics (0: any free port); 8080 is the usual metrics port.",
     )
     probe_addr: str = Field(
         "0.0.0.0", description="address of the liveness probe /healthz, for the kubelet."
     )
     probe_port: int = Field(
-        8081, ge=0, le=65535,
+        8081,
+        ge=0,
+        le=65535,
         description="port of /healthz (0: any free port); 8081, beside the metrics.",
     )
     log_level: LogLevel = Field(
@@ -267,11 +277,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting, and the shorthands earlier releases had."""
     LOADER.add_arguments(parser, example="webhookPort: 9443")
     parser.add_argument(
-        "-A", "--all-namespaces", action="store_true",
+        "-A",
+        "--all-namespaces",
+        action="store_true",
         help="watch every namespace: namespaces: [] (the default)",
     )
     parser.add_argument(
-        "--liveness", metavar="URL",
+        "--liveness",
+        metavar="URL",
         help=f"http://ADDR:PORT{PROBE_PATH}: sets --probe-addr and --probe-port",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="--log-level verbose")
@@ -312,8 +325,11 @@ def _probe_from_url(url: str) -> dict[str, tuple[Any, str]]:
         port = parts.port
     except ValueError:
         port = None
-    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in (
-        "", PROBE_PATH
+    if (
+        parts.scheme != "http"
+        or not parts.hostname
+        or port is None
+        or parts.path not in ("", PROBE_PATH)
     ):
         raise SettingsError(f"--liveness: must be http://ADDR:PORT{PROBE_PATH}, got {url!r}")
     return {"probe_addr": (parts.hostname, "--liveness"), "probe_port": (port, "--liveness")}

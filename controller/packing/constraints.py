@@ -130,9 +130,7 @@ def from_pod_template(template: object) -> NodeConstraints:
     where it is accepted (the webhook, the workload build): here, whatever does not read as
     a selector, a term or a toleration is skipped, never an error."""
     spec = _map(_map(template).get("spec"))
-    selector = tuple(
-        sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())
-    )
+    selector = tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items()))
     affinity = _map(_map(spec.get("affinity")).get("nodeAffinity"))
     required = _map(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms = tuple(_term(term) for term in _list(required.get("nodeSelectorTerms")))

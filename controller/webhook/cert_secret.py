@@ -66,10 +66,14 @@ CHECK_INTERVAL = dt.timedelta(minutes=5)
 #: Create/replace attempts before giving up: each 409 means another replica made progress.
 MAX_ATTEMPTS = 5
 _CONFIG_PATHS = (
-    ("ValidatingWebhookConfiguration",
-     "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"),
-    ("MutatingWebhookConfiguration",
-     "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"),
+    (
+        "ValidatingWebhookConfiguration",
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    ),
+    (
+        "MutatingWebhookConfiguration",
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    ),
 )
 
 
@@ -207,10 +211,10 @@ class CertSecret:
                 if (webhook.get("clientConfig") or {}).get("caBundle") == bundle:
                     continue
                 # The test keeps a concurrent reordering from patching the wrong webhook.
-                ops.append({"op": "test", "path": f"/webhooks/{i}/name",
-                            "value": webhook["name"]})
-                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
-                            "value": bundle})
+                ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": webhook["name"]})
+                ops.append(
+                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                )
             if not ops:
                 continue
             try:
@@ -226,6 +230,7 @@ class CertSecret:
     def start(self, interval: dt.timedelta = CHECK_INTERVAL) -> None:
         """Check every `interval` in a daemon thread until `stop`; errors are logged and
         retried at the next check (the certificate in use stays valid for weeks)."""
+
         def loop() -> None:
             while not self._stop.wait(interval.total_seconds()):
                 try:
@@ -255,7 +260,9 @@ class CertSecret:
         paths = self.files()
         try:
             same = (paths.ca.read_bytes(), paths.cert.read_bytes(), paths.key.read_bytes()) == (
-                material.ca_cert, material.cert, material.key
+                material.ca_cert,
+                material.cert,
+                material.key,
             )
         except OSError:
             same = False

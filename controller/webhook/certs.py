@@ -62,9 +62,7 @@ def wanted_hosts(hosts: Iterable[str]) -> list[str]:
     return sorted(set(hosts) | set(LOCAL_HOSTS))
 
 
-def generate(
-    hosts: Iterable[str], now: dt.datetime, ca: TlsMaterial | None = None
-) -> TlsMaterial:
+def generate(hosts: Iterable[str], now: dt.datetime, ca: TlsMaterial | None = None) -> TlsMaterial:
     """A serving certificate for `hosts`, issued by `ca` when it is vramgate's and fresh, else
     by a new CA."""
     wanted = wanted_hosts(hosts)
@@ -92,9 +90,7 @@ def ca_fresh(material: TlsMaterial, now: dt.datetime) -> bool:
     return ca.not_valid_after_utc - RENEW_BEFORE > now
 
 
-def renewal_reason(
-    material: TlsMaterial, hosts: Iterable[str], now: dt.datetime
-) -> str | None:
+def renewal_reason(material: TlsMaterial, hosts: Iterable[str], now: dt.datetime) -> str | None:
     """Why generated material must be renewed (expiring, hosts not covered, not issued by its
     CA, unreadable), or None when it is good."""
     try:
@@ -115,9 +111,7 @@ def renewal_reason(
     return None
 
 
-def unusable_reason(
-    material: TlsMaterial, hosts: Iterable[str], now: dt.datetime
-) -> str | None:
+def unusable_reason(material: TlsMaterial, hosts: Iterable[str], now: dt.datetime) -> str | None:
     """Why the API server would refuse to call a webhook serving this material (expired,
     not yet valid, hosts not covered, unreadable), or None. For material the operator did not
     make and cannot renew (no CA key), where only a person can fix it."""
@@ -167,7 +161,9 @@ def ensure_serving_cert(
     current = None
     if present:
         current = TlsMaterial(
-            paths.ca.read_bytes(), paths.cert.read_bytes(), paths.key.read_bytes(),
+            paths.ca.read_bytes(),
+            paths.cert.read_bytes(),
+            paths.key.read_bytes(),
             (directory / CA_KEY).read_bytes(),
         )
         if renewal_reason(current, hosts, now) is None:

@@ -128,8 +128,9 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
 
     template = _pod_template(job)
     pod_spec = _obj(template, "spec", "spec.template")
-    pod_labels = _obj(_obj(template, "metadata", "spec.template"), "labels",
-                      "spec.template.metadata")
+    pod_labels = _obj(
+        _obj(template, "metadata", "spec.template"), "labels", "spec.template.metadata"
+    )
     pod_labels[JOB_LABEL] = label
     pod_labels[JOB_UID_LABEL] = uid
     containers: list[dict[str, Any]] = _list(pod_spec, "containers", "spec.template.spec")
@@ -169,10 +170,18 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
     else:
         objects.append(_device_claim(admission, f"{name}-{CLAIM}", metadata, label, uid))
         source = "resourceClaimTemplateName" if multi_node else "resourceClaimName"
-        _replace_named(pod_spec, "resourceClaims", "spec.template.spec",
-                       {"name": CLAIM, source: f"{name}-{CLAIM}"})
-        _replace_named(_obj(trainer, "resources", trainer_path), "claims",
-                       f"{trainer_path}.resources", {"name": CLAIM})
+        _replace_named(
+            pod_spec,
+            "resourceClaims",
+            "spec.template.spec",
+            {"name": CLAIM, source: f"{name}-{CLAIM}"},
+        )
+        _replace_named(
+            _obj(trainer, "resources", trainer_path),
+            "claims",
+            f"{trainer_path}.resources",
+            {"name": CLAIM},
+        )
 
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
@@ -359,8 +368,9 @@ def _one_pod_per_node(pod_spec: dict[str, Any], label: str) -> None:
     """torchrun runs one agent per node: no two pods of the job on one host."""
     path = "spec.template.spec.affinity"
     anti = _obj(_obj(pod_spec, "affinity", "spec.template.spec"), "podAntiAffinity", path)
-    required = _list(anti, "requiredDuringSchedulingIgnoredDuringExecution",
-                     f"{path}.podAntiAffinity")
+    required = _list(
+        anti, "requiredDuringSchedulingIgnoredDuringExecution", f"{path}.podAntiAffinity"
+    )
     required.append(
         {"labelSelector": {"matchLabels": {JOB_LABEL: label}}, "topologyKey": HOSTNAME_KEY}
     )

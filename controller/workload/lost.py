@@ -51,15 +51,11 @@ class Remains:
     events: tuple[Mapping[str, Any], ...] = ()
 
 
-def ending(
-    remains: Remains, pods: Sequence[Mapping[str, Any]], created_uid: str
-) -> WorkloadState:
+def ending(remains: Remains, pods: Sequence[Mapping[str, Any]], created_uid: str) -> WorkloadState:
     """How the missing workload of uid `created_uid` ended."""
     name = remains.name
     events = [
-        e
-        for e in remains.events
-        if str((e.get("involvedObject") or {}).get("uid")) == created_uid
+        e for e in remains.events if str((e.get("involvedObject") or {}).get("uid")) == created_uid
     ]
     events.sort(key=lambda e: _event_time(e) or datetime.min.replace(tzinfo=UTC))
     reasons = {str(e.get("reason") or "") for e in events}

@@ -209,13 +209,13 @@ def _diagnoses(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
     status = pod.get("status") or {}
     pod_name = meta.get("name", "")
     out: list[tuple[str, str]] = []
-    statuses = [*(status.get("initContainerStatuses") or []),
-                *(status.get("containerStatuses") or [])]
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
     for container in statuses:
         state = container.get("state") or {}
-        terminated = state.get("terminated") or (container.get("lastState") or {}).get(
-            "terminated"
-        )
+        terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
         if not terminated:
             continue
         code = terminated.get("exitCode")
@@ -225,27 +225,37 @@ def _diagnoses(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
         who = f"container {container.get('name')} of pod {pod_name}"
         text = str(terminated.get("message") or "")
         if killed == "OOMKilled":
-            out.append((cond.REASON_OOM_KILLED, (
+            message = (
                 f"{who} was OOMKilled (exit {code}): the node ran out of host memory, or the "
                 "container reached its memory limit; this is host RAM, not GPU memory, so "
                 "raise the container's memory request and limit, then run it again as a new "
                 "job (a finished job is final: delete it and apply it again)"
-            )))
+            )
+            out.append((cond.REASON_OOM_KILLED, message))
         elif any(marker in text for marker in GPU_OOM_MARKERS):
-            out.append((cond.REASON_GPU_OUT_OF_MEMORY, (
+            message = (
                 f"{who} ran out of GPU memory (exit {code}): the GPU memory estimate was too "
                 "low for this job; run it again as a new job (delete it and apply it again) "
                 "with more GPUs (FSDP shards the memory) or a smaller batch or sequence: "
                 f"{_oom_line(text)}"
-            )))
+            )
+            out.append((cond.REASON_GPU_OUT_OF_MEMORY, message))
         else:
             said = f": {_quote(text)}" if text.strip() else ""
-            out.append((cond.REASON_WORKLOAD_FAILED,
-                         f"{who} exited with code {code} ({killed or 'Error'}){said}"))
+            out.append(
+                (
+                    cond.REASON_WORKLOAD_FAILED,
+                    f"{who} exited with code {code} ({killed or 'Error'}){said}",
+                )
+            )
     if not out and (status.get("reason") or status.get("message")):
         said = str(status.get("message") or "").strip()
-        out.append((cond.REASON_WORKLOAD_FAILED,
-                     f"pod {pod_name} failed ({status.get('reason') or 'Failed'}): {said}"))
+        out.append(
+            (
+                cond.REASON_WORKLOAD_FAILED,
+                f"pod {pod_name} failed ({status.get('reason') or 'Failed'}): {said}",
+            )
+        )
     return out
 
 
@@ -266,8 +276,7 @@ _DISRUPTIONS = {
         "not ready, or was tainted)"
     ),
     "TerminationByKubelet": (
-        "was terminated by the kubelet of node {node} (node-pressure eviction or a node "
-        "shutdown)"
+        "was terminated by the kubelet of node {node} (node-pressure eviction or a node shutdown)"
     ),
     "PreemptionByScheduler": "was preempted on node {node} for a pod of higher priority",
     "EvictionByEvictionAPI": "was evicted from node {node} through the Eviction API (a drain)",
@@ -325,17 +334,23 @@ def _pending(name: str, pods: Sequence[Mapping[str, Any]], expected: int) -> Wor
                 return WorkloadState(
                     Phase.PENDING, reason, f"pod {pod_name} is not scheduled ({reason}): {said}"
                 )
-        statuses = [*(status.get("initContainerStatuses") or []),
-                    *(status.get("containerStatuses") or [])]
+        statuses = [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]
         for container in statuses:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") and waiting["reason"] not in _STARTING:
                 reason = _reason(waiting["reason"], cond.REASON_STARTING)
                 said = str(waiting.get("message") or "").strip()
-                return WorkloadState(Phase.PENDING, reason, (
-                    f"container {container.get('name')} of pod {pod_name} is waiting "
-                    f"({reason}){': ' + _quote(said) if said else ''}"
-                ))
+                return WorkloadState(
+                    Phase.PENDING,
+                    reason,
+                    (
+                        f"container {container.get('name')} of pod {pod_name} is waiting "
+                        f"({reason}){': ' + _quote(said) if said else ''}"
+                    ),
+                )
     if not pods:
         return WorkloadState(
             Phase.PENDING,

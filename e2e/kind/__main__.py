@@ -133,6 +133,7 @@ class Kind:
 
 def check(cluster: Kind, nodes: list[str]) -> bool:
     """The end-to-end suite through the installed chart; True when every scenario passed."""
+
     def gpunodes() -> list[str]:
         names = cluster.jsonpath("get", "gpunodes", "-o", "jsonpath={.items[*].metadata.name}")
         return sorted(names.split())

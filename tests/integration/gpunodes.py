@@ -78,9 +78,7 @@ def publish(
         "kind": "GPUNode",
         "metadata": {
             "name": node,
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
-            ],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}],
         },
         "spec": {"nodeName": node},
     }

@@ -544,9 +544,7 @@ def test_a_pod_template_the_job_api_refuses_is_refused_at_apply_with_its_message
     bad_quantity["spec"]["template"]["spec"]["containers"][0]["resources"] = {
         "limits": {"memory": "abc"}
     }
-    applied = cluster.kubectl(
-        "apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad_quantity)
-    )
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(bad_quantity))
     assert applied.returncode != 0, applied
     assert "cannot be handled as a Job: quantities must match" in applied.stderr, applied.stderr
     assert "spec.template.spec.containers[0].resources.limits.memory: 'abc'" in applied.stderr
@@ -599,9 +597,7 @@ def test_the_namespaces_own_policies_never_refuse_a_job_through_the_dry_run(
 
         def denied() -> bool:  # policies take effect a moment after they are created
             try:
-                client.BatchV1Api(api_client).create_namespaced_job(
-                    namespace, probe, dry_run="All"
-                )
+                client.BatchV1Api(api_client).create_namespaced_job(namespace, probe, dry_run="All")
             except ApiException as error:
                 return error.status == 422 and "no Jobs here" in str(error.body)
             return False
@@ -706,12 +702,11 @@ def test_a_job_is_placed_only_where_its_pod_template_lets_its_pods_run(
 
     body = job("tolerates", gpus)
     body["spec"]["template"]["spec"] |= {
-        "nodeSelector": pool, "tolerations": [{"key": "dedicated", "operator": "Exists"}]
+        "nodeSelector": pool,
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
     }
     create(api_client, namespace, body)
-    assert placed(admitted(api_client, namespace, "tolerates", "True", "Fits")) == [
-        (tainted, [0])
-    ]
+    assert placed(admitted(api_client, namespace, "tolerates", "True", "Fits")) == [(tainted, [0])]
     assert unselected not in {p.spec.node_name for p in core.list_namespaced_pod(namespace).items}
 
 
@@ -747,7 +742,7 @@ def test_an_oom_killed_trainer_is_reported_as_such(
     assert "OOMKilled" in failed["message"] and pod.metadata.name in failed["message"]
     # `kubectl get ftj` tells it from a running job (Admitted stays True, as in Kueue).
     header, row = cluster.kubectl("get", "ftj", "ooms", "-n", namespace).stdout.splitlines()
-    assert row[header.index("WORKLOAD"):].split()[0] == "OOMKilled", (header, row)
+    assert row[header.index("WORKLOAD") :].split()[0] == "OOMKilled", (header, row)
     # The fix its message suggests is a new job: an edit of the finished one is refused.
     edited = cluster.kubectl("patch", "ftj", "ooms", "-n", namespace, "--type", "merge",
                              "-p", '{"spec": {"training": {"microBatchSize": 2}}}')  # fmt: skip
@@ -782,7 +777,7 @@ def test_a_workload_the_api_server_refuses_for_now_is_retried_with_backoff_and_s
     log = admitting.log_path.read_text(errors="replace")
     tries = [line for line in log.splitlines() if "cannot create Job over-quota" in line]
     assert 1 <= len(tries) <= 5, tries
-    assert "Traceback" not in log[log.find(tries[0]):], "a refusal is one line, not a traceback"
+    assert "Traceback" not in log[log.find(tries[0]) :], "a refusal is one line, not a traceback"
     assert condition(get(api_client, namespace, "over-quota"), "Admitted")["status"] == "True"  # type: ignore[index]
     core.delete_namespaced_resource_quota("no-jobs", namespace)
     wait_until(lambda: _read_job(api_client, namespace, "over-quota"), timeout=30,

@@ -104,13 +104,18 @@ def test_the_dashboard_asks_for_its_datasource_node_and_product_and_uses_them() 
         assert panel["description"], panel["title"]
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
     for metric in (
-        "vramgate_job_predicted_bytes", "vramgate_gpu_reservation_bytes",
-        "vramgate_gpu_memory_free_bytes", "vramgate_gpu_schedulable_free_bytes",
-        "vramgate_pending_jobs", "vramgate_pending_job_created_timestamp_seconds",
-        "vramgate_decisions_total", "vramgate_estimate_accuracy_ratio_bucket",
-        "vramgate_job_observed_ratio", "vramgate_gpunode_heartbeat_timestamp_seconds",
+        "vramgate_job_predicted_bytes",
+        "vramgate_gpu_reservation_bytes",
+        "vramgate_gpu_memory_free_bytes",
+        "vramgate_gpu_schedulable_free_bytes",
+        "vramgate_pending_jobs",
+        "vramgate_pending_job_created_timestamp_seconds",
+        "vramgate_decisions_total",
+        "vramgate_estimate_accuracy_ratio_bucket",
+        "vramgate_job_observed_ratio",
+        "vramgate_gpunode_heartbeat_timestamp_seconds",
         "vramgate_webhook_request_duration_seconds_bucket",
         "vramgate_decision_latency_seconds_bucket",
     ):
         assert metric in exprs, f"no panel shows {metric}"
-    assert '$node' in exprs and '$modelName' in exprs
+    assert "$node" in exprs and "$modelName" in exprs

@@ -70,7 +70,8 @@ def configs(api_client: client.ApiClient, namespace: str) -> Iterator[str]:
     for kind in KINDS:
         body = {
             "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration" if kind.startswith("validating")
+            "kind": "ValidatingWebhookConfiguration"
+            if kind.startswith("validating")
             else "MutatingWebhookConfiguration",
             "metadata": {"name": name},
             "webhooks": [_webhook(f"one.{name}"), _webhook(f"two.{name}")],

@@ -244,7 +244,8 @@ def test_the_dcgm_example_reads_the_exporter_of_its_own_node() -> None:
         if line.startswith("#   ")
     ))  # fmt: skip
     assert (described["kind"], described["metadata"]) == (
-        "Service", {"name": service, "namespace": namespace}
+        "Service",
+        {"name": service, "namespace": namespace},
     )
     assert described["spec"]["internalTrafficPolicy"] == "Local"
     agent = yaml.safe_load(one(render("-f", str(path)), "ConfigMap", f"{FULLNAME}-agent-config")[
@@ -391,9 +392,7 @@ def test_the_webhooks_point_at_the_operators_handlers_and_fail_open() -> None:
     assert args == ["operator", "--webhook", "serve"]
 
 
-@pytest.mark.parametrize(
-    "namespaces", [(), ("team-b", "team-a")], ids=["all-namespaces", "listed"]
-)
+@pytest.mark.parametrize("namespaces", [(), ("team-b", "team-a")], ids=["all-namespaces", "listed"])
 def test_the_charts_webhooks_are_those_a_managed_operator_registers(
     namespaces: tuple[str, ...],
 ) -> None:
@@ -710,7 +709,8 @@ def test_listed_namespaces_narrow_the_webhooks_and_the_operators_rights() -> Non
         (hook,) = one(objects, kind)["webhooks"]
         # Both apply: the user's selector and the watched namespaces.
         assert hook["namespaceSelector"] == {
-            "matchLabels": {"gpu": "allowed"}, "matchExpressions": [expression]
+            "matchLabels": {"gpu": "allowed"},
+            "matchExpressions": [expression],
         }
     cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
     cluster_wide = {r for rule in cluster_role["rules"] for r in rule["resources"]}
@@ -1026,7 +1026,7 @@ def operator_as_the_chart_runs_it(
         release.workdir,
         extra=("--webhook", "serve", "--resync-seconds", "2", *listen),
         webhook_config=FULLNAME,
-    )  # fmt: skip
+    )
     process.start(webhook=False)  # started as `--webhook off`, then `--webhook serve` wins
     return process
 
@@ -1355,6 +1355,7 @@ def test_helm_uninstall_leaves_only_the_crds(release: Release, cluster: Cluster)
 
     # Pods and ReplicaSets go by garbage collection, a moment after their owners.
     wait_until(lambda: left() == crds, timeout=60, what="only the CRDs left", interval=0.5)
+
     # By name too (the operator's writes replace the Lease's labels): the operator's own
     # certificate Secret is owned by the chart's Lease, so it goes by garbage collection too.
     def named() -> list[str]:

@@ -51,7 +51,7 @@ def test_demo_prints_admit_resize_queue_and_reject_and_stops_everything() -> Non
     assert rows["qwen-72b-lora"] == ["False", "WaitingForVRAM", ""]
     assert rows["llama-405b-full"] == ["False", "InsufficientVRAM", ""]
     assert "llama-full: resized 8 -> 4 GPUs (policy Resize)" in done.stdout
-    assert 'denied the request: vramgate: InsufficientVRAM' in done.stdout  # the preset, at apply
+    assert "denied the request: vramgate: InsufficientVRAM" in done.stdout  # the preset, at apply
     assert "Prometheus: http://127.0.0.1:" in done.stdout
     # Everything it started ran from its work dir (control plane, agents' static files,
     # operator certs, Prometheus' TSDB): none of it runs now, and the dir is gone.

@@ -189,17 +189,21 @@ def _create(api: client.ApiClient, namespace: str, objects: list[dict[str, Any]]
         elif kind == "Service":
             client.CoreV1Api(api).create_namespaced_service(namespace, obj)
         else:
-            plural = {"ResourceClaim": "resourceclaims",
-                      "ResourceClaimTemplate": "resourceclaimtemplates"}[kind]
+            plural = {
+                "ResourceClaim": "resourceclaims",
+                "ResourceClaimTemplate": "resourceclaimtemplates",
+            }[kind]
             client.CustomObjectsApi(api).create_namespaced_custom_object(
                 *RESOURCE, namespace, plural, obj
             )
 
 
 def _pods(api: client.ApiClient, namespace: str, label: str) -> list[dict[str, Any]]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"{JOB_LABEL}={label}"
-    ).items
+    pods = (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={label}")
+        .items
+    )
     return [api.sanitize_for_serialization(pod) for pod in pods]
 
 
@@ -223,9 +227,7 @@ def _claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
 def _allocated(claim: dict[str, Any]) -> set[tuple[str, str, str, str]]:
     """(request, driver, pool, device) of each device the scheduler allocated."""
     results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
-    return {
-        (r["request"], r["driver"], r["pool"], r["device"]) for r in results.get("results", [])
-    }
+    return {(r["request"], r["driver"], r["pool"], r["device"]) for r in results.get("results", [])}
 
 
 def _job(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
@@ -296,8 +298,7 @@ def test_a_dra_job_across_two_nodes_gets_each_nodes_chosen_gpus(
         allocated = _allocated(_claim(api_client, namespace, status["resourceClaimName"]))
         assert allocated == {("gpus", DRIVER, node, f"gpu-{i}") for i in indices}
         rank = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
-        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (
-            f"dra-two-{rank}", "dra-two")
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"dra-two-{rank}", "dra-two")
     service = client.CoreV1Api(api_client).read_namespaced_service("dra-two", namespace)
     assert service.spec.cluster_ip == "None"
 
@@ -327,12 +328,16 @@ def test_a_finished_workload_reads_as_succeeded_from_the_real_job_and_pods(
 ) -> None:
     node = sorted(gpu_uuids)[1]
     job = _finetunejob(api_client, namespace, "done", run_for="0s")
-    _create(api_client, namespace,
-            build_workload(job, _admission(GpuMode.DEVICE_PLUGIN, gpu_uuids, {node: [6]})))
+    _create(
+        api_client,
+        namespace,
+        build_workload(job, _admission(GpuMode.DEVICE_PLUGIN, gpu_uuids, {node: [6]})),
+    )
 
     def finished() -> Any:
-        state = workload_state(_job(api_client, namespace, "done"),
-                               _pods(api_client, namespace, "done"))
+        state = workload_state(
+            _job(api_client, namespace, "done"), _pods(api_client, namespace, "done")
+        )
         return state if state.phase is Phase.SUCCEEDED else None
 
     state = wait_until(finished, timeout=90, what="the workload of done to succeed")
@@ -358,10 +363,16 @@ def test_deleting_the_finetunejob_collects_its_workload(
         GROUP, VERSION, namespace, "finetunejobs", long_name
     )
     batch = client.BatchV1Api(api_client)
-    wait_until(lambda: _gone(lambda: batch.read_namespaced_job(name, namespace)),
-               timeout=60, what=f"the garbage collector to delete Job {name}")
-    wait_until(lambda: _gone(lambda: _claim(api_client, namespace, f"{name}-gpus")),
-               timeout=60, what=f"the garbage collector to delete ResourceClaim {name}-gpus")
+    wait_until(
+        lambda: _gone(lambda: batch.read_namespaced_job(name, namespace)),
+        timeout=60,
+        what=f"the garbage collector to delete Job {name}",
+    )
+    wait_until(
+        lambda: _gone(lambda: _claim(api_client, namespace, f"{name}-gpus")),
+        timeout=60,
+        what=f"the garbage collector to delete ResourceClaim {name}-gpus",
+    )
 
 
 # -- the operator in --gpu-mode dra -----------------------------------------------------------

@@ -26,7 +26,10 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_an_example_is_accepted_by_the_api_server(
-    path: Path, cluster: Cluster, crds: None, namespace: str  # noqa: F811
+    path: Path,
+    cluster: Cluster,
+    crds: None,  # noqa: F811
+    namespace: str,
 ) -> None:
     done = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path))
     assert done.returncode == 0, done.stderr

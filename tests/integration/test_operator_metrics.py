@@ -165,9 +165,7 @@ def test_metrics_follow_an_admitted_job_its_observed_peak_and_the_queue(
         and c["status"] == "True",
         timeout=60, what="runs to succeed",
     )  # fmt: skip
-    assert get(api_client, namespace, "runs")["status"]["observed"]["peakBytes"] == int(
-        10.5 * GIB
-    )
+    assert get(api_client, namespace, "runs")["status"]["observed"]["peakBytes"] == int(10.5 * GIB)
     labels = {"profile": "calibrated", "family": "llama"}
     assert eventually(port, "vramgate_estimate_accuracy_ratio_count", **labels) == 1
     total = sample(port, "vramgate_estimate_accuracy_ratio_sum", **labels)

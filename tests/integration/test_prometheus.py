@@ -221,8 +221,9 @@ def run_scenario(s: Scenario, api: client.ApiClient) -> None:
     wait_condition(api, ns, "running", "Admitted", "True", "Fits")
     create(api, ns, ftj("queued", p["B"]))
     config = json.loads(PRESET_405B.read_text())["config"]
-    client.CoreV1Api(api).create_namespaced_config_map(ns, {
-        "metadata": {"name": "llama-405b"}, "data": {"config.json": json.dumps(config)}})
+    client.CoreV1Api(api).create_namespaced_config_map(
+        ns, {"metadata": {"name": "llama-405b"}, "data": {"config.json": json.dumps(config)}}
+    )
     rejected = ftj("rejected", p["B"], model={"configMapRef": {"name": "llama-405b"}},
                    method="Full")  # fmt: skip
     rejected["spec"].pop("lora")

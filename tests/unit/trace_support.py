@@ -14,6 +14,7 @@ def require_trace_extra() -> None:
     if os.environ.get("CI"):
         import torch  # noqa: F401  (an ImportError fails the run)
         import transformers  # noqa: F401
+
         return
     for name in ("torch", "transformers", "peft"):
         pytest.importorskip(name, reason="needs the `trace` extra: pip install -e '.[trace]'")

@@ -140,14 +140,26 @@ def test_what_nvml_reads_reaches_the_gpunode_status(tmp_path: Path) -> None:
             f"0::/kubepods.slice/kubepods-pod{pod.replace('-', '_')}.slice/cri-containerd-1.scope\n"
         )
     a100 = FakeGpu(
-        "GPU-a100", "NVIDIA A100-SXM4-40GB", FakeMemory(40 * GIB, 10 * GIB),
+        "GPU-a100",
+        "NVIDIA A100-SXM4-40GB",
+        FakeMemory(40 * GIB, 10 * GIB),
         mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
         mig_devices=[
-            FakeMigDevice(0, "MIG-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                          FakeMemory(20 * GIB, 9 * GIB), gpu_instance_id=1,
-                          processes=[FakeProcess(4242, None)]),
-            FakeMigDevice(1, "MIG-2222", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                          FakeMemory(20 * GIB, 0), gpu_instance_id=2),
+            FakeMigDevice(
+                0,
+                "MIG-1111",
+                "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                FakeMemory(20 * GIB, 9 * GIB),
+                gpu_instance_id=1,
+                processes=[FakeProcess(4242, None)],
+            ),
+            FakeMigDevice(
+                1,
+                "MIG-2222",
+                "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                FakeMemory(20 * GIB, 0),
+                gpu_instance_id=2,
+            ),
         ],
     )
     gb10 = FakeGpu("GPU-gb10", "NVIDIA GB10", None)
@@ -157,12 +169,23 @@ def test_what_nvml_reads_reaches_the_gpunode_status(tmp_path: Path) -> None:
     GPUNodeStatus.model_validate(body)
     gpus = {g["uuid"]: g for g in body["gpus"]}
     assert [(g["uuid"], g["index"]) for g in body["gpus"]] == [
-        ("MIG-1111", 0), ("MIG-2222", 0), ("GPU-gb10", 1), (busy.uuid, 2)]
-    assert gpus["MIG-1111"]["mig"] == {"parentUUID": "GPU-a100", "gpuInstanceId": 1,
-                                       "computeInstanceId": 0}
+        ("MIG-1111", 0),
+        ("MIG-2222", 0),
+        ("GPU-gb10", 1),
+        (busy.uuid, 2),
+    ]
+    assert gpus["MIG-1111"]["mig"] == {
+        "parentUUID": "GPU-a100",
+        "gpuInstanceId": 1,
+        "computeInstanceId": 0,
+    }
     assert gpus["MIG-1111"]["pods"] == [{"uid": pod}]  # MIG: per-process bytes unknown
-    assert gpus["GPU-gb10"] == {"uuid": "GPU-gb10", "index": 1, "product": "NVIDIA GB10",
-                                "memoryInfoSupported": False}
+    assert gpus["GPU-gb10"] == {
+        "uuid": "GPU-gb10",
+        "index": 1,
+        "product": "NVIDIA GB10",
+        "memoryInfoSupported": False,
+    }
     assert gpus[busy.uuid]["driverReservedBytes"] == 475 * MIB
     assert gpus[busy.uuid]["pods"] == [{"uid": pod, "usedBytes": 12 * GIB}]
     assert body["conditions"][0]["message"] == "read 4 GPU(s) through nvml"

@@ -86,19 +86,30 @@ def test_json_is_accepted() -> None:
             "gpus: [{index: -1, uuid: GPU-0, product: X}]",
             r"gpus\[0\].index: must be greater than or equal to 0",
         ),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X}, {index: 1, uuid: GPU-0, product: X}]",
-         r"gpus\[1\].uuid: GPU-0 is also gpus\[0\]'s"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, memoryInfoSupported: false, "
-         "totalBytes: 1GiB}]", "memoryInfoSupported is false, so totalBytes"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 2GiB, usedBytes: 0, "
-         "reservedBytes: 1MiB, driverReservedBytes: 1MiB}]",
-         r"gpus\[0\]: set driverReservedBytes or reservedBytes"),
-        ("gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
-         "processes: [{pid: 1, podUID: " + "a" * 37 + "}]}]",
-         r"gpus\[0\].processes\[0\].podUID: String should have at most 36 characters"),
-        ("gpus: [{index: 0, uuid: MIG-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
-         "mig: {parentUUID: GPU-0, gpuInstanceId: 1, computeInstanceId: -1}}]",
-         r"gpus\[0\].mig.computeInstanceId: must be greater than or equal to 0"),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X}, {index: 1, uuid: GPU-0, product: X}]",
+            r"gpus\[1\].uuid: GPU-0 is also gpus\[0\]'s",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, memoryInfoSupported: false, "
+            "totalBytes: 1GiB}]",
+            "memoryInfoSupported is false, so totalBytes",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 2GiB, usedBytes: 0, "
+            "reservedBytes: 1MiB, driverReservedBytes: 1MiB}]",
+            r"gpus\[0\]: set driverReservedBytes or reservedBytes",
+        ),
+        (
+            "gpus: [{index: 0, uuid: GPU-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
+            "processes: [{pid: 1, podUID: " + "a" * 37 + "}]}]",
+            r"gpus\[0\].processes\[0\].podUID: String should have at most 36 characters",
+        ),
+        (
+            "gpus: [{index: 0, uuid: MIG-0, product: X, totalBytes: 1GiB, usedBytes: 0, "
+            "mig: {parentUUID: GPU-0, gpuInstanceId: 1, computeInstanceId: -1}}]",
+            r"gpus\[0\].mig.computeInstanceId: must be greater than or equal to 0",
+        ),
         ("{gpus: [", "not valid YAML or JSON"),
         ("- just a list", "node.yaml: the file: must be a mapping with a gpus list"),
     ],

@@ -101,7 +101,10 @@ def test_every_reason_constant_is_a_valid_reason() -> None:
 
 def test_the_agents_condition_and_reasons_are_the_shared_constants() -> None:
     assert (cond.READY, cond.REASON_GPUS_READ, cond.REASON_BACKEND_FAILED) == (
-        "Ready", "GPUsRead", "BackendFailed")
+        "Ready",
+        "GPUsRead",
+        "BackendFailed",
+    )
 
 
 def _documented_constants() -> dict[str, str]:

@@ -102,8 +102,12 @@ def test_environment_dependent_defaults_and_implied_flags_rank_where_they_belong
         ((), {"EX_ENABLED": "maybe"}, None, "EX_ENABLED: must be a valid boolean"),
         ((), {}, "hosts: [a, [b]]\n", "hosts in {file}: must be a valid string, got ['b']"),
         ((), {}, "hosts: a\n", "hosts in {file}: must be a valid list, got 'a'"),
-        ((), {}, "count: 1\ncolour: red\n", "{file}: unknown key 'colour'; allowed: count, "
-         "enabled, hosts, mode, nameText"),
+        (
+            (),
+            {},
+            "count: 1\ncolour: red\n",
+            "{file}: unknown key 'colour'; allowed: count, enabled, hosts, mode, nameText",
+        ),
         ((), {}, "- a\n", "--config: {file} must hold a mapping of camelCase keys"),
         ((), {}, "a: [\n", "--config: {file} is not valid YAML"),
     ],

@@ -433,8 +433,10 @@ def test_a_dumped_gpu_node_without_a_gpunode_is_waited_for_not_taken_for_absent(
             {"nodes": [{"name": "a", "taints": [], "gpus": {"memory": "80GiB"}}]},
             "nodes[0].taints: unknown key; allowed: name, labels, gpus, ready, cordoned",
         ),
-        ({"nodes": [{"name": "a", "gpus": {"memory": "1GiB"}}], "cluster": "x"},
-         "cluster: unknown key; allowed: nodes"),
+        (
+            {"nodes": [{"name": "a", "gpus": {"memory": "1GiB"}}], "cluster": "x"},
+            "cluster: unknown key; allowed: nodes",
+        ),
         ({"nodes": [{"name": "a", "gpus": {"free": "8GiB"}}]}, "nodes[0].gpus[0].memory: required"),
         (
             {"nodes": [{"name": "A_B c", "gpus": {"memory": "80GiB"}}]},
@@ -653,8 +655,14 @@ def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
         ),
         # What the webhook refuses because the workload could not be built from it.
         (
-            {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {
-                "nodeName": "a", "containers": [{"name": "t", "image": "t:v1"}]}}}},
+            {
+                "spec": {
+                    **LLAMA_QLORA["spec"],
+                    "template": {
+                        "spec": {"nodeName": "a", "containers": [{"name": "t", "image": "t:v1"}]}
+                    },
+                }
+            },
             "spec.template.spec.nodeName: must not be set; admission chooses the node",
         ),
         (
@@ -781,13 +789,19 @@ def test_a_job_file_naming_a_missing_config_map_exits_2(
         (b"a: " + b"[{" * 60 + b"}]" * 60, "nested more than 100 brackets deep"),
         (b"a:\n" + b"".join(b" " * i + b"- \n" for i in range(2000)), "at most 100"),
         # "Billion laughs": 1 KB that expands to 10^8 collections, and an alias into itself.
-        (b"a0: &a0 [lol, lol]\n" + b"".join(
-            b"a%d: &a%d [" % (i, i) + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]\n"
-            for i in range(1, 9)
-        ), "times over; at most 10 (write the repeated part out)"),
+        (
+            b"a0: &a0 [lol, lol]\n"
+            + b"".join(
+                b"a%d: &a%d [" % (i, i) + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]\n"
+                for i in range(1, 9)
+            ),
+            "times over; at most 10 (write the repeated part out)",
+        ),
         # One long string, anchored once and aliased thousands of times: 300 MB as JSON.
-        (b"big: &s " + b"x" * 100_000 + b"\nrefs: [" + b", ".join([b"*s"] * 3000) + b"]\n",
-         "its aliases expand it 2,993 times over; at most 10"),
+        (
+            b"big: &s " + b"x" * 100_000 + b"\nrefs: [" + b", ".join([b"*s"] * 3000) + b"]\n",
+            "its aliases expand it 2,993 times over; at most 10",
+        ),
         (b"nodes: &n [{name: a, gpus: *n}]\n", "an alias refers to a node that holds it"),
     ],
 )

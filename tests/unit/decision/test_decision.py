@@ -284,8 +284,11 @@ def test_a_waiting_job_says_which_nodes_are_not_counted_and_why() -> None:
         node("e", [24], total=24, heartbeat=NOW), now=NOW,
     )  # fmt: skip
     d = decide(job("j", est(30)), v)
-    says(d, "the most free GPU has 24.00 GiB (e GPU 0) (4 matching nodes take no work now: "
-         "a: agent heartbeat stale; b: agent heartbeat stale; c: agent heartbeat stale; ...)")
+    says(
+        d,
+        "the most free GPU has 24.00 GiB (e GPU 0) (4 matching nodes take no work now: "
+        "a: agent heartbeat stale; b: agent heartbeat stale; c: agent heartbeat stale; ...)",
+    )
     fresh = decide(job("j", est(30)), view(node("a", [20], heartbeat=NOW), now=NOW))
     assert "no work now" not in fresh.message
 
@@ -787,7 +790,7 @@ def test_visible_devices_says_when_enough_gpus_for_memory_exceed_every_node() ->
 
 
 def test_a_rejection_whose_largest_gpu_holds_the_need_says_what_does_not() -> None:
-    """"the largest GPU holds 80 GiB" alone contradicts refusing a 42 GiB-per-GPU need."""
+    """ "the largest GPU holds 80 GiB" alone contradicts refusing a 42 GiB-per-GPU need."""
     apart = (node("a", [24, 24], total=24), node("b", [80]), node("c", [80]))
     d = decide(job("j", est(80, 2), gpus=2, parallelism=DEVICE_MAP), view(*apart))
     assert (d.outcome, d.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)

@@ -401,7 +401,6 @@ def test_a_pass_and_an_estimate_are_timed() -> None:
     assert value(found, "vramgate_estimate_duration_seconds_count", profile="calibrated") == 1
 
 
-
 def test_a_new_leader_makes_the_accuracy_series_of_every_admitted_job_at_zero() -> None:
     objects, _, _ = one_admitted_one_waiting()
     series = accuracy_series(objects, lambda job: "llama")

@@ -173,26 +173,50 @@ def test_the_webhook_may_take_any_free_port() -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        ((), {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "70000"},
-         "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be less than or equal to 65535, got '70000'"),
-        ((), {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "-1"},
-         "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be greater than or equal to 0, got '-1'"),
-        ((), {"VRAMGATE_OPERATOR_WEBHOOK": "sometimes"},
-         "VRAMGATE_OPERATOR_WEBHOOK: must be 'managed', 'serve' or 'off', got 'sometimes'"),
-        ((), {"VRAMGATE_OPERATOR_HEADROOM": "2"},
-         "VRAMGATE_OPERATOR_HEADROOM: invalid size '2': needs a unit"),
-        ((), {"VRAMGATE_OPERATOR_LEADER_ELECTION": "perhaps"},
-         "VRAMGATE_OPERATOR_LEADER_ELECTION: must be a valid boolean"),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "70000"},
+            "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be less than or equal to 65535, got '70000'",
+        ),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_WEBHOOK_PORT": "-1"},
+            "VRAMGATE_OPERATOR_WEBHOOK_PORT: must be greater than or equal to 0, got '-1'",
+        ),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_WEBHOOK": "sometimes"},
+            "VRAMGATE_OPERATOR_WEBHOOK: must be 'managed', 'serve' or 'off', got 'sometimes'",
+        ),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_HEADROOM": "2"},
+            "VRAMGATE_OPERATOR_HEADROOM: invalid size '2': needs a unit",
+        ),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_LEADER_ELECTION": "perhaps"},
+            "VRAMGATE_OPERATOR_LEADER_ELECTION: must be a valid boolean",
+        ),
         (("--log-level", "trace"), {}, "argument --log-level: invalid choice: 'trace'"),
         (("--metrics-port", "70000"), {}, "--metrics-port: must be less than or equal to 65535"),
         (("--liveness", "http://x/healthz"), {}, "--liveness: must be http://ADDR:PORT/healthz"),
         (("-A", "-n", "a"), {}, "-A/--all-namespaces: not allowed with -n/--namespace"),
-        (("-n", "team-a", "-n", "Team_A"), {},
-         "operator: --namespace: each namespace must be a DNS-1123 label"),
-        ((), {"VRAMGATE_OPERATOR_NAMESPACES": '["a","b"]'},
-         "VRAMGATE_OPERATOR_NAMESPACES: each namespace must be a DNS-1123 label"),
-        (("--raw-priority-namespace", "Platform"), {},
-         "operator: --raw-priority-namespace: each namespace must be a DNS-1123 label"),
+        (
+            ("-n", "team-a", "-n", "Team_A"),
+            {},
+            "operator: --namespace: each namespace must be a DNS-1123 label",
+        ),
+        (
+            (),
+            {"VRAMGATE_OPERATOR_NAMESPACES": '["a","b"]'},
+            "VRAMGATE_OPERATOR_NAMESPACES: each namespace must be a DNS-1123 label",
+        ),
+        (
+            ("--raw-priority-namespace", "Platform"),
+            {},
+            "operator: --raw-priority-namespace: each namespace must be a DNS-1123 label",
+        ),
     ],
 )
 def test_bad_settings_exit_2_with_one_line_naming_the_source(

@@ -125,20 +125,29 @@ def test_where_every_node_is_tainted_the_job_waits_naming_the_taints() -> None:
     v = view(node("a", [80], taints=(DEDICATED,)), node("b", [80], taints=(DEDICATED,)))
     decision = decide(job("j", est(8), constraints=NodeConstraints()), v)
     assert (decision.outcome, decision.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_NODES)
-    says(decision, "it would fit now on a, which takes no work now (taint "
-         "dedicated=team-x:NoSchedule, which its pod template does not tolerate)")
+    says(
+        decision,
+        "it would fit now on a, which takes no work now (taint "
+        "dedicated=team-x:NoSchedule, which its pod template does not tolerate)",
+    )
     too_big = decide(job("j", est(100), gpus=1, constraints=NodeConstraints()), v)
     assert (too_big.outcome, too_big.reason) == (Outcome.REJECT, cond.REASON_INSUFFICIENT_VRAM)
     full = view(node("a", [8], taints=(DEDICATED,)), node("b", [8], taints=(DEDICATED,)))
     waits = decide(job("j", est(20), constraints=NodeConstraints()), full)
     assert (waits.outcome, waits.reason) == (Outcome.QUEUE, cond.REASON_WAITING_FOR_VRAM)
-    says(waits, "no matching GPU takes work now", "(2 matching nodes take no work now: "
-         "a: taint dedicated=team-x:NoSchedule, which its pod template does not tolerate; b: ")
+    says(
+        waits,
+        "no matching GPU takes work now",
+        "(2 matching nodes take no work now: "
+        "a: taint dedicated=team-x:NoSchedule, which its pod template does not tolerate; b: ",
+    )
     selected = from_pod_template(template(nodeSelector={"pool": "z"}))
     refused = decide(job("j", est(8), constraints=selected), v)
     assert (refused.outcome, refused.reason) == (Outcome.REJECT, cond.REASON_NO_MATCHING_GPU)
-    says(refused, "no GPU node matches the pod template's nodeSelector {pool=z}; the "
-         "cluster's GPUs are")
+    says(
+        refused,
+        "no GPU node matches the pod template's nodeSelector {pool=z}; the cluster's GPUs are",
+    )
 
 
 def test_a_tainted_node_still_counts_for_what_the_cluster_can_ever_hold() -> None:
@@ -160,8 +169,12 @@ def test_only_the_health_and_cordon_taints_are_left_to_their_own_checks() -> Non
     pressure = Taint("node.kubernetes.io/memory-pressure", "", "NoSchedule")
     not_ready = Taint("node.kubernetes.io/not-ready", "", "NoExecute")
     templated = NodeConstraints()
-    assert decide(job("j", est(8), constraints=templated),
-                  view(node("a", [80], taints=(not_ready,)))).outcome is Outcome.ADMIT
+    assert (
+        decide(
+            job("j", est(8), constraints=templated), view(node("a", [80], taints=(not_ready,)))
+        ).outcome
+        is Outcome.ADMIT
+    )
     assert decide(job("j", est(8), constraints=templated),
                   view(node("a", [80], taints=(pressure,)))).outcome is Outcome.QUEUE  # fmt: skip
 
@@ -187,8 +200,12 @@ def test_the_gpu_taint_is_tolerated_where_the_workload_requests_nvidia_gpu(
 
 
 def test_the_devicePlugin_workload_carries_the_gpu_toleration_once() -> None:
-    spec = {"model": {"preset": "llama-3.2-1b"}, "method": "QLoRA", "lora": {"rank": 8},
-            "template": template(tolerations=[{"key": "dedicated", "operator": "Exists"}])}
+    spec = {
+        "model": {"preset": "llama-3.2-1b"},
+        "method": "QLoRA",
+        "lora": {"rank": 8},
+        "template": template(tolerations=[{"key": "dedicated", "operator": "Exists"}]),
+    }
     body = {"apiVersion": "vramgate.dev/v1alpha1", "kind": "FineTuneJob",
             "metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": spec}  # fmt: skip
     admission = Admission((NodeGpus("a", (0,), ("u0",)),), 1, GpuMode.DEVICE_PLUGIN)
@@ -213,8 +230,12 @@ def test_a_dumped_nodes_taints_and_a_jobs_template_reach_the_decision() -> None:
     gpunodes = {"a": {"kind": "GPUNode", "metadata": {"name": "a"}, "status": {"gpus": [device]}}}
     snap = snapshot(ClusterObjects(nodes=nodes, gpunodes=gpunodes), None)
     assert snap.nodes[0].taints == (DEDICATED,)
-    spec = {"model": {"preset": "llama-3.2-1b"}, "method": "QLoRA", "lora": {"rank": 8},
-            "template": template(tolerations=[{"key": "dedicated", "operator": "Exists"}])}
+    spec = {
+        "model": {"preset": "llama-3.2-1b"},
+        "method": "QLoRA",
+        "lora": {"rank": 8},
+        "template": template(tolerations=[{"key": "dedicated", "operator": "Exists"}]),
+    }
     body = {"metadata": {"name": "j", "namespace": "ns"}, "spec": spec}
     plan, errors = translate(spec)
     assert plan is not None and errors == []

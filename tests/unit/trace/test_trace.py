@@ -570,9 +570,7 @@ def test_dbrx_lora_on_named_modules_is_what_peft_adapts() -> None:
         assert traced == 8 * shape.lora_params_per_rank(job.targets)
 
 
-@pytest.mark.parametrize(
-    ("experts", "tokens"), [(4, 64), (8, 256), (16, 64), (8, 1024), (16, 2)]
-)
+@pytest.mark.parametrize(("experts", "tokens"), [(4, 64), (8, 256), (16, 64), (8, 1024), (16, 2)])
 def test_dbrx_uniform_routing_allocates_what_its_eager_loop_does(experts: int, tokens: int) -> None:
     """On real tensors with a real (random) routing, DBRX's own loop and the trace's uniform
     one save the same tensors for backward and reach the same peak over forward and

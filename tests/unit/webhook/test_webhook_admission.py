@@ -24,9 +24,7 @@ def cluster(nodes: int = 1, gpus: int = 4, gib: int = 80) -> ClusterView:
     states = tuple(
         NodeState(
             f"n{n}",
-            tuple(
-                GpuDevice(f"GPU-{n}-{i}", i, "H100", gib * GIB, gib * GIB) for i in range(gpus)
-            ),
+            tuple(GpuDevice(f"GPU-{n}-{i}", i, "H100", gib * GIB, gib * GIB) for i in range(gpus)),
             gpu_allocatable=gpus,
         )
         for n in range(nodes)
@@ -202,9 +200,7 @@ def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> N
 SMALL = {"model": {"preset": "llama-3.2-1b"}, "method": "QLoRA", "lora": {"rank": 16}}
 
 
-def test_resize_down_says_the_count_asked_for_can_never_fit_not_that_the_job_needs_less() -> (
-    None
-):
+def test_resize_down_says_the_count_asked_for_can_never_fit_not_that_the_job_needs_less() -> None:
     """20 GPUs asked of a cluster of 8: 8 is the most that can fit, not what the job needs
     (one GPU holds it)."""
     asked = body(**SMALL, admissionPolicy="Resize", resources={"gpus": 20, "minGPUs": 1})
@@ -299,9 +295,7 @@ def test_resize_remembers_the_count_asked_for_in_an_annotation() -> None:
     )
 
 
-def test_the_manifest_applied_again_keeps_the_count_given_at_create_whatever_the_cluster() -> (
-    None
-):
+def test_the_manifest_applied_again_keeps_the_count_given_at_create_whatever_the_cluster() -> None:
     """The cluster changed since the create: on 2 x 160 GiB the job would now fit as asked (1
     GPU), on 80 GiB GPUs still 2. Either way the stored count comes back, and the admitted
     job's locked spec is unchanged."""

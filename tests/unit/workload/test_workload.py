@@ -80,9 +80,9 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 def gpu_limits(container: dict[str, Any]) -> tuple[Any, Any]:
     resources = container.get("resources") or {}
-    return (resources.get("limits") or {}).get(GPU_RESOURCE), (
-        resources.get("requests") or {}
-    ).get(GPU_RESOURCE)
+    return (resources.get("limits") or {}).get(GPU_RESOURCE), (resources.get("requests") or {}).get(
+        GPU_RESOURCE
+    )
 
 
 # -- every object ---------------------------------------------------------------------------
@@ -136,15 +136,26 @@ def test_the_template_keeps_its_own_labels_and_annotations() -> None:
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_the_input_job_is_never_modified_nor_shared(mode: GpuMode) -> None:
     job = finetunejob(
-        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "zone", "operator": "In", "values": ["z1"]}]}]}}},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+                    ]
+                }
+            }
+        },
         resourceClaims=[{"name": "scratch", "resourceClaimName": "scratch"}],
     )
     job["spec"]["template"]["spec"]["containers"] = [
-        trainer(env=[{"name": "MASTER_PORT", "value": "1"}],
-                resources={"limits": {GPU_RESOURCE: "1"}, "requests": {GPU_RESOURCE: "1"},
-                           "claims": [{"name": "scratch"}]}),
+        trainer(
+            env=[{"name": "MASTER_PORT", "value": "1"}],
+            resources={
+                "limits": {GPU_RESOURCE: "1"},
+                "requests": {GPU_RESOURCE: "1"},
+                "claims": [{"name": "scratch"}],
+            },
+        ),
         {"name": "sidecar", "image": "s", "resources": {"limits": {GPU_RESOURCE: "1"}}},
     ]
     before = copy.deepcopy(job)
@@ -191,8 +202,11 @@ def test_the_placement_is_in_every_containers_environment() -> None:
 
 
 def test_a_users_variable_of_the_same_name_is_replaced_and_the_others_kept() -> None:
-    env = [{"name": "HF_HOME", "value": "/cache"}, {"name": "MASTER_PORT", "value": "1"},
-           {"name": "NNODES", "value": "9"}]
+    env = [
+        {"name": "HF_HOME", "value": "/cache"},
+        {"name": "MASTER_PORT", "value": "1"},
+        {"name": "NNODES", "value": "9"},
+    ]
     job = finetunejob(containers=[trainer(env=env)])
     container = pod_spec(build_workload(job, admission()))["containers"][0]
     values = env_of(container)
@@ -291,8 +305,11 @@ def test_a_template_that_names_its_node_is_refused() -> None:
 
 def test_device_plugin_asks_for_the_per_node_count_on_the_first_container() -> None:
     containers = [trainer(), {"name": "sidecar", "image": "s"}]
-    spec = pod_spec(build_workload(finetunejob(containers=containers),
-                                   admission(GpuMode.DEVICE_PLUGIN, TWO_NODES)))
+    spec = pod_spec(
+        build_workload(
+            finetunejob(containers=containers), admission(GpuMode.DEVICE_PLUGIN, TWO_NODES)
+        )
+    )
     assert gpu_limits(spec["containers"][0]) == ("2", None)
     assert gpu_limits(spec["containers"][1]) == (None, None)
 
@@ -300,8 +317,12 @@ def test_device_plugin_asks_for_the_per_node_count_on_the_first_container() -> N
 def test_device_plugin_gives_the_gpus_to_the_container_that_asked_for_them() -> None:
     containers = [
         {"name": "prep", "image": "p", "resources": {"limits": {"cpu": "1"}}},
-        trainer(resources={"limits": {GPU_RESOURCE: "1", "memory": "8Gi"},
-                           "requests": {GPU_RESOURCE: "1", "cpu": "4"}}),
+        trainer(
+            resources={
+                "limits": {GPU_RESOURCE: "1", "memory": "8Gi"},
+                "requests": {GPU_RESOURCE: "1", "cpu": "4"},
+            }
+        ),
         {"name": "also", "image": "a", "resources": {"limits": {GPU_RESOURCE: "4"}}},
     ]
     init = [{"name": "fetch", "image": "f", "resources": {"limits": {GPU_RESOURCE: "8"}}}]
@@ -329,12 +350,15 @@ def test_device_plugin_sets_no_visible_devices_and_no_claims() -> None:
 
 def test_visible_devices_names_the_chosen_uuids_in_placement_order_and_no_gpu_resource() -> None:
     containers = [
-        trainer(resources={"limits": {GPU_RESOURCE: "2"}, "requests": {GPU_RESOURCE: "2"}},
-                env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]),
+        trainer(
+            resources={"limits": {GPU_RESOURCE: "2"}, "requests": {GPU_RESOURCE: "2"}},
+            env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}],
+        ),
         {"name": "sidecar", "image": "s", "resources": {"limits": {GPU_RESOURCE: "1"}}},
     ]
-    objects = build_workload(finetunejob(containers=containers),
-                             admission(GpuMode.VISIBLE_DEVICES, {"node-a": [5, 2]}))
+    objects = build_workload(
+        finetunejob(containers=containers), admission(GpuMode.VISIBLE_DEVICES, {"node-a": [5, 2]})
+    )
     assert [o["kind"] for o in objects] == ["Job"]
     spec = pod_spec(objects)
     env = env_of(spec["containers"][0])
@@ -385,8 +409,14 @@ def test_dra_on_one_node_is_a_claim_for_exactly_the_chosen_gpus() -> None:
         "deviceClassName": "gpu.nvidia.com",
         "allocationMode": "ExactCount",
         "count": 2,
-        "selectors": [{"cel": {"expression":
-            'device.attributes["gpu.nvidia.com"].uuid in ["GPU-node-a-5", "GPU-node-a-2"]'}}],
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.attributes["gpu.nvidia.com"].uuid in '
+                    '["GPU-node-a-5", "GPU-node-a-2"]'
+                }
+            }
+        ],
     }
     spec = pod_spec(objects)
     assert spec["resourceClaims"] == [{"name": "gpus", "resourceClaimName": "llama-gpus"}]
@@ -431,8 +461,10 @@ def test_dra_replaces_a_claim_of_the_same_name_and_keeps_the_templates_others() 
 
 
 def test_dra_gives_the_claim_to_the_gpu_container_only() -> None:
-    containers = [{"name": "prep", "image": "p"},
-                  trainer(resources={"limits": {GPU_RESOURCE: "1"}})]
+    containers = [
+        {"name": "prep", "image": "p"},
+        trainer(resources={"limits": {GPU_RESOURCE: "1"}}),
+    ]
     spec = pod_spec(build_workload(finetunejob(containers=containers), admission(GpuMode.DRA)))
     assert "claims" not in (spec["containers"][0].get("resources") or {})
     assert spec["containers"][1]["resources"]["claims"] == [{"name": "gpus"}]
@@ -445,8 +477,9 @@ def test_dra_gives_the_claim_to_the_gpu_container_only() -> None:
 def test_k_nodes_are_an_indexed_job_with_a_headless_service_for_the_rendezvous(
     mode: GpuMode,
 ) -> None:
-    objects = build_workload(finetunejob(hostname="fixed"),
-                             admission(mode, TWO_NODES, master_port=23456))
+    objects = build_workload(
+        finetunejob(hostname="fixed"), admission(mode, TWO_NODES, master_port=23456)
+    )
     service = by_kind(objects, "Service")
     assert service["metadata"]["name"] == "llama"
     assert service["spec"]["clusterIP"] == "None"
@@ -466,8 +499,9 @@ def test_k_nodes_are_an_indexed_job_with_a_headless_service_for_the_rendezvous(
     env = env_of(pod["containers"][0])
     assert env["MASTER_ADDR"] == "llama-0.llama"
     assert env["NNODES"] == "2"
-    assert env["NODE_RANK"] == {"fieldRef": {
-        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+    assert env["NODE_RANK"] == {
+        "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}
+    }
 
 
 def test_k_nodes_take_one_pod_per_node() -> None:
@@ -477,8 +511,10 @@ def test_k_nodes_take_one_pod_per_node() -> None:
     anti = spec["affinity"]["podAntiAffinity"]
     assert anti["requiredDuringSchedulingIgnoredDuringExecution"] == [
         own,
-        {"labelSelector": {"matchLabels": {JOB_LABEL: "llama"}},
-         "topologyKey": "kubernetes.io/hostname"},
+        {
+            "labelSelector": {"matchLabels": {JOB_LABEL: "llama"}},
+            "topologyKey": "kubernetes.io/hostname",
+        },
     ]
 
 
@@ -570,10 +606,14 @@ def test_a_job_without_containers_is_refused_naming_the_field(spec: dict[str, An
     ("pod_fields", "field"),
     [
         ({"containers": ["trainer"]}, r"spec\.template\.spec\.containers\[0\]: must be an object"),
-        ({"containers": [trainer(env={"A": "1"})]},
-         r"spec\.template\.spec\.containers\[0\]\.env: must be a list"),
-        ({"containers": [trainer(resources={"limits": [1]})]},
-         r"spec\.template\.spec\.containers\[0\]\.resources\.limits: must be an object"),
+        (
+            {"containers": [trainer(env={"A": "1"})]},
+            r"spec\.template\.spec\.containers\[0\]\.env: must be a list",
+        ),
+        (
+            {"containers": [trainer(resources={"limits": [1]})]},
+            r"spec\.template\.spec\.containers\[0\]\.resources\.limits: must be an object",
+        ),
         ({"affinity": "near"}, r"spec\.template\.spec\.affinity: must be an object"),
     ],
 )
@@ -596,8 +636,10 @@ def test_a_job_without_a_uid_cannot_own_its_workload() -> None:
     [
         ((), "must list at least one node"),
         ((NodeGpus("a", (0,), ("G0",)), NodeGpus("a", (1,), ("G1",))), "must not repeat a node"),
-        ((NodeGpus("a", (0, 1), ("G0", "G1")), NodeGpus("b", (2,), ("G2",))),
-         "must hold the same number of GPUs.*got a: 2, b: 1"),
+        (
+            (NodeGpus("a", (0, 1), ("G0", "G1")), NodeGpus("b", (2,), ("G2",))),
+            "must hold the same number of GPUs.*got a: 2, b: 1",
+        ),
         ((NodeGpus("a", (), ()),), "must hold the same number of GPUs \\(at least 1\\)"),
     ],
     ids=["none", "repeated", "uneven", "zero"],

@@ -28,8 +28,11 @@ def batch_job(
     """A batch/v1 Job with True conditions (type, reason, message)."""
     return {
         "metadata": {"name": "llama"},
-        "spec": {"completions": completions, "parallelism": completions,
-                 "backoffLimit": backoff_limit},
+        "spec": {
+            "completions": completions,
+            "parallelism": completions,
+            "backoffLimit": backoff_limit,
+        },
         "status": {
             "conditions": [
                 {"type": t, "status": "True", "reason": r, "message": m} for t, r, m in conditions
@@ -56,10 +59,13 @@ def pod(
     }
 
 
-def terminated(exit_code: int, reason: str = "Error", message: str = "",
-               name: str = "trainer") -> dict[str, Any]:
-    return {"name": name, "state": {"terminated": {
-        "exitCode": exit_code, "reason": reason, "message": message}}}
+def terminated(
+    exit_code: int, reason: str = "Error", message: str = "", name: str = "trainer"
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}},
+    }
 
 
 def waiting(reason: str, message: str = "", name: str = "trainer") -> dict[str, Any]:
@@ -103,8 +109,9 @@ def test_a_job_whose_pods_are_refused_says_where_to_look_after_a_minute() -> Non
 
 
 def test_pods_being_created_are_starting() -> None:
-    state = workload_state(batch_job(completions=2), [
-        pod("a", containers=[waiting("ContainerCreating")]), pod("b")])
+    state = workload_state(
+        batch_job(completions=2), [pod("a", containers=[waiting("ContainerCreating")]), pod("b")]
+    )
     assert state == WorkloadState(Phase.PENDING, cond.REASON_STARTING, "2 of 2 pods starting")
 
 
@@ -113,15 +120,22 @@ def test_a_pod_stuck_on_its_image_says_so() -> None:
     state = workload_state(batch_job(), [stuck])
     assert (state.phase, state.reason) == (Phase.PENDING, "ImagePullBackOff")
     assert state.message == (
-        'container trainer of pod llama-0-abcde is waiting (ImagePullBackOff): '
+        "container trainer of pod llama-0-abcde is waiting (ImagePullBackOff): "
         'Back-off pulling image "x:1"'
     )
 
 
 def test_an_unschedulable_pod_says_why_the_scheduler_refused() -> None:
-    refused = pod(conditions=[{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+    refused = pod(
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            }
+        ]
+    )
     state = workload_state(batch_job(), [refused])
     assert (state.phase, state.reason) == (Phase.PENDING, "Unschedulable")
     assert state.message.endswith("3 Insufficient nvidia.com/gpu.")
@@ -236,25 +250,36 @@ def test_failure_target_is_already_a_failure() -> None:
 
 def test_across_nodes_the_rank_that_ran_out_of_memory_is_blamed() -> None:
     """Rank 0 fails second, on its broken NCCL connection: not the cause."""
-    nccl = pod("llama-0-x", "Failed", "node-a", [terminated(1, "Error", "NCCL error: remote")],
-               index=0)
+    nccl = pod(
+        "llama-0-x", "Failed", "node-a", [terminated(1, "Error", "NCCL error: remote")], index=0
+    )
     oom = pod("llama-1-y", "Failed", "node-b", [terminated(1, "Error", CUDA_OOM)], index=1)
-    state = workload_state(batch_job(("Failed", "BackoffLimitExceeded", ""), completions=2),
-                           [nccl, oom])
+    state = workload_state(
+        batch_job(("Failed", "BackoffLimitExceeded", ""), completions=2), [nccl, oom]
+    )
     assert state.reason == cond.REASON_GPU_OUT_OF_MEMORY
     assert "pod llama-1-y" in state.message
 
 
 def test_a_failed_init_container_is_blamed() -> None:
-    failed = pod("llama-0-x", "Failed", "node-a",
-                 initContainerStatuses=[terminated(1, "Error", "download failed", name="fetch")])
+    failed = pod(
+        "llama-0-x",
+        "Failed",
+        "node-a",
+        initContainerStatuses=[terminated(1, "Error", "download failed", name="fetch")],
+    )
     state = workload_state(batch_job(), [failed])
     assert state.message.startswith("container fetch of pod llama-0-x exited with code 1")
 
 
 def test_an_evicted_pod_says_it_was_evicted() -> None:
-    evicted = pod("llama-0-x", "Failed", "node-a", reason="Evicted",
-                  message="The node was low on resource: ephemeral-storage.")
+    evicted = pod(
+        "llama-0-x",
+        "Failed",
+        "node-a",
+        reason="Evicted",
+        message="The node was low on resource: ephemeral-storage.",
+    )
     state = workload_state(batch_job(), [evicted])
     assert (state.phase, state.reason) == (Phase.FAILED, cond.REASON_WORKLOAD_FAILED)
     assert state.message == (
@@ -341,8 +366,7 @@ def test_a_long_termination_message_keeps_its_end() -> None:
 
 
 def test_an_exit_code_zero_container_is_not_blamed() -> None:
-    failed = pod("p", "Failed", "n", [terminated(0, "Completed", name="sidecar"),
-                                      terminated(4)])
+    failed = pod("p", "Failed", "n", [terminated(0, "Completed", name="sidecar"), terminated(4)])
     state = workload_state(batch_job(), [failed])
     assert state.message.startswith("container trainer of pod p exited with code 4")
 
@@ -399,7 +423,12 @@ def test_a_new_run_turns_an_old_verdict_false() -> None:
 
 
 def test_other_conditions_are_kept_in_place() -> None:
-    estimated = {"type": "Estimated", "status": "True", "reason": "Estimated", "message": "m",
-                 "lastTransitionTime": "2025-01-01T00:00:00Z"}
+    estimated = {
+        "type": "Estimated",
+        "status": "True",
+        "reason": "Estimated",
+        "message": "m",
+        "lastTransitionTime": "2025-01-01T00:00:00Z",
+    }
     out = workload_conditions(RUNNING, [estimated], 1, T0)
     assert out[0] == estimated and out[1]["type"] == "Running"
