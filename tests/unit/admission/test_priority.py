@@ -15,7 +15,7 @@ from controller.admission.cluster import ClusterObjects
 from controller.admission.priority import JobPriority, Priorities
 from controller.api import conditions as cond
 from controller.decision import AdmissionSettings, QueueingStrategy
-from tests.unit.admission.test_admission_pass import (
+from tests.unit.builders.admission import (
     cluster,
     condition,
     ftj,

@@ -26,7 +26,7 @@ from controller.packing.inventory import (
     placeable,
 )
 from controller.packing.view import ClusterView
-from tests.unit.packing.test_packing import est
+from tests.unit.builders.packing import est
 
 FSDP, DDP = Parallelism.FSDP, Parallelism.DDP
 DRA = PackingSettings(gpu_mode=GpuMode.DRA)

@@ -24,7 +24,6 @@ from controller.decision import (
     queue_order,
 )
 from controller.decision.decide import resize_counts
-from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.packing.inventory import (
     GpuMode,
@@ -35,27 +34,11 @@ from controller.packing.inventory import (
     Snapshot,
 )
 from controller.packing.view import ClusterView
-from tests.unit.packing.test_packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
+from tests.unit.builders.decision import EXCLUSIVE, job, says
+from tests.unit.builders.packing import NOW, SHARED, SPANS, est, gpu, node, reservation, view
 
 FSDP, DDP, DEVICE_MAP = Parallelism.FSDP, Parallelism.DDP, Parallelism.DEVICE_MAP
 ENFORCE, RESIZE, ADVISE = AdmissionPolicy.ENFORCE, AdmissionPolicy.RESIZE, AdmissionPolicy.ADVISE
-EXCLUSIVE = PackingSettings()  # the default: device plugin, whole GPUs
-
-
-def job(
-    name: str,
-    estimate: Estimate,
-    gpus: int = 1,
-    parallelism: Parallelism = FSDP,
-    **kw: object,
-) -> JobRequest:
-    return JobRequest(f"ns/{name}", estimate, parallelism, gpus, **kw)  # type: ignore[arg-type]
-
-
-def says(decision: Decision, *parts: str) -> None:
-    """The message holds each of these key parts (numbers, names, what to change)."""
-    missing = [part for part in parts if part not in decision.message]
-    assert not missing, f"{missing} not in {decision.message!r}"
 
 
 def where(decision: Decision) -> list[tuple[str, tuple[int, ...]]]:

@@ -31,8 +31,8 @@ def test_the_fewest_gpus_hint_starts_from_each_moments_own_fewest() -> None:
     """llama-3.1-70b full: 73.74 GiB per GPU on 10 GPUs of 80 GiB. Starting the search from
     the step's sharded part over the largest whole part of any moment said 11."""
     from controller.decision import Outcome, decide
-    from tests.unit.decision.test_decision import job
-    from tests.unit.packing.test_packing import node, view
+    from tests.unit.builders.decision import job
+    from tests.unit.builders.packing import node, view
 
     settings = TrainingSettings(method=Method.FULL, rank=None)
     big = calibrated.estimate(load_shape("llama-3.1-70b"), settings)

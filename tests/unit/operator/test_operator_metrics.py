@@ -27,7 +27,7 @@ from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
 from controller.packing.inventory import GpuMode, PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook
-from tests.unit.admission.test_admission_pass import (
+from tests.unit.builders.admission import (
     GIB,
     NOW,
     admitted,

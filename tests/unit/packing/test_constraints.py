@@ -21,8 +21,8 @@ from controller.packing.constraints import (
 )
 from controller.packing.inventory import GpuMode, NodeGpus, PackingSettings, Taint
 from controller.workload.build import Admission, build_workload
-from tests.unit.decision.test_decision import EXCLUSIVE, job, says
-from tests.unit.packing.test_packing import SHARED, est, node, view
+from tests.unit.builders.decision import EXCLUSIVE, job, says
+from tests.unit.builders.packing import SHARED, est, node, view
 
 DEDICATED = Taint("dedicated", "team-x", "NoSchedule")
 

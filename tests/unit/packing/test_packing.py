@@ -10,22 +10,17 @@ tests about jobs spanning nodes use `SPANS` (DRA: whole GPUs, no device-plugin s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from controller.base.units import GIB
-from controller.estimator.result import Estimate
 from controller.estimator.settings import Parallelism
 from controller.packing.index import FreeIndex
 from controller.packing.inventory import (
-    GpuDevice,
     GpuMode,
-    NodeGpus,
     NodeState,
     PackingSettings,
-    Reservation,
     Snapshot,
     charges,
     placeable,
@@ -34,69 +29,9 @@ from controller.packing.inventory import (
 )
 from controller.packing.placement import Placed, closest, place, place_by_count, shapes
 from controller.packing.view import ClusterView
-
-NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-SHARED = PackingSettings(gpu_mode=GpuMode.VISIBLE_DEVICES)
-SPANS = PackingSettings(gpu_mode=GpuMode.DRA)  # may span nodes; no kubelet slots to count
-
+from tests.unit.builders.packing import NOW, SHARED, SPANS, est, frees, gpu, node, reservation, view
 
 # -- builders (shared with test_decision.py and test_plan_properties.py) -----------------------
-
-
-def est(sharded: float, replicated: float = 0, head: float = 0) -> Estimate:
-    """An estimate of `sharded` + `replicated` GiB (whole or fractional GiB)."""
-    s, r = int(sharded * GIB), int(replicated * GIB)
-    return Estimate(
-        profile="x",
-        components={"a": s + r},
-        total_params=0,
-        trainable_params=0,
-        sharded_bytes=s,
-        replicated_bytes=r,
-        head_bytes=int(head * GIB),
-    )
-
-
-def gpu(
-    name: str,
-    index: int,
-    free: float | None,
-    total: float | None = 80,
-    pods: Mapping[str, float] | None = None,
-    product: str = "NVIDIA-H100",
-    mig: bool = False,
-) -> GpuDevice:
-    return GpuDevice(
-        uuid=f"{name}-{index}",
-        index=index,
-        product=product,
-        total_bytes=None if total is None else int(total * GIB),
-        free_bytes=None if free is None else int(free * GIB),
-        pod_used_bytes={uid: int(b * GIB) for uid, b in (pods or {}).items()},
-        mig=mig,
-    )
-
-
-def node(
-    name: str,
-    frees: Sequence[float],
-    total: float = 80,
-    labels: Mapping[str, str] | None = None,
-    product: str = "NVIDIA-H100",
-    **kw: object,
-) -> NodeState:
-    """A node whose GPU i has `frees[i]` GiB free of `total` GiB; UUIDs are `name-i`."""
-    gpus = tuple(gpu(name, i, f, total, product=product) for i, f in enumerate(frees))
-    return NodeState(name=name, gpus=gpus, labels=dict(labels or {}), **kw)  # type: ignore[arg-type]
-
-
-def view(
-    *nodes: NodeState,
-    reservations: Sequence[Reservation] = (),
-    settings: PackingSettings = SHARED,
-    now: datetime | None = None,
-) -> ClusterView:
-    return ClusterView(Snapshot(tuple(nodes), tuple(reservations), now), settings)
 
 
 def everywhere(pos: int) -> bool:
@@ -107,24 +42,6 @@ def on(v: ClusterView, placed: Placed | None) -> list[tuple[str, tuple[int, ...]
     """A placement as (node, GPU indices) in the order the workload sees them."""
     assert placed is not None
     return [(part.node, part.indices) for part in v.node_gpus(placed)]
-
-
-def frees(v: ClusterView) -> dict[str, float]:
-    """Effective free GiB of every placeable GPU, by UUID."""
-    return {slot.uuid: slot.free / GIB for n in v.now.nodes for slot in n.gpus}
-
-
-def reservation(
-    job: str,
-    parts: Mapping[str, Sequence[int]],
-    per_gpu: float,
-    pods: Sequence[str] = (),
-    allocated: Mapping[str, int] | None = None,
-) -> Reservation:
-    placement = tuple(
-        NodeGpus(n, tuple(ix), tuple(f"{n}-{i}" for i in ix)) for n, ix in parts.items()
-    )
-    return Reservation(job, placement, int(per_gpu * GIB), frozenset(pods), dict(allocated or {}))
 
 
 # -- placeable ----------------------------------------------------------------------------------
