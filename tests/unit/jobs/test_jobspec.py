@@ -22,6 +22,7 @@ from controller.jobs.spec import (
     translate,
     validate_spec,
 )
+from tests.unit.builders.jobs import job
 from tests.unit.conftest import LLAMA_31_8B, NOT_A_FAMILY, PYTHIA_69B, QWEN25_05B
 
 LLAMA_QLORA_BYTES = 7_780_056_064  # seed 2's worked example: 7.25 GiB
@@ -29,25 +30,6 @@ LLAMA_QLORA_BYTES = 7_780_056_064  # seed 2's worked example: 7.25 GiB
 TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
                "vocab_size": 1000}  # fmt: skip
-
-
-def job(**changes: Any) -> dict[str, Any]:
-    """The reference job (llama-3.1-8b, QLoRA r=16, 2048 x 1, analytic), with `changes`
-    merged in one level deep (`training={"optimizer": "SGD"}` keeps the other keys); a
-    `model` replaces the preset."""
-    spec: dict[str, Any] = {
-        "model": {"preset": "llama-3.1-8b"},
-        "method": "QLoRA",
-        "lora": {"rank": 16},
-        "training": {"sequenceLength": 2048, "microBatchSize": 1},
-        "estimator": {"profile": "Analytic"},
-    }
-    for key, value in changes.items():
-        if key != "model" and isinstance(value, dict) and isinstance(spec.get(key), dict):
-            spec[key] = {**spec[key], **value}
-        else:
-            spec[key] = value
-    return spec
 
 
 def messages(spec: object, config: dict[str, Any] | None = None) -> list[str]:

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from controller.api.finetunejob import FineTuneJobSpec
 from controller.estimator.presets import load_preset
 from controller.jobs.spec import translate
+from tests.unit.builders.jobs import job
 from tests.unit.jobs import test_jobspec
-from tests.unit.jobs.test_jobspec import job
 
 #: Errors beyond the schema, by the start of their message: they need the model (its preset,
 #: config fields, module names, context length) or they are CEL rules of the CRD.

@@ -27,7 +27,7 @@ from controller.webhook.server import (
     answer,
     json_patch,
 )
-from tests.unit.webhook.test_webhook_admission import FULL, admitted, body, cluster, hook
+from tests.unit.builders.webhook import FULL, admitted, body, cluster, hook
 
 RESOURCE = {"group": "vramgate.dev", "version": "v1alpha1", "resource": "finetunejobs"}
 
