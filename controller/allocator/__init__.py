@@ -13,6 +13,7 @@ replay's reserved peak plus the fixed costs.
 
 from controller.allocator.config import AllocatorConfig, parse_alloc_conf
 from controller.allocator.events import Event, Interval, events_from_intervals
+from controller.allocator.fixed_costs import ContextRow, context_rows, fixed_bytes
 from controller.allocator.replay import (
     CachingAllocator,
     OutOfMemory,
@@ -24,11 +25,14 @@ from controller.allocator.replay import (
 __all__ = [
     "AllocatorConfig",
     "CachingAllocator",
+    "ContextRow",
     "Event",
     "Interval",
     "OutOfMemory",
     "ReplayResult",
+    "context_rows",
     "events_from_intervals",
+    "fixed_bytes",
     "parse_alloc_conf",
     "replay",
     "replay_live_intervals",
