@@ -177,6 +177,9 @@ class CachingAllocator:
         self._pools = (_Pool(small=False), _Pool(small=True))
         self._streams: dict[int, int] = {}
         self._live: dict[int, _Block] = {}
+        #: Zero-byte allocations: NativeCachingAllocator::allocate calls malloc only
+        #: `if (size != 0)`, so they take no block; their frees are no-ops too.
+        self._empty: set[int] = set()
         self._next_ptr = 0
         self.allocated = 0
         self.reserved = 0
@@ -194,10 +197,13 @@ class CachingAllocator:
     def malloc(self, block_id: int, orig_size: int, stream: int = 0) -> int:
         """Hands out a block for `orig_size` bytes on `stream`; returns its size. Raises
         OutOfMemory where PyTorch raises torch.OutOfMemoryError."""
-        if block_id in self._live:
+        if block_id in self._live or block_id in self._empty:
             raise ValueError(f"block {block_id} is already allocated")
-        if orig_size < 0:
-            raise ValueError(f"block {block_id}: size must not be negative, got {orig_size}")
+        if orig_size <= 0:
+            if orig_size < 0:
+                raise ValueError(f"block {block_id}: size must not be negative, got {orig_size}")
+            self._empty.add(block_id)
+            return 0
         rank = self._streams.get(stream)
         if rank is None:
             rank = self._streams[stream] = len(self._streams)
@@ -242,6 +248,9 @@ class CachingAllocator:
         """Frees block `block_id` into its pool's cache (free_block)."""
         block = self._live.pop(block_id, None)
         if block is None:
+            if block_id in self._empty:
+                self._empty.discard(block_id)
+                return
             raise ValueError(f"block {block_id} is freed but not allocated")
         block.allocated = False
         self.allocated -= block.size

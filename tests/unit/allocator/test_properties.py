@@ -32,6 +32,33 @@ CONFIGS = st.sampled_from(
 )
 
 
+def check_segments(allocator: CachingAllocator) -> None:
+    """The block lists behind the figures: every segment's blocks are contiguous, mapped
+    bytes add up to reserved, no two free neighbours are left unmerged, and each cached or
+    unmapped block sits in its pool under its current key."""
+    blocks = list(allocator._live.values())
+    for pool in allocator._pools:
+        assert pool.keys == sorted(pool.blocks) and pool.unmapped_keys == sorted(pool.unmapped)
+        for key, block in pool.blocks.items():
+            assert block.mapped and not block.allocated and block.key == key
+        for key, block in pool.unmapped.items():
+            assert not block.mapped and block.key == key
+        blocks += pool.blocks.values()
+        blocks += pool.unmapped.values()
+    assert len({id(block) for block in blocks}) == len(blocks)
+    mapped = 0
+    for block in blocks:
+        if block.mapped:
+            mapped += block.size
+        following = block.next
+        if following is not None:
+            assert following.prev is block
+            assert block.ptr + block.size == following.ptr
+            free_pair = not block.allocated and not following.allocated
+            assert not (free_pair and block.mapped == following.mapped)
+    assert mapped == allocator.reserved
+
+
 @settings(max_examples=150, deadline=None)
 @given(steps=STEPS, config=CONFIGS)
 def test_invariants_hold_at_every_step(
@@ -61,8 +88,11 @@ def test_invariants_hold_at_every_step(
         assert allocator.peak_allocated >= allocator.allocated
         if config.capacity is not None:
             assert allocator.reserved <= config.capacity
+        check_segments(allocator)
     for block in list(live):
         allocator.free(block)
     assert allocator.allocated == 0
+    check_segments(allocator)
     allocator.empty_cache()
+    check_segments(allocator)
     assert (allocator.reserved, allocator.segments) == (0, 0)

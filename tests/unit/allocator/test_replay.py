@@ -3,6 +3,8 @@ and test/test_cuda.py state (the comment on each test quotes or names its source
 
 from __future__ import annotations
 
+import pytest
+
 from controller.allocator import (
     AllocatorConfig,
     CachingAllocator,
@@ -244,3 +246,14 @@ def test_live_intervals_free_before_allocating_at_the_same_tick() -> None:
     result = replay_live_intervals([(30 * MIB, 0, 1, 0), (30 * MIB, 1, None, 0)])
     assert result.peak_reserved == 30 * MIB
     assert result.final_allocated == 30 * MIB
+
+
+def test_zero_byte_allocations_take_no_block() -> None:
+    # NativeCachingAllocator::allocate: `if (size != 0) { this->malloc(...) }`
+    result = replay([malloc(0, 0), free(0, 0), malloc(1, 0)])
+    assert (result.peak_allocated, result.peak_reserved) == (0, 0)
+
+
+def test_a_free_of_an_unknown_block_is_an_error() -> None:
+    with pytest.raises(ValueError, match="not allocated"):
+        replay([free(7, 512)])
