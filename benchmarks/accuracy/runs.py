@@ -34,8 +34,8 @@ RUNS_FILE = Path(__file__).with_name("runs.yaml")
 
 #: What each statistic is, as `runs.yaml`'s header explains.
 STATISTICS = ("allocated", "reserved", "nvml")
-#: Bytes per unit as written in a source. "G" is how some tables abbreviate GB.
-UNITS = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "G": 10**9}
+#: Bytes per unit as written in a source. "G" is how some tables abbreviate GB; "B" is bytes.
+UNITS = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "G": 10**9, "B": 1}
 #: How a run spread over its GPUs, in the set's words, and vramgate's parallelism for each.
 PARALLELISMS = {
     "single": Parallelism.FSDP,  # one GPU: every parallelism holds the whole job
