@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._guards import active_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -91,13 +92,17 @@ _TORCH = str(Path(torch.__file__).parent) + os.sep
 
 try:
     from torch.distributed.tensor import DTensor as _DTENSOR
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator as _PROPAGATOR
 except ImportError:  # a build of torch without distributed
     _DTENSOR = None  # type: ignore[assignment,misc]
+    _PROPAGATOR = None  # type: ignore[assignment,misc]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor that owns the storage: a DTensor's local shard, else the tensor."""
     return tensor._local_tensor if _DTENSOR is not None and isinstance(tensor, _DTENSOR) else tensor  # type: ignore[attr-defined]
+
+
 _DRIVER = str(Path(__file__).with_name("run.py"))
 
 
@@ -137,6 +142,8 @@ class StorageTracker(TorchDispatchMode):
         #: While True, storages created are host memory (an optimizer offloaded to the CPU):
         #: recorded as 0 bytes.
         self.on_host = False
+        #: The role of storages born while it is set (FSDP2's gathered parameters: weights).
+        self.role: str | None = None
         #: Regions whose ops each start a region of their own ("<region>#<site>:<op>:<n>",
         #: the n-th run of that op from that line of the model's code): what runs outside
         #: modules (a Mamba-2 scan is some fifty ops between two modules) then peaks op by op,
@@ -146,6 +153,9 @@ class StorageTracker(TorchDispatchMode):
         self.split_ops = split_ops
         self._op_runs: dict[tuple[int, str, str, str], int] = {}
         self._resize: Any = None
+        self._fake_mode: Any = None
+        self._propagate: Any = None
+        self._quiet = 0
 
     # -- recording ------------------------------------------------------------------------
 
@@ -180,7 +190,14 @@ class StorageTracker(TorchDispatchMode):
         self.clock += 1
         index = len(self.records)
         self.records.append(
-            _Record(nbytes, self.clock, len(self.segments) - 1, size=size, stream=self.stream)
+            _Record(
+                nbytes,
+                self.clock,
+                len(self.segments) - 1,
+                role=self.role,
+                size=size,
+                stream=self.stream,
+            )
         )
         self._live[key] = index
         self.current += nbytes
@@ -231,13 +248,32 @@ class StorageTracker(TorchDispatchMode):
             return out
 
         self._resize = original
+        self._fake_mode = active_fake_mode()
         torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+        self._propagate = None
+        if _PROPAGATOR is not None:
+            # DTensor learns an op's output shape by running it on global-shape fake tensors,
+            # in the fake mode already active (the trace's): those allocate nothing.
+            propagate = _PROPAGATOR._propagate_tensor_meta_non_cached
+
+            def quiet(propagator: Any, *args: Any, **kwargs: Any) -> Any:
+                tracker._quiet += 1
+                try:
+                    return propagate(propagator, *args, **kwargs)
+                finally:
+                    tracker._quiet -= 1
+
+            self._propagate = propagate
+            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign]
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *args: Any) -> None:
         if self._resize is not None:
             torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
             self._resize = None
+        if self._propagate is not None:
+            _PROPAGATOR._propagate_tensor_meta_non_cached = self._propagate  # type: ignore[union-attr,method-assign]
+            self._propagate = None
         super().__exit__(*args)
 
     def __torch_dispatch__(
@@ -255,6 +291,11 @@ class StorageTracker(TorchDispatchMode):
         if self.split_ops is not None:
             self._enter_op(self.split_ops, str(func.overloadpacket.__name__))
         out = func(*args, **(kwargs or {}))
+        # DTensor's sharding propagation runs ops under a fake mode of its own to learn
+        # the outputs' shapes: those allocate nothing on the device (torch's MemTracker
+        # skips them the same way).
+        if self._quiet or active_fake_mode() is not self._fake_mode:
+            return out
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self._track(value)
