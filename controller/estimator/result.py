@@ -57,8 +57,13 @@ class Estimate:
 
         DDP replicates the whole job on every GPU; FSDP (and a device map, for the GPU that
         holds the LM head) holds `sharded / n + replicated`. On one GPU every parallelism
-        holds `total_bytes`, and DDP holds it on any count.
+        holds `total_bytes`, and DDP holds it on any count. Where the job's rank was traced
+        at this count and parallelism (`traced_per_gpu`), the traced figure is the answer.
         """
+        if self.traced_per_gpu:
+            for value, count, held in self.traced_per_gpu:
+                if count == gpus and value == parallelism.value:
+                    return held
         n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
         if n == 1:
             return self.total_bytes
