@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,6 +121,53 @@ def _op_site() -> str | None:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
 
 
+#: The tracker active in this thread (a trace may run in any of the operator's threads).
+_ACTIVE = threading.local()
+_PATCHED: list[bool] = []
+_PATCH_LOCK = threading.Lock()
+
+
+def _install_patches() -> None:
+    """Two things no aten op shows, patched once for the process and routed to the tracker
+    active in the calling thread (patching per tracker would race between threads):
+
+    * `UntypedStorage.resize_`: FSDP2 allocates and frees its unsharded parameters by
+      resizing their storages (torch's MemTracker patches it too,
+      torch/distributed/_tools/mem_tracker.py, `_track_resize`).
+    * DTensor's sharding propagation, which learns an op's output shape by running it on
+      global-shape fake tensors in the fake mode already active (the trace's): those
+      allocate nothing on a GPU, and are not counted.
+    """
+    with _PATCH_LOCK:
+        if _PATCHED:
+            return
+        resize = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = resize(storage, size)
+            tracker = getattr(_ACTIVE, "tracker", None)
+            if tracker is not None:
+                tracker.resized(storage, int(size))
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+        if _PROPAGATOR is not None:
+            propagate = _PROPAGATOR._propagate_tensor_meta_non_cached
+
+            def quiet(propagator: Any, *args: Any, **kwargs: Any) -> Any:
+                tracker = getattr(_ACTIVE, "tracker", None)
+                if tracker is None:
+                    return propagate(propagator, *args, **kwargs)
+                tracker._quiet += 1
+                try:
+                    return propagate(propagator, *args, **kwargs)
+                finally:
+                    tracker._quiet -= 1
+
+            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign]
+        _PATCHED.append(True)
+
+
 class StorageTracker(TorchDispatchMode):
     """Records every storage created while active (and those `register`ed before)."""
 
@@ -152,9 +200,8 @@ class StorageTracker(TorchDispatchMode):
         #: over the whole step (calibration traces one micro-batch).
         self.split_ops = split_ops
         self._op_runs: dict[tuple[int, str, str, str], int] = {}
-        self._resize: Any = None
         self._fake_mode: Any = None
-        self._propagate: Any = None
+        self._outer: StorageTracker | None = None
         self._quiet = 0
 
     # -- recording ------------------------------------------------------------------------
@@ -237,43 +284,15 @@ class StorageTracker(TorchDispatchMode):
             self._born(key, size)
 
     def __enter__(self) -> StorageTracker:
-        # `UntypedStorage.resize_` does not dispatch; patched while the tracker is on, as
-        # torch's own MemTracker does (torch/distributed/_tools/mem_tracker.py, _track_resize).
-        original = torch.UntypedStorage.resize_
-        tracker = self
-
-        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
-            out = original(storage, size)
-            tracker.resized(storage, int(size))
-            return out
-
-        self._resize = original
+        _install_patches()
         self._fake_mode = active_fake_mode()
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
-        self._propagate = None
-        if _PROPAGATOR is not None:
-            # DTensor learns an op's output shape by running it on global-shape fake tensors,
-            # in the fake mode already active (the trace's): those allocate nothing.
-            propagate = _PROPAGATOR._propagate_tensor_meta_non_cached
-
-            def quiet(propagator: Any, *args: Any, **kwargs: Any) -> Any:
-                tracker._quiet += 1
-                try:
-                    return propagate(propagator, *args, **kwargs)
-                finally:
-                    tracker._quiet -= 1
-
-            self._propagate = propagate
-            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign]
+        self._outer = getattr(_ACTIVE, "tracker", None)
+        _ACTIVE.tracker = self
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *args: Any) -> None:
-        if self._resize is not None:
-            torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
-            self._resize = None
-        if self._propagate is not None:
-            _PROPAGATOR._propagate_tensor_meta_non_cached = self._propagate  # type: ignore[union-attr,method-assign]
-            self._propagate = None
+        _ACTIVE.tracker = self._outer
+        self._outer = None
         super().__exit__(*args)
 
     def __torch_dispatch__(

@@ -16,7 +16,7 @@ from tests.unit.trace_support import TINY_LLAMA, require_trace_extra, with_layer
 require_trace_extra()
 
 from controller.cli import main  # noqa: E402
-from controller.estimator import Method, Parallelism, TrainingSettings  # noqa: E402
+from controller.estimator import Method, Parallelism, Precision, TrainingSettings  # noqa: E402
 from controller.estimator.presets import load_preset  # noqa: E402
 from controller.trace import TraceUnsupported, estimate, trace  # noqa: E402
 from controller.trace.distributed import (  # noqa: E402
@@ -103,6 +103,15 @@ def test_explicit_prefetch_gathers_the_next_block_in_forward() -> None:
     implicit = rank().result
     ahead = rank(prefetch=1).result
     assert phase(ahead, "forward") >= phase(implicit, "forward") + BLOCK_BYTES * 7 // 8 // 2
+
+
+def test_mixed_precision_gathers_16_bit_blocks_from_fp32_shards() -> None:
+    fp32 = replace(FULL, precision=Precision.FP32)
+    plain = rank(fp32).result.phase_peaks["forward"].breakdown["weights"]
+    mixed = rank(fp32, param_dtype=Precision.BF16).result.phase_peaks["forward"].breakdown
+    # The gathered block (and the root's embeddings) in bf16: half of fp32's, on top of the
+    # same fp32 shards.
+    assert mixed["weights"] < plain - BLOCK_BYTES // 2
 
 
 def test_ddp_holds_whole_gradients_and_its_buckets() -> None:
