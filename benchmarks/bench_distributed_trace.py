@@ -109,7 +109,9 @@ def compare_fsdp_mem_tracker() -> dict[str, Any]:
         second_step = max(s.peak for s in ours.segments if s.step == 1)
         with fake_process_group(8) as mesh, FakeTensorMode():
             model = build_model(config, settings, 4)
-            root = _fully_shard(model, decoder_layers(model, 4), mesh, d, settings)
+            blocks = decoder_layers(model, 4)
+            assert blocks is not None
+            root = _fully_shard(model, blocks, mesh, d, settings)
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=1e-5, foreach=True)
             ids = torch.zeros((1, settings.seq_len), dtype=torch.long)

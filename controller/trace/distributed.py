@@ -47,16 +47,16 @@ Why this tracker and not `torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTrac
 count storages through a dispatch mode and follow `resize_`, and on the steady-state step
 they agree (Llama-3.1-8B cut to 4 layers, 512 tokens, world size 8: 6,210.14 MiB ours,
 6,210.11 theirs for full fine-tuning, 4,899.58 / 4,899.55 for LoRA;
-`benchmarks/bench_distributed_trace.py --compare`). FSDPMemTracker is used as that
-cross-check only, because under fake tensors it also counts DTensor's first-step shape
-propagation (the optimizer's first step runs each op once more on global-shape fake tensors
-in the active fake mode, which its fake-mode test does not tell apart: 112 MiB for a rank
-that holds 53), and because it gives per-module and per-FSDP-state peaks, not what the
-estimator needs: the run's timeline (allocation and free events with sizes and streams, for
-the allocator replay), the step's fine regions (the few-layer extrapolation keys on them),
-per-storage roles learnt after the fact (an optimizer moment is known to be one only once
-`step()` made it), DDP, and optimizers that are not `torch.optim.Optimizer`s (the modelled
-bitsandbytes ones). So `StorageTracker` counts.
+`benchmarks/bench_distributed_trace.py --compare`). FSDPMemTracker serves as that
+cross-check only. Under fake tensors it also counts DTensor's first-step shape propagation
+(the optimizer's first step runs each op once more on global-shape fake tensors in the
+active fake mode, which its fake-mode test does not tell apart: 112 MiB for a rank of the
+tests' 4-layer Llama at 8 ranks that holds 53). And it gives per-module and per-FSDP-state
+peaks, not what the estimator needs: the run's timeline (allocation and free events with
+sizes and streams, for the allocator replay), the step's fine regions (the few-layer
+extrapolation keys on them), per-storage roles learnt after the fact (an optimizer moment
+is known to be one only once `step()` made it), DDP, and optimizers that are not
+`torch.optim.Optimizer`s (the modelled bitsandbytes ones). So `StorageTracker` counts.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def trace_distributed_run(
             if distributed.parallelism is Parallelism.FSDP:
                 wrapped = _fully_shard(model, blocks, mesh, distributed, settings)
                 hooks.state = wrapped._get_fsdp_state()  # type: ignore[operator]
-                for tensor in qlora.quantized_tensors(model):
+                for tensor in (*model.buffers(), *qlora.quantized_tensors(model)):
                     tracker.register(tensor, WEIGHTS)
             else:
                 _register_model(tracker, model)

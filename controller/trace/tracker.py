@@ -164,7 +164,7 @@ def _install_patches() -> None:
                 finally:
                     tracker._quiet -= 1
 
-            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign]
+            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign,assignment]
         _PATCHED.append(True)
 
 
