@@ -111,7 +111,7 @@ def compare_fsdp_mem_tracker() -> dict[str, Any]:
             model = build_model(config, settings, 4)
             blocks = decoder_layers(model, 4)
             assert blocks is not None
-            root = _fully_shard(model, blocks, mesh, d, settings)
+            root = _fully_shard(model, blocks, mesh, d)
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=1e-5, foreach=True)
             ids = torch.zeros((1, settings.seq_len), dtype=torch.long)

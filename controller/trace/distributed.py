@@ -202,7 +202,7 @@ def trace_distributed_run(
         trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
         with tracker, _patched(tracker, distributed) as hooks:
             if distributed.parallelism is Parallelism.FSDP:
-                wrapped = _fully_shard(model, blocks, mesh, distributed, settings)
+                wrapped = _fully_shard(model, blocks, mesh, distributed)
                 hooks.state = wrapped._get_fsdp_state()  # type: ignore[operator]
                 for tensor in (*model.buffers(), *qlora.quantized_tensors(model)):
                     tracker.register(tensor, WEIGHTS)
@@ -214,6 +214,9 @@ def trace_distributed_run(
                 if distributed.offload_params:
                     tracker.to_host(param)
             optimizer = build_optimizer(model.parameters(), settings.optimizer)
+            if distributed.offload_params or distributed.offload_optimizer:
+                for tensor in optimizer.state_tensors():  # fp32 masters, made up front
+                    tracker.to_host(tensor)
             trainable = [p for p in model.parameters() if p.requires_grad]
             shape = (settings.batch, settings.seq_len)
             input_ids = torch.zeros(shape, dtype=torch.long)
@@ -251,7 +254,6 @@ def _fully_shard(
     blocks: nn.ModuleList,
     mesh: Any,
     distributed: Distributed,
-    settings: TrainingSettings,
 ) -> Any:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

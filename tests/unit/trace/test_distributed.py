@@ -142,6 +142,10 @@ def test_parameter_offload_leaves_shards_and_optimizer_on_the_host() -> None:
     offloaded = rank(offload_params=True).result
     assert phase(offloaded, "optimizer") < phase(on_gpu, "optimizer") / 10
     assert offloaded.peak < on_gpu.peak
+    # The optimizer alone on the host: its moments leave, the shards and gradients stay.
+    optimizer_only = rank(offload_optimizer=True).result.phase_peaks["optimizer"].breakdown
+    assert optimizer_only["optimizer"] == 0
+    assert optimizer_only["weights"] == on_gpu.phase_peaks["optimizer"].breakdown["weights"]
 
 
 def test_the_process_group_is_set_up_again_on_every_call() -> None:
