@@ -31,6 +31,7 @@ from controller.estimator import (
     ModelShape,
     Optimizer,
     Parallelism,
+    Precision,
     Profile,
     SpecError,
     SpecErrors,
@@ -148,6 +149,40 @@ def _add_trace(sub: Any) -> None:
         help="auto (whole model up to 9 layers, else extrapolated from 4 and 5), full, "
         "or N >= 4 to extrapolate from N and N+1 layers (default auto)",
     )
+    dist = p.add_argument_group(
+        "one rank of a multi-GPU job (traced under a fake process group at the world size)"
+    )
+    dist.add_argument(
+        "--gpus", type=int, default=1, help="world size, nodes x GPUs (default 1: one GPU)"
+    )
+    dist.add_argument("--parallelism", default="fsdp", help="fsdp|ddp (default fsdp)")
+    dist.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="FSDP: keep each block's gathered parameters from forward to backward",
+    )
+    dist.add_argument(
+        "--prefetch",
+        type=int,
+        help="FSDP: blocks all-gathered ahead in forward and backward (default: FSDP2's "
+        "implicit prefetch)",
+    )
+    dist.add_argument("--param-dtype", help="FSDP mixed precision: bf16|fp16|fp32")
+    dist.add_argument("--reduce-dtype", help="FSDP mixed precision: bf16|fp16|fp32")
+    dist.add_argument(
+        "--offload-params",
+        action="store_true",
+        help="FSDP CPU offload: shards, their gradients and the optimizer on the host",
+    )
+    dist.add_argument(
+        "--offload-optimizer", action="store_true", help="optimizer state and step on the host"
+    )
+    dist.add_argument(
+        "--gradient-as-bucket-view",
+        action="store_true",
+        help="DDP: gradients are views into the buckets",
+    )
     p.set_defaults(run=_run_trace)
 
 
@@ -242,7 +277,7 @@ def _run_estimate(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"--gpu-memory: {error}") from None
     parallelism = Parallelism.parse(args.parallelism, "--parallelism")
     model_name, shape, settings = _job(args, args.profile)
-    est = estimate(shape, settings, FLAG_PATHS)
+    est = estimate(shape, settings, FLAG_PATHS, args.gpus, parallelism)
     result = None if card is None else fit(est, [card] * MAX_GPUS, parallelism, gpus=args.gpus)
     if args.json:
         print(json.dumps(estimate_json(model_name, settings, est, args.gpus, parallelism, result)))
@@ -264,7 +299,8 @@ def _run_trace(args: argparse.Namespace, console: Console) -> int:
             f"trace needs the `trace` extra (pip install 'vramgate[trace]'): {error}"
         ) from None
     try:
-        report = trace(shape.source or {}, settings, layers)
+        distributed = _distributed(args)
+        report = trace(shape.source or {}, settings, layers, distributed)
     except TraceUnsupported as error:
         raise UsageError(f"trace: {error}") from None
     if args.json:
@@ -272,6 +308,41 @@ def _run_trace(args: argparse.Namespace, console: Console) -> int:
     else:
         render_trace(console, model_name, settings, report)
     return 0
+
+
+def _distributed(args: argparse.Namespace) -> Any:
+    """The `Distributed` the trace flags ask for; None for one GPU without them."""
+    if not 1 <= args.gpus <= MAX_GPUS:
+        raise UsageError(f"--gpus: must be 1 to {MAX_GPUS}, got {args.gpus}")
+    parallelism = Parallelism.parse(args.parallelism, "--parallelism")
+    asked = (
+        args.gpus > 1
+        or not args.reshard_after_forward
+        or args.prefetch is not None
+        or args.param_dtype
+        or args.reduce_dtype
+        or args.offload_params
+        or args.offload_optimizer
+        or args.gradient_as_bucket_view
+    )
+    if not asked:
+        return None
+    from controller.trace.distributed import Distributed
+
+    def precision(value: str | None, flag: str) -> Precision | None:
+        return None if value is None else Precision.parse(value, flag)
+
+    return Distributed(
+        world_size=args.gpus,
+        parallelism=parallelism,
+        reshard_after_forward=args.reshard_after_forward,
+        prefetch=args.prefetch,
+        param_dtype=precision(args.param_dtype, "--param-dtype"),
+        reduce_dtype=precision(args.reduce_dtype, "--reduce-dtype"),
+        offload_params=args.offload_params,
+        offload_optimizer=args.offload_optimizer,
+        gradient_as_bucket_view=args.gradient_as_bucket_view,
+    )
 
 
 def _run_presets(args: argparse.Namespace, console: Console) -> int:

@@ -352,12 +352,13 @@ def _newest_heartbeat(objects: ClusterObjects) -> datetime | None:
 
 def _estimator(profile: Profile | None) -> Any:
     """Estimates cached by spec: a queue of 10,000 jobs holds few distinct specs."""
-    cache: dict[tuple[int, Any], Estimate] = {}
+    cache: dict[tuple[int, Any, int, Any], Estimate] = {}
 
     def estimate(job: JobPlan) -> Estimate:
         if profile is not None:
             job = replace(job, settings=replace(job.settings, profile=profile))
-        key = (id(job.shape), job.settings)
+        # The GPU count and parallelism too: the trace profile traces the job's own spread.
+        key = (id(job.shape), job.settings, job.gpus, job.parallelism)
         found = cache.get(key)
         if found is None:
             found = cache[key] = estimate_plan(job)

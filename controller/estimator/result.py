@@ -29,6 +29,11 @@ class Estimate:
     total is the optimizer step's when checkpointing is on, but without it backward keeps
     a whole micro-batch of activations on every GPU, which FSDP does not divide, and on n
     GPUs that moment can need more than the step's. Each GPU needs the largest over them.
+
+    `traced_per_gpu` holds what one rank was traced to need at a world size, as
+    (parallelism value, GPUs, bytes): the trace profile traces the job's own spread, which
+    holds what the rule above cannot see (FSDP's gathered block and reduce-scatter buffers,
+    DDP's gradient buckets). Where it has the pair asked for, that is the per-GPU figure.
     """
 
     profile: str
@@ -41,6 +46,7 @@ class Estimate:
     head_bytes: int = 0
     fixed_bytes: int = 0
     moments: tuple[tuple[int, int], ...] = ()
+    traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -51,8 +57,13 @@ class Estimate:
 
         DDP replicates the whole job on every GPU; FSDP (and a device map, for the GPU that
         holds the LM head) holds `sharded / n + replicated`. On one GPU every parallelism
-        holds `total_bytes`, and DDP holds it on any count.
+        holds `total_bytes`, and DDP holds it on any count. Where the job's rank was traced
+        at this count and parallelism (`traced_per_gpu`), the traced figure is the answer.
         """
+        if self.traced_per_gpu:
+            for value, count, held in self.traced_per_gpu:
+                if count == gpus and value == parallelism.value:
+                    return held
         n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
         if n == 1:
             return self.total_bytes

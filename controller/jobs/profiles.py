@@ -16,6 +16,7 @@ from controller.estimator import (
     PATHS,
     Estimate,
     ModelShape,
+    Parallelism,
     Profile,
     SpecError,
     SpecErrors,
@@ -29,9 +30,17 @@ TRACE_EXTRA = "pip install 'vramgate[trace]'"
 
 
 def estimate(
-    shape: ModelShape, settings: TrainingSettings, paths: dict[str, str] | None = None
+    shape: ModelShape,
+    settings: TrainingSettings,
+    paths: dict[str, str] | None = None,
+    gpus: int = 1,
+    parallelism: Parallelism = Parallelism.FSDP,
 ) -> Estimate:
     """The estimate of the profile `settings.profile` names.
+
+    `gpus` and `parallelism` are the job's spread: the trace profile traces one rank of an
+    FSDP or DDP job at that world size, so that the estimate's per-GPU figure there is the
+    traced rank's (the formula profiles spread by rule and ignore them).
 
     Raises SpecErrors when the settings do not suit the model, SpecError when the trace
     profile cannot trace it, and ProfileUnavailable when the trace extra is not installed;
@@ -41,11 +50,18 @@ def estimate(
     if errors:
         raise SpecErrors(errors)
     if settings.profile is Profile.TRACE:
-        return _trace(shape, settings, (paths or {}).get("profile", PATHS["profile"]))
+        path = (paths or {}).get("profile", PATHS["profile"])
+        return _trace(shape, settings, path, gpus, parallelism)
     return formula_estimate(shape, settings)
 
 
-def _trace(shape: ModelShape, settings: TrainingSettings, path: str) -> Estimate:
+def _trace(
+    shape: ModelShape,
+    settings: TrainingSettings,
+    path: str,
+    gpus: int = 1,
+    parallelism: Parallelism = Parallelism.FSDP,
+) -> Estimate:
     try:
         from controller.trace import TraceUnsupported
         from controller.trace import estimate as trace_estimate
@@ -56,6 +72,6 @@ def _trace(shape: ModelShape, settings: TrainingSettings, path: str) -> Estimate
     if shape.source is None:
         raise SpecError(path, "trace needs the model's config.json")
     try:
-        return trace_estimate(shape.source, settings)
+        return trace_estimate(shape.source, settings, gpus, parallelism)
     except TraceUnsupported as error:
         raise SpecError(path, f"trace: {error}") from None

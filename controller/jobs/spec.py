@@ -246,7 +246,7 @@ def estimate_plan(plan: JobPlan) -> Estimate:
     spec names: raises what `controller.jobs.profiles.estimate` raises."""
     if plan.shape is None:
         raise SpecError("spec.model.configMapRef", "the ConfigMap's config.json was not read")
-    return estimate(plan.shape, plan.settings, SPEC_PATHS)
+    return estimate(plan.shape, plan.settings, SPEC_PATHS, plan.gpus, plan.parallelism)
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -13,15 +13,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.estimator import Estimate, TrainingSettings, overheads
+from controller.estimator.settings import Parallelism
 from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, batch_bytes, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
 
-__all__ = ["TraceReport", "TraceUnsupported", "estimate", "trace"]
+if TYPE_CHECKING:
+    from controller.trace.distributed import Distributed
+
+__all__ = ["Distributed", "TraceReport", "TraceUnsupported", "estimate", "trace"]
+
+
+def __getattr__(name: str) -> Any:
+    # `Distributed` imports torch.distributed, which the single-GPU trace does not need.
+    if name == "Distributed":
+        from controller.trace.distributed import Distributed
+
+        return Distributed
+    raise AttributeError(name)
+
 
 #: Models up to this depth are traced whole by default; deeper ones from two shallow traces.
 FULL_TRACE_MAX_LAYERS = 2 * MIN_LAYERS + 1
@@ -42,6 +56,8 @@ class TraceReport:
     traced_layers: tuple[int, ...]
     attention_traced_as: str
     seconds: float
+    #: The job's spread when one rank was traced at its world size (None: one GPU).
+    distributed: Distributed | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -49,18 +65,23 @@ class TraceReport:
 
 
 def trace(
-    config: Mapping[str, Any], settings: TrainingSettings, layers: int | str = "auto"
+    config: Mapping[str, Any],
+    settings: TrainingSettings,
+    layers: int | str = "auto",
+    distributed: Distributed | None = None,
 ) -> TraceReport:
     """Trace the job. `layers`: "auto" (whole model when shallow, else extrapolated),
     "full" (always the whole model) or a depth n >= 4 to extrapolate from n and n + 1 (n + a
     period of dense and MoE layers, `_layout`; n rounded up to end as the model does).
+    `distributed`: trace one rank of the job at its world size under FSDP2 or DDP
+    (`distributed.py`); the report's peak is then that rank's.
 
     The config is user input run through transformers: whatever transformers raises while
     building or running it (a field its strict config refuses, a window that overflows its
     mask) is a TraceUnsupported with one line, not a traceback.
     """
     try:
-        return _trace(config, settings, layers)
+        return _trace(config, settings, layers, distributed)
     except TraceUnsupported:
         raise
     except Exception as error:
@@ -70,8 +91,14 @@ def trace(
         ) from error
 
 
-def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | str) -> TraceReport:
+def _trace(
+    config: Mapping[str, Any],
+    settings: TrainingSettings,
+    layers: int | str,
+    distributed: Distributed | None = None,
+) -> TraceReport:
     depth = _depth(config)
+    trace_run = _runner(distributed)
     if _traced_whole(config):
         # A hybrid stack's layer types do not repeat from its first layers (and transformers
         # builds the layer list, not num_hidden_layers), nor do Gemma 3n's (sparse first,
@@ -98,7 +125,21 @@ def _trace(config: Mapping[str, Any], settings: TrainingSettings, layers: int | 
             large = trace_run(config, settings, n + period)
             result = extend(small, large, depth, lead, period)
             traced = (n, n + period)
-    return _report(result, settings, traced)
+    return _report(result, settings, traced, distributed)
+
+
+def _runner(distributed: Distributed | None) -> Any:
+    """`run.trace_run`, or the same for one rank at the job's world size."""
+    if distributed is None:
+        return trace_run
+    from controller.trace.distributed import trace_distributed_run
+
+    def run(
+        config: Mapping[str, Any], settings: TrainingSettings, layers: int | None = None
+    ) -> RunResult:
+        return trace_distributed_run(config, settings, distributed, layers).result
+
+    return run
 
 
 def _depth(config: Mapping[str, Any]) -> int:
@@ -149,7 +190,12 @@ def _layout(config: Mapping[str, Any]) -> tuple[int, int]:
     return next((i for i, kind in enumerate(kinds) if kind == kinds[-1]), 0), 1
 
 
-def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ...]) -> TraceReport:
+def _report(
+    result: RunResult,
+    settings: TrainingSettings,
+    traced: tuple[int, ...],
+    distributed: Distributed | None = None,
+) -> TraceReport:
     peak_at = max(result.segments, key=lambda s: s.peak)
     extras = overheads.extras(result.peak)
     return TraceReport(
@@ -164,15 +210,31 @@ def _report(result: RunResult, settings: TrainingSettings, traced: tuple[int, ..
         traced_layers=traced,
         attention_traced_as=TRACED_ATTENTION[settings.attention],
         seconds=result.seconds,
+        distributed=distributed,
     )
 
 
-def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
+def estimate(
+    config: Mapping[str, Any],
+    settings: TrainingSettings,
+    gpus: int = 1,
+    parallelism: Parallelism = Parallelism.FSDP,
+) -> Estimate:
     """The trace as an `Estimate`: the peak's categories plus the constants, each a line;
     for placement, the peak's split into what FSDP shards and what every GPU holds whole,
     and each phase's peak's as a moment of its own (on n GPUs backward's whole activations
-    can need more than the optimizer step's sharded peak)."""
+    can need more than the optimizer step's sharded peak).
+
+    On `gpus` > 1 under FSDP or DDP one rank is traced at that world size as well, and
+    its peak with the constants is the estimate's per-GPU figure at that count
+    (`Estimate.traced_per_gpu`); other counts keep the rule on the single-GPU split."""
     report = trace(config, settings)
+    traced: tuple[tuple[str, int, int], ...] = ()
+    if gpus > 1 and parallelism in (Parallelism.FSDP, Parallelism.DDP):
+        from controller.trace.distributed import Distributed
+
+        rank = trace(config, settings, distributed=Distributed(gpus, parallelism))
+        traced = ((parallelism.value, gpus, rank.total_bytes),)
     components = dict(report.breakdown) | report.extras
     fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
     sharded, replicated = _split(report.peak_at, settings)
@@ -187,6 +249,7 @@ def estimate(config: Mapping[str, Any], settings: TrainingSettings) -> Estimate:
         margin=overheads.SLACK_MARGIN,
         fixed_bytes=fixed,
         moments=tuple((s, r + fixed) for s, r in phases),
+        traced_per_gpu=traced,
     )
 
 

@@ -55,6 +55,25 @@ def trace_json(model: str, settings: TrainingSettings, report: TraceReport) -> d
         "layers": report.layers,
         "traced_layers": list(report.traced_layers),
         "seconds": round(report.seconds, 3),
+        "distributed": _distributed_json(report),
+    }
+
+
+def _distributed_json(report: TraceReport) -> dict[str, Any] | None:
+    """How the traced rank's job is spread (None: one GPU); its peaks are that rank's."""
+    d = report.distributed
+    if d is None:
+        return None
+    return {
+        "world_size": d.world_size,
+        "parallelism": d.parallelism.value,
+        "reshard_after_forward": d.reshard_after_forward,
+        "prefetch": d.prefetch,
+        "param_dtype": d.param_dtype.value if d.param_dtype else None,
+        "reduce_dtype": d.reduce_dtype.value if d.reduce_dtype else None,
+        "offload_params": d.offload_params,
+        "offload_optimizer": d.offload_optimizer,
+        "gradient_as_bucket_view": d.gradient_as_bucket_view,
     }
 
 
@@ -75,6 +94,12 @@ def render_trace(
         f"{model} · {settings.method.value} · {settings.seq_len} tokens x batch "
         f"{settings.batch} · profile trace ({how}, {report.seconds:.1f} s)"
     )
+    d = report.distributed
+    if d is not None:
+        console.print(
+            f"one rank of {d.world_size} under {d.parallelism.api}: every figure below is "
+            "what each GPU holds"
+        )
     table = Table(show_edge=False)
     table.add_column("GiB live at")
     for phase in PHASES:

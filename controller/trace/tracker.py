@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._guards import active_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -52,13 +54,26 @@ def allocated_bytes(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK
 
 
+#: Stream ids of `StorageTracker.intervals()`: the compute (default) stream, and the side
+#: streams FSDP2 allocates its collectives' buffers on (`distributed.py` says which are which).
+COMPUTE_STREAM = 0
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 2
+
+#: One storage's life for an allocator replay: (requested bytes, born tick, died tick or None
+#: while still live at the end, stream id).
+Interval = tuple[int, int, int | None, int]
+
+
 @dataclass(slots=True)
 class _Record:
-    nbytes: int
+    nbytes: int  # as the allocator charges it (rounded to BLOCK)
     born: int
     segment: int  # index into StorageTracker.segments
     died: int | None = None
     role: str | None = None
+    size: int = 0  # as requested (the storage's own nbytes)
+    stream: int = COMPUTE_STREAM
 
 
 @dataclass(slots=True)
@@ -75,6 +90,20 @@ class Segment:
 
 
 _TORCH = str(Path(torch.__file__).parent) + os.sep
+
+try:
+    from torch.distributed.tensor import DTensor as _DTENSOR
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator as _PROPAGATOR
+except ImportError:  # a build of torch without distributed
+    _DTENSOR = None  # type: ignore[assignment,misc]
+    _PROPAGATOR = None  # type: ignore[assignment,misc]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns the storage: a DTensor's local shard, else the tensor."""
+    return tensor._local_tensor if _DTENSOR is not None and isinstance(tensor, _DTENSOR) else tensor  # type: ignore[attr-defined]
+
+
 _DRIVER = str(Path(__file__).with_name("run.py"))
 
 
@@ -92,6 +121,53 @@ def _op_site() -> str | None:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
 
 
+#: The tracker active in this thread (a trace may run in any of the operator's threads).
+_ACTIVE = threading.local()
+_PATCHED: list[bool] = []
+_PATCH_LOCK = threading.Lock()
+
+
+def _install_patches() -> None:
+    """Two things no aten op shows, patched once for the process and routed to the tracker
+    active in the calling thread (patching per tracker would race between threads):
+
+    * `UntypedStorage.resize_`: FSDP2 allocates and frees its unsharded parameters by
+      resizing their storages (torch's MemTracker patches it too,
+      torch/distributed/_tools/mem_tracker.py, `_track_resize`).
+    * DTensor's sharding propagation, which learns an op's output shape by running it on
+      global-shape fake tensors in the fake mode already active (the trace's): those
+      allocate nothing on a GPU, and are not counted.
+    """
+    with _PATCH_LOCK:
+        if _PATCHED:
+            return
+        resize = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = resize(storage, size)
+            tracker = getattr(_ACTIVE, "tracker", None)
+            if tracker is not None:
+                tracker.resized(storage, int(size))
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+        if _PROPAGATOR is not None:
+            propagate = _PROPAGATOR._propagate_tensor_meta_non_cached
+
+            def quiet(propagator: Any, *args: Any, **kwargs: Any) -> Any:
+                tracker = getattr(_ACTIVE, "tracker", None)
+                if tracker is None:
+                    return propagate(propagator, *args, **kwargs)
+                tracker._quiet += 1
+                try:
+                    return propagate(propagator, *args, **kwargs)
+                finally:
+                    tracker._quiet -= 1
+
+            _PROPAGATOR._propagate_tensor_meta_non_cached = quiet  # type: ignore[method-assign,assignment]
+        _PATCHED.append(True)
+
+
 class StorageTracker(TorchDispatchMode):
     """Records every storage created while active (and those `register`ed before)."""
 
@@ -103,7 +179,19 @@ class StorageTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self.peak_at = 0
-        self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
+        #: Live storages: id(storage) -> its record's index. A storage resized to nothing
+        #: (FSDP2 frees its unsharded parameters so) leaves it; resized back, it returns with
+        #: a new record.
+        self._live: dict[int, int] = {}
+        #: A weak reference to every storage seen and not yet collected, by id.
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        #: The stream new storages are allocated on (`intervals`); set by the driver.
+        self.stream = COMPUTE_STREAM
+        #: While True, storages created are host memory (an optimizer offloaded to the CPU):
+        #: recorded as 0 bytes.
+        self.on_host = False
+        #: The role of storages born while it is set (FSDP2's gathered parameters: weights).
+        self.role: str | None = None
         #: Regions whose ops each start a region of their own ("<region>#<site>:<op>:<n>",
         #: the n-th run of that op from that line of the model's code): what runs outside
         #: modules (a Mamba-2 scan is some fifty ops between two modules) then peaks op by op,
@@ -112,26 +200,53 @@ class StorageTracker(TorchDispatchMode):
         #: over the whole step (calibration traces one micro-batch).
         self.split_ops = split_ops
         self._op_runs: dict[tuple[int, str, str, str], int] = {}
+        self._fake_mode: Any = None
+        self._outer: StorageTracker | None = None
+        self._quiet = 0
 
     # -- recording ------------------------------------------------------------------------
 
     def register(self, tensor: torch.Tensor, role: str | None = None) -> None:
         """Count a tensor's storage (if new) and give it a role (weights, gradients...)."""
-        index = self._track(tensor)
+        index = self._track(_local(tensor))
         if index is not None and role is not None:
             self.records[index].role = role
+
+    def to_host(self, tensor: torch.Tensor) -> None:
+        """The tensor's storage moves to host memory now (CPU offload): it stops counting."""
+        storage = _local(tensor).untyped_storage()
+        index = self._live.pop(id(storage), None)
+        if index is not None:
+            self._die(index)
 
     def _track(self, tensor: torch.Tensor) -> int | None:
         storage = tensor.untyped_storage()
         key = id(storage)
         known = self._live.get(key)
         if known is not None:
-            return known[0]
-        nbytes = allocated_bytes(storage.nbytes())
+            return known
+        if key in self._refs:  # resized to nothing, or moved to the host: not counted
+            return None
+        self._refs[key] = weakref.ref(storage, self._finalizer(key))
+        return self._born(key, storage.nbytes())
+
+    def _born(self, key: int, size: int) -> int:
+        if self.on_host:
+            size = 0
+        nbytes = allocated_bytes(size)
         self.clock += 1
         index = len(self.records)
-        self.records.append(_Record(nbytes, self.clock, len(self.segments) - 1))
-        self._live[key] = (index, weakref.ref(storage, self._finalizer(key, index)))
+        self.records.append(
+            _Record(
+                nbytes,
+                self.clock,
+                len(self.segments) - 1,
+                role=self.role,
+                size=size,
+                stream=self.stream,
+            )
+        )
+        self._live[key] = index
         self.current += nbytes
         segment = self.segments[-1]
         if self.current > segment.peak:
@@ -140,15 +255,45 @@ class StorageTracker(TorchDispatchMode):
             self.peak, self.peak_at = self.current, self.clock
         return index
 
-    def _finalizer(self, key: int, index: int) -> Any:
+    def _die(self, index: int) -> None:
+        record = self.records[index]
+        self.clock += 1
+        record.died = self.clock
+        self.current -= record.nbytes
+
+    def _finalizer(self, key: int) -> Any:
         def freed(_: object) -> None:
-            self._live.pop(key, None)
-            record = self.records[index]
-            self.clock += 1
-            record.died = self.clock
-            self.current -= record.nbytes
+            self._refs.pop(key, None)
+            index = self._live.pop(key, None)
+            if index is not None:
+                self._die(index)
 
         return freed
+
+    def resized(self, storage: torch.UntypedStorage, size: int) -> None:
+        """`storage` now holds `size` bytes: FSDP2 allocates and frees its unsharded
+        parameters by resizing their storages (`UntypedStorage.resize_`), which no aten op
+        shows. The old size dies here and the new one is born."""
+        key = id(storage)
+        index = self._live.pop(key, None)
+        if index is not None:
+            self._die(index)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(storage, self._finalizer(key))
+        if size > 0:
+            self._born(key, size)
+
+    def __enter__(self) -> StorageTracker:
+        _install_patches()
+        self._fake_mode = active_fake_mode()
+        self._outer = getattr(_ACTIVE, "tracker", None)
+        _ACTIVE.tracker = self
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *args: Any) -> None:
+        _ACTIVE.tracker = self._outer
+        self._outer = None
+        super().__exit__(*args)
 
     def __torch_dispatch__(
         self,
@@ -157,13 +302,33 @@ class StorageTracker(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        # A DTensor (FSDP2's sharded parameters, their gradients and optimizer states) is a
+        # wrapper: returning NotImplemented lets it run its local ops, which come back here
+        # on the local tensors that own the storage (as torch's MemTracker does).
+        if _DTENSOR is not None and any(t is _DTENSOR for t in types):
+            return NotImplemented
         if self.split_ops is not None:
             self._enter_op(self.split_ops, str(func.overloadpacket.__name__))
         out = func(*args, **(kwargs or {}))
+        # DTensor's sharding propagation runs ops under a fake mode of its own to learn
+        # the outputs' shapes: those allocate nothing on the device (torch's MemTracker
+        # skips them the same way).
+        if self._quiet or active_fake_mode() is not self._fake_mode:
+            return out
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
                 self._track(value)
         return out
+
+    # -- allocator events -------------------------------------------------------------------
+
+    def intervals(self) -> list[Interval]:
+        """Every storage's (requested bytes, born tick, died tick or None, stream), in the
+        order they were born: the allocation and free events an allocator replay consumes.
+        Live sizes rounded to BLOCK sum, at any tick, to what the tracker counted then, so
+        their maximum over ticks is `peak`. Empty storages (and those created on the host
+        while an optimizer runs there) allocate nothing and are left out."""
+        return [(r.size, r.born, r.died, r.stream) for r in self.records if r.size > 0]
 
     # -- segments -------------------------------------------------------------------------
 

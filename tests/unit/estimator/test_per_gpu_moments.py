@@ -71,3 +71,19 @@ def test_calibrated_shards_the_gradients_a_backward_moment_holds() -> None:
     assert first, "no backward moment shards exactly the gradients of the layers done"
     assert est.per_gpu_bytes(8) < 45 * GIB
     assert all(replicated < done for _, replicated in est.moments)  # none whole on each GPU
+
+
+def test_a_traced_rank_answers_for_its_own_parallelism_and_count_only() -> None:
+    """The trace profile traces one rank at the job's world size (controller/trace/
+    distributed.py); that figure holds what the rule cannot see, and only there."""
+    rule = Estimate("x", {"a": 80 * GIB}, 0, 0, sharded_bytes=80 * GIB, replicated_bytes=0)
+    traced = Estimate("x", {"a": 80 * GIB}, 0, 0, sharded_bytes=80 * GIB, replicated_bytes=0,
+                      traced_per_gpu=(("fsdp", 8, 13 * GIB), ("ddp", 8, 95 * GIB)))  # fmt: skip
+    assert traced.per_gpu_bytes(8, Parallelism.FSDP) == 13 * GIB  # not the rule's 10
+    assert traced.per_gpu_bytes(8, Parallelism.DDP) == 95 * GIB  # buckets on top of 80
+    for n, parallelism in (
+        (4, Parallelism.FSDP),
+        (8, Parallelism.DEVICE_MAP),
+        (1, Parallelism.DDP),
+    ):
+        assert traced.per_gpu_bytes(n, parallelism) == rule.per_gpu_bytes(n, parallelism)
