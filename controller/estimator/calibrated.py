@@ -333,6 +333,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
+            "traced_per_gpu": (),
         },
     )
 
