@@ -31,11 +31,14 @@ from controller.jobs.profiles import estimate
 
 FORMULA_PROFILES = (Profile.ANALYTIC, Profile.UNSLOTH, Profile.CALIBRATED)
 #: Components that are not tensors a training step allocates: the CUDA context and runtime
-#: outside the caching allocator (calibrated's `cuda_context`, unsloth's `cuda_overhead`), the
-#: allocator's slack between reserved and allocated, and analytic's 10 % that stands for all of
-#: them. cuBLAS's workspace stays: it goes through the caching allocator, so
-#: max_memory_allocated counts it.
-NOT_ALLOCATED = ("cuda_context", "cuda_overhead", "allocator_slack", "overhead")
+#: outside the caching allocator (calibrated's `cuda_context`, unsloth's `cuda_overhead`),
+#: NCCL's buffers, the allocator's slack or replayed reserve between reserved and allocated,
+#: and analytic's 10 % that stands for all of them. cuBLAS's workspace stays: it goes through
+#: the caching allocator, so max_memory_allocated counts it.
+NOT_ALLOCATED = (
+    "cuda_context", "cuda_overhead", "nccl_buffers", "allocator_slack", "allocator_reserve",
+    "overhead",
+)  # fmt: skip
 #: Components that sit in `replicated_bytes` whatever the GPU count and are not allocated.
 _PER_PROCESS = ("cuda_context", "cuda_overhead")
 #: An error below this is an under-prediction that admission would turn into an OOM.
@@ -53,6 +56,10 @@ def tensor_only(est: Estimate) -> Estimate:
         moments=tuple((s, r - fixed) for s, r in est.moments),
         fixed_bytes=max(0, est.fixed_bytes - fixed),
         margin=1,  # type: ignore[arg-type]  # Fraction(1) and 1 multiply alike
+        # A traced rank's figure includes its replayed reserve and constants, which the
+        # estimate does not split out: against an allocated figure the rule on the
+        # single-GPU split answers instead.
+        traced_per_gpu=(),
     )
 
 
@@ -73,7 +80,9 @@ class Prediction:
 def predict(run: Run, profile: Profile, models: dict) -> Prediction:
     try:
         shape, settings = job_of(run, models)
-        est = estimate(shape, replace(settings, profile=profile))
+        est = estimate(
+            shape, replace(settings, profile=profile), gpus=run.gpus, parallelism=run.parallelism
+        )
     except (SpecError, SpecErrors) as error:
         return Prediction(run, profile, None, str(error))
     if run.statistic == "allocated":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from controller.estimator import Estimate, TrainingSettings, overheads
@@ -197,7 +198,7 @@ def _report(
     distributed: Distributed | None = None,
 ) -> TraceReport:
     peak_at = max(result.segments, key=lambda s: s.peak)
-    extras = overheads.extras(result.peak)
+    extras = _extras(result, distributed)
     return TraceReport(
         peak_bytes=result.peak,
         breakdown=dict(result.breakdown),
@@ -212,6 +213,21 @@ def _report(
         seconds=result.seconds,
         distributed=distributed,
     )
+
+
+def _extras(result: RunResult, distributed: Distributed | None) -> dict[str, int]:
+    """What the GPU holds beyond the traced tensors, each a line: the CUDA context and the
+    cuBLAS workspaces (overheads.py), what the caching allocator reserves beyond the peak
+    (`allocator_reserve`: the run's allocations and frees replayed through the model of
+    PyTorch's allocator, `controller.allocator`; the flat `allocator_slack` of 10 % only
+    where no replay ran), and on more than one rank NCCL's communicator buffers."""
+    extras = overheads.extras(result.peak)
+    if result.reserved:
+        del extras["allocator_slack"]
+        extras["allocator_reserve"] = max(0, result.reserved - result.peak)
+    if distributed is not None and distributed.world_size > 1:
+        extras["nccl_buffers"] = overheads.NCCL_BYTES_PER_PEER
+    return extras
 
 
 def estimate(
@@ -246,11 +262,20 @@ def estimate(
         trainable_params=report.trainable_params,
         sharded_bytes=sharded,
         replicated_bytes=replicated + fixed,
-        margin=overheads.SLACK_MARGIN,
+        margin=_margin(report),
         fixed_bytes=fixed,
         moments=tuple((s, r + fixed) for s, r in phases),
         traced_per_gpu=traced,
     )
+
+
+def _margin(report: TraceReport) -> Fraction:
+    """The estimate's margin on the tensors each GPU holds: the replayed reserve over the
+    peak (so a share of the tensors carries its share of the reserve), or the flat slack."""
+    reserve = report.extras.get("allocator_reserve")
+    if reserve is None or report.peak_bytes <= 0:
+        return overheads.SLACK_MARGIN
+    return Fraction(report.peak_bytes + reserve, report.peak_bytes).limit_denominator(10_000)
 
 
 def _split(peak: SegmentPeak, settings: TrainingSettings) -> tuple[int, int]:

@@ -110,7 +110,17 @@ def extend(
         total_params=_affine(small.total_params, large.total_params, steps),
         trainable_params=_affine(small.trainable_params, large.trainable_params, steps),
         seconds=small.seconds + large.seconds,
+        reserved=top.peak + _reserve(small, large, steps),
     )
+
+
+def _reserve(small: RunResult, large: RunResult, steps: int) -> int:
+    """What the allocator reserves beyond the peak at the extended depth: its replays' gaps
+    at n and n + period layers, extended per period like every other figure (each block adds
+    the same allocations, so the same cached blocks and segment rounding); never negative."""
+    if not small.reserved or not large.reserved:
+        return 0
+    return max(0, _affine(small.reserved - small.peak, large.reserved - large.peak, steps))
 
 
 def min_layers(lead: int = 0) -> int:

@@ -17,6 +17,8 @@ _EXTRA_LABELS = {
     "cuda_context": "CUDA context (constant)",
     "cublas_workspace": "cuBLAS workspace (constant)",
     "allocator_slack": "allocator slack (10 % of peak)",
+    "allocator_reserve": "allocator reserve (the step replayed through the caching allocator)",
+    "nccl_buffers": "NCCL communicator buffers (constant per rank)",
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
@@ -67,6 +68,11 @@ class RunResult:
     total_params: int
     trainable_params: int
     seconds: float
+    #: The peak the CUDA caching allocator would have reserved for this run's allocations
+    #: and frees (`controller.allocator.replay`, PyTorch's default settings): what
+    #: `torch.cuda.max_memory_reserved()` reads, and the part of NVML's figure that tensors
+    #: cause. 0 where no replay ran.
+    reserved: int = 0
 
 
 def batch_bytes(settings: TrainingSettings) -> int:
@@ -264,6 +270,7 @@ def _result(
         total_params=total,
         trainable_params=trainable,
         seconds=seconds,
+        reserved=replay_live_intervals(tracker.intervals()).peak_reserved if breakdowns else 0,
     )
 
 
