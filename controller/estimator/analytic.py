@@ -21,15 +21,20 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from controller.estimator import frameworks
 from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_SWITCHES,
     Checkpointing,
+    Loss,
     Method,
+    Offloading,
     Optimizer,
     Precision,
     TrainingSettings,
 )
+from controller.estimator.storage import static_bytes
 
 OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
@@ -192,7 +197,17 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         activations = shape.num_layers * tokens * shape.hidden_size * k * width
     else:
         activations = tokens * hybrid_bytes_per_token(shape) * width
-    logits = 0 if settings.fused_loss else tokens * shape.vocab_size * LOGITS_BYTES
+    logits = 0 if settings.loss is Loss.FUSED else tokens * shape.vocab_size * LOGITS_BYTES
+    switches = settings.switches
+    if switches is not DEFAULT_SWITCHES:
+        # Extensions: the seed prices the model's own loss, activations on the GPU and a
+        # separate optimizer step (`frameworks.json` for what each switch means).
+        if settings.loss is Loss.CHUNKED:  # one chunk's fp32 logits and gradient at a time
+            logits = -(-logits // frameworks.loss_chunks())
+        if switches.activation_offloading is Offloading.CPU:  # one layer's stays on the GPU
+            activations = -(-activations // max(shape.num_layers, 1))
+        if switches.optimizer_in_backward:  # one parameter's gradient at a time
+            gradients = static_bytes(shape, settings).largest_gradient
 
     subtotal = weights + gradients + optimizer + activations + logits
     overhead = int(subtotal * OVERHEAD) - subtotal

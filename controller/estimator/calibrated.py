@@ -59,15 +59,18 @@ from importlib import resources
 from operator import mul
 from typing import Any
 
-from controller.estimator import hybrid_fit, overheads
+from controller.estimator import frameworks, hybrid_fit, overheads
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
 from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_SWITCHES,
     Attention,
     Checkpointing,
+    Loss,
     Method,
+    Offloading,
     Precision,
     TrainingSettings,
 )
@@ -109,6 +112,31 @@ FAMILY_ALIASES = {
 
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
+_FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
+#: The logits feature's place in the once-per-step vector, uniform and hybrid.
+_LOGITS = LOCAL_FEATURES.index("t*V")
+#: 16-bit logits: the bytes per logit a chunked loss still holds for the whole sequence.
+LOGIT_16BIT_BYTES = 2
+
+
+def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
+    """Which per-layer features are a layer's per-token activations (`t*...`, `b*...`), as
+    against its static parts (gradients, expert stacks, constants)."""
+    return tuple(name.startswith(("t", "b")) for name in names)
+
+
+_LAYER_ACTIVATIONS = _per_token(LAYER_FEATURES)
+_HYBRID_ACTIVATIONS = _per_token(hybrid_fit.HYBRID_LAYER_FEATURES)
+_HYBRID_LOGITS = hybrid_fit.HYBRID_LOCAL_FEATURES.index("t*V")
+
+
+def chunked_logit_bytes(per_logit: float) -> float:
+    """A moment's bytes per logit under a chunked loss, from the plain loss's fitted
+    `per_logit` (about 12 at the loss's backward: the 16-bit logits, their fp32 copy, its
+    log-softmax and gradients): the 16-bit logits stay whole, everything beyond them is held
+    for one chunk of the tokens at a time (`frameworks.loss_chunks`)."""
+    whole = min(per_logit, LOGIT_16BIT_BYTES) if per_logit > 0 else per_logit
+    return whole + (per_logit - whole) / frameworks.loss_chunks()
 
 
 @cache
@@ -173,7 +201,7 @@ def features(
     scores = b * heads * s * s if settings.attention is _EAGER else 0
     adapted, ranks = static.lora_inputs // layers, static.lora_ranks // layers
     g_layer = static.layer_gradients
-    logits = 0 if settings.fused_loss else t * vocab
+    logits = 0 if settings.loss is _FUSED else t * vocab
     moe = _moe(shape, t, static)
     per_layer = [t * h, t * q, t * kv, t * mlp, t * adapted, t * ranks, scores, t * heads, t,
                  g_layer, *moe, t * latent, 1]  # fmt: skip
@@ -294,25 +322,37 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     layer_gradients = max(0, g_layers - 2 * static.layer_gradients)
     splits = []  # (sharded, replicated) of each moment, for the per-GPU need
     best_split = (0, 0)
+    switched = settings.switches is not DEFAULT_SWITCHES
+    in_backward = switched and settings.switches.optimizer_in_backward
+    if in_backward:  # one parameter's gradient and step scratch at a time
+        at_step_base = base + static.largest_gradient + static.largest_scratch
+    adjust = _Switched(settings, shape, per_layer, once, layers, hybrid != "") if switched else None
     for key, at_optimizer, layer_coefs, local_coefs, holds in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
+        if adjust is not None:
+            fitted = adjust.fitted(fitted, layer_coefs, local_coefs)
         dynamic = max(0, round(fitted)) * widen
         static_part = at_step_base if at_optimizer else base
-        total = static_part + dynamic
         # A fit that prices the moment under the gradients it must hold (far outside its
         # samples) says nothing of what else is there: all of it stays each GPU's own.
         moved = layer_gradients if holds and layer_gradients <= dynamic else 0
+        if in_backward and moved:
+            dynamic, moved = dynamic - moved, 0  # stepped and freed as they were made
+        total = static_part + dynamic
         splits.append((static_part + moved, dynamic - moved))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
     at_step = best_key == OPTIMIZER_KEY
     gradients = static.gradients if at_step or accumulating else 0
+    scratch = static.optimizer_scratch if at_step else 0
+    if in_backward and at_step:
+        gradients, scratch = static.largest_gradient, static.largest_scratch
     components = {
         "weights": static.weights,
         "gradients": gradients,
         "optimizer": static.optimizer,
-        "optimizer_scratch": static.optimizer_scratch if at_step else 0,
+        "optimizer_scratch": scratch,
         "activations": best_dynamic,
         "cuda_context": overheads.CUDA_CONTEXT_BYTES,
         "cublas_workspace": overheads.CUBLAS_WORKSPACE_BYTES,
@@ -335,6 +375,43 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "moments": tuple((s, r + fixed) for s, r in splits),
         },
     )
+
+
+class _Switched:
+    """How the trainer's switches change a moment's fitted bytes (the fits are of the plain
+    loss, activations on the GPU): a chunked loss holds one chunk's fp32 logits
+    (`chunked_logit_bytes`); activations offloaded to CPU leave one layer's per-token
+    activation terms of L on the GPU. A fused loss is the logits feature at 0 (`features`);
+    an optimizer in backward is the static part and the layers' gradients (`estimate`)."""
+
+    def __init__(
+        self,
+        settings: TrainingSettings,
+        shape: ModelShape,
+        per_layer: list[int],
+        once: list[int],
+        layers: int,
+        hybrid: bool,
+    ) -> None:
+        self.logits_at = _HYBRID_LOGITS if hybrid else _LOGITS
+        self.logits = once[self.logits_at] if settings.loss is _CHUNKED else 0
+        offloaded = settings.switches.activation_offloading is _CPU
+        mask = _HYBRID_ACTIVATIONS if hybrid else _LAYER_ACTIVATIONS
+        # `layers` x the per-layer activation terms are every layer's; one layer's stays.
+        self.per_token = [v if a else 0 for v, a in zip(per_layer, mask, strict=True)]
+        total_layers = max(shape.num_layers, 1)
+        self.dropped = layers * (total_layers - 1) / total_layers if offloaded else 0.0
+
+    def fitted(
+        self, fitted: float, layer_coefs: tuple[float, ...], local_coefs: tuple[float, ...]
+    ) -> float:
+        if self.logits:
+            per_logit = local_coefs[self.logits_at]
+            fitted += (chunked_logit_bytes(per_logit) - per_logit) * self.logits
+        if self.dropped:
+            activations = sum(map(mul, layer_coefs, self.per_token))
+            fitted -= self.dropped * max(activations, 0.0)
+        return fitted
 
 
 def peak_bytes(shape: ModelShape, settings: TrainingSettings) -> int:

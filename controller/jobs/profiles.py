@@ -22,6 +22,7 @@ from controller.estimator import (
     TrainingSettings,
     check_against_model,
     formula_estimate,
+    with_load_moment,
 )
 
 #: How to install the trace profile, as its error says it.
@@ -56,6 +57,6 @@ def _trace(shape: ModelShape, settings: TrainingSettings, path: str) -> Estimate
     if shape.source is None:
         raise SpecError(path, "trace needs the model's config.json")
     try:
-        return trace_estimate(shape.source, settings)
+        return with_load_moment(trace_estimate(shape.source, settings), settings)
     except TraceUnsupported as error:
         raise SpecError(path, f"trace: {error}") from None
