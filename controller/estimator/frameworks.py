@@ -229,11 +229,29 @@ def framework_notes(
     return lines
 
 
-def describe(switches: Switches) -> dict[str, object]:
-    """The switches by their camelCase names, values in the API's spelling: what the CLI
-    and `status` show."""
+def describe(switches: Switches, api: bool = True) -> dict[str, object]:
+    """The switches by their camelCase names, values in the API's spelling (`api`) or the
+    CLI's lower-case tokens."""
     out: dict[str, object] = {}
     for name, camel in SWITCH_NAMES.items():
         value = getattr(switches, name)
-        out[camel] = value.api if isinstance(value, Choice) else value
+        if isinstance(value, Choice):
+            value = value.api if api else value.value
+        out[camel] = value
     return out
+
+
+#: What the estimate does with each switch, as `summary` says it.
+_UNPRICED = {"compile": "not priced", "fsdpVersion": "priced as 2"}
+
+
+def summary(switches: Switches, framework: str | None) -> str:
+    """One line for people: `trainer torchtune: loss chunked, compile off (not priced), ...`."""
+    parts = []
+    for camel, value in describe(switches, api=False).items():
+        shown_value = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        note = _UNPRICED.get(camel)
+        if (camel == "compile" and not value) or (camel == "fsdpVersion" and value == 2):
+            note = None
+        parts.append(f"{camel} {shown_value}" + (f" ({note})" if note else ""))
+    return f"trainer {framework or '(none named)'}: " + ", ".join(parts)

@@ -341,6 +341,8 @@ def _settings(
     if isinstance(switches, Mapping):  # an unknown switch is reported with the objects
         known = SwitchesSpec.wire_names()
         values["switches"] = {k: v for k, v in switches.items() if k in known}
+    elif switches is not None:  # so is a switches that is no object
+        del values["switches"]
     if values.get("framework", "") is None:  # a label, and null was always taken as unset
         del values["framework"]
     nulls = [name for name, value in values.items() if value is None and name != "rank"]
