@@ -40,6 +40,8 @@ OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
 K_FULL = 34  # Korthikanti et al. 2022, per layer, FlashAttention (no s² term)
 LOGITS_BYTES = 8  # FP32 logits plus their gradient
+#: Of them, what a chunked loss keeps for every chunk until backward: the fp32 log-softmax.
+SAVED_LOGIT_BYTES = 4
 DELTANET_CHUNK = 64  # tokens per chunk of the chunked gated delta rule (transformers, fla)
 
 _WEIGHT_BYTES = {
@@ -202,8 +204,12 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
     if switches is not DEFAULT_SWITCHES:
         # Extensions: the seed prices the model's own loss, activations on the GPU and a
         # separate optimizer step (`frameworks.json` for what each switch means).
-        if settings.loss is Loss.CHUNKED:  # one chunk's fp32 logits and gradient at a time
-            logits = -(-logits // frameworks.loss_chunks())
+        if settings.loss is Loss.CHUNKED:
+            # The seed's 8 bytes are the fp32 logits and their gradient: each chunk's saved
+            # fp32 log-softmax stays until backward (4 bytes for every token), the gradient
+            # is one chunk's at a time (as the traced chunked loss shows).
+            saved = logits // LOGITS_BYTES * SAVED_LOGIT_BYTES
+            logits = saved + -(-(logits - saved) // frameworks.loss_chunks())
         if switches.activation_offloading is Offloading.CPU:  # one layer's stays on the GPU
             activations = -(-activations // max(shape.num_layers, 1))
         if switches.optimizer_in_backward:  # one parameter's gradient at a time

@@ -115,8 +115,10 @@ _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
-#: 16-bit logits: the bytes per logit a chunked loss still holds for the whole sequence.
-LOGIT_16BIT_BYTES = 2
+#: Bytes per logit a chunked loss holds for every chunk until backward: the fp32 output of
+#: each chunk's log-softmax, which autograd saves (eager mode; the trace measures it,
+#: tests/unit/trace/test_trace_loss.py).
+SAVED_LOGIT_BYTES = 4
 
 
 def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
@@ -128,14 +130,22 @@ def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
 _LAYER_ACTIVATIONS = _per_token(LAYER_FEATURES)
 _HYBRID_ACTIVATIONS = _per_token(hybrid_fit.HYBRID_LAYER_FEATURES)
 _HYBRID_LOGITS = hybrid_fit.HYBRID_LOCAL_FEATURES.index("t*V")
+_HEAD = LOCAL_FEATURES.index("G_head")
+_HYBRID_HEAD = hybrid_fit.HYBRID_LOCAL_FEATURES.index("G_head")
+#: The moment of the loss's backward.
+LOSS_BACKWARD_KEY = "backward/tail"
+#: The moment `_Switched.last_layer_backward` builds for a chunked or fused loss.
+LAST_LAYER_KEY = "backward/last (from the loss's and the first layer's fits)"
 
 
 def chunked_logit_bytes(per_logit: float) -> float:
     """A moment's bytes per logit under a chunked loss, from the plain loss's fitted
-    `per_logit` (about 12 at the loss's backward: the 16-bit logits, their fp32 copy, its
-    log-softmax and gradients): the 16-bit logits stay whole, everything beyond them is held
-    for one chunk of the tokens at a time (`frameworks.loss_chunks`)."""
-    whole = min(per_logit, LOGIT_16BIT_BYTES) if per_logit > 0 else per_logit
+    `per_logit` (about 12 at the loss's backward: the fp32 copy, its saved log-softmax, the
+    gradients in fp32 and 16 bits): what each chunk's cross-entropy saves for backward is
+    held for every chunk (`SAVED_LOGIT_BYTES`), the rest for one chunk of the tokens at a
+    time (`frameworks.loss_chunks`). At 12 that is 4 + 8/8 = 5, which is what the traced
+    chunked loss holds at the loss's backward."""
+    whole = min(per_logit, SAVED_LOGIT_BYTES) if per_logit > 0 else per_logit
     return whole + (per_logit - whole) / frameworks.loss_chunks()
 
 
@@ -331,7 +341,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         if adjust is not None:
-            fitted = adjust.fitted(fitted, layer_coefs, local_coefs)
+            fitted = adjust.fitted(key, fitted, layer_coefs, local_coefs)
         dynamic = max(0, round(fitted)) * widen
         static_part = at_step_base if at_optimizer else base
         # A fit that prices the moment under the gradients it must hold (far outside its
@@ -343,6 +353,31 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         splits.append((static_part + moved, dynamic - moved))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
+        if adjust is not None:
+            adjust.observe(key, layer_coefs, dynamic - moved)
+    if adjust is not None and adjust.smaller_loss and adjust.first_layer < 0 and gc == "off":
+        # Without checkpointing the fits keep no layer's backward: a layer's working set is
+        # the checkpointed fit's (its recomputation is the activations this one saved).
+        section = "hybrid" if hybrid else ""
+        for key, _, layer_coefs, local_coefs, holds in _moments(
+            family, settings.method, "on", attention, section
+        ):
+            if key.startswith("backward/first/"):
+                fitted = layers * sum(map(mul, layer_coefs, per_layer))
+                fitted += sum(map(mul, local_coefs, once))
+                fitted = adjust.fitted(key, fitted, layer_coefs, local_coefs)
+                dynamic = max(0, round(fitted)) * widen
+                moved = layer_gradients if holds and layer_gradients <= dynamic else 0
+                adjust.observe(key, layer_coefs, dynamic - moved)
+    if adjust is not None and (dynamic := adjust.last_layer_backward(widen)) is not None:
+        splits.append((base, dynamic))
+        if base + dynamic > best:
+            best_key, best, best_dynamic, best_split = (
+                LAST_LAYER_KEY,
+                base + dynamic,
+                dynamic,
+                splits[-1],
+            )
     at_step = best_key == OPTIMIZER_KEY
     gradients = static.gradients if at_step or accumulating else 0
     scratch = static.optimizer_scratch if at_step else 0
@@ -395,19 +430,57 @@ class _Switched:
     ) -> None:
         self.logits_at = _HYBRID_LOGITS if hybrid else _LOGITS
         self.logits = once[self.logits_at] if settings.loss is _CHUNKED else 0
+        # Chunk by chunk, the LM head's backward runs while the other chunks' saved
+        # log-softmax are still held, so its gradient joins them (the trace shows it).
+        self.head = once[_HYBRID_HEAD if hybrid else _HEAD] if self.logits else 0
         offloaded = settings.switches.activation_offloading is _CPU
         mask = _HYBRID_ACTIVATIONS if hybrid else _LAYER_ACTIVATIONS
         # `layers` x the per-layer activation terms are every layer's; one layer's stays.
         self.per_token = [v if a else 0 for v, a in zip(per_layer, mask, strict=True)]
         total_layers = max(shape.num_layers, 1)
         self.dropped = layers * (total_layers - 1) / total_layers if offloaded else 0.0
+        self.layers, self.rest = layers, (total_layers - 1) / total_layers
+        self.offloaded = offloaded
+        self.smaller_loss = settings.loss is not Loss.PLAIN
+        self.tail_activations: float | None = None
+        self.first_layer = -1
+
+    def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
+        """Note what `last_layer_backward` builds on: the loss's backward's per-layer
+        activations, and the most a first-layer backward moment holds beyond the decoder
+        layers' gradients (`own`)."""
+        if not self.smaller_loss:
+            return
+        if key == LOSS_BACKWARD_KEY:
+            activations = self.layers * sum(map(mul, layer_coefs, self.per_token))
+            self.tail_activations = max(activations, 0.0)
+        elif key.startswith("backward/first/"):
+            self.first_layer = max(self.first_layer, own)
+
+    def last_layer_backward(self, widen: int) -> int | None:
+        """The last decoder layer's backward under a chunked or fused loss, which the fits
+        (made with the plain loss, whose backward held more) did not keep: every other
+        layer's saved activations (the loss's backward's, one layer's aside; none when they
+        are offloaded) and the working set of a layer's backward (the first layer's moment,
+        without the gradients the layers before it made). Without it a fused loss was
+        priced 5 % under the trace (Qwen2.5-0.5B QLoRA, 4,096 tokens)."""
+        if self.tail_activations is None or self.first_layer < 0:
+            return None
+        others = 0.0 if self.offloaded else self.tail_activations * self.rest
+        return self.first_layer + round(others) * widen
 
     def fitted(
-        self, fitted: float, layer_coefs: tuple[float, ...], local_coefs: tuple[float, ...]
+        self,
+        key: str,
+        fitted: float,
+        layer_coefs: tuple[float, ...],
+        local_coefs: tuple[float, ...],
     ) -> float:
         if self.logits:
             per_logit = local_coefs[self.logits_at]
             fitted += (chunked_logit_bytes(per_logit) - per_logit) * self.logits
+            if key == LOSS_BACKWARD_KEY:
+                fitted += self.head
         if self.dropped:
             activations = sum(map(mul, layer_coefs, self.per_token))
             fitted -= self.dropped * max(activations, 0.0)

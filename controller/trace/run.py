@@ -3,8 +3,9 @@
 What runs is what a Hugging Face `Trainer` step runs, minus the data loader: the batch
 (`input_ids`, `attention_mask` of ones, `labels`, b x s int64 each) sits on the device, the
 model computes its own causal-LM loss from `labels` (fp32 upcast of the logits, log-softmax,
-NLL), the output object is dropped before `backward()` (so the 16-bit logits are freed, as in
-`Trainer.training_step`), then the optimizer steps and gradients are set to None.
+NLL; a chunked or fused loss as `loss.py` computes it), the output object is dropped before
+`backward()` (so the 16-bit logits are freed, as in `Trainer.training_step`), then the
+optimizer steps and gradients are set to None.
 The batch is unpadded (packed or equal-length sequences, an all-ones mask), which lets
 transformers skip the causal mask for sdpa; a padded batch makes it materialise a
 b x 1 x s x s boolean mask and steers CUDA's sdpa from the flash to the memory-efficient
@@ -30,6 +31,7 @@ from torch import nn
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
+from controller.trace.loss import compute_loss
 from controller.trace.optim import build_optimizer
 from controller.trace.tracker import (
     CATEGORIES,
@@ -212,9 +214,7 @@ def trace_run(
             for step in range(steps):
                 for _ in range(micro_batches):
                     regions.enter(step, "forward", "head")
-                    loss = model(
-                        input_ids=input_ids, attention_mask=attention_mask, labels=labels
-                    ).loss
+                    loss = compute_loss(model, input_ids, attention_mask, labels, settings.loss)
                     regions.enter(step, "backward", "tail")
                     loss.backward()
                     del loss

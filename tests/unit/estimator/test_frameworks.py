@@ -181,8 +181,8 @@ def test_default_switches_and_an_unknown_label_change_nothing(profile: Profile) 
     assert estimate(SMALL, labelled) == plain
 
 
-def test_calibrated_chunked_loss_holds_one_chunk_of_fp32_logits() -> None:
-    assert chunked_logit_bytes(12.0) == 2 + 10 / fw.loss_chunks()
+def test_calibrated_chunked_loss_holds_the_saved_log_softmax_and_one_chunk() -> None:
+    assert chunked_logit_bytes(12.0) == 4 + 8 / fw.loss_chunks()
     lora = {"method": Method.LORA, "rank": 16}  # the loss's backward decides, not the step
     plain = estimate(SMALL, settings(**lora)).total_bytes
     chunked = estimate(SMALL, settings(on(loss=Loss.CHUNKED), **lora)).total_bytes
@@ -190,10 +190,10 @@ def test_calibrated_chunked_loss_holds_one_chunk_of_fp32_logits() -> None:
     assert fused < chunked < plain
 
 
-def test_analytic_chunked_loss_divides_the_logits_term() -> None:
+def test_analytic_chunked_loss_keeps_the_log_softmax_and_one_chunks_gradient() -> None:
     plain = estimate(SMALL, settings(profile=Profile.ANALYTIC)).components["logits"]
     chunked = estimate(SMALL, settings(on(loss=Loss.CHUNKED), profile=Profile.ANALYTIC))
-    assert chunked.components["logits"] == -(-plain // fw.loss_chunks())
+    assert chunked.components["logits"] == plain // 2 + -(-(plain // 2) // fw.loss_chunks())
     fused = estimate(SMALL, settings(on(loss=Loss.FUSED), profile=Profile.ANALYTIC))
     assert fused.components["logits"] == 0
 
