@@ -202,11 +202,6 @@ class TrainingSpec(ApiModel):
         "litgpt; unsloth; axolotl; llama-factory). Any other name is kept as a label and "
         "estimated with the default switches. Optional.",
     )
-    switches: SwitchesSpec | None = Field(
-        None,
-        description="switches override the framework's memory-relevant switches one by one. "
-        "Optional.",
-    )
     micro_batch_size: int = Field(
         1,
         ge=1,
@@ -254,6 +249,11 @@ class TrainingSpec(ApiModel):
         le=MAX_BATCH,
         description=f"gradientAccumulationSteps is the number of micro-batches per optimizer "
         f"step; it changes no memory. Between 1 and {MAX_BATCH}; default 1.",
+    )
+    switches: SwitchesSpec | None = Field(
+        None,
+        description="switches override the framework's memory-relevant switches one by one. "
+        "Optional.",
     )
 
 

@@ -444,6 +444,7 @@ class _Switched:
         self.smaller_loss = settings.loss is not Loss.PLAIN
         self.tail_activations: float | None = None
         self.first_layer = -1
+        self.has_last = False
 
     def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
         """Note what `last_layer_backward` builds on: the loss's backward's per-layer
@@ -456,6 +457,8 @@ class _Switched:
             self.tail_activations = max(activations, 0.0)
         elif key.startswith("backward/first/"):
             self.first_layer = max(self.first_layer, own)
+        elif key.startswith("backward/last/"):  # the fit has that moment itself
+            self.has_last = True
 
     def last_layer_backward(self, widen: int) -> int | None:
         """The last decoder layer's backward under a chunked or fused loss, which the fits
@@ -464,7 +467,7 @@ class _Switched:
         are offloaded) and the working set of a layer's backward (the first layer's moment,
         without the gradients the layers before it made). Without it a fused loss was
         priced 5 % under the trace (Qwen2.5-0.5B QLoRA, 4,096 tokens)."""
-        if self.tail_activations is None or self.first_layer < 0:
+        if self.tail_activations is None or self.first_layer < 0 or self.has_last:
             return None
         others = 0.0 if self.offloaded else self.tail_activations * self.rest
         return self.first_layer + round(others) * widen

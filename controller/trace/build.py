@@ -182,10 +182,9 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     from transformers.utils import logging as hf_logging
 
     switches = settings.switches
-    if switches.activation_offloading is not Offloading.NONE or switches.optimizer_in_backward:
+    if switches.activation_offloading is not Offloading.NONE:
         raise TraceUnsupported(
-            "activation offloading and an optimizer in backward are not traced; use the "
-            "calibrated, analytic or unsloth profile"
+            "activation offloading is not traced; use the calibrated, analytic or unsloth profile"
         )
     cfg = hf_config(config, settings.attention, layers)
     hf_logging.set_verbosity_error()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
 from controller.trace.loss import compute_loss
-from controller.trace.optim import build_optimizer
+from controller.trace.optim import TracedOptimizer, build_optimizer
 from controller.trace.tracker import (
     CATEGORIES,
     GRADIENTS,
@@ -177,6 +177,40 @@ def _register_model(tracker: StorageTracker, model: nn.Module) -> None:
         tracker.register(tensor, WEIGHTS)
 
 
+class _InBackward:
+    """An optimizer stepped in backward (`Switches.optimizer_in_backward`, torchtune's
+    `optimizer_in_bwd`): one optimizer per parameter, stepped by a post-accumulate-grad hook
+    as soon as that parameter's gradient is made, which then frees it. The step phase itself
+    does nothing: by then every parameter has been stepped."""
+
+    def __init__(
+        self, params: list[nn.Parameter], settings: TrainingSettings, tracker: StorageTracker
+    ) -> None:
+        self.tracker = tracker
+        self.each = {param: build_optimizer([param], settings.optimizer) for param in params}
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._step)
+
+    def _step(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.tracker.register(param.grad, GRADIENTS)
+        optimizer = self.each[param]  # type: ignore[index]
+        optimizer.step()
+        for tensor in optimizer.state_tensors():
+            self.tracker.register(tensor, OPTIMIZER)
+        optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """Every parameter was stepped in backward."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Every gradient was freed in backward."""
+
+    def state_tensors(self) -> Iterator[torch.Tensor]:
+        for optimizer in self.each.values():
+            yield from optimizer.state_tensors()
+
+
 def trace_run(
     config: Mapping[str, Any],
     settings: TrainingSettings,
@@ -201,11 +235,14 @@ def trace_run(
         count = layers if layers is not None else model.config.num_hidden_layers
         blocks = decoder_layers(model, count)
         regions = _Regions(tracker, blocks, head_modules(model, blocks))
-        optimizer = build_optimizer(model.parameters(), settings.optimizer)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if settings.switches.optimizer_in_backward:
+            optimizer: TracedOptimizer = _InBackward(trainable, settings, tracker)
+        else:
+            optimizer = build_optimizer(model.parameters(), settings.optimizer)
         _register_model(tracker, model)
         for tensor in optimizer.state_tensors():
             tracker.register(tensor, OPTIMIZER)
-        trainable = [p for p in model.parameters() if p.requires_grad]
         with tracker:
             shape = (settings.batch, settings.seq_len)  # as batch_bytes counts it
             input_ids = torch.zeros(shape, dtype=torch.long)

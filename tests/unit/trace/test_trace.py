@@ -282,9 +282,8 @@ def test_unsupported_jobs_say_why() -> None:
     offloaded = Switches(activation_offloading=Offloading.CPU)
     with pytest.raises(TraceUnsupported, match="activation offloading"):
         trace(TINY_LLAMA, settings(LORA, switches=offloaded))
-    stepped = Switches(optimizer_in_backward=True)
-    with pytest.raises(SpecError, match="optimizer in backward"):
-        job = settings(LORA, switches=stepped, profile=Profile.TRACE)
+    with pytest.raises(SpecError, match="activation offloading"):
+        job = settings(LORA, switches=offloaded, profile=Profile.TRACE)
         estimate(load_shape("llama-3.2-1b"), job)
 
 
@@ -294,7 +293,7 @@ def test_the_cli_names_its_flag_when_the_trace_refuses(
     argv = ["estimate", "--model", "llama-3.2-1b", "--profile", "trace"]
     assert main([*argv, "--activation-offloading", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vramgate: --profile: trace: activation offloading and an optimizer")
+    assert err.startswith("vramgate: --profile: trace: activation offloading is not traced")
     assert err.count("\n") == 1
 
 
@@ -509,9 +508,9 @@ def test_trace_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["trace", "--model", "qwen2.5-0.5b", "--trace-layers", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--trace-layers" in err
-    assert main(["trace", "--model", "qwen2.5-0.5b", "--optimizer-in-backward"]) == 2
+    assert main(["trace", "--model", "qwen2.5-0.5b", "--activation-offloading", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "optimizer in backward" in err
+    assert err.count("\n") == 1 and "activation offloading" in err
 
 
 # -- MoE families whose experts are not transformers' grouped_mm ---------------------------
