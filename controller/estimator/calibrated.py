@@ -34,10 +34,13 @@ some sample at 2, 3, 32 or 80 layers (to within 0.2 %) are kept.
 `python -m controller.calibration.calibrate` regenerates `calibration.json` from traces of shrunk
 variants of each family (about half an hour on 2 cores). Known limits, recorded in the
 file's `scope`: fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the
-exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); a fused
-loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first three) are
-charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
-together).
+exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); the
+trainer's switches (`frameworks.json`) adjust the fitted moments (`_Switched`: a fused loss
+drops t·V, a chunked one keeps part of it, offloaded activations keep one layer's, and the
+last layer's backward the plain-loss fits did not keep is built from theirs), checked
+against traces of those switches, not fitted to them; an MoE model's dense layers
+(DeepSeek's first three) are charged as MoE layers (their MLP is about as wide as the routed
+experts and the shared one together).
 
 Stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
 Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mamba-2;

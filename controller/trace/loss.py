@@ -43,7 +43,8 @@ def compute_loss(
         out: Any = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
         result: torch.Tensor = out.loss
         return result
-    causal: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base: Any = getattr(model, "get_base_model", None)
+    causal: Any = base() if callable(base) else model
     head = causal.get_output_embeddings()
     try:
         decoder = causal.get_decoder()
@@ -79,12 +80,12 @@ def _weight(head: nn.Module) -> torch.Tensor:
         if isinstance(found, torch.Tensor):
             return found
         if isinstance(found, nn.ModuleDict) and len(found):
-            inner = next(iter(found.values()))
-            if isinstance(getattr(inner, "weight", None), torch.Tensor):
-                return inner.weight  # type: ignore[no-any-return]
-    original = getattr(head, "original_module", None)
-    if isinstance(getattr(original, "weight", None), torch.Tensor):
-        return original.weight  # type: ignore[union-attr,no-any-return]
+            inner = getattr(next(iter(found.values())), "weight", None)
+            if isinstance(inner, torch.Tensor):
+                return inner
+    original = getattr(getattr(head, "original_module", None), "weight", None)
+    if isinstance(original, torch.Tensor):
+        return original
     raise TraceUnsupported("a fused loss needs the LM head's weight; this head has none")
 
 
