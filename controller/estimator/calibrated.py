@@ -417,10 +417,13 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
 
 class _Switched:
     """How the trainer's switches change a moment's fitted bytes (the fits are of the plain
-    loss, activations on the GPU): a chunked loss holds one chunk's fp32 logits
-    (`chunked_logit_bytes`); activations offloaded to CPU leave one layer's per-token
-    activation terms of L on the GPU. A fused loss is the logits feature at 0 (`features`);
-    an optimizer in backward is the static part and the layers' gradients (`estimate`)."""
+    loss, activations on the GPU): a chunked loss holds every chunk's saved log-softmax and
+    one chunk of the rest (`chunked_logit_bytes`), and at its backward the LM head's
+    gradient; activations offloaded to CPU leave one layer's per-token activation terms of
+    L on the GPU; under a chunked or fused loss the last layer's backward, which no fit
+    kept, is built (`last_layer_backward`). A fused loss is the logits feature at 0
+    (`features`); an optimizer in backward is the static part and the layers' gradients
+    (`estimate`)."""
 
     def __init__(
         self,
