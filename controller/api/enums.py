@@ -20,7 +20,10 @@ from controller.estimator import (
     Attention,
     Checkpointing,
     Choice,
+    LoadPath,
+    Loss,
     Method,
+    Offloading,
     Optimizer,
     Parallelism,
     Precision,
@@ -67,6 +70,9 @@ AttentionImpl = Annotated[Attention, _API]
 PrecisionName = Annotated[Precision, _API]
 EstimatorProfile = Annotated[Profile, _API]
 ParallelismMode = Annotated[Parallelism, _API]
+LossImpl = Annotated[Loss, _API]
+LoadPathMode = Annotated[LoadPath, _API]
+OffloadingMode = Annotated[Offloading, _API]
 
 
 class AdmissionPolicy(StrEnum):

@@ -10,7 +10,7 @@ ftj.spec.training` shows them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
@@ -22,6 +22,9 @@ from controller.api.enums import (
     AttentionImpl,
     CheckpointingMode,
     EstimatorProfile,
+    LoadPathMode,
+    LossImpl,
+    OffloadingMode,
     OptimizerName,
     ParallelismMode,
     PrecisionName,
@@ -149,12 +152,55 @@ class LoraSpec(ApiModel):
     )
 
 
+class SwitchesSpec(ApiModel):
+    """The trainer's memory-relevant switches, each overriding the framework's preset
+    (controller/estimator/frameworks.json holds every preset's values and their sources)."""
+
+    loss: LossImpl | None = Field(
+        None,
+        description="loss is how the cross-entropy is computed: Plain (the model's own: the "
+        "whole logits in 16 bits, then an fp32 copy), Chunked (over chunks of tokens: one "
+        "chunk's fp32 logits at a time), Fused (a fused linear cross-entropy: no logits). "
+        "Default: the framework's, else Plain.",
+    )
+    compile: bool | None = Field(
+        None,
+        description="compile says the model runs under torch.compile. Recorded, not priced: "
+        "the estimate is of the eager step. Default: the framework's, else false.",
+    )
+    load_path: LoadPathMode | None = Field(
+        None,
+        description="loadPath is how each GPU comes to hold its shard: MetaSharded (never more "
+        "than its shard and one wrapped unit) or WholeModelPerRank (the whole model on every "
+        "GPU before sharding: a load-time peak of all the weights on each GPU). Default: the "
+        "framework's, else MetaSharded.",
+    )
+    activation_offloading: OffloadingMode | None = Field(
+        None,
+        description="activationOffloading is where saved activations wait for backward: None "
+        "(on the GPU) or CPU (the GPU holds one layer's). Default: the framework's, else None.",
+    )
+    fsdp_version: Literal[1, 2] | None = Field(
+        None,
+        description="fsdpVersion is the FSDP implementation, 1 or 2. Recorded; FSDP1 is priced "
+        "as FSDP2. Default: the framework's, else 2.",
+    )
+    optimizer_in_backward: bool | None = Field(
+        None,
+        description="optimizerInBackward says each parameter is stepped as soon as its gradient "
+        "is made, so the whole gradients are never held; needs gradientAccumulationSteps 1. "
+        "Default: the framework's, else false.",
+    )
+
+
 class TrainingSpec(ApiModel):
     framework: str | None = Field(
         None,
         max_length=FRAMEWORK_MAX_LENGTH,
-        description="framework is the training framework, for people and metrics (e.g. "
-        "transformers, unsloth, axolotl); it does not change the estimate. Optional.",
+        description="framework is the training framework; a known one sets the switches that "
+        "change memory (huggingface, also hf, transformers, trl or accelerate; torchtune; "
+        "litgpt; unsloth; axolotl; llama-factory). Any other name is kept as a label and "
+        "estimated with the default switches. Optional.",
     )
     micro_batch_size: int = Field(
         1,
@@ -194,8 +240,8 @@ class TrainingSpec(ApiModel):
     )
     fused_loss: bool = Field(
         False,
-        description="fusedLoss says the loss is computed by a fused or chunked cross-entropy "
-        "kernel, which never materialises the full logits tensor. Default false.",
+        description="fusedLoss true is the older spelling of switches.loss Fused: the loss is "
+        "a fused cross-entropy kernel that never materialises the logits. Default false.",
     )
     gradient_accumulation_steps: int = Field(
         1,
@@ -203,6 +249,11 @@ class TrainingSpec(ApiModel):
         le=MAX_BATCH,
         description=f"gradientAccumulationSteps is the number of micro-batches per optimizer "
         f"step; it changes no memory. Between 1 and {MAX_BATCH}; default 1.",
+    )
+    switches: SwitchesSpec | None = Field(
+        None,
+        description="switches override the framework's memory-relevant switches one by one. "
+        "Optional.",
     )
 
 

@@ -27,8 +27,11 @@ from controller.estimator import (
     MAX_GPUS,
     Attention,
     Checkpointing,
+    LoadPath,
+    Loss,
     Method,
     ModelShape,
+    Offloading,
     Optimizer,
     Parallelism,
     Precision,
@@ -60,6 +63,17 @@ FLAG_PATHS = {
     "precision": "--precision",
     "profile": "--profile",
     "gradient_accumulation": "--gradient-accumulation",
+    "framework": "--framework",
+    "switches": "--switches",
+}
+#: A switch (its camelCase name under spec.training.switches) -> the flag that sets it.
+SWITCH_FLAGS = {
+    "loss": "--loss",
+    "compile": "--compile",
+    "loadPath": "--load-path",
+    "activationOffloading": "--activation-offloading",
+    "fsdpVersion": "--fsdp-version",
+    "optimizerInBackward": "--optimizer-in-backward",
 }
 #: The largest --config file read: a config.json is a few KiB, so this only stops a wrong
 #: path (a checkpoint, /dev/zero) from being read whole.
@@ -104,7 +118,31 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--attention", default="flash_attention_2", help=f"{_choices(Attention)} (default flash)"
     )
-    p.add_argument("--fused-loss", action="store_true", help="fused/chunked cross-entropy")
+    p.add_argument("--fused-loss", action="store_true", help="the same as --loss fused")
+    trainer = p.add_argument_group(
+        "trainer",
+        "the framework's switches that change memory (see `vramgate frameworks`); "
+        "each flag overrides the framework's value",
+    )
+    trainer.add_argument(
+        "--framework",
+        help="huggingface (hf, transformers, trl, accelerate), torchtune, litgpt, unsloth, "
+        "axolotl or llama-factory; any other name is a label with the default switches",
+    )
+    trainer.add_argument("--loss", help=f"{_choices(Loss)} (default plain)")
+    trainer.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile (recorded, not priced; default off)",
+    )
+    trainer.add_argument("--load-path", help=f"{_choices(LoadPath)} (default meta-sharded)")
+    trainer.add_argument("--activation-offloading", help=f"{_choices(Offloading)} (default none)")
+    trainer.add_argument("--fsdp-version", type=int, help="1|2 (default 2)")
+    trainer.add_argument(
+        "--optimizer-in-backward",
+        action=argparse.BooleanOptionalAction,
+        help="step each parameter as its gradient is made (default off)",
+    )
     p.add_argument("--precision", default="bf16", help="bf16|fp16|fp32 (default bf16)")
     p.add_argument("--gradient-accumulation", type=int, default=1, help="steps (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -244,12 +282,18 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
         "fused_loss": args.fused_loss,
         "precision": args.precision,
         "gradient_accumulation": args.gradient_accumulation,
+        "framework": args.framework,
+        "switches": {
+            camel: getattr(args, flag[2:].replace("-", "_"))
+            for camel, flag in SWITCH_FLAGS.items()
+            if getattr(args, flag[2:].replace("-", "_")) is not None
+        },
     }
     # An attention implementation outside the known four is estimated on the quadratic path
     # with a warning (context_warnings), as the specification document prices it.
     settings, errors = build_settings(values, FLAG_PATHS, any_attention=True)
     if settings is None:
-        raise SpecErrors(errors)
+        raise SpecErrors([_at_flag(error) for error in errors])
     for flag, value in (("--rank", args.rank), ("--targets", args.targets)):
         if value is not None and not settings.is_adapter:
             raise UsageError(f"{flag}: applies only with --method lora or qlora")
@@ -258,8 +302,22 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
         raise SpecErrors(errors)
     said = (f"{path}: {message}" for path, message in shape.config_warnings)
     for line in (*said, *context_warnings(shape, settings, FLAG_PATHS)):
-        print(f"vramgate: warning: {line}", file=sys.stderr)
+        print(f"vramgate: warning: {_at_flag_text(line)}", file=sys.stderr)
     return model_name, shape, settings
+
+
+def _at_flag_text(text: str) -> str:
+    """`--switches.loss: ...` as `--loss: ...`: a switch's message names its own flag."""
+    for camel, flag in SWITCH_FLAGS.items():
+        prefix = f"{FLAG_PATHS['switches']}.{camel}"
+        if text.startswith(prefix):
+            return flag + text[len(prefix) :]
+    return text
+
+
+def _at_flag(error: SpecError) -> SpecError:
+    field = _at_flag_text(error.field)
+    return error if field == error.field else SpecError(field, error.message)
 
 
 def _run_estimate(args: argparse.Namespace, console: Console) -> int:
@@ -379,6 +437,55 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _add_frameworks(sub: Any) -> None:
+    p = sub.add_parser(
+        "frameworks",
+        help="list the training-framework presets and the switches each sets",
+        description="Each framework preset (spec.training.framework, --framework), its aliases "
+        "and the memory-relevant switches it sets; --sources adds where each value is read.",
+    )
+    p.add_argument("--sources", action="store_true", help="print each value's source")
+    p.add_argument("--json", action="store_true", help="print a JSON list, sources included")
+    p.set_defaults(run=_run_frameworks)
+
+
+def _run_frameworks(args: argparse.Namespace, console: Console) -> int:
+    from controller.estimator.frameworks import describe, frameworks
+
+    presets = frameworks()
+    if args.json:
+        rows = [
+            {
+                "name": f.name,
+                "title": f.title,
+                "aliases": list(f.aliases),
+                "switches": describe(f.switches),
+                "sources": dict(f.sources),
+            }
+            for f in presets
+        ]
+        print(json.dumps(rows))
+        return 0
+    from rich.table import Table
+
+    table = Table(show_edge=False)
+    table.add_column("framework", no_wrap=True)
+    table.add_column("aliases", overflow="fold")
+    names = list(describe(presets[0].switches))
+    for camel in names:
+        table.add_column(camel, overflow="fold")
+    for f in presets:
+        values = describe(f.switches)
+        table.add_row(f.name, ", ".join(f.aliases), *(str(values[c]) for c in names))
+    console.print(table)
+    if args.sources:
+        for f in presets:
+            console.print(f"\n{f.name} ({f.title})")
+            for camel, source in f.sources.items():
+                console.print(f"  {camel} = {describe(f.switches)[camel]}: {source}")
+    return 0
+
+
 def _add_crds(sub: Any) -> None:
     p = sub.add_parser(
         "crds",
@@ -481,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(sub)
     _add_trace(sub)
     _add_presets(sub)
+    _add_frameworks(sub)
     _add_crds(sub)
     _add_operator(sub)
     _add_agent(sub)

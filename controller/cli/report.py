@@ -9,6 +9,7 @@ from rich.table import Table
 
 from controller.base.units import GIB
 from controller.estimator import Estimate, Parallelism, TrainingSettings
+from controller.estimator.frameworks import describe, summary
 from controller.packing.fit import Fit
 
 _LABELS = {
@@ -52,6 +53,8 @@ def estimate_json(
             "fused_loss": settings.fused_loss,
             "precision": settings.precision.value,
             "gradient_accumulation": settings.gradient_accumulation,
+            "framework": settings.framework,
+            "switches": describe(settings.switches, api=False),
         },
         "total_bytes": est.total_bytes,
         "total_params": est.total_params,
@@ -119,6 +122,7 @@ def render(
         + f" · profile {est.profile}"
     )
     console.print(title)
+    console.print(summary(settings.switches, settings.framework))
     table = Table(show_edge=False)
     table.add_column("component")
     table.add_column("GiB", justify="right")

@@ -19,6 +19,7 @@ from functools import cache
 from controller.estimator import analytic, calibrated, unsloth
 from controller.estimator.context import context_warnings
 from controller.estimator.errors import SpecError, SpecErrors
+from controller.estimator.load import with_load_moment
 from controller.estimator.model import (
     ModelShape,
     canonical_targets,
@@ -31,6 +32,7 @@ from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
     DEFAULT_RANK,
+    DEFAULT_SWITCHES,
     MAX_BATCH,
     MAX_GPUS,
     MAX_LORA_RANK,
@@ -39,11 +41,15 @@ from controller.estimator.settings import (
     Attention,
     Checkpointing,
     Choice,
+    LoadPath,
+    Loss,
     Method,
+    Offloading,
     Optimizer,
     Parallelism,
     Precision,
     Profile,
+    Switches,
     TrainingSettings,
     build_settings,
     int_in_range,
@@ -61,14 +67,18 @@ __all__ = [
     "Checkpointing",
     "Choice",
     "Estimate",
+    "LoadPath",
+    "Loss",
     "Method",
     "ModelShape",
+    "Offloading",
     "Optimizer",
     "Parallelism",
     "Precision",
     "Profile",
     "SpecError",
     "SpecErrors",
+    "Switches",
     "TrainingSettings",
     "build_settings",
     "check_against_model",
@@ -83,6 +93,7 @@ __all__ = [
     "skip_module_matches",
     "skip_module_matches_text",
     "static_bytes",
+    "with_load_moment",
 ]
 
 
@@ -136,12 +147,16 @@ def formula_estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     `check_against_model` returned (its targets are canonical). The trace profile is not a
     formula: `controller.jobs.profiles.estimate` dispatches to it."""
     if settings.profile is Profile.UNSLOTH:
-        return unsloth.estimate(shape, settings)
-    if settings.profile is Profile.CALIBRATED:
-        return calibrated.estimate(shape, settings)
-    if settings.profile is Profile.TRACE:
+        est = unsloth.estimate(shape, settings)
+    elif settings.profile is Profile.CALIBRATED:
+        est = calibrated.estimate(shape, settings)
+    elif settings.profile is Profile.TRACE:
         raise ValueError(
             "the trace profile is not a formula; use controller.jobs.profiles.estimate"
         )
-    per_rank = shape.lora_params_per_rank(settings.targets) if settings.is_adapter else 0
-    return analytic.estimate(shape, settings, per_rank)
+    else:
+        per_rank = shape.lora_params_per_rank(settings.targets) if settings.is_adapter else 0
+        est = analytic.estimate(shape, settings, per_rank)
+    if settings.switches is DEFAULT_SWITCHES:  # the common case, at no cost
+        return est
+    return with_load_moment(est, settings)

@@ -21,20 +21,27 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from controller.estimator import frameworks
 from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_SWITCHES,
     Checkpointing,
+    Loss,
     Method,
+    Offloading,
     Optimizer,
     Precision,
     TrainingSettings,
 )
+from controller.estimator.storage import static_bytes
 
 OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
 K_FULL = 34  # Korthikanti et al. 2022, per layer, FlashAttention (no s² term)
 LOGITS_BYTES = 8  # FP32 logits plus their gradient
+#: Of them, what a chunked loss keeps for every chunk until backward: the fp32 log-softmax.
+SAVED_LOGIT_BYTES = 4
 DELTANET_CHUNK = 64  # tokens per chunk of the chunked gated delta rule (transformers, fla)
 
 _WEIGHT_BYTES = {
@@ -192,7 +199,21 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         activations = shape.num_layers * tokens * shape.hidden_size * k * width
     else:
         activations = tokens * hybrid_bytes_per_token(shape) * width
-    logits = 0 if settings.fused_loss else tokens * shape.vocab_size * LOGITS_BYTES
+    logits = 0 if settings.loss is Loss.FUSED else tokens * shape.vocab_size * LOGITS_BYTES
+    switches = settings.switches
+    if switches is not DEFAULT_SWITCHES:
+        # Extensions: the seed prices the model's own loss, activations on the GPU and a
+        # separate optimizer step (`frameworks.json` for what each switch means).
+        if settings.loss is Loss.CHUNKED:
+            # The seed's 8 bytes are the fp32 logits and their gradient: each chunk's saved
+            # fp32 log-softmax stays until backward (4 bytes for every token), the gradient
+            # is one chunk's at a time (as the traced chunked loss shows).
+            saved = logits // LOGITS_BYTES * SAVED_LOGIT_BYTES
+            logits = saved + -(-(logits - saved) // frameworks.loss_chunks())
+        if switches.activation_offloading is Offloading.CPU:  # one layer's stays on the GPU
+            activations = -(-activations // max(shape.num_layers, 1))
+        if switches.optimizer_in_backward:  # one parameter's gradient at a time
+            gradients = static_bytes(shape, settings).largest_gradient
 
     subtotal = weights + gradients + optimizer + activations + logits
     overhead = int(subtotal * OVERHEAD) - subtotal

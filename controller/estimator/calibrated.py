@@ -34,10 +34,13 @@ some sample at 2, 3, 32 or 80 layers (to within 0.2 %) are kept.
 `python -m controller.calibration.calibrate` regenerates `calibration.json` from traces of shrunk
 variants of each family (about half an hour on 2 cores). Known limits, recorded in the
 file's `scope`: fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the
-exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); a fused
-loss drops t·V (not fitted); an MoE model's dense layers (DeepSeek's first three) are
-charged as MoE layers (their MLP is about as wide as the routed experts and the shared one
-together).
+exact static part; fp32 training doubles the fitted 16-bit terms (an approximation); the
+trainer's switches (`frameworks.json`) adjust the fitted moments (`_Switched`: a fused loss
+drops t·V, a chunked one keeps part of it, offloaded activations keep one layer's, and the
+last layer's backward the plain-loss fits did not keep is built from theirs), checked
+against traces of those switches, not fitted to them; an MoE model's dense layers
+(DeepSeek's first three) are charged as MoE layers (their MLP is about as wide as the routed
+experts and the shared one together).
 
 Stacks whose layers are not alike (Nemotron-H's Mamba-2, attention and MLP layers;
 Nemotron 3's Mamba-2, attention and MoE layers; Falcon-H1's attention beside Mamba-2;
@@ -59,15 +62,18 @@ from importlib import resources
 from operator import mul
 from typing import Any
 
-from controller.estimator import hybrid_fit, overheads
+from controller.estimator import frameworks, hybrid_fit, overheads
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
 from controller.estimator.model import ModelShape
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_SWITCHES,
     Attention,
     Checkpointing,
+    Loss,
     Method,
+    Offloading,
     Precision,
     TrainingSettings,
 )
@@ -109,6 +115,41 @@ FAMILY_ALIASES = {
 
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
+_FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
+#: The logits feature's place in the once-per-step vector, uniform and hybrid.
+_LOGITS = LOCAL_FEATURES.index("t*V")
+#: Bytes per logit a chunked loss holds for every chunk until backward: the fp32 output of
+#: each chunk's log-softmax, which autograd saves (eager mode; the trace measures it,
+#: tests/unit/trace/test_trace_loss.py).
+SAVED_LOGIT_BYTES = 4
+
+
+def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
+    """Which per-layer features are a layer's per-token activations (`t*...`, `b*...`), as
+    against its static parts (gradients, expert stacks, constants)."""
+    return tuple(name.startswith(("t", "b")) for name in names)
+
+
+_LAYER_ACTIVATIONS = _per_token(LAYER_FEATURES)
+_HYBRID_ACTIVATIONS = _per_token(hybrid_fit.HYBRID_LAYER_FEATURES)
+_HYBRID_LOGITS = hybrid_fit.HYBRID_LOCAL_FEATURES.index("t*V")
+_HEAD = LOCAL_FEATURES.index("G_head")
+_HYBRID_HEAD = hybrid_fit.HYBRID_LOCAL_FEATURES.index("G_head")
+#: The moment of the loss's backward.
+LOSS_BACKWARD_KEY = "backward/tail"
+#: The moment `_Switched.last_layer_backward` builds for a chunked or fused loss.
+LAST_LAYER_KEY = "backward/last (from the loss's and the first layer's fits)"
+
+
+def chunked_logit_bytes(per_logit: float) -> float:
+    """A moment's bytes per logit under a chunked loss, from the plain loss's fitted
+    `per_logit` (about 12 at the loss's backward: the fp32 copy, its saved log-softmax, the
+    gradients in fp32 and 16 bits): what each chunk's cross-entropy saves for backward is
+    held for every chunk (`SAVED_LOGIT_BYTES`), the rest for one chunk of the tokens at a
+    time (`frameworks.loss_chunks`). At 12 that is 4 + 8/8 = 5, which is what the traced
+    chunked loss holds at the loss's backward."""
+    whole = min(per_logit, SAVED_LOGIT_BYTES) if per_logit > 0 else per_logit
+    return whole + (per_logit - whole) / frameworks.loss_chunks()
 
 
 @cache
@@ -173,7 +214,7 @@ def features(
     scores = b * heads * s * s if settings.attention is _EAGER else 0
     adapted, ranks = static.lora_inputs // layers, static.lora_ranks // layers
     g_layer = static.layer_gradients
-    logits = 0 if settings.fused_loss else t * vocab
+    logits = 0 if settings.loss is _FUSED else t * vocab
     moe = _moe(shape, t, static)
     per_layer = [t * h, t * q, t * kv, t * mlp, t * adapted, t * ranks, scores, t * heads, t,
                  g_layer, *moe, t * latent, 1]  # fmt: skip
@@ -294,25 +335,62 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     layer_gradients = max(0, g_layers - 2 * static.layer_gradients)
     splits = []  # (sharded, replicated) of each moment, for the per-GPU need
     best_split = (0, 0)
+    switched = settings.switches is not DEFAULT_SWITCHES
+    in_backward = switched and settings.switches.optimizer_in_backward
+    if in_backward:  # one parameter's gradient and step scratch at a time
+        at_step_base = base + static.largest_gradient + static.largest_scratch
+    adjust = _Switched(settings, shape, per_layer, once, layers, hybrid != "") if switched else None
     for key, at_optimizer, layer_coefs, local_coefs, holds in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
+        if adjust is not None:
+            fitted = adjust.fitted(key, fitted, layer_coefs, local_coefs)
         dynamic = max(0, round(fitted)) * widen
         static_part = at_step_base if at_optimizer else base
-        total = static_part + dynamic
         # A fit that prices the moment under the gradients it must hold (far outside its
         # samples) says nothing of what else is there: all of it stays each GPU's own.
         moved = layer_gradients if holds and layer_gradients <= dynamic else 0
+        if in_backward and moved:
+            dynamic, moved = dynamic - moved, 0  # stepped and freed as they were made
+        total = static_part + dynamic
         splits.append((static_part + moved, dynamic - moved))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
+        if adjust is not None:
+            adjust.observe(key, layer_coefs, dynamic - moved)
+    if adjust is not None and adjust.smaller_loss and adjust.first_layer < 0 and gc == "off":
+        # Without checkpointing the fits keep no layer's backward: a layer's working set is
+        # the checkpointed fit's (its recomputation is the activations this one saved).
+        section = "hybrid" if hybrid else ""
+        for key, _, layer_coefs, local_coefs, holds in _moments(
+            family, settings.method, "on", attention, section
+        ):
+            if key.startswith("backward/first/"):
+                fitted = layers * sum(map(mul, layer_coefs, per_layer))
+                fitted += sum(map(mul, local_coefs, once))
+                fitted = adjust.fitted(key, fitted, layer_coefs, local_coefs)
+                dynamic = max(0, round(fitted)) * widen
+                moved = layer_gradients if holds and layer_gradients <= dynamic else 0
+                adjust.observe(key, layer_coefs, dynamic - moved)
+    if adjust is not None and (dynamic := adjust.last_layer_backward(widen)) is not None:
+        splits.append((base, dynamic))
+        if base + dynamic > best:
+            best_key, best, best_dynamic, best_split = (
+                LAST_LAYER_KEY,
+                base + dynamic,
+                dynamic,
+                splits[-1],
+            )
     at_step = best_key == OPTIMIZER_KEY
     gradients = static.gradients if at_step or accumulating else 0
+    scratch = static.optimizer_scratch if at_step else 0
+    if in_backward and at_step:
+        gradients, scratch = static.largest_gradient, static.largest_scratch
     components = {
         "weights": static.weights,
         "gradients": gradients,
         "optimizer": static.optimizer,
-        "optimizer_scratch": static.optimizer_scratch if at_step else 0,
+        "optimizer_scratch": scratch,
         "activations": best_dynamic,
         "cuda_context": overheads.CUDA_CONTEXT_BYTES,
         "cublas_workspace": overheads.CUBLAS_WORKSPACE_BYTES,
@@ -336,6 +414,87 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "traced_per_gpu": (),
         },
     )
+
+
+class _Switched:
+    """How the trainer's switches change a moment's fitted bytes (the fits are of the plain
+    loss, activations on the GPU): a chunked loss holds every chunk's saved log-softmax and
+    one chunk of the rest (`chunked_logit_bytes`), and at its backward the LM head's
+    gradient; activations offloaded to CPU leave one layer's per-token activation terms of
+    L on the GPU; under a chunked or fused loss the last layer's backward, which no fit
+    kept, is built (`last_layer_backward`). A fused loss is the logits feature at 0
+    (`features`); an optimizer in backward is the static part and the layers' gradients
+    (`estimate`)."""
+
+    def __init__(
+        self,
+        settings: TrainingSettings,
+        shape: ModelShape,
+        per_layer: list[int],
+        once: list[int],
+        layers: int,
+        hybrid: bool,
+    ) -> None:
+        self.logits_at = _HYBRID_LOGITS if hybrid else _LOGITS
+        self.logits = once[self.logits_at] if settings.loss is _CHUNKED else 0
+        # Chunk by chunk, the LM head's backward runs while the other chunks' saved
+        # log-softmax are still held, so its gradient joins them (the trace shows it).
+        self.head = once[_HYBRID_HEAD if hybrid else _HEAD] if self.logits else 0
+        offloaded = settings.switches.activation_offloading is _CPU
+        mask = _HYBRID_ACTIVATIONS if hybrid else _LAYER_ACTIVATIONS
+        # `layers` x the per-layer activation terms are every layer's; one layer's stays.
+        self.per_token = [v if a else 0 for v, a in zip(per_layer, mask, strict=True)]
+        total_layers = max(shape.num_layers, 1)
+        self.dropped = layers * (total_layers - 1) / total_layers if offloaded else 0.0
+        self.layers, self.rest = layers, (total_layers - 1) / total_layers
+        self.offloaded = offloaded
+        self.smaller_loss = settings.loss is not Loss.PLAIN
+        self.tail_activations: float | None = None
+        self.first_layer = -1
+        self.has_last = False
+
+    def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
+        """Note what `last_layer_backward` builds on: the loss's backward's per-layer
+        activations, and the most a first-layer backward moment holds beyond the decoder
+        layers' gradients (`own`)."""
+        if not self.smaller_loss:
+            return
+        if key == LOSS_BACKWARD_KEY:
+            activations = self.layers * sum(map(mul, layer_coefs, self.per_token))
+            self.tail_activations = max(activations, 0.0)
+        elif key.startswith("backward/first/"):
+            self.first_layer = max(self.first_layer, own)
+        elif key.startswith("backward/last/"):  # the fit has that moment itself
+            self.has_last = True
+
+    def last_layer_backward(self, widen: int) -> int | None:
+        """The last decoder layer's backward under a chunked or fused loss, which the fits
+        (made with the plain loss, whose backward held more) did not keep: every other
+        layer's saved activations (the loss's backward's, one layer's aside; none when they
+        are offloaded) and the working set of a layer's backward (the first layer's moment,
+        without the gradients the layers before it made). Without it a fused loss was
+        priced 5 % under the trace (Qwen2.5-0.5B QLoRA, 4,096 tokens)."""
+        if self.tail_activations is None or self.first_layer < 0 or self.has_last:
+            return None
+        others = 0.0 if self.offloaded else self.tail_activations * self.rest
+        return self.first_layer + round(others) * widen
+
+    def fitted(
+        self,
+        key: str,
+        fitted: float,
+        layer_coefs: tuple[float, ...],
+        local_coefs: tuple[float, ...],
+    ) -> float:
+        if self.logits:
+            per_logit = local_coefs[self.logits_at]
+            fitted += (chunked_logit_bytes(per_logit) - per_logit) * self.logits
+            if key == LOSS_BACKWARD_KEY:
+                fitted += self.head
+        if self.dropped:
+            activations = sum(map(mul, layer_coefs, self.per_token))
+            fitted -= self.dropped * max(activations, 0.0)
+        return fitted
 
 
 def peak_bytes(shape: ModelShape, settings: TrainingSettings) -> int:

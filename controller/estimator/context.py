@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from controller.estimator.errors import SpecError, shown
+from controller.estimator.frameworks import UNKNOWN_FRAMEWORK, framework_notes
 from controller.estimator.settings import (
     MAX_SEQUENCE_LENGTH,
     PATHS,
@@ -58,7 +59,8 @@ def context_warnings(
 ) -> list[str]:
     """One line per setting beyond what the model was built for, at its field path (or
     flag): a sequence longer than the model's context, an attention implementation outside
-    the known four (estimated on the quadratic path: `build_settings(any_attention=True)`)."""
+    the known four (estimated on the quadratic path: `build_settings(any_attention=True)`),
+    and what the estimate takes on trust about the trainer (`frameworks.framework_notes`)."""
     where = PATHS | (paths or {})
     lines = []
     unknown = settings.extras.get(UNKNOWN_ATTENTION)
@@ -68,6 +70,10 @@ def context_warnings(
             f"{', '.join(a.value for a in Attention)}; estimated as eager attention (the "
             "quadratic, non-flash path)"
         )
+    lines += framework_notes(
+        settings.extras.get(UNKNOWN_FRAMEWORK), settings.switches, where["framework"],
+        where["switches"],
+    )  # fmt: skip
     limit = shape.context_length
     if limit is None or settings.seq_len <= limit:
         return lines

@@ -65,7 +65,7 @@ from functools import lru_cache
 from controller.estimator.analytic import DELTANET_CHUNK
 from controller.estimator.errors import SpecError
 from controller.estimator.model import Layer, Memo, ModelShape
-from controller.estimator.settings import Method, Precision, TrainingSettings
+from controller.estimator.settings import Loss, Method, Precision, TrainingSettings
 from controller.estimator.storage import Static
 
 #: The Mamba-2 scan's terms, in both lists below (zero for a layer without the scan).
@@ -475,7 +475,7 @@ def features(
         head -= table
     once = [t * w + c for w, c in zip(stack.end_per_token, stack.end_constant, strict=True)]
     once[_O_INPUTS], once[_O_RANKS] = t * end_inputs, t * end_ranks
-    once[_O_LOGITS] = 0 if settings.fused_loss else t * shape.vocab_size
+    once[_O_LOGITS] = 0 if settings.loss is Loss.FUSED else t * shape.vocab_size
     once[_O_MASK], once[_O_HEAD], once[_O_EMBED] = mask, head, embed
     once[_O_GRADS], once[_O_DEQUANT] = end_grads, static.dequantized
     if stack.end_scanned:

@@ -106,6 +106,60 @@ class Parallelism(Choice):
         return "a device map" if self is Parallelism.DEVICE_MAP else self.api
 
 
+class Loss(Choice):
+    """How the cross-entropy over the vocabulary is computed (`frameworks.json`, `loss`)."""
+
+    PLAIN = "plain", "Plain"  # the model's own: whole 16-bit logits, then an fp32 upcast
+    CHUNKED = "chunked", "Chunked"  # per chunk of tokens: one chunk's fp32 logits at a time
+    FUSED = "fused", "Fused"  # fused linear cross-entropy: no logits materialised
+
+
+class LoadPath(Choice):
+    """How each rank comes to hold its shard of the weights (`frameworks.json`, `loadPath`)."""
+
+    META_SHARDED = "meta-sharded", "MetaSharded"
+    WHOLE_MODEL_PER_RANK = "whole-model-per-rank", "WholeModelPerRank"
+
+
+class Offloading(Choice):
+    """Where saved activations wait for backward (`frameworks.json`, `activationOffloading`)."""
+
+    NONE = "none", "None"
+    CPU = "cpu", "CPU"
+
+
+#: The FSDP versions a job may name (`Switches.fsdp_version`).
+FSDP_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Switches:
+    """The trainer's memory-relevant switches: what a framework preset sets
+    (`controller.estimator.frameworks`), each also settable on its own. The defaults are what
+    the profiles assumed before the switches existed (the model's own loss, eager, a sharded
+    load, activations kept on the GPU, FSDP2, a separate optimizer step), so an estimate
+    without switches is unchanged."""
+
+    loss: Loss = Loss.PLAIN
+    compile: bool = False
+    load_path: LoadPath = LoadPath.META_SHARDED
+    activation_offloading: Offloading = Offloading.NONE
+    fsdp_version: int = 2
+    optimizer_in_backward: bool = False
+
+
+DEFAULT_SWITCHES = Switches()
+#: Switches field -> its camelCase name under `spec.training.switches` (and the CLI's flag).
+SWITCH_NAMES = {
+    "loss": "loss",
+    "compile": "compile",
+    "load_path": "loadPath",
+    "activation_offloading": "activationOffloading",
+    "fsdp_version": "fsdpVersion",
+    "optimizer_in_backward": "optimizerInBackward",
+}
+
+
 _ALIASES: dict[str, dict[str, str]] = {
     "Checkpointing": {"true": "on", "false": "off", "none": "off", "enabled": "on"},
     "Optimizer": {
@@ -118,6 +172,7 @@ _ALIASES: dict[str, dict[str, str]] = {
     "Attention": {"flash": "flash_attention_2"},
     "Parallelism": {"zero3": "fsdp", "deepspeedzero3": "fsdp"},
     "Method": {"fullfinetuning": "full"},
+    "Offloading": {"off": "none", "false": "none"},
 }
 
 #: A frozenset, not `(Method.LORA, Method.QLORA)`: under Python 3.11 each read of a member off
@@ -158,11 +213,21 @@ class TrainingSettings:
     precision: Precision = Precision.BF16
     profile: Profile = Profile.ANALYTIC
     gradient_accumulation: int = 1
+    #: The trainer's switches, resolved from `framework` and explicit overrides
+    #: (`frameworks.resolve`); `fused_loss` above is the older spelling of `loss: fused`.
+    switches: Switches = DEFAULT_SWITCHES
+    #: The framework the job names, as given (a label where vramgate does not know it).
+    framework: str | None = field(default=None, compare=False)
     extras: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_adapter(self) -> bool:
         return self.method in _ADAPTER_METHODS
+
+    @property
+    def loss(self) -> Loss:
+        """The loss implementation: `fused_loss` (the older field) or the switches'."""
+        return Loss.FUSED if self.fused_loss else self.switches.loss
 
 
 # Field paths of each setting in a FineTuneJob spec.
@@ -180,6 +245,8 @@ PATHS = {
     "precision": "training.precision",
     "profile": "estimator.profile",
     "gradient_accumulation": "training.gradientAccumulationSteps",
+    "framework": "training.framework",
+    "switches": "training.switches",
 }
 
 
@@ -208,6 +275,7 @@ def build_settings(
     paths: dict[str, str] | None = None,
     *,
     any_attention: bool = False,
+    api: bool = False,
 ) -> tuple[TrainingSettings | None, list[SpecError]]:
     """Build settings from loosely typed values (CLI flags, a CRD spec); collect every error.
 
@@ -295,17 +363,62 @@ def build_settings(
         parsed[name] = tuple(names)
 
     fused = values.get("fused_loss")
-    if fused is not None:
-        if not isinstance(fused, bool):
-            errors.append(SpecError(where["fused_loss"], f"must be true or false, got {fused!r}"))
-        else:
-            parsed["fused_loss"] = fused
+    if fused is not None and not isinstance(fused, bool):
+        errors.append(SpecError(where["fused_loss"], f"must be true or false, got {fused!r}"))
+        fused = None
+    _trainer(values, where, parsed, extras, errors, fused is True, api=api)
 
     if errors:
         return None, errors
     if extras:
         parsed["extras"] = extras
     return TrainingSettings(**parsed), []  # type: ignore[arg-type]
+
+
+def _trainer(
+    values: dict[str, object],
+    where: dict[str, str],
+    parsed: dict[str, object],
+    extras: dict[str, str],
+    errors: list[SpecError],
+    fused_loss: bool,
+    *,
+    api: bool,
+) -> None:
+    """The trainer's switches: the framework's preset, `fusedLoss`, then explicit switches
+    (`frameworks.resolve`), into `parsed`; an unknown framework name into `extras`."""
+    from controller.estimator import frameworks  # it imports this module
+
+    framework = values.get("framework")
+    if framework is not None and not isinstance(framework, str):
+        errors.append(SpecError(where["framework"], f"must be a string, got {shown(framework)}"))
+        framework = None
+    resolved, trainer_errors = frameworks.resolve(
+        framework,
+        values.get("switches"),
+        framework_path=where["framework"],
+        switches_path=where["switches"],
+        fused_loss=fused_loss,
+        fused_loss_path=where["fused_loss"],
+        api=api,
+    )
+    errors += trainer_errors
+    switches = resolved.switches
+    accumulation = parsed.get("gradient_accumulation", 1)
+    if switches.optimizer_in_backward and isinstance(accumulation, int) and accumulation > 1:
+        errors.append(
+            SpecError(
+                f"{where['switches']}.optimizerInBackward",
+                f"needs gradient accumulation 1 (each parameter is stepped as its gradient is "
+                f"made), got {where['gradient_accumulation']} {accumulation}",
+            )
+        )
+    if switches is not DEFAULT_SWITCHES:
+        parsed["switches"] = switches
+    if resolved.label is not None:
+        parsed["framework"] = resolved.preset or resolved.label
+        if resolved.preset is None:
+            extras[frameworks.UNKNOWN_FRAMEWORK] = resolved.label
 
 
 def _name_list(raw: object) -> list[str] | None:

@@ -104,6 +104,11 @@ class Static:
     # hybrid fit (`hybrid_fit.py`) prices each layer type by its own; equality compares the
     # totals above.
     layer_parts: tuple[tuple[int, int, int], ...] = field(default=(), compare=False)
+    # The largest trainable tensor's gradient bytes, and its optimizer step scratch: all an
+    # optimizer stepped in backward, one parameter at a time, holds of either at once
+    # (`Switches.optimizer_in_backward`).
+    largest_gradient: int = 0
+    largest_scratch: int = 0
 
 
 def _quantized(shape: ModelShape, settings: TrainingSettings) -> tuple[bool, bool]:
@@ -302,6 +307,8 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
         scratch = gradients  # _scratch_bytes: one gradient-sized block per tensor
     else:
         scratch = sum(_scratch_bytes(n, e, opt) * count for (n, e), count in tensors.items())
+    largest_gradient = max((block(n * e) for n, e in tensors), default=0)
+    largest_scratch = max((_scratch_bytes(n, e, opt) for n, e in tensors), default=0)
     if opt is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
     return assemble(  # Static(...), faster: see frozen.py
@@ -322,6 +329,8 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "head_gradients": head_grads,
             "embed_gradients": embed_grads,
             "layer_parts": tuple(layer_parts),
+            "largest_gradient": largest_gradient,
+            "largest_scratch": largest_scratch,
         },
     )
 

@@ -35,9 +35,11 @@ from controller.estimator.settings import (
     Attention,
     Checkpointing,
     Method,
+    Offloading,
     Optimizer,
     TrainingSettings,
 )
+from controller.estimator.storage import static_bytes
 
 NF4_FACTOR = Fraction(16, 5)  # 3.2: BNB NF4 blockwise scales
 NF4_DOUBLE_QUANT_FACTOR = Fraction(18, 5)  # 3.6 with bnb_4bit_use_double_quant
@@ -609,7 +611,12 @@ def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
         )
         for (qkv, mlp), count in view.layer_size_counts
     ]
-    multipliers = GC_LAYERS[s.gradient_checkpointing]
+    checkpointing = s.gradient_checkpointing
+    if s.switches.activation_offloading is Offloading.CPU:
+        # Extension: activations offloaded to CPU are priced as seed 1's Unsloth
+        # checkpointing, which is Unsloth's offloading of the checkpointed activations.
+        checkpointing = Checkpointing.UNSLOTH
+    multipliers = GC_LAYERS[checkpointing]
     if multipliers is None:
         effective = Fraction(shape.num_layers)
         linear = sum(n_bytes * count for n_bytes, count in per_shape)
@@ -666,6 +673,11 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if settings.is_adapter:
         gradient_floor = min(gradient_floor, max(activations, optimizer))
     gradients = max(trainable * 2, gradient_floor)
+    if settings.switches.optimizer_in_backward:
+        # Extension: each parameter is stepped as its gradient is made, so one parameter's
+        # gradient is held at a time (exact, from `storage`), and seed 1's floor, a
+        # calibration of whole-gradient residency, does not apply.
+        gradients = static_bytes(shape, settings).largest_gradient
 
     components = {
         "weights": weights,

@@ -23,6 +23,7 @@ from controller.estimator import (
     TrainingSettings,
     check_against_model,
     formula_estimate,
+    with_load_moment,
 )
 
 #: How to install the trace profile, as its error says it.
@@ -72,6 +73,6 @@ def _trace(
     if shape.source is None:
         raise SpecError(path, "trace needs the model's config.json")
     try:
-        return trace_estimate(shape.source, settings, gpus, parallelism)
+        return with_load_moment(trace_estimate(shape.source, settings, gpus, parallelism), settings)
     except TraceUnsupported as error:
         raise SpecError(path, f"trace: {error}") from None

@@ -43,6 +43,7 @@ from controller.api.finetunejob import (
     LoraSpec,
     ModelSource,
     ResourcesSpec,
+    SwitchesSpec,
     TrainingSpec,
 )
 from controller.estimator import (
@@ -93,6 +94,7 @@ _OBJECTS: dict[str, type[ApiModel]] = {
     "spec.model.configMapRef": ConfigMapRef,
     "spec.lora": LoraSpec,
     "spec.training": TrainingSpec,
+    "spec.training.switches": SwitchesSpec,
     "spec.estimator": EstimatorSpec,
     "spec.resources": ResourcesSpec,
 }
@@ -335,6 +337,14 @@ def _settings(
         parent, _, leaf = path.rpartition(".")
         if leaf in objects[parent]:
             values[name] = objects[parent][leaf]
+    switches = values.get("switches")
+    if isinstance(switches, Mapping):  # an unknown switch is reported with the objects
+        known = SwitchesSpec.wire_names()
+        values["switches"] = {k: v for k, v in switches.items() if k in known}
+    elif switches is not None:  # so is a switches that is no object
+        del values["switches"]
+    if values.get("framework", "") is None:  # a label, and null was always taken as unset
+        del values["framework"]
     nulls = [name for name, value in values.items() if value is None and name != "rank"]
     for name in nulls:
         errors.append(_null(SPEC_PATHS[name], _ENUMS.get(name)))
@@ -350,7 +360,7 @@ def _settings(
             except SpecError:
                 errors.append(_unsupported(SPEC_PATHS[name], values.pop(name), enum))
     values.setdefault("profile", _default(EstimatorSpec, "profile"))
-    settings, setting_errors = build_settings(values, SPEC_PATHS)
+    settings, setting_errors = build_settings(values, SPEC_PATHS, api=True)
     errors += setting_errors
     if shape is not None and settings is not None:
         settings, model_errors = check_against_model(shape, settings, SPEC_PATHS)

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from controller.base.errors import PermanentError
-from controller.estimator import Attention, Checkpointing, Method, Precision
+from controller.estimator import Attention, Checkpointing, Method, Offloading, Precision
 from controller.estimator.settings import TrainingSettings as Settings
 from controller.trace import dbrx, qlora
 
@@ -181,10 +181,10 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    if settings.fused_loss:
+    switches = settings.switches
+    if switches.activation_offloading is not Offloading.NONE:
         raise TraceUnsupported(
-            "a fused / chunked cross-entropy is not traced (it replaces the model's loss); "
-            "use --profile calibrated or analytic"
+            "activation offloading is not traced; use the calibrated, analytic or unsloth profile"
         )
     cfg = hf_config(config, settings.attention, layers)
     hf_logging.set_verbosity_error()

@@ -3,8 +3,9 @@
 What runs is what a Hugging Face `Trainer` step runs, minus the data loader: the batch
 (`input_ids`, `attention_mask` of ones, `labels`, b x s int64 each) sits on the device, the
 model computes its own causal-LM loss from `labels` (fp32 upcast of the logits, log-softmax,
-NLL), the output object is dropped before `backward()` (so the 16-bit logits are freed, as in
-`Trainer.training_step`), then the optimizer steps and gradients are set to None.
+NLL; a chunked or fused loss as `loss.py` computes it), the output object is dropped before
+`backward()` (so the 16-bit logits are freed, as in `Trainer.training_step`), then the
+optimizer steps and gradients are set to None.
 The batch is unpadded (packed or equal-length sequences, an all-ones mask), which lets
 transformers skip the causal mask for sdpa; a padded batch makes it materialise a
 b x 1 x s x s boolean mask and steers CUDA's sdpa from the flash to the memory-efficient
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,8 @@ from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
-from controller.trace.optim import build_optimizer
+from controller.trace.loss import compute_loss
+from controller.trace.optim import TracedOptimizer, build_optimizer
 from controller.trace.tracker import (
     CATEGORIES,
     GRADIENTS,
@@ -181,6 +183,40 @@ def _register_model(tracker: StorageTracker, model: nn.Module) -> None:
         tracker.register(tensor, WEIGHTS)
 
 
+class _InBackward:
+    """An optimizer stepped in backward (`Switches.optimizer_in_backward`, torchtune's
+    `optimizer_in_bwd`): one optimizer per parameter, stepped by a post-accumulate-grad hook
+    as soon as that parameter's gradient is made, which then frees it. The step phase itself
+    does nothing: by then every parameter has been stepped."""
+
+    def __init__(
+        self, params: list[nn.Parameter], settings: TrainingSettings, tracker: StorageTracker
+    ) -> None:
+        self.tracker = tracker
+        self.each = {param: build_optimizer([param], settings.optimizer) for param in params}
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._step)
+
+    def _step(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.tracker.register(param.grad, GRADIENTS)
+        optimizer = self.each[param]  # type: ignore[index]
+        optimizer.step()
+        for tensor in optimizer.state_tensors():
+            self.tracker.register(tensor, OPTIMIZER)
+        optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """Every parameter was stepped in backward."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Every gradient was freed in backward."""
+
+    def state_tensors(self) -> Iterator[torch.Tensor]:
+        for optimizer in self.each.values():
+            yield from optimizer.state_tensors()
+
+
 def trace_run(
     config: Mapping[str, Any],
     settings: TrainingSettings,
@@ -205,11 +241,14 @@ def trace_run(
         count = layers if layers is not None else model.config.num_hidden_layers
         blocks = decoder_layers(model, count)
         regions = _Regions(tracker, blocks, head_modules(model, blocks))
-        optimizer = build_optimizer(model.parameters(), settings.optimizer)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if settings.switches.optimizer_in_backward:
+            optimizer: TracedOptimizer = _InBackward(trainable, settings, tracker)
+        else:
+            optimizer = build_optimizer(model.parameters(), settings.optimizer)
         _register_model(tracker, model)
         for tensor in optimizer.state_tensors():
             tracker.register(tensor, OPTIMIZER)
-        trainable = [p for p in model.parameters() if p.requires_grad]
         with tracker:
             shape = (settings.batch, settings.seq_len)  # as batch_bytes counts it
             input_ids = torch.zeros(shape, dtype=torch.long)
@@ -218,9 +257,7 @@ def trace_run(
             for step in range(steps):
                 for _ in range(micro_batches):
                     regions.enter(step, "forward", "head")
-                    loss = model(
-                        input_ids=input_ids, attention_mask=attention_mask, labels=labels
-                    ).loss
+                    loss = compute_loss(model, input_ids, attention_mask, labels, settings.loss)
                     regions.enter(step, "backward", "tail")
                     loss.backward()
                     del loss

@@ -25,9 +25,11 @@ from controller.estimator import (  # noqa: E402
     Attention,
     Checkpointing,
     Method,
+    Offloading,
     Optimizer,
     Profile,
     SpecError,
+    Switches,
     TrainingSettings,
     load_shape,
     parse_config,
@@ -277,19 +279,21 @@ def test_gradient_accumulation_holds_gradients_through_the_next_backward() -> No
 
 
 def test_unsupported_jobs_say_why() -> None:
-    with pytest.raises(TraceUnsupported, match="fused"):
-        trace(TINY_LLAMA, settings(LORA, fused_loss=True))
-    with pytest.raises(SpecError, match="fused"):
-        estimate(load_shape("llama-3.2-1b"), settings(LORA, fused_loss=True, profile=Profile.TRACE))
+    offloaded = Switches(activation_offloading=Offloading.CPU)
+    with pytest.raises(TraceUnsupported, match="activation offloading"):
+        trace(TINY_LLAMA, settings(LORA, switches=offloaded))
+    with pytest.raises(SpecError, match="activation offloading"):
+        job = settings(LORA, switches=offloaded, profile=Profile.TRACE)
+        estimate(load_shape("llama-3.2-1b"), job)
 
 
 def test_the_cli_names_its_flag_when_the_trace_refuses(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["estimate", "--model", "llama-3.2-1b", "--profile", "trace", "--fused-loss"]
-    assert main(argv) == 2
+    argv = ["estimate", "--model", "llama-3.2-1b", "--profile", "trace"]
+    assert main([*argv, "--activation-offloading", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vramgate: --profile: trace: a fused / chunked cross-entropy")
+    assert err.startswith("vramgate: --profile: trace: activation offloading is not traced")
     assert err.count("\n") == 1
 
 
@@ -504,9 +508,9 @@ def test_trace_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["trace", "--model", "qwen2.5-0.5b", "--trace-layers", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--trace-layers" in err
-    assert main(["trace", "--model", "qwen2.5-0.5b", "--fused-loss"]) == 2
+    assert main(["trace", "--model", "qwen2.5-0.5b", "--activation-offloading", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "fused" in err
+    assert err.count("\n") == 1 and "activation offloading" in err
 
 
 # -- MoE families whose experts are not transformers' grouped_mm ---------------------------
