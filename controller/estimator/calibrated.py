@@ -57,6 +57,7 @@ refused (UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from functools import cache
 from importlib import resources
 from operator import mul
@@ -253,6 +254,19 @@ def _holds_layer_gradients(key: str) -> bool:
 
 
 @cache
+def allocator_share(method: Method, gc: str) -> tuple[int, int, Fraction]:
+    """What the caching allocator reserves beyond the tensor peak, as a share of it: the
+    median of traced runs replayed through the allocator model (`allocator` in the data file,
+    `controller.calibration.calibrate_allocator`), per method and checkpointing; the flat
+    `overheads.ALLOCATOR_SLACK` for a file without that section. Returned as (numerator,
+    denominator, 1 + share): the estimate multiplies in integers."""
+    groups = calibration().get("allocator", {}).get("groups", {})
+    entry = groups.get(f"{method.value}/{gc}")
+    share = Fraction(str(entry["share"])) if entry is not None else overheads.ALLOCATOR_SLACK
+    return share.numerator, share.denominator, 1 + share
+
+
+@cache
 def _moments(
     family: str, method: Method, gc: str, attention: str, section: str = ""
 ) -> tuple[_Moment, ...]:
@@ -325,6 +339,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         base += static.gradients  # the previous micro-batch's gradients are held
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
+    share = allocator_share(settings.method, gc)
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = hybrid or family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
@@ -394,7 +409,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         "activations": best_dynamic,
         "cuda_context": overheads.CUDA_CONTEXT_BYTES,
         "cublas_workspace": overheads.CUBLAS_WORKSPACE_BYTES,
-        "allocator_slack": overheads.slack_bytes(best),
+        "allocator_slack": best * share[0] // share[1],
     }
     fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
     sharded, replicated = best_split
@@ -407,7 +422,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "trainable_params": static.trainable_params,
             "sharded_bytes": sharded,
             "replicated_bytes": replicated + fixed,
-            "margin": overheads.SLACK_MARGIN,
+            "margin": share[2],
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
