@@ -29,6 +29,13 @@ class Estimate:
     total is the optimizer step's when checkpointing is on, but without it backward keeps
     a whole micro-batch of activations on every GPU, which FSDP does not divide, and on n
     GPUs that moment can need more than the step's. Each GPU needs the largest over them.
+
+    `fsdp_moments`, where a profile prices them (calibrated), are the same moments as each
+    rank of an FSDP2 job on two or more GPUs holds them: beside its shards, what FSDP2 keeps
+    unsharded at that moment (the root's parameters, the all-gathered block and the
+    prefetched one), counted in the replicated part. They replace the peak's split and
+    `moments` for FSDP on n >= 2 (a device map all-gathers nothing). `ddp_bytes` is what
+    each DDP rank on two or more GPUs holds beyond the single-GPU job: its gradient buckets.
     """
 
     profile: str
@@ -41,6 +48,8 @@ class Estimate:
     head_bytes: int = 0
     fixed_bytes: int = 0
     moments: tuple[tuple[int, int], ...] = ()
+    fsdp_moments: tuple[tuple[int, int], ...] = ()
+    ddp_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -49,14 +58,17 @@ class Estimate:
     def per_gpu_bytes(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> int:
         """What each of `gpus` GPUs must hold: the one per-GPU rule of vramgate.
 
-        DDP replicates the whole job on every GPU; FSDP (and a device map, for the GPU that
-        holds the LM head) holds `sharded / n + replicated`. On one GPU every parallelism
-        holds `total_bytes`, and DDP holds it on any count.
+        DDP replicates the whole job on every GPU, plus its gradient buckets on two or more
+        (`ddp_bytes`); FSDP (and a device map, for the GPU that holds the LM head) holds
+        `sharded / n + replicated`, FSDP of its `fsdp_moments` where the profile gives them.
+        On one GPU every parallelism holds `total_bytes`.
         """
-        n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
+        n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        sharded, replicated = self._deciding(n)
+        if parallelism is Parallelism.DDP:
+            return self.total_bytes + int(self.ddp_bytes * self.margin)
+        sharded, replicated = self._deciding(n, parallelism is Parallelism.FSDP)
         return self._with_margin(sharded // n + replicated)
 
     def undivided_bytes(self, gpus: int) -> int:
@@ -67,14 +79,26 @@ class Estimate:
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return self._with_margin(self._deciding(n)[1])
+        return self._with_margin(self._deciding(n, True)[1])
 
-    def _deciding(self, n: int) -> tuple[int, int]:
+    @property
+    def fsdp_pairs(self) -> tuple[tuple[int, int], ...]:
+        """The (sharded, replicated) splits FSDP on two or more GPUs chooses among."""
+        if self.fsdp_moments:
+            return self.fsdp_moments
+        return ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+
+    def _deciding(self, n: int, fsdp: bool) -> tuple[int, int]:
         """The (sharded, replicated) split, of the peak's or a moment's, that needs the most
-        on each of n GPUs."""
-        best = (self.sharded_bytes, self.replicated_bytes)
+        on each of n GPUs (under FSDP, of `fsdp_moments` where there are any)."""
+        pairs = (
+            self.fsdp_pairs
+            if fsdp
+            else ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+        )
+        best = pairs[0]
         held = best[0] // n + best[1]
-        for pair in self.moments:
+        for pair in pairs:
             if pair[0] // n + pair[1] > held:
                 best, held = pair, pair[0] // n + pair[1]
         return best
@@ -82,8 +106,8 @@ class Estimate:
     @property
     def most_replicated_bytes(self) -> int:
         """What every GPU holds whole at the moment it holds the most so: no count of GPUs
-        takes less."""
-        return max((self.replicated_bytes, *(r for _, r in self.moments)))
+        takes less (under FSDP)."""
+        return max(r for _, r in self.fsdp_pairs)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:

@@ -50,7 +50,9 @@ def full(preset: str, checkpointing: Checkpointing) -> Estimate:
 def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_every_gpu() -> None:
     off, on = full("llama-3.1-8b", Checkpointing.OFF), full("llama-3.1-8b", Checkpointing.ON)
     assert off.total_bytes == on.total_bytes  # the optimizer step's peak either way
-    assert on.per_gpu_bytes(8) < 12 * GIB  # the step's split: checkpointing keeps little
+    # Checkpointing keeps little: the root's parameters and gradients and the blocks in
+    # flight (FSDP2's, 4.6 GiB) over the shards.
+    assert on.per_gpu_bytes(8) < 16 * GIB
     assert off.per_gpu_bytes(8) > 24 * GIB  # about 16 GiB of activations on each GPU
     # Every moment the fits know is one the per-GPU need covers.
     for sharded, replicated in off.moments:
