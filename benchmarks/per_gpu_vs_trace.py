@@ -44,6 +44,18 @@ def cut(preset: str, layers: int) -> dict[str, Any]:
     return config
 
 
+def steady(result: Any) -> dict[str, Any]:
+    """Each phase's peak segment in the last traced step: the steady state, with the
+    optimizer state made (the first step's regions also come before FSDP2's lazy setup has
+    run its hooks, so its whole first forward reads as "head")."""
+    last = max(seg.step for seg in result.segments)
+    peaks: dict[str, Any] = {}
+    for seg in result.segments:
+        if seg.step == last and (seg.phase not in peaks or seg.peak > peaks[seg.phase].peak):
+            peaks[seg.phase] = seg
+    return peaks
+
+
 def compare(
     config: dict[str, Any], settings: TrainingSettings, gpus: int, parallelism: Parallelism
 ) -> dict[str, tuple[int, int]]:
@@ -74,7 +86,7 @@ def one_rank_fsdp(config: dict[str, Any], settings: TrainingSettings) -> dict[st
 
     shape = parse_config(config)
     est = calibrated.estimate(shape, settings)
-    traced = trace_distributed_run(config, settings, Distributed(1)).result.phase_peaks
+    traced = steady(trace_distributed_run(config, settings, Distributed(1)).result)
     held = max(s + r for s, r in est.fsdp_moments) - est.fixed_bytes
     top = max(seg.peak for seg in traced.values())
     return {"peak": (held, top)}

@@ -217,9 +217,13 @@ def _fsdp_unsharded(key: str) -> tuple[int, int]:
     trace (`controller.trace.distributed`) shows at every moment of the step:
 
     * the root's parameters (embedding, final norm, LM head) are all-gathered as forward
-      starts and not resharded until backward ends (FSDP2 keeps the root unsharded after
-      forward): one copy at every moment but the optimizer step's, two at forward's start
+      starts, resharded after forward and gathered again as backward starts, then held to
+      its end: one copy at every moment but the optimizer step's, two at forward's start
       (the all-gather output and the parameters copied out of it) with the first block's;
+      at the loss's backward an untied root's all-gather output is still held beside its
+      copies, and the last block not yet gathered (`_UNTIED_TAIL`: read off the
+      distributed trace, where a tied root's output is already freed and the last block
+      gathered; priced as the larger of the two, where a block outweighs the root);
     * a block's parameters are all-gathered before it runs and resharded after it: in a
       block, in forward and in backward, that block's and the next one's (forward's
       all-gather of the next block, backward's prefetch of the previous one), two; after
@@ -240,6 +244,9 @@ def _fsdp_unsharded(key: str) -> tuple[int, int]:
         return 1, 1
     return 1, 2
 
+
+#: The loss's backward, where an untied root holds two copies and no block (`_fsdp_unsharded`).
+_UNTIED_TAIL = "backward/tail"
 
 #: The moments only an FSDP2 rank has, in the order `_fsdp_only` gives them.
 FSDP_ONLY_KEYS = ("forward/head", "backward/embedding", "backward/layer")
@@ -386,6 +393,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     splits = []  # (sharded, replicated) of each moment, for the per-GPU need
     fsdp = []  # the same under FSDP2 on n >= 2 GPUs: plus what it holds unsharded
     root, block = static.root_weights, static.layer_weights
+    untied = shape.lm_head_params > 0
     best_split = (0, 0)
     for key, at_optimizer, layer_coefs, local_coefs, holds, roots, blocks in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
@@ -397,7 +405,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         # samples) says nothing of what else is there: all of it stays each GPU's own.
         moved = layer_gradients if holds and layer_gradients <= dynamic else 0
         splits.append((static_part + moved, dynamic - moved))
-        fsdp.append((static_part + moved, dynamic - moved + roots * root + blocks * block))
+        gathered = roots * root + blocks * block
+        if untied and key == _UNTIED_TAIL:
+            gathered = root + max(root, block)
+        fsdp.append((static_part + moved, dynamic - moved + gathered))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
     at_step = best_key == OPTIMIZER_KEY
@@ -416,8 +427,14 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     fsdp.extend(_fsdp_only(shape, settings, static, base))
     sharded, replicated = best_split
     # DDP's gradient buckets: one flat copy of the trainable parameters' gradients
-    # (gradient_as_bucket_view=False, DDP's default), in the gradients' dtypes.
+    # (gradient_as_bucket_view=False, DDP's default), in the gradients' dtypes. And where
+    # the embedding's backward (every gradient made, a tied embedding's new gradient and
+    # the sum: `_fsdp_only`) holds more than the fitted peak, the difference: the fits keep
+    # it only where it decides a single-GPU sample, and a single GPU's figure stays theirs.
     buckets = static.gradients
+    if not settings.is_adapter:
+        tied = 2 * static.head_gradients if not static.embed_gradients else 0
+        buckets += max(0, base + static.gradients + tied - best)
     return assemble(  # Estimate(...), faster: see frozen.py
         Estimate,
         {
@@ -459,7 +476,19 @@ def phase_bytes(
         pairs = est.fsdp_moments
         keys += FSDP_ONLY_KEYS[: len(pairs) - len(keys)]
     else:
-        pairs = tuple((s + r + est.ddp_bytes, 0) for s, r in est.moments)
+        # DDP: the single-GPU moments plus the buckets, and the embedding's backward where
+        # it is above them (`ddp_bytes`).
+        buckets, pairs = est.ddp_bytes, est.moments
+        if not settings.is_adapter:
+            static = static_bytes(shape, settings)
+            buckets = static.gradients
+            tied = 2 * static.head_gradients if not static.embed_gradients else 0
+            held = static.weights + static.optimizer + static.gradients + tied
+            if settings.gradient_accumulation > 1:
+                held += static.gradients
+            keys = [*keys, "backward/embedding"]
+            pairs = (*pairs, (held + est.fixed_bytes, 0))
+        pairs = tuple((s + r + buckets, 0) for s, r in pairs)
         n = 1
     out: dict[str, int] = {}
     for key, (sharded, replicated) in zip(keys, pairs, strict=True):
