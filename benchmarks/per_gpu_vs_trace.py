@@ -59,18 +59,18 @@ def steady(result: Any) -> dict[str, Any]:
 def compare(
     config: dict[str, Any], settings: TrainingSettings, gpus: int, parallelism: Parallelism
 ) -> dict[str, tuple[int, int]]:
-    """phase -> (calibrated, traced) tensor bytes per rank; "forward" -> (0, traced) with the
-    trace's backward peak beside it as "forward<=backward"."""
+    """phase -> (calibrated, traced) tensor bytes per rank, the trace's in its steady
+    state; "forward" where the trace's forward peak is forward's start, and beside it
+    "forward<=backward" -> (whether the forward peak is below backward's, the forward peak)."""
     from controller.trace.distributed import Distributed, trace_distributed_run
     from controller.trace.run import trace_run
 
     shape = parse_config(config)
     if gpus == 1 and parallelism is Parallelism.FSDP:
-        traced = trace_run(config, settings).phase_peaks
+        traced = steady(trace_run(config, settings))
     else:
-        traced = trace_distributed_run(
-            config, settings, Distributed(gpus, parallelism)
-        ).result.phase_peaks
+        run = trace_distributed_run(config, settings, Distributed(gpus, parallelism))
+        traced = steady(run.result)
     predicted = calibrated.phase_bytes(shape, settings, gpus, parallelism)
     out = {p: (predicted[p], traced[p].peak) for p in PHASES if p in predicted}
     forward = traced["forward"]
