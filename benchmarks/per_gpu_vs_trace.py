@@ -72,7 +72,7 @@ def compare(
         run = trace_distributed_run(config, settings, Distributed(gpus, parallelism))
         traced = steady(run.result)
     predicted = calibrated.phase_bytes(shape, settings, gpus, parallelism)
-    out = {p: (predicted[p], traced[p].peak) for p in PHASES if p in predicted}
+    out = {p: (predicted[p], traced[p].peak) for p in PHASES[1:] if p in predicted}
     forward = traced["forward"]
     if forward.region == "head" and "forward" in predicted:
         out["forward"] = (predicted["forward"], forward.peak)
