@@ -54,6 +54,7 @@ def tensor_only(est: Estimate) -> Estimate:
         components={k: v for k, v in est.components.items() if k not in NOT_ALLOCATED},
         replicated_bytes=est.replicated_bytes - fixed,
         moments=tuple((s, r - fixed) for s, r in est.moments),
+        fsdp_moments=tuple((s, r - fixed) for s, r in est.fsdp_moments),
         fixed_bytes=max(0, est.fixed_bytes - fixed),
         margin=1,  # type: ignore[arg-type]  # Fraction(1) and 1 multiply alike
         # A traced rank's figure includes its replayed reserve and constants, which the

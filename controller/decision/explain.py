@@ -224,7 +224,7 @@ def _fsdp_count(job: JobRequest, largest: int) -> int | None:
     """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
     est = job.estimate
     limit = int(largest / est.margin)
-    pairs = ((est.sharded_bytes, est.replicated_bytes), *est.moments)
+    pairs = est.fsdp_pairs
     if any(replicated >= limit for _, replicated in pairs):
         return None  # what one moment holds whole on every GPU: no count divides it
     # Each moment's own fewest, the largest of them: where the search starts.

@@ -31,6 +31,17 @@ One (a, b) per architecture family x method x checkpointing x attention (sdpa, a
 flash/flex, or eager) x moment; the estimate is the largest moment. Only moments that decide
 some sample at 2, 3, 32 or 80 layers (to within 0.2 %) are kept.
 
+Data parallelism (`Estimate.fsdp_moments`, `Estimate.ddp_bytes`): what a rank of an FSDP2
+job holds beyond its shards is structural, not fitted: FSDP2's schedule says which
+parameters and gradients are unsharded at each moment (`_fsdp_unsharded`, `_fsdp_only`), and
+their bytes are exact (`Static.root_weights`, `Static.layer_weights`, the gradients'); the
+fitted part of every moment (activations, buffers) is the single-GPU fit's, each GPU's own.
+A DDP rank holds the single-GPU job plus its gradient buckets (`Static.gradients`).
+Assumed: FSDP2 defaults (reshard after forward, implicit prefetch, no mixed-precision
+policy: parameters gathered in their own dtypes), DDP without gradient_as_bucket_view.
+`python -m benchmarks.per_gpu_vs_trace` checks both against
+`controller.trace.distributed.trace_distributed_run` at 1 to 64 ranks, per moment.
+
 `python -m controller.calibration.calibrate` regenerates `calibration.json` from traces of shrunk
 variants of each family (about half an hour on 2 cores). Known limits, recorded in the
 file's `scope`: fitted on bf16, all-linear LoRA, AdamW; other optimizers change only the
@@ -67,7 +78,7 @@ from controller.estimator import frameworks, hybrid_fit, overheads
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
 from controller.estimator.model import ModelShape
-from controller.estimator.result import Estimate
+from controller.estimator.result import NCCL_BYTES, Estimate
 from controller.estimator.settings import (
     DEFAULT_SWITCHES,
     Attention,
@@ -75,6 +86,7 @@ from controller.estimator.settings import (
     Loss,
     Method,
     Offloading,
+    Parallelism,
     Precision,
     TrainingSettings,
 )
@@ -235,8 +247,87 @@ def dynamic_bytes(
 
 
 #: One moment's fit as `estimate` walks it: (key, at the optimizer step, a, b, whether the
-#: moment holds the decoder layers' gradients: `_holds_layer_gradients`).
-_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...], bool]
+#: moment holds the decoder layers' gradients: `_holds_layer_gradients`, and how many of the
+#: root's and of a block's parameters FSDP2 holds unsharded then: `_fsdp_unsharded`).
+_Moment = tuple[str, bool, tuple[float, ...], tuple[float, ...], bool, int, int]
+
+
+def _fsdp_unsharded(key: str) -> tuple[int, int]:
+    """(root copies, block copies) each rank of an FSDP2 job holds unsharded at a moment,
+    beyond its shards. Structural, from FSDP2's schedule (`fully_shard` on every block, then
+    on the root; `reshard_after_forward=True`, implicit prefetch), and what the distributed
+    trace (`controller.trace.distributed`) shows at every moment of the step:
+
+    * the root's parameters (embedding, final norm, LM head) are all-gathered as forward
+      starts, resharded after forward and gathered again as backward starts, then held to
+      its end: one copy at every moment but the optimizer step's, two at forward's start
+      (the all-gather output and the parameters copied out of it) with the first block's;
+      at the loss's backward an untied root's all-gather output is still held beside its
+      copies, and the last block not yet gathered (`_UNTIED_TAIL`: read off the
+      distributed trace, where a tied root's output is already freed and the last block
+      gathered; priced as the larger of the two, where a block outweighs the root);
+    * a block's parameters are all-gathered before it runs and resharded after it: in a
+      block, in forward and in backward, that block's and the next one's (forward's
+      all-gather of the next block, backward's prefetch of the previous one), two; after
+      the last block of forward, through the loss and into the last block's backward, one
+      (the last block, not resharded: backward needs it first); in backward's first layer
+      (the last one backward runs) one, there is none left to prefetch;
+    * gradients: the block's unsharded ones and the reduce-scatter input still held are
+      already in the fits' replicated part (the layer being worked on and the one before,
+      `_holds_layer_gradients`), the root's whole until backward ends (G_head, G_embed);
+    * the optimizer step works on the shards alone.
+
+    Two moments of FSDP2's own, which no single-GPU fit keeps (`_fsdp_only`): forward's
+    start, and the embedding's backward at the end of backward.
+    """
+    if key == OPTIMIZER_KEY:
+        return 0, 0
+    if key.endswith("/tail") or "/tail/" in key or key.startswith("backward/first/"):
+        return 1, 1
+    return 1, 2
+
+
+#: The loss's backward, where an untied root holds two copies and no block (`_fsdp_unsharded`).
+_UNTIED_TAIL = "backward/tail"
+
+#: The moments only an FSDP2 rank has, in the order `_fsdp_only` gives them.
+FSDP_ONLY_KEYS = ("forward/head", "backward/embedding", "backward/layer")
+
+
+def _fsdp_only(
+    shape: ModelShape, settings: TrainingSettings, static: Static, base: int
+) -> tuple[tuple[int, int], ...]:
+    """(sharded, replicated) of the moments where an FSDP2 rank holds the most that a
+    single GPU does not, each structural (`controller.calibration.check_distributed`
+    holds them to the distributed trace):
+
+    * forward's start: the root's all-gather output and the parameters copied out of it
+      (two root copies) and the first block gathered, over the embedding's output and the
+      batch (input ids, mask, labels: int64);
+    * full fine-tuning, backward's end (the embedding's backward): the root's parameters
+      and its gradients whole (LM head, final norm, an untied embedding's: FSDP2
+      reduce-scatters the root's when backward ends), the first block's gradients waiting
+      for their reduce-scatter, every other block's sharded; a tied embedding's backward
+      makes a new gradient of the embedding's size and their sum, two more copies;
+    * full fine-tuning, a block's backward: the root's parameters, the block and the
+      prefetched one, the LM head's gradients (whole until backward ends), the block's own
+      gradients and the previous block's awaiting their reduce-scatter; the blocks done
+      sharded. (The block's activations and working buffers, tens of MiB, are left out.)
+    """
+    t = settings.batch * settings.seq_len
+    elem = 4 if settings.precision is _FP32 else 2
+    root, block = static.root_weights, static.layer_weights
+    batch = 3 * -(-t * 8 // 512) * 512
+    head = (base, 2 * root + block + t * shape.hidden_size * elem + batch)
+    if settings.is_adapter:
+        return (head,)
+    root_grads = static.head_gradients + static.embed_gradients
+    layers = static.gradients - root_grads
+    tied = 2 * static.head_gradients if not static.embed_gradients else 0
+    end = (base + layers, root + root_grads + static.layer_gradients + tied)
+    g_layer = static.layer_gradients
+    inner = (base + layers - 2 * g_layer, root + 2 * block + static.head_gradients + 2 * g_layer)
+    return head, end, inner
 
 
 def _holds_layer_gradients(key: str) -> bool:
@@ -291,7 +382,14 @@ def _moments(
             f"{attention} attention; regenerate calibration.json",
         ) from None
     return tuple(
-        (key, key == OPTIMIZER_KEY, tuple(layer), tuple(local), _holds_layer_gradients(key))
+        (
+            key,
+            key == OPTIMIZER_KEY,
+            tuple(layer),
+            tuple(local),
+            _holds_layer_gradients(key),
+            *_fsdp_unsharded(key),
+        )
         for key, (layer, local) in keys.items()
     )
 
@@ -349,13 +447,17 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     g_layers = per_layer[hybrid_fit.LAYER_GRADIENTS] if hybrid else layers * static.layer_gradients
     layer_gradients = max(0, g_layers - 2 * static.layer_gradients)
     splits = []  # (sharded, replicated) of each moment, for the per-GPU need
+    fsdp = []  # the same under FSDP2 on n >= 2 GPUs: plus what it holds unsharded
+    root, block = static.root_weights, static.layer_weights
+    untied = shape.lm_head_params > 0
     best_split = (0, 0)
+    last_layer_fsdp: tuple[int, int] | None = None
     switched = settings.switches is not DEFAULT_SWITCHES
     in_backward = switched and settings.switches.optimizer_in_backward
     if in_backward:  # one parameter's gradient and step scratch at a time
         at_step_base = base + static.largest_gradient + static.largest_scratch
     adjust = _Switched(settings, shape, per_layer, once, layers, hybrid != "") if switched else None
-    for key, at_optimizer, layer_coefs, local_coefs, holds in moments:
+    for key, at_optimizer, layer_coefs, local_coefs, holds, roots, blocks in moments:
         # `dynamic_bytes`, inline: the same float operations in the same order.
         fitted = layers * sum(map(mul, layer_coefs, per_layer)) + sum(map(mul, local_coefs, once))
         if adjust is not None:
@@ -369,6 +471,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             dynamic, moved = dynamic - moved, 0  # stepped and freed as they were made
         total = static_part + dynamic
         splits.append((static_part + moved, dynamic - moved))
+        gathered = roots * root + blocks * block
+        if untied and key == _UNTIED_TAIL:
+            gathered = root + max(root, block)
+        fsdp.append((static_part + moved, dynamic - moved + gathered))
         if total > best:
             best_key, best, best_dynamic, best_split = key, total, dynamic, splits[-1]
         if adjust is not None:
@@ -377,7 +483,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         # Without checkpointing the fits keep no layer's backward: a layer's working set is
         # the checkpointed fit's (its recomputation is the activations this one saved).
         section = "hybrid" if hybrid else ""
-        for key, _, layer_coefs, local_coefs, holds in _moments(
+        for key, _, layer_coefs, local_coefs, holds, _, _ in _moments(
             family, settings.method, "on", attention, section
         ):
             if key.startswith("backward/first/"):
@@ -389,6 +495,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
                 adjust.observe(key, layer_coefs, dynamic - moved)
     if adjust is not None and (dynamic := adjust.last_layer_backward(widen)) is not None:
         splits.append((base, dynamic))
+        # under FSDP2 the last layer's backward holds the root, that block and the prefetched
+        # one unsharded (what the fitted last-layer moments add: `_moments`)
+        last_layer_fsdp = (base, dynamic + root + 2 * block)
         if base + dynamic > best:
             best_key, best, best_dynamic, best_split = (
                 LAST_LAYER_KEY,
@@ -412,7 +521,19 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         "allocator_slack": best * share[0] // share[1],
     }
     fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
+    fsdp.extend(_fsdp_only(shape, settings, static, base))
+    if adjust is not None and last_layer_fsdp is not None:
+        fsdp.append(last_layer_fsdp)
     sharded, replicated = best_split
+    # DDP's gradient buckets: one flat copy of the trainable parameters' gradients
+    # (gradient_as_bucket_view=False, DDP's default), in the gradients' dtypes. And where
+    # the embedding's backward (every gradient made, a tied embedding's new gradient and
+    # the sum: `_fsdp_only`) holds more than the fitted peak, the difference: the fits keep
+    # it only where it decides a single-GPU sample, and a single GPU's figure stays theirs.
+    buckets = static.gradients
+    if not settings.is_adapter:
+        tied = 2 * static.head_gradients if not static.embed_gradients else 0
+        buckets += max(0, base + static.gradients + tied - best)
     return assemble(  # Estimate(...), faster: see frozen.py
         Estimate,
         {
@@ -427,6 +548,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
             "traced_per_gpu": (),
+            "comm_bytes": NCCL_BYTES,
+            "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),
+            "ddp_bytes": buckets,
         },
     )
 
@@ -510,6 +634,50 @@ class _Switched:
             activations = sum(map(mul, layer_coefs, self.per_token))
             fitted -= self.dropped * max(activations, 0.0)
         return fitted
+
+
+def phase_bytes(
+    shape: ModelShape, settings: TrainingSettings, gpus: int, parallelism: Parallelism
+) -> dict[str, int]:
+    """Tensor bytes each of `gpus` GPUs holds at each phase's largest fitted moment
+    ("backward", "optimizer"; under FSDP "forward" too: forward's start), without the
+    constants and the
+    margin: what the distributed trace's phase peaks measure. For checks
+    (benchmarks/per_gpu_vs_trace.py), not the hot path."""
+    est = estimate(shape, settings)
+    hybrid = _hybrid_family(shape)
+    gc = "off" if settings.gradient_checkpointing is _OFF else "on"
+    attention = "eager" if settings.attention is _EAGER else "sdpa"
+    family = hybrid or family_of(shape.model_type)
+    section = "hybrid" if hybrid else ""
+    keys = [m[0] for m in _moments(family, settings.method, gc, attention, section)]
+    n = max(gpus, 1)
+    if n == 1:
+        pairs, n = est.moments, 1
+    elif parallelism is Parallelism.FSDP:
+        pairs = est.fsdp_moments
+        keys += FSDP_ONLY_KEYS[: len(pairs) - len(keys)]
+    else:
+        # DDP: the single-GPU moments plus the buckets, and the embedding's backward where
+        # it is above them (`ddp_bytes`).
+        buckets, pairs = est.ddp_bytes, est.moments
+        if not settings.is_adapter:
+            static = static_bytes(shape, settings)
+            buckets = static.gradients
+            tied = 2 * static.head_gradients if not static.embed_gradients else 0
+            held = static.weights + static.optimizer + static.gradients + tied
+            if settings.gradient_accumulation > 1:
+                held += static.gradients
+            keys = [*keys, "backward/embedding"]
+            pairs = (*pairs, (held + est.fixed_bytes, 0))
+        pairs = tuple((s + r + buckets, 0) for s, r in pairs)
+        n = 1
+    out: dict[str, int] = {}
+    for key, (sharded, replicated) in zip(keys, pairs, strict=True):
+        phase = key.split("/", 1)[0]
+        held = sharded // n + replicated - est.fixed_bytes
+        out[phase] = max(out.get(phase, 0), held)
+    return out
 
 
 def peak_bytes(shape: ModelShape, settings: TrainingSettings) -> int:

@@ -38,4 +38,14 @@ def with_load_moment(est: Estimate, settings: TrainingSettings) -> Estimate:
         return est
     fixed = est.fixed_bytes + est.components.get(_CONTEXT, 0)
     moment = (0, load_bytes(est) + fixed)
-    return replace(est, moments=(*est.moments, moment))
+    # The same moment wherever the per-GPU rule looks: FSDP2's own moments (a rank holds
+    # nothing gathered while loading), and a traced rank's figure, which saw only the step.
+    loaded = int((moment[1] - est.fixed_bytes) * est.margin) + est.fixed_bytes
+    return replace(
+        est,
+        moments=(*est.moments, moment),
+        fsdp_moments=(*est.fsdp_moments, moment) if est.fsdp_moments else (),
+        traced_per_gpu=tuple(
+            (value, count, max(held, loaded)) for value, count, held in est.traced_per_gpu
+        ),
+    )

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from controller.allocator.fixed_costs import fixed_bytes
 from controller.estimator.settings import Parallelism
+
+#: NCCL's communicator buffers on each rank of a data-parallel job (one communicator, the
+#: ring's buffers over NVLink's 32 channels: controller.allocator.fixed_costs, sourced there).
+NCCL_BYTES = fixed_bytes(2, 2)["nccl_ring_buffers"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,20 @@ class Estimate:
     a whole micro-batch of activations on every GPU, which FSDP does not divide, and on n
     GPUs that moment can need more than the step's. Each GPU needs the largest over them.
 
+    `fsdp_moments`, where a profile prices them (calibrated), are the same moments as each
+    rank of an FSDP2 job on two or more GPUs holds them: beside its shards, what FSDP2 keeps
+    unsharded at that moment (the root's parameters, the all-gathered block and the
+    prefetched one), counted in the replicated part. They replace the peak's split and
+    `moments` for FSDP on n >= 2 (a device map all-gathers nothing). `ddp_bytes` is what
+    each DDP rank on two or more GPUs holds beyond the single-GPU job: its gradient buckets.
+
     `traced_per_gpu` holds what one rank was traced to need at a world size, as
-    (parallelism value, GPUs, bytes): the trace profile traces the job's own spread, which
-    holds what the rule above cannot see (FSDP's gathered block and reduce-scatter buffers,
-    DDP's gradient buckets). Where it has the pair asked for, that is the per-GPU figure.
+    (parallelism value, GPUs, bytes): the trace profile traces the job's own spread. Where
+    it has the pair asked for, that is the per-GPU figure (its NCCL buffers included).
+
+    `comm_bytes`: what each rank on two or more GPUs under FSDP or DDP holds for NCCL's
+    communicators (`NCCL_BYTES` where the profile counts them), outside the caching
+    allocator: NVML counts them, so admission does.
     """
 
     profile: str
@@ -46,7 +61,10 @@ class Estimate:
     head_bytes: int = 0
     fixed_bytes: int = 0
     moments: tuple[tuple[int, int], ...] = ()
+    fsdp_moments: tuple[tuple[int, int], ...] = ()
+    ddp_bytes: int = 0
     traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
+    comm_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -55,20 +73,25 @@ class Estimate:
     def per_gpu_bytes(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> int:
         """What each of `gpus` GPUs must hold: the one per-GPU rule of vramgate.
 
-        DDP replicates the whole job on every GPU; FSDP (and a device map, for the GPU that
-        holds the LM head) holds `sharded / n + replicated`. On one GPU every parallelism
-        holds `total_bytes`, and DDP holds it on any count. Where the job's rank was traced
-        at this count and parallelism (`traced_per_gpu`), the traced figure is the answer.
+        DDP replicates the whole job on every GPU, plus its gradient buckets on two or more
+        (`ddp_bytes`); FSDP (and a device map, for the GPU that holds the LM head) holds
+        `sharded / n + replicated`, FSDP of its `fsdp_moments` where the profile gives them.
+        On one GPU every parallelism holds `total_bytes`. FSDP and DDP ranks add NCCL's
+        buffers (`comm_bytes`). Where the job's rank was traced at this count and parallelism
+        (`traced_per_gpu`), the traced figure is the answer.
         """
         if self.traced_per_gpu:
             for value, count, held in self.traced_per_gpu:
                 if count == gpus and value == parallelism.value:
                     return held
-        n = 1 if parallelism is Parallelism.DDP else max(gpus, 1)
+        n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        sharded, replicated = self._deciding(n)
-        return self._with_margin(sharded // n + replicated)
+        if parallelism is Parallelism.DDP:
+            return self.total_bytes + int(self.ddp_bytes * self.margin) + self.comm_bytes
+        fsdp = parallelism is Parallelism.FSDP
+        sharded, replicated = self._deciding(n, fsdp)
+        return self._with_margin(sharded // n + replicated) + (self.comm_bytes if fsdp else 0)
 
     def undivided_bytes(self, gpus: int) -> int:
         """The part of `per_gpu_bytes(gpus)` under FSDP that FSDP does not divide: what each
@@ -78,14 +101,26 @@ class Estimate:
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return self._with_margin(self._deciding(n)[1])
+        return self._with_margin(self._deciding(n, True)[1])
 
-    def _deciding(self, n: int) -> tuple[int, int]:
+    @property
+    def fsdp_pairs(self) -> tuple[tuple[int, int], ...]:
+        """The (sharded, replicated) splits FSDP on two or more GPUs chooses among."""
+        if self.fsdp_moments:
+            return self.fsdp_moments
+        return ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+
+    def _deciding(self, n: int, fsdp: bool) -> tuple[int, int]:
         """The (sharded, replicated) split, of the peak's or a moment's, that needs the most
-        on each of n GPUs."""
-        best = (self.sharded_bytes, self.replicated_bytes)
+        on each of n GPUs (under FSDP, of `fsdp_moments` where there are any)."""
+        pairs = (
+            self.fsdp_pairs
+            if fsdp
+            else ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+        )
+        best = pairs[0]
         held = best[0] // n + best[1]
-        for pair in self.moments:
+        for pair in pairs:
             if pair[0] // n + pair[1] > held:
                 best, held = pair, pair[0] // n + pair[1]
         return best
@@ -93,8 +128,8 @@ class Estimate:
     @property
     def most_replicated_bytes(self) -> int:
         """What every GPU holds whole at the moment it holds the most so: no count of GPUs
-        takes less."""
-        return max((self.replicated_bytes, *(r for _, r in self.moments)))
+        takes less (under FSDP)."""
+        return max(r for _, r in self.fsdp_pairs)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:

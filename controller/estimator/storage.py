@@ -99,6 +99,13 @@ class Static:
     layer_gradients: int  # gradient bytes of the largest decoder layer
     head_gradients: int  # LM head (or the embedding it is tied to) + final norm: from the loss on
     embed_gradients: int  # an untied trainable embedding: computed last in backward
+    # What data parallelism adds per rank (`calibrated._fsdp_extra`): the resident bytes of
+    # the largest decoder layer (FSDP2 all-gathers one block whole, in its own dtypes: frozen
+    # base, NF4 codes, fp32 adapters alike) and of the modules outside the layers (embedding,
+    # final norm, LM head, `modules_to_save` copies: FSDP2's root unit, held unsharded from
+    # the root's all-gather in forward to the end of backward).
+    layer_weights: int = 0
+    root_weights: int = 0
     # Per entry of `ModelShape.layer_counts`: (gradient bytes, adapted in_features, rank x
     # adapted linears) of one such layer, then the outer linears' if the model has any. The
     # hybrid fit (`hybrid_fit.py`) prices each layer type by its own; equality compares the
@@ -182,14 +189,16 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     router_elem = _FP32 if fam.router_correction_bias else elem
 
     weights = lora_inputs = lora_ranks = dequantized = layer_grads = stacks_max = 0
+    layer_held = in_layers = 0
     # Every trainable tensor as (numel, bytes per element) -> how many the model holds.
     tensors: dict[tuple[int, int], int] = {}
     layer_parts: list[tuple[int, int, int]] = []
     priced = shape.layer_counts
+    decoder = len(priced)
     if shape.outer_linears:  # priced as a layer of their own, once (see ModelShape)
         outer_layer = Layer(linears=shape.outer_linears, other_params=0)
         priced = (*priced, (outer_layer, 1))
-    for layer, count in priced:
+    for index, (layer, count) in enumerate(priced):
         trainable: list[tuple[int, int]] = []
         held = grads_here = inputs_here = ranks_here = 0
         experts: list[Linear] = []
@@ -255,6 +264,9 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                 trainable.append((numel, elem))
                 grads_here += tensor
         layer_grads = max(layer_grads, grads_here)
+        if index < decoder:
+            layer_held = max(layer_held, held)
+            in_layers += held * count
         layer_parts.append((grads_here, inputs_here, ranks_here))
         weights += held * count
         lora_inputs += inputs_here * count
@@ -328,6 +340,8 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "layer_gradients": layer_grads,
             "head_gradients": head_grads,
             "embed_gradients": embed_grads,
+            "layer_weights": layer_held,
+            "root_weights": weights - in_layers,
             "layer_parts": tuple(layer_parts),
             "largest_gradient": largest_gradient,
             "largest_scratch": largest_scratch,

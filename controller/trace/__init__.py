@@ -266,6 +266,7 @@ def estimate(
         fixed_bytes=fixed,
         moments=tuple((s, r + fixed) for s, r in phases),
         traced_per_gpu=traced,
+        comm_bytes=overheads.NCCL_BYTES_PER_PEER,
     )
 
 

@@ -1,10 +1,10 @@
 """Every bundled preset's estimate, by method and formula profile, is what it was.
 
 The golden file holds each estimate whole (components, parameters, the per-GPU split and its
-moments, per-GPU bytes at 1, 2 and 8 GPUs under FSDP and DDP). A change of layout or of
-reading must leave every figure byte-identical; a change meant to move figures rewrites the
-file on purpose (`python -m tests.unit.estimator.test_estimates_unchanged`) and says why in
-its commit.
+moments, FSDP2's per-rank moments and DDP's buckets, per-GPU bytes at 1, 2 and 8 GPUs under
+FSDP and DDP). A change of layout or of reading must leave every figure byte-identical; a
+change meant to move figures rewrites the file on purpose
+(`python -m tests.unit.estimator.test_estimates_unchanged`) and says why in its commit.
 The trace profile is left out: seconds per estimate, and its own tests pin its figures.
 """
 
@@ -53,6 +53,8 @@ def _figures(preset: str, method: str, profile: str) -> dict[str, Any]:
         "head_bytes": est.head_bytes,
         "fixed_bytes": est.fixed_bytes,
         "moments": [list(m) for m in est.moments],
+        "fsdp_moments": [list(m) for m in est.fsdp_moments],
+        "ddp_bytes": est.ddp_bytes,
         "per_gpu": {
             f"{mode.value}x{n}": est.per_gpu_bytes(n, mode)
             for mode in (Parallelism.FSDP, Parallelism.DDP)

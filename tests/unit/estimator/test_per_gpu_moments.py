@@ -49,8 +49,12 @@ def full(preset: str, checkpointing: Checkpointing) -> Estimate:
 
 def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_every_gpu() -> None:
     off, on = full("llama-3.1-8b", Checkpointing.OFF), full("llama-3.1-8b", Checkpointing.ON)
-    assert off.total_bytes == on.total_bytes  # the optimizer step's peak either way
-    assert on.per_gpu_bytes(8) < 12 * GIB  # the step's split: checkpointing keeps little
+    # the optimizer step's tensors either way (the allocator's share differs by setting)
+    slack = "allocator_slack"
+    assert off.total_bytes - off.components[slack] == on.total_bytes - on.components[slack]
+    # Checkpointing keeps little: the root's parameters and gradients and the blocks in
+    # flight (FSDP2's, 4.6 GiB) over the shards, the allocator's reserve and NCCL's buffers.
+    assert on.per_gpu_bytes(8) < 17 * GIB
     assert off.per_gpu_bytes(8) > 24 * GIB  # about 16 GiB of activations on each GPU
     # Every moment the fits know is one the per-GPU need covers.
     for sharded, replicated in off.moments:
@@ -69,7 +73,7 @@ def test_calibrated_shards_the_gradients_a_backward_moment_holds() -> None:
     done = (shape.num_layers - 2) * static.layer_gradients
     first = [m for m in est.moments if m[0] == static.weights + static.optimizer + done]
     assert first, "no backward moment shards exactly the gradients of the layers done"
-    assert est.per_gpu_bytes(8) < 45 * GIB
+    assert est.per_gpu_bytes(8) < 47 * GIB  # the gradients whole: over 92 GiB
     assert all(replicated < done for _, replicated in est.moments)  # none whole on each GPU
 
 
