@@ -3,10 +3,11 @@
     python -m benchmarks.accuracy.report [--trace] [--markdown]
 
 For each run and profile: the per-GPU figure vramgate predicts (`controller.jobs.profiles.
-estimate`, then `Estimate.per_gpu_bytes(gpus, parallelism)`, the rule admission uses) and its
-signed error against the measured figure, (predicted - measured) / measured. Like is compared
-with like: a `reserved` or `nvml` measurement against the profile's whole figure (with its CUDA
-context and allocator allowances), an `allocated` one against its tensors alone (`tensor_only`).
+estimate` at the run's GPU count and parallelism, then `Estimate.per_gpu_levels`, the rule
+admission uses) and its signed error against the measured figure, (predicted - measured) /
+measured. Like is compared with like: an `nvml` measurement against the NVML-level figure
+admission reserves, a `reserved` one against the allocator's reservation (without the CUDA
+context and NCCL's buffers), an `allocated` one against the tensors alone.
 Then, per profile, the median |error|, the signed median and the share of runs
 under-predicted by more than 5 % (the runs that would die of CUDA OOM at admission's figure),
 for single- and multi-GPU runs, by statistic, and without the runs that did something
@@ -26,42 +27,12 @@ from dataclasses import dataclass, replace
 
 from benchmarks.accuracy.runs import Run, job_of, load_document, load_runs
 from controller.base.units import GIB
-from controller.estimator import Estimate, Profile, SpecError, SpecErrors
+from controller.estimator import Profile, SpecError, SpecErrors
 from controller.jobs.profiles import estimate
 
 FORMULA_PROFILES = (Profile.ANALYTIC, Profile.UNSLOTH, Profile.CALIBRATED)
-#: Components that are not tensors a training step allocates: the CUDA context and runtime
-#: outside the caching allocator (calibrated's `cuda_context`, unsloth's `cuda_overhead`),
-#: NCCL's buffers, the allocator's slack or replayed reserve between reserved and allocated,
-#: and analytic's 10 % that stands for all of them. cuBLAS's workspace stays: it goes through
-#: the caching allocator, so max_memory_allocated counts it.
-NOT_ALLOCATED = (
-    "cuda_context", "cuda_overhead", "nccl_buffers", "allocator_slack", "allocator_reserve",
-    "overhead",
-)  # fmt: skip
-#: Components that sit in `replicated_bytes` whatever the GPU count and are not allocated.
-_PER_PROCESS = ("cuda_context", "cuda_overhead")
 #: An error below this is an under-prediction that admission would turn into an OOM.
 UNDER = -0.05
-
-
-def tensor_only(est: Estimate) -> Estimate:
-    """The estimate without what torch.cuda.max_memory_allocated does not see: the same
-    split over GPUs, the per-process extras out of every moment, no margin."""
-    fixed = sum(est.components.get(name, 0) for name in _PER_PROCESS)
-    return replace(
-        est,
-        components={k: v for k, v in est.components.items() if k not in NOT_ALLOCATED},
-        replicated_bytes=est.replicated_bytes - fixed,
-        moments=tuple((s, r - fixed) for s, r in est.moments),
-        fsdp_moments=tuple((s, r - fixed) for s, r in est.fsdp_moments),
-        fixed_bytes=max(0, est.fixed_bytes - fixed),
-        margin=1,  # type: ignore[arg-type]  # Fraction(1) and 1 multiply alike
-        # A traced rank's figure includes its replayed reserve and constants, which the
-        # estimate does not split out: against an allocated figure the rule on the
-        # single-GPU split answers instead.
-        traced_per_gpu=(),
-    )
 
 
 @dataclass(frozen=True)
@@ -86,9 +57,9 @@ def predict(run: Run, profile: Profile, models: dict) -> Prediction:
         )
     except (SpecError, SpecErrors) as error:
         return Prediction(run, profile, None, str(error))
-    if run.statistic == "allocated":
-        est = tensor_only(est)
-    return Prediction(run, profile, est.per_gpu_bytes(run.gpus, run.parallelism))
+    levels = est.per_gpu_levels(run.gpus, run.parallelism)
+    figure = {"allocated": levels.allocated, "reserved": levels.reserved, "nvml": levels.nvml}
+    return Prediction(run, profile, figure[run.statistic])
 
 
 @dataclass(frozen=True)

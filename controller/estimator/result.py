@@ -11,6 +11,21 @@ from controller.estimator.settings import Parallelism
 #: NCCL's communicator buffers on each rank of a data-parallel job (one communicator, the
 #: ring's buffers over NVLink's 32 channels: controller.allocator.fixed_costs, sourced there).
 NCCL_BYTES = fixed_bytes(2, 2)["nccl_ring_buffers"]
+#: Components a process holds outside PyTorch's caching allocator, by each profile's name for
+#: them: NVML counts them, `torch.cuda.max_memory_reserved()` does not.
+OUTSIDE_ALLOCATOR = ("cuda_context", "cuda_overhead")
+
+
+@dataclass(frozen=True)
+class Levels:
+    """One GPU's figure at the three levels people measure it: what tensors hold
+    (`torch.cuda.max_memory_allocated`), what the caching allocator reserved
+    (`max_memory_reserved`), and what NVML and `nvidia-smi` show for the process (the
+    reservation plus the CUDA context and NCCL's buffers): the figure admission reserves."""
+
+    allocated: int
+    reserved: int
+    nvml: int
 
 
 @dataclass(frozen=True)
@@ -130,6 +145,27 @@ class Estimate:
         """What every GPU holds whole at the moment it holds the most so: no count of GPUs
         takes less (under FSDP)."""
         return max(r for _, r in self.fsdp_pairs)
+
+    def per_gpu_levels(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> Levels:
+        """`per_gpu_bytes` (the NVML level) with the reserved and allocated levels beneath it:
+        reserved is it without what sits outside the allocator (OUTSIDE_ALLOCATOR, NCCL's
+        buffers); allocated also without the margin the profile puts on the tensors (the
+        allocator's reserve, or analytic's 10 %), inverted from the per-GPU rule
+        `(held - fixed) x margin + fixed`, so it is exact wherever the rule answers and the
+        tensors' share of a traced rank's figure otherwise."""
+        nvml = self.per_gpu_bytes(gpus, parallelism)
+        context = sum(self.components.get(name, 0) for name in OUTSIDE_ALLOCATOR)
+        comm = self.comm_bytes if gpus > 1 and parallelism is not Parallelism.DEVICE_MAP else 0
+        traced = any(
+            count == gpus and value == parallelism.value
+            for value, count, _ in self.traced_per_gpu
+        )
+        if traced:  # the traced rank's figure holds NCCL's buffers of its own
+            comm = self.comm_bytes
+        fixed = self.fixed_bytes
+        tensors = nvml - comm - fixed
+        allocated = int(tensors / self.margin) + fixed - context if tensors > 0 else nvml - comm
+        return Levels(allocated=max(allocated, 0), reserved=nvml - comm - context, nvml=nvml)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:

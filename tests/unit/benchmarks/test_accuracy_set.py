@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.accuracy.report import NOT_ALLOCATED, predict, tensor_only
+from benchmarks.accuracy.report import predict
 from benchmarks.accuracy.runs import (
     Run,
     form_errors,
@@ -20,8 +20,7 @@ from benchmarks.accuracy.runs import (
     load_runs,
     model_shape,
 )
-from controller.estimator import Method, Profile, SpecErrors, TrainingSettings, load_shape
-from controller.jobs.profiles import estimate
+from controller.estimator import Profile, SpecErrors
 
 RUNS = load_runs()
 MODELS = load_document().get("models") or {}
@@ -97,21 +96,12 @@ def test_measured_units_convert_explicitly() -> None:
     assert _run(measured={"value": 64, "unit": "GB"}).measured_bytes == 64 * 10**9
 
 
-@pytest.mark.parametrize("profile", [Profile.ANALYTIC, Profile.UNSLOTH, Profile.CALIBRATED])
-def test_tensor_only_drops_the_extras_on_any_gpu_count(profile: Profile) -> None:
-    """An allocated measurement is compared with the tensors alone: no extra left in any
-    component, and on n GPUs each holds less than the whole figure's per-GPU share."""
-    settings = TrainingSettings(method=Method.LORA, profile=profile)
-    whole = estimate(load_shape("llama-3.1-8b"), settings)
-    tensors = tensor_only(whole)
-    assert not set(tensors.components) & set(NOT_ALLOCATED)
-    for gpus in (1, 2, 8):
-        assert 0 < tensors.per_gpu_bytes(gpus) < whole.per_gpu_bytes(gpus)
-
-
 def test_predictions_compare_like_with_like() -> None:
     run = next(r for r in RUNS if r.statistic == "reserved")
     allocated = Run({**run.fields, "statistic": "allocated"})
-    whole = predict(run, Profile.CALIBRATED, MODELS).predicted
+    nvml = Run({**run.fields, "statistic": "nvml"})
+    reserved = predict(run, Profile.CALIBRATED, MODELS).predicted
     tensors = predict(allocated, Profile.CALIBRATED, MODELS).predicted
-    assert whole is not None and tensors is not None and tensors < whole
+    whole = predict(nvml, Profile.CALIBRATED, MODELS).predicted
+    assert whole is not None and reserved is not None and tensors is not None
+    assert tensors < reserved < whole
