@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus
-from controller.api.finetunejob import EstimateStatus
+from controller.api.finetunejob import EstimateStatus, PerGpuLevels
 from controller.base.units import format_gib
 from controller.estimator import Estimate, Parallelism
 from controller.jobs.spec import JobPlan
@@ -51,6 +51,7 @@ def estimate_status(plan: JobPlan, est: Estimate, gpus: int | None = None) -> di
     `gpus` (the count admitted by policy Resize)."""
     gpus = plan.gpus if gpus is None else gpus
     per_gpu = est.per_gpu_bytes(gpus, plan.parallelism)
+    levels = est.per_gpu_levels(gpus, plan.parallelism)
     return EstimateStatus(
         model=plan.model,
         profile=est.profile,
@@ -63,6 +64,11 @@ def estimate_status(plan: JobPlan, est: Estimate, gpus: int | None = None) -> di
         trainable_params=est.trainable_params,
         total_gib=format_gib(est.total_bytes),
         per_gpu_gib=format_gib(per_gpu),
+        per_gpu_levels=PerGpuLevels(
+            allocated_bytes=levels.allocated,
+            reserved_bytes=levels.reserved,
+            nvml_bytes=levels.nvml,
+        ),
     ).model_dump(mode="json", by_alias=True)
 
 

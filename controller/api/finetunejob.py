@@ -415,6 +415,25 @@ class FineTuneJobSpec(ApiModel):
 # -- status ---------------------------------------------------------------------------------
 
 
+class PerGpuLevels(ApiModel):
+    allocated_bytes: int = Field(
+        ge=0,
+        description="allocatedBytes is what tensors hold on each GPU at the step's peak "
+        "(torch.cuda.max_memory_allocated).",
+    )
+    reserved_bytes: int = Field(
+        ge=0,
+        description="reservedBytes is what PyTorch's caching allocator reserves on each GPU "
+        "(torch.cuda.max_memory_reserved): the tensors plus the allocator's cached blocks.",
+    )
+    nvml_bytes: int = Field(
+        ge=0,
+        description="nvmlBytes is what NVML (nvidia-smi) shows for each GPU's process: the "
+        "reservation plus the CUDA context and NCCL's buffers. It equals perGpuBytes, the "
+        "figure admission reserves.",
+    )
+
+
 class EstimateStatus(ApiModel):
     model: str = Field(
         description="model is what was estimated: the preset name, inline, or "
@@ -448,6 +467,11 @@ class EstimateStatus(ApiModel):
     )
     per_gpu_gib: str = Field(
         alias="perGpu", description="perGpu is perGpuBytes in GiB, for people."
+    )
+    per_gpu_levels: PerGpuLevels | None = Field(
+        default=None,
+        description="perGpuLevels is perGpuBytes at the three levels people measure it: "
+        "allocated, reserved and NVML.",
     )
 
 

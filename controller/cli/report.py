@@ -63,6 +63,9 @@ def estimate_json(
         "parallelism": parallelism.value,
         "gpus": n_gpus,
         "per_gpu_bytes": est.per_gpu_bytes(n_gpus, parallelism),
+        # The same figure at the levels people measure (allocated <= reserved <= nvml, the
+        # last being per_gpu_bytes): Estimate.per_gpu_levels.
+        "per_gpu_levels": levels_json(est, n_gpus, parallelism),
         # What FSDP leaves whole on every GPU of that figure; null for the other modes.
         "per_gpu_undivided_bytes": (
             est.undivided_bytes(n_gpus) if parallelism is Parallelism.FSDP else None
@@ -91,6 +94,25 @@ def fit_sentence(result: Fit, card: str) -> str:
     if result.reason.startswith(_NO_COUNT):
         return result.reason.replace(_NO_COUNT, f"no number of {card} GPUs fits", 1)
     return f"does not fit {on}: {result.reason}"
+
+
+def levels_json(est: Estimate, n_gpus: int, parallelism: Parallelism) -> dict[str, int]:
+    levels = est.per_gpu_levels(n_gpus, parallelism)
+    return {
+        "allocated_bytes": levels.allocated,
+        "reserved_bytes": levels.reserved,
+        "nvml_bytes": levels.nvml,
+    }
+
+
+def levels_line(est: Estimate, n_gpus: int, parallelism: Parallelism) -> str:
+    """The per-GPU figure at three levels: what tensors hold (max_memory_allocated), what the
+    caching allocator reserves (max_memory_reserved), what NVML shows (admission's figure)."""
+    levels = est.per_gpu_levels(n_gpus, parallelism)
+    return (
+        f"each GPU: {levels.allocated / GIB:.2f} GiB allocated by tensors, "
+        f"{levels.reserved / GIB:.2f} GiB reserved by PyTorch, {levels.nvml / GIB:.2f} GiB in NVML"
+    )
 
 
 def per_gpu_line(est: Estimate, n_gpus: int, parallelism: Parallelism) -> str:
@@ -143,6 +165,7 @@ def render(
     console.print(
         f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable ({pct:.2%})"
     )
+    console.print(levels_line(est, n_gpus, parallelism))
     if n_gpus > 1 or result is not None:
         console.print(per_gpu_line(est, n_gpus, parallelism))
     if result is not None and card is not None:

@@ -157,8 +157,7 @@ class Estimate:
         context = sum(self.components.get(name, 0) for name in OUTSIDE_ALLOCATOR)
         comm = self.comm_bytes if gpus > 1 and parallelism is not Parallelism.DEVICE_MAP else 0
         traced = any(
-            count == gpus and value == parallelism.value
-            for value, count, _ in self.traced_per_gpu
+            count == gpus and value == parallelism.value for value, count, _ in self.traced_per_gpu
         )
         if traced:  # the traced rank's figure holds NCCL's buffers of its own
             comm = self.comm_bytes
