@@ -5,10 +5,14 @@
 The trace replays each run's allocations and frees through the allocator model
 (`controller.allocator`) and reports the reserved peak; `calibrated` cannot replay (it has no
 event sequence, and it must answer in microseconds), so it charges the reserve as a share of
-its tensor peak, one share per method and checkpointing setting. This script traces small
-real models across batch and sequence, prints reserved / peak per run, and with `--write`
-stores each group's median share in calibration.json's `allocator` section, with the spread
-it came from (the samples' minimum and maximum) so a reader sees how far one share reaches.
+a share of what its tensor peak holds beyond the weights, one share per method and
+checkpointing setting. Beyond the weights, because the weights are allocated once, each in a
+segment of its own size, and cost the allocator nothing; what it caches and cannot reuse comes
+from the step's transient tensors (activations, logits, gradients, scratch). This script
+traces small real models across batch and sequence, prints (reserved - peak) / (peak -
+weights) per run, and with `--write` stores each group's median share in calibration.json's
+`allocator` section, with the spread it came from (the samples' minimum and maximum) so a
+reader sees how far one share reaches.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ import statistics
 from importlib import resources
 from pathlib import Path
 
-from controller.estimator import Checkpointing, Method, TrainingSettings, load_preset
+from controller.estimator import (
+    Checkpointing,
+    Method,
+    TrainingSettings,
+    load_preset,
+    load_shape,
+    static_bytes,
+)
 from controller.trace.run import trace_run
 
 PRESETS = ("qwen2.5-0.5b", "llama-3.2-1b")
@@ -43,7 +54,8 @@ def measure() -> dict[str, list[float]]:
                         seq_len=seq,
                     )
                     result = trace_run(load_preset(preset).config, settings)
-                    share = (result.reserved - result.peak) / result.peak
+                    weights = static_bytes(load_shape(preset), settings).weights
+                    share = (result.reserved - result.peak) / (result.peak - weights)
                     shares.setdefault(key, []).append(share)
                     print(
                         f"{key:12} {preset:14} b={batch} s={seq}: peak "
@@ -73,8 +85,8 @@ def main() -> None:
         path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
         data = json.loads(path.read_text())
         data["allocator"] = {
-            "what": "reserved / tensor peak - 1 of traced runs replayed through the caching "
-            "allocator model, median per method/checkpointing "
+            "what": "(reserved - tensor peak) / (tensor peak - weights) of traced runs replayed "
+            "through the caching allocator model, median per method/checkpointing "
             "(controller.calibration.calibrate_allocator)",
             "presets": list(PRESETS),
             "sizes": [list(s) for s in SIZES],

@@ -11,7 +11,7 @@ figures are each node's least free such GPU, and the messages say so.
 from __future__ import annotations
 
 from controller.decision.types import Decision, JobRequest, Outcome
-from controller.estimator import Parallelism
+from controller.estimator import MAX_GPUS, Parallelism
 from controller.packing.fit import gib, plural
 from controller.packing.placement import Placed
 from controller.packing.view import ClusterView, Selection
@@ -229,7 +229,11 @@ def _fsdp_count(job: JobRequest, largest: int) -> int | None:
         return None  # what one moment holds whole on every GPU: no count divides it
     # Each moment's own fewest, the largest of them: where the search starts.
     n = max(max(1, -(-sharded // (limit - replicated))) for sharded, replicated in pairs)
+    # Bounded: what each GPU holds besides its share (NCCL's buffers, the allocator's reserve
+    # on it) can keep every count above `largest` where the test above lets it through.
     while est.per_gpu_bytes(n, Parallelism.FSDP) > largest:
+        if n >= MAX_GPUS:
+            return None
         n += 1
     return n
 

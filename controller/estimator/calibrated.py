@@ -345,16 +345,21 @@ def _holds_layer_gradients(key: str) -> bool:
 
 
 @cache
-def allocator_share(method: Method, gc: str) -> tuple[int, int, Fraction]:
-    """What the caching allocator reserves beyond the tensor peak, as a share of it: the
-    median of traced runs replayed through the allocator model (`allocator` in the data file,
+def allocator_share(method: Method, gc: str) -> tuple[int, int]:
+    """What the caching allocator reserves beyond the tensor peak, as a share of what that
+    peak holds beyond the weights (the weights are allocated once, each in a segment of its
+    own size; the step's transient tensors leave the cached blocks): the median of traced runs
+    replayed through the allocator model (`allocator` in the data file,
     `controller.calibration.calibrate_allocator`), per method and checkpointing; the flat
-    `overheads.ALLOCATOR_SLACK` for a file without that section. Returned as (numerator,
-    denominator, 1 + share): the estimate multiplies in integers."""
+    `overheads.ALLOCATOR_SLACK` of the whole peak for a file without that section (weights
+    included, as it was charged before). As (numerator, denominator): the estimate
+    multiplies in integers."""
     groups = calibration().get("allocator", {}).get("groups", {})
     entry = groups.get(f"{method.value}/{gc}")
-    share = Fraction(str(entry["share"])) if entry is not None else overheads.ALLOCATOR_SLACK
-    return share.numerator, share.denominator, 1 + share
+    if entry is None:
+        return -1, 1
+    share = Fraction(str(entry["share"]))
+    return share.numerator, share.denominator
 
 
 @cache
@@ -510,6 +515,10 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     scratch = static.optimizer_scratch if at_step else 0
     if in_backward and at_step:
         gradients, scratch = static.largest_gradient, static.largest_scratch
+    if share[0] < 0:  # no measured share: the flat slack on the whole peak
+        slack = overheads.slack_bytes(best)
+    else:
+        slack = max(0, best - static.weights) * share[0] // share[1]
     components = {
         "weights": static.weights,
         "gradients": gradients,
@@ -518,7 +527,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         "activations": best_dynamic,
         "cuda_context": overheads.CUDA_CONTEXT_BYTES,
         "cublas_workspace": overheads.CUBLAS_WORKSPACE_BYTES,
-        "allocator_slack": best * share[0] // share[1],
+        "allocator_slack": slack,
     }
     fixed = sum(components[k] for k in overheads.PER_GPU_EXTRAS)
     fsdp.extend(_fsdp_only(shape, settings, static, base))
@@ -543,11 +552,14 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "trainable_params": static.trainable_params,
             "sharded_bytes": sharded,
             "replicated_bytes": replicated + fixed,
-            "margin": share[2],
+            "margin": Fraction(best + slack, best) if best > 0 else overheads.SLACK_MARGIN,
+            "reserve_share": share if share[0] >= 0 else (),
+            "resident_bytes": static.weights,
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
             "traced_per_gpu": (),
+            "load_moment": 0,
             "comm_bytes": NCCL_BYTES,
             "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),
             "ddp_bytes": buckets,

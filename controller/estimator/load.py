@@ -6,7 +6,7 @@ sharded (from_pretrained with `device_map={"": local_rank}` or Unsloth's "sequen
 the dtype they are loaded in (NF4 for a 4-bit load, which bitsandbytes quantises as it loads),
 the adapters where the profile counts them with the weights, and the per-GPU fixed costs (the
 CUDA context). FSDP does not divide it, so on many GPUs it can need more than the step's
-shard of the job: `Estimate.moments` carries it and the per-GPU rule takes the larger.
+shard of the job: `Estimate.load_moment` carries it and the per-GPU rule takes the larger.
 
 With `metaSharded` (the default) no GPU ever holds more than its shard and one wrapped unit
 while loading, which the step's own moments exceed: nothing is added.
@@ -37,14 +37,14 @@ def with_load_moment(est: Estimate, settings: TrainingSettings) -> Estimate:
     if settings.switches.load_path is not LoadPath.WHOLE_MODEL_PER_RANK:
         return est
     fixed = est.fixed_bytes + est.components.get(_CONTEXT, 0)
-    moment = (0, load_bytes(est) + fixed)
-    # The same moment wherever the per-GPU rule looks: FSDP2's own moments (a rank holds
-    # nothing gathered while loading), and a traced rank's figure, which saw only the step.
-    loaded = int((moment[1] - est.fixed_bytes) * est.margin) + est.fixed_bytes
+    moment = load_bytes(est) + fixed
+    # FSDP's moments take it (`Estimate.fsdp_pairs`; a device map never loads the whole model
+    # on each GPU), and so does a traced rank's figure, which saw only the step (the NCCL
+    # communicator exists by then on the rule's path too).
+    loaded = int((moment - est.fixed_bytes) * est.margin) + est.fixed_bytes + est.comm_bytes
     return replace(
         est,
-        moments=(*est.moments, moment),
-        fsdp_moments=(*est.fsdp_moments, moment) if est.fsdp_moments else (),
+        load_moment=moment,
         traced_per_gpu=tuple(
             (value, count, max(held, loaded)) for value, count, held in est.traced_per_gpu
         ),

@@ -61,6 +61,16 @@ class Estimate:
     (parallelism value, GPUs, bytes): the trace profile traces the job's own spread. Where
     it has the pair asked for, that is the per-GPU figure (its NCCL buffers included).
 
+    `reserve_share` (numerator, denominator), where a profile measures it (calibrated), is
+    what the caching allocator reserves beyond the tensors as a share of the tensors that
+    are not `resident_bytes` (the weights, allocated once): on n GPUs each holds 1/n of the
+    weights, so its reserve is the share of the rest of what it holds, which a single margin
+    on everything would under-count where weights dominate the total. Without it `margin`
+    scales every GPU's tensors alike.
+
+    `load_moment`: what each rank of an FSDP job holds whole while the model loads, where the
+    trainer loads the whole model on every rank (`load.py`); a device map never does.
+
     `comm_bytes`: what each rank on two or more GPUs under FSDP or DDP holds for NCCL's
     communicators (`NCCL_BYTES` where the profile counts them), outside the caching
     allocator: NVML counts them, so admission does.
@@ -80,6 +90,9 @@ class Estimate:
     ddp_bytes: int = 0
     traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
     comm_bytes: int = 0
+    reserve_share: tuple[int, int] = ()
+    load_moment: int = 0
+    resident_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -97,16 +110,19 @@ class Estimate:
         """
         if self.traced_per_gpu:
             for value, count, held in self.traced_per_gpu:
-                if count == gpus and value == parallelism.value:
+                # a DDP rank holds the same on any count of two or more
+                ddp = parallelism is Parallelism.DDP and gpus >= 2 and count >= 2
+                if value == parallelism.value and (count == gpus or ddp):
                     return held
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
         if parallelism is Parallelism.DDP:
-            return self.total_bytes + int(self.ddp_bytes * self.margin) + self.comm_bytes
+            buckets = self.ddp_bytes + self._reserved(self.ddp_bytes, 1, False)
+            return self.total_bytes + buckets + self.comm_bytes
         fsdp = parallelism is Parallelism.FSDP
         sharded, replicated = self._deciding(n, fsdp)
-        return self._with_margin(sharded // n + replicated) + (self.comm_bytes if fsdp else 0)
+        return self._with_margin(sharded // n + replicated, n) + (self.comm_bytes if fsdp else 0)
 
     def undivided_bytes(self, gpus: int) -> int:
         """The part of `per_gpu_bytes(gpus)` under FSDP that FSDP does not divide: what each
@@ -116,14 +132,13 @@ class Estimate:
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return self._with_margin(self._deciding(n, True)[1])
+        return self._with_margin(self._deciding(n, True)[1], n)
 
     @property
     def fsdp_pairs(self) -> tuple[tuple[int, int], ...]:
         """The (sharded, replicated) splits FSDP on two or more GPUs chooses among."""
-        if self.fsdp_moments:
-            return self.fsdp_moments
-        return ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+        pairs = self.fsdp_moments or ((self.sharded_bytes, self.replicated_bytes), *self.moments)
+        return (*pairs, (0, self.load_moment)) if self.load_moment else pairs
 
     def _deciding(self, n: int, fsdp: bool) -> tuple[int, int]:
         """The (sharded, replicated) split, of the peak's or a moment's, that needs the most
@@ -149,22 +164,32 @@ class Estimate:
     def per_gpu_levels(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> Levels:
         """`per_gpu_bytes` (the NVML level) with the reserved and allocated levels beneath it:
         reserved is it without what sits outside the allocator (OUTSIDE_ALLOCATOR, NCCL's
-        buffers); allocated also without the margin the profile puts on the tensors (the
-        allocator's reserve, or analytic's 10 %), inverted from the per-GPU rule
-        `(held - fixed) x margin + fixed`, so it is exact wherever the rule answers and the
-        tensors' share of a traced rank's figure otherwise."""
+        buffers); allocated is the tensors the rule holds on that GPU before the margin (the
+        allocator's reserve, or analytic's 10 % that stands for it). A traced rank's figure
+        is split as the single-GPU estimate splits."""
         nvml = self.per_gpu_bytes(gpus, parallelism)
         context = sum(self.components.get(name, 0) for name in OUTSIDE_ALLOCATOR)
-        comm = self.comm_bytes if gpus > 1 and parallelism is not Parallelism.DEVICE_MAP else 0
+        n = max(gpus, 1)
+        one_process = n == 1 or parallelism is Parallelism.DEVICE_MAP
+        comm = 0 if one_process else self.comm_bytes
+        reserved = nvml - comm - context
+        whole = self.sharded_bytes + self.replicated_bytes  # one GPU, before the margin
         traced = any(
-            count == gpus and value == parallelism.value for value, count, _ in self.traced_per_gpu
+            v == parallelism.value
+            and (c == gpus or (parallelism is Parallelism.DDP and gpus >= 2 and c >= 2))
+            for v, c, _ in self.traced_per_gpu
         )
-        if traced:  # the traced rank's figure holds NCCL's buffers of its own
-            comm = self.comm_bytes
-        fixed = self.fixed_bytes
-        tensors = nvml - comm - fixed
-        allocated = int(tensors / self.margin) + fixed - context if tensors > 0 else nvml - comm
-        return Levels(allocated=max(allocated, 0), reserved=nvml - comm - context, nvml=nvml)
+        if traced:
+            unreserved = self.total_bytes - context
+            held = reserved * (whole - context) // unreserved if unreserved > 0 else reserved
+        elif n == 1:
+            held = whole - context
+        elif parallelism is Parallelism.DDP:
+            held = whole + self.ddp_bytes - context
+        else:
+            sharded, replicated = self._deciding(n, parallelism is Parallelism.FSDP)
+            held = sharded // n + replicated - context
+        return Levels(allocated=max(0, min(held, reserved)), reserved=reserved, nvml=nvml)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:
@@ -172,8 +197,15 @@ class Estimate:
         if gpus <= 1:
             return self.total_bytes
         share = self.sharded_bytes // gpus + self.replicated_bytes - self.head_bytes
-        return self._with_margin(share)
+        return self._with_margin(share, gpus)
 
-    def _with_margin(self, held: int) -> int:
-        scaled = held - self.fixed_bytes
-        return int(scaled * self.margin) + self.fixed_bytes
+    def _with_margin(self, held: int, n: int = 1) -> int:
+        return held + self._reserved(held - self.fixed_bytes, n)
+
+    def _reserved(self, tensors: int, n: int, resident: bool = True) -> int:
+        """The margin on `tensors` of one of n GPUs: the allocator's reserve (`reserve_share`
+        of what is not its share of the resident weights), else `margin - 1` of them."""
+        if self.reserve_share:
+            base = tensors - (self.resident_bytes // n if resident else 0)
+            return max(0, base) * self.reserve_share[0] // self.reserve_share[1]
+        return int(tensors * self.margin) - tensors

@@ -366,7 +366,7 @@ def test_a_dump_ranks_its_jobs_by_their_priority_classes_not_their_raw_numbers(
         ("tenant/classy", "Queue", "PriorityClassUnavailable"),
     ]
     _, out, _ = run(capsys, "--cluster", write(tmp_path, "d.json", _queue_dump()))
-    assert "tenant/jumper: needs 12.66 GiB" in out
+    assert "tenant/jumper: needs 11.64 GiB" in out
     assert "warning: spec.priority 1000000000 is ignored" in " ".join(out.split())
     # `kubectl get ...,priorityclasses` holds it: the higher class goes first.
     assert planned(_queue_dump(HIGH_CLASS))[0] == ("tenant/classy", "Admit", "Fits")
@@ -761,7 +761,7 @@ def test_a_long_job_name_folds_and_leaves_the_other_columns_whole(
     code, out, _ = run(capsys, "--cluster", cluster, write(tmp_path, "jobs.yaml", long))
     assert code == 0
     row = next(line for line in out.splitlines() if "team/xxx" in line)
-    assert all(cell in row for cell in ("Admit", "Fits", "a:0", "12.66"))
+    assert all(cell in row for cell in ("Admit", "Fits", "a:0", "11.64"))
 
 
 def test_a_job_file_naming_a_missing_config_map_exits_2(

@@ -27,7 +27,9 @@ def _old_rule(est, n: int) -> int:  # type: ignore[no-untyped-def]
     before FSDP2's terms."""
     pairs = ((est.sharded_bytes, est.replicated_bytes), *est.moments)
     held = max(s // n + r for s, r in pairs)
-    return int((held - est.fixed_bytes) * est.margin) + est.fixed_bytes + est.comm_bytes
+    num, den = est.reserve_share  # the allocator's reserve beyond this GPU's share of weights
+    reserve = max(0, held - est.fixed_bytes - est.resident_bytes // n) * num // den
+    return held + reserve + est.comm_bytes
 
 
 def test_the_static_sizes_fsdp2_gathers_are_the_models_own() -> None:
@@ -36,8 +38,9 @@ def test_the_static_sizes_fsdp2_gathers_are_the_models_own() -> None:
     assert static.layer_weights == BLOCK
 
 
-def _with_margin(est, held: int) -> int:  # type: ignore[no-untyped-def]
-    return int((held - est.fixed_bytes) * est.margin) + est.fixed_bytes
+def _with_margin(est, held: int, n: int) -> int:  # type: ignore[no-untyped-def]
+    num, den = est.reserve_share
+    return held + max(0, held - est.fixed_bytes - est.resident_bytes // n) * num // den
 
 
 def test_an_fsdp_rank_holds_the_root_and_a_block_unsharded_beyond_its_share() -> None:
@@ -48,7 +51,7 @@ def test_an_fsdp_rank_holds_the_root_and_a_block_unsharded_beyond_its_share() ->
     for n in (8, 64):
         tail = tail_sharded // n + tail_replicated
         # Backward's tail plus the root's parameters and the last block, unsharded.
-        assert est.per_gpu_bytes(n, Parallelism.FSDP) >= _with_margin(est, tail + ROOT + BLOCK)
+        assert est.per_gpu_bytes(n, Parallelism.FSDP) >= _with_margin(est, tail + ROOT + BLOCK, n)
         assert est.per_gpu_bytes(n, Parallelism.FSDP) > _old_rule(est, n)
 
 
@@ -63,7 +66,7 @@ def test_backward_ends_with_the_roots_parameters_and_gradients_whole() -> None:
     sharded = static.weights + static.optimizer + layer_grads
     assert (sharded, whole + est.fixed_bytes) in est.fsdp_moments
     held = sharded // 64 + whole + est.fixed_bytes
-    assert est.per_gpu_bytes(64, Parallelism.FSDP) >= _with_margin(est, held)
+    assert est.per_gpu_bytes(64, Parallelism.FSDP) >= _with_margin(est, held, 64)
 
 
 def test_in_a_backward_block_two_blocks_are_unsharded() -> None:
