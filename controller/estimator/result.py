@@ -90,7 +90,7 @@ class Estimate:
     ddp_bytes: int = 0
     traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
     comm_bytes: int = 0
-    reserve_share: tuple[int, int] = ()
+    reserve_share: tuple[int, int] | tuple[()] = ()
     load_moment: int = 0
     resident_bytes: int = 0
 
