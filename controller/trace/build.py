@@ -28,7 +28,8 @@
 * LoRA / QLoRA: PEFT's `get_peft_model` with the job's rank and targets. Under fake mode
   PEFT's `module.to(...)` would try `torch.utils.swap_tensors` on fake parameters and fail;
   `_no_swap` makes conversion assign new parameters instead, which is what it does for real
-  tensors anyway.
+  tensors anyway. `modules_to_save` makes PEFT deep-copy those modules (the trained copy
+  beside the frozen original); `_copies_share_mode` keeps the copies in the trace's fake mode.
 """
 
 from __future__ import annotations
@@ -176,6 +177,29 @@ def _no_swap() -> Iterator[None]:
         nn.Module._apply = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _copies_share_mode() -> Iterator[None]:
+    """`copy.deepcopy` of a fake tensor gives a fake tensor of the same fake mode.
+
+    `Tensor.__deepcopy__` copies the storage (a new one: the copy is counted) and then
+    deep-copies the tensor's `__dict__`, which holds its `fake_mode`: the copy would belong
+    to a new mode, and the first op mixing it with the trace's tensors fails ("Mixing fake
+    modes NYI"). A mode is the context tensors live in, not data: copying returns it as is.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    had = "__deepcopy__" in FakeTensorMode.__dict__
+    original = FakeTensorMode.__dict__.get("__deepcopy__")
+    FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensorMode.__deepcopy__ = original  # type: ignore[attr-defined]
+        else:
+            del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
+
+
 def build_model(config: Mapping[str, Any], settings: Settings, layers: int | None = None) -> Any:
     """The model as the job trains it; call inside the trace's FakeTensorMode."""
     from transformers import AutoModelForCausalLM
@@ -312,7 +336,7 @@ def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
         modules_to_save=list(settings.modules_to_save) or None,
         task_type="CAUSAL_LM",
     )
-    with _no_swap(), warnings.catch_warnings():
+    with _no_swap(), _copies_share_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = get_peft_model(model, lora)
     if quantized:
