@@ -73,6 +73,8 @@ _SETTING_KEYS = (
     "precision",
     "attention",
     "fused_loss",
+    "framework",
+    "switches",
 )
 
 
