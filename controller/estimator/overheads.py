@@ -28,8 +28,11 @@ CUBLAS_WORKSPACE_BYTES = 2 * 8 * 4 * MIB
 #: Caching-allocator slack: memory the allocator has reserved but not handed out at the peak
 #: (block rounding above 1 MiB to 2 MiB / 20 MiB segments, fragmentation between freed
 #: blocks). There is no exact figure; seed 2 (finetuning-vram-calculator.md) charges 10 % for
-#: "CUDA context, cuBLAS workspace and allocator fragmentation" together. With the context
-#: and workspace counted above, 10 % of the traced peak for slack alone is conservative.
+#: "CUDA context, cuBLAS workspace and allocator fragmentation" together. Used only where
+#: nothing better is known: the trace replays its allocations through the allocator model
+#: (`controller.allocator`) and calibrated charges the share those replays measured
+#: (`calibration.json`'s `allocator`, 8 to 24 % of the tensors beyond the weights); a flat
+#: 10 % of the whole peak over-reserves large models and under-reserves small ones.
 ALLOCATOR_SLACK = Fraction(1, 10)
 
 #: Not added to a single-GPU estimate, reported for multi-GPU jobs: NCCL's buffers, 4 MiB

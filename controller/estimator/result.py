@@ -37,8 +37,9 @@ class Estimate:
     FSDP/ZeRO-3 and a device map divide them across GPUs) and `replicated_bytes` (what each
     GPU holds for itself: one micro-batch of activations and logits, and the CUDA context
     where the profile counts it). `margin` is the profile's overall factor on those tensors
-    (the analytic 1.1; 1 where the overheads are components of their own), so that every
-    per-GPU figure carries the same margin as the total. `fixed_bytes` is the part of
+    (the analytic 1.1; the trace's replayed reserve over its peak; 1 where the overheads are
+    components of their own), so that every per-GPU figure carries the same margin as the
+    total; calibrated's reserve goes by `reserve_share` instead. `fixed_bytes` is the part of
     `replicated_bytes` the margin does not scale (a CUDA context is the same size on every
     GPU). `head_bytes` is the part of `replicated_bytes` only the GPU holding the LM head
     needs under a device map (the logits).
