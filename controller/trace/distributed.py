@@ -37,6 +37,11 @@ streams). What cannot be told: `record_stream` uses (a block freed on one stream
 another still reads it) and the events FSDP2 waits on; a replay frees each block when its
 last tensor goes.
 
+The trainer's switches: the rank runs the model's own loss and one optimizer step, whatever
+the job's `loss` and `optimizerInBackward` say (a chunked or fused loss calls the decoder and
+the LM head apart, past the root module whose forward FSDP2 and DDP hook): for those jobs the
+traced rank holds more than the job will, never less.
+
 CPU offload: FSDP2's `CPUOffloadPolicy` keeps the shards, their gradients and the optimizer
 step on the host. On fake CPU tensors the host and the device are one, so the offload is
 counted, not run: sharded parameters leave the count once sharded, sharded gradients once
