@@ -7,7 +7,7 @@ Every test gets nodes of its own GPU product and selects them with `gpuSelector`
 sharing the cluster and the operator never see each other's GPUs.
 
 Reference jobs (calibrated profile): llama-3.1-8b QLoRA r=16 needs 11.64 GiB on one GPU;
-llama-3.1-8b Full needs 83.73 GiB on one GPU, 42.60 GiB per GPU on 2 with FSDP.
+llama-3.1-8b Full needs 86.09 GiB on one GPU, 44.03 GiB per GPU on 2 with FSDP.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 WEBHOOK_CONFIG = "vramgate-admission.vramgate.dev"
 QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
 FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
-QLORA_BYTES = 12_498_275_151  # 11.64 GiB, status.estimate.perGpuBytes of QLORA
+QLORA_BYTES = 12_498_463_756  # 11.64 GiB, status.estimate.perGpuBytes of QLORA
 DECIDED = {"Fits", "Resized", "Advised", "WaitingForVRAM", "WaitingForNodes", "WaitingForGPUs",
            "WaitingInQueue", "InsufficientVRAM", "NoMatchingGPU", "InsufficientGPUs",
            "SpecLocked"}  # fmt: skip
@@ -334,7 +334,7 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
     wait_until(applied, timeout=DEADLINE_S, what="the mutating webhook to resize")
     done = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
     assert done.returncode == 0, done.stderr
-    assert "Warning: vramgate: needs 2 GPUs with FSDP (42.60 GiB each): " \
+    assert "Warning: vramgate: needs 2 GPUs with FSDP (44.03 GiB each): " \
         "spec.resources.gpus 1 -> 2" in done.stderr  # fmt: skip
     obj = admitted(api_client, namespace, "needs-two", "True", "Fits")
     assert obj["spec"]["resources"]["gpus"] == 2
@@ -504,7 +504,7 @@ def test_a_job_that_never_fits_is_refused_at_apply_with_the_numbers(
     body = job("too-big", gpus, model={"preset": "llama-3.1-70b"}, method="Full")
     message = refused_at_apply(api_client, namespace, body)
     assert "InsufficientVRAM" in message
-    assert "needs 724.25 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
+    assert "needs 745.02 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
     assert "at least 10 GPUs of that size would hold it with FSDP" in message
 
 
@@ -626,7 +626,7 @@ def test_without_the_webhook_a_job_that_never_fits_is_rejected_in_status(
     finally:
         admitting.restart(webhook=True)
     message = condition(obj, "Admitted")["message"]  # type: ignore[index]
-    assert "needs 724.25 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
+    assert "needs 745.02 GiB per GPU on 1 GPU with FSDP; the largest GPU holds 80.00 GiB" in message
     assert "placement" not in obj["status"]
     assert _read_job(api_client, namespace, "too-big") is None
 

@@ -26,7 +26,6 @@ from e2e.cluster import Cluster
 from e2e.wait import wait_until
 from tests.integration.test_admission import (
     FULL,
-    QLORA_BYTES,
     Gpus,
     admitted,
     batch_job,
@@ -154,6 +153,10 @@ def gpus(cluster: Cluster, api_client: client.ApiClient) -> Iterator[Gpus]:
         yield made
 
 
+#: The QLoRA job of test_admission under DDP on 2 GPUs (status.estimate.perGpuBytes).
+QLORA_DDP_BYTES = 12_975_691_665
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -172,7 +175,9 @@ def test_visible_devices_names_the_chosen_uuids_in_order_and_requests_no_gpu(
     # The two tightest GPUs that hold 11.64 GiB, tightest first: 13 GiB, then 20 GiB free.
     assert placed(obj) == [(node, [2, 1])]
     assert uuids_of(obj) == [f"GPU-{node}-2", f"GPU-{node}-1"]
-    assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
+    # DDP on two GPUs: the whole job on each, plus its gradient buckets (with their share of
+    # the allocator's reserve) and NCCL's buffers
+    assert obj["status"]["placement"]["perGpuBytes"] == QLORA_DDP_BYTES
 
     workload = batch_job(api_client, namespace, "pinned")
     trainer = workload.spec.template.spec.containers[0]
