@@ -31,7 +31,7 @@ CUBLAS_WORKSPACE_BYTES = 2 * 8 * 4 * MIB
 #: "CUDA context, cuBLAS workspace and allocator fragmentation" together. Used only where
 #: nothing better is known: the trace replays its allocations through the allocator model
 #: (`controller.allocator`) and calibrated charges the share those replays measured
-#: (`calibration.json`'s `allocator`, 8 to 24 % of the tensors beyond the weights); a flat
+#: (`calibration.json`'s `allocator`, 10 to 24 % of the tensors beyond the weights); a flat
 #: 10 % of the whole peak over-reserves large models and under-reserves small ones.
 ALLOCATOR_SLACK = Fraction(1, 10)
 
