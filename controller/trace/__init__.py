@@ -7,6 +7,8 @@ Needs the `trace` extra (torch, transformers, peft); the pure estimator imports 
 only when a job asks for this profile. See `run.py` for what a step is, `build.py` for how the
 model is set up, `qlora.py` and `optim.py` for what is modelled rather than run, `tracker.py`
 for how bytes are counted and `overheads.py` for what is added on top of the trace.
+`inventory.py` reads any model transformers builds into plain data (its layers' linears,
+experts and heads, its parameter count) from the model built on the meta device.
 """
 
 from __future__ import annotations

@@ -154,8 +154,9 @@ def hf_model_config(
 
 
 #: Where a text config keeps its decoder's depth: an encoder-decoder's causal-LM class builds
-#: only the decoder (`decoder_layers`, T5's `num_decoder_layers`), every other its own.
-_DEPTHS = ("decoder_layers", "num_decoder_layers", "num_hidden_layers")
+#: only the decoder (`decoder_layers`, T5's `num_decoder_layers`); LongCat-Flash builds
+#: `num_layers` blocks of two sublayers each (its `num_hidden_layers` counts sublayers).
+_DEPTHS = ("decoder_layers", "num_decoder_layers", "num_layers", "num_hidden_layers")
 #: Further depth fields cut with it where they state the same depth (xLSTM's `num_blocks`).
 _ALIASES = ("num_hidden_layers", "num_blocks")
 
@@ -252,7 +253,7 @@ def inventory_of(
     all_linear = _peft_all_linear(model)
     quantized = _bnb_4bit_linears(model, skip_modules)
     text = model.config.get_text_config(decoder=True)
-    kinds = _kinds(layers_path, layer_list, params, all_linear, quantized)
+    kinds = _kinds(layers_path, layer_list, text, params, all_linear, quantized)
     outside = _outside(params, layers_path, len(layer_list))
     embedding, head = _embedding_params(model, params)
     hidden = _int(text, "hidden_size")
@@ -409,6 +410,7 @@ def _is_norm(module: nn.Module) -> bool:
 def _kinds(
     path: str,
     layers: list[nn.Module],
+    text: Any,
     params: Mapping[str, nn.Parameter],
     all_linear: set[str],
     quantized: set[str],
@@ -433,7 +435,7 @@ def _kinds(
                     for name, module in layer.named_modules()
                     if name and _is_norm(module)
                 ),
-                experts=_experts(layer),
+                experts=_experts(layer, text),
                 attention=_attention(layer),
             )
             found[key] = ([], kind)
@@ -444,21 +446,40 @@ def _kinds(
     )
 
 
-def _experts(layer: nn.Module) -> tuple[ExpertStack, ...]:
-    """Fused experts (a module whose parameters are 3-D, the expert dimension first) and
-    module lists of experts (a list named `experts`)."""
-    stacks = []
+def _experts(layer: nn.Module, cfg: Any) -> tuple[ExpertStack, ...]:
+    """The layer's experts: a module list named `experts`, or a module of fused experts
+    (transformers 5 names their classes `...Experts`) whose expert count is the first
+    dimension of its 3-D parameters, or, where it stacks them in 2-D (DBRX), the config's.
+    Other 3-D parameters (a convolution's, Zamba's per-head projections) are not experts."""
+    stacks: list[ExpertStack] = []
     for name, module in layer.named_modules():
-        own = dict(module.named_parameters(recurse=False))
-        fused = [p for p in own.values() if p.dim() == 3]
-        if fused:
-            tensors = tuple((n, tuple(p.shape)) for n, p in own.items())
-            total = sum(p.numel() for p in own.values())
-            stacks.append(ExpertStack(name, fused[0].shape[0], tensors, total))
-        elif isinstance(module, nn.ModuleList) and name.rpartition(".")[2] == "experts":
-            total = sum(p.numel() for p in module.parameters())
+        if any(name.startswith(s.name + ".") for s in stacks):
+            continue
+        if not (type(module).__name__.endswith("Experts") or _last(name) == "experts"):
+            continue
+        params = dict(module.named_parameters())
+        total = sum(p.numel() for p in params.values())
+        if isinstance(module, nn.ModuleList):
             stacks.append(ExpertStack(name, len(module), (), total))
+            continue
+        fused = [p for p in params.values() if p.dim() == 3]
+        count = fused[0].shape[0] if fused else _expert_count(cfg)
+        if params and count:
+            tensors = tuple((n, tuple(p.shape)) for n, p in params.items())
+            stacks.append(ExpertStack(name, count, tensors, total))
     return tuple(stacks)
+
+
+def _expert_count(cfg: Any) -> int | None:
+    """The experts per MoE layer the config states (the fields `build.is_moe` reads)."""
+    for name in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
+        if count := _first_int(cfg, name):
+            return count
+    return _first_int(getattr(cfg, "ffn_config", None), "moe_num_experts")
+
+
+def _last(name: str) -> str:
+    return name.rpartition(".")[2]
 
 
 def _attention(layer: nn.Module) -> AttentionShape | None:

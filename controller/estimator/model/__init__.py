@@ -17,6 +17,9 @@ The modules, each built on the ones before it:
     targets.py   LoRA targets as PEFT matches them
     tensors.py   every tensor of a layer, as transformers builds the family's
     parse.py     `parse_config`, the entry point
+
+Beside them, `inventory.py` holds what `controller.trace.inventory` reads from the model
+transformers builds (`ModelInventory`), as plain data the estimator can take without torch.
 """
 
 from __future__ import annotations

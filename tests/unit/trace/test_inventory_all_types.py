@@ -5,8 +5,8 @@ the meta device with the mapping's auto class, and inventoried: the inventory's 
 count must be the one transformers reports on that model, its layers and outside parts must
 add up to it, and it must find the decoder layers and their linears. A type that cannot be
 built here is listed below with the reason (a strict xfail: once it builds, the test says so
-and the entry goes). Meta builds take no storage, so the whole set runs in well under a
-minute on two cores.
+and the entry goes). Meta builds take no storage: the whole set takes about 35 CPU-seconds
+(two workers: `pytest -n 2`).
 """
 
 from __future__ import annotations
@@ -208,6 +208,23 @@ def test_deepseek_v3_reads_its_dense_and_moe_layers_and_mla_heads() -> None:
     names = {g.name for g in moe.linears}
     assert "mlp.shared_experts.up_proj" in names
     assert not any(name.startswith("mlp.experts") for name in names)
+
+
+def test_experts_fused_in_3d_or_stacked_in_2d_and_no_convolution_is_one() -> None:
+    jamba = read_inventory(default_config("jamba"), layers=2)
+    dense, moe = jamba.kind_of(0), jamba.kind_of(1)  # MoE every other layer, from layer 1
+    assert dense.experts == ()  # its Mamba mixer's 3-D conv1d weight is no expert stack
+    (experts,) = moe.experts
+    assert experts.count == 16 and experts.params > 0
+    # DBRX stacks its experts' weights in 2-D (experts x ffn rows by hidden): the count is
+    # the config's, and the stack holds every expert parameter of the layer.
+    config = default_config("dbrx")
+    ffn = config["ffn_config"]
+    dbrx = read_inventory(config, layers=1)
+    (stack,) = dbrx.kinds[0].experts
+    assert stack.count == ffn["moe_num_experts"] > 1
+    rows = ffn["moe_num_experts"] * ffn["ffn_hidden_size"]
+    assert {shape for _, shape in stack.tensors} == {(rows, config["d_model"])}
 
 
 def test_linears_shapes_heads_and_conv1d() -> None:
