@@ -141,7 +141,10 @@ def hf_model_config(
     from transformers import AutoConfig
 
     raw = _thaw(config)
-    model_type = raw.pop("model_type", None) or "llama"
+    model_type = raw.pop("model_type", None)
+    if not isinstance(model_type, str) or not model_type:
+        # Every reading here follows from the type: a guessed one would be a wrong answer.
+        raise UnknownModelType(f"the config states no model_type; {_DESCRIBE}")
     model_type = BUILT_AS.get(model_type, model_type)
     for key in ("auto_map", "quantization_config"):
         raw.pop(key, None)
@@ -572,7 +575,9 @@ def _config_from(arg: str) -> dict[str, Any]:
     """A config.json path, a vramgate preset, or a model_type (its default config)."""
     path = Path(arg)
     if path.is_file():
-        return dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        inner = data.get("config")  # a preset file: its config under "config"
+        return dict(inner if isinstance(inner, dict) and "repo" in data else data)
     from controller.estimator.errors import SpecError
     from controller.estimator.presets import load_preset
 

@@ -279,6 +279,11 @@ def test_unknown_model_type_is_refused_in_one_line_saying_what_to_do() -> None:
     assert "trust_remote_code" in message and "preset" in message and "model_type" in message
 
 
+def test_a_config_without_model_type_is_refused_not_guessed() -> None:
+    with pytest.raises(UnknownModelType, match="states no model_type"):
+        read_inventory({"hidden_size": 4096, "num_hidden_layers": 32})
+
+
 def test_a_type_that_is_no_language_model_is_refused() -> None:
     with pytest.raises(UnknownModelType, match="not a causal or image-text-to-text"):
         read_inventory({"model_type": "vit"})
