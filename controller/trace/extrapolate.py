@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controller.trace.device_map import extend_table
 from controller.trace.run import RunResult, SegmentPeak
 
 MIN_LAYERS = 4
@@ -111,6 +112,7 @@ def extend(
         trainable_params=_affine(small.trainable_params, large.trainable_params, steps),
         seconds=small.seconds + large.seconds,
         reserved=top.peak + _reserve(small, large, steps),
+        modules=large.modules and extend_table(large.modules, layers, lead, period),
     )
 
 
