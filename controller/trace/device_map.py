@@ -174,13 +174,17 @@ def device_map_per_gpu(
     return held + int(held * margin) - held + fixed
 
 
-def extend_table(large: ModuleTable, layers: int, lead: int = 0, period: int = 1) -> ModuleTable:
-    """The table of the model at `layers` layers from a trace of n + `period` layers (the
-    larger of `extrapolate.extend`'s two): the embedding, the LM head, the first `lead` + 2
-    layers and the last two as traced; each layer between them as the traced middle layer
-    of its kind (the same place in the period of dense and MoE layers). Every block of a
-    kind holds the same bytes at any depth; only the ends differ (the first layer's
-    backward runs the embedding's, the last layer's output is not saved)."""
+def extend_table(
+    small: ModuleTable, large: ModuleTable, layers: int, lead: int = 0, period: int = 1
+) -> ModuleTable:
+    """The table of the model at `layers` layers from traces of n and n + `period` layers
+    (`extrapolate.extend`'s two): the embedding, the LM head, the first `lead` + 2 layers
+    and the last two as the larger traced them; each layer between as its traced middle
+    layer of the same kind (the same place in the period of dense and MoE layers): every
+    block of a kind holds the same bytes at any depth, only the ends differ (the first
+    layer's backward runs the embedding's, the last layer's output is not saved). The
+    optimizer step's working memory is the whole model's, extended per period as the
+    trace's other figures are."""
     traced = large.layers
     count = len(traced)
 
@@ -192,4 +196,10 @@ def extend_table(large: ModuleTable, layers: int, lead: int = 0, period: int = 1
         return lead + 2 + (index - lead - 2) % period
 
     middle = tuple(replace(traced[source(i)], name=layer_name(i)) for i in range(layers))
-    return replace(large, modules=(large.modules[0], *middle, large.modules[-1]))
+    steps = (layers - len(small.layers)) // period
+    step = small.step_working + steps * (large.step_working - small.step_working)
+    return replace(
+        large,
+        modules=(large.modules[0], *middle, large.modules[-1]),
+        step_working=max(0, step),
+    )
