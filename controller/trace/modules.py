@@ -55,10 +55,11 @@ class Owners:
 
     def __init__(self, model: nn.Module, blocks: nn.ModuleList, head: list[nn.Module]) -> None:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-        embedding = base.get_input_embeddings()  # type: ignore[operator]
-        output = base.get_output_embeddings()  # type: ignore[operator]
-        tails = [m for m in (*head, output) if isinstance(m, nn.Module)]
-        units: list[tuple[str, list[nn.Module]]] = [(EMBEDDING, [embedding])]
+        embedding = _module(base, "get_input_embeddings")
+        output = _module(base, "get_output_embeddings")
+        tails = [m for m in (*head, output) if m is not None]
+        first = [] if embedding is None else [embedding]
+        units: list[tuple[str, list[nn.Module]]] = [(EMBEDDING, first)]
         units += [(layer_name(i), [block]) for i, block in enumerate(blocks)]
         units += [(LM_HEAD, tails), (EMBEDDING, [model])]  # the rest runs first: embedding
         self.names = [EMBEDDING, *(layer_name(i) for i in range(len(blocks))), LM_HEAD]
@@ -99,6 +100,15 @@ class Owners:
             tracker.own(tensor, owner)
 
 
+def _module(model: nn.Module, getter: str) -> nn.Module | None:
+    """The model's input or output embedding, None where it has none or does not say."""
+    try:
+        found = getattr(model, getter)()
+    except (AttributeError, NotImplementedError):
+        return None
+    return found if isinstance(found, nn.Module) else None
+
+
 def _tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor `run._register_model` counts for `module`, with its name."""
     yield from module.named_parameters()
@@ -122,8 +132,13 @@ def owner_of_region(region: str) -> str | None:
     return None
 
 
-def module_table(tracker: StorageTracker, owners: Owners, accumulating: bool) -> ModuleTable:
-    """Each module's bytes, read from the tracker's log after the run (module docstring)."""
+def module_table(
+    tracker: StorageTracker, owners: Owners, accumulating: bool, stepped_in_backward: bool = False
+) -> ModuleTable:
+    """Each module's bytes, read from the tracker's log after the run (module docstring).
+    `stepped_in_backward`: the optimizer steps each parameter as its gradient is made and
+    frees the gradient (`Switches.optimizer_in_backward`), so gradients are working memory
+    of the module whose backward makes them."""
     segments = tracker.segments
     forward_end = tracker.forward_ends()
     held_at = max(forward_end.values())  # the last forward pass's end: activations held
@@ -137,6 +152,8 @@ def module_table(tracker: StorageTracker, owners: Owners, accumulating: bool) ->
     for record in tracker.records:
         role = record.role
         region_owner = owner_of_region(segments[record.segment].region)
+        if role == GRADIENTS and stepped_in_backward:
+            role = None
         if role is not None:
             owner = record.owner or EMBEDDING
             at = step_at if role == GRADIENTS else held_at

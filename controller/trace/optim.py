@@ -46,7 +46,7 @@ class TracedOptimizer(Protocol):
 
     def state_tensors(self) -> Iterator[torch.Tensor]: ...
 
-    def param_states(self) -> Iterator[tuple[nn.Parameter | None, torch.Tensor]]:
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
         """Each state tensor with the parameter it belongs to (None: shared by all), so that
         a device map can place it with its parameter's module."""
         ...
@@ -68,7 +68,7 @@ class TorchOptimizer:
         for _, value in self.param_states():
             yield value
 
-    def param_states(self) -> Iterator[tuple[nn.Parameter | None, torch.Tensor]]:
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
         for param, state in self.inner.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
@@ -101,7 +101,7 @@ class Fp32MasterAdamW:
         for _, value in self.param_states():
             yield value
 
-    def param_states(self) -> Iterator[tuple[nn.Parameter | None, torch.Tensor]]:
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
         yield from zip(self.params, self.masters, strict=True)
         of_master = {id(m): p for p, m in zip(self.params, self.masters, strict=True)}
         for master, value in TorchOptimizer(self.inner).param_states():
@@ -147,7 +147,7 @@ class BnbAdamWStorage:
         for _, value in self.param_states():
             yield value
 
-    def param_states(self) -> Iterator[tuple[nn.Parameter | None, torch.Tensor]]:
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
         for qmap in self.qmaps:
             yield None, qmap
         of_id = {id(param): param for param in self.params}

@@ -210,6 +210,8 @@ class _InBackward:
     def _step(self, param: torch.Tensor) -> None:
         if param.grad is not None:
             self.tracker.register(param.grad, GRADIENTS)
+            if self.owners is not None:
+                self.owners.tag_gradient(self.tracker, param)
         optimizer = self.each[param]  # type: ignore[index]
         optimizer.step()
         for tensor in optimizer.state_tensors():
@@ -228,7 +230,7 @@ class _InBackward:
         for optimizer in self.each.values():
             yield from optimizer.state_tensors()
 
-    def param_states(self) -> Iterator[tuple[nn.Parameter | None, torch.Tensor]]:
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
         for optimizer in self.each.values():
             yield from optimizer.param_states()
 
@@ -297,7 +299,10 @@ def trace_run(
             tracker.close()
         total = sum(p.numel() for p in model.parameters()) + qlora.hidden_params(model)
         trainable_count = sum(p.numel() for p in trainable)
-        modules = None if owners is None else module_table(tracker, owners, micro_batches > 1)
+        in_backward = settings.switches.optimizer_in_backward
+        modules = None
+        if owners is not None:
+            modules = module_table(tracker, owners, micro_batches > 1, in_backward)
     seconds = time.perf_counter() - started
     return _result(tracker, count, total, trainable_count, seconds, breakdowns, modules)
 
