@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.estimator.result import Estimate
-from controller.estimator.settings import LoadPath, TrainingSettings
+from controller.estimator.settings import LoadPath, Parallelism, TrainingSettings
 
 #: The components that make up the whole model as loaded, by profile naming; the CUDA context
 #: as the unsloth profile names it (the others count it in `fixed_bytes`).
@@ -42,10 +42,12 @@ def with_load_moment(est: Estimate, settings: TrainingSettings) -> Estimate:
     # on each GPU), and so does a traced rank's figure, which saw only the step (the NCCL
     # communicator exists by then on the rule's path too).
     loaded = int((moment - est.fixed_bytes) * est.margin) + est.fixed_bytes + est.comm_bytes
+    device_map = Parallelism.DEVICE_MAP.value
     return replace(
         est,
         load_moment=moment,
         traced_per_gpu=tuple(
-            (value, count, max(held, loaded)) for value, count, held in est.traced_per_gpu
+            (value, count, held if value == device_map else max(held, loaded))
+            for value, count, held in est.traced_per_gpu
         ),
     )

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from controller.estimator import Estimate, TrainingSettings, overheads
+from controller.estimator import Estimate, Method, TrainingSettings, overheads
 from controller.estimator.settings import Parallelism
+from controller.trace import qlora
 from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
+from controller.trace.device_map import ModuleTable, device_map_per_gpu
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, batch_bytes, trace_run
 from controller.trace.tracker import ACTIVATIONS, TEMPORARIES
@@ -61,6 +63,9 @@ class TraceReport:
     seconds: float
     #: The job's spread when one rank was traced at its world size (None: one GPU).
     distributed: Distributed | None = None
+    #: The step module by module, for a device map's GPUs (`modules.py`; None where the
+    #: model's decoder layers were not found).
+    modules: ModuleTable | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -214,6 +219,7 @@ def _report(
         attention_traced_as=TRACED_ATTENTION[settings.attention],
         seconds=result.seconds,
         distributed=distributed,
+        modules=result.modules,
     )
 
 
@@ -245,7 +251,9 @@ def estimate(
 
     On `gpus` > 1 under FSDP or DDP one rank is traced at that world size as well, and
     its peak with the constants is the estimate's per-GPU figure at that count
-    (`Estimate.traced_per_gpu`); other counts keep the rule on the single-GPU split."""
+    (`Estimate.traced_per_gpu`); under a device map that figure is the fullest GPU's, the
+    step's modules placed on the GPUs (`device_map.py`). Other counts keep the rule on the
+    single-GPU split."""
     report = trace(config, settings)
     traced: tuple[tuple[str, int, int], ...] = ()
     if gpus > 1 and parallelism in (Parallelism.FSDP, Parallelism.DDP):
@@ -255,6 +263,12 @@ def estimate(
         traced = ((parallelism.value, gpus, rank.total_bytes),)
     components = dict(report.breakdown) | report.extras
     fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
+    if gpus > 1 and parallelism is Parallelism.DEVICE_MAP and report.modules is not None:
+        quantized = settings.method is Method.QLORA or (
+            settings.method is Method.LORA and qlora.is_prequantized(config)
+        )
+        held = device_map_per_gpu(report.modules, gpus, quantized, _margin(report), fixed)
+        traced = ((parallelism.value, gpus, held),)
     sharded, replicated = _split(report.peak_at, settings)
     phases = [_split(peak, settings) for peak in report.phases.values()]
     return Estimate(

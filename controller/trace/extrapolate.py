@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controller.trace.device_map import ModuleTable, extend_table
 from controller.trace.run import RunResult, SegmentPeak
 
 MIN_LAYERS = 4
@@ -111,7 +112,17 @@ def extend(
         trainable_params=_affine(small.trainable_params, large.trainable_params, steps),
         seconds=small.seconds + large.seconds,
         reserved=top.peak + _reserve(small, large, steps),
+        modules=_modules(small, large, layers, lead, period),
     )
+
+
+def _modules(
+    small: RunResult, large: RunResult, layers: int, lead: int, period: int
+) -> ModuleTable | None:
+    """The step module by module at the extended depth, where both runs read it."""
+    if small.modules is None or large.modules is None:
+        return None
+    return extend_table(small.modules, large.modules, layers, lead, period)
 
 
 def _reserve(small: RunResult, large: RunResult, steps: int) -> int:

@@ -46,6 +46,11 @@ class TracedOptimizer(Protocol):
 
     def state_tensors(self) -> Iterator[torch.Tensor]: ...
 
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+        """Each state tensor with the parameter it belongs to (None: shared by all), so that
+        a device map can place it with its parameter's module."""
+        ...
+
 
 class TorchOptimizer:
     """A torch optimizer with its implementation pinned."""
@@ -60,10 +65,14 @@ class TorchOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def state_tensors(self) -> Iterator[torch.Tensor]:
-        for state in self.inner.state.values():
+        for _, value in self.param_states():
+            yield value
+
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+        for param, state in self.inner.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    yield value
+                    yield param, value
 
 
 class Fp32MasterAdamW:
@@ -89,8 +98,14 @@ class Fp32MasterAdamW:
             param.grad = None
 
     def state_tensors(self) -> Iterator[torch.Tensor]:
-        yield from self.masters
-        yield from TorchOptimizer(self.inner).state_tensors()
+        for _, value in self.param_states():
+            yield value
+
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+        yield from zip(self.params, self.masters, strict=True)
+        of_master = {id(m): p for p, m in zip(self.params, self.masters, strict=True)}
+        for master, value in TorchOptimizer(self.inner).param_states():
+            yield of_master.get(id(master)), value
 
 
 class BnbAdamWStorage:
@@ -129,9 +144,16 @@ class BnbAdamWStorage:
             param.grad = None
 
     def state_tensors(self) -> Iterator[torch.Tensor]:
-        yield from self.qmaps
-        for tensors in self.state.values():
-            yield from tensors
+        for _, value in self.param_states():
+            yield value
+
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+        for qmap in self.qmaps:
+            yield None, qmap
+        of_id = {id(param): param for param in self.params}
+        for key, tensors in self.state.items():
+            for value in tensors:
+                yield of_id[key], value
 
 
 def build_optimizer(params: Iterable[nn.Parameter], optimizer: Optimizer) -> TracedOptimizer:

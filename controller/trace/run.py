@@ -32,7 +32,9 @@ from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model
+from controller.trace.device_map import ModuleTable
 from controller.trace.loss import compute_loss
+from controller.trace.modules import Owners, module_table
 from controller.trace.optim import TracedOptimizer, build_optimizer
 from controller.trace.tracker import (
     CATEGORIES,
@@ -75,6 +77,9 @@ class RunResult:
     #: `torch.cuda.max_memory_reserved()` reads, and the part of NVML's figure that tensors
     #: cause. 0 where no replay ran.
     reserved: int = 0
+    #: The step module by module (`modules.py`), for a device map's GPUs; None where the
+    #: model's decoder layers were not found or no breakdowns were asked for.
+    modules: ModuleTable | None = None
 
 
 def batch_bytes(settings: TrainingSettings) -> int:
@@ -190,9 +195,14 @@ class _InBackward:
     does nothing: by then every parameter has been stepped."""
 
     def __init__(
-        self, params: list[nn.Parameter], settings: TrainingSettings, tracker: StorageTracker
+        self,
+        params: list[nn.Parameter],
+        settings: TrainingSettings,
+        tracker: StorageTracker,
+        owners: Owners | None = None,
     ) -> None:
         self.tracker = tracker
+        self.owners = owners
         self.each = {param: build_optimizer([param], settings.optimizer) for param in params}
         for param in params:
             param.register_post_accumulate_grad_hook(self._step)
@@ -200,10 +210,14 @@ class _InBackward:
     def _step(self, param: torch.Tensor) -> None:
         if param.grad is not None:
             self.tracker.register(param.grad, GRADIENTS)
+            if self.owners is not None:
+                self.owners.tag_gradient(self.tracker, param)
         optimizer = self.each[param]  # type: ignore[index]
         optimizer.step()
         for tensor in optimizer.state_tensors():
             self.tracker.register(tensor, OPTIMIZER)
+        if self.owners is not None:
+            self.owners.tag_states(self.tracker, optimizer)
         optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> None:
@@ -215,6 +229,10 @@ class _InBackward:
     def state_tensors(self) -> Iterator[torch.Tensor]:
         for optimizer in self.each.values():
             yield from optimizer.state_tensors()
+
+    def param_states(self) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+        for optimizer in self.each.values():
+            yield from optimizer.param_states()
 
 
 def trace_run(
@@ -240,15 +258,20 @@ def trace_run(
         model = build_model(config, settings, layers)
         count = layers if layers is not None else model.config.num_hidden_layers
         blocks = decoder_layers(model, count)
-        regions = _Regions(tracker, blocks, head_modules(model, blocks))
+        head = head_modules(model, blocks)
+        regions = _Regions(tracker, blocks, head)
+        owners = Owners(model, blocks, head) if blocks is not None and breakdowns else None
         trainable = [p for p in model.parameters() if p.requires_grad]
         if settings.switches.optimizer_in_backward:
-            optimizer: TracedOptimizer = _InBackward(trainable, settings, tracker)
+            optimizer: TracedOptimizer = _InBackward(trainable, settings, tracker, owners)
         else:
             optimizer = build_optimizer(model.parameters(), settings.optimizer)
         _register_model(tracker, model)
         for tensor in optimizer.state_tensors():
             tracker.register(tensor, OPTIMIZER)
+        if owners is not None:
+            owners.tag(tracker)
+            owners.tag_states(tracker, optimizer)
         with tracker:
             shape = (settings.batch, settings.seq_len)  # as batch_bytes counts it
             input_ids = torch.zeros(shape, dtype=torch.long)
@@ -264,16 +287,24 @@ def trace_run(
                     for param in trainable:
                         if param.grad is not None:
                             tracker.register(param.grad, GRADIENTS)
+                            if owners is not None:
+                                owners.tag_gradient(tracker, param)
                 regions.enter(step, "optimizer", "step")
                 optimizer.step()
                 for tensor in optimizer.state_tensors():
                     tracker.register(tensor, OPTIMIZER)
+                if owners is not None:
+                    owners.tag_states(tracker, optimizer)
                 optimizer.zero_grad(set_to_none=True)
             tracker.close()
         total = sum(p.numel() for p in model.parameters()) + qlora.hidden_params(model)
         trainable_count = sum(p.numel() for p in trainable)
+        in_backward = settings.switches.optimizer_in_backward
+        modules = None
+        if owners is not None:
+            modules = module_table(tracker, owners, micro_batches > 1, in_backward)
     seconds = time.perf_counter() - started
-    return _result(tracker, count, total, trainable_count, seconds, breakdowns)
+    return _result(tracker, count, total, trainable_count, seconds, breakdowns, modules)
 
 
 def _result(
@@ -283,6 +314,7 @@ def _result(
     trainable: int,
     seconds: float,
     breakdowns: bool = True,
+    modules: ModuleTable | None = None,
 ) -> RunResult:
     segments = [s for s in tracker.segments if s.phase in PHASES]
     ticks = sorted({tracker.peak_at, *(s.peak_at for s in segments)})
@@ -308,6 +340,7 @@ def _result(
         trainable_params=trainable,
         seconds=seconds,
         reserved=replay_live_intervals(tracker.intervals()).peak_reserved if breakdowns else 0,
+        modules=modules,
     )
 
 

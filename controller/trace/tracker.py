@@ -74,6 +74,7 @@ class _Record:
     role: str | None = None
     size: int = 0  # as requested (the storage's own nbytes)
     stream: int = COMPUTE_STREAM
+    owner: str | None = None  # the module it belongs to ("layer 3"), where one does
 
 
 @dataclass(slots=True)
@@ -211,6 +212,14 @@ class StorageTracker(TorchDispatchMode):
         index = self._track(_local(tensor))
         if index is not None and role is not None:
             self.records[index].role = role
+
+    def own(self, tensor: torch.Tensor, owner: str) -> None:
+        """The tensor's storage (counted already) belongs to `owner`, a module a device map
+        places ("embed", "layer 3", "head"); the first owner named keeps it (a tied weight
+        is the embedding's)."""
+        index = self._live.get(id(_local(tensor).untyped_storage()))
+        if index is not None and self.records[index].owner is None:
+            self.records[index].owner = owner
 
     def to_host(self, tensor: torch.Tensor) -> None:
         """The tensor's storage moves to host memory now (CPU offload): it stops counting."""
