@@ -48,7 +48,17 @@ from controller.estimator import (
 from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
 
-# Settings field -> the flag that sets it, so errors name what the user typed.
+#: A switch (its camelCase name under spec.training.switches) -> the flag that sets it.
+SWITCH_FLAGS = {
+    "loss": "--loss",
+    "compile": "--compile",
+    "loadPath": "--load-path",
+    "activationOffloading": "--activation-offloading",
+    "fsdpVersion": "--fsdp-version",
+    "optimizerInBackward": "--optimizer-in-backward",
+}
+# Settings field -> the flag that sets it, so errors name what the user typed; each switch
+# by its own flag (`settings.switch_path`).
 FLAG_PATHS = {
     "method": "--method",
     "rank": "--rank",
@@ -65,16 +75,7 @@ FLAG_PATHS = {
     "gradient_accumulation": "--gradient-accumulation",
     "framework": "--framework",
     "switches": "--switches",
-}
-#: A switch (its camelCase name under spec.training.switches) -> the flag that sets it.
-SWITCH_FLAGS = {
-    "loss": "--loss",
-    "compile": "--compile",
-    "loadPath": "--load-path",
-    "activationOffloading": "--activation-offloading",
-    "fsdpVersion": "--fsdp-version",
-    "optimizerInBackward": "--optimizer-in-backward",
-}
+} | {f"switches.{camel}": flag for camel, flag in SWITCH_FLAGS.items()}
 #: The largest --config file read: a config.json is a few KiB, so this only stops a wrong
 #: path (a checkpoint, /dev/zero) from being read whole.
 MAX_CONFIG_BYTES = 16 * MIB
@@ -293,7 +294,7 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     # with a warning (context_warnings), as the specification document prices it.
     settings, errors = build_settings(values, FLAG_PATHS, any_attention=True)
     if settings is None:
-        raise SpecErrors([_at_flag(error) for error in errors])
+        raise SpecErrors(errors)
     for flag, value in (("--rank", args.rank), ("--targets", args.targets)):
         if value is not None and not settings.is_adapter:
             raise UsageError(f"{flag}: applies only with --method lora or qlora")
@@ -302,22 +303,8 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
         raise SpecErrors(errors)
     said = (f"{path}: {message}" for path, message in shape.config_warnings)
     for line in (*said, *context_warnings(shape, settings, FLAG_PATHS)):
-        print(f"vramgate: warning: {_at_flag_text(line)}", file=sys.stderr)
+        print(f"vramgate: warning: {line}", file=sys.stderr)
     return model_name, shape, settings
-
-
-def _at_flag_text(text: str) -> str:
-    """`--switches.loss: ...` as `--loss: ...`: a switch's message names its own flag."""
-    for camel, flag in SWITCH_FLAGS.items():
-        prefix = f"{FLAG_PATHS['switches']}.{camel}"
-        if text.startswith(prefix):
-            return flag + text[len(prefix) :]
-    return text
-
-
-def _at_flag(error: SpecError) -> SpecError:
-    field = _at_flag_text(error.field)
-    return error if field == error.field else SpecError(field, error.message)
 
 
 def _run_estimate(args: argparse.Namespace, console: Console) -> int:

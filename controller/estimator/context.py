@@ -72,7 +72,7 @@ def context_warnings(
         )
     lines += framework_notes(
         settings.extras.get(UNKNOWN_FRAMEWORK), settings.switches, where["framework"],
-        where["switches"],
+        where["switches"], where,
     )  # fmt: skip
     limit = shape.context_length
     if limit is None or settings.seq_len <= limit:

@@ -34,6 +34,7 @@ from controller.estimator.settings import (
     Loss,
     Offloading,
     Switches,
+    switch_path,
 )
 
 DATA_FILE = "frameworks.json"
@@ -126,15 +127,20 @@ def known_names() -> str:
 
 
 def parse_switches(
-    values: Mapping[str, object], path: str, base: Switches = DEFAULT_SWITCHES, api: bool = False
+    values: Mapping[str, object],
+    path: str,
+    base: Switches = DEFAULT_SWITCHES,
+    api: bool = False,
+    paths: Mapping[str, str] | None = None,
 ) -> tuple[Switches, list[SpecError]]:
     """`base` with the switches `values` sets (camelCase names), and every error at
-    `path.<name>`. `api`: messages list the API's CamelCase spellings (a spec) rather than
-    the lower-case tokens (the CLI, the data file)."""
+    `path.<name>` (or where `paths` names that switch: `settings.switch_path`). `api`:
+    messages list the API's CamelCase spellings (a spec) rather than the lower-case tokens
+    (the CLI, the data file)."""
     errors: list[SpecError] = []
     changes: dict[str, object] = {}
     for camel, raw in values.items():
-        where = f"{path}.{camel}"
+        where = switch_path(str(camel), path, paths)
         name = _FIELDS.get(str(camel))
         if name is None:
             errors.append(SpecError(where, f"unknown switch; allowed: {', '.join(_FIELDS)}"))
@@ -181,10 +187,13 @@ def resolve(
     fused_loss: bool = False,
     fused_loss_path: str = "training.fusedLoss",
     api: bool = False,
+    switch_paths: Mapping[str, str] | None = None,
 ) -> tuple[Resolved, list[SpecError]]:
     """The switches of a job: its preset's (the defaults for none, or for a name vramgate
     does not know), then `fused_loss` (the older spelling of `loss: fused`), then each
-    override. A `fused_loss` that an explicit `loss` contradicts is an error, not a guess."""
+    override. A `fused_loss` that an explicit `loss` contradicts is an error, not a guess.
+    `switch_paths`: where errors name a switch of its own (`settings.switch_path`; the CLI's
+    flags), else under `switches_path`."""
     errors: list[SpecError] = []
     label = framework.strip() if isinstance(framework, str) and framework.strip() else None
     preset = find(label) if label is not None else None
@@ -197,24 +206,29 @@ def resolve(
             values = overrides
         else:
             errors.append(SpecError(switches_path, "must be an object of switch: value"))
-    switches, switch_errors = parse_switches(values, switches_path, base, api)
+    switches, switch_errors = parse_switches(values, switches_path, base, api, switch_paths)
     errors += switch_errors
     if fused_loss and switches.loss is not Loss.FUSED:
         spelled = switches.loss.api if api else switches.loss.value
+        loss_path = switch_path("loss", switches_path, switch_paths)
         errors.append(
             SpecError(
-                fused_loss_path,
-                f"true contradicts {switches_path}.loss {spelled}; set only {switches_path}.loss",
+                fused_loss_path, f"true contradicts {loss_path} {spelled}; set only {loss_path}"
             )
         )
     return Resolved(switches, preset.name if preset else None, label), errors
 
 
 def framework_notes(
-    label: str | None, switches: Switches, framework_path: str, switches_path: str
+    label: str | None,
+    switches: Switches,
+    framework_path: str,
+    switches_path: str,
+    switch_paths: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One line per thing about the trainer the estimate takes on trust: a framework name
-    vramgate does not know (default switches), torch.compile (not priced)."""
+    vramgate does not know (default switches), torch.compile (not priced). `switch_paths`
+    as in `resolve`."""
     lines = []
     if label is not None:
         lines.append(
@@ -223,7 +237,8 @@ def framework_notes(
         )
     if switches.compile:
         lines.append(
-            f"{switches_path}.compile: torch.compile is not priced; the estimate is of the "
+            f"{switch_path('compile', switches_path, switch_paths)}: torch.compile is not "
+            "priced; the estimate is of the "
             "eager step"
         )
     return lines

@@ -9,6 +9,7 @@ Field paths are the FineTuneJob's (`training.microBatchSize`); the CLI maps them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Self
@@ -160,6 +161,13 @@ SWITCH_NAMES = {
 }
 
 
+def switch_path(camel: str, switches_path: str, paths: Mapping[str, str] | None = None) -> str:
+    """Where errors name one switch (`camel`, its camelCase name): its own entry in `paths`
+    (`switches.loss` -> the CLI's `--loss`), else `<switches_path>.<camel>`
+    (`spec.training.switches.loss`)."""
+    return (paths or {}).get(f"switches.{camel}", f"{switches_path}.{camel}")
+
+
 _ALIASES: dict[str, dict[str, str]] = {
     "Checkpointing": {"true": "on", "false": "off", "none": "off", "enabled": "on"},
     "Optimizer": {
@@ -280,7 +288,8 @@ def build_settings(
     """Build settings from loosely typed values (CLI flags, a CRD spec); collect every error.
 
     `values` uses the TrainingSettings field names; missing keys take the defaults.
-    `paths` overrides the field path shown in errors (the CLI passes its flag names).
+    `paths` overrides the field path shown in errors (the CLI passes its flag names; a
+    switch's own, `switches.<camelCase name>`, see `switch_path`).
     `any_attention`: an attention implementation outside the known four is estimated on
     the quadratic (non-flash) path, as seed 1 prices "none of flash_attention_2, sdpa, or
     flex_attention", and recorded in `extras` for `context_warnings` to warn about; without
@@ -401,6 +410,7 @@ def _trainer(
         fused_loss=fused_loss,
         fused_loss_path=where["fused_loss"],
         api=api,
+        switch_paths=where,
     )
     errors += trainer_errors
     switches = resolved.switches
@@ -408,7 +418,7 @@ def _trainer(
     if switches.optimizer_in_backward and isinstance(accumulation, int) and accumulation > 1:
         errors.append(
             SpecError(
-                f"{where['switches']}.optimizerInBackward",
+                switch_path("optimizerInBackward", where["switches"], where),
                 f"needs gradient accumulation 1 (each parameter is stepped as its gradient is "
                 f"made), got {where['gradient_accumulation']} {accumulation}",
             )

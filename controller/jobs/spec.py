@@ -343,7 +343,9 @@ def _settings(
         values["switches"] = {k: v for k, v in switches.items() if k in known}
     elif switches is not None:  # so is a switches that is no object
         del values["switches"]
-    if values.get("framework", "") is None:  # a label, and null was always taken as unset
+    if "framework" in values and not isinstance(values["framework"], str):
+        # A label: null was always taken as unset; any other non-string is reported below,
+        # once, with the field's bound.
         del values["framework"]
     nulls = [name for name, value in values.items() if value is None and name != "rank"]
     for name in nulls:

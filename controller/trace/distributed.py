@@ -37,10 +37,21 @@ streams). What cannot be told: `record_stream` uses (a block freed on one stream
 another still reads it) and the events FSDP2 waits on; a replay frees each block when its
 last tensor goes.
 
-The trainer's switches: the rank runs the model's own loss and one optimizer step, whatever
-the job's `loss` and `optimizerInBackward` say (a chunked or fused loss calls the decoder and
-the LM head apart, past the root module whose forward FSDP2 and DDP hook): for those jobs the
-traced rank holds more than the job will, never less.
+The trainer's switches, as the single-GPU trace runs them:
+
+* `loss`: the same loss (`loss.compute_loss`), run inside the wrapped model's forward
+  (`loss.wrapped_loss`), so that FSDP2's root and DDP hook the whole of it, as they do a
+  fused loss that replaces the causal LM's forward (Liger, Unsloth).
+* `optimizerInBackward`: one optimizer per parameter (`run._InBackward`), as torchtune's
+  `optimizer_in_bwd` builds it. FSDP2: each sharded parameter is stepped by its
+  post-accumulate-grad hook, which FSDP2 runs once the reduce-scatter has made its sharded
+  gradient (on the reduce-scatter stream, where `foreach_reduce` runs it), and its gradient
+  is freed there; a block's sharded gradients are views of one reduce-scatter output, which
+  goes with the block's last. DDP: each bucket's parameters are stepped from the comm hook
+  once the bucket is reduced, on an optimizer stream of their own, their gradients then the
+  bucket's views until backward ends, as torch's `_apply_optim_in_backward_hook` does (the
+  buckets themselves stay, as they always do).
+* `activationOffloading`: refused, as by the single-GPU trace (`build.build_model`).
 
 CPU offload: FSDP2's `CPUOffloadPolicy` keeps the shards, their gradients and the optimizer
 step on the host. On fake CPU tensors the host and the device are one, so the offload is
@@ -80,10 +91,12 @@ from controller.estimator import Precision, TrainingSettings
 from controller.estimator.settings import Parallelism
 from controller.trace import qlora
 from controller.trace.build import DTYPES, TraceUnsupported, build_model
-from controller.trace.optim import build_optimizer
+from controller.trace.loss import wrapped_loss
+from controller.trace.optim import TracedOptimizer, build_optimizer
 from controller.trace.run import (
     MIN_STEPS,
     RunResult,
+    _InBackward,
     _Regions,
     _register_model,
     _result,
@@ -95,6 +108,7 @@ from controller.trace.tracker import (
     COMPUTE_STREAM,
     GRADIENTS,
     OPTIMIZER,
+    OPTIMIZER_STREAM,
     REDUCE_SCATTER_STREAM,
     WEIGHTS,
     Interval,
@@ -205,35 +219,47 @@ def trace_distributed_run(
         regions = _Regions(tracker, blocks, head_modules(model, blocks))
         total = sum(p.numel() for p in model.parameters()) + qlora.hidden_params(model)
         trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        offload_step = distributed.offload_params or distributed.offload_optimizer
+        in_backward = settings.switches.optimizer_in_backward
         with tracker, _patched(tracker, distributed) as hooks:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            optimizer: TracedOptimizer | None = None
             if distributed.parallelism is Parallelism.FSDP:
                 wrapped = _fully_shard(model, blocks, mesh, distributed)
                 hooks.state = wrapped._get_fsdp_state()  # type: ignore[operator]
                 for tensor in (*model.buffers(), *qlora.quantized_tensors(model)):
                     tracker.register(tensor, WEIGHTS)
+                trainable = [p for p in model.parameters() if p.requires_grad]  # the shards
+                if in_backward:
+                    optimizer = _InBackward(trainable, settings, tracker, on_host=offload_step)
             else:
                 _register_model(tracker, model)
-                wrapped = _ddp(model, distributed, tracker)
+                stepper = None
+                if in_backward:
+                    stepper = _InBackward(
+                        trainable, settings, tracker, hooked=False, on_host=offload_step
+                    )
+                wrapped = _ddp(model, distributed, tracker, stepper)
+                optimizer = stepper
+            if optimizer is None:
+                optimizer = build_optimizer(model.parameters(), settings.optimizer)
             for param in model.parameters():
                 tracker.register(param, WEIGHTS)
                 if distributed.offload_params:
                     tracker.to_host(param)
-            optimizer = build_optimizer(model.parameters(), settings.optimizer)
-            if distributed.offload_params or distributed.offload_optimizer:
+            if offload_step:
                 for tensor in optimizer.state_tensors():  # fp32 masters, made up front
                     tracker.to_host(tensor)
-            trainable = [p for p in model.parameters() if p.requires_grad]
             shape = (settings.batch, settings.seq_len)
             input_ids = torch.zeros(shape, dtype=torch.long)
             attention_mask = torch.ones(shape, dtype=torch.long)
             labels = input_ids.clone()
-            offload_step = distributed.offload_params or distributed.offload_optimizer
             for step in range(steps):
                 for _ in range(micro_batches):
                     regions.enter(step, "forward", "head")
-                    loss = wrapped(
-                        input_ids=input_ids, attention_mask=attention_mask, labels=labels
-                    ).loss
+                    loss = wrapped_loss(
+                        wrapped, model, input_ids, attention_mask, labels, settings.loss
+                    )
                     regions.enter(step, "backward", "tail")
                     loss.backward()
                     del loss
@@ -282,14 +308,41 @@ def _fully_shard(
     return root
 
 
-def _ddp(model: nn.Module, distributed: Distributed, tracker: StorageTracker) -> Any:
+def _ddp(
+    model: nn.Module,
+    distributed: Distributed,
+    tracker: StorageTracker,
+    in_backward: _InBackward | None = None,
+) -> Any:
+    """DDP around `model`; with `in_backward`, each bucket's parameters are stepped once the
+    bucket is reduced (module docstring)."""
     import torch.nn.parallel.distributed as ddp_module
+    from torch.autograd import Variable
 
     # Unannotated: DDP checks a hook's annotations against dist.GradBucket at run time.
     def reduce_in_place(_state, bucket):  # type: ignore[no-untyped-def]
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(bucket.buffer())
         return done
+
+    stepped: list[nn.Parameter] = []
+
+    def reduce_then_step(state, bucket):  # type: ignore[no-untyped-def]
+        assert in_backward is not None
+        if not stepped:  # the first bucket of this backward
+            Variable._execution_engine.queue_callback(free_grads)
+        with _on_stream(tracker, OPTIMIZER_STREAM, contextlib.nullcontext()):
+            for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                if not distributed.gradient_as_bucket_view:
+                    param.grad = grad  # the reduced gradient, in the bucket
+                in_backward.step_param(param)
+                stepped.append(param)
+        return reduce_in_place(state, bucket)
+
+    def free_grads() -> None:
+        for param in stepped:
+            param.grad = None
+        stepped.clear()
 
     check = ddp_module._verify_param_shape_across_processes
     ddp_module._verify_param_shape_across_processes = lambda *_a, **_k: None  # type: ignore[assignment]
@@ -304,7 +357,11 @@ def _ddp(model: nn.Module, distributed: Distributed, tracker: StorageTracker) ->
     finally:
         tracker.role = None
         ddp_module._verify_param_shape_across_processes = check
-    wrapped.register_comm_hook(None, reduce_in_place)
+    if in_backward is None:
+        wrapped.register_comm_hook(None, reduce_in_place)
+    else:
+        wrapped.register_comm_hook(None, reduce_then_step)
+        wrapped.reducer._set_optimizer_in_backward()  # the reducer leaves .grad to the hook
     wrapped.reducer = _NoRebuild(wrapped.reducer)  # type: ignore[assignment]
     return wrapped
 

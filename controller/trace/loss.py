@@ -13,6 +13,13 @@
   gradient written in place, the gradient of the hidden states and (a trainable head) of the
   weight accumulated; only those two are kept for backward, which scales them.
 
+Under FSDP2 or DDP (`distributed.py`) the loss runs inside the wrapped model's forward
+(`wrapped_loss`), where the wrappers' hooks gather the root's parameters (the embeddings,
+the final norm, the LM head) and see the output: where Liger's and Unsloth's fused losses
+run (each replaces the causal LM's forward). torchtune calls its LM head from the loss,
+after the model's forward; when FSDP2 gathers that head (its own unit, or the root's) is
+not modelled apart: the rank gathers it with the root, as for the plain loss.
+
 The label shift (transformers shifts inside its loss; torchtune's data is pre-shifted) moves
 no memory worth counting and is left out of the chunked and fused paths; so are final-logit
 soft-capping and logit scales (Gemma 2/3, Cohere), which a fused kernel applies per chunk.
@@ -21,6 +28,7 @@ soft-capping and logit scales (Gemma 2/3, Cohere), which a fused kernel applies 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -62,6 +70,40 @@ def compute_loss(
         return _chunked(head, hidden, targets)
     weight = _weight(head)
     return _FusedLinearCrossEntropy.apply(hidden, weight, targets)  # type: ignore[no-any-return]
+
+
+def wrapped_loss(
+    wrapper: Callable[..., Any],
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    loss: Loss,
+) -> torch.Tensor:
+    """`compute_loss` through `wrapper` (DDP around `model`, or `model` itself as FSDP2's
+    root): the wrapper's forward hooks run around the whole loss, which the chunked and
+    fused losses, calling the decoder and the LM head apart, would otherwise bypass. For
+    the call, `model`'s forward is that loss (an instance attribute shadows the class's
+    `forward`; hooks registered on the module still run)."""
+    if loss is Loss.PLAIN:
+        out: Any = wrapper(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        plain: torch.Tensor = out.loss
+        return plain
+    from transformers.modeling_outputs import CausalLMOutput
+
+    def forward(**kwargs: Any) -> CausalLMOutput:
+        value = compute_loss(
+            model, kwargs["input_ids"], kwargs["attention_mask"], kwargs["labels"], loss
+        )
+        return CausalLMOutput(loss=value)
+
+    model.forward = forward  # type: ignore[method-assign]
+    try:
+        out = wrapper(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    finally:
+        del model.forward
+    result: torch.Tensor = out.loss
+    return result
 
 
 def _chunked(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -192,7 +192,13 @@ class _InBackward:
     """An optimizer stepped in backward (`Switches.optimizer_in_backward`, torchtune's
     `optimizer_in_bwd`): one optimizer per parameter, stepped by a post-accumulate-grad hook
     as soon as that parameter's gradient is made, which then frees it. The step phase itself
-    does nothing: by then every parameter has been stepped."""
+    does nothing: by then every parameter has been stepped.
+
+    FSDP2 runs a sharded parameter's post-accumulate-grad hooks itself once the reduce-scatter
+    has made its sharded gradient (`foreach_reduce`), so the same hooks step each shard there.
+    DDP steps a bucket's parameters from its comm hook instead (`hooked=False`: the caller
+    calls `step_param`). `on_host`: the optimizer runs on the host (FSDP2's CPU offload), its
+    state and scratch off the device."""
 
     def __init__(
         self,
@@ -200,25 +206,41 @@ class _InBackward:
         settings: TrainingSettings,
         tracker: StorageTracker,
         owners: Owners | None = None,
+        *,
+        hooked: bool = True,
+        on_host: bool = False,
     ) -> None:
         self.tracker = tracker
         self.owners = owners
+        self.on_host = on_host
         self.each = {param: build_optimizer([param], settings.optimizer) for param in params}
-        for param in params:
-            param.register_post_accumulate_grad_hook(self._step)
+        if hooked:
+            for param in params:
+                param.register_post_accumulate_grad_hook(self._step)
 
     def _step(self, param: torch.Tensor) -> None:
+        self.step_param(param)
+        self.each[param].zero_grad(set_to_none=True)  # type: ignore[index]
+
+    def step_param(self, param: torch.Tensor) -> None:
+        """Step `param` alone on the gradient it holds now."""
         if param.grad is not None:
             self.tracker.register(param.grad, GRADIENTS)
             if self.owners is not None:
                 self.owners.tag_gradient(self.tracker, param)
         optimizer = self.each[param]  # type: ignore[index]
-        optimizer.step()
+        on_host, role = self.tracker.on_host, self.tracker.role
+        # FSDP2 runs this inside its post-backward, whose new storages are gradients: the
+        # optimizer's state and scratch are not.
+        self.tracker.on_host, self.tracker.role = on_host or self.on_host, None
+        try:
+            optimizer.step()
+        finally:
+            self.tracker.on_host, self.tracker.role = on_host, role
         for tensor in optimizer.state_tensors():
             self.tracker.register(tensor, OPTIMIZER)
         if self.owners is not None:
             self.owners.tag_states(self.tracker, optimizer)
-        optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> None:
         """Every parameter was stepped in backward."""

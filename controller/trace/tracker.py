@@ -54,11 +54,13 @@ def allocated_bytes(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK
 
 
-#: Stream ids of `StorageTracker.intervals()`: the compute (default) stream, and the side
-#: streams FSDP2 allocates its collectives' buffers on (`distributed.py` says which are which).
+#: Stream ids of `StorageTracker.intervals()`: the compute (default) stream, the side
+#: streams FSDP2 allocates its collectives' buffers on, and the one DDP steps an optimizer in
+#: backward on (`distributed.py` says which are which).
 COMPUTE_STREAM = 0
 ALL_GATHER_STREAM = 1
 REDUCE_SCATTER_STREAM = 2
+OPTIMIZER_STREAM = 3
 
 #: One storage's life for an allocator replay: (requested bytes, born tick, died tick or None
 #: while still live at the end, stream id).

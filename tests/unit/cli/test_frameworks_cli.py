@@ -59,6 +59,25 @@ def test_bad_switch_flags_name_the_flag(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 2 and err.startswith("vramgate: --optimizer-in-backward: needs gradient")
 
 
+@pytest.mark.parametrize("command", ["estimate", "trace"])
+def test_a_message_about_a_switch_names_its_flag_in_the_text_too(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # The message names the switch it contradicts by the flag the user typed, as the field
+    # does; `trace` validates the job before it needs torch.
+    code, _, err = run(capsys, command, *JOB[1:], "--fused-loss", "--loss", "chunked")
+    assert code == 2
+    assert err.strip() == (
+        "vramgate: --fused-loss: true contradicts --loss chunked; set only --loss"
+    )
+    if command == "estimate":  # (a trace of this job would run)
+        _, _, err = run(capsys, command, *JOB[1:], "--compile")
+        assert err.strip() == (
+            "vramgate: warning: --compile: torch.compile is not priced; the estimate is of "
+            "the eager step"
+        )
+
+
 def test_an_unknown_framework_is_warned_of(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, *JOB, "--framework", "my-loop")
     assert code == 0

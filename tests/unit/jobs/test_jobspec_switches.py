@@ -74,6 +74,14 @@ def test_switches_must_be_an_object_and_fused_loss_must_agree() -> None:
     ]
 
 
+@pytest.mark.parametrize("framework", [3, ["torchtune"], {"name": "torchtune"}, True])
+def test_a_framework_that_is_no_string_is_one_error(framework: object) -> None:
+    _, errors = translate(job(training={"framework": framework}))
+    assert [str(e) for e in errors] == [
+        f"spec.training.framework: must be a string of at most 63 characters, got {framework!r}"
+    ]
+
+
 def test_optimizer_in_backward_with_accumulation_is_refused() -> None:
     _, errors = translate(
         job(training={"gradientAccumulationSteps": 8, "switches": {"optimizerInBackward": True}})
