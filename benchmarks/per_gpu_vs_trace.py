@@ -1,7 +1,7 @@
 """The calibrated profile's per-GPU figure against the distributed trace's, per moment.
 
     python -m benchmarks.per_gpu_vs_trace [PRESET ...] [--gpus 1,2,8,64] [--layers 4]
-        [--seq-len 512] [--parallelism fsdp,ddp]
+        [--seq-len 512] [--parallelism fsdp,ddp] [--reserved]
 
 For each preset cut to `--layers` decoder layers (the calibrated profile estimates the same
 cut config, read by `parse_config`), full fine-tuning and LoRA, gradient checkpointing on and
@@ -19,6 +19,13 @@ distributed trace at world size 1. Forward: calibrated prices forward's start un
 is there; where it is forward's tail (what backward's tail holds less the logits' gradient;
 no calibrated moment), the check is that it stays below the backward peak.
 
+`--reserved` compares the reserved level instead, once per run: what calibrated's per-GPU
+figure has the caching allocator reserve (`Estimate.per_gpu_levels(n).reserved`, without
+cuBLAS's workspace, which the trace does not allocate) against the traced rank's allocations
+and frees replayed through the allocator model (`RunResult.reserved`), with beside it what
+calibrated reserves with the single-GPU share on every rank (its rule before the ranks'
+shares were measured). QLoRA is added there: its share is measured apart.
+
 Needs the trace extra; about a second a trace at 4 layers of a 1B model on one core.
 Not a timed benchmark: the figures are bytes. Prints the worst under and over per preset.
 """
@@ -26,6 +33,7 @@ Not a timed benchmark: the figures are bytes. Prints the worst under and over pe
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from controller.base.units import MIB
@@ -92,6 +100,81 @@ def one_rank_fsdp(config: dict[str, Any], settings: TrainingSettings) -> dict[st
     return {"peak": (held, top)}
 
 
+def reserved_figures(
+    config: dict[str, Any], settings: TrainingSettings, gpus: int, parallelism: Parallelism
+) -> tuple[int, int, int]:
+    """Bytes the caching allocator reserves on one rank: calibrated's, calibrated's with the
+    single-GPU share in place of the rank's own (what it charged before the ranks' shares
+    were measured), and the traced rank's replay."""
+    from controller.trace.distributed import Distributed, trace_distributed_run
+    from controller.trace.run import trace_run
+
+    est = calibrated.estimate(parse_config(config), settings)
+    one_share = replace(est, fsdp_reserve_share=(), ddp_reserve_share=())
+    workspace = est.components["cublas_workspace"]
+    predicted = est.per_gpu_levels(gpus, parallelism).reserved - workspace
+    before = one_share.per_gpu_levels(gpus, parallelism).reserved - workspace
+    if gpus == 1:
+        return predicted, before, trace_run(config, settings).reserved
+    run = trace_distributed_run(config, settings, Distributed(gpus, parallelism))
+    return predicted, before, run.result.reserved
+
+
+def _spread(values: list[float]) -> str:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return (
+        f"median {ordered[middle]:+.1%}, median |error| "
+        f"{sorted(abs(v) for v in values)[middle]:.1%}, worst under {ordered[0]:+.1%}, "
+        f"worst over {ordered[-1]:+.1%}"
+    )
+
+
+def reserved_table(
+    presets: list[str], layers: int, seq_len: int, counts: list[int], modes: list[Parallelism]
+) -> None:
+    print(
+        f"reserved MiB per rank, {layers or 'all'} layers, {seq_len} tokens: calibrated "
+        "(error) / with the single-GPU share (error) / trace"
+    )
+    errors: dict[str, tuple[list[float], list[float]]] = {}
+    for preset in presets:
+        config = cut(preset, layers)
+        for method in (Method.FULL, Method.LORA, Method.QLORA):
+            for gc in (Checkpointing.ON, Checkpointing.OFF):
+                settings = TrainingSettings(
+                    method=method,
+                    rank=None if method is Method.FULL else 16,
+                    gradient_checkpointing=gc,
+                    seq_len=seq_len,
+                )
+                cells = []
+                for mode in modes:
+                    for n in counts:
+                        if (mode is Parallelism.DDP and n not in (2, 8)) or (
+                            n == 1 and mode is not modes[0]
+                        ):
+                            continue
+                        predicted, before, traced = reserved_figures(config, settings, n, mode)
+                        e, e_before = error((predicted, traced)), error((before, traced))
+                        where = "one" if n == 1 else f"{mode.value}@{n}"
+                        now, then = errors.setdefault(where, ([], []))
+                        now.append(e)
+                        then.append(e_before)
+                        cells.append(
+                            f"{where} {predicted / MIB:7.0f} ({e:+6.1%}) / {before / MIB:7.0f} "
+                            f"({e_before:+6.1%}) / {traced / MIB:7.0f}"
+                        )
+                print(
+                    f"{preset} {method.value:5s} gc {gc.value:3s} | " + " | ".join(cells),
+                    flush=True,
+                )
+    for where, (now, then) in errors.items():
+        print(f"{where}: {len(now)} runs; calibrated {_spread(now)}", flush=True)
+        if where != "one":
+            print(f"{where}: with the single-GPU share {_spread(then)}", flush=True)
+
+
 def error(pair: tuple[int, int]) -> float:
     predicted, traced = pair
     return (predicted - traced) / traced
@@ -104,9 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=0, help="decoder layers; 0: all")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--parallelism", default="fsdp,ddp")
+    parser.add_argument("--reserved", action="store_true", help="compare the reserved level")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.gpus.split(",")]
     modes = [Parallelism(p) for p in args.parallelism.split(",")]
+    if args.reserved:
+        reserved_table(args.presets, args.layers, args.seq_len, counts, modes)
+        return
     print(
         f"tensor MiB per rank, {args.layers or 'all'} layers, {args.seq_len} tokens: "
         "calibrated / trace (error)"

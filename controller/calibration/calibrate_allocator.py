@@ -1,27 +1,39 @@
 """Measure what the caching allocator reserves beyond the tensors' peak, for `calibrated`.
 
-    python -m controller.calibration.calibrate_allocator [--write]
+    python -m controller.calibration.calibrate_allocator [--write] [--workers N]
 
 The trace replays each run's allocations and frees through the allocator model
 (`controller.allocator`) and reports the reserved peak; `calibrated` cannot replay (it has no
 event sequence, and it must answer in microseconds), so it charges the reserve as a share of
-a share of what its tensor peak holds beyond the weights, one share per method and
-checkpointing setting. Beyond the weights, because the weights are allocated once, each in a
-segment of its own size, and cost the allocator nothing; what it caches and cannot reuse comes
-from the step's transient tensors (activations, logits, gradients, scratch). This script
-traces small real models across batch and sequence, prints (reserved - peak) / (peak -
-weights) per run, and with `--write` stores each group's median share in calibration.json's
-`allocator` section, with the spread it came from (the samples' minimum and maximum) so a
-reader sees how far one share reaches.
+what its tensor peak holds beyond the weights, one share per method and checkpointing
+setting. Beyond the weights, because the weights are allocated once, each in a segment of its
+own size, and cost the allocator nothing; what it caches and cannot reuse comes from the
+step's transient tensors (activations, logits, gradients, scratch). This script traces small
+real models across batch and sequence, prints (reserved - peak) / (peak - weights) per run,
+and with `--write` stores each group's median share in calibration.json's `allocator`
+section, with the spread it came from (the samples' minimum and maximum) so a reader sees how
+far one share reaches.
+
+A rank of a data-parallel job reserves differently from the same job on one GPU: FSDP2's
+all-gather and reduce-scatter buffers live on streams of their own, whose cached blocks the
+compute stream never reuses, and DDP's gradient buckets stay allocated across the step. So
+one rank is traced at a world size as well (`controller.trace.distributed`: FSDP2 at 2 and 8
+ranks, DDP at 2) and its share stored apart (`parallel`), each with the denominator
+`calibrated` charges it on (`Estimate.per_gpu_bytes`): what that rank holds beyond its own
+weights, 1/n of them under FSDP (the shards; the blocks gathered in flight are transient),
+all of them under DDP. About ten minutes on 2 cores (96 traces).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from controller.estimator import (
     Checkpointing,
@@ -31,67 +43,137 @@ from controller.estimator import (
     load_shape,
     static_bytes,
 )
-from controller.trace.run import trace_run
+from controller.estimator.settings import Parallelism
 
 PRESETS = ("qwen2.5-0.5b", "llama-3.2-1b")
 SIZES = ((1, 2048), (4, 2048))
 METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
+#: The spreads traced beyond one GPU, (parallelism, world size): FSDP2 on a small and a
+#: large count (what each rank holds whole grows against its shards as n grows), DDP on 2
+#: (a DDP rank holds the same on any count of two or more).
+SPREADS = ((Parallelism.FSDP, 2), (Parallelism.FSDP, 8), (Parallelism.DDP, 2))
+
+#: One traced run: (method, checkpointing, preset, batch, sequence, parallelism value or ""
+#: for one GPU, world size).
+Task = tuple[str, str, str, int, int, str, int]
 
 
-def measure() -> dict[str, list[float]]:
-    shares: dict[str, list[float]] = {}
-    for method in METHODS:
-        for gc in CHECKPOINTING:
-            key = f"{method.value}/{'off' if gc is Checkpointing.OFF else 'on'}"
-            for preset in PRESETS:
-                for batch, seq in SIZES:
-                    settings = TrainingSettings(
-                        method=method,
-                        rank=None if method is Method.FULL else 16,
-                        gradient_checkpointing=gc,
-                        batch=batch,
-                        seq_len=seq,
-                    )
-                    result = trace_run(load_preset(preset).config, settings)
-                    weights = static_bytes(load_shape(preset), settings).weights
-                    share = (result.reserved - result.peak) / (result.peak - weights)
-                    shares.setdefault(key, []).append(share)
-                    print(
-                        f"{key:12} {preset:14} b={batch} s={seq}: peak "
-                        f"{result.peak / 2**30:7.3f} GiB, reserved {result.reserved / 2**30:7.3f} "
-                        f"GiB, share {share:+.3f}",
-                        flush=True,
-                    )
+def group_key(method: Method, gc: Checkpointing) -> str:
+    """The group a run's share belongs to, as `calibrated.allocator_share` looks it up."""
+    return f"{method.value}/{'off' if gc is Checkpointing.OFF else 'on'}"
+
+
+def rank_share(reserved: int, peak: int, weights: int, parallelism: str, world_size: int) -> float:
+    """(reserved - peak) / (peak - the weights the rank keeps): the share `calibrated`
+    multiplies by what a rank holds beyond its own weights (`Estimate._reserved`), its
+    1/n of them under FSDP on n ranks, all of them on one GPU and under DDP."""
+    own = weights // world_size if parallelism == Parallelism.FSDP.value else weights
+    return (reserved - peak) / (peak - own)
+
+
+def tasks() -> list[Task]:
+    spreads = (("", 1), *((p.value, n) for p, n in SPREADS))
+    return [
+        (method.value, gc.value, preset, batch, seq, parallelism, world_size)
+        for parallelism, world_size in spreads
+        for method in METHODS
+        for gc in CHECKPOINTING
+        for preset in PRESETS
+        for batch, seq in SIZES
+    ]
+
+
+def trace_one(task: Task) -> tuple[Task, int, int, int]:
+    """Trace one run (one GPU, or one rank at its world size): its tensor peak, the
+    allocator replay's reserved peak, and the whole model's weights."""
+    from controller.trace.distributed import Distributed, trace_distributed_run
+    from controller.trace.run import trace_run
+
+    method, gc, preset, batch, seq, parallelism, world_size = task
+    settings = TrainingSettings(
+        method=Method(method),
+        rank=None if method == Method.FULL.value else 16,
+        gradient_checkpointing=Checkpointing(gc),
+        batch=batch,
+        seq_len=seq,
+    )
+    config = load_preset(preset).config
+    if parallelism:
+        spread = Distributed(world_size, Parallelism(parallelism))
+        result = trace_distributed_run(config, settings, spread).result
+    else:
+        result = trace_run(config, settings)
+    weights = static_bytes(load_shape(preset), settings).weights
+    return task, result.peak, result.reserved, weights
+
+
+def measure(workers: int) -> dict[str, dict[str, list[float]]]:
+    """Shares by spread ("" one GPU, else "fsdp" / "ddp") and group."""
+    shares: dict[str, dict[str, list[float]]] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for task, peak, reserved, weights in pool.map(trace_one, tasks()):
+            method, gc, preset, batch, seq, parallelism, world_size = task
+            key = group_key(Method(method), Checkpointing(gc))
+            share = rank_share(reserved, peak, weights, parallelism, world_size)
+            shares.setdefault(parallelism, {}).setdefault(key, []).append(share)
+            spread = f"{parallelism or 'one'}@{world_size}"
+            print(
+                f"{spread:7} {key:10} {preset:14} b={batch} s={seq}: peak "
+                f"{peak / 2**30:7.3f} GiB, reserved {reserved / 2**30:7.3f} GiB, "
+                f"share {share:+.3f}",
+                flush=True,
+            )
     return shares
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="store the shares")
-    args = parser.parse_args()
-    shares = measure()
-    section = {
+def summary(groups: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    return {
         key: {
             "share": round(statistics.median(values), 4),
             "min": round(min(values), 4),
             "max": round(max(values), 4),
             "samples": len(values),
         }
-        for key, values in shares.items()
+        for key, values in groups.items()
     }
-    print(json.dumps(section, indent=2))
+
+
+def section(shares: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """calibration.json's `allocator` section: the one-GPU groups (`groups`, read for one
+    GPU and a device map) and each spread's (`parallel`, read at n >= 2)."""
+    parallel = {}
+    for parallelism in dict.fromkeys(p.value for p, _ in SPREADS):
+        parallel[parallelism] = {
+            "world_sizes": [n for p, n in SPREADS if p.value == parallelism],
+            "groups": summary(shares[parallelism]),
+        }
+    return {
+        "what": "(reserved - tensor peak) / (tensor peak - the weights the GPU keeps) of traced "
+        "runs replayed through the caching allocator model, median per method/checkpointing "
+        "(python -m controller.calibration.calibrate_allocator). `groups`: one GPU (also a "
+        "device map), all the weights. `parallel`: one rank of FSDP2 or DDP traced at the "
+        "world sizes listed (controller.trace.distributed), the share calibrated charges at "
+        "n >= 2 GPUs of that parallelism; the weights it keeps are its 1/n shard under FSDP, "
+        "all of them under DDP",
+        "presets": list(PRESETS),
+        "sizes": [list(s) for s in SIZES],
+        "groups": summary(shares[""]),
+        "parallel": parallel,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="store the shares")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    allocator = section(measure(args.workers))
+    print(json.dumps(allocator, indent=2))
     if args.write:
         path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
         data = json.loads(path.read_text())
-        data["allocator"] = {
-            "what": "(reserved - tensor peak) / (tensor peak - weights) of traced runs replayed "
-            "through the caching allocator model, median per method/checkpointing "
-            "(controller.calibration.calibrate_allocator)",
-            "presets": list(PRESETS),
-            "sizes": [list(s) for s in SIZES],
-            "groups": section,
-        }
+        data["allocator"] = allocator
         path.write_text(json.dumps(data, indent=1) + "\n")
 
 

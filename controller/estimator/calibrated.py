@@ -40,7 +40,9 @@ A DDP rank holds the single-GPU job plus its gradient buckets (`Static.gradients
 Assumed: FSDP2 defaults (reshard after forward, implicit prefetch, no mixed-precision
 policy: parameters gathered in their own dtypes), DDP without gradient_as_bucket_view.
 `python -m benchmarks.per_gpu_vs_trace` checks both against
-`controller.trace.distributed.trace_distributed_run` at 1 to 64 ranks, per moment.
+`controller.trace.distributed.trace_distributed_run` at 1 to 64 ranks, per moment. The
+caching allocator's reserve on such a rank is its own share (`allocator_share` with the
+parallelism, measured on ranks traced at their world size), not the single-GPU one.
 
 `python -m controller.calibration.calibrate` regenerates `calibration.json` from traces of shrunk
 variants of each family (about half an hour on 2 cores). Known limits, recorded in the
@@ -345,7 +347,7 @@ def _holds_layer_gradients(key: str) -> bool:
 
 
 @cache
-def allocator_share(method: Method, gc: str) -> tuple[int, int]:
+def allocator_share(method: Method, gc: str, parallelism: str = "") -> tuple[int, int]:
     """What the caching allocator reserves beyond the tensor peak, as a share of what that
     peak holds beyond the weights (the weights are allocated once, each in a segment of its
     own size; the step's transient tensors leave the cached blocks): the median of traced runs
@@ -353,9 +355,17 @@ def allocator_share(method: Method, gc: str) -> tuple[int, int]:
     `controller.calibration.calibrate_allocator`), per method and checkpointing; the flat
     `overheads.ALLOCATOR_SLACK` of the whole peak for a file without that section (weights
     included, as it was charged before). As (numerator, denominator): the estimate
-    multiplies in integers."""
-    groups = calibration().get("allocator", {}).get("groups", {})
-    entry = groups.get(f"{method.value}/{gc}")
+    multiplies in integers.
+
+    `parallelism` "fsdp" or "ddp": the share one rank of that parallelism on two or more
+    GPUs was traced to reserve beyond what it holds past its own weights (`parallel` in the
+    section; FSDP2's collectives allocate on streams of their own, whose cached blocks the
+    compute stream does not reuse); (-1, 1) where the file has none, and the single-GPU
+    share stands."""
+    section = calibration().get("allocator", {})
+    if parallelism:
+        section = section.get("parallel", {}).get(parallelism, {})
+    entry = section.get("groups", {}).get(f"{method.value}/{gc}")
     if entry is None:
         return -1, 1
     share = Fraction(str(entry["share"]))
@@ -443,6 +453,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     share = allocator_share(settings.method, gc)
+    fsdp_share = allocator_share(settings.method, gc, "fsdp")
+    ddp_share = allocator_share(settings.method, gc, "ddp")
     attention = "eager" if settings.attention is _EAGER else "sdpa"
     family = hybrid or family_of(shape.model_type)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
@@ -554,6 +566,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "replicated_bytes": replicated + fixed,
             "margin": Fraction(best + slack, best) if best > 0 else overheads.SLACK_MARGIN,
             "reserve_share": share if share[0] >= 0 else (),
+            "fsdp_reserve_share": fsdp_share if fsdp_share[0] >= 0 else (),
+            "ddp_reserve_share": ddp_share if ddp_share[0] >= 0 else (),
             "resident_bytes": static.weights,
             "head_bytes": 0,
             "fixed_bytes": fixed,

@@ -67,7 +67,11 @@ class Estimate:
     are not `resident_bytes` (the weights, allocated once): on n GPUs each holds 1/n of the
     weights, so its reserve is the share of the rest of what it holds, which a single margin
     on everything would under-count where weights dominate the total. Without it `margin`
-    scales every GPU's tensors alike.
+    scales every GPU's tensors alike. `fsdp_reserve_share` and `ddp_reserve_share`, where
+    measured, replace it on each rank of an FSDP or DDP job on two or more GPUs: such a rank
+    reserves more (FSDP2's collectives allocate on streams of their own, whose cached blocks
+    the compute stream does not reuse), on what it holds beyond its own weights (1/n of them
+    under FSDP, all of them under DDP).
 
     `load_moment`: what each rank of an FSDP job holds whole while the model loads, where the
     trainer loads the whole model on every rank (`load.py`); a device map never does.
@@ -92,6 +96,8 @@ class Estimate:
     traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
     comm_bytes: int = 0
     reserve_share: tuple[int, int] | tuple[()] = ()
+    fsdp_reserve_share: tuple[int, int] | tuple[()] = ()
+    ddp_reserve_share: tuple[int, int] | tuple[()] = ()
     load_moment: int = 0
     resident_bytes: int = 0
 
@@ -106,8 +112,9 @@ class Estimate:
         (`ddp_bytes`); FSDP (and a device map, for the GPU that holds the LM head) holds
         `sharded / n + replicated`, FSDP of its `fsdp_moments` where the profile gives them.
         On one GPU every parallelism holds `total_bytes`. FSDP and DDP ranks add NCCL's
-        buffers (`comm_bytes`). Where the job's rank was traced at this count and parallelism
-        (`traced_per_gpu`), the traced figure is the answer.
+        buffers (`comm_bytes`) and reserve by their own share where there is one
+        (`fsdp_reserve_share`, `ddp_reserve_share`). Where the job's rank was traced at this
+        count and parallelism (`traced_per_gpu`), the traced figure is the answer.
         """
         if self.traced_per_gpu:
             for value, count, held in self.traced_per_gpu:
@@ -119,11 +126,17 @@ class Estimate:
         if n == 1:
             return self.total_bytes
         if parallelism is Parallelism.DDP:
+            if self.ddp_reserve_share:  # the rank's own reserve on the job and its buckets
+                held = self.sharded_bytes + self.replicated_bytes + self.ddp_bytes
+                return self._with_margin(held, 1, self.ddp_reserve_share) + self.comm_bytes
             buckets = self.ddp_bytes + self._reserved(self.ddp_bytes, 1, False)
             return self.total_bytes + buckets + self.comm_bytes
         fsdp = parallelism is Parallelism.FSDP
         sharded, replicated = self._deciding(n, fsdp)
-        return self._with_margin(sharded // n + replicated, n) + (self.comm_bytes if fsdp else 0)
+        held = sharded // n + replicated
+        if fsdp:
+            return self._with_margin(held, n, self.fsdp_reserve_share) + self.comm_bytes
+        return self._with_margin(held, n)
 
     def undivided_bytes(self, gpus: int) -> int:
         """The part of `per_gpu_bytes(gpus)` under FSDP that FSDP does not divide: what each
@@ -133,7 +146,7 @@ class Estimate:
         n = max(gpus, 1)
         if n == 1:
             return self.total_bytes
-        return self._with_margin(self._deciding(n, True)[1], n)
+        return self._with_margin(self._deciding(n, True)[1], n, self.fsdp_reserve_share)
 
     @property
     def fsdp_pairs(self) -> tuple[tuple[int, int], ...]:
@@ -200,13 +213,17 @@ class Estimate:
         share = self.sharded_bytes // gpus + self.replicated_bytes - self.head_bytes
         return self._with_margin(share, gpus)
 
-    def _with_margin(self, held: int, n: int = 1) -> int:
-        return held + self._reserved(held - self.fixed_bytes, n)
+    def _with_margin(self, held: int, n: int = 1, share: tuple[int, int] | tuple[()] = ()) -> int:
+        return held + self._reserved(held - self.fixed_bytes, n, True, share)
 
-    def _reserved(self, tensors: int, n: int, resident: bool = True) -> int:
-        """The margin on `tensors` of one of n GPUs: the allocator's reserve (`reserve_share`
-        of what is not its share of the resident weights), else `margin - 1` of them."""
-        if self.reserve_share:
+    def _reserved(
+        self, tensors: int, n: int, resident: bool = True, share: tuple[int, int] | tuple[()] = ()
+    ) -> int:
+        """The margin on `tensors` of one of n GPUs: the allocator's reserve (`share`, else
+        `reserve_share`, of what is not its share of the resident weights), else
+        `margin - 1` of them."""
+        share = share or self.reserve_share
+        if share:
             base = tensors - (self.resident_bytes // n if resident else 0)
-            return max(0, base) * self.reserve_share[0] // self.reserve_share[1]
+            return max(0, base) * share[0] // share[1]
         return int(tensors * self.margin) - tensors

@@ -22,12 +22,13 @@ ROOT = 2 * block(V * H * 2) + block(H * 2)  # embedding, LM head, final norm
 BLOCK = 2 * block(H * H * 2) + 2 * block(H * KV * 2) + 3 * block(H * MLP * 2) + 2 * block(H * 2)
 
 
-def _old_rule(est, n: int) -> int:  # type: ignore[no-untyped-def]
+def _old_rule(est, n: int, share: tuple[int, int] | None = None) -> int:  # type: ignore[no-untyped-def]
     """`sharded / n + replicated` over the single-GPU moments, with the margin: the figure
-    before FSDP2's terms."""
+    before FSDP2's terms, the allocator's reserve at `share` (an FSDP rank's by default)."""
     pairs = ((est.sharded_bytes, est.replicated_bytes), *est.moments)
     held = max(s // n + r for s, r in pairs)
-    num, den = est.reserve_share  # the allocator's reserve beyond this GPU's share of weights
+    # the allocator's reserve beyond this rank's share of weights
+    num, den = share or est.fsdp_reserve_share
     reserve = max(0, held - est.fixed_bytes - est.resident_bytes // n) * num // den
     return held + reserve + est.comm_bytes
 
@@ -39,7 +40,7 @@ def test_the_static_sizes_fsdp2_gathers_are_the_models_own() -> None:
 
 
 def _with_margin(est, held: int, n: int) -> int:  # type: ignore[no-untyped-def]
-    num, den = est.reserve_share
+    num, den = est.fsdp_reserve_share
     return held + max(0, held - est.fixed_bytes - est.resident_bytes // n) * num // den
 
 
@@ -110,5 +111,5 @@ def test_one_gpu_and_a_device_map_are_what_they_were() -> None:
             for mode in Parallelism:
                 assert est.per_gpu_bytes(1, mode) == est.total_bytes
             # a device map is one process: no NCCL communicator
-            device_map = _old_rule(est, 4) - est.comm_bytes
+            device_map = _old_rule(est, 4, est.reserve_share) - est.comm_bytes
             assert est.per_gpu_bytes(4, Parallelism.DEVICE_MAP) == device_map

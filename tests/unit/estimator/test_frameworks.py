@@ -254,8 +254,8 @@ def test_whole_model_per_rank_load_is_a_moment_on_every_gpu(profile: Profile) ->
     loaded = whole.components["weights"] + whole.components.get("lora_adapters", 0)
     fixed = whole.fixed_bytes + whole.components.get("cuda_overhead", 0)
     expected = int(loaded * whole.margin) + whole.fixed_bytes + whole.comm_bytes
-    if whole.reserve_share:  # calibrated: the reserve on what is not its weights' share
-        num, den = whole.reserve_share
+    if whole.reserve_share:  # calibrated: an FSDP rank's reserve on what is not its weights'
+        num, den = whole.fsdp_reserve_share
         reserve = max(0, loaded - whole.resident_bytes // 64) * num // den
         expected = loaded + reserve + whole.fixed_bytes + whole.comm_bytes
     if profile is Profile.UNSLOTH:

@@ -53,8 +53,9 @@ def test_calibrated_fsdp_without_checkpointing_holds_backwards_activations_on_ev
     slack = "allocator_slack"
     assert off.total_bytes - off.components[slack] == on.total_bytes - on.components[slack]
     # Checkpointing keeps little: the root's parameters and gradients and the blocks in
-    # flight (FSDP2's, 4.6 GiB) over the shards, the allocator's reserve and NCCL's buffers.
-    assert on.per_gpu_bytes(8) < 17 * GIB
+    # flight (FSDP2's, 4.6 GiB) over the shards, the allocator's reserve (an FSDP rank's
+    # share: 2.4 GiB) and NCCL's buffers.
+    assert on.per_gpu_bytes(8) < 18 * GIB
     assert off.per_gpu_bytes(8) > 24 * GIB  # about 16 GiB of activations on each GPU
     # Every moment the fits know is one the per-GPU need covers.
     for sharded, replicated in off.moments:

@@ -44,7 +44,7 @@ def test_a_job_that_never_fits_the_empty_cluster_is_refused_with_the_numbers() -
         validate(hook(cluster()), body(**FULL))
     message = str(refused.value)
     assert "InsufficientVRAM" in message
-    assert "needs 2 GPUs with FSDP (44.03 GiB each); requested 1; policy Enforce" in message
+    assert "needs 2 GPUs with FSDP (45.49 GiB each); requested 1; policy Enforce" in message
     with pytest.raises(kopf.AdmissionError) as refused:
         validate(hook(cluster(gpus=1)), body(**FULL, resources={"gpus": 1, "maxGPUs": 1}))
     assert "needs 86.09 GiB per GPU on 1 GPU" in str(refused.value)
@@ -157,7 +157,7 @@ def test_resize_rewrites_a_count_that_never_fits_to_the_nearest_that_does() -> N
     patch, warnings = mutate(hook(cluster()), body(**FULL, admissionPolicy="Resize"))
     assert patch["spec"]["resources"]["gpus"] == 2
     assert warnings == [
-        "vramgate: needs 2 GPUs with FSDP (44.03 GiB each): spec.resources.gpus 1 -> 2"
+        "vramgate: needs 2 GPUs with FSDP (45.49 GiB each): spec.resources.gpus 1 -> 2"
     ]
 
 

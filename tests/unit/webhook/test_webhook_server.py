@@ -69,7 +69,7 @@ def test_resize_answers_with_a_json_patch_and_the_warning() -> None:
          "value": {"vramgate.dev/requested-gpus": "1"}},
     ]  # fmt: skip
     assert response["warnings"] == [
-        "vramgate: needs 2 GPUs with FSDP (44.03 GiB each): spec.resources.gpus 1 -> 2"
+        "vramgate: needs 2 GPUs with FSDP (45.49 GiB each): spec.resources.gpus 1 -> 2"
     ]
 
 
