@@ -83,6 +83,7 @@ from controller.estimator.settings import (
     DEFAULT_SWITCHES,
     Attention,
     Checkpointing,
+    KbitPreparation,
     Loss,
     Method,
     Offloading,
@@ -90,7 +91,7 @@ from controller.estimator.settings import (
     Precision,
     TrainingSettings,
 )
-from controller.estimator.storage import Static, static_bytes
+from controller.estimator.storage import Static, block, static_bytes, upcast_bytes
 
 DATA_FILE = "calibration.json"
 #: What each decoder layer adds (multiplied by L) and what the step holds once.
@@ -144,6 +145,33 @@ def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
 
 
 _LAYER_ACTIVATIONS = _per_token(LAYER_FEATURES)
+
+
+#: How a trainer's k-bit preparation widens the once-per-step features (`_upcast`): the
+#: hidden-wide tensors of the layer being worked on (the fp32 residual, its normed copy, the
+#: 4-bit projections' outputs) twice; the MLP-wide ones half again (gate, up, activation and
+#: product fp32, the copy bitsandbytes casts for the down projection 16-bit); attention's
+#: core, LoRA's rank-wide tensors and its input copies (16-bit under autocast where the
+#: fits saw PEFT's fp32 copies) as they were. Checked against traces of the switch
+#: (Mistral-7B with attention-only LoRA, Llama-3.1-8B, Qwen2.5-0.5B and -7B all-linear):
+#: the traced increase +1 % to +8 %; t·h alone twice, t·i as it was, missed it by up to
+#: 14 %.
+_ONCE_WIDEN = {"t*h": 2.0, "t*i": 1.5}
+
+
+def _widened(names: tuple[str, ...], once: bool = False) -> tuple[float, ...]:
+    """Per feature, how a trainer's k-bit preparation widens it (`_upcast`): per layer, the
+    per-token activations (`t*...`: what a layer saves, its checkpoint first) twice, but
+    not the logits (`t*V`: 16-bit under the trainer's autocast), eager scores or a mask
+    (`b*...`) or the per-token constants (`t`); once per step, `_ONCE_WIDEN`."""
+    if once:
+        return tuple(_ONCE_WIDEN.get(name, 1.0) for name in names)
+    return tuple(2.0 if name.startswith("t*") and name != "t*V" else 1.0 for name in names)
+
+
+_WIDE_LAYER, _WIDE_LOCAL = _widened(LAYER_FEATURES), _widened(LOCAL_FEATURES, True)
+_WIDE_HYBRID_LAYER = _widened(hybrid_fit.HYBRID_LAYER_FEATURES)
+_WIDE_HYBRID_LOCAL = _widened(hybrid_fit.HYBRID_LOCAL_FEATURES, True)
 _HYBRID_ACTIVATIONS = _per_token(hybrid_fit.HYBRID_LAYER_FEATURES)
 _HYBRID_LOGITS = hybrid_fit.HYBRID_LOCAL_FEATURES.index("t*V")
 _HEAD = LOCAL_FEATURES.index("G_head")
@@ -436,7 +464,12 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         layers = shape.num_layers
     widen = 2 if settings.precision is _FP32 else 1
     accumulating = settings.gradient_accumulation > 1
-    base = static.weights + static.optimizer
+    switched = settings.switches is not DEFAULT_SWITCHES
+    upcast = upcast_bytes(shape, settings) if switched else 0
+    if upcast:
+        per_layer, once = _upcast(per_layer, once, hybrid != "")
+    weights = static.weights + upcast
+    base = weights + static.optimizer
     at_step_base = base + static.gradients + static.optimizer_scratch
     if accumulating:
         base += static.gradients  # the previous micro-batch's gradients are held
@@ -457,7 +490,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     untied = shape.lm_head_params > 0
     best_split = (0, 0)
     last_layer_fsdp: tuple[int, int] | None = None
-    switched = settings.switches is not DEFAULT_SWITCHES
     in_backward = switched and settings.switches.optimizer_in_backward
     if in_backward:  # one parameter's gradient and step scratch at a time
         at_step_base = base + static.largest_gradient + static.largest_scratch
@@ -518,9 +550,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if share[0] < 0:  # no measured share: the flat slack on the whole peak
         slack = overheads.slack_bytes(best)
     else:
-        slack = max(0, best - static.weights) * share[0] // share[1]
+        slack = max(0, best - weights) * share[0] // share[1]
     components = {
-        "weights": static.weights,
+        "weights": weights,
         "gradients": gradients,
         "optimizer": static.optimizer,
         "optimizer_scratch": scratch,
@@ -554,7 +586,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "replicated_bytes": replicated + fixed,
             "margin": Fraction(best + slack, best) if best > 0 else overheads.SLACK_MARGIN,
             "reserve_share": share if share[0] >= 0 else (),
-            "resident_bytes": static.weights,
+            "resident_bytes": weights,
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
@@ -564,6 +596,23 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),
             "ddp_bytes": buckets,
         },
+    )
+
+
+def _upcast(per_layer: list[int], once: list[int], hybrid: bool) -> tuple[list[float], list[float]]:
+    """The features of a step whose 4-bit model the trainer prepared in fp32
+    (`Switches.kbit_preparation`): its fp32 norms make the residual stream fp32, and
+    bitsandbytes' 4-bit linear returns its input's dtype, so the checkpoints and a layer's
+    per-token working set (projections, MLP) hold 4 bytes where the fits (of 16-bit steps)
+    saw 2 (`_widened`); the logits stay 16-bit under the trainer's autocast. An
+    approximation checked against traces of the switch (`_ONCE_WIDEN`;
+    tests/unit/trace/test_trace_kbit.py), not fitted. Its weights are
+    `storage.upcast_bytes`."""
+    wide_layer = _WIDE_HYBRID_LAYER if hybrid else _WIDE_LAYER
+    wide_local = _WIDE_HYBRID_LOCAL if hybrid else _WIDE_LOCAL
+    return (
+        [v * w for v, w in zip(per_layer, wide_layer, strict=True)],
+        [v * w for v, w in zip(once, wide_local, strict=True)],
     )
 
 
@@ -603,6 +652,14 @@ class _Switched:
         self.tail_activations: float | None = None
         self.first_layer = -1
         self.has_last = False
+        # PEFT's fp32 LM head under the trainer's autocast: the 16-bit copy of its weight
+        # that the head's matmul saves, held from its forward to the loss's backward.
+        full = settings.switches.kbit_preparation is KbitPreparation.UPCAST_NON_QUANTIZED
+        elem = 4 if settings.precision is _FP32 else 2
+        quantized = upcast_bytes(shape, settings) > 0
+        self.head_copy = (
+            block(shape.vocab_size * shape.hidden_size * elem) if full and quantized else 0
+        )
 
     def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
         """Note what `last_layer_backward` builds on: the loss's backward's per-layer
@@ -645,6 +702,8 @@ class _Switched:
         if self.dropped:
             activations = sum(map(mul, layer_coefs, self.per_token))
             fitted -= self.dropped * max(activations, 0.0)
+        if self.head_copy and key == LOSS_BACKWARD_KEY:
+            fitted += self.head_copy
         return fitted
 
 

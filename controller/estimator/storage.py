@@ -47,7 +47,13 @@ from controller.estimator.model import (
     skip_module_matches_text,
 )
 from controller.estimator.module_paths import layer_linear_paths, outer_linear_paths
-from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
+from controller.estimator.settings import (
+    KbitPreparation,
+    Method,
+    Optimizer,
+    Precision,
+    TrainingSettings,
+)
 
 BLOCK = 512
 NF4_BLOCK = 64
@@ -476,3 +482,47 @@ def _lora_pair(a: int, b: int, trainable: list[tuple[int, int]]) -> int:
     """Bytes of a LoRA pair of `a` and `b` fp32 elements (held once, and once as gradient)."""
     trainable += [(a, _FP32), (b, _FP32)]
     return block(a * _FP32) + block(b * _FP32)
+
+
+def upcast_bytes(shape: ModelShape, settings: TrainingSettings) -> int:
+    """What the trainer's k-bit preparation (`Switches.kbit_preparation`) adds to a 4-bit
+    model's weights: the parameters it casts from 16 to 32 bits, each its fp32 block less
+    its 16-bit one. `upcast-non-quantized` (PEFT's `prepare_model_for_kbit_training`):
+    every parameter that is not 4-bit (norms, the linears' biases, a parameter router, the
+    embedding, an untied LM head); `upcast-norms`: the norms alone (each layer's other
+    parameters, norms for most families, and the final norm). 0 when the job is not 4-bit
+    or already trains in fp32. Linears a checkpoint's `llm_int8_skip_modules` keeps 16-bit
+    are left out (rare; an under-count of their bytes)."""
+    kind = settings.switches.kbit_preparation
+    quantized, _ = _quantized(shape, settings)
+    if kind is KbitPreparation.NONE or not quantized or settings.precision is Precision.FP32:
+        return 0
+    elem = _DTYPE_BYTES[settings.precision]
+    every = kind is KbitPreparation.UPCAST_NON_QUANTIZED
+    fam = family_traits(shape.model_type)
+    # A parameter router stays 16-bit under QLoRA (fp32 already in DeepSeek-V3, whose
+    # correction bias is an fp32 buffer); DBRX's is a linear, quantised (`_price`).
+    router_16 = not (fam.router_linear or fam.router_correction_bias)
+
+    def more(numel: int) -> int:
+        return block(numel * _FP32) - block(numel * elem)
+
+    extra = 0
+    for layer, count in shape.layer_counts:
+        others = list(layer.other_tensors)
+        if layer.moe and fam.router_correction_bias:
+            others.remove(shape.dims.num_experts)
+        here = sum(more(numel) for numel in others)
+        if every:
+            for lin in layer.linears:
+                if lin.expert:
+                    continue
+                if lin.name == "router" and router_16:
+                    here += more(lin.in_features * lin.out_features * lin.copies)
+                if lin.bias:
+                    here += more(lin.out_features * lin.copies)
+        extra += here * count
+    extra += more(shape.final_norm_params)
+    if every:
+        extra += more(shape.embedding_params) + more(shape.lm_head_params)
+    return extra
