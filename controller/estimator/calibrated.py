@@ -130,6 +130,7 @@ FAMILY_ALIASES = {
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
+_FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
 #: Bytes per logit a chunked loss holds for every chunk until backward: the fp32 output of
@@ -660,12 +661,21 @@ class _Switched:
         self.head_copy = (
             block(shape.vocab_size * shape.hidden_size * elem) if full and quantized else 0
         )
+        # Under that preparation with checkpointing, every layer's checkpoint is fp32: the
+        # other layers' while the last one runs its backward (`last_layer_backward`).
+        checkpointed = settings.gradient_checkpointing is not _OFF
+        tokens = settings.batch * settings.seq_len
+        self.checkpoints = (
+            (shape.num_layers - 1) * tokens * shape.hidden_size * _FP32_BYTES
+            if quantized and checkpointed
+            else 0
+        )
 
     def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
         """Note what `last_layer_backward` builds on: the loss's backward's per-layer
         activations, and the most a first-layer backward moment holds beyond the decoder
         layers' gradients (`own`)."""
-        if not self.smaller_loss:
+        if not (self.smaller_loss or self.checkpoints):
             return
         if key == LOSS_BACKWARD_KEY:
             activations = self.layers * sum(map(mul, layer_coefs, self.per_token))
@@ -682,10 +692,19 @@ class _Switched:
         are offloaded) and the working set of a layer's backward (the first layer's moment,
         without the gradients the layers before it made). Without it a fused loss was
         priced 5 % under the trace (Qwen2.5-0.5B QLoRA, 4,096 tokens)."""
-        if self.tail_activations is None or self.first_layer < 0 or self.has_last:
-            return None
-        others = 0.0 if self.offloaded else self.tail_activations * self.rest
-        return self.first_layer + round(others) * widen
+        built = None
+        if self.tail_activations is not None and self.first_layer >= 0 and not self.has_last:
+            others = 0.0 if self.offloaded else self.tail_activations * self.rest
+            built = self.first_layer + round(others) * widen
+        if self.checkpoints and self.first_layer >= 0 and not (self.offloaded or self.has_last):
+            # A k-bit preparation's fp32 checkpoints: the last layer's backward holds the
+            # other layers' (t x h x 4 bytes each) beside a layer's working set, a moment
+            # that may decide now although no 16-bit fit kept it (Mixtral's: 10 % above
+            # its trace, the first layer's working set being the larger; where the fit
+            # kept that moment, its widened features price it, within 3 %).
+            held = self.first_layer + self.checkpoints
+            built = held if built is None else max(built, held)
+        return built
 
     def fitted(
         self,

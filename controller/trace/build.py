@@ -256,14 +256,6 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     return model
 
 
-def prepared(settings: Settings) -> bool:
-    """Whether the trainer upcasts the job's 4-bit model's other parameters to fp32
-    (`Switches.kbit_preparation` on a QLoRA job, or LoRA on a 4-bit checkpoint)."""
-    if settings.switches.kbit_preparation is KbitPreparation.NONE:
-        return False
-    return settings.method is Method.QLORA or settings.method is Method.LORA
-
-
 def step_context(
     settings: Settings, config: Mapping[str, Any]
 ) -> contextlib.AbstractContextManager[Any]:
@@ -272,8 +264,11 @@ def step_context(
     with `bf16`/`fp16` (TRL's SFTConfig sets bf16 by default): matmuls, the LM head's
     included, in 16 bits, the rest in the dtypes the parameters and inputs give; otherwise
     nothing, as before (a 16-bit model runs as it is)."""
-    quantized = settings.method is Method.QLORA or qlora.is_prequantized(config)
-    if not (prepared(settings) and quantized) or settings.precision is Precision.FP32:
+    quantized = settings.method is Method.QLORA or (
+        settings.method is Method.LORA and qlora.is_prequantized(config)
+    )
+    kbit = settings.switches.kbit_preparation is not KbitPreparation.NONE
+    if not (kbit and quantized) or settings.precision is Precision.FP32:
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=DTYPES[settings.precision])
 

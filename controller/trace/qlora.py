@@ -25,10 +25,13 @@ Transient (counted as temporaries, as in `bnb.functional.dequantize_4bit`):
 
 `controller.estimator.storage.nf4_bytes` is the same arithmetic for the calibrated profile.
 
-Its forward returns its input's dtype, as bitsandbytes' does (`bnb.matmul_4bit(...)
-.to(inp_dtype)`): an fp32 input (after an fp32 norm, `Switches.kbit_preparation`) gets an
-fp32 output, and the residual stream stays fp32. `prepare_for_kbit` casts the parameters
-that are not 4-bit as PEFT's `prepare_model_for_kbit_training` (and TRL after it) does.
+`prepare_for_kbit` casts the parameters that are not 4-bit as PEFT's
+`prepare_model_for_kbit_training` (and TRL after it) does, and makes each layer's forward
+return its input's dtype, as bitsandbytes' does (`bnb.matmul_4bit(...).to(inp_dtype)`): an
+fp32 input (after an fp32 norm) gets an fp32 output, and the residual stream stays fp32.
+Without that preparation the layer returns the compute dtype, as the traces the calibrated
+profile was fitted to did (every input is in the compute dtype there but where a model's
+own code upcasts one).
 
 The LoRA wrapper around it is PEFT's `lora.bnb.Linear4bit`, whose forward differs from the
 plain `lora.Linear` (a defensive `result.clone()`, adapter output cast back before the add):
@@ -132,6 +135,7 @@ class Linear4bitStorage(nn.Linear):
             else None
         )
         self.state = NF4State(in_features * out_features, double_quant)
+        self.returns_input_dtype = False  # `prepare_for_kbit` sets it
 
     def quant_state(self) -> Iterable[torch.Tensor]:
         """The tensors of bitsandbytes' QuantState (held as attributes, as it holds them)."""
@@ -145,7 +149,9 @@ class Linear4bitStorage(nn.Linear):
         if dtype != self.compute_dtype:
             x = x.to(self.compute_dtype)
         out: torch.Tensor = _MatMul4Bit.apply(x, self)  # type: ignore[assignment]
-        return out if out.dtype == dtype else out.to(dtype)
+        if self.returns_input_dtype and out.dtype != dtype:
+            return out.to(dtype)
+        return out
 
 
 class ExpertStack4bit:
@@ -331,10 +337,12 @@ def prepare_for_kbit(model: nn.Module, norms_only: bool) -> None:
     floating parameter outside `Linear4bitStorage` and the expert stacks, which hold packed
     bytes). `norms_only`: then the embeddings and LM head back to 16 bits, as TRL 0.8 to
     0.25 did under bf16 (`peft_module_casting_to_bf16`: a module that is an `nn.LayerNorm` or
-    has "norm" in its name goes to fp32, the rest stays). Call before PEFT wraps the model."""
+    has "norm" in its name goes to fp32, the rest stays). Each 4-bit layer then returns its
+    input's dtype, as bitsandbytes' does. Call before PEFT wraps the model."""
     made: dict[int, nn.Parameter] = {}  # a tied weight stays one tensor
     for name, module in model.named_modules():
         if isinstance(module, Linear4bitStorage):
+            module.returns_input_dtype = True
             continue
         if norms_only and not (isinstance(module, nn.LayerNorm) or "norm" in name):
             continue
