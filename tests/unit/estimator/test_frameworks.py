@@ -133,6 +133,7 @@ def test_bad_switches_name_the_field_and_what_it_allows() -> None:
                 "activationOffloading": "nvme",
                 "fsdpVersion": 3,
                 "optimizerInBackward": 1,
+                "kbitPreparation": "fp32",
                 "speed": "fast",
             }
         }
@@ -145,8 +146,10 @@ def test_bad_switches_name_the_field_and_what_it_allows() -> None:
         "training.switches.activationOffloading: unsupported value 'nvme'; allowed: none, cpu",
         "training.switches.fsdpVersion: unsupported value 3; allowed: 1, 2",
         "training.switches.optimizerInBackward: must be true or false, got 1",
+        "training.switches.kbitPreparation: unsupported value 'fp32'; allowed: none, "
+        "upcast-norms, upcast-non-quantized",
         "training.switches.speed: unknown switch; allowed: loss, compile, loadPath, "
-        "activationOffloading, fsdpVersion, optimizerInBackward",
+        "activationOffloading, fsdpVersion, optimizerInBackward, kbitPreparation",
     ]
 
 
