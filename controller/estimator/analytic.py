@@ -237,4 +237,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         replicated_bytes=activations + logits,
         margin=OVERHEAD,
         head_bytes=logits,
+        # outside PyTorch's allocator (`Estimate.paged_bytes`)
+        paged_bytes=optimizer if settings.optimizer is Optimizer.PAGED_ADAMW_32BIT else 0,
     )

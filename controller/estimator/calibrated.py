@@ -87,6 +87,7 @@ from controller.estimator.settings import (
     Loss,
     Method,
     Offloading,
+    Optimizer,
     Parallelism,
     Precision,
     TrainingSettings,
@@ -130,6 +131,7 @@ FAMILY_ALIASES = {
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
+_PAGED = Optimizer.PAGED_ADAMW_32BIT
 _FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
@@ -470,6 +472,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if upcast:
         per_layer, once = _upcast(per_layer, once, hybrid != "")
     weights = static.weights + upcast
+    # A paged optimizer's state lives outside the caching allocator (`Estimate.paged_bytes`):
+    # resident, no reserve on it.
+    paged = static.optimizer if settings.optimizer is _PAGED else 0
     base = weights + static.optimizer
     at_step_base = base + static.gradients + static.optimizer_scratch
     if accumulating:
@@ -551,7 +556,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if share[0] < 0:  # no measured share: the flat slack on the whole peak
         slack = overheads.slack_bytes(best)
     else:
-        slack = max(0, best - weights) * share[0] // share[1]
+        slack = max(0, best - weights - paged) * share[0] // share[1]
     components = {
         "weights": weights,
         "gradients": gradients,
@@ -587,7 +592,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "replicated_bytes": replicated + fixed,
             "margin": Fraction(best + slack, best) if best > 0 else overheads.SLACK_MARGIN,
             "reserve_share": share if share[0] >= 0 else (),
-            "resident_bytes": weights,
+            "resident_bytes": weights + paged,
+            "paged_bytes": paged,
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
