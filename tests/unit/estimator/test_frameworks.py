@@ -282,5 +282,6 @@ def test_summary_names_every_switch() -> None:
     assert unsloth is not None
     assert fw.summary(unsloth.switches, "unsloth") == (
         "trainer unsloth: loss fused, compile on (not priced), loadPath whole-model-per-rank, "
-        "activationOffloading cpu, fsdpVersion 1 (priced as 2), optimizerInBackward off"
+        "activationOffloading cpu, fsdpVersion 1 (priced as 2), optimizerInBackward off, "
+        "kbitPreparation none"
     )
