@@ -219,6 +219,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
             weights += upcast
             activations *= 2
 
+    paged = 0  # outside PyTorch's allocator (`Estimate.paged_bytes`)
+    if settings.optimizer is Optimizer.PAGED_ADAMW_32BIT:
+        paged = min(optimizer, static_bytes(shape, settings).paged_optimizer)
     subtotal = weights + gradients + optimizer + activations + logits
     overhead = int(subtotal * OVERHEAD) - subtotal
     return Estimate(
@@ -237,6 +240,5 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         replicated_bytes=activations + logits,
         margin=OVERHEAD,
         head_bytes=logits,
-        # outside PyTorch's allocator (`Estimate.paged_bytes`)
-        paged_bytes=optimizer if settings.optimizer is Optimizer.PAGED_ADAMW_32BIT else 0,
+        paged_bytes=paged,
     )

@@ -87,7 +87,6 @@ from controller.estimator.settings import (
     Loss,
     Method,
     Offloading,
-    Optimizer,
     Parallelism,
     Precision,
     TrainingSettings,
@@ -131,7 +130,6 @@ FAMILY_ALIASES = {
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
-_PAGED = Optimizer.PAGED_ADAMW_32BIT
 _FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
@@ -474,7 +472,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     weights = static.weights + upcast
     # A paged optimizer's state lives outside the caching allocator (`Estimate.paged_bytes`):
     # resident, no reserve on it.
-    paged = static.optimizer if settings.optimizer is _PAGED else 0
+    paged = static.paged_optimizer
     base = weights + static.optimizer
     at_step_base = base + static.gradients + static.optimizer_scratch
     if accumulating:

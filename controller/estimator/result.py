@@ -77,8 +77,9 @@ class Estimate:
     allocator: NVML counts them, so admission does.
 
     `paged_bytes`: the part of `sharded_bytes` a paged optimizer keeps in CUDA unified
-    (managed) memory (bitsandbytes' `paged_adamw_32bit`: its state is allocated with
-    `cudaMallocManaged`, not through PyTorch's caching allocator). Neither
+    (managed) memory (bitsandbytes' `paged_adamw_32bit`: the state of each tensor of 10^5
+    elements or more is allocated with `cudaMallocManaged`, not through PyTorch's caching
+    allocator, and prefetched to the GPU as the step reaches it). Neither
     `max_memory_allocated` nor `max_memory_reserved` counts it, so `per_gpu_levels` leaves
     it out of those two levels; NVML counts the pages resident on the GPU, and they stay
     resident while the GPU has room (the driver pages them to host memory only under

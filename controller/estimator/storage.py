@@ -59,6 +59,9 @@ BLOCK = 512
 NF4_BLOCK = 64
 NESTED_BLOCK = 256
 MIN_8BIT_SIZE = 4096
+#: bitsandbytes' `Optimizer8bit.get_state_buffer`: `if not self.is_paged or p.numel() < 1e5:`
+#: a regular CUDA tensor, else `F.get_paged` (cudaMallocManaged) for the state.
+PAGED_MIN_SIZE = 100_000
 BLOCKWISE_8BIT = 256
 _DTYPE_BYTES = {Precision.BF16: 2, Precision.FP16: 2, Precision.FP32: 4}
 _FP32 = 4
@@ -122,6 +125,9 @@ class Static:
     # (`Switches.optimizer_in_backward`).
     largest_gradient: int = 0
     largest_scratch: int = 0
+    # The part of `optimizer` a paged optimizer keeps in CUDA unified memory: bitsandbytes
+    # pages the state of a tensor of PAGED_MIN_SIZE elements or more (`Estimate.paged_bytes`).
+    paged_optimizer: int = 0
 
 
 def _quantized(shape: ModelShape, settings: TrainingSettings) -> tuple[bool, bool]:
@@ -329,6 +335,13 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     largest_scratch = max((_scratch_bytes(n, e, opt) for n, e in tensors), default=0)
     if opt is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
+    paged = 0
+    if opt is Optimizer.PAGED_ADAMW_32BIT:
+        paged = sum(
+            _state_bytes(n, e, opt) * count
+            for (n, e), count in tensors.items()
+            if n >= PAGED_MIN_SIZE
+        )
     return assemble(  # Static(...), faster: see frozen.py
         Static,
         {
@@ -351,6 +364,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "layer_parts": tuple(layer_parts),
             "largest_gradient": largest_gradient,
             "largest_scratch": largest_scratch,
+            "paged_optimizer": paged,
         },
     )
 
