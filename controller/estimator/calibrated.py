@@ -604,7 +604,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     )
 
 
-def _upcast(per_layer: list[int], once: list[int], hybrid: bool) -> tuple[list[float], list[float]]:
+def _upcast(per_layer: list[int], once: list[int], hybrid: bool) -> tuple[list[int], list[int]]:
     """The features of a step whose 4-bit model the trainer prepared in fp32
     (`Switches.kbit_preparation`): its fp32 norms make the residual stream fp32, and
     bitsandbytes' 4-bit linear returns its input's dtype, so the checkpoints and a layer's
@@ -616,8 +616,8 @@ def _upcast(per_layer: list[int], once: list[int], hybrid: bool) -> tuple[list[f
     wide_layer = _WIDE_HYBRID_LAYER if hybrid else _WIDE_LAYER
     wide_local = _WIDE_HYBRID_LOCAL if hybrid else _WIDE_LOCAL
     return (
-        [v * w for v, w in zip(per_layer, wide_layer, strict=True)],
-        [v * w for v, w in zip(once, wide_local, strict=True)],
+        [round(v * w) for v, w in zip(per_layer, wide_layer, strict=True)],
+        [round(v * w) for v, w in zip(once, wide_local, strict=True)],
     )
 
 
