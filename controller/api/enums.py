@@ -20,6 +20,7 @@ from controller.estimator import (
     Attention,
     Checkpointing,
     Choice,
+    KbitPreparation,
     LoadPath,
     Loss,
     Method,
@@ -73,6 +74,7 @@ ParallelismMode = Annotated[Parallelism, _API]
 LossImpl = Annotated[Loss, _API]
 LoadPathMode = Annotated[LoadPath, _API]
 OffloadingMode = Annotated[Offloading, _API]
+KbitPreparationMode = Annotated[KbitPreparation, _API]
 
 
 class AdmissionPolicy(StrEnum):

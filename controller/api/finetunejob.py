@@ -22,6 +22,7 @@ from controller.api.enums import (
     AttentionImpl,
     CheckpointingMode,
     EstimatorProfile,
+    KbitPreparationMode,
     LoadPathMode,
     LossImpl,
     OffloadingMode,
@@ -190,6 +191,15 @@ class SwitchesSpec(ApiModel):
         description="optimizerInBackward says each parameter is stepped as soon as its gradient "
         "is made, so the whole gradients are never held; needs gradientAccumulationSteps 1. "
         "Default: the framework's, else false.",
+    )
+    kbit_preparation: KbitPreparationMode | None = Field(
+        None,
+        description="kbitPreparation is what the trainer does to a QLoRA model's parameters "
+        "that are not 4-bit: None (left 16-bit), UpcastNonQuantized (PEFT's "
+        "prepare_model_for_kbit_training: embeddings, norms and LM head in fp32) or "
+        "UpcastNorms (that, then the embeddings and LM head back to 16 bits, as TRL 0.8 to "
+        "0.25 did under bf16). Either fp32 variant runs the residual stream in fp32. Applies "
+        "to 4-bit models only. Default: the framework's, else None.",
     )
 
 

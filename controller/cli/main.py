@@ -27,6 +27,7 @@ from controller.estimator import (
     MAX_GPUS,
     Attention,
     Checkpointing,
+    KbitPreparation,
     LoadPath,
     Loss,
     Method,
@@ -56,6 +57,7 @@ SWITCH_FLAGS = {
     "activationOffloading": "--activation-offloading",
     "fsdpVersion": "--fsdp-version",
     "optimizerInBackward": "--optimizer-in-backward",
+    "kbitPreparation": "--kbit-preparation",
 }
 # Settings field -> the flag that sets it, so errors name what the user typed; each switch
 # by its own flag (`settings.switch_path`).
@@ -143,6 +145,11 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
         "--optimizer-in-backward",
         action=argparse.BooleanOptionalAction,
         help="step each parameter as its gradient is made (default off)",
+    )
+    trainer.add_argument(
+        "--kbit-preparation",
+        help=f"{_choices(KbitPreparation)}: a 4-bit model's other parameters in fp32 "
+        "(default none)",
     )
     p.add_argument("--precision", default="bf16", help="bf16|fp16|fp32 (default bf16)")
     p.add_argument("--gradient-accumulation", type=int, default=1, help="steps (default 1)")

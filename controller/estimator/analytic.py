@@ -34,7 +34,7 @@ from controller.estimator.settings import (
     Precision,
     TrainingSettings,
 )
-from controller.estimator.storage import static_bytes
+from controller.estimator.storage import static_bytes, upcast_bytes
 
 OVERHEAD = Fraction(11, 10)
 K_CHECKPOINTED = 2  # one 16-bit hidden state kept per layer
@@ -214,7 +214,14 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
             activations = -(-activations // max(shape.num_layers, 1))
         if switches.optimizer_in_backward:  # one parameter's gradient at a time
             gradients = static_bytes(shape, settings).largest_gradient
+        upcast = upcast_bytes(shape, settings)
+        if upcast:  # a k-bit preparation's fp32 parameters, and its fp32 hidden states
+            weights += upcast
+            activations *= 2
 
+    paged = 0  # outside PyTorch's allocator (`Estimate.paged_bytes`)
+    if settings.optimizer is Optimizer.PAGED_ADAMW_32BIT:
+        paged = min(optimizer, static_bytes(shape, settings).paged_optimizer)
     subtotal = weights + gradients + optimizer + activations + logits
     overhead = int(subtotal * OVERHEAD) - subtotal
     return Estimate(
@@ -233,4 +240,5 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         replicated_bytes=activations + logits,
         margin=OVERHEAD,
         head_bytes=logits,
+        paged_bytes=paged,
     )

@@ -85,6 +85,7 @@ from controller.estimator.settings import (
     DEFAULT_SWITCHES,
     Attention,
     Checkpointing,
+    KbitPreparation,
     Loss,
     Method,
     Offloading,
@@ -92,7 +93,7 @@ from controller.estimator.settings import (
     Precision,
     TrainingSettings,
 )
-from controller.estimator.storage import Static, static_bytes
+from controller.estimator.storage import Static, block, static_bytes, upcast_bytes
 
 DATA_FILE = "calibration.json"
 #: What each decoder layer adds (multiplied by L) and what the step holds once.
@@ -131,6 +132,7 @@ FAMILY_ALIASES = {
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _CPU = Loss.FUSED, Loss.CHUNKED, Offloading.CPU
+_FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
 #: Bytes per logit a chunked loss holds for every chunk until backward: the fp32 output of
@@ -146,6 +148,33 @@ def _per_token(names: tuple[str, ...]) -> tuple[bool, ...]:
 
 
 _LAYER_ACTIVATIONS = _per_token(LAYER_FEATURES)
+
+
+#: How a trainer's k-bit preparation widens the once-per-step features (`_upcast`): the
+#: hidden-wide tensors of the layer being worked on (the fp32 residual, its normed copy, the
+#: 4-bit projections' outputs) twice; the MLP-wide ones half again (gate, up, activation and
+#: product fp32, the copy bitsandbytes casts for the down projection 16-bit); attention's
+#: core, LoRA's rank-wide tensors and its input copies (16-bit under autocast where the
+#: fits saw PEFT's fp32 copies) as they were. Checked against traces of the switch
+#: (Mistral-7B with attention-only LoRA, Llama-3.1-8B, Qwen2.5-0.5B and -7B all-linear):
+#: the traced increase +1 % to +8 %; t·h alone twice, t·i as it was, missed it by up to
+#: 14 %.
+_ONCE_WIDEN = {"t*h": 2.0, "t*i": 1.5}
+
+
+def _widened(names: tuple[str, ...], once: bool = False) -> tuple[float, ...]:
+    """Per feature, how a trainer's k-bit preparation widens it (`_upcast`): per layer, the
+    per-token activations (`t*...`: what a layer saves, its checkpoint first) twice, but
+    not the logits (`t*V`: 16-bit under the trainer's autocast), eager scores or a mask
+    (`b*...`) or the per-token constants (`t`); once per step, `_ONCE_WIDEN`."""
+    if once:
+        return tuple(_ONCE_WIDEN.get(name, 1.0) for name in names)
+    return tuple(2.0 if name.startswith("t*") and name != "t*V" else 1.0 for name in names)
+
+
+_WIDE_LAYER, _WIDE_LOCAL = _widened(LAYER_FEATURES), _widened(LOCAL_FEATURES, True)
+_WIDE_HYBRID_LAYER = _widened(hybrid_fit.HYBRID_LAYER_FEATURES)
+_WIDE_HYBRID_LOCAL = _widened(hybrid_fit.HYBRID_LOCAL_FEATURES, True)
 _HYBRID_ACTIVATIONS = _per_token(hybrid_fit.HYBRID_LAYER_FEATURES)
 _HYBRID_LOGITS = hybrid_fit.HYBRID_LOCAL_FEATURES.index("t*V")
 _HEAD = LOCAL_FEATURES.index("G_head")
@@ -446,7 +475,15 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         layers = shape.num_layers
     widen = 2 if settings.precision is _FP32 else 1
     accumulating = settings.gradient_accumulation > 1
-    base = static.weights + static.optimizer
+    switched = settings.switches is not DEFAULT_SWITCHES
+    upcast = upcast_bytes(shape, settings) if switched else 0
+    if upcast:
+        per_layer, once = _upcast(per_layer, once, hybrid != "")
+    weights = static.weights + upcast
+    # A paged optimizer's state lives outside the caching allocator (`Estimate.paged_bytes`):
+    # resident, no reserve on it.
+    paged = static.paged_optimizer
+    base = weights + static.optimizer
     at_step_base = base + static.gradients + static.optimizer_scratch
     if accumulating:
         base += static.gradients  # the previous micro-batch's gradients are held
@@ -469,7 +506,6 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     untied = shape.lm_head_params > 0
     best_split = (0, 0)
     last_layer_fsdp: tuple[int, int] | None = None
-    switched = settings.switches is not DEFAULT_SWITCHES
     in_backward = switched and settings.switches.optimizer_in_backward
     if in_backward:  # one parameter's gradient and step scratch at a time
         at_step_base = base + static.largest_gradient + static.largest_scratch
@@ -530,9 +566,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if share[0] < 0:  # no measured share: the flat slack on the whole peak
         slack = overheads.slack_bytes(best)
     else:
-        slack = max(0, best - static.weights) * share[0] // share[1]
+        slack = max(0, best - weights - paged) * share[0] // share[1]
     components = {
-        "weights": static.weights,
+        "weights": weights,
         "gradients": gradients,
         "optimizer": static.optimizer,
         "optimizer_scratch": scratch,
@@ -568,7 +604,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "reserve_share": share if share[0] >= 0 else (),
             "fsdp_reserve_share": fsdp_share if fsdp_share[0] >= 0 else (),
             "ddp_reserve_share": ddp_share if ddp_share[0] >= 0 else (),
-            "resident_bytes": static.weights,
+            "resident_bytes": weights + paged,
+            "paged_bytes": paged,
             "head_bytes": 0,
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
@@ -578,6 +615,23 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),
             "ddp_bytes": buckets,
         },
+    )
+
+
+def _upcast(per_layer: list[int], once: list[int], hybrid: bool) -> tuple[list[int], list[int]]:
+    """The features of a step whose 4-bit model the trainer prepared in fp32
+    (`Switches.kbit_preparation`): its fp32 norms make the residual stream fp32, and
+    bitsandbytes' 4-bit linear returns its input's dtype, so the checkpoints and a layer's
+    per-token working set (projections, MLP) hold 4 bytes where the fits (of 16-bit steps)
+    saw 2 (`_widened`); the logits stay 16-bit under the trainer's autocast. An
+    approximation checked against traces of the switch (`_ONCE_WIDEN`;
+    tests/unit/trace/test_trace_kbit.py), not fitted. Its weights are
+    `storage.upcast_bytes`."""
+    wide_layer = _WIDE_HYBRID_LAYER if hybrid else _WIDE_LAYER
+    wide_local = _WIDE_HYBRID_LOCAL if hybrid else _WIDE_LOCAL
+    return (
+        [round(v * w) for v, w in zip(per_layer, wide_layer, strict=True)],
+        [round(v * w) for v, w in zip(once, wide_local, strict=True)],
     )
 
 
@@ -617,12 +671,29 @@ class _Switched:
         self.tail_activations: float | None = None
         self.first_layer = -1
         self.has_last = False
+        # PEFT's fp32 LM head under the trainer's autocast: the 16-bit copy of its weight
+        # that the head's matmul saves, held from its forward to the loss's backward.
+        full = settings.switches.kbit_preparation is KbitPreparation.UPCAST_NON_QUANTIZED
+        elem = 4 if settings.precision is _FP32 else 2
+        quantized = upcast_bytes(shape, settings) > 0
+        self.head_copy = (
+            block(shape.vocab_size * shape.hidden_size * elem) if full and quantized else 0
+        )
+        # Under that preparation with checkpointing, every layer's checkpoint is fp32: the
+        # other layers' while the last one runs its backward (`last_layer_backward`).
+        checkpointed = settings.gradient_checkpointing is not _OFF
+        tokens = settings.batch * settings.seq_len
+        self.checkpoints = (
+            (shape.num_layers - 1) * tokens * shape.hidden_size * _FP32_BYTES
+            if quantized and checkpointed
+            else 0
+        )
 
     def observe(self, key: str, layer_coefs: tuple[float, ...], own: int) -> None:
         """Note what `last_layer_backward` builds on: the loss's backward's per-layer
         activations, and the most a first-layer backward moment holds beyond the decoder
         layers' gradients (`own`)."""
-        if not self.smaller_loss:
+        if not (self.smaller_loss or self.checkpoints):
             return
         if key == LOSS_BACKWARD_KEY:
             activations = self.layers * sum(map(mul, layer_coefs, self.per_token))
@@ -639,10 +710,19 @@ class _Switched:
         are offloaded) and the working set of a layer's backward (the first layer's moment,
         without the gradients the layers before it made). Without it a fused loss was
         priced 5 % under the trace (Qwen2.5-0.5B QLoRA, 4,096 tokens)."""
-        if self.tail_activations is None or self.first_layer < 0 or self.has_last:
-            return None
-        others = 0.0 if self.offloaded else self.tail_activations * self.rest
-        return self.first_layer + round(others) * widen
+        built = None
+        if self.tail_activations is not None and self.first_layer >= 0 and not self.has_last:
+            others = 0.0 if self.offloaded else self.tail_activations * self.rest
+            built = self.first_layer + round(others) * widen
+        if self.checkpoints and self.first_layer >= 0 and not (self.offloaded or self.has_last):
+            # A k-bit preparation's fp32 checkpoints: the last layer's backward holds the
+            # other layers' (t x h x 4 bytes each) beside a layer's working set, a moment
+            # that may decide now although no 16-bit fit kept it (Mixtral's: 10 % above
+            # its trace, the first layer's working set being the larger; where the fit
+            # kept that moment, its widened features price it, within 3 %).
+            held = self.first_layer + self.checkpoints
+            built = held if built is None else max(built, held)
+        return built
 
     def fitted(
         self,
@@ -659,6 +739,8 @@ class _Switched:
         if self.dropped:
             activations = sum(map(mul, layer_coefs, self.per_token))
             fitted -= self.dropped * max(activations, 0.0)
+        if self.head_copy and key == LOSS_BACKWARD_KEY:
+            fitted += self.head_copy
         return fitted
 
 

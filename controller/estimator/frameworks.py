@@ -30,6 +30,7 @@ from controller.estimator.settings import (
     FSDP_VERSIONS,
     SWITCH_NAMES,
     Choice,
+    KbitPreparation,
     LoadPath,
     Loss,
     Offloading,
@@ -46,6 +47,7 @@ _ENUMS: dict[str, type[Choice]] = {
     "loss": Loss,
     "load_path": LoadPath,
     "activation_offloading": Offloading,
+    "kbit_preparation": KbitPreparation,
 }
 _BOOLS = ("compile", "optimizer_in_backward")
 

@@ -79,6 +79,17 @@ class Estimate:
     `comm_bytes`: what each rank on two or more GPUs under FSDP or DDP holds for NCCL's
     communicators (`NCCL_BYTES` where the profile counts them), outside the caching
     allocator: NVML counts them, so admission does.
+
+    `paged_bytes`: the part of `sharded_bytes` a paged optimizer keeps in CUDA unified
+    (managed) memory (bitsandbytes' `paged_adamw_32bit`: the state of each tensor of 10^5
+    elements or more is allocated with `cudaMallocManaged`, not through PyTorch's caching
+    allocator, and prefetched to the GPU as the step reaches it). Neither
+    `max_memory_allocated` nor `max_memory_reserved` counts it, so `per_gpu_levels` leaves
+    it out of those two levels; NVML counts the pages resident on the GPU, and they stay
+    resident while the GPU has room (the driver pages them to host memory only under
+    pressure), so the NVML level, the figure admission reserves, keeps it: reserving less
+    would let a neighbour take memory the job's optimizer is using, and then every step
+    pages it back in. It is resident (`resident_bytes`): no allocator reserve on it.
     """
 
     profile: str
@@ -100,6 +111,7 @@ class Estimate:
     ddp_reserve_share: tuple[int, int] | tuple[()] = ()
     load_moment: int = 0
     resident_bytes: int = 0
+    paged_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -178,15 +190,18 @@ class Estimate:
     def per_gpu_levels(self, gpus: int, parallelism: Parallelism = Parallelism.FSDP) -> Levels:
         """`per_gpu_bytes` (the NVML level) with the reserved and allocated levels beneath it:
         reserved is it without what sits outside the allocator (OUTSIDE_ALLOCATOR, NCCL's
-        buffers); allocated is the tensors the rule holds on that GPU before the margin (the
-        allocator's reserve, or analytic's 10 % that stands for it). A traced rank's figure
-        is split as the single-GPU estimate splits."""
+        buffers) and a paged optimizer's state (`paged_bytes`, that GPU's share of it);
+        allocated is the tensors the rule holds on that GPU before the margin (the
+        allocator's reserve, or analytic's 10 % that stands for it), the paged state aside.
+        A traced rank's figure is split as the single-GPU estimate splits."""
         nvml = self.per_gpu_bytes(gpus, parallelism)
         context = sum(self.components.get(name, 0) for name in OUTSIDE_ALLOCATOR)
         n = max(gpus, 1)
         one_process = n == 1 or parallelism is Parallelism.DEVICE_MAP
         comm = 0 if one_process else self.comm_bytes
-        reserved = nvml - comm - context
+        spread = parallelism is not Parallelism.DDP  # FSDP and a device map divide the state
+        paged = self.paged_bytes // n if spread else self.paged_bytes
+        reserved = nvml - comm - context - paged
         whole = self.sharded_bytes + self.replicated_bytes  # one GPU, before the margin
         traced = any(
             v == parallelism.value
@@ -203,7 +218,7 @@ class Estimate:
         else:
             sharded, replicated = self._deciding(n, parallelism is Parallelism.FSDP)
             held = sharded // n + replicated - context
-        return Levels(allocated=max(0, min(held, reserved)), reserved=reserved, nvml=nvml)
+        return Levels(allocated=max(0, min(held - paged, reserved)), reserved=reserved, nvml=nvml)
 
     def device_map_min_bytes(self, gpus: int) -> int:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:

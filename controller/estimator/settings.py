@@ -129,6 +129,19 @@ class Offloading(Choice):
     CPU = "cpu", "CPU"
 
 
+class KbitPreparation(Choice):
+    """What the trainer does to a 4-bit model's other parameters before training
+    (`frameworks.json`, `kbitPreparation`): nothing; PEFT's `prepare_model_for_kbit_training`
+    (every parameter that is not 4-bit to fp32: embeddings, norms, LM head); or that, then
+    the embeddings and LM head back to 16 bits (TRL 0.8 to 0.25 under bf16), norms fp32.
+    Either fp32 variant makes the residual stream fp32 (an fp32 norm's output is fp32, and
+    bitsandbytes' 4-bit linear returns its input's dtype)."""
+
+    NONE = "none", "None"
+    UPCAST_NORMS = "upcast-norms", "UpcastNorms"
+    UPCAST_NON_QUANTIZED = "upcast-non-quantized", "UpcastNonQuantized"
+
+
 #: The FSDP versions a job may name (`Switches.fsdp_version`).
 FSDP_VERSIONS = (1, 2)
 
@@ -138,8 +151,8 @@ class Switches:
     """The trainer's memory-relevant switches: what a framework preset sets
     (`controller.estimator.frameworks`), each also settable on its own. The defaults are what
     the profiles assumed before the switches existed (the model's own loss, eager, a sharded
-    load, activations kept on the GPU, FSDP2, a separate optimizer step), so an estimate
-    without switches is unchanged."""
+    load, activations kept on the GPU, FSDP2, a separate optimizer step, a 4-bit model's
+    other parameters left 16-bit), so an estimate without switches is unchanged."""
 
     loss: Loss = Loss.PLAIN
     compile: bool = False
@@ -147,6 +160,7 @@ class Switches:
     activation_offloading: Offloading = Offloading.NONE
     fsdp_version: int = 2
     optimizer_in_backward: bool = False
+    kbit_preparation: KbitPreparation = KbitPreparation.NONE
 
 
 DEFAULT_SWITCHES = Switches()
@@ -158,6 +172,7 @@ SWITCH_NAMES = {
     "activation_offloading": "activationOffloading",
     "fsdp_version": "fsdpVersion",
     "optimizer_in_backward": "optimizerInBackward",
+    "kbit_preparation": "kbitPreparation",
 }
 
 

@@ -47,12 +47,21 @@ from controller.estimator.model import (
     skip_module_matches_text,
 )
 from controller.estimator.module_paths import layer_linear_paths, outer_linear_paths
-from controller.estimator.settings import Method, Optimizer, Precision, TrainingSettings
+from controller.estimator.settings import (
+    KbitPreparation,
+    Method,
+    Optimizer,
+    Precision,
+    TrainingSettings,
+)
 
 BLOCK = 512
 NF4_BLOCK = 64
 NESTED_BLOCK = 256
 MIN_8BIT_SIZE = 4096
+#: bitsandbytes' `Optimizer8bit.get_state_buffer`: `if not self.is_paged or p.numel() < 1e5:`
+#: a regular CUDA tensor, else `F.get_paged` (cudaMallocManaged) for the state.
+PAGED_MIN_SIZE = 100_000
 BLOCKWISE_8BIT = 256
 _DTYPE_BYTES = {Precision.BF16: 2, Precision.FP16: 2, Precision.FP32: 4}
 _FP32 = 4
@@ -116,6 +125,9 @@ class Static:
     # (`Switches.optimizer_in_backward`).
     largest_gradient: int = 0
     largest_scratch: int = 0
+    # The part of `optimizer` a paged optimizer keeps in CUDA unified memory: bitsandbytes
+    # pages the state of a tensor of PAGED_MIN_SIZE elements or more (`Estimate.paged_bytes`).
+    paged_optimizer: int = 0
 
 
 def _quantized(shape: ModelShape, settings: TrainingSettings) -> tuple[bool, bool]:
@@ -323,6 +335,13 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     largest_scratch = max((_scratch_bytes(n, e, opt) for n, e in tensors), default=0)
     if opt is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
+    paged = 0
+    if opt is Optimizer.PAGED_ADAMW_32BIT:
+        paged = sum(
+            _state_bytes(n, e, opt) * count
+            for (n, e), count in tensors.items()
+            if n >= PAGED_MIN_SIZE
+        )
     return assemble(  # Static(...), faster: see frozen.py
         Static,
         {
@@ -345,6 +364,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             "layer_parts": tuple(layer_parts),
             "largest_gradient": largest_gradient,
             "largest_scratch": largest_scratch,
+            "paged_optimizer": paged,
         },
     )
 
@@ -476,3 +496,47 @@ def _lora_pair(a: int, b: int, trainable: list[tuple[int, int]]) -> int:
     """Bytes of a LoRA pair of `a` and `b` fp32 elements (held once, and once as gradient)."""
     trainable += [(a, _FP32), (b, _FP32)]
     return block(a * _FP32) + block(b * _FP32)
+
+
+def upcast_bytes(shape: ModelShape, settings: TrainingSettings) -> int:
+    """What the trainer's k-bit preparation (`Switches.kbit_preparation`) adds to a 4-bit
+    model's weights: the parameters it casts from 16 to 32 bits, each its fp32 block less
+    its 16-bit one. `upcast-non-quantized` (PEFT's `prepare_model_for_kbit_training`):
+    every parameter that is not 4-bit (norms, the linears' biases, a parameter router, the
+    embedding, an untied LM head); `upcast-norms`: the norms alone (each layer's other
+    parameters, norms for most families, and the final norm). 0 when the job is not 4-bit
+    or already trains in fp32. Linears a checkpoint's `llm_int8_skip_modules` keeps 16-bit
+    are left out (rare; an under-count of their bytes)."""
+    kind = settings.switches.kbit_preparation
+    quantized, _ = _quantized(shape, settings)
+    if kind is KbitPreparation.NONE or not quantized or settings.precision is Precision.FP32:
+        return 0
+    elem = _DTYPE_BYTES[settings.precision]
+    every = kind is KbitPreparation.UPCAST_NON_QUANTIZED
+    fam = family_traits(shape.model_type)
+    # A parameter router stays 16-bit under QLoRA (fp32 already in DeepSeek-V3, whose
+    # correction bias is an fp32 buffer); DBRX's is a linear, quantised (`_price`).
+    router_16 = not (fam.router_linear or fam.router_correction_bias)
+
+    def more(numel: int) -> int:
+        return block(numel * _FP32) - block(numel * elem)
+
+    extra = 0
+    for layer, count in shape.layer_counts:
+        others = list(layer.other_tensors)
+        if layer.moe and fam.router_correction_bias:
+            others.remove(shape.dims.num_experts)
+        here = sum(more(numel) for numel in others)
+        if every:
+            for lin in layer.linears:
+                if lin.expert:
+                    continue
+                if lin.name == "router" and router_16:
+                    here += more(lin.in_features * lin.out_features * lin.copies)
+                if lin.bias:
+                    here += more(lin.out_features * lin.copies)
+        extra += here * count
+    extra += more(shape.final_norm_params)
+    if every:
+        extra += more(shape.embedding_params) + more(shape.lm_head_params)
+    return extra

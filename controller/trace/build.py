@@ -22,7 +22,11 @@
   counted on the GPU, an over-estimate of that much.
 * QLoRA: every linear of the decoder blocks is replaced by `qlora.Linear4bitStorage` (the
   storage model of bitsandbytes' `Linear4bit`); embeddings, norms and the LM head stay 16-bit,
-  as transformers' bitsandbytes integration leaves them (`llm_int8_skip_modules` honoured).
+  as transformers' bitsandbytes integration leaves them (`llm_int8_skip_modules` honoured),
+  unless the trainer prepares the model (`Switches.kbit_preparation`): then they go to fp32
+  as PEFT's `prepare_model_for_kbit_training` casts them (the norms alone for
+  `upcast-norms`), and the step runs under the trainer's mixed precision
+  (`step_context`: autocast in the job's precision), as a trainer must run an fp32 head.
   An MoE's fused expert stacks (3-D parameters, not linears) are 4-bit too, through
   `qlora.quantize_experts` (see there for why and how).
 * LoRA / QLoRA: PEFT's `get_peft_model` with the job's rank and targets. Under fake mode
@@ -43,7 +47,14 @@ import torch
 from torch import nn
 
 from controller.base.errors import PermanentError
-from controller.estimator import Attention, Checkpointing, Method, Offloading, Precision
+from controller.estimator import (
+    Attention,
+    Checkpointing,
+    KbitPreparation,
+    Method,
+    Offloading,
+    Precision,
+)
 from controller.estimator.settings import TrainingSettings as Settings
 from controller.trace import dbrx, qlora
 
@@ -228,6 +239,9 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
         # What a quantised load sets: modelling code that reads a linear's weight directly
         # (Jamba's dt_proj) calls the module instead when it is there.
         model.config._is_quantized = True  # type: ignore[union-attr]
+        if switches.kbit_preparation is not KbitPreparation.NONE:
+            norms_only = switches.kbit_preparation is KbitPreparation.UPCAST_NORMS
+            qlora.prepare_for_kbit(model, norms_only)
     if settings.is_adapter:
         for param in model.parameters():
             param.requires_grad_(False)
@@ -240,6 +254,23 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
     if quantized:
         qlora.quantize_experts(model, DTYPES[settings.precision], qlora.double_quant(config))
     return model
+
+
+def step_context(
+    settings: Settings, config: Mapping[str, Any]
+) -> contextlib.AbstractContextManager[Any]:
+    """What the step runs under: the trainer's mixed precision (autocast in the job's 16-bit
+    dtype) when its preparation left fp32 parameters, as TRL and the PEFT QLoRA examples run
+    with `bf16`/`fp16` (TRL's SFTConfig sets bf16 by default): matmuls, the LM head's
+    included, in 16 bits, the rest in the dtypes the parameters and inputs give; otherwise
+    nothing, as before (a 16-bit model runs as it is)."""
+    quantized = settings.method is Method.QLORA or (
+        settings.method is Method.LORA and qlora.is_prequantized(config)
+    )
+    kbit = settings.switches.kbit_preparation is not KbitPreparation.NONE
+    if not (kbit and quantized) or settings.precision is Precision.FP32:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=DTYPES[settings.precision])
 
 
 #: Linears whose weights Gemma 3n's AltUp clamps while training (`weight.data.clamp_`,

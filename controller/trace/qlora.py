@@ -25,10 +25,13 @@ Transient (counted as temporaries, as in `bnb.functional.dequantize_4bit`):
 
 `controller.estimator.storage.nf4_bytes` is the same arithmetic for the calibrated profile.
 
-Not modelled: PEFT's `prepare_model_for_kbit_training` (which TRL's SFTTrainer calls for a
-4-bit model) casts every remaining 16-bit parameter, embeddings and LM head included, to
-fp32; the trace keeps them 16-bit, as Unsloth and a plain `get_peft_model` do. For Llama 3.1
-8B that upcast would add about 2 GiB.
+`prepare_for_kbit` casts the parameters that are not 4-bit as PEFT's
+`prepare_model_for_kbit_training` (and TRL after it) does, and makes each layer's forward
+return its input's dtype, as bitsandbytes' does (`bnb.matmul_4bit(...).to(inp_dtype)`): an
+fp32 input (after an fp32 norm) gets an fp32 output, and the residual stream stays fp32.
+Without that preparation the layer returns the compute dtype, as the traces the calibrated
+profile was fitted to did (every input is in the compute dtype there but where a model's
+own code upcasts one).
 
 The LoRA wrapper around it is PEFT's `lora.bnb.Linear4bit`, whose forward differs from the
 plain `lora.Linear` (a defensive `result.clone()`, adapter output cast back before the add):
@@ -132,6 +135,7 @@ class Linear4bitStorage(nn.Linear):
             else None
         )
         self.state = NF4State(in_features * out_features, double_quant)
+        self.returns_input_dtype = False  # `prepare_for_kbit` sets it
 
     def quant_state(self) -> Iterable[torch.Tensor]:
         """The tensors of bitsandbytes' QuantState (held as attributes, as it holds them)."""
@@ -141,9 +145,13 @@ class Linear4bitStorage(nn.Linear):
         return self.state.dequantize((self.out_features, self.in_features), self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != self.compute_dtype:
+        dtype = x.dtype
+        if dtype != self.compute_dtype:
             x = x.to(self.compute_dtype)
-        return _MatMul4Bit.apply(x, self)  # type: ignore[no-any-return]
+        out: torch.Tensor = _MatMul4Bit.apply(x, self)  # type: ignore[assignment]
+        if self.returns_input_dtype and out.dtype != dtype:
+            return out.to(dtype)
+        return out
 
 
 class ExpertStack4bit:
@@ -321,6 +329,32 @@ def quantize_linears(
                     child.in_features, child.out_features, child.bias is not None, dtype, double
                 ),
             )
+
+
+def prepare_for_kbit(model: nn.Module, norms_only: bool) -> None:
+    """The parameters that are not 4-bit in fp32, as PEFT's `prepare_model_for_kbit_training`
+    leaves them (every fp16/bf16 parameter but bitsandbytes' `Params4bit`: here every
+    floating parameter outside `Linear4bitStorage` and the expert stacks, which hold packed
+    bytes). `norms_only`: then the embeddings and LM head back to 16 bits, as TRL 0.8 to
+    0.25 did under bf16 (`peft_module_casting_to_bf16`: a module that is an `nn.LayerNorm` or
+    has "norm" in its name goes to fp32, the rest stays). Each 4-bit layer then returns its
+    input's dtype, as bitsandbytes' does. Call before PEFT wraps the model."""
+    made: dict[int, nn.Parameter] = {}  # a tied weight stays one tensor
+    for name, module in model.named_modules():
+        if isinstance(module, Linear4bitStorage):
+            module.returns_input_dtype = True
+            continue
+        if norms_only and not (isinstance(module, nn.LayerNorm) or "norm" in name):
+            continue
+        for key, param in list(module._parameters.items()):
+            if param is None or param.dtype not in (torch.float16, torch.bfloat16):
+                continue
+            if _stack_shape(module, param) is not None:  # 4-bit once `quantize_experts` runs
+                continue
+            if id(param) not in made:
+                cast = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+                made[id(param)] = nn.Parameter(cast, requires_grad=param.requires_grad)
+            module._parameters[key] = made[id(param)]
 
 
 def quantized_tensors(model: nn.Module) -> Iterable[torch.Tensor]:

@@ -31,7 +31,7 @@ from torch import nn
 from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
-from controller.trace.build import build_model
+from controller.trace.build import build_model, step_context
 from controller.trace.device_map import ModuleTable
 from controller.trace.loss import compute_loss
 from controller.trace.modules import Owners, module_table
@@ -302,7 +302,8 @@ def trace_run(
             for step in range(steps):
                 for _ in range(micro_batches):
                     regions.enter(step, "forward", "head")
-                    loss = compute_loss(model, input_ids, attention_mask, labels, settings.loss)
+                    with step_context(settings, config):
+                        loss = compute_loss(model, input_ids, attention_mask, labels, settings.loss)
                     regions.enter(step, "backward", "tail")
                     loss.backward()
                     del loss

@@ -30,6 +30,7 @@ def test_framework_and_flags_resolve_and_show(capsys: pytest.CaptureFixture[str]
         "activationOffloading": "none",
         "fsdpVersion": 2,
         "optimizerInBackward": False,
+        "kbitPreparation": "none",
     }
     code, out, _ = run(capsys, *JOB, "--framework", "torchtune", "--loss", "fused", "--json")
     assert json.loads(out)["settings"]["switches"]["loss"] == "fused"

@@ -133,6 +133,7 @@ def test_bad_switches_name_the_field_and_what_it_allows() -> None:
                 "activationOffloading": "nvme",
                 "fsdpVersion": 3,
                 "optimizerInBackward": 1,
+                "kbitPreparation": "fp32",
                 "speed": "fast",
             }
         }
@@ -145,8 +146,10 @@ def test_bad_switches_name_the_field_and_what_it_allows() -> None:
         "training.switches.activationOffloading: unsupported value 'nvme'; allowed: none, cpu",
         "training.switches.fsdpVersion: unsupported value 3; allowed: 1, 2",
         "training.switches.optimizerInBackward: must be true or false, got 1",
+        "training.switches.kbitPreparation: unsupported value 'fp32'; allowed: none, "
+        "upcast-norms, upcast-non-quantized",
         "training.switches.speed: unknown switch; allowed: loss, compile, loadPath, "
-        "activationOffloading, fsdpVersion, optimizerInBackward",
+        "activationOffloading, fsdpVersion, optimizerInBackward, kbitPreparation",
     ]
 
 
@@ -279,5 +282,6 @@ def test_summary_names_every_switch() -> None:
     assert unsloth is not None
     assert fw.summary(unsloth.switches, "unsloth") == (
         "trainer unsloth: loss fused, compile on (not priced), loadPath whole-model-per-rank, "
-        "activationOffloading cpu, fsdpVersion 1 (priced as 2), optimizerInBackward off"
+        "activationOffloading cpu, fsdpVersion 1 (priced as 2), optimizerInBackward off, "
+        "kbitPreparation none"
     )

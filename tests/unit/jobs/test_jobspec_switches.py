@@ -57,7 +57,7 @@ def test_bad_switches_are_one_line_each_in_the_apis_spelling() -> None:
     )
     assert [str(e) for e in errors] == [
         "spec.training.switches.speed: unknown field; allowed: loss, compile, loadPath, "
-        "activationOffloading, fsdpVersion, optimizerInBackward",
+        "activationOffloading, fsdpVersion, optimizerInBackward, kbitPreparation",
         "spec.training.switches.loss: unsupported value 'Streamed'; allowed: Plain, Chunked, Fused",
         "spec.training.switches.activationOffloading: unsupported value 'Disk'; allowed: None, CPU",
         "spec.training.switches.fsdpVersion: unsupported value 3; allowed: 1, 2",
