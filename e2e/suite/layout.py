@@ -9,7 +9,7 @@ never fits. (Were GPU 0's 56 GiB used outside any pod, the device plugin might h
 a job's pod, and no node would take the full fine-tune.)
 
 Reference figures (calibrated profile, the operator's default): llama-3.1-8b QLoRA r=16
-needs 11.64 GiB on one GPU; llama-3.1-8b Full needs 86.09 GiB on one GPU and 44.03 GiB per
+needs 11.64 GiB on one GPU; llama-3.1-8b Full needs 86.09 GiB on one GPU and 45.49 GiB per
 GPU on two with FSDP.
 """
 

@@ -158,7 +158,7 @@ def refuses_at_apply_what_never_fits(target: Target) -> None:
 
 def resizes_at_apply_and_spreads_fsdp_across_nodes(target: Target) -> None:
     """A full fine-tune asking for 1 GPU with policy Resize is rewritten to 2 at apply, with
-    a warning kubectl prints; no node has two GPUs that hold 42.6 GiB, so it runs as an
+    a warning kubectl prints; no node has two GPUs that hold 45.5 GiB, so it runs as an
     Indexed Job of one pod per node with a headless Service and torchrun's rendezvous."""
     with target.namespace("resize") as namespace:
         manifest = finetunejob(target, "full", FULL, gpus=1, run_s=5,

@@ -7,7 +7,7 @@ Every test gets nodes of its own GPU product and selects them with `gpuSelector`
 sharing the cluster and the operator never see each other's GPUs.
 
 Reference jobs (calibrated profile): llama-3.1-8b QLoRA r=16 needs 11.64 GiB on one GPU;
-llama-3.1-8b Full needs 86.09 GiB on one GPU, 44.03 GiB per GPU on 2 with FSDP.
+llama-3.1-8b Full needs 86.09 GiB on one GPU, 45.49 GiB per GPU on 2 with FSDP.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def test_resize_at_apply_rewrites_the_count_with_a_warning_kubectl_prints(
     wait_until(applied, timeout=DEADLINE_S, what="the mutating webhook to resize")
     done = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
     assert done.returncode == 0, done.stderr
-    assert "Warning: vramgate: needs 2 GPUs with FSDP (44.03 GiB each): " \
+    assert "Warning: vramgate: needs 2 GPUs with FSDP (45.49 GiB each): " \
         "spec.resources.gpus 1 -> 2" in done.stderr  # fmt: skip
     obj = admitted(api_client, namespace, "needs-two", "True", "Fits")
     assert obj["spec"]["resources"]["gpus"] == 2

@@ -511,7 +511,7 @@ def test_the_operator_in_dra_mode_runs_fsdp_on_two_nodes_with_a_claim_per_pod(
     wait_seen(dra_gpus, [first, second])
     create(api_client, namespace, job("dra-spread", dra_gpus, **FULL, resources={"gpus": 4}))
     obj = admitted(api_client, namespace, "dra-spread", "True", "Fits")
-    # 22.03 GiB per GPU on 4 with FSDP: only the 80 GiB GPUs hold it, two on each node.
+    # 23.76 GiB per GPU on 4 with FSDP: only the 80 GiB GPUs hold it, two on each node.
     assert placed(obj) == [(first, [0, 2]), (second, [1, 3])]
     wanted = {part["node"]: set(part["gpuUUIDs"]) for part in obj["status"]["placement"]["nodes"]}
     assert wanted == {first: {f"GPU-{first}-0", f"GPU-{first}-2"},

@@ -154,7 +154,7 @@ def gpus(cluster: Cluster, api_client: client.ApiClient) -> Iterator[Gpus]:
 
 
 #: The QLoRA job of test_admission under DDP on 2 GPUs (status.estimate.perGpuBytes).
-QLORA_DDP_BYTES = 12_975_691_665
+QLORA_DDP_BYTES = 12_970_190_422
 
 
 # -- tests -----------------------------------------------------------------------------------
