@@ -43,11 +43,21 @@ from controller.estimator.model.read import (
 )
 from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape
 
-#: The note every generic shape carries, at the config's path: what read it.
+#: The `calibrated` fit that prices a generic shape, the closest fitted family by structure:
+#: a dense stack as Llama's (attention + gated MLP), one with routed experts as Qwen3-MoE's.
+GENERIC_FITS = {"dense": "llama", "moe": "qwen3_moe"}
+#: The note every generic shape carries, at the config's path: what read it, how it is priced.
 GENERIC_NOTE = (
     "{model_type} is read generically from the model transformers builds (its modules and "
-    "parameters as built), not by a hand-written reading of its family"
+    "parameters as built), not by a hand-written reading of its family; the calibrated "
+    "profile prices it with the {fit} fit (the closest fitted structure, not fitted to "
+    "{model_type}: the trace profile measures it)"
 )
+
+
+def generic_fit(shape: ModelShape) -> str:
+    """The calibrated fit a generic shape is priced with (`GENERIC_FITS`)."""
+    return GENERIC_FITS["moe" if shape.dims.num_experts > 1 else "dense"]
 
 
 def _leaf(name: str) -> str:
@@ -70,10 +80,10 @@ def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
         )
         counted += group.params
         in_attention = attention is not None and group.name.startswith(attention)
-        if not in_attention and group.count == 1 and name != "router":
-            # the MLP's output projection maps its width back to the hidden size
-            if group.in_features > group.out_features:
-                mlp_width = max(mlp_width or 0, group.in_features)
+        # the MLP's output projection maps its width back to the hidden size
+        mlp_out = group.count == 1 and group.in_features > group.out_features
+        if not in_attention and mlp_out and name != "router":
+            mlp_width = max(mlp_width or 0, group.in_features)
     expert_width: int | None = None
     for stack in kind.experts:
         for tensor, dims in stack.tensors:
@@ -169,10 +179,8 @@ def shape_from_inventory(
             continue
         if not group.quantized_4bit:
             continue  # kept 16-bit and never a LoRA target of ours: counted as frozen
-        outer.append(
-            Linear(_leaf(group.name), group.in_features, group.out_features, group.bias,
-                   group.count)  # fmt: skip
-        )
+        name, width = _leaf(group.name), group.out_features
+        outer.append(Linear(name, group.in_features, width, group.bias, group.count))
     outer_params = sum(lin.params for lin in outer)
     rest = inv.outside_params - inv.embedding_params - inv.head_params - outer_params
     dims = ArchDims(
@@ -207,6 +215,7 @@ def shape_from_inventory(
         vocab_size_per_layer_input=0,
         hidden_size_per_layer_input=0,
     )
+    kind = "moe" if dims.num_experts > 1 else "dense"
     max_pos = _config_int(
         r, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
     )
@@ -225,7 +234,9 @@ def shape_from_inventory(
             "source": config,
             "memo": {},
             "outer_linears": tuple(outer),
-            "config_warnings": ((where, GENERIC_NOTE.format(model_type=inv.model_type)),),
+            "config_warnings": (
+                (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[kind])),
+            ),
         },
     )
 
