@@ -148,13 +148,14 @@ def _runner(distributed: Distributed | None) -> Any:
 
 def _depth(config: Mapping[str, Any]) -> int:
     """The model's layer count under whichever name its config gives it (DBRX: `n_layers`),
-    read by the parser; a family it does not read, by the model transformers builds."""
-    from controller.estimator.errors import UnreadFamily
+    read by the parser; a config it does not read (a family, a field), by the model
+    transformers builds."""
+    from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
     try:
         return parse_config(config).num_layers
-    except UnreadFamily:
+    except SpecError:
         return _kinds(config)[0]
 
 
@@ -163,12 +164,12 @@ def _traced_whole(config: Mapping[str, Any]) -> bool:
     for a family it does not read, layers built otherwise than as dense and MoE layers of
     one build each (the inventory's kinds of layer: Mamba among attention, cross-attention
     at listed indices)."""
-    from controller.estimator.errors import UnreadFamily
+    from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
     try:
         dims = parse_config(config).dims
-    except UnreadFamily:
+    except SpecError:
         _, _, alike = _kinds(config)
         return not alike
     return dims.mixers is not None or dims.altup_num_inputs > 0
@@ -215,12 +216,12 @@ def _layout(config: Mapping[str, Any]) -> tuple[int, int]:
     how many layers that pattern repeats in): DeepSeek-V3's three dense layers before its
     MoE ones (3, 1), Llama 4 Maverick's dense and MoE layers in turn (0, 2). A pattern that
     does not repeat twice in the model is read from its last layer's kind, as before."""
-    from controller.estimator.errors import UnreadFamily
+    from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
     try:
         kinds = [layer.moe for layer in parse_config(config).layers]
-    except UnreadFamily:
+    except SpecError:
         kinds = list(_kinds(config)[1])
     for lead in range(len(kinds)):
         rest = kinds[lead:]
