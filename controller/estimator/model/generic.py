@@ -29,6 +29,7 @@ layers); it carries a note (`config_warnings`) that says it was read generically
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,18 +88,13 @@ def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
     expert_width: int | None = None
     for stack in kind.experts:
         for tensor, dims in stack.tensors:
-            size = 1
-            for d in dims:
-                size *= d
-            counted += size
-            if len(dims) == 3:
-                _, out, inp = dims
-                linears.append(Linear(_leaf(tensor), inp, out, False, dims[0], True))
-                if "down" in tensor or "w2" in tensor:
-                    expert_width = max(expert_width or 0, min(inp, out))
-            else:
-                # a bias or a 2-D stack (DBRX's): counted with the layer's other tensors
-                counted -= size
+            if len(dims) != 3:
+                continue  # a bias or a 2-D stack (DBRX's): one of the layer's other tensors
+            copies, out, inp = dims  # transformers 5's stacks: (experts, out, in)
+            linears.append(Linear(_leaf(tensor), inp, out, False, copies, True))
+            counted += math.prod(dims)
+            if "down" in tensor or "w2" in tensor:
+                expert_width = max(expert_width or 0, min(inp, out))
         if expert_width is None:
             expert_width = mlp_width
     other = kind.params - counted
