@@ -45,8 +45,10 @@ from controller.estimator.model.read import (
 from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape
 
 #: The `calibrated` fit that prices a generic shape, the closest fitted family by structure:
-#: a dense stack as Llama's (attention + gated MLP), one with routed experts as Qwen3-MoE's.
-GENERIC_FITS = {"dense": "llama", "moe": "qwen3_moe"}
+#: a dense stack as Llama's (attention + gated MLP), one with routed experts as GPT-OSS's, the
+#: fitted MoE whose expert stacks PEFT leaves alone, as it leaves a generic shape's (Qwen3-MoE's
+#: fit prices LoRA on the stacks: 14x the traced activations of a 2-layer Granite-MoE).
+GENERIC_FITS = {"dense": "llama", "moe": "gpt_oss"}
 #: The note every generic shape carries, at the config's path: what read it, how it is priced.
 GENERIC_NOTE = (
     "{model_type} is read generically from the model transformers builds (its modules and "
