@@ -44,9 +44,8 @@ from controller.estimator import (
     check_against_model,
     context_warnings,
     load_shape,
-    parse_config,
 )
-from controller.jobs.profiles import estimate
+from controller.jobs.profiles import estimate, read_shape
 from controller.packing.fit import fit
 
 #: A switch (its camelCase name under spec.training.switches) -> the flag that sets it.
@@ -269,7 +268,7 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     config leaves out, a sequence beyond the model's context) go to stderr, one line each."""
     if args.config:
         model_name = Path(args.config).name
-        shape = parse_config(_read_config(args.config), prefix="config")
+        shape = read_shape(_read_config(args.config), prefix="config")
     else:
         model_name = args.model
         try:

@@ -80,6 +80,8 @@ from controller.estimator import frameworks, hybrid_fit, overheads
 from controller.estimator.errors import SpecError
 from controller.estimator.frozen import assemble
 from controller.estimator.model import ModelShape
+from controller.estimator.model.families import FAMILIES
+from controller.estimator.model.generic import generic_fit
 from controller.estimator.result import NCCL_BYTES, Estimate
 from controller.estimator.settings import (
     DEFAULT_SWITCHES,
@@ -202,6 +204,14 @@ def calibration() -> dict[str, Any]:
     text = resources.files("controller.estimator").joinpath(DATA_FILE).read_text()
     data: dict[str, Any] = json.loads(text)
     return data
+
+
+def _fit_of(shape: ModelShape) -> str:
+    """The fitted family that prices `shape`: `family_of` its type for a hand-read family,
+    the closest fitted structure for one read generically (`model.generic.GENERIC_FITS`)."""
+    if shape.model_type in FAMILIES:
+        return family_of(shape.model_type)
+    return generic_fit(shape)
 
 
 def family_of(model_type: str) -> str:
@@ -493,7 +503,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     fsdp_share = allocator_share(settings.method, gc, "fsdp")
     ddp_share = allocator_share(settings.method, gc, "ddp")
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = hybrid or family_of(shape.model_type)
+    family = hybrid or _fit_of(shape)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
     # The decoder layers' gradients the first layer's backward holds, sharded under FSDP:
     # all but two layers' worth (`_holds_layer_gradients`; the hybrid fit's features sum
@@ -756,7 +766,7 @@ def phase_bytes(
     hybrid = _hybrid_family(shape)
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = hybrid or family_of(shape.model_type)
+    family = hybrid or _fit_of(shape)
     section = "hybrid" if hybrid else ""
     keys = [m[0] for m in _moments(family, settings.method, gc, attention, section)]
     n = max(gpus, 1)

@@ -20,6 +20,11 @@ class SpecError(PermanentError, ValueError):
         self.message = message
 
 
+class UnreadFamily(SpecError):
+    """A config whose `model_type` no hand-written reading reads: the shells read it
+    generically from the model transformers builds, where the trace extra is installed."""
+
+
 class SpecErrors(SpecError):
     """Several invalid fields at once, so a user fixes all of them in one round trip."""
 

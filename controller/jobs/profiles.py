@@ -11,6 +11,11 @@ for it, since it needs the optional `trace` extra.
 
 from __future__ import annotations
 
+import marshal
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
 from controller.base.errors import ProfileUnavailable
 from controller.estimator import (
     PATHS,
@@ -25,6 +30,9 @@ from controller.estimator import (
     formula_estimate,
     with_load_moment,
 )
+from controller.estimator.errors import UnreadFamily
+from controller.estimator.model import parse_config
+from controller.estimator.model.generic import shape_from_inventory
 
 #: How to install the trace profile, as its error says it.
 TRACE_EXTRA = "pip install 'vramgate[trace]'"
@@ -76,3 +84,58 @@ def _trace(
         return with_load_moment(trace_estimate(shape.source, settings, gpus, parallelism), settings)
     except TraceUnsupported as error:
         raise SpecError(path, f"trace: {error}") from None
+
+
+#: Generic shapes kept by their config's content (as `parse_config` keeps hand-read ones):
+#: reading one builds the model on the meta device (0.03 s for most; seconds for the first,
+#: which imports transformers).
+GENERIC_SHAPES = 64
+
+
+def trace_extra_installed() -> bool:
+    """Whether the trace extra's packages are importable (found, not imported: cheap)."""
+    from importlib.util import find_spec
+
+    return all(find_spec(name) is not None for name in ("torch", "transformers", "peft"))
+
+
+def read_shape(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
+    """The shape of `config`: the hand reading of its family (`parse_config`), or, for a
+    family no hand reading reads, the generic reading of the model transformers builds
+    (`model.generic`), where the trace extra is installed. Without it the refusal stays and
+    says that the extra would read the config; a type transformers does not build (remote
+    code) is refused in one line. Blocking (it may import torch): never on an event loop."""
+    try:
+        return parse_config(config, prefix=prefix)
+    except UnreadFamily as refusal:
+        return _generic_shape(config, prefix, refusal)
+
+
+def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily) -> ModelShape:
+    try:
+        from controller.trace.build import TraceUnsupported
+        from controller.trace.inventory import read_inventory
+    except ImportError:
+        raise UnreadFamily(
+            refusal.field,
+            f"{refusal.message}; the trace extra ({TRACE_EXTRA}) reads any model "
+            "transformers builds",
+        ) from None
+    try:
+        blob: bytes | None = marshal.dumps(config, 2)  # type: ignore[arg-type]
+    except ValueError:
+        blob = None
+    try:
+        if blob is None:
+            return shape_from_inventory(read_inventory(config), config, prefix)
+        return _generic_marshalled(blob, prefix)
+    except TraceUnsupported as error:
+        raise SpecError(refusal.field, str(error)) from None
+
+
+@lru_cache(maxsize=GENERIC_SHAPES)
+def _generic_marshalled(blob: bytes, prefix: str) -> ModelShape:
+    from controller.trace.inventory import read_inventory
+
+    config = marshal.loads(blob)
+    return shape_from_inventory(read_inventory(config), config, prefix)

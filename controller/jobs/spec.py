@@ -70,7 +70,8 @@ from controller.estimator import (
     load_shape,
     parse_config,
 )
-from controller.jobs.profiles import estimate
+from controller.estimator.errors import UnreadFamily
+from controller.jobs.profiles import estimate, read_shape, trace_extra_installed
 
 C = TypeVar("C", bound=StrEnum)
 
@@ -221,15 +222,21 @@ def validate_spec(spec: Mapping[str, Any]) -> list[SpecError]:
 
 
 def translate(
-    spec: object, config_map_config: Mapping[str, Any] | None = None
+    spec: object, config_map_config: Mapping[str, Any] | None = None, generic: str = "read"
 ) -> tuple[JobPlan | None, list[SpecError]]:
-    """Read a FineTuneJob spec; returns the plan, or None and every error (`spec.` paths)."""
+    """Read a FineTuneJob spec; returns the plan, or None and every error (`spec.` paths).
+
+    `generic` says what becomes of a config whose family no hand reading reads: "read" it
+    from the model transformers builds (`profiles.read_shape`: blocking, it may import
+    torch), or "defer" it (the webhook, which never waits on that: the plan is None, as for a
+    ConfigMap not fetched yet, and the operator decides). Without the trace extra either is
+    the refusal."""
     if not isinstance(spec, Mapping):
         return None, [SpecError("spec", "must be an object")]
     errors: list[SpecError] = []
     objects = _objects(spec, errors)
 
-    model_name, shape = _model(spec, objects, config_map_config, errors)
+    model_name, shape = _model(spec, objects, config_map_config, errors, generic)
     settings = _settings(objects, shape, errors)
     placement = _placement(spec, objects, errors)
 
@@ -280,6 +287,7 @@ def _model(
     objects: dict[str, Mapping[str, Any]],
     config_map_config: Mapping[str, Any] | None,
     errors: list[SpecError],
+    generic: str = "read",
 ) -> tuple[str | None, ModelShape | None]:
     """The model's display name and shape (None when unknown or not read)."""
     if spec.get("model") is None:
@@ -307,18 +315,30 @@ def _model(
         if present[0] == "config":
             if not isinstance(model["config"], Mapping):
                 raise SpecError("model.config", "must be an object (a Hugging Face config.json)")
-            return "inline", parse_config(model["config"], prefix="model.config")
+            return "inline", _config_shape(model["config"], "model.config", generic)
         ref = config_map_ref(spec)
         if ref is None:
             errors.extend(_config_map_ref_errors(objects["spec.model.configMapRef"]))
             return None, None
         if config_map_config is None:
             return ref.label, None
-        return ref.label, parse_config(config_map_config, prefix=ref.label)
+        return ref.label, _config_shape(config_map_config, ref.label, generic)
     except SpecError as error:
         found = error.errors if isinstance(error, SpecErrors) else [error]
         errors.extend(SpecError(_in_spec(e.field), e.message) for e in found)
         return None, None
+
+
+def _config_shape(config: Mapping[str, Any], prefix: str, generic: str) -> ModelShape | None:
+    """The config's shape (`translate`'s `generic` says how a family read generically is)."""
+    if generic == "read":
+        return read_shape(config, prefix)
+    try:
+        return parse_config(config, prefix=prefix)
+    except UnreadFamily:
+        if trace_extra_installed():
+            return None  # the operator reads it off its event loop
+        return read_shape(config, prefix)  # the refusal, saying what would read it
 
 
 def _in_spec(field_path: str) -> str:

@@ -13,6 +13,7 @@ experts and heads, its parameter count) from the model built on the meta device.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from controller.estimator import Estimate, Method, TrainingSettings, overheads
 from controller.estimator.settings import Parallelism
 from controller.trace import qlora
-from controller.trace.build import TRACED_ATTENTION, TraceUnsupported, text_config
+from controller.trace.build import TRACED_ATTENTION, TraceUnsupported
 from controller.trace.device_map import ModuleTable, device_map_per_gpu
 from controller.trace.extrapolate import MIN_LAYERS, extend, min_layers
 from controller.trace.run import RunResult, SegmentPeak, batch_bytes, trace_run
@@ -152,30 +153,63 @@ def _runner(distributed: Distributed | None) -> Any:
 
 def _depth(config: Mapping[str, Any]) -> int:
     """The model's layer count under whichever name its config gives it (DBRX: `n_layers`),
-    read by the parser; a config the parser refuses is traced as transformers builds it,
-    from the field transformers reads."""
+    read by the parser; a config it does not read (a family, a field), by the model
+    transformers builds."""
     from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
     try:
         return parse_config(config).num_layers
     except SpecError:
-        text = text_config(config)
-        return int(text.get("num_hidden_layers") or text["n_layers"])
+        return _kinds(config)[0]
 
 
 def _traced_whole(config: Mapping[str, Any]) -> bool:
-    """Whether the parser reads `config` as a stack of unlike layers: a hybrid's mixers, or
-    Gemma 3n's (a config it refuses is traced as transformers builds it, as before: the
-    trace does not need the parser's reading)."""
+    """Whether the model's layers are not alike: the parser's hybrid mixers, or Gemma 3n's;
+    for a family it does not read, layers built otherwise than as dense and MoE layers of
+    one build each (the inventory's kinds of layer: Mamba among attention, cross-attention
+    at listed indices)."""
     from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
     try:
         dims = parse_config(config).dims
     except SpecError:
-        return False
+        _, _, alike = _kinds(config)
+        return not alike
     return dims.mixers is not None or dims.altup_num_inputs > 0
+
+
+def _kinds(config: Mapping[str, Any]) -> tuple[int, tuple[bool, ...], bool]:
+    """(depth, whether each layer has experts, whether the layers are dense and MoE layers of
+    one build each) of the model transformers builds for `config` (`inventory`), kept by
+    the config's content."""
+    import marshal
+
+    try:
+        blob = marshal.dumps(config, 2)  # type: ignore[arg-type]
+    except ValueError:
+        return _kinds_of(config)
+    return _kinds_marshalled(blob)
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds_marshalled(blob: bytes) -> tuple[int, tuple[bool, ...], bool]:
+    import marshal
+
+    return _kinds_of(marshal.loads(blob))
+
+
+def _kinds_of(config: Mapping[str, Any]) -> tuple[int, tuple[bool, ...], bool]:
+    from controller.trace.inventory import read_inventory
+
+    inv = read_inventory(config)
+    moe = [False] * inv.layers
+    for kind in inv.kinds:
+        for i in kind.indices:
+            moe[i] = bool(kind.experts)
+    alike = len(inv.kinds) == len(set(moe))
+    return inv.config_layers, tuple(moe), alike
 
 
 #: The longest period of dense and MoE layers looked for (Llama 4 Maverick's is 2).
@@ -187,9 +221,13 @@ def _layout(config: Mapping[str, Any]) -> tuple[int, int]:
     how many layers that pattern repeats in): DeepSeek-V3's three dense layers before its
     MoE ones (3, 1), Llama 4 Maverick's dense and MoE layers in turn (0, 2). A pattern that
     does not repeat twice in the model is read from its last layer's kind, as before."""
+    from controller.estimator.errors import SpecError
     from controller.estimator.model import parse_config
 
-    kinds = [layer.moe for layer in parse_config(config).layers]
+    try:
+        kinds = [layer.moe for layer in parse_config(config).layers]
+    except SpecError:
+        kinds = list(_kinds(config)[1])
     for lead in range(len(kinds)):
         rest = kinds[lead:]
         for period in range(1, min(MAX_PERIOD, len(rest) // 2) + 1):

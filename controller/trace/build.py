@@ -124,6 +124,12 @@ def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | Non
     model_type = raw.pop("model_type", None) or "llama"
     model_type = BUILT_AS.get(model_type, model_type)
     raw.pop("auto_map", None)  # remote code is never run
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        from controller.trace.inventory import auto_class_for
+
+        auto_class_for(model_type, config)  # raises UnknownModelType, saying what to do
     try:
         cfg = AutoConfig.for_model(model_type, **raw)
     except (KeyError, ValueError) as error:

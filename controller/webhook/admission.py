@@ -317,7 +317,7 @@ class AdmissionWebhook:
             return None  # seconds of work: the operator estimates it in a worker thread
         if key in self._estimates:
             return self._estimates[key]
-        plan, errors = translate(spec)
+        plan, errors = translate(spec, generic="defer")
         found = None
         if plan is not None and not errors:
             try:

@@ -45,7 +45,7 @@ def validate_finetunejob(
         and but_suspend(old.get("spec")) == (but_suspend(plain))
     ):
         return
-    plan, errors = translate(plain)
+    plan, errors = translate(plain, generic="defer")
     if errors:
         raise kopf.AdmissionError(str(SpecErrors(errors)), code=INVALID)
     if plan is not None and warnings is not None:

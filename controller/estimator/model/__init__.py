@@ -19,7 +19,9 @@ The modules, each built on the ones before it:
     parse.py     `parse_config`, the entry point
 
 Beside them, `inventory.py` holds what `controller.trace.inventory` reads from the model
-transformers builds (`ModelInventory`), as plain data the estimator can take without torch.
+transformers builds (`ModelInventory`), as plain data the estimator can take without torch,
+and `generic.py` turns one into a `ModelShape` for a family `parse_config` does not read
+(`shape_from_inventory`; the shells call it through `controller.jobs.profiles.read_shape`).
 """
 
 from __future__ import annotations

@@ -197,10 +197,16 @@ FAMILIES: dict[str, Family] = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 
 
+#: The traits of a family read generically (`model.generic`): its shape lists every module as
+#: built, so nothing is set apart beyond what the shape holds.
+GENERIC = Family()
+
+
 def family_traits(model_type: str) -> Family:
-    """What sets `model_type`'s layout apart: one of `SUPPORTED_MODEL_TYPES`, the only types
-    `parse_config` builds a shape of."""
-    return FAMILIES[model_type]
+    """What sets `model_type`'s layout apart: one of `SUPPORTED_MODEL_TYPES`, the types
+    `parse_config` reads by hand; any other type's shape is read generically from the built
+    model (`model.generic`), whose modules need no traits (`GENERIC`)."""
+    return FAMILIES.get(model_type, GENERIC)
 
 
 #: Hybrid families, whose stacks the parser builds layer type by layer type: their fields

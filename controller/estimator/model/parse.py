@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from controller.estimator.context import rope_context
-from controller.estimator.errors import SpecError, SpecErrors, shown
+from controller.estimator.errors import SpecError, SpecErrors, UnreadFamily, shown
 from controller.estimator.frozen import assemble
 from controller.estimator.model.dims import read_dims
 from controller.estimator.model.families import FAMILIES, SUPPORTED_MODEL_TYPES, family_traits
@@ -119,7 +119,7 @@ def _family_type(config: Mapping[str, Any], prefix: str) -> str:
         return model_type
     if nested is not None and not own and model_type in model_defaults()[1]:
         return model_defaults()[1][model_type]
-    raise SpecError(
+    raise UnreadFamily(
         path,
         f"{shown(model_type)} is not a model family vramgate reads (its layers may differ "
         "from the Llama-style block, so it is not estimated as one); supported: "

@@ -13,6 +13,7 @@ import pytest
 
 from controller.base.units import GIB
 from controller.cli import main
+from controller.jobs.profiles import trace_extra_installed
 from tests.unit.conftest import LLAMA_31_8B, NOT_A_FAMILY, PYTHIA_69B
 
 
@@ -287,21 +288,26 @@ def test_a_config_of_only_a_model_type_is_refused_and_defaults_read_are_warned_o
     )
 
 
-@pytest.mark.parametrize("command", ["estimate", "trace"])
-def test_a_model_family_vramgate_does_not_read_is_refused_not_estimated(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+def test_a_model_family_without_a_hand_reading_is_read_from_the_built_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """Pythia-6.9B was estimated as a Llama-style 9.00B model; its type is refused instead,
-    naming what is read (trace too: it parses the config before it builds anything)."""
+    """Pythia-6.9B was estimated as a Llama-style 9.00B model, then refused; with the trace
+    extra it is read from the model transformers builds (6.86B, as published), and said so;
+    without it the refusal says what would read it. Remote code is refused in one line."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(PYTHIA_69B))
-    code, out, err = run(capsys, command, "--config", str(path), "--method", "full")
-    assert (code, out) == (2, "")
-    assert err.startswith(f"vramgate: config.{NOT_A_FAMILY} (its layers may differ from")
-    assert "; supported: dbrx, " in err and err.count("\n") == 1
-    path.write_text(json.dumps(PYTHIA_69B | {"model_type": "llama"}))
-    code, _, _ = run(capsys, "estimate", "--config", str(path), "--method", "full")
-    assert code == 0, "the same dimensions under a family vramgate reads"
+    code, out, err = run(capsys, "estimate", "--config", str(path), "--method", "full")
+    if trace_extra_installed():
+        assert code == 0 and "6,857,302,016 total" in out
+        assert "read generically from the model transformers builds" in err
+    else:
+        assert (code, out) == (2, "")
+        assert err.startswith(f"vramgate: config.{NOT_A_FAMILY} (its layers may differ from")
+        assert "trace extra" in err and err.count("\n") == 1
+    path.write_text(json.dumps(PYTHIA_69B | {"model_type": "my_remote_llm"}))
+    code, out, err = run(capsys, "estimate", "--config", str(path), "--method", "full")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("vramgate: config.model_type: ")
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from controller.cli import main
 from controller.cli import plan as plan_command
 from controller.cli.plan import DRAFT_WITHOUT_TEMPLATE
 from controller.estimator.presets import load_preset
-from tests.unit.conftest import NOT_A_FAMILY, PYTHIA_69B
+from tests.unit.conftest import PYTHIA_69B
 
 LLAMA_QLORA = {
     "apiVersion": "vramgate.dev/v1alpha1",
@@ -669,10 +669,15 @@ def test_a_dumped_job_whose_workload_cannot_be_built_is_undecided(
             {"spec": {**LLAMA_QLORA["spec"], "template": {"spec": {"containers": []}}}},
             "spec.template.spec.containers: must list at least one container, got none",
         ),
-        # A model family vramgate does not read: refused, not estimated as a Llama-style one.
+        # A model type no reading reads (remote code): refused, not estimated as another.
         (
-            {"spec": {**LLAMA_QLORA["spec"], "model": {"config": PYTHIA_69B}}},
-            f"spec.model.config.{NOT_A_FAMILY}",
+            {
+                "spec": {
+                    **LLAMA_QLORA["spec"],
+                    "model": {"config": PYTHIA_69B | {"model_type": "my_remote_llm"}},
+                }
+            },
+            "spec.model.config.model_type: ",
         ),
     ],
 )

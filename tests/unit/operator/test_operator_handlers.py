@@ -30,6 +30,7 @@ from controller.base.errors import ConfigMapUnavailable, ProfileUnavailable
 from controller.cli import main
 from controller.decision import QueueingStrategy
 from controller.estimator import SpecErrors
+from controller.jobs.profiles import trace_extra_installed
 from controller.jobs.spec import ConfigMapKey
 from controller.kube import Kube, read_model_config
 from controller.operator import caches, handlers, scheduler
@@ -174,13 +175,22 @@ def test_an_invalid_spec_is_invalid_spec_and_never_retried(sched: Scheduler) -> 
     assert "ns/j" not in sched._retry_at
 
 
-def test_a_model_family_vramgate_does_not_read_is_invalid_spec(sched: Scheduler) -> None:
-    """Never estimated as a Llama-style model: Estimated=False, InvalidSpec, not retried."""
+def test_a_model_family_without_a_hand_reading_is_estimated_in_the_worker(
+    sched: Scheduler,
+) -> None:
+    """Read from the model transformers builds, in the estimate worker (never on the event
+    loop), where the trace extra is installed: 6.86B parameters, as published. Without the
+    extra, InvalidSpec saying what would read it, not retried."""
     spec = {"model": {"config": PYTHIA_69B}, "method": "Full"}
     stored = estimate_as_the_loop_does(sched, job(spec))
+    if trace_extra_installed():
+        assert stored.failure is None and stored.estimate is not None
+        assert stored.estimate.total_params == 6_857_302_016
+        return
     assert stored.failure is not None and stored.estimate is None
     assert (stored.failure.reason, stored.failure.retry_s) == (cond.REASON_INVALID_SPEC, None)
     assert stored.failure.message.startswith(f"spec.model.config.{NOT_A_FAMILY} (its layers")
+    assert "trace extra" in stored.failure.message
     assert "\n" not in stored.failure.message and "ns/j" not in sched._retry_at
 
 

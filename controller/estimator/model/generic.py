@@ -1,0 +1,246 @@
+"""A `ModelShape` read generically from a built model's inventory, for the families the
+hand-written parser does not read.
+
+    shape = shape_from_inventory(read_inventory(config), config)   # the trace extra builds it
+
+`parse_config` reads 28 families by hand, each byte-exact; any other `model_type` it refuses.
+transformers builds many more, and what the formula profiles need of one is in the module
+inventory of the model it builds (`controller.estimator.model.inventory`): every linear of
+every layer with its name, shape and bias, the norms and other tensors, fused expert stacks,
+attention heads, the embeddings and head, a vision tower. This module turns that inventory
+into the same `ModelShape` the parser gives, so `analytic`, `unsloth` and `calibrated` price
+it as they price a hand-read family:
+
+* each decoder layer's linears keep their module's last name (`query_key_value`, `fc1`,
+  `dense_h_to_4h`): LoRA targets match them as PEFT matches a target, by the name's suffix;
+  a linear PEFT's `all-linear` adapts or bitsandbytes quantises is one here, the others (an
+  MoE router kept in 16 bits) are read as the layer's `router`, never quantised;
+* a fused expert stack (a 3-D parameter) is an expert linear of `copies` experts; a module
+  list of experts keeps its linears as linears (PEFT adapts them and bitsandbytes quantises
+  them as any other);
+* the linears outside the layers that PEFT's `all-linear` adapts (a vision tower's, a
+  projector's) are `outer_linears`; everything else outside the layers (norms, position
+  embeddings, a vision tower's convolutions) is counted with the final norm, so the total is
+  the inventory's exactly.
+
+The shape is built from the model at its own depth (a cut inventory would count fewer
+layers); it carries a note (`config_warnings`) that says it was read generically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from controller.estimator.context import rope_context
+from controller.estimator.errors import SpecError
+from controller.estimator.frozen import assemble
+from controller.estimator.model.inventory import LayerKind, ModelInventory
+from controller.estimator.model.read import (
+    TOP_K_FIELDS,
+    Reader,
+    read_quantization,
+)
+from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape
+
+#: The `calibrated` fit that prices a generic shape, the closest fitted family by structure:
+#: a dense stack as Llama's (attention + gated MLP), one with routed experts as GPT-OSS's, the
+#: fitted MoE whose expert stacks PEFT leaves alone, as it leaves a generic shape's (Qwen3-MoE's
+#: fit prices LoRA on the stacks: 14x the traced activations of a 2-layer Granite-MoE).
+GENERIC_FITS = {"dense": "llama", "moe": "gpt_oss"}
+#: The note every generic shape carries, at the config's path: what read it, how it is priced.
+GENERIC_NOTE = (
+    "{model_type} is read generically from the model transformers builds (its modules and "
+    "parameters as built), not by a hand-written reading of its family; the calibrated "
+    "profile prices it with the {fit} fit (the closest fitted structure, not fitted to "
+    "{model_type}: the trace profile measures it)"
+)
+
+
+def generic_fit(shape: ModelShape) -> str:
+    """The calibrated fit a generic shape is priced with (`GENERIC_FITS`)."""
+    return GENERIC_FITS["moe" if shape.dims.num_experts > 1 else "dense"]
+
+
+def _leaf(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
+    """One kind of layer as a `Layer`, with its dense MLP width and its experts' width
+    (None where it has none)."""
+    attention = kind.attention.name + "." if kind.attention else None
+    linears: list[Linear] = []
+    counted = 0
+    mlp_width: int | None = None
+    for group in kind.linears:
+        name = _leaf(group.name)
+        if not (group.all_linear or group.quantized_4bit):
+            name = "router"  # neither adapted nor quantised: priced as a router
+        linears.append(
+            Linear(name, group.in_features, group.out_features, group.bias, group.count, False)
+        )
+        counted += group.params
+        in_attention = attention is not None and group.name.startswith(attention)
+        # the MLP's output projection maps its width back to the hidden size
+        mlp_out = group.count == 1 and group.in_features > group.out_features
+        if not in_attention and mlp_out and name != "router":
+            mlp_width = max(mlp_width or 0, group.in_features)
+    expert_width: int | None = None
+    for stack in kind.experts:
+        for tensor, dims in stack.tensors:
+            if len(dims) != 3:
+                continue  # a bias or a 2-D stack (DBRX's): one of the layer's other tensors
+            copies, out, inp = dims  # transformers 5's stacks: (experts, out, in)
+            linears.append(Linear(_leaf(tensor), inp, out, False, copies, True))
+            counted += math.prod(dims)
+            if "down" in tensor or "w2" in tensor:
+                expert_width = max(expert_width or 0, min(inp, out))
+        if expert_width is None:
+            expert_width = mlp_width
+    other = kind.params - counted
+    norms = tuple(n.params for n in kind.norms if n.params)
+    rest = other - sum(norms)
+    tensors = (*norms, rest) if rest > 0 else norms
+    if rest < 0:
+        tensors = (other,) if other > 0 else ()
+    layer = Layer(
+        linears=tuple(linears),
+        other_params=other,
+        moe=bool(kind.experts),
+        other_tensors=tensors,
+    )
+    return layer, mlp_width, expert_width
+
+
+def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    nested = config.get("text_config")
+    if isinstance(nested, Mapping):
+        return {k: v for k, v in config.items() if k != "text_config"} | dict(nested)
+    return config
+
+
+def shape_from_inventory(
+    inventory: ModelInventory, config: Mapping[str, Any], prefix: str = ""
+) -> ModelShape:
+    """The `ModelShape` of the model `inventory` was read from (at the config's own depth),
+    for `config` (its quantization_config, context length and source)."""
+    inv = inventory
+    if inv.layers != inv.config_layers:
+        raise ValueError(
+            f"the inventory was built with {inv.layers} of {inv.config_layers} layers; a shape "
+            "needs the model at its own depth"
+        )
+    where = prefix or "config"
+    hidden, heads = inv.hidden_size, inv.heads
+    if not hidden or not heads or not inv.vocab_size or not inv.layers:
+        raise SpecError(
+            where,
+            f"{inv.model_type} builds without a hidden size, attention heads, vocabulary or "
+            "decoder layers that vramgate can read, so the formula profiles cannot price it "
+            "(the trace profile can)",
+        )
+    by_index: dict[int, Layer] = {}
+    mlp_widths: list[int] = []
+    expert_widths: list[int] = []
+    experts = 0
+    for kind in inv.kinds:
+        layer, mlp, expert = _layer(kind)
+        for index in kind.indices:
+            by_index[index] = layer
+        if mlp and not kind.experts:
+            mlp_widths.append(mlp)
+        if kind.experts:
+            experts = max(experts, max(stack.count for stack in kind.experts))
+            if expert:
+                expert_widths.append(expert)
+    layers = tuple(by_index[i] for i in range(inv.layers))
+    text = _text(config)
+    r = Reader(text, prefix)
+    intermediate = (
+        max(mlp_widths)
+        if mlp_widths
+        else (max(expert_widths) if expert_widths else None)
+        or _config_int(r, "intermediate_size", "ffn_hidden_size", "n_inner")
+        or 4 * hidden
+    )
+    top_k = 0
+    if experts > 1:
+        top_k = _config_int(r, *TOP_K_FIELDS) or 1
+    dense = tuple(i for i, layer in enumerate(layers) if not layer.moe) if experts > 1 else ()
+
+    outer = []
+    layer_prefix = inv.layers_path + "."
+    for group in inv.linears:
+        if group.name.startswith(layer_prefix) or not group.all_linear:
+            continue
+        if not group.quantized_4bit:
+            continue  # kept 16-bit and never a LoRA target of ours: counted as frozen
+        name, width = _leaf(group.name), group.out_features
+        outer.append(Linear(name, group.in_features, width, group.bias, group.count))
+    outer_params = sum(lin.params for lin in outer)
+    rest = inv.outside_params - inv.embedding_params - inv.head_params - outer_params
+    dims = ArchDims(
+        hidden_size=hidden,
+        num_layers=inv.layers,
+        num_heads=heads,
+        num_kv_heads=inv.kv_heads or heads,
+        head_dim=inv.head_dim,
+        intermediate_size=intermediate,
+        vocab_size=inv.vocab_size,
+        tie_word_embeddings=inv.tied_embeddings,
+        num_experts=experts if experts > 1 else 0,
+        experts_per_token=top_k,
+        moe_intermediate_size=max(expert_widths) if expert_widths else None,
+        n_shared_experts=0,
+        shared_expert_intermediate_size=None,
+        shared_expert_gate=False,
+        dense_intermediate_size=None,
+        dense_layers=dense,
+        moe_has_dense_mlp=False,
+        q_lora_rank=None,
+        kv_lora_rank=None,
+        qk_nope_head_dim=None,
+        qk_rope_head_dim=None,
+        v_head_dim=None,
+        global_head_dim=None,
+        num_global_kv_heads=None,
+        attention_k_eq_v=False,
+        layer_types=None,
+        num_kv_shared_layers=0,
+        use_double_wide_mlp=False,
+        vocab_size_per_layer_input=0,
+        hidden_size_per_layer_input=0,
+    )
+    kind = "moe" if dims.num_experts > 1 else "dense"
+    max_pos = _config_int(
+        r, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
+    )
+    return assemble(
+        ModelShape,
+        {
+            "model_type": inv.model_type,
+            "dims": dims,
+            "layers": layers,
+            "embedding_params": inv.embedding_params,
+            "lm_head_params": inv.head_params,
+            "final_norm_params": max(rest, 0),
+            "max_position_embeddings": max_pos,
+            "context_length": rope_context(text, prefix, max_pos),
+            "quantization": read_quantization(config, text, prefix),
+            "source": config,
+            "memo": {},
+            "outer_linears": tuple(outer),
+            "config_warnings": (
+                (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[kind])),
+            ),
+        },
+    )
+
+
+def _config_int(r: Reader, *names: str) -> int | None:
+    try:
+        return r.int(*names, maximum=None)
+    except SpecError:
+        return None
