@@ -114,7 +114,7 @@ def read_shape(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
 def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily) -> ModelShape:
     try:
         from controller.trace.build import TraceUnsupported
-        from controller.trace.inventory import read_inventory
+        from controller.trace.inventory import ConfigFieldError, read_inventory
     except ImportError:
         raise UnreadFamily(
             refusal.field,
@@ -129,6 +129,8 @@ def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily
         if blob is None:
             return shape_from_inventory(read_inventory(config), config, prefix)
         return _generic_marshalled(blob, prefix)
+    except ConfigFieldError as error:
+        raise SpecError(f"{prefix or 'config'}.{error.field}", error.message) from None
     except TraceUnsupported as error:
         raise SpecError(refusal.field, str(error)) from None
 

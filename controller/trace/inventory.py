@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from controller.estimator.model import MAX_DIMENSION, MAX_LAYERS
 from controller.estimator.model.inventory import (
     AttentionShape,
     ExpertStack,
@@ -85,6 +86,39 @@ _DESCRIBE = (
 
 class UnknownModelType(TraceUnsupported):
     """A `model_type` the installed transformers cannot build: permanent for this install."""
+
+
+class ConfigFieldError(TraceUnsupported):
+    """One config field transformers (or the bounds below) refuses: `field` is its name in the
+    config (`text_config.hidden_size` for a nested one), so the error can name it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+#: Bounds on what a config may state before anything is built, the hand reading's own
+#: (`controller.estimator.model.read`): building walks every layer (a config of 10^8 layers
+#: would hold a worker for hours), and widths multiply into parameter counts.
+_DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers")
+_WIDTH_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "n_embd",
+    "n_head",
+    "d_model",
+    "moe_intermediate_size",
+)
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+#: Experts: above the hand reading's MAX_EXPERTS, since Doge states 16,384 (tiny experts kept
+#: as embeddings, not modules).
+MAX_GENERIC_EXPERTS = 65_536
+_FIELD_IN_ERROR = re.compile(r"field '(\w+)'")
 
 
 def mapping(auto: str) -> dict[str, str]:
@@ -149,11 +183,47 @@ def hf_model_config(
     for key in ("auto_map", "quantization_config"):
         raw.pop(key, None)
     auto_class_for(model_type, config)  # refuses an unknown type before building anything
-    cfg = AutoConfig.for_model(model_type, **raw)
+    _check_bounds(raw)
+    try:
+        cfg = AutoConfig.for_model(model_type, **raw)
+    except Exception as error:
+        if found := _FIELD_IN_ERROR.search(str(error)):
+            raise ConfigFieldError(found.group(1), _reason(error)) from error
+        raise
     depth = config_layers(cfg)
+    if depth is not None and not 1 <= depth <= MAX_LAYERS:
+        raise ConfigFieldError(
+            "num_hidden_layers", f"must be between 1 and {MAX_LAYERS} layers, got {depth}"
+        )
     if layers is not None and depth is not None and layers < depth:
         cfg = cut_layers(cfg, layers)
     return cfg, model_type, depth
+
+
+def _check_bounds(raw: Mapping[str, Any]) -> None:
+    """Refuse a depth, width or expert count outside the hand reading's bounds, in the config
+    or its `text_config`, before transformers builds anything from it."""
+    nested = raw.get("text_config")
+    for where, fields in (("", raw), ("text_config.", nested if isinstance(nested, dict) else {})):
+        for names, low, high in (
+            (_DEPTH_FIELDS, 1, MAX_LAYERS),
+            (_WIDTH_FIELDS, 0, MAX_DIMENSION),  # 0: a field some configs leave unset
+            (_EXPERT_FIELDS, 0, MAX_GENERIC_EXPERTS),
+        ):
+            for name in names:
+                value = fields.get(name)
+                if value is None or isinstance(value, bool) or not isinstance(value, int):
+                    continue  # transformers' own validation names a value of the wrong type
+                if not low <= value <= high:
+                    raise ConfigFieldError(
+                        where + name, f"must be between {low} and {high}, got {value}"
+                    )
+
+
+def _reason(error: BaseException) -> str:
+    """transformers' message in one line: its first two lines (the field, then what is wrong)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"transformers refuses it ({type(error).__name__}: {' '.join(lines[:2])[:240]})"
 
 
 #: Where a text config keeps its decoder's depth: an encoder-decoder's causal-LM class builds
@@ -224,7 +294,8 @@ def _guarded(fn: Any, *args: Any) -> Any:
     except TraceUnsupported:
         raise
     except Exception as error:
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = " ".join(lines[:2])[:240]
         raise TraceUnsupported(
             f"transformers cannot build this config ({type(error).__name__}: {reason})"
         ) from error
