@@ -18,6 +18,9 @@ from controller.estimator.settings import (
     PATHS,
     UNKNOWN_ATTENTION,
     Attention,
+    KbitPreparation,
+    Method,
+    Precision,
     TrainingSettings,
 )
 
@@ -74,6 +77,7 @@ def context_warnings(
         settings.extras.get(UNKNOWN_FRAMEWORK), settings.switches, where["framework"],
         where["switches"], where,
     )  # fmt: skip
+    lines += _kbit_note(shape, settings, where)
     limit = shape.context_length
     if limit is None or settings.seq_len <= limit:
         return lines
@@ -82,6 +86,23 @@ def context_warnings(
         f"{where['seq_len']}: {settings.seq_len} is longer than the model's context length "
         f"({limit}); estimating anyway",
     ]
+
+
+def _kbit_note(shape: ModelShape, settings: TrainingSettings, where: dict[str, str]) -> list[str]:
+    """A k-bit preparation named for a job it cannot touch: it casts a 4-bit model's other
+    parameters, so without 4-bit weights, or in fp32, the switch changes nothing."""
+    kind = settings.switches.kbit_preparation
+    if kind is KbitPreparation.NONE:
+        return []
+    quant = shape.quantization
+    four_bit = settings.method is Method.QLORA or (
+        settings.method is Method.LORA and quant is not None and quant.load_in_4bit
+    )
+    if four_bit and settings.precision is not Precision.FP32:
+        return []
+    path = where.get("switches.kbitPreparation", f"{where['switches']}.kbitPreparation")
+    why = "the job trains in fp32" if four_bit else "the job's weights are not 4-bit"
+    return [f"{path}: {kind.value} changes nothing here ({why}); ignored"]
 
 
 def _rope_params(config: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

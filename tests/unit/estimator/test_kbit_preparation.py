@@ -90,3 +90,17 @@ def test_profiles_charge_the_upcast_weights_and_wider_activations(
 
 def test_switch_off_is_the_estimate_without_switches() -> None:
     assert estimate(UNTIED, prepared(NONE)) == estimate(UNTIED, QLORA)
+
+
+def test_a_preparation_that_cannot_apply_is_said_to_be_ignored() -> None:
+    from controller.estimator import context_warnings
+
+    def notes(settings: TrainingSettings) -> list[str]:
+        return [line for line in context_warnings(SHAPE, settings) if "kbitPreparation" in line]
+
+    assert notes(prepared(NORMS)) == []  # QLoRA in bf16: it applies, nothing to say
+    assert notes(prepared(NONE, replace(QLORA, method=Method.FULL))) == []
+    full = notes(prepared(NORMS, replace(QLORA, method=Method.FULL)))
+    assert len(full) == 1 and "not 4-bit" in full[0] and "ignored" in full[0]
+    fp32 = notes(prepared(ALL, replace(QLORA, precision=Precision.FP32)))
+    assert len(fp32) == 1 and "fp32" in fp32[0]
