@@ -163,3 +163,45 @@ def test_a_job_of_such_a_family_is_planned_and_the_webhook_defers_it() -> None:
     assert plan.shape.model_type == "phi"
     deferred, errors = translate(spec, generic="defer")
     assert deferred is not None and deferred.shape is None and not errors
+
+
+def test_unsloth_refuses_a_generic_shape_and_names_the_profile_field() -> None:
+    # Its Llama-style formula would count 344M parameters for this 2-layer Phi (310M built).
+    shape = read_shape(_config("phi"), prefix="model.config")
+    with pytest.raises(SpecError) as caught:
+        estimate(shape, TrainingSettings(method=Method.LORA, rank=RANK, profile=Profile.UNSLOTH))
+    message = str(caught.value)
+    assert message.startswith("estimator.profile: unsloth ") and "\n" not in message
+    assert "phi" in message and "calibrated or trace" in message
+    # a hand-read family keeps its unsloth estimate; the other formulas price the generic one
+    hand = read_shape(_config("llama"))
+    assert estimate(hand, TrainingSettings(profile=Profile.UNSLOTH)).total_bytes > 0
+    for profile in (Profile.ANALYTIC, Profile.CALIBRATED):
+        assert estimate(shape, TrainingSettings(profile=profile)).total_bytes > 0
+
+
+def test_the_webhook_refuses_a_type_transformers_does_not_build_without_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import controller.trace.inventory as inventory
+
+    def no_build(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the webhook built a model")
+
+    monkeypatch.setattr(inventory, "build_meta_model", no_build)
+    monkeypatch.setattr(inventory, "hf_model_config", no_build)
+    config = {
+        "model_type": "my_remote_llm",
+        "auto_map": {"AutoModelForCausalLM": "modeling_my.MyForCausalLM"},
+        "hidden_size": 64,
+    }
+    spec = {"model": {"config": config}, "method": "LoRA", "lora": {"rank": 16}}
+    plan, errors = translate(spec, generic="defer")
+    assert plan is None and len(errors) == 1
+    with pytest.raises(inventory.UnknownModelType) as said:
+        inventory.check_model_type(config)
+    assert str(errors[0]) == f"spec.model.config.model_type: {said.value}"
+    assert "trust_remote_code" in str(errors[0]) and "\n" not in str(errors[0])
+    # a type transformers builds is still deferred to the operator, not built here
+    deferred, errors = translate(spec | {"model": {"config": _config("phi")}}, generic="defer")
+    assert deferred is not None and deferred.shape is None and not errors
