@@ -79,7 +79,8 @@ def optimizer_bytes_per_param(settings: TrainingSettings) -> int:
 
 def trainable_params(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) -> int:
     if not settings.is_adapter:
-        return shape.total_params
+        frozen = shape.frozen_params + sum(lin.params for lin in shape.frozen_linears)
+        return shape.total_params - frozen
     saved = 0
     for module in settings.modules_to_save:
         if module == "lm_head" and shape.lm_head_params == 0:

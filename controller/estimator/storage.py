@@ -290,6 +290,23 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
         weights += extra
 
     trainable = []  # the tensors outside the decoder layers
+    for lin in shape.frozen_linears:  # a frozen vision tower: weights; adapters where named
+        numel, copies = lin.weight_params, lin.copies
+        if quantized:
+            weights += nf4_bytes(numel, double)
+            dequantized = max(dequantized, block(numel * elem))
+        else:
+            weights += block(numel * elem)
+        if lin.bias:
+            weights += block(lin.out_features * copies * elem)
+        if adapter and lin.name in targets:
+            a, b = rank * lin.in_features * copies, rank * lin.out_features * copies
+            trainable += [(a, _FP32), (b, _FP32)]
+            weights += block(a * _FP32) + block(b * _FP32)
+            lora_inputs += lin.in_features * copies
+            lora_ranks += rank * copies
+    if shape.frozen_params:
+        weights += block(shape.frozen_params * elem)
     tied = not shape.lm_head_params
     outer = [shape.embedding_params, shape.final_norm_params]
     if not tied:

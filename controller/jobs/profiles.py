@@ -135,6 +135,20 @@ def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily
         raise SpecError(refusal.field, str(error)) from None
 
 
+def check_generic_type(config: Mapping[str, Any], refusal: UnreadFamily) -> None:
+    """Refuse at once (SpecError at the refusal's field) a config whose model_type the
+    installed transformers does not build, in the inventory's own words: a lookup in its
+    mappings, no model built, so the webhook can say it at apply time instead of the operator
+    later. Needs the trace extra (the caller checks `trace_extra_installed`)."""
+    from controller.trace.build import TraceUnsupported
+    from controller.trace.inventory import check_model_type
+
+    try:
+        check_model_type(config)
+    except TraceUnsupported as error:
+        raise SpecError(refusal.field, str(error)) from None
+
+
 @lru_cache(maxsize=GENERIC_SHAPES)
 def _generic_marshalled(blob: bytes, prefix: str) -> ModelShape:
     from controller.trace.inventory import read_inventory

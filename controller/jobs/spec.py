@@ -71,7 +71,12 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.errors import UnreadFamily
-from controller.jobs.profiles import estimate, read_shape, trace_extra_installed
+from controller.jobs.profiles import (
+    check_generic_type,
+    estimate,
+    read_shape,
+    trace_extra_installed,
+)
 
 C = TypeVar("C", bound=StrEnum)
 
@@ -335,8 +340,9 @@ def _config_shape(config: Mapping[str, Any], prefix: str, generic: str) -> Model
         return read_shape(config, prefix)
     try:
         return parse_config(config, prefix=prefix)
-    except UnreadFamily:
+    except UnreadFamily as refusal:
         if trace_extra_installed():
+            check_generic_type(config, refusal)  # remote code: refused now, in one line
             return None  # the operator reads it off its event loop
         return read_shape(config, prefix)  # the refusal, saying what would read it
 

@@ -65,6 +65,7 @@ __all__ = [
     "AUTO_CLASSES",
     "UnknownModelType",
     "build_meta_model",
+    "check_model_type",
     "inventory_of",
     "read_inventory",
 ]
@@ -151,6 +152,19 @@ def auto_class_for(model_type: str, config: Mapping[str, Any]) -> str:
     )
 
 
+def check_model_type(config: Mapping[str, Any]) -> str:
+    """The model_type `config` is built as, or `UnknownModelType` in one line: a lookup in
+    transformers' mappings, no config object or model built (cheap enough for the webhook,
+    which refuses at apply time what the operator could only refuse later)."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        # Every reading here follows from the type: a guessed one would be a wrong answer.
+        raise UnknownModelType(f"the config states no model_type; {_DESCRIBE}")
+    model_type = BUILT_AS.get(model_type, model_type)
+    auto_class_for(model_type, config)
+    return model_type
+
+
 def _thaw(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _thaw(v) for k, v in value.items()}
@@ -175,14 +189,9 @@ def hf_model_config(
     from transformers import AutoConfig
 
     raw = _thaw(config)
-    model_type = raw.pop("model_type", None)
-    if not isinstance(model_type, str) or not model_type:
-        # Every reading here follows from the type: a guessed one would be a wrong answer.
-        raise UnknownModelType(f"the config states no model_type; {_DESCRIBE}")
-    model_type = BUILT_AS.get(model_type, model_type)
-    for key in ("auto_map", "quantization_config"):
+    model_type = check_model_type(raw)  # refuses an unknown type before building anything
+    for key in ("model_type", "auto_map", "quantization_config"):
         raw.pop(key, None)
-    auto_class_for(model_type, config)  # refuses an unknown type before building anything
     _check_bounds(raw)
     try:
         cfg = AutoConfig.for_model(model_type, **raw)

@@ -18,10 +18,12 @@ it as they price a hand-read family:
 * a fused expert stack (a 3-D parameter) is an expert linear of `copies` experts; a module
   list of experts keeps its linears as linears (PEFT adapts them and bitsandbytes quantises
   them as any other);
-* the linears outside the layers that PEFT's `all-linear` adapts (a vision tower's, a
-  projector's) are `outer_linears`; everything else outside the layers (norms, position
-  embeddings, a vision tower's convolutions) is counted with the final norm, so the total is
-  the inventory's exactly.
+* the linears outside the layers that PEFT's `all-linear` adapts (a projector's) are
+  `outer_linears`; a vision tower is frozen, as vision-language fine-tuning recipes keep it
+  and no spec field says otherwise (`frozen_linears`, the linears bitsandbytes quantises, and
+  `frozen_params`, the rest of it: weights only, LoRA only on linears a target names); all
+  else outside the layers (norms, position embeddings) is counted with the final norm, so
+  the total is the inventory's exactly.
 
 The shape is built from the model at its own depth (a cut inventory would count fewer
 layers); it carries a note (`config_warnings`) that says it was read generically.
@@ -55,6 +57,13 @@ GENERIC_NOTE = (
     "parameters as built), not by a hand-written reading of its family; the calibrated "
     "profile prices it with the {fit} fit (the closest fitted structure, not fitted to "
     "{model_type}: the trace profile measures it)"
+)
+
+#: The note of a shape with a vision tower: what of it is trained (no spec field says).
+VISION_NOTE = (
+    "the vision tower is frozen (weights only, as vision-language fine-tuning recipes keep "
+    "it): full fine-tuning trains the language model, and LoRA adapts the tower's linears "
+    "only where lora.targetModules names them (all-linear leaves them out)"
 )
 
 
@@ -170,17 +179,29 @@ def shape_from_inventory(
         top_k = _config_int(r, *TOP_K_FIELDS) or 1
     dense = tuple(i for i, layer in enumerate(layers) if not layer.moe) if experts > 1 else ()
 
-    outer = []
+    outer: list[Linear] = []
+    frozen: list[Linear] = []  # the vision tower's: see ModelShape.frozen_linears
     layer_prefix = inv.layers_path + "."
+    vision_prefix = inv.vision_path + "." if inv.vision_path else None
     for group in inv.linears:
-        if group.name.startswith(layer_prefix) or not group.all_linear:
-            continue
-        if not group.quantized_4bit:
+        if group.name.startswith(layer_prefix) or not group.quantized_4bit:
             continue  # kept 16-bit and never a LoRA target of ours: counted as frozen
-        name, width = _leaf(group.name), group.out_features
-        outer.append(Linear(name, group.in_features, width, group.bias, group.count))
+        linear = Linear(
+            _leaf(group.name), group.in_features, group.out_features, group.bias, group.count
+        )
+        if vision_prefix and group.name.startswith(vision_prefix):
+            frozen.append(linear)
+        elif group.all_linear:
+            outer.append(linear)
     outer_params = sum(lin.params for lin in outer)
-    rest = inv.outside_params - inv.embedding_params - inv.head_params - outer_params
+    vision_rest = inv.vision_params - sum(lin.params for lin in frozen)
+    rest = (
+        inv.outside_params
+        - inv.embedding_params
+        - inv.head_params
+        - outer_params
+        - inv.vision_params
+    )
     dims = ArchDims(
         hidden_size=hidden,
         num_layers=inv.layers,
@@ -232,8 +253,11 @@ def shape_from_inventory(
             "source": config,
             "memo": {},
             "outer_linears": tuple(outer),
+            "frozen_linears": tuple(frozen),
+            "frozen_params": vision_rest,
             "config_warnings": (
                 (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[kind])),
+                *([(where, VISION_NOTE)] if inv.vision_path else []),
             ),
         },
     )

@@ -177,6 +177,8 @@ def _parse_text(
             "source": config,
             "memo": {},
             "outer_linears": outer_linears(dims),
+            "frozen_linears": (),
+            "frozen_params": 0,
             "config_warnings": defaults_read(r, defaulted, dims),
             # What the `layer_counts` cached property would compute (one object per distinct
             # key, counted), where it keeps it; `dataclasses.replace` builds a shape without.

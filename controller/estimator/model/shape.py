@@ -233,6 +233,12 @@ class ModelShape:
     # projections and per-layer model projection): PEFT's all-linear adapts them, and
     # bitsandbytes quantises them, as it does the layers' linears.
     outer_linears: tuple[Linear, ...] = ()
+    # A vision tower read generically (`model.generic`): the linears bitsandbytes quantises,
+    # then every other parameter of it. Frozen, as vision-language fine-tuning recipes keep
+    # the tower (no spec field trains it): weights only under full fine-tuning, and its
+    # linears LoRA targets only where a target names them (never `all-linear`).
+    frozen_linears: tuple[Linear, ...] = ()
+    frozen_params: int = 0
     # (field path, message) for each value the estimate read that the config does not state
     # (`defaults_read`): callers warn with them, at their own field paths.
     config_warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
@@ -255,6 +261,8 @@ class ModelShape:
         return (
             sum(layer.params * count for layer, count in self.layer_counts)
             + sum(lin.params for lin in self.outer_linears)
+            + sum(lin.params for lin in self.frozen_linears)
+            + self.frozen_params
             + self.embedding_params
             + self.lm_head_params
             + self.final_norm_params
@@ -275,7 +283,8 @@ class ModelShape:
     @cached_property
     def module_names(self) -> frozenset[str]:
         inner = {lin.name for layer, _ in self.layer_counts for lin in layer.linears}
-        return frozenset(inner | {lin.name for lin in self.outer_linears})
+        outer = {lin.name for lin in (*self.outer_linears, *self.frozen_linears)}
+        return frozenset(inner | outer)
 
     def lora_params_per_rank(self, targets: tuple[str, ...]) -> int:
         """Adapter parameters at rank 1 on the named modules (linear in the rank).
@@ -306,6 +315,7 @@ class ModelShape:
         total += sum(
             lin.lora_params(1) for lin in self.outer_linears if every or lin.name in wanted
         )
+        total += sum(lin.lora_params(1) for lin in self.frozen_linears if lin.name in wanted)
         return _LORA_PER_RANK.put(self, total, targets)
 
 

@@ -54,11 +54,17 @@ def _meta_params(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _peft_all_linear(model: Any) -> int:
+def _peft_lora(model: Any, targets: Any = "all-linear", vision: str | None = None) -> int:
+    """The adapter parameters PEFT adds for `targets`, those under `vision` (a frozen vision
+    tower's path, left out of `all-linear` by the generic reading) aside."""
     from peft import LoraConfig, get_peft_model
 
-    peft = get_peft_model(model, LoraConfig(r=RANK, target_modules="all-linear"))
-    return sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    peft = get_peft_model(model, LoraConfig(r=RANK, target_modules=targets))
+    return sum(
+        p.numel()
+        for name, p in peft.named_parameters()
+        if p.requires_grad and not (vision and f".{vision}." in f".{name}")
+    )
 
 
 @pytest.mark.parametrize("model_type", NEW_FAMILIES)
@@ -69,7 +75,8 @@ def test_a_family_without_a_hand_reading_is_read_from_the_built_model(model_type
     shape = read_shape(config)
     model = build_meta_model(config)[0]
     assert shape.total_params == _meta_params(model)
-    assert shape.lora_params_per_rank(("all-linear",)) * RANK == _peft_all_linear(model)
+    vision = read_inventory(config).vision_path
+    assert shape.lora_params_per_rank(("all-linear",)) * RANK == _peft_lora(model, vision=vision)
     assert "read generically" in shape.config_warnings[0][1]
     for profile in (Profile.CALIBRATED, Profile.ANALYTIC):
         for method in (Method.FULL, Method.LORA, Method.QLORA):
@@ -101,14 +108,28 @@ def test_the_trace_estimates_a_vision_language_family() -> None:
     estimate(shape, TrainingSettings(profile=Profile.TRACE, method=Method.LORA, seq_len=64))
 
 
-def test_the_vision_tower_is_counted_and_frozen_under_lora() -> None:
+def test_the_vision_tower_is_counted_and_frozen() -> None:
     config = _config("qwen2_5_vl")
     inv = read_inventory(config)
     shape = shape_from_inventory(inv, config)
     assert inv.vision_params > 0 and shape.total_params == inv.params
-    est = estimate(shape, TrainingSettings(method=Method.LORA, seq_len=128))
-    # PEFT's all-linear adapts the vision tower's linears too (outer_linears)
-    assert est.trainable_params == shape.lora_params_per_rank(("all-linear",)) * 16
+    assert any("vision tower is frozen" in message for _, message in shape.config_warnings)
+    text_only = inv.params - inv.vision_params
+    # all-linear leaves the tower out (PEFT's own all-linear would adapt it)
+    all_linear = _peft_lora(build_meta_model(config)[0], vision=inv.vision_path)
+    for profile in (Profile.ANALYTIC, Profile.CALIBRATED):
+        full = estimate(shape, TrainingSettings(profile=profile, method=Method.FULL, seq_len=128))
+        # full fine-tuning trains the language model only; the tower's weights are held
+        assert full.trainable_params == text_only and full.total_params == inv.params
+        lora = estimate(shape, TrainingSettings(profile=profile, method=Method.LORA, seq_len=128))
+        assert lora.trainable_params == all_linear * 16 // RANK
+    # a target naming the tower's linears adapts them, as PEFT's name matching does
+    named = ("qkv",)
+    assert "qkv" not in {lin.name for layer in shape.layers for lin in layer.linears}
+    peft_named = _peft_lora(build_meta_model(config)[0], list(named))
+    assert shape.lora_params_per_rank(named) * RANK == peft_named > 0
+    adapted = estimate(shape, TrainingSettings(method=Method.LORA, targets=named, seq_len=128))
+    assert adapted.trainable_params == shape.lora_params_per_rank(named) * 16
 
 
 @pytest.mark.parametrize("model_type", HAND_READ)
@@ -162,4 +183,46 @@ def test_a_job_of_such_a_family_is_planned_and_the_webhook_defers_it() -> None:
     assert not errors and plan is not None
     assert plan.shape.model_type == "phi"
     deferred, errors = translate(spec, generic="defer")
+    assert deferred is not None and deferred.shape is None and not errors
+
+
+def test_unsloth_refuses_a_generic_shape_and_names_the_profile_field() -> None:
+    # Its Llama-style formula would count 344M parameters for this 2-layer Phi (310M built).
+    shape = read_shape(_config("phi"), prefix="model.config")
+    with pytest.raises(SpecError) as caught:
+        estimate(shape, TrainingSettings(method=Method.LORA, rank=RANK, profile=Profile.UNSLOTH))
+    message = str(caught.value)
+    assert message.startswith("estimator.profile: unsloth ") and "\n" not in message
+    assert "phi" in message and "calibrated or trace" in message
+    # a hand-read family keeps its unsloth estimate; the other formulas price the generic one
+    hand = read_shape(_config("llama"))
+    assert estimate(hand, TrainingSettings(profile=Profile.UNSLOTH)).total_bytes > 0
+    for profile in (Profile.ANALYTIC, Profile.CALIBRATED):
+        assert estimate(shape, TrainingSettings(profile=profile)).total_bytes > 0
+
+
+def test_the_webhook_refuses_a_type_transformers_does_not_build_without_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import controller.trace.inventory as inventory
+
+    def no_build(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the webhook built a model")
+
+    monkeypatch.setattr(inventory, "build_meta_model", no_build)
+    monkeypatch.setattr(inventory, "hf_model_config", no_build)
+    config = {
+        "model_type": "my_remote_llm",
+        "auto_map": {"AutoModelForCausalLM": "modeling_my.MyForCausalLM"},
+        "hidden_size": 64,
+    }
+    spec = {"model": {"config": config}, "method": "LoRA", "lora": {"rank": 16}}
+    plan, errors = translate(spec, generic="defer")
+    assert plan is None and len(errors) == 1
+    with pytest.raises(inventory.UnknownModelType) as said:
+        inventory.check_model_type(config)
+    assert str(errors[0]) == f"spec.model.config.model_type: {said.value}"
+    assert "trust_remote_code" in str(errors[0]) and "\n" not in str(errors[0])
+    # a type transformers builds is still deferred to the operator, not built here
+    deferred, errors = translate(spec | {"model": {"config": _config("phi")}}, generic="defer")
     assert deferred is not None and deferred.shape is None and not errors
