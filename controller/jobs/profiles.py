@@ -11,7 +11,10 @@ for it, since it needs the optional `trace` extra.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import marshal
+import threading
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -133,6 +136,23 @@ def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily
         raise SpecError(f"{prefix or 'config'}.{error.field}", error.message) from None
     except TraceUnsupported as error:
         raise SpecError(refusal.field, str(error)) from None
+
+
+def warm_generic_reading() -> threading.Thread | None:
+    """Import the generic reading (transformers and torch: seconds) on a thread of its own,
+    where the trace extra is installed, so the first review of a family without a hand
+    reading does not wait for it on the webhook's loop (`check_generic_type` is a lookup
+    once they are imported). The thread, or None without the extra."""
+    if not trace_extra_installed():
+        return None
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # an import that fails now fails later, named
+            importlib.import_module("controller.trace.inventory")
+
+    thread = threading.Thread(target=load, name="vramgate-warm-generic", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_generic_type(config: Mapping[str, Any], refusal: UnreadFamily) -> None:

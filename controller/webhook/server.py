@@ -43,6 +43,7 @@ from aiohttp import web
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
 from controller.base.errors import DeploymentError
+from controller.jobs.profiles import warm_generic_reading
 from controller.webhook.admission import AdmissionWebhook, Mutation
 from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER, Registrar
 
@@ -60,6 +61,7 @@ class ReviewServer(kopf.WebhookServer):
         """Serve with `review` in place of kopf's `fn` (its handler machinery), on a thread
         of its own; as kopf's server does, yield the configuration the API server calls it
         by, and start again with the new files when the certificate files change."""
+        warm_generic_reading()
         paths = [Path(p) for p in (self.certfile, self.pkeyfile, self.cafile) if p is not None]
         served = _digest(paths)  # before they are read: a renewal from now on counts
         cadata, context = self._build_ssl()  # unreadable at start: the operator cannot serve
