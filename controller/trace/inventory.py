@@ -59,7 +59,7 @@ from controller.estimator.model.inventory import (
     Part,
     pattern,
 )
-from controller.trace.build import BUILT_AS, TraceUnsupported, _from_config
+from controller.trace.build import BUILT_AS, TraceUnsupported, _from_config, _thaw
 
 __all__ = [
     "AUTO_CLASSES",
@@ -163,14 +163,6 @@ def check_model_type(config: Mapping[str, Any]) -> str:
     model_type = BUILT_AS.get(model_type, model_type)
     auto_class_for(model_type, config)
     return model_type
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_thaw(v) for v in value]
-    return value
 
 
 def _skip_modules(config: Mapping[str, Any]) -> list[str] | None:
