@@ -92,15 +92,15 @@ def trace_one(task: Task) -> tuple[Task, int, int, int]:
 
     method, gc, preset, batch, seq, parallelism, world_size = task
     settings = TrainingSettings(
-        method=Method(method),
+        method=Method.parse(method, "method"),
         rank=None if method == Method.FULL.value else 16,
-        gradient_checkpointing=Checkpointing(gc),
+        gradient_checkpointing=Checkpointing.parse(gc, "gradient_checkpointing"),
         batch=batch,
         seq_len=seq,
     )
     config = load_preset(preset).config
     if parallelism:
-        spread = Distributed(world_size, Parallelism(parallelism))
+        spread = Distributed(world_size, Parallelism.parse(parallelism, "parallelism"))
         result = trace_distributed_run(config, settings, spread).result
     else:
         result = trace_run(config, settings)
@@ -114,7 +114,9 @@ def measure(workers: int) -> dict[str, dict[str, list[float]]]:
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for task, peak, reserved, weights in pool.map(trace_one, tasks()):
             method, gc, preset, batch, seq, parallelism, world_size = task
-            key = group_key(Method(method), Checkpointing(gc))
+            key = group_key(
+                Method.parse(method, "method"), Checkpointing.parse(gc, "gradient_checkpointing")
+            )
             share = rank_share(reserved, peak, weights, parallelism, world_size)
             shares.setdefault(parallelism, {}).setdefault(key, []).append(share)
             spread = f"{parallelism or 'one'}@{world_size}"

@@ -234,7 +234,7 @@ def shape_from_inventory(
         vocab_size_per_layer_input=0,
         hidden_size_per_layer_input=0,
     )
-    kind = "moe" if dims.num_experts > 1 else "dense"
+    fit_kind = "moe" if dims.num_experts > 1 else "dense"
     max_pos = _config_int(
         r, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
     )
@@ -256,7 +256,7 @@ def shape_from_inventory(
             "frozen_linears": tuple(frozen),
             "frozen_params": vision_rest,
             "config_warnings": (
-                (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[kind])),
+                (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[fit_kind])),
                 *([(where, VISION_NOTE)] if inv.vision_path else []),
             ),
         },
