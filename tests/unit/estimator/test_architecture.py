@@ -473,7 +473,7 @@ def test_every_family_a_config_can_be_read_as_is_supported() -> None:
 
 def test_the_readme_lists_the_model_types_read() -> None:
     readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
-    listed = re.search(r"The `model_type`s read are (.*?), and a multimodal", readme, re.S)
+    listed = re.search(r"The `model_type`s read by hand are (.*?), and a multimodal", readme, re.S)
     assert listed is not None
     assert tuple(re.findall(r"`(\w+)`", listed.group(1))) == SUPPORTED_MODEL_TYPES
 

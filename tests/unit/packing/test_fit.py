@@ -111,8 +111,8 @@ def test_calibrated_slack_grows_with_each_gpus_share_not_the_whole_job() -> None
     eight = full.per_gpu_bytes(8, Parallelism.FSDP)
     held = full.sharded_bytes // 8 + full.replicated_bytes - fixed
     # the allocator's reserve is a share of what each GPU holds beyond its share of the
-    # weights (allocated once, they leave nothing cached)
-    num, den = full.reserve_share
+    # weights (allocated once, they leave nothing cached): an FSDP rank's own share
+    num, den = full.fsdp_reserve_share
     reserve = (held - full.resident_bytes // 8) * num // den
     assert eight == held + reserve + fixed + full.comm_bytes
     # The whole job's slack alone would be more than its 8-way share of everything.
