@@ -232,8 +232,17 @@ def _add_trace(sub: Any) -> None:
 
 
 def _add_presets(sub: Any) -> None:
-    p = sub.add_parser("presets", help="list the bundled model presets")
+    p = sub.add_parser(
+        "presets",
+        help="list the bundled model presets, or (--types) every model type and how it is read",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.add_argument(
+        "--types",
+        action="store_true",
+        help="list every model_type vramgate reads: by hand, generically from the model "
+        "transformers builds, or by the trace alone (the last two need the trace extra)",
+    )
     p.set_defaults(run=_run_presets)
 
 
@@ -398,7 +407,10 @@ def _distributed(args: argparse.Namespace) -> Any:
 
 def _run_presets(args: argparse.Namespace, console: Console) -> int:
     from controller.estimator.presets import load_preset, preset_names
+    from controller.jobs.readings import reading_of
 
+    if args.types:
+        return _run_types(args, console)
     rows = []
     for name in preset_names():
         preset = load_preset(name)
@@ -408,6 +420,7 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
                 "name": name,
                 "repo": preset.repo,
                 "family": preset.family,
+                "reading": str(reading_of(preset.family)),
                 "params": shape.total_params,
                 "published_params": preset.published_params,
             }
@@ -423,10 +436,51 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     table.add_column("preset", no_wrap=True)
     table.add_column("source repo", overflow="fold")
     table.add_column("family", overflow="fold")
+    table.add_column("read", overflow="fold")
     table.add_column("parameters", justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(str(row["name"]), str(row["repo"]), str(row["family"]), f"{row['params']:,}")
+        table.add_row(
+            str(row["name"]),
+            str(row["repo"]),
+            str(row["family"]),
+            str(row["reading"]),
+            f"{row['params']:,}",
+        )
     console.print(table)
+    return 0
+
+
+def _run_types(args: argparse.Namespace, console: Console) -> int:
+    """Every model_type and its reading; without the trace extra, the hand-read ones and a
+    line (stderr) saying what the extra adds."""
+    from controller.jobs.profiles import TRACE_EXTRA, trace_extra_installed
+    from controller.jobs.readings import Reading, model_type_readings
+
+    extra = trace_extra_installed()
+    rows = model_type_readings(with_generic=extra)
+    if not extra:
+        print(
+            f"only the hand-read model types: the trace extra ({TRACE_EXTRA}) reads every "
+            "other one transformers builds",
+            file=sys.stderr,
+        )
+    if args.json:
+        print(json.dumps([
+            {"model_type": r.model_type, "reading": str(r.reading), "built_as": r.built_as}
+            for r in rows
+        ]))  # fmt: skip
+        return 0
+    from rich.table import Table
+
+    table = Table(show_edge=False)
+    table.add_column("model_type", no_wrap=True)
+    table.add_column("read", no_wrap=True)
+    table.add_column("built as (transformers auto mapping)", overflow="fold")
+    for row in rows:
+        table.add_row(row.model_type, str(row.reading), row.built_as)
+    console.print(table)
+    counts = {reading: sum(r.reading is reading for r in rows) for reading in Reading}
+    console.print(", ".join(f"{n} {reading}" for reading, n in counts.items()))
     return 0
 
 

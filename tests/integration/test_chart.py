@@ -178,11 +178,13 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
         # Rounded up as the disruption controller does: 99% of 2 replicas is 2.
         (["--set-string", "operator.podDisruptionBudget.minAvailable=99%"],
          ["minAvailable=99%", "operator.replicas=2"]),
+        (["--set", "image.trace=true", "--set", "image.digest=sha256:" + "a" * 64],
+         ["image.traceDigest", "image.digest"]),
     ],
     ids=["ports-repeat", "pdb-all-replicas", "pdb-100-percent", "poll-above-heartbeat",
          "heartbeat-above-half-the-ttl", "backoff-initial-above-max",
          "common-label-app", "common-label-chart", "pod-label-operator", "pod-label-agent",
-         "pdb-rounds-up"],
+         "pdb-rounds-up", "trace-image-by-digest"],
 )  # fmt: skip
 def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str]) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -219,6 +221,24 @@ def test_an_image_digest_takes_precedence_over_the_tag() -> None:
         assert container["image"] == f"ghcr.io/vramgate/vramgate@{digest}"
     (container,) = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["image"].startswith("ghcr.io/vramgate/vramgate:")
+
+
+def test_with_the_trace_image_only_the_operator_runs_it() -> None:
+    def images(*args: str) -> tuple[str, str]:
+        objects = render(*args)
+        (operator,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+        (agent,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return operator["image"], agent["image"]
+
+    repo = "ghcr.io/vramgate/vramgate"
+    assert images("--set", "image.trace=true", "--set", "image.tag=1.2.3") == (
+        f"{repo}:1.2.3-trace",
+        f"{repo}:1.2.3",
+    )
+    plain, trace = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    pinned = ("--set", f"image.digest={plain}", "--set", f"image.traceDigest={trace}")
+    assert images("--set", "image.trace=true", *pinned) == (f"{repo}@{trace}", f"{repo}@{plain}")
+    assert images(*pinned) == (f"{repo}@{plain}", f"{repo}@{plain}")  # trace off: unused
 
 
 def test_the_notes_warn_of_a_prometheus_rule_without_the_monitoring_api() -> None:

@@ -72,6 +72,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The operator's image: the plain one, or with image.trace the one built with the trace
+extra (its own digest, or the tag with -trace), which the agent never needs. */}}
+{{- define "vramgate.operatorImage" -}}
+{{- if not .Values.image.trace }}
+{{- include "vramgate.image" . }}
+{{- else if and .Values.image.digest (not .Values.image.traceDigest) }}
+{{- fail "image.trace=true with image.digest needs image.traceDigest: the -trace image's own digest (a digest pins one image, and the plain one has no trace extra)" }}
+{{- else if .Values.image.traceDigest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.traceDigest }}
+{{- else }}
+{{- printf "%s:%s-trace" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
 {{- define "vramgate.operatorServiceAccount" -}}
 {{- default (printf "%s-operator" (include "vramgate.fullname" .)) .Values.operator.serviceAccount.name }}
 {{- end }}

@@ -392,6 +392,51 @@ def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert "llama-3.1-8b" in out and "8,030,261,248" in out
 
 
+def test_presets_say_how_each_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    from controller.estimator.model.families import SUPPORTED_MODEL_TYPES
+
+    code, out, _ = run(capsys, "presets", "--json")
+    assert code == 0
+    for row in json.loads(out):
+        hand = row["family"] in SUPPORTED_MODEL_TYPES
+        assert row["reading"] == ("by hand" if hand else "generic"), row
+
+
+def test_types_lists_the_hand_read_and_without_the_extra_says_what_it_adds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controller.estimator.model.families import SUPPORTED_MODEL_TYPES
+
+    monkeypatch.setattr("controller.jobs.profiles.trace_extra_installed", lambda: False)
+    code, out, err = run(capsys, "presets", "--types", "--json")
+    rows = json.loads(out)
+    assert code == 0 and {r["model_type"] for r in rows} == set(SUPPORTED_MODEL_TYPES)
+    assert {r["reading"] for r in rows} == {"by hand"}
+    assert "trace extra" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not trace_extra_installed(), reason="the generic reading needs the extra")
+def test_types_lists_every_type_transformers_builds_with_its_reading(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from transformers.models.auto import modeling_auto
+
+    code, out, _ = run(capsys, "presets", "--types", "--json")
+    rows = {r["model_type"]: r for r in json.loads(out)}
+    assert code == 0
+    built = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    built |= set(modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    assert built <= set(rows)
+    assert rows["llama"]["reading"] == "by hand" and rows["llama"]["built_as"] == ""
+    assert rows["gpt_neox"] == {
+        "model_type": "gpt_neox", "reading": "generic", "built_as": "causal_lm"
+    }  # fmt: skip
+    assert rows["qwen2_5_vl"]["built_as"] == "image_text_to_text"
+    code, out, _ = run(capsys, "presets", "--types")
+    hand = sum(r["reading"] == "by hand" for r in rows.values())
+    assert f"{hand} by hand, {len(rows) - hand} generic" in out
+
+
 @pytest.mark.parametrize("columns", ["80", "60"])
 def test_presets_never_cuts_a_preset_name(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: str
