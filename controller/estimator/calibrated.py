@@ -620,6 +620,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "fixed_bytes": fixed,
             "moments": tuple((s, r + fixed) for s, r in splits),
             "traced_per_gpu": (),
+            "traced_allocated": (),
             "load_moment": 0,
             "comm_bytes": NCCL_BYTES,
             "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),

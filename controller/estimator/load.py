@@ -43,11 +43,17 @@ def with_load_moment(est: Estimate, settings: TrainingSettings) -> Estimate:
     # communicator exists by then on the rule's path too).
     loaded = int((moment - est.fixed_bytes) * est.margin) + est.fixed_bytes + est.comm_bytes
     device_map = Parallelism.DEVICE_MAP.value
+    # Where loading decides a traced rank's figure, its allocated level is the loaded model's.
+    loading = {(v, c) for v, c, held in est.traced_per_gpu if v != device_map and loaded > held}
     return replace(
         est,
         load_moment=moment,
         traced_per_gpu=tuple(
             (value, count, held if value == device_map else max(held, loaded))
             for value, count, held in est.traced_per_gpu
+        ),
+        traced_allocated=tuple(
+            (v, c, max(held, load_bytes(est)) if (v, c) in loading else held)
+            for v, c, held in est.traced_allocated
         ),
     )

@@ -61,6 +61,8 @@ class Estimate:
     `traced_per_gpu` holds what one rank was traced to need at a world size, as
     (parallelism value, GPUs, bytes): the trace profile traces the job's own spread. Where
     it has the pair asked for, that is the per-GPU figure (its NCCL buffers included).
+    `traced_allocated`, in the same form, is that rank's own tensor peak (the allocated
+    level): a rank reserves far more beside its tensors than the single-GPU job does.
 
     `reserve_share` (numerator, denominator), where a profile measures it (calibrated), is
     what the caching allocator reserves beyond the tensors as a share of the tensors that
@@ -105,6 +107,7 @@ class Estimate:
     fsdp_moments: tuple[tuple[int, int], ...] = ()
     ddp_bytes: int = 0
     traced_per_gpu: tuple[tuple[str, int, int], ...] = ()
+    traced_allocated: tuple[tuple[str, int, int], ...] = ()
     comm_bytes: int = 0
     reserve_share: tuple[int, int] | tuple[()] = ()
     fsdp_reserve_share: tuple[int, int] | tuple[()] = ()
@@ -193,7 +196,8 @@ class Estimate:
         buffers) and a paged optimizer's state (`paged_bytes`, that GPU's share of it);
         allocated is the tensors the rule holds on that GPU before the margin (the
         allocator's reserve, or analytic's 10 % that stands for it), the paged state aside.
-        A traced rank's figure is split as the single-GPU estimate splits."""
+        A traced rank's allocated level is its own tensor peak (`traced_allocated`), else its
+        figure is split as the single-GPU estimate splits."""
         nvml = self.per_gpu_bytes(gpus, parallelism)
         context = sum(self.components.get(name, 0) for name in OUTSIDE_ALLOCATOR)
         n = max(gpus, 1)
@@ -208,7 +212,15 @@ class Estimate:
             and (c == gpus or (parallelism is Parallelism.DDP and gpus >= 2 and c >= 2))
             for v, c, _ in self.traced_per_gpu
         )
-        if traced:
+        own = [
+            held
+            for v, c, held in self.traced_allocated
+            if v == parallelism.value
+            and (c == gpus or (parallelism is Parallelism.DDP and gpus >= 2 and c >= 2))
+        ]
+        if traced and own:
+            held = own[0]
+        elif traced:
             unreserved = self.total_bytes - context
             held = reserved * (whole - context) // unreserved if unreserved > 0 else reserved
         elif n == 1:

@@ -294,11 +294,13 @@ def estimate(
     single-GPU split."""
     report = trace(config, settings)
     traced: tuple[tuple[str, int, int], ...] = ()
+    allocated: tuple[tuple[str, int, int], ...] = ()
     if gpus > 1 and parallelism in (Parallelism.FSDP, Parallelism.DDP):
         from controller.trace.distributed import Distributed
 
         rank = trace(config, settings, distributed=Distributed(gpus, parallelism))
         traced = ((parallelism.value, gpus, rank.total_bytes),)
+        allocated = ((parallelism.value, gpus, rank.peak_bytes),)
     components = dict(report.breakdown) | report.extras
     fixed = sum(report.extras[k] for k in overheads.PER_GPU_EXTRAS)
     if gpus > 1 and parallelism is Parallelism.DEVICE_MAP and report.modules is not None:
@@ -320,6 +322,7 @@ def estimate(
         fixed_bytes=fixed,
         moments=tuple((s, r + fixed) for s, r in phases),
         traced_per_gpu=traced,
+        traced_allocated=allocated,
         comm_bytes=overheads.NCCL_BYTES_PER_PEER,
     )
 

@@ -195,6 +195,13 @@ def test_the_trace_estimate_carries_the_traced_rank() -> None:
     assert est.per_gpu_bytes(4, FSDP) == traced.total_bytes
     # Other counts keep the rule on the single-GPU split.
     assert est.per_gpu_bytes(2, FSDP) == replace(est, traced_per_gpu=()).per_gpu_bytes(2, FSDP)
+    # The rank's allocated level is its own tensor peak, not the single-GPU job's share of
+    # its figure: a rank reserves more beside its tensors (collectives' own streams).
+    levels = est.per_gpu_levels(4, FSDP)
+    assert est.traced_allocated == (("fsdp", 4, traced.peak_bytes),)
+    assert levels.allocated == traced.peak_bytes < levels.reserved <= levels.nvml
+    reserve = traced.extras["allocator_reserve"]
+    assert levels.reserved - levels.allocated >= reserve
 
 
 def test_what_cannot_be_traced_says_so_in_a_line() -> None:
