@@ -70,6 +70,7 @@ from controller.base.backoff import Backoff
 from controller.base.clock import Clock, SystemClock
 from controller.decision import AdmissionSettings
 from controller.estimator import Estimate, SpecErrors, codec
+from controller.jobs.profiles import trace_extra_installed
 from controller.jobs.spec import (
     JobPlan,
     config_map_ref,
@@ -159,6 +160,9 @@ class Scheduler:
         self._trace_seconds: deque[float] = deque(maxlen=TRACE_SECONDS_KEPT)
         #: What estimates depend on besides the spec and the model (`estimate_identity`).
         self._identity = estimate_identity()
+        #: Whether this operator can trace (the trace extra is installed); a traced estimate
+        #: kept in status is read back either way.
+        self._can_trace = trace_extra_installed()
         self._writer = ThreadPoolExecutor(options.write_workers, "vramgate-write")
         self._creator = ThreadPoolExecutor(options.create_workers, "vramgate-create")
         # Its own thread: a pass must not queue behind a trace estimate.
@@ -491,6 +495,8 @@ class Scheduler:
             digest = estimate_digest(spec, config, self._identity)
             reused = _from_status(job, digest, plan)
             if reused is None:
+                if not self._can_trace:  # ProfileUnavailable now, not a Tracing that ends so
+                    estimate_plan(plan)
                 return _ToTrace(plan, digest, cache_key)
             est, stored = reused
             self.metrics.count_estimate(est.profile, REUSED)

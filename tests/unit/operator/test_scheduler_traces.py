@@ -21,6 +21,7 @@ import pytest
 
 from controller.admission.admission_pass import Estimated
 from controller.api import conditions as cond
+from controller.base.errors import ProfileUnavailable
 from controller.estimator import Estimate, codec
 from controller.jobs.spec import estimate_digest, needs_trace, translate
 from controller.kube import Kube
@@ -247,3 +248,20 @@ def test_only_the_trace_profile_needs_a_trace() -> None:
     assert traced is not None and formula is not None
     assert needs_trace(traced) and not needs_trace(formula)
     assert cond.REASON_TRACING in cond.BEFORE_ADMISSION
+
+
+def test_without_the_trace_extra_a_trace_job_is_refused_at_once_but_read_back(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Tracing that ends in ProfileUnavailable on every retry: the estimate worker says
+    it at once. A trace kept in status still reads back (no torch needed for that)."""
+
+    def no_trace(plan: Any) -> Any:
+        raise ProfileUnavailable("spec.estimator.profile: trace needs the `trace` extra")
+
+    monkeypatch.setattr(scheduler, "estimate_plan", no_trace)
+    monkeypatch.setattr(sched, "_can_trace", False)
+    with pytest.raises(ProfileUnavailable):
+        sched._estimate_now(job(TRACE))
+    found = sched._estimate_now(job(TRACE, status=stored_status(TRACE, codec.encode(TRACED))))
+    assert isinstance(found, Estimated) and found.estimate == TRACED
