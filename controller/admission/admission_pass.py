@@ -92,12 +92,15 @@ _QUIET_REASONS = {
 @dataclass(frozen=True, slots=True)
 class Estimated:
     """The estimator's answer for one job at `generation`: a plan and its estimate, or the
-    failure to record."""
+    failure to record, or a plan whose estimate is being traced (`tracing`). `stored`: the
+    traced estimate as status keeps it, so that no replica traces the job again."""
 
     generation: int
     plan: JobPlan | None = None
     estimate: Estimate | None = None
     failure: Failure | None = None
+    tracing: status_rules.Tracing | None = None
+    stored: status_rules.Stored | None = None
 
 
 @dataclass(frozen=True)
@@ -634,9 +637,17 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
                 )
             )
         return None
+    if found.tracing is not None:  # decided once traced; no other job waits for it
+        assert found.plan is not None
+        draft.apply(
+            status_rules.tracing(found.plan, found.tracing, generation, draft.status, inp.now)
+        )
+        return None
     assert found.plan is not None and found.estimate is not None
     draft.apply(
-        status_rules.estimated(found.plan, found.estimate, generation, draft.status, inp.now)
+        status_rules.estimated(
+            found.plan, found.estimate, generation, draft.status, inp.now, found.stored
+        )
     )
     ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
     return job_request(draft.job, found.plan, found.estimate, ranked_by)
@@ -705,6 +716,7 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
                 _generation(job),
                 draft.status,
                 inp.now,
+                found.stored,
             )
         )
     draft.status["workloadRef"] = {

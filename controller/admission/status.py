@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from controller.api import conditions as cond
@@ -46,9 +46,31 @@ class StatusUpdate:
     event: Event | None = None
 
 
-def estimate_status(plan: JobPlan, est: Estimate, gpus: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stored:
+    """A traced estimate as status keeps it, so that no replica traces the job again:
+    `digest` of what it was computed from (`controller.jobs.spec.estimate_digest`) and the
+    estimate itself (`controller.estimator.codec.encode`)."""
+
+    digest: str
+    traced: str
+
+
+@dataclass(frozen=True)
+class Tracing:
+    """A trace under way for a job: since `started`, expected to take `about_s` seconds,
+    the median of this operator's last `measured` traces (0: none yet, a default)."""
+
+    started: datetime
+    about_s: float
+    measured: int = 0
+
+
+def estimate_status(
+    plan: JobPlan, est: Estimate, gpus: int | None = None, stored: Stored | None = None
+) -> dict[str, Any]:
     """`status.estimate` of a plan and its estimate, as stored: at the requested count, or at
-    `gpus` (the count admitted by policy Resize)."""
+    `gpus` (the count admitted by policy Resize), with the traced estimate kept (`stored`)."""
     gpus = plan.gpus if gpus is None else gpus
     per_gpu = est.per_gpu_bytes(gpus, plan.parallelism)
     levels = est.per_gpu_levels(gpus, plan.parallelism)
@@ -69,14 +91,21 @@ def estimate_status(plan: JobPlan, est: Estimate, gpus: int | None = None) -> di
             reserved_bytes=levels.reserved,
             nvml_bytes=levels.nvml,
         ),
-    ).model_dump(mode="json", by_alias=True)
+        digest=stored.digest if stored else None,
+        traced=stored.traced if stored else None,
+    ).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def estimated(
-    plan: JobPlan, est: Estimate, generation: int, status: Mapping[str, Any], now: datetime
+    plan: JobPlan,
+    est: Estimate,
+    generation: int,
+    status: Mapping[str, Any],
+    now: datetime,
+    stored: Stored | None = None,
 ) -> StatusUpdate:
     """The job was estimated: Estimated=True with the figures, Admitted pending."""
-    estimate = estimate_status(plan, est)
+    estimate = estimate_status(plan, est, stored=stored)
     message = _estimated_message(plan, estimate, est)
     conditions = cond.set_condition(
         _conditions(status),
@@ -109,12 +138,13 @@ def admitted_estimate(
     generation: int,
     status: Mapping[str, Any],
     now: datetime,
+    stored: Stored | None = None,
 ) -> StatusUpdate:
     """Admitted on `gpus`: `status.estimate` and the Estimated message at the count that
     runs, so that `kubectl describe` shows one estimate, the one the GPUs were reserved for
     (nothing changes unless policy Resize chose another count than the request). No Event:
     the admission's says it."""
-    estimate = estimate_status(plan, est, gpus)
+    estimate = estimate_status(plan, est, gpus, stored)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,
@@ -144,6 +174,57 @@ def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate
         asked = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''}"
         message += f"; resized from the {asked} asked for (policy Resize)"
     return message + "".join(f"; warning: {warning}" for warning in plan.warnings)
+
+
+def tracing(
+    plan: JobPlan, trace: Tracing, generation: int, status: Mapping[str, Any], now: datetime
+) -> StatusUpdate:
+    """The job's estimate is being traced: Estimated=False, reason Tracing, saying what is
+    traced, for about how long and since when; Admitted Unknown for the same reason (until
+    admission first decides). A Normal Event, once: the message stays the same until the
+    trace ends, so later passes write nothing."""
+    message = f"tracing one training step of {plan.model} {_traced_spread(plan)}: " + (
+        f"about {max(1, round(trace.about_s))} s ("
+        + (
+            f"the median of this operator's last {trace.measured} trace"
+            + ("s" if trace.measured > 1 else "")
+            if trace.measured
+            else "a default: no trace has ended here yet"
+        )
+        + f"), started {trace.started.astimezone(UTC).strftime('%H:%M:%SZ')}"
+    )
+    conditions = cond.set_condition(
+        _conditions(status),
+        cond.ESTIMATED,
+        ConditionStatus.FALSE,
+        cond.REASON_TRACING,
+        message,
+        generation,
+        now,
+    )
+    conditions = _before_decision(
+        conditions,
+        ConditionStatus.UNKNOWN,
+        cond.REASON_TRACING,
+        f"not decided until estimated: {message}",
+        generation,
+        now,
+    )
+    return _update(
+        status,
+        {"estimate": None, "observedGeneration": generation, "conditions": conditions},
+        Event(NORMAL, cond.REASON_TRACING, message),
+    )
+
+
+def _traced_spread(plan: JobPlan) -> str:
+    """The spread the trace runs: one rank at the job's world size under FSDP or DDP (the
+    trace runs that distributed step), else one process (a device map places its modules)."""
+    if plan.gpus > 1 and plan.parallelism in (Parallelism.FSDP, Parallelism.DDP):
+        return f"at world size {plan.gpus} ({plan.parallelism.api})"
+    if plan.gpus > 1:
+        return f"placed on {plan.gpus} GPUs ({plan.parallelism.api})"
+    return "on one GPU"
 
 
 def invalid(

@@ -53,6 +53,11 @@ REASON_PROFILE_UNAVAILABLE = "ProfileUnavailable"
 #: EstimationFailed indicates that the estimator raised an unexpected error for a spec that
 #: passed validation; this is a vramgate bug, and the operator log has the traceback.
 REASON_ESTIMATION_FAILED = "EstimationFailed"
+#: Tracing indicates that the job is not estimated yet because its estimate is a traced
+#: training step (profile Trace), which runs now on one of the operator's trace workers
+#: (seconds to a minute); the message says what is traced, for about how long, and since
+#: when. Estimated and decided once the trace ends; no other job waits for it.
+REASON_TRACING = "Tracing"
 #: Pending indicates that no admission decision exists yet because the job was estimated but
 #: admission has not evaluated it.
 REASON_PENDING = "Pending"
@@ -109,6 +114,7 @@ REASON_SPEC_LOCKED = "SpecLocked"
 BEFORE_ADMISSION = frozenset(
     {
         REASON_PENDING,
+        REASON_TRACING,
         REASON_INVALID_SPEC,
         REASON_CONFIGMAP_UNAVAILABLE,
         REASON_PROFILE_UNAVAILABLE,

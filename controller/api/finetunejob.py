@@ -44,6 +44,7 @@ from controller.estimator import (
     Precision,
     Profile,
 )
+from controller.estimator.codec import MAX_TEXT
 
 KIND = "FineTuneJob"
 PLURAL = "finetunejobs"
@@ -61,6 +62,8 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 CONFIG_MAP_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 CONFIG_MAP_MAX_LENGTH = 253
 FRAMEWORK_MAX_LENGTH = 63
+#: The longest status.estimate.traced the schema allows: what the estimator's codec reads.
+ESTIMATE_RECORD_MAX_LENGTH = MAX_TEXT
 MODEL_SOURCES = ("preset", "config", "configMapRef")
 
 PRESERVE_UNKNOWN: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
@@ -482,6 +485,23 @@ class EstimateStatus(ApiModel):
         default=None,
         description="perGpuLevels is perGpuBytes at the three levels people measure it: "
         "allocated, reserved and NVML.",
+    )
+    digest: str | None = Field(
+        default=None,
+        min_length=64,
+        max_length=64,
+        pattern=r"^[0-9a-f]{64}$",
+        description="digest is the sha256 (hex) of what a traced estimate was computed from: "
+        "the spec's fields that change it, the model config read from its ConfigMap, and the "
+        "versions of vramgate and the trace's libraries. Set with traced; while it matches, "
+        "no operator replica traces the job again.",
+    )
+    traced: str | None = Field(
+        default=None,
+        max_length=ESTIMATE_RECORD_MAX_LENGTH,
+        description="traced is the traced estimate itself, as vramgate reads it back "
+        "(versioned JSON text): present for profile Trace only. A value that does not read "
+        "back (edited, or written by another version) is ignored and the job traced again.",
     )
 
 

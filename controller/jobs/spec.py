@@ -20,6 +20,7 @@ error found here that a schema can state.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -261,6 +262,37 @@ def estimate_plan(plan: JobPlan) -> Estimate:
     if plan.shape is None:
         raise SpecError("spec.model.configMapRef", "the ConfigMap's config.json was not read")
     return estimate(plan.shape, plan.settings, SPEC_PATHS, plan.gpus, plan.parallelism)
+
+
+def needs_trace(plan: JobPlan) -> bool:
+    """Whether estimating `plan` runs a traced training step (seconds to a minute, on the
+    operator's trace workers) rather than a formula (milliseconds)."""
+    return plan.settings.profile is Profile.TRACE
+
+
+#: Spec fields that change no estimate: who may run and where, not what the step holds.
+#: Left out of `estimate_digest`, so suspending a job, editing its template or its queue
+#: place keeps its stored estimate. A field not listed counts (a new one: estimated again).
+NOT_ESTIMATED = frozenset({"template", "suspend", "admissionPolicy", "priority",
+                           "priorityClassName"})  # fmt: skip
+NOT_ESTIMATED_RESOURCES = frozenset({"gpuSelector", "minGPUs", "maxGPUs"})
+
+
+def estimate_digest(spec: Mapping[str, Any], config: object, estimator: str) -> str:
+    """sha256 (hex) of what an estimate of `spec` is computed from: the spec's fields that
+    change it (all but `NOT_ESTIMATED`), the ConfigMap's model config (`config`, None when
+    the spec holds its model) and `estimator`, what computed it (the caller's versions of
+    vramgate and of the trace's libraries). Equal digests, equal estimates."""
+    kept = {k: v for k, v in spec.items() if k not in NOT_ESTIMATED}
+    resources = spec.get("resources")
+    if isinstance(resources, Mapping):
+        kept.pop("resources")
+        counted = {k: v for k, v in resources.items() if k not in NOT_ESTIMATED_RESOURCES}
+        if counted:
+            kept["resources"] = counted
+    text = json.dumps([kept, config, estimator], sort_keys=True, separators=(",", ":"),
+                      default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 #: One estimate: microseconds (Calibrated, cached shape) to tens of seconds (Trace).
 ESTIMATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+#: Where an estimate came from: computed by this process, or read back from the job's
+#: status (`controller.operator.scheduler`).
+ESTIMATE_SOURCES = ("computed", "status")
 #: One admission request, as kopf's handler runs it; the API server waits up to the webhook's
 #: timeoutSeconds (5 s in the chart; 30 s with `--webhook managed`).
 WEBHOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -134,6 +137,12 @@ class OperatorMetrics:
             "One VRAM estimate (not served from the cache), in seconds, by profile.",
             ["profile"], buckets=ESTIMATE_BUCKETS, registry=r,
         )  # fmt: skip
+        self.estimates = Counter(
+            "vramgate_estimates", "VRAM estimates made for jobs (not served from this "
+            "process's cache), by profile and source: computed here, or read back from the "
+            "job's status (a traced estimate whose digest matches: no trace again after a "
+            "restart or a failover).", ["profile", "source"], registry=r,
+        )  # fmt: skip
         self.webhook_duration = Histogram(
             "vramgate_webhook_request_duration_seconds",
             "One admission request as the handler ran it, in seconds, by webhook "
@@ -162,6 +171,8 @@ class OperatorMetrics:
             self.decision_latency.labels(decision)
         for profile in Profile:
             self.estimate_duration.labels(profile.value)
+            for source in ESTIMATE_SOURCES:
+                self.estimates.labels(profile.value, source)
         for webhook in ("validating", "mutating"):
             for result in ("allowed", "denied", "error"):
                 self.webhook_duration.labels(webhook, result)
@@ -209,6 +220,10 @@ class OperatorMetrics:
 
     def observe_estimate(self, profile: str, seconds: float) -> None:
         self.estimate_duration.labels(profile).observe(seconds)
+
+    def count_estimate(self, profile: str, source: str) -> None:
+        """An estimate of `profile` made from `source` (one of ESTIMATE_SOURCES)."""
+        self.estimates.labels(profile, source).inc()
 
     def observe_webhook(self, webhook: str, result: str, seconds: float) -> None:
         self.webhook_duration.labels(webhook, result).observe(seconds)

@@ -191,6 +191,7 @@ def run(options: OperatorOptions) -> int:
             admission=options.admission,
             resync_s=options.resync_s,
             configmap_retry_s=options.configmap_retry_s,
+            trace_workers=options.trace_workers,
             namespaces=tuple(options.namespaces),
         ),
         leader,

@@ -5,10 +5,15 @@ admission state, one pass at a time, so two decisions never race for the same fr
 
 1. **Snapshot** the caches in one synchronous read (one moment's view), with this replica's
    own writes that the caches have not caught up with laid over them (below).
-2. **Estimate** jobs not estimated at their current generation in worker threads (a trace
-   takes seconds; the event loop and the webhook must not wait), at most `estimate_workers`
-   at once, cached by spec; a pass never waits for an estimate, the estimate's arrival
-   wakes the next one.
+2. **Estimate** jobs not estimated at their current generation in worker threads (the
+   event loop and the webhook must not wait), at most `estimate_workers` at once, cached by
+   spec; a pass never waits for an estimate, the estimate's arrival wakes the next one. A
+   traced estimate (profile Trace: seconds to a minute) runs on workers of its own, at most
+   `trace_workers` at once, so formula estimates (milliseconds) never queue behind one; its
+   job shows `Estimated=False, Tracing` meanwhile. What a trace found is kept in the job's
+   status (`status.estimate.digest` and `.traced`) and read back, while the digest of its
+   spec and model config matches, instead of tracing again: after a restart, on a new
+   leader, on a second replica.
 3. **Decide** with the pure pass (`admission.admission_pass`) in a worker thread.
 4. **Persist** status writes concurrently; an admission's write carries the job's
    resourceVersion, so a decision made on a stale snapshot fails (409) and is forgotten.
@@ -41,17 +46,22 @@ import functools
 import hashlib
 import json
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from importlib import metadata
 from typing import Any, cast
 
 import kopf
 
+from controller import __version__
 from controller.admission import admission_pass as admission
 from controller.admission import observed
+from controller.admission import status as status_rules
 from controller.admission.cluster import finished, parse_time, reservation, snapshot
 from controller.admission.failures import failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
@@ -59,12 +69,20 @@ from controller.api import conditions as cond
 from controller.base.backoff import Backoff
 from controller.base.clock import Clock, SystemClock
 from controller.decision import AdmissionSettings
-from controller.estimator import SpecErrors
-from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.estimator import Estimate, SpecErrors, codec
+from controller.jobs.profiles import trace_extra_installed
+from controller.jobs.spec import (
+    JobPlan,
+    config_map_ref,
+    estimate_digest,
+    estimate_plan,
+    needs_trace,
+    translate,
+)
 from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
 from controller.operator.caches import Caches, slim_job
 from controller.operator.leader import Leader
-from controller.operator.metrics import OperatorMetrics
+from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
 from controller.operator.settings import DEFAULTS
 from controller.packing.view import ClusterView
 from controller.workload import Remains
@@ -73,6 +91,14 @@ log = logging.getLogger("vramgate.scheduler")
 
 #: How many cached estimates are kept, by spec: 1,000 jobs of one spec cost one estimate.
 ESTIMATE_CACHE_SIZE = 4096
+#: A job's Tracing condition expects its trace to take the median of the last this many.
+TRACE_SECONDS_KEPT = 5
+#: ... and this before any trace has ended here: a Llama-3.1-8B LoRA trace took 8.6 s in a
+#: fresh process, imports included (BENCHMARKS.md, "Trace speed and memory"); a distributed
+#: one at world size 8, 7.5 s; bigger models and longer sequences take longer.
+DEFAULT_TRACE_S = 10.0
+#: The metric's `source` of an estimate (`metrics.ESTIMATE_SOURCES`).
+COMPUTED, REUSED = ESTIMATE_SOURCES
 #: A workload create that failed is retried after about this many seconds, doubling per failure
 #: up to CREATE_RETRY_MAX_S (`Backoff`, jittered): a template the API server refuses (422)
 #: fails every time, and a retry on every pass would hammer it ten times a second.
@@ -95,6 +121,8 @@ class SchedulerOptions:
     #: decided in a few passes, not 1,000.
     debounce_s: float = 0.1
     estimate_workers: int = 2
+    #: Traced estimates at once, on threads of their own (`OperatorSettings.trace_workers`).
+    trace_workers: int = DEFAULTS.trace_workers
     write_workers: int = 16
     #: Workload creates and deletes, beside the status writes: fewer, so decisions come first.
     create_workers: int = 4
@@ -125,6 +153,16 @@ class Scheduler:
         self._context = contextvars.copy_context()
         self._wake = asyncio.Event()
         self._estimator = ThreadPoolExecutor(options.estimate_workers, "vramgate-estimate")
+        self._tracer = ThreadPoolExecutor(options.trace_workers, "vramgate-trace")
+        #: Traces under way, by digest: two jobs of one spec and model share one trace.
+        self._traces: dict[str, asyncio.Future[Estimate]] = {}
+        #: The last traces' seconds: what a job's Tracing condition expects of its own.
+        self._trace_seconds: deque[float] = deque(maxlen=TRACE_SECONDS_KEPT)
+        #: What estimates depend on besides the spec and the model (`estimate_identity`).
+        self._identity = estimate_identity()
+        #: Whether this operator can trace (the trace extra is installed); a traced estimate
+        #: kept in status is read back either way.
+        self._can_trace = trace_extra_installed()
         self._writer = ThreadPoolExecutor(options.write_workers, "vramgate-write")
         self._creator = ThreadPoolExecutor(options.create_workers, "vramgate-create")
         # Its own thread: a pass must not queue behind a trace estimate.
@@ -133,7 +171,7 @@ class Scheduler:
         self._estimate_uid: dict[str, str] = {}
         self._estimating: set[tuple[str, str, int]] = set()
         self._retry_at: dict[str, float] = {}
-        self._by_spec: dict[str, tuple[JobPlan, Any]] = {}
+        self._by_spec: dict[str, tuple[JobPlan, Estimate, status_rules.Stored | None]] = {}
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
@@ -253,6 +291,7 @@ class Scheduler:
 
     async def close(self) -> None:
         self._estimator.shutdown(wait=False, cancel_futures=True)
+        self._tracer.shutdown(wait=False, cancel_futures=True)
         for task in self._background:  # first: they hand work to the pools
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -404,6 +443,16 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         try:
             found = await loop.run_in_executor(self._estimator, self._estimate_now, job)
+            if isinstance(found, _ToTrace):
+                # Said on the job while it runs (the pass writes Tracing); decided once traced.
+                about, measured = self._trace_expectation()
+                tracing = status_rules.Tracing(self.now(), about, measured)
+                self._estimates[key] = admission.Estimated(
+                    generation, plan=found.plan, tracing=tracing
+                )
+                self._estimate_uid[key] = uid
+                self.wake()
+                found = await self._traced(found)
         except Exception as error:  # every failure is recorded on the job
             failure = failure_of(error, temporary_retry_s=self.options.configmap_retry_s)
             if failure.is_bug:
@@ -423,8 +472,10 @@ class Scheduler:
         if (found, uid) != previous:
             self.wake()  # a ConfigMap read again to the same estimate changes no decision
 
-    def _estimate_now(self, job: Mapping[str, Any]) -> admission.Estimated:
-        """In a worker thread: read the ConfigMap if named, translate, estimate (cached)."""
+    def _estimate_now(self, job: Mapping[str, Any]) -> admission.Estimated | _ToTrace:
+        """In a worker thread: read the ConfigMap if named, translate, estimate (cached); a
+        traced estimate is read back from the job's status where its digest matches, else
+        handed back to be traced on the trace workers (`_ToTrace`)."""
         spec = job.get("spec") or {}
         namespace = (job.get("metadata") or {}).get("namespace") or "default"
         config = None
@@ -436,17 +487,65 @@ class Scheduler:
         ).hexdigest()
         hit = self._by_spec.get(cache_key)
         if hit is not None:
-            return admission.Estimated(0, plan=hit[0], estimate=hit[1])
+            return admission.Estimated(0, plan=hit[0], estimate=hit[1], stored=hit[2])
         plan, errors = translate(dict(spec), config)
         if plan is None:
             raise SpecErrors(errors)
-        started = time.perf_counter()
-        est = estimate_plan(plan)
-        self.metrics.observe_estimate(est.profile, time.perf_counter() - started)
+        if needs_trace(plan):
+            digest = estimate_digest(spec, config, self._identity)
+            reused = _from_status(job, digest, plan)
+            if reused is None:
+                if not self._can_trace:  # ProfileUnavailable now, not a Tracing that ends so
+                    estimate_plan(plan)
+                return _ToTrace(plan, digest, cache_key)
+            est, stored = reused
+            self.metrics.count_estimate(est.profile, REUSED)
+            log.info("[%s] traced estimate reused from status (digest %s)", _key(job), digest[:12])
+        else:
+            started = time.perf_counter()
+            est, stored = estimate_plan(plan), None
+            self.metrics.observe_estimate(est.profile, time.perf_counter() - started)
+            self.metrics.count_estimate(est.profile, COMPUTED)
+        self._keep(cache_key, plan, est, stored)
+        return admission.Estimated(0, plan=plan, estimate=est, stored=stored)
+
+    def _keep(
+        self, cache_key: str, plan: JobPlan, est: Estimate, stored: status_rules.Stored | None
+    ) -> None:
         if len(self._by_spec) >= ESTIMATE_CACHE_SIZE:
             self._by_spec.pop(next(iter(self._by_spec)))
-        self._by_spec[cache_key] = (plan, est)
-        return admission.Estimated(0, plan=plan, estimate=est)
+        self._by_spec[cache_key] = (plan, est, stored)
+
+    async def _traced(self, todo: _ToTrace) -> admission.Estimated:
+        """Trace `todo` on the trace workers (or wait for the trace of its digest already
+        under way), and keep what it found."""
+        running = self._traces.get(todo.digest)
+        if running is None:
+            loop = asyncio.get_running_loop()
+            running = loop.run_in_executor(self._tracer, self._trace_now, todo.plan)
+            self._traces[todo.digest] = running
+            running.add_done_callback(lambda _: self._traces.pop(todo.digest, None))
+        est = await asyncio.shield(running)
+        stored = status_rules.Stored(todo.digest, codec.encode(est))
+        self._keep(todo.cache_key, todo.plan, est, stored)
+        return admission.Estimated(0, plan=todo.plan, estimate=est, stored=stored)
+
+    def _trace_now(self, plan: JobPlan) -> Estimate:
+        """In a trace worker: the traced estimate, timed (the next jobs' Tracing says it)."""
+        started = time.perf_counter()
+        est = estimate_plan(plan)
+        seconds = time.perf_counter() - started
+        self._trace_seconds.append(seconds)
+        self.metrics.observe_estimate(est.profile, seconds)
+        self.metrics.count_estimate(est.profile, COMPUTED)
+        log.info("traced %s in %.1f s", plan.model, seconds)
+        return est
+
+    def _trace_expectation(self) -> tuple[float, int]:
+        """About how long a trace takes here: the median of the last traces' seconds, and
+        how many; before any, DEFAULT_TRACE_S and 0."""
+        seen = list(self._trace_seconds)
+        return (statistics.median(seen), len(seen)) if seen else (DEFAULT_TRACE_S, 0)
 
     # -- missing workloads -------------------------------------------------------------------
 
@@ -721,6 +820,57 @@ class NameTaken(Exception):
             else f"{what} already exists in {meta['namespace']} and is not this "
             "FineTuneJob's; delete or rename it (its GPUs stay reserved meanwhile)"
         )
+
+
+@dataclass(frozen=True)
+class _ToTrace:
+    """A job whose estimate is to be traced: its plan, the digest of what the estimate is
+    computed from, and the key of the estimate cache."""
+
+    plan: JobPlan
+    digest: str
+    cache_key: str
+
+
+def estimate_identity() -> str:
+    """What computes an estimate besides the spec and the model: vramgate's version (its
+    estimator, its presets), the codec's, and the trace's libraries' (transformers' model
+    code is what the trace runs). A digest includes it, so an upgrade traces again."""
+    parts = [f"vramgate {__version__}", f"codec {codec.VERSION}"]
+    for name in ("torch", "transformers", "peft"):
+        try:
+            parts.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{name} none")
+    return "; ".join(parts)
+
+
+def _from_status(
+    job: Mapping[str, Any], digest: str, plan: JobPlan
+) -> tuple[Estimate, status_rules.Stored] | None:
+    """The traced estimate the job's status keeps, if it was computed from what `digest`
+    says; None (traced again) for anything else: no estimate, another digest (the spec or
+    its ConfigMap changed), a payload that does not read back (edited, another version)."""
+    estimate = (job.get("status") or {}).get("estimate")
+    if not isinstance(estimate, Mapping) or estimate.get("digest") != digest:
+        return None
+    text = estimate.get("traced")
+    try:
+        est = codec.decode(text)
+    except codec.CodecError as error:
+        log.warning("[%s] status.estimate.traced does not read back (%s); tracing again",
+                    _key(job), error)  # fmt: skip
+        return None
+    if est.profile != plan.settings.profile.value:
+        log.warning("[%s] status.estimate.traced is of profile %s; tracing again",
+                    _key(job), est.profile)  # fmt: skip
+        return None
+    return est, status_rules.Stored(digest, str(text))
+
+
+def _key(job: Mapping[str, Any]) -> str:
+    meta = job.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _owner_name(obj: Mapping[str, Any]) -> str | None:

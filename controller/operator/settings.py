@@ -127,6 +127,15 @@ class OperatorSettings(AdmissionConfig):
         "waiting job's ConfigMap is read again; a missing ConfigMap is usually created, and a "
         "wrong one fixed, within seconds to minutes.",
     )
+    trace_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="traced estimates (profile Trace) run at once, each on a thread of its "
+        "own beside the formula estimates, which never wait for them: a trace holds about a "
+        "core and up to 1 GiB of memory for seconds to a minute, so 1 keeps the operator "
+        "within its resources; raise it with its CPU and memory for many Trace jobs.",
+    )
     resync_seconds: float = Field(
         10.0,
         gt=0,
@@ -190,6 +199,7 @@ class OperatorSettings(AdmissionConfig):
             cert_secret_name=self.cert_secret_name,
             own_namespace=environ.get("POD_NAMESPACE") or self.lease_namespace,
             configmap_retry_s=self.configmap_retry_seconds,
+            trace_workers=self.trace_workers,
             admission=self.admission(),
             resync_s=self.resync_seconds,
             leader_election=self.leader_election,
@@ -229,6 +239,7 @@ class OperatorOptions:
     #: Secret lives.
     own_namespace: str = DEFAULTS.lease_namespace
     configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
+    trace_workers: int = DEFAULTS.trace_workers
     admission: AdmissionSettings = field(default_factory=DEFAULTS.admission)
     resync_s: float = DEFAULTS.resync_seconds
     #: Leader election on a Lease (off: this replica decides alone; for one-replica runs).

@@ -45,6 +45,7 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "headroom_percent": ("5", 5, 5),
     "heartbeat_ttl_seconds": ("120", 120, 120),
     "raw_priority_namespaces": ("platform", ["platform"], ["platform"]),
+    "trace_workers": ("3", 3, 3),
     "resync_seconds": ("3", 3, 3.0),
     "leader_election": ("false", False, False),
     "lease_namespace": ("vg", "vg", "vg"),
@@ -78,7 +79,8 @@ def test_the_config_keys_are_the_contracts() -> None:
     keys = (
         "namespaces webhook webhookAddr webhookPort webhookHost webhookConfigName certDir "
         "certHosts certSecretName configmapRetrySeconds gpuMode queueing headroom "
-        "headroomPercent heartbeatTtlSeconds rawPriorityNamespaces resyncSeconds leaderElection "
+        "headroomPercent heartbeatTtlSeconds rawPriorityNamespaces traceWorkers resyncSeconds "
+        "leaderElection "
         "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel"
     )
