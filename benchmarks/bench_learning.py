@@ -120,13 +120,18 @@ class Job:
     reservation: int = 0
     ooms: int = 0
     died_alone: bool = False  # an OOM with nothing else on its GPUs
+    learned_at: int = 0  # how many samples were filed when its figure was computed
     started: float = 0.0
     gpus: list[tuple[int, int]] = field(default_factory=list)
 
 
-def validation_set() -> tuple[list[Fit], list[tuple[str, str, str, str, int, int]]]:
-    """Per framework, the lognormal of measured / calibrated-predicted; and every run as
-    (family, method, parallelism, framework, GPUs, predicted per-GPU bytes)."""
+#: A run of the set as a kind of job is made of it: family, method, parallelism, framework,
+#: GPUs, predicted per-GPU bytes, measured / predicted.
+RunKind = tuple[str, str, str, str, int, int, float]
+
+
+def validation_set() -> tuple[list[Fit], list[RunKind]]:
+    """Per framework, the lognormal of measured / calibrated-predicted; and every run."""
     models = load_document().get("models") or {}
     ratios: dict[str, list[float]] = defaultdict(list)
     runs = []
@@ -139,7 +144,8 @@ def validation_set() -> tuple[list[Fit], list[tuple[str, str, str, str, int, int
         family = model_shape(run, models).model_type
         method = str(run.fields["method"])
         parallelism = str(run.parallelism.value)
-        runs.append((family, method, parallelism, framework, run.gpus, prediction.predicted))
+        ratio = run.measured_bytes / prediction.predicted
+        runs.append((family, method, parallelism, framework, run.gpus, prediction.predicted, ratio))
     fits = [
         Fit(
             f,
@@ -153,11 +159,15 @@ def validation_set() -> tuple[list[Fit], list[tuple[str, str, str, str, int, int
     return fits, runs
 
 
-def make_kinds(rng: random.Random, fits: list[Fit], runs: list) -> list[Kind]:
+def make_kinds(
+    rng: random.Random, fits: list[Fit], runs: list[RunKind], truth: str = "lognormal"
+) -> list[Kind]:
+    """`KINDS` kinds of job, each a run of the set; its bias drawn from its framework's
+    lognormal (`truth` "lognormal") or the run's own measured / predicted ("runs")."""
     by_framework = {f.framework: f for f in fits}
     kinds = []
     for _ in range(KINDS):
-        family, method, parallelism, framework, gpus, predicted = rng.choice(runs)
+        family, method, parallelism, framework, gpus, predicted, ratio = rng.choice(runs)
         fit = by_framework[framework]
         image = f"sha256:{framework}-{rng.randrange(IMAGES_PER_FRAMEWORK)}"
         key = JobKey.of(
@@ -168,7 +178,8 @@ def make_kinds(rng: random.Random, fits: list[Fit], runs: list) -> list[Kind]:
             framework=framework,
             image=image,
         )
-        bias = rng.lognormvariate(fit.mu, fit.sigma)
+        drawn = rng.lognormvariate(fit.mu, fit.sigma)  # drawn either way: one random stream
+        bias = drawn if truth == "lognormal" else ratio
         kinds.append(Kind(key, gpus, predicted, bias))
     return kinds
 
@@ -211,6 +222,7 @@ def simulate(
     reserved = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     held = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     records: dict[str, KeyRecord] = {}
+    learned: list[None] = []  # one entry per sample filed: a queued job's figure is stale
     result = Result()
     events: list[tuple[float, int, str, Job]] = []
     seq = 0
@@ -224,7 +236,9 @@ def simulate(
     def when(hours: float) -> datetime:
         return START + timedelta(hours=hours)
 
-    def enqueue(job: Job) -> None:
+    def refigure(job: Job) -> bool:
+        """The job's reservation from what is learned now; False when it is rejected."""
+        job.learned_at = len(learned)
         if static_percent is not None:
             job.reservation = -(-job.kind.predicted * static_percent // 100)
         else:
@@ -237,8 +251,12 @@ def simulate(
             job.reservation = max(GPU_BYTES, job.kind.predicted)
         if job.reservation > GPU_BYTES:
             result.rejected += 1
-            return
-        bisect.insort(queue, (job.arrival, job.id, job))
+            return False
+        return True
+
+    def enqueue(job: Job) -> None:
+        if refigure(job):
+            bisect.insort(queue, (job.arrival, job.id, job))
 
     def place(job: Job) -> list[tuple[int, int]] | None:
         for n in range(NODES):
@@ -254,6 +272,8 @@ def simulate(
         kept = []
         for entry in queue:
             job = entry[2]
+            if job.learned_at != len(learned) and not refigure(job):
+                continue  # rejected: what was learned since says it needs more than a GPU
             if any(g <= job.kind.gpus and r <= job.reservation for g, r in failed.items()):
                 kept.append(entry)
                 continue
@@ -296,6 +316,7 @@ def simulate(
             at = when(now)
             key, predicted = job.kind.key, job.kind.predicted
             records |= record_steady(records, key, job.true_peak, predicted, at, settings)
+            learned.append(None)
             continue  # frees nothing
         elif what == "finish":
             release(job, holding=True)
@@ -320,6 +341,7 @@ def simulate(
                 when(now),
                 settings,
             )
+            learned.append(None)
             if job.ooms >= MAX_OOMS:
                 result.gave_up += 1
             else:
@@ -348,11 +370,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--percentile", type=int, default=95, help="the loop's percentile")
+    parser.add_argument("--margin", type=int, default=5, help="the loop's margin, percent")
+    parser.add_argument(
+        "--truth",
+        choices=("lognormal", "runs"),
+        default="lognormal",
+        help="a kind's measured / predicted: drawn from its framework's lognormal, or its "
+        "run's own (jobs of one key then differ as the set's runs of that key do)",
+    )
     args = parser.parse_args(argv)
     began = time.perf_counter()
     fits, runs = validation_set()
     rng = random.Random(args.seed)
-    kinds = make_kinds(rng, fits, runs)
+    kinds = make_kinds(rng, fits, runs, args.truth)
     jobs = make_jobs(rng, kinds, args.jobs)
 
     print("Measured / calibrated-predicted per framework (runs.yaml), lognormal fit:\n")
@@ -362,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         p95 = math.exp(f.mu + 1.645 * f.sigma)
         print(f"| {f.framework} | {f.runs} | {math.exp(f.mu):.3f} | {f.sigma:.3f} | {p95:.3f} |")
 
-    settings = LearningSettings()
+    settings = LearningSettings(percentile=args.percentile, margin_percent=args.margin)
     header = [
         "loop",
         "reserved but unused (GiB-h)",
@@ -373,23 +404,26 @@ def main(argv: list[str] | None = None) -> None:
         "mean wait (h)",
         "p95 wait (h)",
     ]
-    # Without learning, one margin for every job: the same rule the loop applies per key (p95
-    # of measured / predicted x (1 + margin)), read from the whole validation set at once.
+    # Without learning, one margin for every job: the same rule the loop applies per key
+    # (percentile of measured / predicted x (1 + margin)), read from the whole set at once.
     everyone = sorted(r for f in fits for r in f.ratios)
-    p95_all = everyone[math.ceil(0.95 * len(everyone)) - 1]
-    static = math.ceil(p95_all * (100 + settings.margin_percent) - 1e-9)
+    whole_set = everyone[math.ceil(settings.percentile / 100 * len(everyone)) - 1]
+    static = math.ceil(whole_set * (100 + settings.margin_percent) - 1e-9)
+    rule = f"p{settings.percentile} + {settings.margin_percent} %"
     rows = []
     for name, policy, fixed in (
         ("off", Policy.OFF, None),
-        (f"off, every job x {static / 100:.2f} (the set's p95 + 5 %)", Policy.OFF, static),
+        (f"off, every job x {static / 100:.2f} (the set's {rule})", Policy.OFF, static),
         ("on (adjust)", Policy.ADJUST, None),
         ("on (raiseOnly)", Policy.RAISE_ONLY, None),
     ):
         fresh = [Job(j.id, j.kind, j.arrival, j.duration, j.true_peak) for j in jobs]
         rows.append(row(name, simulate(fresh, policy, settings, fixed)))
     span = max(j.arrival for j in jobs)
+    keys = len({k.key for k in kinds})
     print(
-        f"\n{args.jobs:,} jobs over {span / 24:.0f} days, {KINDS} kinds, "
+        f"\n{args.jobs:,} jobs over {span / 24:.0f} days, {KINDS} kinds ({keys} keys), "
+        f"truth: {args.truth}, "
         f"{NODES} nodes x {GPUS_PER_NODE} GPUs x {GPU_BYTES // GIB} GiB, seed {args.seed}:\n"
     )
     print("| " + " | ".join(header) + " |")
