@@ -90,3 +90,18 @@ def test_merge_aligns_references_and_adds_samples() -> None:
     assert merged == b.merge(a)
     with pytest.raises(ValueError, match="same half-life"):
         a.merge(DecayingHistogram(half_life_seconds=2 * DAY, scale=DOUBLING))
+
+
+def test_samples_added_in_any_order_give_the_same_histogram() -> None:
+    # A lost store is rebuilt from finished jobs' status, in whatever order they are listed.
+    samples = [(0.8, T0), (1.5, T0 + timedelta(days=3)), (5.0, T0 + timedelta(days=1, hours=5))]
+    forward = hist()
+    backward = hist()
+    for ratio, at in samples:
+        forward = forward.add(ratio, at)
+    for ratio, at in reversed(samples):
+        backward = backward.add(ratio, at)
+    assert forward.reference == backward.reference
+    assert forward.weights.keys() == backward.weights.keys()
+    for bucket, weight in forward.weights.items():
+        assert backward.weights[bucket] == pytest.approx(weight)
