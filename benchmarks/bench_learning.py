@@ -37,8 +37,10 @@ so a job that under-reserved survives where its neighbours left room. It dies
 
 **Learning.** A job past its first steps (`STEADY_AFTER_SECONDS`) files observed / predicted;
 an OOM files VPA's bumped need (`controller.learning.record`). A job's figure is computed when
-it is queued. Loop off: the calibrated figure. Loop on: `controller.learning.correct` with
-the defaults (k = 5, p95, 5 % margin, clamp 0.6 to 1.5, half-life 14 days).
+it is queued and again, while it waits, after every sample filed since (as admission would
+read the learned state at each pass). Loop off: the calibrated figure. Loop on:
+`controller.learning.correct` with the defaults (k = 5, p95, 5 % margin, clamp 0.6 to 1.5,
+half-life 14 days; `--percentile` and `--margin` change the first two).
 
 Rows: the loop off (the calibrated figure as it is); off with one margin for every job, the
 loop's own rule (p95 x 1.05) read from the whole validation set at once, which is what a
@@ -222,7 +224,7 @@ def simulate(
     reserved = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     held = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     records: dict[str, KeyRecord] = {}
-    learned: list[None] = []  # one entry per sample filed: a queued job's figure is stale
+    filed = 0  # samples filed so far: a queued job's figure from fewer is stale
     result = Result()
     events: list[tuple[float, int, str, Job]] = []
     seq = 0
@@ -238,7 +240,7 @@ def simulate(
 
     def refigure(job: Job) -> bool:
         """The job's reservation from what is learned now; False when it is rejected."""
-        job.learned_at = len(learned)
+        job.learned_at = filed
         if static_percent is not None:
             job.reservation = -(-job.kind.predicted * static_percent // 100)
         else:
@@ -272,7 +274,7 @@ def simulate(
         kept = []
         for entry in queue:
             job = entry[2]
-            if job.learned_at != len(learned) and not refigure(job):
+            if job.learned_at != filed and not refigure(job):
                 continue  # rejected: what was learned since says it needs more than a GPU
             if any(g <= job.kind.gpus and r <= job.reservation for g, r in failed.items()):
                 kept.append(entry)
@@ -316,7 +318,7 @@ def simulate(
             at = when(now)
             key, predicted = job.kind.key, job.kind.predicted
             records |= record_steady(records, key, job.true_peak, predicted, at, settings)
-            learned.append(None)
+            filed += 1
             continue  # frees nothing
         elif what == "finish":
             release(job, holding=True)
@@ -341,7 +343,7 @@ def simulate(
                 when(now),
                 settings,
             )
-            learned.append(None)
+            filed += 1
             if job.ooms >= MAX_OOMS:
                 result.gave_up += 1
             else:
