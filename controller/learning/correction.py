@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller.base.units import format_gib
-from controller.learning.keys import JobKey
+from controller.learning.keys import ANY, JobKey
 from controller.learning.record import Records
 from controller.learning.settings import LearningSettings, Policy
 
@@ -93,7 +93,7 @@ def correct(
     if estimate_bytes <= 0:
         raise ValueError("estimate bytes must be greater than 0")
     policy = settings.policy if policy is None else policy
-    profile = key.profile if key.profile != "*" else "estimated"
+    profile = key.profile if key.profile != ANY else "estimated"
     head = f"{profile} {format_gib(estimate_bytes)}"
     pct = settings.percentile
 
@@ -117,14 +117,16 @@ def correct(
 
     own = records.get(key.name)
     oom = own.oom_factor_percent if own is not None else None
-    chosen = next(
-        (
-            records[r.name]
-            for r in ladder
-            if r.name in records and records[r.name].histogram.samples >= settings.min_samples
-        ),
-        None,
-    )
+    # The finest key with enough samples that still weigh something (a key whose samples all
+    # decayed away answers nothing, and the next coarser key does).
+    enough = [
+        records[r.name]
+        for r in ladder
+        if r.name in records
+        and records[r.name].histogram.samples >= settings.min_samples
+        and records[r.name].histogram.weights
+    ]
+    chosen = enough[0] if enough else None
     learned: int | None = None
     unclamped = 0
     if chosen is not None:

@@ -190,3 +190,13 @@ def test_bad_settings_name_the_field() -> None:
         LearningSettings(percentile=0)
     with pytest.raises(ValueError, match=r"learning\.maxFactorPercent"):
         LearningSettings(max_factor_percent=90)
+
+
+def test_a_key_whose_samples_weigh_nothing_gives_way_to_a_coarser_one() -> None:
+    records = steady({}, key_with(image="sha256:bb"), [0.80] * 6)
+    stored = records[KEY.ladder()[1].name].to_dict()
+    stored["histogram"]["bucketWeights"] = {}  # six samples, all decayed away
+    records[KEY.ladder()[1].name] = KeyRecord.from_dict(stored)
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert result.source is Source.LEARNED
+    assert result.key == KEY.ladder()[2].name
