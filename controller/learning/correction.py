@@ -1,0 +1,157 @@
+"""A job's per-GPU figure after what the cluster taught: the estimate x a learned factor.
+
+The rules, in the order they are tried:
+
+1. Policy `off`: the estimate stands (samples are still recorded elsewhere).
+2. **Pinned**: the finest key of the job's ladder that a person pinned gives the factor, as
+   pinned: no clamp, no policy floor. A person's figure wins over a learned one.
+3. **Learned**: the finest key with at least `min_samples` samples gives
+   factor = its `percentile` of observed / predicted x (1 + margin), clamped to
+   [min_factor, max_factor].
+4. No key has enough samples: factor 1.00 (the estimate).
+5. **OOM**: after an OOM of a job of exactly this key, the factor is at least the OOM's ratio
+   (`record.py`), above the clamp if need be: a figure below what killed the last run would
+   kill the next.
+6. Policy `raiseOnly`: a factor below 1.00 is read as 1.00.
+
+The factor is whole percent, rounded up, and the figure is the estimate x percent / 100
+rounded up to a byte: integers, so `vramgate plan` on a dump reproduces the operator exactly,
+and the one-line message's numbers multiply out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from controller.base.units import format_gib
+from controller.learning.keys import ANY, JobKey
+from controller.learning.record import Records
+from controller.learning.settings import LearningSettings, Policy
+
+
+class Source(StrEnum):
+    """Where a correction's factor came from."""
+
+    OFF = "Off"  # learning is off for this job or cluster
+    TOO_FEW = "TooFewSamples"  # no key of the job's ladder has min_samples yet
+    LEARNED = "Learned"
+    PINNED = "Pinned"
+    OUT_OF_MEMORY = "OutOfMemory"  # raised after a job like it died of OOM
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """The corrected figure and where it came from: what `status.estimate` adds beside the
+    estimator's own figure."""
+
+    estimate_bytes: int
+    per_gpu_bytes: int
+    factor_percent: int
+    source: Source
+    #: The key the factor came from (`JobKey.name`); None for OFF and TOO_FEW.
+    key: str | None
+    #: Samples of that key (TOO_FEW: of the finest key that has any).
+    samples: int
+    percentile: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "estimateBytes": self.estimate_bytes,
+            "perGpuBytes": self.per_gpu_bytes,
+            "factorPercent": self.factor_percent,
+            "source": self.source.value,
+            "key": self.key,
+            "samples": self.samples,
+            "percentile": self.percentile,
+            "message": self.message,
+        }
+
+
+def _percent(ratio: float) -> int:
+    """Whole percent, rounded up (a float's last bit never adds a percent)."""
+    return math.ceil(ratio * 100 - 1e-9)
+
+
+def _figure(estimate_bytes: int, percent: int) -> int:
+    return -(-estimate_bytes * percent // 100)
+
+
+def correct(
+    estimate_bytes: int,
+    key: JobKey,
+    records: Records,
+    settings: LearningSettings,
+    policy: Policy | None = None,
+) -> Correction:
+    """The job's per-GPU figure: `estimate_bytes` (the estimator's per-GPU figure at the NVML
+    level) corrected by what `records` hold for `key`'s ladder. `policy` is the job's own,
+    where it names one; else the cluster's (`settings.policy`)."""
+    if estimate_bytes <= 0:
+        raise ValueError("estimate bytes must be greater than 0")
+    policy = settings.policy if policy is None else policy
+    profile = key.profile if key.profile != ANY else "estimated"
+    head = f"{profile} {format_gib(estimate_bytes)}"
+    pct = settings.percentile
+
+    def made(percent: int, source: Source, used: str | None, samples: int, how: str) -> Correction:
+        figure = _figure(estimate_bytes, percent)
+        if source in (Source.OFF, Source.TOO_FEW):
+            message = f"{head} as estimated: {how}"
+        else:
+            message = f"{head} x {percent / 100:.2f} {how} = {format_gib(figure)} per GPU"
+        return Correction(estimate_bytes, figure, percent, source, used, samples, pct, message)
+
+    if policy is Policy.OFF:
+        return made(100, Source.OFF, None, 0, "learning is off")
+    ladder = key.ladder()
+    for rung in ladder:
+        record = records.get(rung.name)
+        if record is not None and record.pinned_percent is not None:
+            samples = record.histogram.samples
+            how = f"pinned by hand for {rung.describe()}"
+            return made(record.pinned_percent, Source.PINNED, rung.name, samples, how)
+
+    own = records.get(key.name)
+    oom = own.oom_factor_percent if own is not None else None
+    # The finest key with enough samples that still weigh something (a key whose samples all
+    # decayed away answers nothing, and the next coarser key does).
+    enough = [
+        records[r.name]
+        for r in ladder
+        if r.name in records
+        and records[r.name].histogram.samples >= settings.min_samples
+        and records[r.name].histogram.weights
+    ]
+    chosen = enough[0] if enough else None
+    learned: int | None = None
+    unclamped = 0
+    if chosen is not None:
+        ratio = chosen.histogram.percentile(pct / 100)
+        if ratio is not None:
+            unclamped = _percent(ratio * (100 + settings.margin_percent) / 100)
+            low, high = settings.min_factor_percent, settings.max_factor_percent
+            learned = min(max(unclamped, low), high)
+    floor = 100 if policy is Policy.RAISE_ONLY else 0
+
+    if own is not None and oom is not None and (learned is None or oom > learned):
+        how = "after a job like it ran out of GPU memory"
+        samples = own.histogram.samples
+        return made(max(oom, floor), Source.OUT_OF_MEMORY, key.name, samples, how)
+    if chosen is None or learned is None:
+        finest = next((records[r.name] for r in ladder if r.name in records), None)
+        have = finest.histogram.samples if finest is not None else 0
+        how = f"{have} jobs like it, {settings.min_samples} needed to learn"
+        return made(100, Source.TOO_FEW, None, have, how)
+    percent = max(learned, floor)
+    n = chosen.histogram.samples
+    notes = [f"p{pct}"]
+    if unclamped != learned:
+        notes.append(f"clamped from {unclamped / 100:.2f}")
+    if percent != learned:
+        notes.append(f"raiseOnly keeps {learned / 100:.2f} from lowering it")
+    how = f"learned from {n} jobs like it ({', '.join(notes)})"
+    return made(percent, Source.LEARNED, chosen.key.name, n, how)

@@ -1,0 +1,96 @@
+"""What makes two jobs alike enough to learn from each other, and the coarser kinds a job
+falls back to while its own kind has too few samples.
+
+A key names six things that decide how far a job's real peak strays from its prediction:
+
+    family       config.json's model_type (llama, qwen2, mistral ...)
+    method       Full, LoRA, QLoRA
+    parallelism  DDP, FSDP, DeviceMap
+    profile      the estimator profile that made the prediction (calibrated, analytic ...)
+    framework    the trainer (transformers, torchtune, trl ...)
+    image        the trainer image's digest, where the pod reports one
+
+**Fallback order** (`JobKey.ladder`), finest first; a job's correction comes from the first
+key with at least k samples:
+
+    1. family, method, parallelism, profile, framework, image
+    2. drop the image        (one trainer's versions mostly allocate alike)
+    3. drop the framework    (frameworks differ in loss and checkpointing, less than models)
+    4. drop the parallelism  (FSDP's gathers and DDP's buckets are in the estimate already)
+    5. drop the family       (what is left: one method under one profile)
+
+The profile and the method are never dropped. A ratio is relative to one profile's figure, so
+ratios of two profiles do not mix; and Full and LoRA jobs differ by the optimizer states of the
+whole model, the estimate's largest term, so one method's error says little of the other's.
+A field vramgate does not know (no image digest, a model read from a ConfigMap) is `ANY` from
+the start: those jobs share the coarser key rather than a key of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+#: A field left out of a key: any value matches.
+ANY = "*"
+#: The fields of a key, in the order its name writes them.
+FIELDS = ("family", "method", "parallelism", "profile", "framework", "image")
+#: What each fallback step drops, in order (see the module's docstring).
+DROP_ORDER = ("image", "framework", "parallelism", "family")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class JobKey:
+    """A kind of job. Plain strings: the wiring fills them from the job's spec and status,
+    so this package needs none of the API's types."""
+
+    family: str = ANY
+    method: str = ANY
+    parallelism: str = ANY
+    profile: str = ANY
+    framework: str = ANY
+    image: str = ANY
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or any(c in value for c in ",="):
+                raise ValueError(f"{f.name}: must be a string without ',' or '='")
+
+    @classmethod
+    def of(cls, **values: str | None) -> JobKey:
+        """A key from what is known: None or "" is `ANY`."""
+        unknown = set(values) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown key fields {sorted(unknown)}; use {', '.join(FIELDS)}")
+        return cls(**{k: (v if v else ANY) for k, v in values.items()})
+
+    def ladder(self) -> tuple[JobKey, ...]:
+        """This key and each coarser one, finest first, without repeats (a field already
+        `ANY` drops nothing)."""
+        keys = [self]
+        key = self
+        for name in DROP_ORDER:
+            key = replace(key, **{name: ANY})
+            if key != keys[-1]:
+                keys.append(key)
+        return tuple(keys)
+
+    @property
+    def name(self) -> str:
+        """The canonical name: `family=llama,method=LoRA,...,image=*`; what a store files the
+        key under, and what `parse` reads back."""
+        return ",".join(f"{f}={getattr(self, f)}" for f in FIELDS)
+
+    @classmethod
+    def parse(cls, name: str) -> JobKey:
+        pairs: Mapping[str, str] = dict(
+            part.split("=", 1) for part in name.split(",") if "=" in part
+        )
+        if set(pairs) != set(FIELDS):
+            raise ValueError(f"key {name!r}: must name {', '.join(FIELDS)}")
+        return cls(**pairs)
+
+    def describe(self) -> str:
+        """The fields it names, for people: `llama LoRA FSDP calibrated transformers`."""
+        return " ".join(v for v in (getattr(self, f) for f in FIELDS) if v != ANY) or "any job"

@@ -1,0 +1,152 @@
+"""What is kept per key, and how a job's outcome is filed: a steady peak or an OOM.
+
+**A steady job** (finished, or running past its first optimizer steps) files
+ratio = observed per-GPU peak / predicted per-GPU figure, both at the NVML level, under every
+key of its ladder (`JobKey.ladder`), so a coarse key learns from all the kinds below it.
+
+**A job that died of GPU OOM** never showed its peak; it needed more than it had. Its sample
+follows VPA's `RecordOOM` (vertical-pod-autoscaler/pkg/recommender/model/container.go): the
+memory it had is the larger of its reservation, the memory it could reach when it died
+(`available_bytes`: its reservation plus what was free beside it, or the whole GPU where it
+had one alone) and its observed peak; what it needs is that plus the larger of 20 % and
+100 MiB (`DefaultOOMBumpUpRatio`, `DefaultOOMMinBumpUp`). The sample is that need / the
+prediction, so it is never below capacity / prediction. Like VPA, the peak an OOM-killed job
+reached is not bumped on top of the bump, so repeated OOMs do not compound.
+
+An OOM also raises the job's own (finest) key at once: `oom_factor_percent` holds the OOM's
+ratio, and every correction of that key is at least that, whatever the percentile says or how
+few samples there are, until a later steady sample of the key clears it (the re-run that
+succeeded). Only the finest key is raised: an OOM of one trainer image says little of another.
+
+A **pinned** correction is a person's: set on a key by hand, it wins over everything learned
+(`correction.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from controller.learning.histogram import DecayingHistogram
+from controller.learning.keys import JobKey
+from controller.learning.settings import LearningSettings
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What one key learned: the status of one key's stored object."""
+
+    key: JobKey
+    histogram: DecayingHistogram = field(default_factory=DecayingHistogram)
+    #: After an OOM of a job of exactly this key: the least factor (percent) its next jobs get.
+    oom_factor_percent: int | None = None
+    #: A correction set by hand (percent), winning over the learned one; spec, not status.
+    pinned_percent: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key.name,
+            "histogram": self.histogram.to_dict(),
+            "oomFactorPercent": self.oom_factor_percent,
+            "pinnedPercent": self.pinned_percent,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KeyRecord:
+        for name in ("oomFactorPercent", "pinnedPercent"):
+            value = data.get(name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: must be a positive integer (percent) or absent")
+        return cls(
+            key=JobKey.parse(str(data.get("key", ""))),
+            histogram=DecayingHistogram.from_dict(data.get("histogram") or {}),
+            oom_factor_percent=data.get("oomFactorPercent"),
+            pinned_percent=data.get("pinnedPercent"),
+        )
+
+
+#: Every key's record, by `JobKey.name`.
+Records = Mapping[str, KeyRecord]
+
+
+def _record(records: Records, key: JobKey, settings: LearningSettings) -> KeyRecord:
+    found = records.get(key.name)
+    if found is not None:
+        return found
+    return KeyRecord(key, DecayingHistogram(half_life_seconds=settings.half_life_seconds))
+
+
+def _ratio(numerator: int, predicted_bytes: int) -> float:
+    if predicted_bytes <= 0:
+        raise ValueError("predicted bytes must be greater than 0")
+    if numerator <= 0:
+        raise ValueError("observed bytes must be greater than 0")
+    return numerator / predicted_bytes
+
+
+def record_steady(
+    records: Records,
+    key: JobKey,
+    observed_bytes: int,
+    predicted_bytes: int,
+    at: datetime,
+    settings: LearningSettings,
+) -> dict[str, KeyRecord]:
+    """The records a steady job changes (every key of its ladder), by key name: the caller
+    writes these and keeps the rest. Clears an OOM raise on the job's own key."""
+    ratio = _ratio(observed_bytes, predicted_bytes)
+    changed = {}
+    for rung in key.ladder():
+        record = _record(records, rung, settings)
+        record = replace(record, histogram=record.histogram.add(ratio, at))
+        if rung == key:
+            record = replace(record, oom_factor_percent=None)
+        changed[rung.name] = record
+    return changed
+
+
+def oom_need_bytes(
+    reserved_bytes: int, available_bytes: int, observed_bytes: int, settings: LearningSettings
+) -> int:
+    """What a job that died of OOM needs at least: VPA's `RecordOOM` rule (module docstring)."""
+    had = max(reserved_bytes, available_bytes, observed_bytes)
+    bumped = -(-had * settings.oom_bump_percent // 100)
+    return max(had + settings.oom_min_bump_bytes, bumped)
+
+
+def record_oom(
+    records: Records,
+    key: JobKey,
+    reserved_bytes: int,
+    available_bytes: int,
+    observed_bytes: int,
+    predicted_bytes: int,
+    at: datetime,
+    settings: LearningSettings,
+) -> dict[str, KeyRecord]:
+    """The records an OOM-killed job changes: its need as a sample under every key of its
+    ladder, and its own key raised to at least that need at once."""
+    need = oom_need_bytes(reserved_bytes, available_bytes, observed_bytes, settings)
+    ratio = _ratio(need, predicted_bytes)
+    raise_to = math.ceil(ratio * 100 - 1e-9)
+    changed = {}
+    for rung in key.ladder():
+        record = _record(records, rung, settings)
+        record = replace(record, histogram=record.histogram.add(ratio, at))
+        if rung == key:
+            before = record.oom_factor_percent or 0
+            record = replace(record, oom_factor_percent=max(before, raise_to))
+        changed[rung.name] = record
+    return changed
+
+
+def pin(
+    records: Records, key: JobKey, percent: int | None, settings: LearningSettings
+) -> KeyRecord:
+    """The key's record with a correction pinned by hand (None unpins it)."""
+    if percent is not None and percent < 1:
+        raise ValueError("pinnedPercent: must be a positive integer (percent)")
+    return replace(_record(records, key, settings), pinned_percent=percent)

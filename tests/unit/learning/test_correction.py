@@ -1,0 +1,202 @@
+"""Keys and their fallback, samples, and the correction a new job gets."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from controller.base.units import GIB, MIB
+from controller.learning import (
+    ANY,
+    JobKey,
+    KeyRecord,
+    LearningSettings,
+    Policy,
+    Records,
+    Source,
+    correct,
+    oom_need_bytes,
+    pin,
+    record_oom,
+    record_steady,
+)
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+SETTINGS = LearningSettings()
+ESTIMATE = 20 * GIB
+KEY = JobKey.of(
+    family="llama",
+    method="LoRA",
+    parallelism="FSDP",
+    profile="calibrated",
+    framework="trl",
+    image="sha256:aa",
+)
+
+
+def key_with(**changes: str) -> JobKey:
+    fields = {f: getattr(KEY, f) for f in ("family", "method", "parallelism", "profile")}
+    fields |= {"framework": KEY.framework, "image": KEY.image} | changes
+    return JobKey.of(**fields)
+
+
+def steady(records: Records, key: JobKey, ratios: list[float]) -> dict[str, KeyRecord]:
+    out = dict(records)
+    for i, ratio in enumerate(ratios):
+        at = T0 + timedelta(hours=i)
+        out |= record_steady(out, key, round(ESTIMATE * ratio), ESTIMATE, at, SETTINGS)
+    return out
+
+
+def test_ladder_drops_image_framework_parallelism_family_in_order() -> None:
+    names = [k.name for k in KEY.ladder()]
+    assert names == [
+        "family=llama,method=LoRA,parallelism=FSDP,profile=calibrated,framework=trl,image=sha256:aa",
+        "family=llama,method=LoRA,parallelism=FSDP,profile=calibrated,framework=trl,image=*",
+        "family=llama,method=LoRA,parallelism=FSDP,profile=calibrated,framework=*,image=*",
+        "family=llama,method=LoRA,parallelism=*,profile=calibrated,framework=*,image=*",
+        "family=*,method=LoRA,parallelism=*,profile=calibrated,framework=*,image=*",
+    ]
+    assert JobKey.parse(names[0]) == KEY
+    # An unknown image digest: the job starts at the image-less key.
+    assert key_with(image="").ladder() == KEY.ladder()[1:]
+    assert KEY.ladder()[-1].method == "LoRA" and KEY.ladder()[-1].family == ANY
+
+
+def test_fallback_chooses_the_finest_key_with_k_samples() -> None:
+    # Four jobs of this image at 0.70 and six of another image at 0.90: the image key has too
+    # few, the image-less key has ten, whose p95 is 0.90's bucket.
+    records = steady({}, KEY, [0.70] * 4)
+    records = steady(records, key_with(image="sha256:bb"), [0.90] * 6)
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert result.source is Source.LEARNED
+    assert result.key == KEY.ladder()[1].name
+    assert result.samples == 10
+    assert 0.90 * 1.05 <= result.factor_percent / 100 <= 0.90 * 1.05 * 1.06
+    # The fifth job of this image makes its own key the answer.
+    records = steady(records, KEY, [0.70])
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert result.key == KEY.name and result.samples == 5
+    assert result.factor_percent == pytest.approx(70 * 1.05, abs=5)
+    assert result.per_gpu_bytes == -(-ESTIMATE * result.factor_percent // 100)
+
+
+def test_too_few_samples_keep_the_estimate() -> None:
+    result = correct(ESTIMATE, KEY, steady({}, KEY, [0.7] * 4), SETTINGS)
+    assert (result.source, result.per_gpu_bytes, result.factor_percent) == (
+        Source.TOO_FEW,
+        ESTIMATE,
+        100,
+    )
+    assert result.message == "calibrated 20.00 GiB as estimated: 4 jobs like it, 5 needed to learn"
+
+
+def test_message_says_figure_factor_samples_and_percentile() -> None:
+    records = steady({}, KEY, [0.80] * 12)
+    result = correct(int(21.30 * GIB), KEY, records, SETTINGS)
+    factor = result.factor_percent / 100
+    figure = result.per_gpu_bytes / GIB
+    assert result.message == (
+        f"calibrated 21.30 GiB x {factor:.2f} learned from 12 jobs like it (p95) "
+        f"= {figure:.2f} GiB per GPU"
+    )
+    assert f"{21.30 * factor:.2f}" == f"{figure:.2f}"
+
+
+def test_raise_only_never_lowers() -> None:
+    records = steady({}, KEY, [0.70] * 8)
+    assert correct(ESTIMATE, KEY, records, SETTINGS).per_gpu_bytes < ESTIMATE
+    raise_only = correct(ESTIMATE, KEY, records, SETTINGS, policy=Policy.RAISE_ONLY)
+    assert (raise_only.factor_percent, raise_only.per_gpu_bytes) == (100, ESTIMATE)
+    assert "raiseOnly" in raise_only.message
+    higher = steady({}, KEY, [1.20] * 8)
+    assert correct(ESTIMATE, KEY, higher, SETTINGS, policy=Policy.RAISE_ONLY).factor_percent > 120
+
+
+def test_off_keeps_the_estimate() -> None:
+    records = steady({}, KEY, [0.70] * 8)
+    off = correct(ESTIMATE, KEY, records, LearningSettings(policy=Policy.OFF))
+    assert (off.source, off.per_gpu_bytes) == (Source.OFF, ESTIMATE)
+
+
+def test_factor_is_clamped() -> None:
+    low = correct(ESTIMATE, KEY, steady({}, KEY, [0.30] * 8), SETTINGS)
+    high = correct(ESTIMATE, KEY, steady({}, KEY, [2.50] * 8), SETTINGS)
+    assert (low.factor_percent, high.factor_percent) == (60, 150)
+    assert "clamped from" in low.message
+    narrow = LearningSettings(min_factor_percent=80, max_factor_percent=110)
+    assert correct(ESTIMATE, KEY, steady({}, KEY, [0.30] * 8), narrow).factor_percent == 80
+
+
+def test_oom_raises_the_rerun_at_once_until_a_success() -> None:
+    records = steady({}, KEY, [0.70] * 8)
+    before = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert before.factor_percent < 100
+    # Died with its reservation (0.75 x 20 GiB) and 2 GiB free beside it.
+    reserved = before.per_gpu_bytes
+    records |= record_oom(records, KEY, reserved, reserved + 2 * GIB, 0, ESTIMATE, T0, SETTINGS)
+    need = oom_need_bytes(reserved, reserved + 2 * GIB, 0, SETTINGS)
+    assert need == -(-(reserved + 2 * GIB) * 120 // 100)
+    rerun = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert rerun.per_gpu_bytes >= need > before.per_gpu_bytes
+    # A job of another image is not raised by it...
+    other = key_with(image="sha256:cc")
+    assert correct(ESTIMATE, other, records, SETTINGS).source is not Source.OUT_OF_MEMORY
+    # ... and the raise holds even with no samples at all, and past the clamp.
+    alone = record_oom({}, KEY, 30 * GIB, 30 * GIB, 0, ESTIMATE, T0, SETTINGS)
+    raised = correct(ESTIMATE, KEY, alone, SETTINGS)
+    assert (raised.source, raised.factor_percent) == (Source.OUT_OF_MEMORY, 180)
+    assert "after a job like it ran out of GPU memory" in raised.message
+    # The re-run succeeded: the raise goes, the histogram keeps the OOM's sample.
+    records |= record_steady(records, KEY, rerun.per_gpu_bytes, ESTIMATE, T0, SETTINGS)
+    after = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert after.source is Source.LEARNED
+    assert records[KEY.name].oom_factor_percent is None
+    assert records[KEY.name].histogram.samples == 10
+
+
+def test_oom_bump_is_at_least_100_mib() -> None:
+    assert oom_need_bytes(100 * MIB, 0, 0, SETTINGS) == 200 * MIB
+    assert oom_need_bytes(10 * GIB, 12 * GIB, 11 * GIB, SETTINGS) == -(-12 * GIB * 12 // 10)
+
+
+def test_pinned_correction_wins() -> None:
+    records = steady({}, KEY, [0.70] * 8)
+    records |= record_oom(records, KEY, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
+    coarse = KEY.ladder()[2]
+    records[coarse.name] = pin(records, coarse, 90, SETTINGS)
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert (result.source, result.factor_percent, result.key) == (Source.PINNED, 90, coarse.name)
+    assert "pinned by hand for llama LoRA FSDP calibrated" in result.message
+    # A pin on the finer key wins over the coarser one.
+    records[KEY.name] = pin(records, KEY, 130, SETTINGS)
+    assert correct(ESTIMATE, KEY, records, SETTINGS).factor_percent == 130
+
+
+def test_records_round_trip_as_json() -> None:
+    records = steady({}, KEY, [0.7, 0.8, 0.9])
+    records |= record_oom(records, KEY, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
+    records[KEY.name] = pin(records, KEY, 95, SETTINGS)
+    for record in records.values():
+        assert KeyRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert json.loads(json.dumps(result.to_dict()))["factorPercent"] == 95
+
+
+def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"learning\.percentile"):
+        LearningSettings(percentile=0)
+    with pytest.raises(ValueError, match=r"learning\.maxFactorPercent"):
+        LearningSettings(max_factor_percent=90)
+
+
+def test_a_key_whose_samples_weigh_nothing_gives_way_to_a_coarser_one() -> None:
+    records = steady({}, key_with(image="sha256:bb"), [0.80] * 6)
+    stored = records[KEY.ladder()[1].name].to_dict()
+    stored["histogram"]["bucketWeights"] = {}  # six samples, all decayed away
+    records[KEY.ladder()[1].name] = KeyRecord.from_dict(stored)
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert result.source is Source.LEARNED
+    assert result.key == KEY.ladder()[2].name
