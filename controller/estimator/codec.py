@@ -156,6 +156,7 @@ _DECODERS: dict[str, Callable[[object, str], Any]] = {
     "moments": _pairs,
     "fsdp_moments": _pairs,
     "traced_per_gpu": _traced,
+    "traced_allocated": _traced,
     "reserve_share": _share,
     "fsdp_reserve_share": _share,
     "ddp_reserve_share": _share,

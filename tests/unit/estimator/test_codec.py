@@ -27,6 +27,7 @@ FULL = Estimate(
     fsdp_moments=((5, 6),),
     ddp_bytes=9,
     traced_per_gpu=(("fsdp", 8, 12_345_678_901),),
+    traced_allocated=(("fsdp", 8, 10_987_654_321),),
     comm_bytes=268_435_456,
     reserve_share=(3, 100),
     fsdp_reserve_share=(5, 100),
@@ -49,6 +50,7 @@ def test_an_estimate_round_trips_exactly_with_its_types() -> None:
     assert isinstance(back.margin, Fraction) and back.margin == Fraction(11433, 8042)
     assert type(back.moments) is tuple and type(back.moments[0]) is tuple
     assert back.traced_per_gpu == (("fsdp", 8, 12_345_678_901),)
+    assert back.traced_allocated == (("fsdp", 8, 10_987_654_321),)
     assert list(back.components) == list(FULL.components), "the components' order is kept"
     for gpus in (1, 2, 8):
         for parallelism in Parallelism:
