@@ -481,6 +481,12 @@ def _run_types(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     counts = {reading: sum(r.reading is reading for r in rows) for reading in Reading}
     console.print(", ".join(f"{n} {reading}" for reading, n in counts.items()))
+    if extra:  # listed from transformers' mappings, not built: say what that leaves open
+        console.print(
+            "generic: read from the model transformers builds from the job's config; a type "
+            "whose modelling code needs a package not installed (timm, Pillow) is refused "
+            "then, in one line"
+        )
     return 0
 
 

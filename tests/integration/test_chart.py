@@ -239,6 +239,12 @@ def test_with_the_trace_image_only_the_operator_runs_it() -> None:
     pinned = ("--set", f"image.digest={plain}", "--set", f"image.traceDigest={trace}")
     assert images("--set", "image.trace=true", *pinned) == (f"{repo}@{trace}", f"{repo}@{plain}")
     assert images(*pinned) == (f"{repo}@{plain}", f"{repo}@{plain}")  # trace off: unused
+    # A trace holds most of a GiB beside the operator: the trace image runs with more.
+    for trace, limit in (("false", "1Gi"), ("true", "2560Mi")):
+        (operator,) = one(render("--set", f"image.trace={trace}"), "Deployment")["spec"][
+            "template"
+        ]["spec"]["containers"]
+        assert operator["resources"]["limits"]["memory"] == limit
 
 
 def test_the_notes_warn_of_a_prometheus_rule_without_the_monitoring_api() -> None:
