@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +31,10 @@ from controller.base.units import format_gib
 from controller.learning.keys import ANY, JobKey
 from controller.learning.record import Records
 from controller.learning.settings import LearningSettings, Policy
+
+#: The share of `min_samples` whose weight must be left at `now` for a key to answer: k
+#: samples within about a half-life (each then weighs at least 1/2).
+RECENT_WEIGHT_SHARE = 0.5
 
 
 class Source(StrEnum):
@@ -86,10 +91,16 @@ def correct(
     records: Records,
     settings: LearningSettings,
     policy: Policy | None = None,
+    now: datetime | None = None,
 ) -> Correction:
     """The job's per-GPU figure: `estimate_bytes` (the estimator's per-GPU figure at the NVML
     level) corrected by what `records` hold for `key`'s ladder. `policy` is the job's own,
-    where it names one; else the cluster's (`settings.policy`)."""
+    where it names one; else the cluster's (`settings.policy`).
+
+    A key answers once it has `min_samples` samples and, at `now`, at least
+    `RECENT_WEIGHT_SHARE` of their weight left: five jobs of last winter and one of today are
+    one job's evidence, not five (VPA, likewise, weighs a histogram's samples by age before it
+    trusts it). Without `now` the count alone decides."""
     if estimate_bytes <= 0:
         raise ValueError("estimate bytes must be greater than 0")
     policy = settings.policy if policy is None else policy
@@ -108,15 +119,20 @@ def correct(
     if policy is Policy.OFF:
         return made(100, Source.OFF, None, 0, "learning is off")
     ladder = key.ladder()
+    own = records.get(key.name)
+    oom = own.oom_factor_percent if own is not None else None
     for rung in ladder:
         record = records.get(rung.name)
         if record is not None and record.pinned_percent is not None:
             samples = record.histogram.samples
             how = f"pinned by hand for {rung.describe()}"
+            if oom is not None and oom > record.pinned_percent:
+                # the pin ran a job like it out of memory: its re-run is raised at once
+                how += f", raised from {record.pinned_percent / 100:.2f} after an OOM"
+                return made(oom, Source.OUT_OF_MEMORY, key.name, samples, how)
             return made(record.pinned_percent, Source.PINNED, rung.name, samples, how)
 
-    own = records.get(key.name)
-    oom = own.oom_factor_percent if own is not None else None
+    floor = 100 if policy is Policy.RAISE_ONLY else 0
     # The finest key with enough samples that still weigh something (a key whose samples all
     # decayed away answers nothing, and the next coarser key does).
     enough = [
@@ -125,6 +141,11 @@ def correct(
         if r.name in records
         and records[r.name].histogram.samples >= settings.min_samples
         and records[r.name].histogram.weights
+        and (
+            now is None
+            or records[r.name].histogram.weight_at(now)
+            >= settings.min_samples * RECENT_WEIGHT_SHARE
+        )
     ]
     chosen = enough[0] if enough else None
     learned: int | None = None
@@ -135,7 +156,6 @@ def correct(
             unclamped = _percent(ratio * (100 + settings.margin_percent) / 100)
             low, high = settings.min_factor_percent, settings.max_factor_percent
             learned = min(max(unclamped, low), high)
-    floor = 100 if policy is Policy.RAISE_ONLY else 0
 
     if own is not None and oom is not None and (learned is None or oom > learned):
         how = "after a job like it ran out of GPU memory"

@@ -16,7 +16,8 @@ reached is not bumped on top of the bump, so repeated OOMs do not compound.
 An OOM also raises the job's own (finest) key at once: `oom_factor_percent` holds the OOM's
 ratio, and every correction of that key is at least that, whatever the percentile says or how
 few samples there are, until a later steady sample of the key clears it (the re-run that
-succeeded). Only the finest key is raised: an OOM of one trainer image says little of another.
+succeeded). Only the finest key is raised, and only it files the OOM's sample: an OOM of one
+trainer image says little of another, and its need is a bound, not a measurement.
 
 A **pinned** correction is a person's: set on a key by hand, it wins over everything learned
 (`correction.py`).
@@ -127,20 +128,21 @@ def record_oom(
     at: datetime,
     settings: LearningSettings,
 ) -> dict[str, KeyRecord]:
-    """The records an OOM-killed job changes: its need as a sample under every key of its
-    ladder, and its own key raised to at least that need at once."""
+    """The record an OOM-killed job changes: its own key's, with its need as a sample and
+    raised to at least that need at once. The coarser keys of its ladder are left alone: the
+    need is a bound (capacity x 1.2), not a measurement, and one image's OOM filed under a
+    family-wide key would lift every job of that family to the clamp."""
     need = oom_need_bytes(reserved_bytes, available_bytes, observed_bytes, settings)
     ratio = _ratio(need, predicted_bytes)
     raise_to = math.ceil(ratio * 100 - 1e-9)
-    changed = {}
-    for rung in key.ladder():
-        record = _record(records, rung, settings)
-        record = replace(record, histogram=record.histogram.add(ratio, at))
-        if rung == key:
-            before = record.oom_factor_percent or 0
-            record = replace(record, oom_factor_percent=max(before, raise_to))
-        changed[rung.name] = record
-    return changed
+    record = _record(records, key, settings)
+    before = record.oom_factor_percent or 0
+    record = replace(
+        record,
+        histogram=record.histogram.add(ratio, at),
+        oom_factor_percent=max(before, raise_to),
+    )
+    return {key.name: record}
 
 
 def pin(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -162,9 +163,8 @@ def test_oom_bump_is_at_least_100_mib() -> None:
     assert oom_need_bytes(10 * GIB, 12 * GIB, 11 * GIB, SETTINGS) == -(-12 * GIB * 12 // 10)
 
 
-def test_pinned_correction_wins() -> None:
+def test_pinned_correction_wins_over_what_was_learned() -> None:
     records = steady({}, KEY, [0.70] * 8)
-    records |= record_oom(records, KEY, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
     coarse = KEY.ladder()[2]
     records[coarse.name] = pin(records, coarse, 90, SETTINGS)
     result = correct(ESTIMATE, KEY, records, SETTINGS)
@@ -175,14 +175,46 @@ def test_pinned_correction_wins() -> None:
     assert correct(ESTIMATE, KEY, records, SETTINGS).factor_percent == 130
 
 
+def test_an_oom_under_a_pin_raises_the_rerun_above_it() -> None:
+    records = steady({}, KEY, [0.70] * 8)
+    coarse = KEY.ladder()[2]
+    records[coarse.name] = pin(records, coarse, 90, SETTINGS)
+    records |= record_oom(records, KEY, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
+    result = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert (result.source, result.factor_percent) == (Source.OUT_OF_MEMORY, 120)
+    assert "raised from 0.90 after an OOM" in result.message
+
+
+def test_an_oom_files_its_bound_under_its_own_key_only() -> None:
+    records = steady({}, KEY, [1.0] * 8)
+    other = key_with(image="sha256:bb")  # the same family and method, another image
+    before = correct(ESTIMATE, other, records, SETTINGS).factor_percent
+    changed = record_oom(records, KEY, ESTIMATE, 4 * ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
+    assert set(changed) == {KEY.name}
+    records |= changed
+    assert correct(ESTIMATE, other, records, SETTINGS).factor_percent == before
+
+
+def test_samples_that_decayed_away_do_not_count_towards_k() -> None:
+    old = steady({}, KEY, [1.0] * 4)  # at T0
+    records = {
+        name: replace(r, histogram=r.histogram.add(0.5, T0 + timedelta(days=150)))
+        for name, r in old.items()
+    }
+    now = T0 + timedelta(days=150)
+    assert correct(ESTIMATE, KEY, records, SETTINGS).source is Source.LEARNED  # count alone
+    result = correct(ESTIMATE, KEY, records, SETTINGS, now=now)
+    assert result.source is Source.TOO_FEW and result.factor_percent == 100
+
+
 def test_records_round_trip_as_json() -> None:
     records = steady({}, KEY, [0.7, 0.8, 0.9])
     records |= record_oom(records, KEY, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
-    records[KEY.name] = pin(records, KEY, 95, SETTINGS)
+    records[KEY.name] = pin(records, KEY, 125, SETTINGS)
     for record in records.values():
         assert KeyRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
     result = correct(ESTIMATE, KEY, records, SETTINGS)
-    assert json.loads(json.dumps(result.to_dict()))["factorPercent"] == 95
+    assert json.loads(json.dumps(result.to_dict()))["factorPercent"] == 125
 
 
 def test_bad_settings_name_the_field() -> None:
