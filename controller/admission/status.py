@@ -154,8 +154,7 @@ def admitted_estimate(
         generation,
         now,
     )
-    desired = {"estimate": estimate, "conditions": conditions}
-    return StatusUpdate({key: value for key, value in desired.items() if status.get(key) != value})
+    return StatusUpdate(_patch(status, {"estimate": estimate, "conditions": conditions}))
 
 
 def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate) -> str:
@@ -314,8 +313,57 @@ def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _update(status: Mapping[str, Any], desired: dict[str, Any], event: Event) -> StatusUpdate:
-    patch = {key: value for key, value in desired.items() if status.get(key) != value}
+    patch = _patch(status, desired)
     return StatusUpdate(patch, event if patch else None)
+
+
+#: The keys of `status.estimate` that keep a traced estimate for reuse (`Stored`), nothing
+#: anyone reads: an API server whose CRD predates them prunes them from every write.
+STORED_KEYS = frozenset({"digest", "traced"})
+
+
+def _patch(status: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that takes `status` to `desired` at each of its keys, for the keys that
+    differ. Status is written as a JSON merge patch, which keeps what the patch leaves out:
+    a nested key the status has and `desired` lacks (a traced job's `estimate.digest`, once
+    the job is edited to a formula profile) is deleted with an explicit null, else it stays
+    and every later pass would write the same status again."""
+    return {
+        key: _with_deletions(status.get(key), value)
+        for key, value in desired.items()
+        if not same(key, status.get(key), value)
+    }
+
+
+def same(key: str, current: Any, desired: Any) -> bool:
+    """Whether status key `key` holds `desired` already: a null and an absent key are the same
+    (a merge patch's null deletes), and an estimate that lacks every `STORED_KEYS` is the same
+    as one that has them (the API server pruned them: writing again would loop, and without
+    them the next operator only traces again)."""
+    current, desired = _no_nulls(current), _no_nulls(desired)
+    if (
+        key == "estimate"
+        and isinstance(current, dict)
+        and isinstance(desired, dict)
+        and not STORED_KEYS & current.keys()
+    ):
+        desired = {k: v for k, v in desired.items() if k not in STORED_KEYS}
+    return bool(current == desired)
+
+
+def _no_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def _with_deletions(current: Any, desired: Any) -> Any:
+    """`desired` as a merge patch over `current`: nested keys only `current` has are null."""
+    if not isinstance(desired, Mapping) or not isinstance(current, Mapping):
+        return desired
+    out = {key: _with_deletions(current.get(key), value) for key, value in desired.items()}
+    out.update({key: None for key in current if key not in desired})
+    return out
 
 
 def one_line(text: str) -> str:

@@ -23,6 +23,7 @@ from tests.unit.builders.admission import (
     run,
     status_after,
     write_for,
+    written,
 )
 
 TRACE = {"estimator": {"profile": "Trace"}}
@@ -103,3 +104,51 @@ def test_a_formula_estimate_keeps_no_digest() -> None:
     job = ftj("f")
     status = status_after(run(cluster(job, gpus={"n1": [80]})), "ns/f")
     assert "digest" not in status["estimate"] and "traced" not in status["estimate"]
+
+
+def traced_job(name: str = "t") -> tuple[dict[str, Any], Estimated]:
+    """A Trace job with no template (estimated, never admitted) whose traced estimate is in
+    its status, and that estimate (a formula estimate stands in for the trace)."""
+    job = ftj(name, template=None, **TRACE)
+    plan, _ = translate(dict(job["spec"]))
+    assert plan is not None
+    est = estimate_plan(plan)
+    done = Estimated(
+        1, plan=plan, estimate=est, stored=status_rules.Stored(DIGEST, codec.encode(est))
+    )
+    job = written(job, run(cluster(job), estimates={f"ns/{name}": done}))
+    assert job["status"]["estimate"]["digest"] == DIGEST
+    return job, done
+
+
+def test_a_traced_job_edited_to_a_formula_profile_drops_its_digest_in_one_write() -> None:
+    """Status is a merge patch: without an explicit null the digest and the trace stayed, and
+    every pass wrote the same status (and posted an Event) again."""
+    job, _ = traced_job()
+    edited = ftj("t", template=None, generation=2)
+    edited["status"] = job["status"]
+    first = run(cluster(edited), estimates={"ns/t": estimated(edited)})
+    patch = write_for(first, "ns/t").patch
+    assert patch["estimate"]["digest"] is None and patch["estimate"]["traced"] is None
+    edited = written(edited, first)
+    assert "digest" not in edited["status"]["estimate"]
+    assert "traced" not in edited["status"]["estimate"]
+    for seconds in (10, 20):
+        later = run(
+            cluster(edited),
+            estimates={"ns/t": estimated(edited)},
+            now=NOW + timedelta(seconds=seconds),
+        )
+        assert later.writes == [], "written again"
+
+
+def test_a_status_whose_stored_trace_the_api_server_pruned_is_not_written_again() -> None:
+    """An older CRD without `digest` and `traced` prunes them from every write: comparing the
+    estimate with them would write on every pass."""
+    job, done = traced_job()
+    estimate = job["status"]["estimate"]
+    pruned = {k: v for k, v in estimate.items() if k not in ("digest", "traced")}
+    job["status"] = {**job["status"], "estimate": pruned}
+    for seconds in (0, 10):
+        out = run(cluster(job), estimates={"ns/t": done}, now=NOW + timedelta(seconds=seconds))
+        assert out.writes == []
