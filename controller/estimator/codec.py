@@ -82,8 +82,10 @@ def _no_float(text: str) -> Any:
 
 
 def _int(value: object, where: str) -> int:
-    if type(value) is not int or not -MAX_INT <= value <= MAX_INT:  # bool is no byte count
-        raise CodecError(f"{where}: not an integer")
+    # Every integer of an estimate is a count of bytes, parameters, ranks or a share's terms:
+    # never negative (a negative component would lower the total that admission reserves).
+    if type(value) is not int or not 0 <= value <= MAX_INT:  # bool is no byte count
+        raise CodecError(f"{where}: not an integer from 0 to {MAX_INT}")
     return value
 
 
@@ -127,8 +129,8 @@ def _components(value: object, where: str) -> dict[str, int]:
 
 def _fraction(value: object, where: str) -> Fraction:
     numerator, denominator = _ints(value, 2, where)
-    if denominator <= 0:
-        raise CodecError(f"{where}: the denominator must be positive")
+    if numerator <= 0 or denominator <= 0:  # a zero margin would reserve nothing
+        raise CodecError(f"{where}: not a positive fraction")
     return Fraction(numerator, denominator)
 
 
