@@ -59,11 +59,19 @@ class Stored:
 @dataclass(frozen=True)
 class Tracing:
     """A trace under way for a job: since `started`, expected to take `about_s` seconds,
-    the median of this operator's last `measured` traces (0: none yet, a default)."""
+    the median of this operator's last `measured` traces (0: none yet, a default), once the
+    `ahead` traces queued before it on the operator's `workers` trace workers have run."""
 
     started: datetime
     about_s: float
     measured: int = 0
+    ahead: int = 0
+    workers: int = 1
+
+    @property
+    def rounds(self) -> int:
+        """How many traces' time the job waits: those ahead, `workers` at once, then its own."""
+        return self.ahead // max(1, self.workers) + 1
 
 
 def estimate_status(
@@ -182,15 +190,21 @@ def tracing(
     traced, for about how long and since when; Admitted Unknown for the same reason (until
     admission first decides). A Normal Event, once: the message stays the same until the
     trace ends, so later passes write nothing."""
-    message = f"tracing one training step of {plan.model} {_traced_spread(plan)}: " + (
-        f"about {max(1, round(trace.about_s))} s ("
-        + (
-            f"the median of this operator's last {trace.measured} trace"
-            + ("s" if trace.measured > 1 else "")
-            if trace.measured
-            else "a default: no trace has ended here yet"
-        )
-        + f"), started {trace.started.astimezone(UTC).strftime('%H:%M:%SZ')}"
+    each = max(1, round(trace.about_s))
+    basis = (
+        f"the median of this operator's last {trace.measured} trace"
+        + ("s" if trace.measured > 1 else "")
+        if trace.measured
+        else "a default: no trace has ended here yet"
+    )
+    if trace.ahead:  # queued: it waits for those ahead (`trace_workers` at once)
+        queue = f"{trace.ahead} trace{'s' if trace.ahead > 1 else ''} ahead: "
+        about = f"about {trace.rounds * each} s ({trace.rounds} x {each} s, {basis})"
+    else:
+        queue, about = "", f"about {each} s ({basis})"
+    message = (
+        f"tracing one training step of {plan.model} {_traced_spread(plan)}: {queue}{about}, "
+        f"started {trace.started.astimezone(UTC).strftime('%H:%M:%SZ')}"
     )
     conditions = cond.set_condition(
         _conditions(status),

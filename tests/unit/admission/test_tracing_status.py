@@ -31,10 +31,12 @@ STARTED = NOW - timedelta(seconds=5)
 DIGEST = "ab" * 32
 
 
-def tracing(job: dict[str, Any], about_s: float = 41.6, measured: int = 3) -> Estimated:
+def tracing(
+    job: dict[str, Any], about_s: float = 41.6, measured: int = 3, ahead: int = 0, workers: int = 1
+) -> Estimated:
     plan, errors = translate(dict(job["spec"]))
     assert plan is not None, errors
-    trace = status_rules.Tracing(STARTED, about_s, measured)
+    trace = status_rules.Tracing(STARTED, about_s, measured, ahead, workers)
     return Estimated(job["metadata"]["generation"], plan=plan, tracing=trace)
 
 
@@ -74,6 +76,22 @@ def test_before_any_trace_ended_the_expectation_says_it_is_a_default() -> None:
     assert message == (
         "tracing one training step of llama-3.1-8b at world size 2 (FSDP): about 10 s "
         "(a default: no trace has ended here yet), started 11:59:55Z"
+    )
+
+
+def test_a_queued_trace_is_expected_after_those_ahead_of_it() -> None:
+    job = ftj("t", **TRACE)
+    out = run(cluster(job, gpus={"n1": [80]}), estimates={"ns/t": tracing(job, 40.0, 2, 3)})
+    message = condition(status_after(out, "ns/t"), cond.ESTIMATED)["message"]
+    assert message == (
+        "tracing one training step of llama-3.1-8b on one GPU: 3 traces ahead: about 160 s "
+        "(4 x 40 s, the median of this operator's last 2 traces), started 11:59:55Z"
+    )
+    # Two trace workers: three ahead run in two rounds, then this one.
+    two = run(cluster(job, gpus={"n1": [80]}), estimates={"ns/t": tracing(job, 40.0, 2, 3, 2)})
+    assert (
+        "3 traces ahead: about 80 s (2 x 40 s,"
+        in condition(status_after(two, "ns/t"), cond.ESTIMATED)["message"]
     )
 
 

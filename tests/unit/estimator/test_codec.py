@@ -122,5 +122,17 @@ def test_anything_but_what_encode_wrote_is_refused_with_a_codec_error(payload: o
         codec.decode(payload)
 
 
+def test_what_made_an_estimate_travels_with_it() -> None:
+    text = codec.encode(FULL, "torch 2.15.0; transformers 5.25.0")
+    assert codec.decode(text) == FULL
+    assert codec.made_by(text) == "torch 2.15.0; transformers 5.25.0"
+    assert codec.made_by(codec.encode(FULL)) is None
+    for by in (None, 3, "x" * (codec.MAX_BY + 1)):
+        with pytest.raises(codec.CodecError):
+            codec.decode(_edited(by=by))
+    with pytest.raises(codec.CodecError):
+        codec.made_by("{")
+
+
 def test_the_codec_error_is_a_value_error() -> None:
     assert issubclass(codec.CodecError, ValueError)
