@@ -308,7 +308,11 @@ class _Draft:
         self.status["conditions"] = conditions
 
     def write(self, last: datetime | None, now: datetime, refresh: timedelta) -> StatusWrite | None:
-        patch = {key: value for key, value in self.status.items() if self.current.get(key) != value}
+        patch = {
+            key: value
+            for key, value in self.status.items()
+            if not status_rules.same(key, self.current.get(key), value)
+        }
         patch.update({key: None for key in self.current if key not in self.status})
         if not patch:
             return None

@@ -59,11 +59,19 @@ class Stored:
 @dataclass(frozen=True)
 class Tracing:
     """A trace under way for a job: since `started`, expected to take `about_s` seconds,
-    the median of this operator's last `measured` traces (0: none yet, a default)."""
+    the median of this operator's last `measured` traces (0: none yet, a default), once the
+    `ahead` traces queued before it on the operator's `workers` trace workers have run."""
 
     started: datetime
     about_s: float
     measured: int = 0
+    ahead: int = 0
+    workers: int = 1
+
+    @property
+    def rounds(self) -> int:
+        """How many traces' time the job waits: those ahead, `workers` at once, then its own."""
+        return self.ahead // max(1, self.workers) + 1
 
 
 def estimate_status(
@@ -154,8 +162,7 @@ def admitted_estimate(
         generation,
         now,
     )
-    desired = {"estimate": estimate, "conditions": conditions}
-    return StatusUpdate({key: value for key, value in desired.items() if status.get(key) != value})
+    return StatusUpdate(_patch(status, {"estimate": estimate, "conditions": conditions}))
 
 
 def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate) -> str:
@@ -183,15 +190,21 @@ def tracing(
     traced, for about how long and since when; Admitted Unknown for the same reason (until
     admission first decides). A Normal Event, once: the message stays the same until the
     trace ends, so later passes write nothing."""
-    message = f"tracing one training step of {plan.model} {_traced_spread(plan)}: " + (
-        f"about {max(1, round(trace.about_s))} s ("
-        + (
-            f"the median of this operator's last {trace.measured} trace"
-            + ("s" if trace.measured > 1 else "")
-            if trace.measured
-            else "a default: no trace has ended here yet"
-        )
-        + f"), started {trace.started.astimezone(UTC).strftime('%H:%M:%SZ')}"
+    each = max(1, round(trace.about_s))
+    basis = (
+        f"the median of this operator's last {trace.measured} trace"
+        + ("s" if trace.measured > 1 else "")
+        if trace.measured
+        else "a default: no trace has ended here yet"
+    )
+    if trace.ahead:  # queued: it waits for those ahead (`trace_workers` at once)
+        queue = f"{trace.ahead} trace{'s' if trace.ahead > 1 else ''} ahead: "
+        about = f"about {trace.rounds * each} s ({trace.rounds} x {each} s, {basis})"
+    else:
+        queue, about = "", f"about {each} s ({basis})"
+    message = (
+        f"tracing one training step of {plan.model} {_traced_spread(plan)}: {queue}{about}, "
+        f"started {trace.started.astimezone(UTC).strftime('%H:%M:%SZ')}"
     )
     conditions = cond.set_condition(
         _conditions(status),
@@ -314,8 +327,57 @@ def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _update(status: Mapping[str, Any], desired: dict[str, Any], event: Event) -> StatusUpdate:
-    patch = {key: value for key, value in desired.items() if status.get(key) != value}
+    patch = _patch(status, desired)
     return StatusUpdate(patch, event if patch else None)
+
+
+#: The keys of `status.estimate` that keep a traced estimate for reuse (`Stored`), nothing
+#: anyone reads: an API server whose CRD predates them prunes them from every write.
+STORED_KEYS = frozenset({"digest", "traced"})
+
+
+def _patch(status: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that takes `status` to `desired` at each of its keys, for the keys that
+    differ. Status is written as a JSON merge patch, which keeps what the patch leaves out:
+    a nested key the status has and `desired` lacks (a traced job's `estimate.digest`, once
+    the job is edited to a formula profile) is deleted with an explicit null, else it stays
+    and every later pass would write the same status again."""
+    return {
+        key: _with_deletions(status.get(key), value)
+        for key, value in desired.items()
+        if not same(key, status.get(key), value)
+    }
+
+
+def same(key: str, current: Any, desired: Any) -> bool:
+    """Whether status key `key` holds `desired` already: a null and an absent key are the same
+    (a merge patch's null deletes), and an estimate that lacks every `STORED_KEYS` is the same
+    as one that has them (the API server pruned them: writing again would loop, and without
+    them the next operator only traces again)."""
+    current, desired = _no_nulls(current), _no_nulls(desired)
+    if (
+        key == "estimate"
+        and isinstance(current, dict)
+        and isinstance(desired, dict)
+        and not STORED_KEYS & current.keys()
+    ):
+        desired = {k: v for k, v in desired.items() if k not in STORED_KEYS}
+    return bool(current == desired)
+
+
+def _no_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def _with_deletions(current: Any, desired: Any) -> Any:
+    """`desired` as a merge patch over `current`: nested keys only `current` has are null."""
+    if not isinstance(desired, Mapping) or not isinstance(current, Mapping):
+        return desired
+    out = {key: _with_deletions(current.get(key), value) for key, value in desired.items()}
+    out.update({key: None for key in current if key not in desired})
+    return out
 
 
 def one_line(text: str) -> str:

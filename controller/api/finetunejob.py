@@ -492,16 +492,17 @@ class EstimateStatus(ApiModel):
         max_length=64,
         pattern=r"^[0-9a-f]{64}$",
         description="digest is the sha256 (hex) of what a traced estimate was computed from: "
-        "the spec's fields that change it, the model config read from its ConfigMap, and the "
-        "versions of vramgate and the trace's libraries. Set with traced; while it matches, "
-        "no operator replica traces the job again.",
+        "the spec's fields that change it, the model config read from its ConfigMap, and "
+        "vramgate's version with a hash of its estimator's code. Set with traced; while it "
+        "matches, no operator replica traces the job again.",
     )
     traced: str | None = Field(
         default=None,
         max_length=ESTIMATE_RECORD_MAX_LENGTH,
         description="traced is the traced estimate itself, as vramgate reads it back "
-        "(versioned JSON text): present for profile Trace only. A value that does not read "
-        "back (edited, or written by another version) is ignored and the job traced again.",
+        "(versioned JSON text, with the trace libraries' versions): present for profile "
+        "Trace only. A value that does not read back (edited, or written by another version) "
+        "is ignored and the job traced again, as by an operator whose trace libraries differ.",
     )
 
 

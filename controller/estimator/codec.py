@@ -8,9 +8,11 @@ what `encode` of this version writes raises `CodecError` (a ValueError), never a
 else, and the caller computes the estimate again.
 
 The text is a JSON object: `v` (the version), then each field of `Estimate` by name, in the
-dataclass's order. Integers stay integers (bytes are exact), `margin` is `[numerator,
-denominator]` (a Fraction, never a float), tuples are arrays, `components` an object whose
-key order is the estimate's own (JSON text keeps it; a total is a sum in that order).
+dataclass's order, then optionally `by`: what made the estimate beyond vramgate's own code
+(the trace libraries' versions), read with `made_by`. Integers stay integers (bytes are
+exact), `margin` is `[numerator, denominator]` (a Fraction, never a float), tuples are
+arrays, `components` an object whose key order is the estimate's own (JSON text keeps it;
+a total is a sum in that order).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ MAX_NAME = 64
 #: Integers beyond this are no byte count of any GPU (2^63: a signed 64-bit integer, as
 #: Kubernetes' own int64 fields).
 MAX_INT = 2**63 - 1
+#: The longest `by` read: three libraries' names and versions are well under 100 characters.
+MAX_BY = 256
 
 _FIELDS = tuple(f.name for f in fields(Estimate))
 
@@ -44,8 +48,9 @@ class CodecError(ValueError):
     """The payload is not an estimate this version of vramgate wrote."""
 
 
-def encode(est: Estimate) -> str:
-    """`est` as compact JSON text (`decode` gives back an equal Estimate)."""
+def encode(est: Estimate, made_by: str | None = None) -> str:
+    """`est` as compact JSON text (`decode` gives back an equal Estimate), with `made_by`
+    (`made_by` gives it back) where given."""
     out: dict[str, Any] = {"v": VERSION}
     for name in _FIELDS:
         value = getattr(est, name)
@@ -55,11 +60,25 @@ def encode(est: Estimate) -> str:
             out[name] = [list(item) if isinstance(item, tuple) else item for item in value]
         else:
             out[name] = value
+    if made_by is not None:
+        out["by"] = made_by
     return json.dumps(out, separators=(",", ":"))
 
 
 def decode(text: object) -> Estimate:
     """The Estimate `encode` wrote as `text`; CodecError for anything else."""
+    data = _read(text)
+    return Estimate(**{name: _DECODERS[name](data[name], name) for name in _FIELDS})
+
+
+def made_by(text: object) -> str | None:
+    """The `made_by` that `encode` wrote into `text` (None: none); CodecError where `text`
+    is not what `encode` wrote."""
+    by = _read(text).get("by")
+    return None if by is None else str(by)
+
+
+def _read(text: object) -> dict[str, Any]:
     if not isinstance(text, str) or len(text) > MAX_TEXT:
         raise CodecError(f"not a string of at most {MAX_TEXT} characters")
     try:
@@ -70,11 +89,14 @@ def decode(text: object) -> Estimate:
         raise CodecError("not a JSON object")
     if data.get("v") != VERSION or isinstance(data.get("v"), bool):
         raise CodecError(f"version {data.get('v')!r}, not {VERSION}")
-    names = set(data) - {"v"}
+    names = set(data) - {"v", "by"}
     if names != set(_FIELDS):
         missing, extra = sorted(set(_FIELDS) - names), sorted(names - set(_FIELDS))
         raise CodecError(f"fields missing {missing}, unknown {extra}")
-    return Estimate(**{name: _DECODERS[name](data[name], name) for name in _FIELDS})
+    by = data.get("by", "")
+    if not isinstance(by, str) or len(by) > MAX_BY:
+        raise CodecError(f"by: not a string of at most {MAX_BY} characters")
+    return data
 
 
 def _no_float(text: str) -> Any:
@@ -82,8 +104,10 @@ def _no_float(text: str) -> Any:
 
 
 def _int(value: object, where: str) -> int:
-    if type(value) is not int or not -MAX_INT <= value <= MAX_INT:  # bool is no byte count
-        raise CodecError(f"{where}: not an integer")
+    # Every integer of an estimate is a count of bytes, parameters, ranks or a share's terms:
+    # never negative (a negative component would lower the total that admission reserves).
+    if type(value) is not int or not 0 <= value <= MAX_INT:  # bool is no byte count
+        raise CodecError(f"{where}: not an integer from 0 to {MAX_INT}")
     return value
 
 
@@ -127,8 +151,8 @@ def _components(value: object, where: str) -> dict[str, int]:
 
 def _fraction(value: object, where: str) -> Fraction:
     numerator, denominator = _ints(value, 2, where)
-    if denominator <= 0:
-        raise CodecError(f"{where}: the denominator must be positive")
+    if numerator <= 0 or denominator <= 0:  # a zero margin would reserve nothing
+        raise CodecError(f"{where}: not a positive fraction")
     return Fraction(numerator, denominator)
 
 

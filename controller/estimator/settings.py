@@ -209,6 +209,13 @@ MAX_BATCH = 1_000_000
 #: The most GPUs one job may run on (`spec.resources.gpus`, `vramgate estimate --gpus`): far
 #: above any single job today, low enough to keep the packing search bounded.
 MAX_GPUS = 4096
+#: The most GPUs of a job estimated with profile Trace (`spec.resources.gpus`): one rank is
+#: traced at the job's world size in the operator's own process, and its time grows with the
+#: world size (Llama-3.2-1B Full under FSDP, one CPU process: 19 s at 8 ranks, 226 s at
+#: 4,096), so one job could hold a trace worker for minutes. 1,024 ranks is 128 nodes of 8
+#: GPUs, past any fine-tune a cluster of this operator admits; a bigger job can use a
+#: formula profile.
+MAX_TRACE_GPUS = 1024
 
 #: Module names PEFT can save in full beside the adapter (`modules_to_save`).
 SAVABLE_MODULES = ("embed_tokens", "lm_head")

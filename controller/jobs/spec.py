@@ -49,6 +49,7 @@ from controller.api.finetunejob import (
 )
 from controller.estimator import (
     MAX_GPUS,
+    MAX_TRACE_GPUS,
     PATHS,
     Attention,
     Checkpointing,
@@ -245,6 +246,15 @@ def translate(
     model_name, shape = _model(spec, objects, config_map_config, errors, generic)
     settings = _settings(objects, shape, errors)
     placement = _placement(spec, objects, errors)
+    traced = settings is not None and settings.profile is Profile.TRACE
+    if traced and placement["gpus"] > MAX_TRACE_GPUS:  # a refused count's stand-in is 1
+        errors.append(
+            SpecError(
+                "spec.resources.gpus",
+                f"must be less than or equal to {MAX_TRACE_GPUS} with profile Trace (one rank "
+                f"is traced at the job's world size), got {placement['gpus']}",
+            )
+        )
 
     if errors or settings is None or model_name is None:
         return None, _in_spec_order(errors)

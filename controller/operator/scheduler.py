@@ -10,10 +10,15 @@ admission state, one pass at a time, so two decisions never race for the same fr
    spec; a pass never waits for an estimate, the estimate's arrival wakes the next one. A
    traced estimate (profile Trace: seconds to a minute) runs on workers of its own, at most
    `trace_workers` at once, so formula estimates (milliseconds) never queue behind one; its
-   job shows `Estimated=False, Tracing` meanwhile. What a trace found is kept in the job's
-   status (`status.estimate.digest` and `.traced`) and read back, while the digest of its
-   spec and model config matches, instead of tracing again: after a restart, on a new
-   leader, on a second replica.
+   job shows `Estimated=False, Tracing` meanwhile (with the traces queued ahead of it). What
+   a trace found, or why it failed for good, is kept by digest (`estimate_digest`: the
+   fields of the spec an estimate depends on, the model config and the estimator's code), so
+   jobs that differ in anything else share one trace and a ConfigMap read again to the same
+   config traces nothing. It is kept in the job's status too (`status.estimate.digest` and
+   `.traced`) and read back, while the digest matches, instead of tracing again: after a
+   restart, on a new leader, on a second replica. A queued trace whose jobs were deleted or
+   edited meanwhile is skipped; a trace whose job's ConfigMap changed while it ran is not
+   published: the job is estimated again from the new config.
 3. **Decide** with the pure pass (`admission.admission_pass`) in a worker thread.
 4. **Persist** status writes concurrently; an admission's write carries the job's
    resourceVersion, so a decision made on a stale snapshot fails (409) and is forgotten.
@@ -47,23 +52,22 @@ import hashlib
 import json
 import logging
 import statistics
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from importlib import metadata
 from typing import Any, cast
 
 import kopf
 
-from controller import __version__
 from controller.admission import admission_pass as admission
 from controller.admission import observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import finished, parse_time, reservation, snapshot
-from controller.admission.failures import failure_of
+from controller.admission.failures import Failure, failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.api import conditions as cond
 from controller.base.backoff import Backoff
@@ -81,6 +85,7 @@ from controller.jobs.spec import (
 )
 from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
 from controller.operator.caches import Caches, slim_job
+from controller.operator.identity import estimate_identity, trace_libraries
 from controller.operator.leader import Leader
 from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
 from controller.operator.settings import DEFAULTS
@@ -91,6 +96,9 @@ log = logging.getLogger("vramgate.scheduler")
 
 #: How many cached estimates are kept, by spec: 1,000 jobs of one spec cost one estimate.
 ESTIMATE_CACHE_SIZE = 4096
+#: How many traces' outcomes are kept, by digest (an estimate, ~2 KiB, or a failure): far more
+#: distinct traced estimates than a cluster waits on at once.
+TRACE_CACHE_SIZE = 512
 #: A job's Tracing condition expects its trace to take the median of the last this many.
 TRACE_SECONDS_KEPT = 5
 #: ... and this before any trace has ended here: a Llama-3.1-8B LoRA trace took 8.6 s in a
@@ -154,8 +162,19 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._estimator = ThreadPoolExecutor(options.estimate_workers, "vramgate-estimate")
         self._tracer = ThreadPoolExecutor(options.trace_workers, "vramgate-trace")
-        #: Traces under way, by digest: two jobs of one spec and model share one trace.
+        #: Traces queued or under way, by digest: two jobs of one estimate share one trace;
+        #: in the order they were queued (how many are ahead of a new one).
         self._traces: dict[str, asyncio.Future[Estimate]] = {}
+        #: digest -> the jobs (key, uid, generation) waiting for that trace: when its turn
+        #: comes it runs only if one of them is still current (`_current`).
+        self._waiting: dict[str, set[tuple[str, str, int]]] = {}
+        #: job key -> (uid, generation) as the last pass saw it: a job deleted or edited since
+        #: its trace was queued no longer wants it. Read from the trace workers.
+        self._current: dict[str, tuple[str, int]] = {}
+        #: What traces found, by digest: an estimate and how status keeps it, or the failure
+        #: of a trace that fails for good (a ConfigMap job must not trace it again every
+        #: configmap_retry_s). Written from the trace workers: under `_cache_lock`.
+        self._by_digest: dict[str, tuple[Estimate, status_rules.Stored] | Failure] = {}
         #: The last traces' seconds: what a job's Tracing condition expects of its own.
         self._trace_seconds: deque[float] = deque(maxlen=TRACE_SECONDS_KEPT)
         #: What estimates depend on besides the spec and the model (`estimate_identity`).
@@ -163,6 +182,9 @@ class Scheduler:
         #: Whether this operator can trace (the trace extra is installed); a traced estimate
         #: kept in status is read back either way.
         self._can_trace = trace_extra_installed()
+        #: The trace libraries' versions, kept with each traced estimate: an operator that can
+        #: trace reads back only what libraries of its versions traced.
+        self._libraries = trace_libraries()
         self._writer = ThreadPoolExecutor(options.write_workers, "vramgate-write")
         self._creator = ThreadPoolExecutor(options.create_workers, "vramgate-create")
         # Its own thread: a pass must not queue behind a trace estimate.
@@ -172,6 +194,8 @@ class Scheduler:
         self._estimating: set[tuple[str, str, int]] = set()
         self._retry_at: dict[str, float] = {}
         self._by_spec: dict[str, tuple[JobPlan, Estimate, status_rules.Stored | None]] = {}
+        #: `_by_spec` and `_by_digest` are written from worker threads of two pools.
+        self._cache_lock = threading.Lock()
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
@@ -411,6 +435,10 @@ class Scheduler:
             del self._estimates[key]
         for key in [k for k in self._retry_at if k not in jobs]:
             del self._retry_at[key]
+        self._current = {
+            key: (_uid(job), int((job.get("metadata") or {}).get("generation") or 0))
+            for key, job in jobs.items()
+        }
         for key, job in jobs.items():
             meta = job.get("metadata") or {}
             uid, generation = str(meta.get("uid")), int(meta.get("generation") or 0)
@@ -422,8 +450,8 @@ class Scheduler:
             )
             # A model in a ConfigMap can change under the same spec: while the job waits (and
             # is not suspended), its ConfigMap is read again every configmap_retry_s (an
-            # unchanged one hits the estimate cache), so a fixed config ends an InvalidSpec and
-            # a changed one is not admitted on its old estimate.
+            # unchanged one hits the estimate caches, a trace's failure included), so a fixed
+            # config ends an InvalidSpec and a changed one is not admitted on its old estimate.
             spec = job.get("spec") or {}
             recheck = config_map_ref(spec) is not None and not spec.get("suspend")
             if (
@@ -441,18 +469,33 @@ class Scheduler:
 
     async def _estimate(self, key: str, uid: str, generation: int, job: Mapping[str, Any]) -> None:
         loop = asyncio.get_running_loop()
+        self._current.setdefault(key, (uid, generation))
         try:
             found = await loop.run_in_executor(self._estimator, self._estimate_now, job)
-            if isinstance(found, _ToTrace):
+            while isinstance(found, _ToTrace):
                 # Said on the job while it runs (the pass writes Tracing); decided once traced.
                 about, measured = self._trace_expectation()
-                tracing = status_rules.Tracing(self.now(), about, measured)
+                tracing = status_rules.Tracing(
+                    self.now(), about, measured, self._ahead(found.digest),
+                    self.options.trace_workers,
+                )  # fmt: skip
                 self._estimates[key] = admission.Estimated(
                     generation, plan=found.plan, tracing=tracing
                 )
                 self._estimate_uid[key] = uid
                 self.wake()
-                found = await self._traced(found)
+                traced = await self._traced(found, (key, uid, generation))
+                if config_map_ref(job.get("spec") or {}) is None:
+                    found = traced
+                    break
+                # Its ConfigMap may have changed while it traced: read it again; unchanged, the
+                # trace just kept is found by digest, changed, the new config is estimated.
+                found = await loop.run_in_executor(self._estimator, self._estimate_now, job)
+                if isinstance(found, _ToTrace):
+                    log.info("[%s] its ConfigMap changed during the trace; estimating again", key)
+        except _Unwanted:  # deleted or edited while its trace was queued: nothing to record
+            log.info("[%s] its trace was skipped: the job was deleted or changed", key)
+            return
         except Exception as error:  # every failure is recorded on the job
             failure = failure_of(error, temporary_retry_s=self.options.configmap_retry_s)
             if failure.is_bug:
@@ -493,7 +536,13 @@ class Scheduler:
             raise SpecErrors(errors)
         if needs_trace(plan):
             digest = estimate_digest(spec, config, self._identity)
-            reused = _from_status(job, digest, plan)
+            outcome = self._by_digest.get(digest)
+            if isinstance(outcome, Failure):  # it failed for good: the same input fails again
+                return admission.Estimated(0, failure=outcome)
+            if outcome is not None:  # traced for another job of the same estimate
+                self._keep(cache_key, plan, *outcome)
+                return admission.Estimated(0, plan=plan, estimate=outcome[0], stored=outcome[1])
+            reused = _from_status(job, digest, plan, self._libraries if self._can_trace else None)
             if reused is None:
                 if not self._can_trace:  # ProfileUnavailable now, not a Tracing that ends so
                     estimate_plan(plan)
@@ -512,28 +561,77 @@ class Scheduler:
     def _keep(
         self, cache_key: str, plan: JobPlan, est: Estimate, stored: status_rules.Stored | None
     ) -> None:
-        if len(self._by_spec) >= ESTIMATE_CACHE_SIZE:
-            self._by_spec.pop(next(iter(self._by_spec)))
-        self._by_spec[cache_key] = (plan, est, stored)
+        with self._cache_lock:  # from the estimate and the trace workers both
+            if len(self._by_spec) >= ESTIMATE_CACHE_SIZE:
+                self._by_spec.pop(next(iter(self._by_spec)), None)
+            self._by_spec[cache_key] = (plan, est, stored)
 
-    async def _traced(self, todo: _ToTrace) -> admission.Estimated:
+    def _keep_trace(
+        self, digest: str, outcome: tuple[Estimate, status_rules.Stored] | Failure
+    ) -> None:
+        with self._cache_lock:
+            if len(self._by_digest) >= TRACE_CACHE_SIZE:
+                self._by_digest.pop(next(iter(self._by_digest)), None)
+            self._by_digest[digest] = outcome
+
+    def _ahead(self, digest: str) -> int:
+        """How many traces are queued or running before the trace of `digest` (all of those
+        under way where it is not queued yet)."""
+        order = list(self._traces)
+        return order.index(digest) if digest in order else len(order)
+
+    async def _traced(self, todo: _ToTrace, waiter: tuple[str, str, int]) -> admission.Estimated:
         """Trace `todo` on the trace workers (or wait for the trace of its digest already
-        under way), and keep what it found."""
+        queued), for the job `waiter` (key, uid, generation), and keep what it found."""
+        self._waiting.setdefault(todo.digest, set()).add(waiter)
         running = self._traces.get(todo.digest)
         if running is None:
             loop = asyncio.get_running_loop()
-            running = loop.run_in_executor(self._tracer, self._trace_now, todo.plan)
+            running = loop.run_in_executor(self._tracer, self._trace_now, todo)
+
+            def done(_: object) -> None:
+                self._traces.pop(todo.digest, None)
+                self._waiting.pop(todo.digest, None)
+
             self._traces[todo.digest] = running
-            running.add_done_callback(lambda _: self._traces.pop(todo.digest, None))
-        est = await asyncio.shield(running)
-        stored = status_rules.Stored(todo.digest, codec.encode(est))
+            running.add_done_callback(done)
+        try:
+            est = await asyncio.shield(running)
+        except _Unwanted:
+            key, uid, generation = waiter
+            if self._current.get(key) != (uid, generation):
+                raise
+            # It joined a trace that was skipped as it did: queue its own.
+            return await self._traced(todo, waiter)
+        stored = status_rules.Stored(todo.digest, codec.encode(est, self._libraries))
         self._keep(todo.cache_key, todo.plan, est, stored)
         return admission.Estimated(0, plan=todo.plan, estimate=est, stored=stored)
 
-    def _trace_now(self, plan: JobPlan) -> Estimate:
-        """In a trace worker: the traced estimate, timed (the next jobs' Tracing says it)."""
+    def _wanted(self, digest: str) -> bool:
+        """Whether a job waiting for the trace of `digest` is still at the uid and generation
+        it was when it asked (`_current`, as the last pass saw the jobs)."""
+        waiting = list(self._waiting.get(digest, ()))
+        current = self._current
+        return any(current.get(key) == (uid, generation) for key, uid, generation in waiting)
+
+    def _trace_now(self, todo: _ToTrace) -> Estimate:
+        """In a trace worker, when the trace's turn comes: the traced estimate, timed (the
+        next jobs' Tracing says it), kept by digest with a failure for good; skipped
+        (`_Unwanted`) when no job wants it any more."""
+        if not self._wanted(todo.digest):
+            raise _Unwanted(todo.digest)
+        plan = todo.plan
         started = time.perf_counter()
-        est = estimate_plan(plan)
+        try:
+            est = estimate_plan(plan)
+        except Exception as error:
+            failure = failure_of(error, temporary_retry_s=self.options.configmap_retry_s)
+            if failure.retry_s is None:  # the same input fails the same way
+                self._keep_trace(todo.digest, failure)
+            raise
+        self._keep_trace(
+            todo.digest, (est, status_rules.Stored(todo.digest, codec.encode(est, self._libraries)))
+        )
         seconds = time.perf_counter() - started
         self._trace_seconds.append(seconds)
         self.metrics.observe_estimate(est.profile, seconds)
@@ -822,6 +920,10 @@ class NameTaken(Exception):
         )
 
 
+class _Unwanted(Exception):
+    """A queued trace whose jobs were all deleted or edited before its turn came."""
+
+
 @dataclass(frozen=True)
 class _ToTrace:
     """A job whose estimate is to be traced: its plan, the digest of what the estimate is
@@ -832,25 +934,15 @@ class _ToTrace:
     cache_key: str
 
 
-def estimate_identity() -> str:
-    """What computes an estimate besides the spec and the model: vramgate's version (its
-    estimator, its presets), the codec's, and the trace's libraries' (transformers' model
-    code is what the trace runs). A digest includes it, so an upgrade traces again."""
-    parts = [f"vramgate {__version__}", f"codec {codec.VERSION}"]
-    for name in ("torch", "transformers", "peft"):
-        try:
-            parts.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{name} none")
-    return "; ".join(parts)
-
-
 def _from_status(
-    job: Mapping[str, Any], digest: str, plan: JobPlan
+    job: Mapping[str, Any], digest: str, plan: JobPlan, libraries: str | None = None
 ) -> tuple[Estimate, status_rules.Stored] | None:
     """The traced estimate the job's status keeps, if it was computed from what `digest`
-    says; None (traced again) for anything else: no estimate, another digest (the spec or
-    its ConfigMap changed), a payload that does not read back (edited, another version)."""
+    says (and, where `libraries` is given, traced with those trace libraries' versions);
+    None (traced again) for anything else: no estimate, another digest (the spec, its
+    ConfigMap or the estimator changed), a payload that does not read back (edited, another
+    version), other libraries. An operator that cannot trace passes no `libraries`: what an
+    operator with them traced is the best estimate it can have."""
     estimate = (job.get("status") or {}).get("estimate")
     if not isinstance(estimate, Mapping) or estimate.get("digest") != digest:
         return None
@@ -864,6 +956,11 @@ def _from_status(
     if est.profile != plan.settings.profile.value:
         log.warning("[%s] status.estimate.traced is of profile %s; tracing again",
                     _key(job), est.profile)  # fmt: skip
+        return None
+    made_by = codec.made_by(text)
+    if libraries is not None and made_by != libraries:
+        log.info("[%s] status.estimate.traced was traced with %s, not %s; tracing again",
+                 _key(job), made_by, libraries)  # fmt: skip
         return None
     return est, status_rules.Stored(digest, str(text))
 

@@ -101,6 +101,15 @@ def _edited(**changes: object) -> str:
         _edited(traced_per_gpu=[["fsdp", 8]]),
         _edited(traced_per_gpu=[[8, 8, 8]]),
         _edited(reserve_share=[1, -2]),
+        # Counts and bytes are never negative, and a margin of zero would reserve nothing.
+        _edited(components={"weights": -1, "activations": 3_000_000_001}),
+        _edited(total_params=-1),
+        _edited(sharded_bytes=-(2**30)),
+        _edited(moments=[[1, -2]]),
+        _edited(traced_per_gpu=[["fsdp", 8, -1]]),
+        _edited(reserve_share=[-3, 100]),
+        _edited(margin=[0, 1]),
+        _edited(margin=[-1, 2]),
         _edited(profile=""),
         _edited(unknown=1),
         json.dumps({k: v for k, v in json.loads(codec.encode(FULL)).items() if k != "margin"}),
@@ -111,6 +120,18 @@ def _edited(**changes: object) -> str:
 def test_anything_but_what_encode_wrote_is_refused_with_a_codec_error(payload: object) -> None:
     with pytest.raises(codec.CodecError):
         codec.decode(payload)
+
+
+def test_what_made_an_estimate_travels_with_it() -> None:
+    text = codec.encode(FULL, "torch 2.15.0; transformers 5.25.0")
+    assert codec.decode(text) == FULL
+    assert codec.made_by(text) == "torch 2.15.0; transformers 5.25.0"
+    assert codec.made_by(codec.encode(FULL)) is None
+    for by in (None, 3, "x" * (codec.MAX_BY + 1)):
+        with pytest.raises(codec.CodecError):
+            codec.decode(_edited(by=by))
+    with pytest.raises(codec.CodecError):
+        codec.made_by("{")
 
 
 def test_the_codec_error_is_a_value_error() -> None:

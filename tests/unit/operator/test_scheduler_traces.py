@@ -26,6 +26,7 @@ from controller.estimator import Estimate, codec
 from controller.jobs.spec import estimate_digest, needs_trace, translate
 from controller.kube import Kube
 from controller.operator import scheduler
+from controller.operator.identity import trace_libraries
 from controller.operator.scheduler import (
     DEFAULT_TRACE_S,
     Scheduler,
@@ -175,7 +176,7 @@ def stored_status(spec: dict[str, Any], traced: str) -> dict[str, Any]:
 def test_a_traced_estimate_in_status_is_read_back_not_traced_again(
     sched: Scheduler, trace: FakeTrace
 ) -> None:
-    text = codec.encode(TRACED)
+    text = codec.encode(TRACED, trace_libraries())
     found = estimate(sched, job(TRACE, status=stored_status(TRACE, text)))
     assert trace.threads == [], "not traced"
     assert found.estimate == TRACED
@@ -265,3 +266,241 @@ def test_without_the_trace_extra_a_trace_job_is_refused_at_once_but_read_back(
         sched._estimate_now(job(TRACE))
     found = sched._estimate_now(job(TRACE, status=stored_status(TRACE, codec.encode(TRACED))))
     assert isinstance(found, Estimated) and found.estimate == TRACED
+
+
+# -- one trace per digest, failures included ---------------------------------------------------
+
+
+def test_jobs_that_differ_only_outside_the_digest_share_one_finished_trace(
+    sched: Scheduler, trace: FakeTrace
+) -> None:
+    """The second job comes after the first's trace ended: its pod template, priority and
+    suspension are no part of the estimate, so the trace kept by digest answers it."""
+    first = {**TRACE, "template": {"metadata": {"labels": {"run": "a"}}}}
+    second = {**TRACE, "template": {"metadata": {"labels": {"run": "b"}}}, "priority": 3}
+    assert digest_of(first) == digest_of(second)
+    estimate(sched, job(first, "a"))
+    found = estimate(sched, job(second, "b"))
+    assert len(trace.threads) == 1, "traced again for the same digest"
+    assert found.estimate == TRACED and found.stored is not None
+    assert found.stored.digest == digest_of(second)
+
+
+CONFIG_MAP_SPEC = {
+    "model": {"configMapRef": {"name": "m", "key": "config.json"}},
+    "method": "LoRA",
+    "lora": {"rank": 8},
+    "estimator": {"profile": "Trace"},
+}
+
+
+def config_map_job() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": copy.deepcopy(CONFIG_MAP_SPEC),
+    }
+
+
+def llama_config() -> dict[str, Any]:
+    from controller.estimator.presets import load_preset
+
+    return dict(load_preset("llama-3.2-1b").config)
+
+
+async def settle(sched: Scheduler) -> None:
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        if not sched._estimating:
+            return
+    raise AssertionError("the estimate never ended")
+
+
+def test_a_trace_that_fails_for_good_is_not_traced_again_on_each_config_map_recheck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It flipped Tracing <-> InvalidSpec (an Event each) every configmap_retry_s; now the
+    failure is kept by digest, and only a changed config is traced again."""
+    from controller.base.clock import FakeClock
+    from controller.trace.build import TraceUnsupported
+
+    config = llama_config()
+    monkeypatch.setattr(scheduler, "read_model_config", lambda core, ns, ref: dict(config))
+    traces: list[int] = []
+
+    def failing(plan: Any) -> Estimate:
+        assert needs_trace(plan)
+        traces.append(len(plan.shape.layers) if plan.shape else 0)
+        raise TraceUnsupported("spec.lora: refused")
+
+    monkeypatch.setattr(scheduler, "estimate_plan", failing)
+    clock = FakeClock()
+    sched = Scheduler(cast(Kube, SimpleNamespace(core=None)), SchedulerOptions(), clock=clock)
+    body = config_map_job()
+    seen: list[str | None] = []
+
+    async def go() -> None:
+        for _ in range(4):
+            sched._start_estimates({"ns/j": body})
+            await asyncio.sleep(0.02)
+            now = sched._estimates.get("ns/j")
+            seen.append("Tracing" if now and now.tracing else None)
+            await settle(sched)
+            failure = sched._estimates["ns/j"].failure
+            assert failure is not None and failure.reason == cond.REASON_INVALID_SPEC
+            clock.advance(sched.options.configmap_retry_s + 1)
+        config["num_hidden_layers"] = 8  # the ConfigMap changed: its trace is another one
+        sched._start_estimates({"ns/j": body})
+        await settle(sched)
+
+    try:
+        asyncio.run(go())
+    finally:
+        asyncio.run(sched.close())
+    assert len(traces) == 2, traces
+    assert seen[1:] == [None] * 3, "Tracing again on a recheck"
+
+
+def test_a_trace_whose_config_map_changed_meanwhile_is_not_published(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job is estimated again from the new config, not admitted on the old one's trace."""
+    config = llama_config()
+    monkeypatch.setattr(scheduler, "read_model_config", lambda core, ns, ref: dict(config))
+    layers: list[int] = []
+    other = Estimate("trace", {"weights": 1_000}, 1, 0, 1_000, 0)
+
+    def traced(plan: Any) -> Estimate:
+        layers.append(len(plan.shape.layers))
+        if len(layers) == 1:
+            config["num_hidden_layers"] = 8  # edited while the first trace runs
+            return TRACED
+        return other
+
+    monkeypatch.setattr(scheduler, "estimate_plan", traced)
+    found = estimate(sched, config_map_job())
+    assert layers == [16, 8]
+    assert found.estimate == other, "the stale trace was published"
+    assert found.stored is not None
+    assert found.stored.digest == estimate_digest(CONFIG_MAP_SPEC, config, estimate_identity())
+
+
+# -- the queue ----------------------------------------------------------------------------------
+
+
+def test_queued_traces_of_deleted_or_edited_jobs_are_skipped_and_the_queue_is_expected(
+    sched: Scheduler, trace: FakeTrace
+) -> None:
+    trace.release.clear()
+    sched._trace_seconds.append(30.0)
+    specs = {f"j{rank}": {**TRACE, "lora": {"rank": rank}} for rank in (8, 16, 32, 64)}
+    bodies = {name: job(spec, name) for name, spec in specs.items()}
+
+    async def go() -> None:
+        sched._start_estimates({f"ns/{n}": b for n, b in bodies.items()})
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if all(sched._estimates.get(f"ns/{n}") for n in bodies) and trace.threads:
+                break
+        last = sched._estimates["ns/j64"].tracing
+        assert last is not None and last.ahead == 3 and last.rounds == 4
+        # j16 deleted, j32 edited (generation 2), while queued behind j8's trace.
+        edited = copy.deepcopy(bodies["j32"])
+        edited["metadata"]["generation"] = 2
+        sched._start_estimates({"ns/j8": bodies["j8"], "ns/j32": edited, "ns/j64": bodies["j64"]})
+        trace.release.set()
+        await settle(sched)
+
+    asyncio.run(go())
+    # j8, j64 and j32's new generation (its own trace, of the same digest as its old one).
+    assert len(trace.threads) == 3, trace.threads
+    assert sched._estimates["ns/j64"].estimate == TRACED
+    assert sched._estimates["ns/j32"].generation == 2
+    assert "ns/j16" not in sched._estimates
+
+
+def test_a_trace_world_size_beyond_the_cap_is_an_invalid_spec() -> None:
+    from controller.estimator import MAX_TRACE_GPUS
+
+    big = {**TRACE, "method": "Full", "parallelism": "FSDP"}
+    big["resources"] = {"gpus": MAX_TRACE_GPUS + 1}
+    plan, errors = translate(big)
+    assert plan is None
+    assert [e.field for e in errors] == ["spec.resources.gpus"]
+    assert str(MAX_TRACE_GPUS) in str(errors[0]) and "Trace" in str(errors[0])
+    at_cap = {**big, "resources": {"gpus": MAX_TRACE_GPUS}}
+    assert translate(at_cap)[0] is not None
+    formula = {k: v for k, v in big.items() if k != "estimator"}
+    assert translate(formula)[0] is not None, "the formula profiles keep MAX_GPUS"
+
+
+# -- what identifies the estimator --------------------------------------------------------------
+
+
+def test_an_operator_without_the_trace_extra_reads_back_a_stored_trace(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digest holds no library version; the libraries the trace ran with travel in the
+    payload and are compared only by an operator that can trace."""
+    text = codec.encode(TRACED, "torch 9.9; transformers 99.0; peft 9.9")
+
+    def no_trace(plan: Any) -> Any:
+        raise ProfileUnavailable("trace needs the `trace` extra")
+
+    monkeypatch.setattr(scheduler, "estimate_plan", no_trace)
+    monkeypatch.setattr(sched, "_can_trace", False)
+    monkeypatch.setattr(sched, "_libraries", "torch none; transformers none; peft none")
+    found = sched._estimate_now(job(TRACE, status=stored_status(TRACE, text)))
+    assert isinstance(found, Estimated) and found.estimate == TRACED
+
+
+def test_an_operator_with_other_trace_libraries_traces_again(
+    sched: Scheduler, trace: FakeTrace
+) -> None:
+    text = codec.encode(TRACED, "torch 1.0; transformers 1.0; peft 0.1")
+    found = estimate(sched, job(TRACE, status=stored_status(TRACE, text)))
+    assert len(trace.threads) == 1 and found.estimate == TRACED
+    assert found.stored is not None
+    assert codec.made_by(found.stored.traced) == trace_libraries()
+
+
+def test_the_estimator_identity_changes_with_its_code_and_data(tmp_path: Any) -> None:
+    from controller.operator import identity
+
+    for folder in identity.CODE_FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("X = 1\n")
+    (tmp_path / "estimator" / "table.json").write_text("{}")
+    base = identity.code_digest(tmp_path)
+    assert base == identity.code_digest(tmp_path)
+    (tmp_path / "estimator" / "table.json").write_text('{"a": 1}')
+    assert identity.code_digest(tmp_path) != base, "a data file"
+    changed = identity.code_digest(tmp_path)
+    (tmp_path / "trace" / "a.py").write_text("X = 2\n")
+    assert identity.code_digest(tmp_path) != changed, "the trace's code"
+    assert identity.CODE_DIGEST in estimate_identity()
+
+
+# -- the estimate cache --------------------------------------------------------------------------
+
+
+def test_the_estimate_cache_is_bounded_and_safe_from_several_threads(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduler, "ESTIMATE_CACHE_SIZE", 2)
+    plan, _ = translate(FORMULA)
+    assert plan is not None
+    errors: list[BaseException] = []
+
+    def keep(thread: int) -> None:
+        try:
+            for i in range(3000):
+                sched._keep(f"{thread}-{i}", plan, TRACED, None)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=keep, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(sched._by_spec) <= 2
