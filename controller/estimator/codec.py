@@ -37,7 +37,8 @@ MAX_NAME = 64
 #: Kubernetes' own int64 fields).
 MAX_INT = 2**63 - 1
 
-_FIELDS = tuple(f.name for f in fields(Estimate))
+#: Every field but admission's `correction_percent`: a stored estimate is the estimator's own.
+_FIELDS = tuple(f.name for f in fields(Estimate) if f.name != "correction_percent")
 
 
 class CodecError(ValueError):
