@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.admission import observed
+from controller.admission import learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import (
     ClusterObjects,
@@ -59,6 +59,7 @@ from controller.decision import (
 )
 from controller.estimator import Estimate
 from controller.jobs.spec import JobPlan
+from controller.learning import Correction, KeyRecord, LearningSettings
 from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
 from controller.workload import (
@@ -121,6 +122,10 @@ class PassInput:
     created: Mapping[str, str] = field(default_factory=dict)
     #: Workloads the API server refused for good, by job key.
     refused: Mapping[str, Refused] = field(default_factory=dict)
+    #: What admission learned, by key name (`learned.records` of the LearnedCorrections),
+    #: and how it corrects a waiting job's per-GPU figure.
+    learned: Mapping[str, KeyRecord] = field(default_factory=dict)
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,6 +599,15 @@ def _observe(
         draft.urgent = True
     if ended is not None:
         status = draft.status
+        taught = learned.sample(
+            status,
+            ended,
+            learned.job_key(draft.job, status.get("estimate") or {}),
+            observed.highest(peaks.values()),
+            inp.now,
+        )
+        if taught is not None and "learnedSample" not in status:
+            status["learnedSample"] = taught
         draft.recorded = Recorded(
             finished=ended,
             peak_bytes=observed.highest(peaks.values()),
@@ -644,13 +658,30 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
         )
         return None
     assert found.plan is not None and found.estimate is not None
+    plan, est = found.plan, found.estimate
+    corrected = _correction(inp, draft.job, plan, est, plan.gpus)
     draft.apply(
         status_rules.estimated(
-            found.plan, found.estimate, generation, draft.status, inp.now, found.stored
+            plan, est, generation, draft.status, inp.now, found.stored,
+            learned.correction_status(corrected),
         )
-    )
+    )  # fmt: skip
     ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
-    return job_request(draft.job, found.plan, found.estimate, ranked_by)
+    # The one figure every decision reads: the estimate x what was learned (`Estimate.
+    # correction_percent`); status keeps the estimator's own beside the correction.
+    est = replace(est, correction_percent=corrected.factor_percent)
+    return job_request(draft.job, plan, est, ranked_by)
+
+
+def _correction(
+    inp: PassInput, job: Mapping[str, Any], plan: JobPlan, est: Estimate, gpus: int
+) -> Correction:
+    """What was learned of jobs like `job`, applied to its per-GPU figure on `gpus`. Worked
+    out on every pass while it waits: a key that learned meanwhile moves its figure."""
+    estimate = {"profile": est.profile, "parallelism": plan.parallelism.api}
+    key = learned.job_key(job, estimate)
+    figure = est.per_gpu_bytes(gpus, plan.parallelism)
+    return learned.correction(figure, key, inp.learned, inp.learning, job.get("spec") or {})
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not
@@ -708,6 +739,7 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     if found is not None and found.plan is not None and found.estimate is not None:
         # Resized: the estimate, and the Estimated condition's message, at the count that
         # runs, so `kubectl get ftj` and `kubectl describe ftj` show one estimate.
+        corrected = _correction(inp, job, found.plan, found.estimate, placement["admittedGPUs"])
         draft.apply(
             status_rules.admitted_estimate(
                 found.plan,
@@ -717,6 +749,7 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
                 draft.status,
                 inp.now,
                 found.stored,
+                learned.correction_status(corrected),
             )
         )
     draft.status["workloadRef"] = {

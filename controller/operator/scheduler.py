@@ -49,7 +49,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -60,7 +60,7 @@ import kopf
 
 from controller import __version__
 from controller.admission import admission_pass as admission
-from controller.admission import observed
+from controller.admission import learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import finished, parse_time, reservation, snapshot
 from controller.admission.failures import failure_of
@@ -80,7 +80,8 @@ from controller.jobs.spec import (
     translate,
 )
 from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
-from controller.operator.caches import Caches, slim_job
+from controller.learning import LearningSettings
+from controller.operator.caches import Caches, slim_job, slim_learned
 from controller.operator.leader import Leader
 from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
 from controller.operator.settings import DEFAULTS
@@ -109,6 +110,10 @@ CREATE_RETRY_MAX_S = 300.0
 REFUSED_FOR_GOOD = (400, 422)
 #: A missing workload's remains are read at most this often per job.
 LOOKUP_INTERVAL_S = 5.0
+#: A LearnedCorrection this replica wrote is read from its write's answer, not the cache,
+#: until the cache catches up or this many seconds pass (then the cache is right: a person
+#: deleted it, say).
+LEARNED_FRESH_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class SchedulerOptions:
     configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
     #: The namespaces the operator watches (none: all); a new leader relists only these.
     namespaces: tuple[str, ...] = ()
+    #: How what finished jobs used corrects the next ones (`controller.learning`).
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
 
 class Scheduler:
@@ -199,6 +206,9 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None  # kopf's: the caches are its
         self._inventory = 0
         self._viewer = ThreadPoolExecutor(1, "vramgate-view")
+        #: LearnedCorrection name -> (resourceVersion the write started from, None for a
+        #: create; the object it wrote; monotonic time of the write): `_learned_objects`.
+        self._fresh_learned: dict[str, tuple[str | None, dict[str, Any], float]] = {}
         self.passes = 0
         self._decide_s = 0.0  # how long the last pass took to decide
 
@@ -322,6 +332,7 @@ class Scheduler:
             for key, found in self._estimates.items()
             if key in objects.jobs and self._estimate_uid.get(key) == _uid(objects.jobs[key])
         }
+        keys = learned.key_states(self._learned_objects(), self.options.learning)
         # A workload we created (or are creating) but the cache has not seen is not missing.
         known = {**workloads, **{key: {} for key in [*self._created, *self._creating]}}
         inp = admission.PassInput(
@@ -340,6 +351,8 @@ class Scheduler:
                 if _uid(objects.jobs.get(key, {})) == uid
             },
             refused=dict(self._refused),
+            learned=learned.records(keys),
+            learning=self.options.learning,
         )
         decided_at = self.clock.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
@@ -369,6 +382,7 @@ class Scheduler:
         if landed is None:
             return
         left = replace(objects, jobs={**objects.jobs, **landed})
+        await self._learn(left.jobs.values(), keys)
         uids = {_uid(job) for job in left.jobs.values()}
         for uid in [u for u in self._families if u not in uids]:
             del self._families[uid]
@@ -380,6 +394,63 @@ class Scheduler:
             return metric_view(left, packing, now, peaks, self.family)
 
         self.metrics.set_view(build)
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def _learned_objects(self) -> list[Mapping[str, Any]]:
+        """The LearnedCorrections as cached, with this replica's own writes the cache has not
+        caught up with laid over them (as `_assumed` does for jobs)."""
+        assert self.caches is not None
+        now = self.clock.monotonic()
+        found: dict[str, Mapping[str, Any]] = {}
+        for obj in self.caches.learned_objects():
+            found[str(obj["metadata"]["name"])] = obj
+        for name, (before, after, at) in list(self._fresh_learned.items()):
+            cached = found.get(name)
+            version = None if cached is None else cached["metadata"].get("resourceVersion")
+            if now - at > LEARNED_FRESH_S or (cached is not None and version != before):
+                del self._fresh_learned[name]  # the cache has it (or something newer)
+            else:
+                found[name] = after
+        return list(found.values())
+
+    async def _learn(
+        self, jobs: Iterable[Mapping[str, Any]], keys: Mapping[str, learned.KeyState]
+    ) -> None:
+        """File every ended job's sample under the keys that have not counted it, and write
+        those keys (`controller.admission.learned`): the leader alone, after the pass's own
+        writes, so a sample written with a job's end is filed in the same pass."""
+        settings = self.options.learning
+        changed = learned.file_samples(keys, learned.samples_of(jobs), settings)
+        if not changed:
+            return
+        loop = asyncio.get_running_loop()
+        now = self.now()
+
+        async def write(state: learned.KeyState) -> None:
+            obj, status = learned.key_object(state, settings, now)
+            name = obj["metadata"]["name"]
+            version = state.resource_version
+            try:
+                if not state.exists:
+                    made = await loop.run_in_executor(self._writer, self.kube.create_learned, obj)
+                    version = str(made["metadata"]["resourceVersion"])
+                after = await loop.run_in_executor(
+                    self._writer, self.kube.patch_learned_status, name, status, version
+                )
+            except (Conflict, Gone) as error:  # filed again on a fresh copy by the next pass
+                log.info("learned correction %s not written (%s); again next pass", name, error)
+                self.wake()
+                return
+            except Exception:
+                log.exception("cannot write learned correction %s; again next pass", name)
+                loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                return
+            before = state.resource_version if state.exists else None
+            self._fresh_learned[name] = (before, slim_learned(after), self.clock.monotonic())
+
+        await asyncio.gather(*(write(state) for state in changed.values()))
+        self.wake()  # a key that learned corrects the jobs still waiting
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()
