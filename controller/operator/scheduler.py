@@ -435,6 +435,7 @@ class Scheduler:
                 if not state.exists:
                     made = await loop.run_in_executor(self._writer, self.kube.create_learned, obj)
                     version = str(made["metadata"]["resourceVersion"])
+                assert version is not None  # an existing key's state carries its own
                 after = await loop.run_in_executor(
                     self._writer, self.kube.patch_learned_status, name, status, version
                 )
