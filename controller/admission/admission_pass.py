@@ -226,6 +226,10 @@ def admission_pass(inp: PassInput) -> PassOutput:
                 usage = observed.pod_usage(inp.objects.gpunodes)
             jobs[key] = _follow_admitted(inp, key, draft, out, usage or {})
 
+    # Built before the waiting jobs are read: a learned correction is capped by what the
+    # cluster's largest GPU holds (`_correction`).
+    objects = replace(inp.objects, jobs=jobs)
+    view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
     requests: list[JobRequest] = []
     template_less: set[str] = set()
     for key, job in inp.objects.jobs.items():
@@ -254,21 +258,19 @@ def admission_pass(inp: PassInput) -> PassOutput:
         if problem is not None:
             draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
             continue
-        request = _estimated(inp, draft, found)
+        request = _estimated(inp, draft, found, view)
         if request is None:
             continue
         if not templated:
             template_less.add(key)
         requests.append(request)
 
-    objects = replace(inp.objects, jobs=jobs)
-    view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
     for decision in plan_on(view, requests, inp.settings, inp.now, template_less):
         if decision.reason == cond.REASON_NO_TEMPLATE:
             _no_template(inp, drafts[decision.job], decision)
             out.decisions.append(decision)
         else:
-            _record(inp, drafts[decision.job], decision, out)
+            _record(inp, drafts[decision.job], decision, out, view)
 
     for key, draft in drafts.items():
         write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
@@ -638,7 +640,9 @@ def _workload_objects(inp: PassInput, job: Mapping[str, Any]) -> tuple[dict[str,
 # -- 2. jobs not admitted -------------------------------------------------------------------
 
 
-def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | None:
+def _estimated(
+    inp: PassInput, draft: _Draft, found: Estimated, view: ClusterView
+) -> JobRequest | None:
     generation = _generation(draft.job)
     if found.failure is not None:
         failure = found.failure
@@ -659,7 +663,7 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
         return None
     assert found.plan is not None and found.estimate is not None
     plan, est = found.plan, found.estimate
-    corrected = _correction(inp, draft.job, plan, est, plan.gpus)
+    corrected = _correction(inp, draft.job, plan, est, plan.gpus, view)
     draft.apply(
         status_rules.estimated(
             plan, est, generation, draft.status, inp.now, found.stored,
@@ -674,14 +678,27 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
 
 
 def _correction(
-    inp: PassInput, job: Mapping[str, Any], plan: JobPlan, est: Estimate, gpus: int
+    inp: PassInput,
+    job: Mapping[str, Any],
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int,
+    view: ClusterView | None = None,
 ) -> Correction:
     """What was learned of jobs like `job`, applied to its per-GPU figure on `gpus`. Worked
-    out on every pass while it waits: a key that learned meanwhile moves its figure."""
+    out on every pass while it waits: a key that learned meanwhile moves its figure.
+
+    A margin must not refuse a job its own estimate fits: a figure raised past what the
+    largest matching GPU holds (empty, less headroom) is capped there (`learned.capped`),
+    unless it was raised after a job like it ran out of memory, whose need it is."""
     estimate = {"profile": est.profile, "parallelism": plan.parallelism.api}
     key = learned.job_key(job, estimate)
     figure = est.per_gpu_bytes(gpus, plan.parallelism)
-    return learned.correction(figure, key, inp.learned, inp.learning, job.get("spec") or {})
+    found = learned.correction(figure, key, inp.learned, inp.learning, job.get("spec") or {})
+    if view is None or found.per_gpu_bytes <= figure:
+        return found
+    largest = view.largest_empty(view.select(plan.gpu_selector or {}))
+    return found if largest is None else learned.capped(found, largest[0])
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not
@@ -705,7 +722,9 @@ def _template_error(job: Mapping[str, Any], inp: PassInput) -> str | None:
     return found
 
 
-def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) -> None:
+def _record(
+    inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput, view: ClusterView
+) -> None:
     out.decisions.append(decision)
     job = draft.job
     if not decision.admitted:
@@ -739,7 +758,8 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     if found is not None and found.plan is not None and found.estimate is not None:
         # Resized: the estimate, and the Estimated condition's message, at the count that
         # runs, so `kubectl get ftj` and `kubectl describe ftj` show one estimate.
-        corrected = _correction(inp, job, found.plan, found.estimate, placement["admittedGPUs"])
+        gpus = placement["admittedGPUs"]
+        corrected = _correction(inp, job, found.plan, found.estimate, gpus, view)
         draft.apply(
             status_rules.admitted_estimate(
                 found.plan,

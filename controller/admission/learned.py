@@ -40,6 +40,7 @@ from controller.admission.cluster import parse_time
 from controller.api import conditions as cond
 from controller.api.enums import EstimateCorrection
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
+from controller.base.units import format_gib
 from controller.learning import (
     Correction,
     DecayingHistogram,
@@ -116,6 +117,24 @@ def correction(
     spec: Mapping[str, Any],
 ) -> Correction:
     return correct(estimate_bytes, key, records, settings, job_policy(spec))
+
+
+def capped(found: Correction, largest_bytes: int) -> Correction:
+    """`found`, its factor lowered (whole percent, never below 1.00) so that its figure fits
+    a GPU of `largest_bytes` where the estimate itself does. An OOM's raise is never capped:
+    the job died below it, and waiting for a larger GPU beats dying again."""
+    if found.source is Source.OUT_OF_MEMORY or found.per_gpu_bytes <= largest_bytes:
+        return found
+    if found.estimate_bytes > largest_bytes:
+        return found  # refused either way; the learned figure says by how much
+    percent = max(100, largest_bytes * 100 // found.estimate_bytes)
+    figure = -(-found.estimate_bytes * percent // 100)
+    message = found.message.rsplit(" = ", 1)[0].replace(
+        f" x {found.factor_percent / 100:.2f} ", f" x {percent / 100:.2f} ", 1
+    )
+    message += f", capped to fit the largest GPU ({format_gib(largest_bytes)}) = "
+    message += f"{format_gib(figure)} per GPU"
+    return replace(found, per_gpu_bytes=figure, factor_percent=percent, message=message)
 
 
 def correction_status(found: Correction) -> dict[str, Any] | None:

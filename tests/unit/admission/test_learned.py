@@ -17,6 +17,7 @@ from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.decision import AdmissionSettings
 from controller.learning import JobKey, LearningSettings, Policy
 from tests.unit.builders.admission import (
+    GIB,
     NOW,
     admitted,
     cluster,
@@ -295,3 +296,37 @@ def test_a_key_objects_status_says_what_it_yields() -> None:
     status = next(iter(objects.values()))["status"]
     assert status["p95Ratio"] >= "1.20" and status["source"] == "Learned"
     assert status["correctionPercent"] >= 126 and status["message"].startswith("x 1.")
+
+
+def test_a_learned_raise_past_the_largest_gpu_is_capped_there_but_an_ooms_is_not() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    nxt = ftj("next")
+    own = own_figure(nxt)
+    room = own * 110 // 100 / GIB  # the estimate fits the GPU, 1.2 x it does not
+    settings = LearningSettings(min_samples=3)
+    out = admission_pass(
+        PassInput(
+            objects=cluster(nxt, gpus={"n1": [room]}, total_gib=room),
+            workloads={},
+            job_pods={},
+            estimates={"ns/next": estimated(nxt)},
+            settings=AdmissionSettings(),
+            now=NOW,
+            learned=learned.records(learned.key_states(objects.values(), settings)),
+            learning=settings,
+        )
+    )
+    figure = reserved(out, "next")
+    assert own < figure <= room * GIB, "admitted: capped, not refused"
+    correction = status_after(out, "ns/next")["estimate"]["correction"]
+    assert (
+        correction["perGpuBytes"] == figure
+        and "capped to fit the largest GPU" in (correction["message"])
+    )
+
+    died = ended("b", 0.9, failed=True)
+    key = JobKey.parse(died["status"]["learnedSample"]["key"])
+    oomed = learned.records(learned.key_states(learn([died]).values(), settings))
+    raised = learned.correction(own, key, oomed, settings, {})
+    assert raised.source.value == "OutOfMemory" and raised.per_gpu_bytes > own
+    assert learned.capped(raised, own) is raised, "an OOM's need is never capped"
