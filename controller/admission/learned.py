@@ -37,6 +37,7 @@ from typing import Any
 
 from controller.admission import observed
 from controller.admission.cluster import parse_time
+from controller.admission.metric_view import Gauge
 from controller.api import conditions as cond
 from controller.api.enums import EstimateCorrection
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
@@ -423,6 +424,43 @@ def key_status(state: KeyState, settings: LearningSettings, now: datetime) -> di
     if p95 is not None:
         status["p95Ratio"] = f"{p95:.2f}"
     return status
+
+
+#: The label names of a key's series: its fields (`*` where it matches any).
+KEY_LABELS = _KEY_FIELDS
+
+
+def gauges(states: Mapping[str, KeyState], settings: LearningSettings) -> tuple[Gauge, ...]:
+    """What each key learned, for Prometheus: its samples, its p95 ratio (the alert's:
+    above 1.0 the estimator under-predicts that kind of job) and the correction it yields."""
+    samples = Gauge(
+        "vramgate_learned_samples",
+        "Jobs a LearnedCorrection key learned from (every sample ever filed, before decay).",
+        KEY_LABELS,
+    )
+    p95 = Gauge(
+        "vramgate_learned_p95_ratio",
+        "95th percentile of observed / predicted per-GPU peaks of a key's jobs, decayed: "
+        "above 1, the estimator under-predicts that kind of job.",
+        KEY_LABELS,
+    )
+    factor = Gauge(
+        "vramgate_learned_correction_ratio",
+        "The factor a key yields on the estimate of a job of exactly that kind under policy "
+        "adjust (1: the estimate stands).",
+        KEY_LABELS,
+    )
+    for state in sorted(states.values(), key=lambda s: s.key.name):
+        values = tuple(getattr(state.key, f) for f in KEY_LABELS)
+        histogram = state.record.histogram
+        samples.add(values, float(histogram.samples))
+        ratio = histogram.percentile(0.95)
+        if ratio is not None:
+            p95.add(values, ratio)
+        own = {state.key.name: state.record}
+        yields = correct(_REFERENCE_BYTES, state.key, own, replace(settings, policy=Policy.ADJUST))
+        factor.add(values, yields.factor_percent / 100)
+    return samples, p95, factor
 
 
 def _key_message(yields: Correction, settings: LearningSettings) -> str:

@@ -382,7 +382,8 @@ class Scheduler:
         if landed is None:
             return
         left = replace(objects, jobs={**objects.jobs, **landed})
-        await self._learn(left.jobs.values(), keys)
+        keys = {**keys, **await self._learn(left.jobs.values(), keys)}
+        learned_gauges = learned.gauges(keys, self.options.learning)
         uids = {_uid(job) for job in left.jobs.values()}
         for uid in [u for u in self._families if u not in uids]:
             del self._families[uid]
@@ -391,7 +392,7 @@ class Scheduler:
         # Built by the scrape that reads it (in the server's thread), from this pass's data.
         def build() -> tuple[Gauge, ...]:
             self.metrics.expect_accuracy(accuracy_series(left, self.family))
-            return metric_view(left, packing, now, peaks, self.family)
+            return (*metric_view(left, packing, now, peaks, self.family), *learned_gauges)
 
         self.metrics.set_view(build)
 
@@ -416,14 +417,15 @@ class Scheduler:
 
     async def _learn(
         self, jobs: Iterable[Mapping[str, Any]], keys: Mapping[str, learned.KeyState]
-    ) -> None:
+    ) -> dict[str, learned.KeyState]:
         """File every ended job's sample under the keys that have not counted it, and write
         those keys (`controller.admission.learned`): the leader alone, after the pass's own
-        writes, so a sample written with a job's end is filed in the same pass."""
+        writes, so a sample written with a job's end is filed in the same pass. Returns the
+        keys it filed into (a write that failed is filed again by the next pass)."""
         settings = self.options.learning
         changed = learned.file_samples(keys, learned.samples_of(jobs), settings)
         if not changed:
-            return
+            return {}
         loop = asyncio.get_running_loop()
         now = self.now()
 
@@ -452,6 +454,7 @@ class Scheduler:
 
         await asyncio.gather(*(write(state) for state in changed.values()))
         self.wake()  # a key that learned corrects the jobs still waiting
+        return changed
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

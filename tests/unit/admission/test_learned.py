@@ -9,6 +9,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from controller.admission import learned
 from controller.admission.admission_pass import PassInput, admission_pass
 from controller.api import conditions as cond
@@ -330,3 +332,14 @@ def test_a_learned_raise_past_the_largest_gpu_is_capped_there_but_an_ooms_is_not
     raised = learned.correction(own, key, oomed, settings, {})
     assert raised.source.value == "OutOfMemory" and raised.per_gpu_bytes > own
     assert learned.capped(raised, own) is raised, "an OOM's need is never capped"
+
+
+def test_each_key_is_a_series_of_its_samples_its_p95_ratio_and_its_correction() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    states = learned.key_states(objects.values(), SETTINGS)
+    samples, p95, factor = learned.gauges(states, SETTINGS)
+    assert samples.labels == p95.labels == ("family", "method", "parallelism", "profile",
+                                            "framework", "image")  # fmt: skip
+    assert len(samples.samples) == len(states) and {v for _, v in samples.samples} == {3.0}
+    assert all(1.2 <= v < 1.3 for _, v in p95.samples), "the upper end of 1.2's bucket"
+    assert all(v == pytest.approx(1.2 * 1.05, abs=0.07) for _, v in factor.samples)
