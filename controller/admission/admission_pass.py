@@ -685,20 +685,9 @@ def _correction(
     gpus: int,
     view: ClusterView | None = None,
 ) -> Correction:
-    """What was learned of jobs like `job`, applied to its per-GPU figure on `gpus`. Worked
-    out on every pass while it waits: a key that learned meanwhile moves its figure.
-
-    A margin must not refuse a job its own estimate fits: a figure raised past what the
-    largest matching GPU holds (empty, less headroom) is capped there (`learned.capped`),
-    unless it was raised after a job like it ran out of memory, whose need it is."""
-    estimate = {"profile": est.profile, "parallelism": plan.parallelism.api}
-    key = learned.job_key(job, estimate)
-    figure = est.per_gpu_bytes(gpus, plan.parallelism)
-    found = learned.correction(figure, key, inp.learned, inp.learning, job.get("spec") or {})
-    if view is None or found.per_gpu_bytes <= figure:
-        return found
-    largest = view.largest_empty(view.select(plan.gpu_selector or {}))
-    return found if largest is None else learned.capped(found, largest[0])
+    """What was learned of jobs like `job`, on its figure at `gpus` (`learned.corrected`).
+    Worked out on every pass while it waits: a key that learned meanwhile moves its figure."""
+    return learned.corrected(job, plan, est, gpus, inp.learned, inp.learning, view)
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not

@@ -42,6 +42,8 @@ from controller.api import conditions as cond
 from controller.api.enums import EstimateCorrection
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.base.units import format_gib
+from controller.estimator import Estimate
+from controller.jobs.spec import JobPlan
 from controller.learning import (
     Correction,
     DecayingHistogram,
@@ -55,6 +57,7 @@ from controller.learning import (
     record_steady,
 )
 from controller.learning.histogram import format_time
+from controller.packing.view import ClusterView
 
 STEADY = "Steady"
 OUT_OF_MEMORY = "OutOfMemory"
@@ -118,6 +121,31 @@ def correction(
     spec: Mapping[str, Any],
 ) -> Correction:
     return correct(estimate_bytes, key, records, settings, job_policy(spec))
+
+
+def corrected(
+    job: Mapping[str, Any],
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int,
+    records: Mapping[str, KeyRecord],
+    settings: LearningSettings,
+    view: ClusterView | None = None,
+) -> Correction:
+    """What was learned of jobs like `job`, applied to its estimator's figure at `gpus`:
+    the one rule the operator's pass and `vramgate plan` share, so a plan on a dump decides
+    on the operator's figures.
+
+    A margin must not refuse a job its own estimate fits: a figure raised past what the
+    largest matching GPU holds (empty, less headroom; `view`) is capped there (`capped`),
+    unless it was raised after a job like it ran out of memory, whose need it is."""
+    key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
+    figure = est.per_gpu_bytes(gpus, plan.parallelism)
+    found = correction(figure, key, records, settings, job.get("spec") or {})
+    if view is None or found.per_gpu_bytes <= figure:
+        return found
+    largest = view.largest_empty(view.select(plan.gpu_selector or {}))
+    return found if largest is None else capped(found, largest[0])
 
 
 def capped(found: Correction, largest_bytes: int) -> Correction:
