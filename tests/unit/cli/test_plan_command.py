@@ -283,7 +283,7 @@ def test_a_misspelled_vramgate_kind_is_refused_not_skipped(
     assert code == 2
     assert err == (
         "vramgate: jobs.yaml: document 2: kind: 'FinetuneJob' is not one of vramgate.dev's: "
-        "FineTuneJob, GPUNode\n"
+        "FineTuneJob, GPUNode, LearnedCorrection\n"
     )
 
 
