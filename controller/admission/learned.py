@@ -347,47 +347,61 @@ def file_samples(
     states: Mapping[str, KeyState], found: Iterable[Sample], settings: LearningSettings
 ) -> dict[str, KeyState]:
     """The key states that change when every sample in `found` not counted yet is filed under
-    each key of its ladder that has not counted it (module docstring), by key name."""
-    current = dict(states)
-    changed: dict[str, KeyState] = {}
+    each key of its ladder that has not counted it (module docstring), by key name.
+
+    Linear in the samples: records and counted uids are kept as they change, not rebuilt
+    per sample (a rebuilt key refiles every job still in the API at once)."""
+    records = {name: st.record for name, st in states.items()}
+    counted: dict[str, set[str]] = {}  # per key name, built on first use
+    added: dict[str, list[str]] = {}
     times: dict[str, datetime] = {}
+
+    def is_counted(name: str, s: Sample) -> bool:
+        state = states.get(name)
+        if (
+            state is not None
+            and state.counted_through is not None
+            and s.at <= state.counted_through
+        ):
+            return True
+        if name not in counted:
+            counted[name] = set(state.counted) if state is not None else set()
+        return s.uid in counted[name]
+
     for s in found:
         times[s.uid] = s.at
-        todo = [rung for rung in s.key.ladder() if not _counted(current.get(rung.name), s)]
+        todo = [rung for rung in s.key.ladder() if not is_counted(rung.name, s)]
         if not todo or s.predicted_bytes <= 0:
             continue
-        recs = {name: st.record for name, st in current.items()}
         try:
             if s.kind == OUT_OF_MEMORY:
                 had = max(s.reserved_bytes, 1)
                 filed = record_oom(
-                    recs, s.key, had, had, s.observed_bytes, s.predicted_bytes, s.at, settings
+                    records, s.key, had, had, s.observed_bytes, s.predicted_bytes, s.at, settings
                 )
             elif s.observed_bytes > 0:
                 filed = record_steady(
-                    recs, s.key, s.observed_bytes, s.predicted_bytes, s.at, settings
+                    records, s.key, s.observed_bytes, s.predicted_bytes, s.at, settings
                 )
             else:
                 continue
         except ValueError:
             continue
         for rung in todo:
-            before = current.get(rung.name) or KeyState(rung, filed[rung.name])
-            record = replace(filed[rung.name], pinned_percent=before.record.pinned_percent)
-            state = replace(before, record=record, counted=(*before.counted, s.uid))
-            current[rung.name] = changed[rung.name] = state
-    return {name: _bounded(state, times) for name, state in changed.items()}
+            before = records.get(rung.name)
+            pinned = before.pinned_percent if before is not None else None
+            records[rung.name] = replace(filed[rung.name], pinned_percent=pinned)
+            counted[rung.name].add(s.uid)
+            added.setdefault(rung.name, []).append(s.uid)
+    out = {}
+    for name, uids in added.items():
+        before = states.get(name) or KeyState(records[name].key, records[name])
+        state = replace(before, record=records[name], counted=(*before.counted, *uids))
+        out[name] = _bounded(state, times)
+    return out
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
-
-
-def _counted(state: KeyState | None, s: Sample) -> bool:
-    if state is None:
-        return False
-    if state.counted_through is not None and s.at <= state.counted_through:
-        return True
-    return s.uid in state.counted
 
 
 def _bounded(state: KeyState, times: Mapping[str, datetime]) -> KeyState:

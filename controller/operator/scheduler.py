@@ -209,6 +209,10 @@ class Scheduler:
         #: LearnedCorrection name -> (resourceVersion the write started from, None for a
         #: create; the object it wrote; monotonic time of the write): `_learned_objects`.
         self._fresh_learned: dict[str, tuple[str | None, dict[str, Any], float]] = {}
+        #: Uids of jobs whose samples are counted under every key of their ladder, valid
+        #: while the keys (their names and resets) are `_learned_signature` (`_learn`).
+        self._counted_uids: set[str] = set()
+        self._learned_signature: frozenset[tuple[str, datetime | None]] = frozenset()
         self.passes = 0
         self._decide_s = 0.0  # how long the last pass took to decide
 
@@ -423,10 +427,29 @@ class Scheduler:
         writes, so a sample written with a job's end is filed in the same pass. Returns the
         keys it filed into (a write that failed is filed again by the next pass)."""
         settings = self.options.learning
-        changed = learned.file_samples(keys, learned.samples_of(jobs), settings)
-        if not changed:
+        # Jobs whose samples every key of their ladder counted, while no key was deleted,
+        # created or reset: not parsed again on every pass (10,000 finished jobs cost 0.5 s).
+        signature = frozenset((name, state.reset_at) for name, state in keys.items())
+        if signature != self._learned_signature:
+            self._learned_signature, self._counted_uids = signature, set()
+        taught = {
+            _uid(job): job
+            for job in jobs
+            if (job.get("status") or {}).get("learnedSample") is not None
+        }
+        self._counted_uids &= taught.keys()
+        todo = [job for uid, job in taught.items() if uid not in self._counted_uids]
+        if not todo:
             return {}
         loop = asyncio.get_running_loop()
+
+        def file() -> dict[str, learned.KeyState]:  # a rebuild files thousands: not on the loop
+            return learned.file_samples(keys, learned.samples_of(todo), settings)
+
+        changed = await loop.run_in_executor(self._decider, file)
+        if not changed:
+            self._counted_uids.update(_uid(job) for job in todo)
+            return {}
         now = self.now()
 
         async def write(state: learned.KeyState) -> None:
