@@ -388,15 +388,15 @@ def file_samples(
         except ValueError:
             continue
         for rung in todo:
-            before = records.get(rung.name)
-            pinned = before.pinned_percent if before is not None else None
+            kept = records.get(rung.name)
+            pinned = kept.pinned_percent if kept is not None else None
             records[rung.name] = replace(filed[rung.name], pinned_percent=pinned)
             counted[rung.name].add(s.uid)
             added.setdefault(rung.name, []).append(s.uid)
     out = {}
     for name, uids in added.items():
-        before = states.get(name) or KeyState(records[name].key, records[name])
-        state = replace(before, record=records[name], counted=(*before.counted, *uids))
+        start = states.get(name) or KeyState(records[name].key, records[name])
+        state = replace(start, record=records[name], counted=(*start.counted, *uids))
         out[name] = _bounded(state, times)
     return out
 
