@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.admission import observed
+from controller.admission import learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import (
     ClusterObjects,
@@ -59,6 +59,7 @@ from controller.decision import (
 )
 from controller.estimator import Estimate
 from controller.jobs.spec import JobPlan
+from controller.learning import Correction, KeyRecord, LearningSettings
 from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
 from controller.workload import (
@@ -121,6 +122,10 @@ class PassInput:
     created: Mapping[str, str] = field(default_factory=dict)
     #: Workloads the API server refused for good, by job key.
     refused: Mapping[str, Refused] = field(default_factory=dict)
+    #: What admission learned, by key name (`learned.records` of the LearnedCorrections),
+    #: and how it corrects a waiting job's per-GPU figure.
+    learned: Mapping[str, KeyRecord] = field(default_factory=dict)
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,10 @@ def admission_pass(inp: PassInput) -> PassOutput:
                 usage = observed.pod_usage(inp.objects.gpunodes)
             jobs[key] = _follow_admitted(inp, key, draft, out, usage or {})
 
+    # Built before the waiting jobs are read: a learned correction is capped by what the
+    # cluster's largest GPU holds (`_correction`).
+    objects = replace(inp.objects, jobs=jobs)
+    view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
     requests: list[JobRequest] = []
     template_less: set[str] = set()
     for key, job in inp.objects.jobs.items():
@@ -249,21 +258,19 @@ def admission_pass(inp: PassInput) -> PassOutput:
         if problem is not None:
             draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
             continue
-        request = _estimated(inp, draft, found)
+        request = _estimated(inp, draft, found, view)
         if request is None:
             continue
         if not templated:
             template_less.add(key)
         requests.append(request)
 
-    objects = replace(inp.objects, jobs=jobs)
-    view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
     for decision in plan_on(view, requests, inp.settings, inp.now, template_less):
         if decision.reason == cond.REASON_NO_TEMPLATE:
             _no_template(inp, drafts[decision.job], decision)
             out.decisions.append(decision)
         else:
-            _record(inp, drafts[decision.job], decision, out)
+            _record(inp, drafts[decision.job], decision, out, view)
 
     for key, draft in drafts.items():
         write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
@@ -598,6 +605,15 @@ def _observe(
         draft.urgent = True
     if ended is not None:
         status = draft.status
+        taught = learned.sample(
+            status,
+            ended,
+            learned.job_key(draft.job, status.get("estimate") or {}),
+            observed.highest(peaks.values()),
+            inp.now,
+        )
+        if taught is not None and "learnedSample" not in status:
+            status["learnedSample"] = taught
         draft.recorded = Recorded(
             finished=ended,
             peak_bytes=observed.highest(peaks.values()),
@@ -628,7 +644,9 @@ def _workload_objects(inp: PassInput, job: Mapping[str, Any]) -> tuple[dict[str,
 # -- 2. jobs not admitted -------------------------------------------------------------------
 
 
-def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | None:
+def _estimated(
+    inp: PassInput, draft: _Draft, found: Estimated, view: ClusterView
+) -> JobRequest | None:
     generation = _generation(draft.job)
     if found.failure is not None:
         failure = found.failure
@@ -648,13 +666,32 @@ def _estimated(inp: PassInput, draft: _Draft, found: Estimated) -> JobRequest | 
         )
         return None
     assert found.plan is not None and found.estimate is not None
+    plan, est = found.plan, found.estimate
+    corrected = _correction(inp, draft.job, plan, est, plan.gpus, view)
     draft.apply(
         status_rules.estimated(
-            found.plan, found.estimate, generation, draft.status, inp.now, found.stored
+            plan, est, generation, draft.status, inp.now, found.stored,
+            learned.correction_status(corrected),
         )
-    )
+    )  # fmt: skip
     ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
-    return job_request(draft.job, found.plan, found.estimate, ranked_by)
+    # The one figure every decision reads: the estimate x what was learned (`Estimate.
+    # correction_percent`); status keeps the estimator's own beside the correction.
+    est = replace(est, correction_percent=corrected.factor_percent)
+    return job_request(draft.job, plan, est, ranked_by)
+
+
+def _correction(
+    inp: PassInput,
+    job: Mapping[str, Any],
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int,
+    view: ClusterView | None = None,
+) -> Correction:
+    """What was learned of jobs like `job`, on its figure at `gpus` (`learned.corrected`).
+    Worked out on every pass while it waits: a key that learned meanwhile moves its figure."""
+    return learned.corrected(job, plan, est, gpus, inp.learned, inp.learning, view)
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not
@@ -678,7 +715,9 @@ def _template_error(job: Mapping[str, Any], inp: PassInput) -> str | None:
     return found
 
 
-def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) -> None:
+def _record(
+    inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput, view: ClusterView
+) -> None:
     out.decisions.append(decision)
     job = draft.job
     if not decision.admitted:
@@ -712,6 +751,8 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
     if found is not None and found.plan is not None and found.estimate is not None:
         # Resized: the estimate, and the Estimated condition's message, at the count that
         # runs, so `kubectl get ftj` and `kubectl describe ftj` show one estimate.
+        gpus = placement["admittedGPUs"]
+        corrected = _correction(inp, job, found.plan, found.estimate, gpus, view)
         draft.apply(
             status_rules.admitted_estimate(
                 found.plan,
@@ -721,6 +762,7 @@ def _record(inp: PassInput, draft: _Draft, decision: Decision, out: PassOutput) 
                 draft.status,
                 inp.now,
                 found.stored,
+                learned.correction_status(corrected),
             )
         )
     draft.status["workloadRef"] = {

@@ -78,6 +78,8 @@ class ClusterObjects:
     compact: list[NodeState] = field(default_factory=list)
     #: Where each job came from (`FILE: document N`), for messages.
     origin: dict[str, str] = field(default_factory=dict)
+    #: LearnedCorrections by name: what admission learned, which corrects the jobs' figures.
+    learned: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def add(self, obj: Mapping[str, Any], where: str) -> None:
         """One object (a `List` adds its items); unknown kinds are ignored."""
@@ -124,6 +126,8 @@ class ClusterObjects:
             self.config_maps[job_key(obj)] = obj
         elif kind == "PriorityClass" and group in (SCHEDULING_GROUP, ""):
             self.priority_classes[name] = obj
+        elif kind == "LearnedCorrection":
+            self.learned[name] = obj
 
     def priorities(self, raw_namespaces: Set[str] = frozenset()) -> Priorities:
         """What ranks these jobs: their PriorityClasses, and the namespaces whose jobs'
@@ -136,7 +140,7 @@ SCHEDULING_GROUP = "scheduling.k8s.io"
 
 
 #: The kinds vramgate.dev serves.
-VRAMGATE_KINDS = ("FineTuneJob", "GPUNode")
+VRAMGATE_KINDS = ("FineTuneJob", "GPUNode", "LearnedCorrection")
 
 
 def job_key(obj: Mapping[str, Any]) -> str:

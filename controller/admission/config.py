@@ -2,9 +2,11 @@
 
 ``gpuMode``, ``queueing``, ``headroom``, ``headroomPercent`` and ``heartbeatTtlSeconds``
 decide how jobs are packed onto GPUs, ``rawPriorityNamespaces`` which jobs' raw
-``spec.priority`` ranks them. The operator reads them from flags, its environment and
-its config file (`controller.operator.settings` inherits this model); ``vramgate plan`` from
-the same flags only, so that a plan is decided as the operator so configured would decide.
+``spec.priority`` ranks them, the ``learning*`` settings how what finished jobs really used
+corrects the next ones' figures (`controller.learning`). The operator reads them from flags,
+its environment and its config file (`controller.operator.settings` inherits this model);
+``vramgate plan`` from the same flags only, so that a plan is decided as the operator so
+configured would decide.
 Both go through `controller.base.settings.SettingsLoader`, so the flag spellings, checks and
 one-line errors cannot differ. The defaults are the pure core's (`PackingSettings`,
 `AdmissionSettings`, each default with its reason there), so they are stated once.
@@ -22,6 +24,7 @@ from pydantic.alias_generators import to_camel
 from controller.base.settings import MAX_SECONDS, Flag
 from controller.base.units import Bytes
 from controller.decision import AdmissionSettings, QueueingStrategy
+from controller.learning import LearningSettings, Policy
 from controller.packing.inventory import GpuMode, PackingSettings
 
 #: Keeping more than half of every GPU free is a misconfiguration, not a margin.
@@ -31,6 +34,7 @@ SHOWN_DEFAULTS = {"headroom": "0GiB"}
 #: Where the defaults come from.
 _PACKING = PackingSettings()
 _ADMISSION = AdmissionSettings()
+_LEARNING = LearningSettings()
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -96,6 +100,42 @@ class AdmissionConfig(BaseModel):
         "default: the number is any job author's to write.",
     )
 
+    learning_policy: Policy = Field(
+        _LEARNING.policy,
+        description="what the correction learned from finished jobs (LearnedCorrections) may "
+        "do to a job's per-GPU figure: off, raiseOnly (never lower) or adjust (up or down); "
+        "adjust, since a p95 of what jobs like it really used, plus a margin, is a truer "
+        "figure than the estimate alone. A job's spec.estimateCorrection overrides it.",
+    )
+    learning_min_samples: int = Field(
+        _LEARNING.min_samples,
+        ge=1,
+        le=1000,
+        description="jobs of a kind needed before their ratios correct the next one; 5, "
+        "since fewer and one odd run moves a p95 (a coarser kind answers meanwhile).",
+    )
+    learning_percentile: int = Field(
+        _LEARNING.percentile,
+        ge=1,
+        le=100,
+        description="percentile of observed / predicted a correction reads; 95, VPA's upper "
+        "bound for memory: a job past its reservation dies of OOM.",
+    )
+    learning_margin_percent: int = Field(
+        _LEARNING.margin_percent,
+        ge=0,
+        le=100,
+        description="margin on the learned ratio, in percent; 5, since a training step's "
+        "peak repeats closely.",
+    )
+    learning_half_life_seconds: int = Field(
+        _LEARNING.half_life_seconds,
+        ge=1,
+        le=MAX_SECONDS,
+        description="how long a sample takes to lose half its weight; 14 days, so a trainer "
+        "upgraded a month ago weighs a quarter of this week's runs.",
+    )
+
     @field_validator("headroom_percent")
     @classmethod
     def _percent(cls, value: int) -> int:
@@ -114,4 +154,13 @@ class AdmissionConfig(BaseModel):
             packing=packing,
             queueing=self.queueing,
             raw_priority_namespaces=frozenset(self.raw_priority_namespaces),
+        )
+
+    def learning(self) -> LearningSettings:
+        return LearningSettings(
+            policy=self.learning_policy,
+            min_samples=self.learning_min_samples,
+            percentile=self.learning_percentile,
+            margin_percent=self.learning_margin_percent,
+            half_life_seconds=self.learning_half_life_seconds,
         )

@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.api import conditions as cond
 from controller.api.enums import ConditionStatus
-from controller.api.finetunejob import EstimateStatus, PerGpuLevels
+from controller.api.finetunejob import CorrectionStatus, EstimateStatus, PerGpuLevels
 from controller.base.units import format_gib
 from controller.estimator import Estimate, Parallelism
 from controller.jobs.spec import JobPlan
@@ -75,10 +75,16 @@ class Tracing:
 
 
 def estimate_status(
-    plan: JobPlan, est: Estimate, gpus: int | None = None, stored: Stored | None = None
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int | None = None,
+    stored: Stored | None = None,
+    correction: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`status.estimate` of a plan and its estimate, as stored: at the requested count, or at
-    `gpus` (the count admitted by policy Resize), with the traced estimate kept (`stored`)."""
+    `gpus` (the count admitted by policy Resize), with the traced estimate kept (`stored`)
+    and what learning does to the figure (`correction`, `Correction.to_dict()`): the figures
+    stay the estimator's own."""
     gpus = plan.gpus if gpus is None else gpus
     per_gpu = est.per_gpu_bytes(gpus, plan.parallelism)
     levels = est.per_gpu_levels(gpus, plan.parallelism)
@@ -99,6 +105,7 @@ def estimate_status(
             reserved_bytes=levels.reserved,
             nvml_bytes=levels.nvml,
         ),
+        correction=CorrectionStatus.model_validate(correction) if correction else None,
         digest=stored.digest if stored else None,
         traced=stored.traced if stored else None,
     ).model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -111,9 +118,10 @@ def estimated(
     status: Mapping[str, Any],
     now: datetime,
     stored: Stored | None = None,
+    correction: Mapping[str, Any] | None = None,
 ) -> StatusUpdate:
     """The job was estimated: Estimated=True with the figures, Admitted pending."""
-    estimate = estimate_status(plan, est, stored=stored)
+    estimate = estimate_status(plan, est, stored=stored, correction=correction)
     message = _estimated_message(plan, estimate, est)
     conditions = cond.set_condition(
         _conditions(status),
@@ -147,12 +155,13 @@ def admitted_estimate(
     status: Mapping[str, Any],
     now: datetime,
     stored: Stored | None = None,
+    correction: Mapping[str, Any] | None = None,
 ) -> StatusUpdate:
     """Admitted on `gpus`: `status.estimate` and the Estimated message at the count that
     runs, so that `kubectl describe` shows one estimate, the one the GPUs were reserved for
     (nothing changes unless policy Resize chose another count than the request). No Event:
     the admission's says it."""
-    estimate = estimate_status(plan, est, gpus, stored)
+    estimate = estimate_status(plan, est, gpus, stored, correction)
     conditions = cond.set_condition(
         _conditions(status),
         cond.ESTIMATED,
@@ -180,6 +189,9 @@ def _estimated_message(plan: JobPlan, estimate: Mapping[str, Any], est: Estimate
     if gpus != plan.gpus:
         asked = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''}"
         message += f"; resized from the {asked} asked for (policy Resize)"
+    correction = estimate.get("correction")
+    if correction:  # "calibrated 21.30 GiB x 0.86 learned from 12 jobs like it (p95) = ..."
+        message += f"; {correction['message']}"
     return message + "".join(f"; warning: {warning}" for warning in plan.warnings)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from controller.api import finetunejob, gpunode
+from controller.api import finetunejob, gpunode, learnedcorrection
 from controller.api.base import GROUP, VERSION
 from controller.api.schema import structural_schema
 
@@ -164,7 +164,32 @@ GPUNODE = CrdInfo(
     spec_required=False,
 )
 
-CRDS = (FINETUNEJOB, GPUNODE)
+LEARNEDCORRECTION = CrdInfo(
+    kind=learnedcorrection.KIND,
+    plural=learnedcorrection.PLURAL,
+    singular=learnedcorrection.SINGULAR,
+    short_names=learnedcorrection.SHORT_NAMES,
+    scope="Cluster",
+    description="LearnedCorrection holds what admission learned of one kind of job: a "
+    "decaying histogram of observed / predicted per-GPU peaks, and the correction it yields "
+    "for a new job's per-GPU figure. Delete it to reset it; set spec.pinnedPercent to pin one.",
+    spec=learnedcorrection.LearnedCorrectionSpec,
+    status=learnedcorrection.LearnedCorrectionStatus,
+    spec_description="spec names the kind of job (* for any), and optionally a correction "
+    "pinned by hand and a time before which samples are forgotten.",
+    status_description="status is written by the operator's leader as jobs of this kind end.",
+    printer_columns=[
+        {"name": "Key", "type": "string", "jsonPath": ".status.key"},
+        {"name": "Samples", "type": "integer", "jsonPath": ".status.samples"},
+        {"name": "P95 Ratio", "type": "string", "jsonPath": ".status.p95Ratio"},
+        {"name": "Correction", "type": "string", "jsonPath": ".status.correction"},
+        {"name": "Source", "type": "string", "priority": 1, "jsonPath": ".status.source"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+    spec_required=False,
+)
+
+CRDS = (FINETUNEJOB, GPUNODE, LEARNEDCORRECTION)
 
 
 def crd_manifest(info: CrdInfo) -> dict[str, Any]:

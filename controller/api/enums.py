@@ -85,6 +85,15 @@ class AdmissionPolicy(StrEnum):
     ADVISE = "Advise"
 
 
+class EstimateCorrection(StrEnum):
+    """What the correction admission learned from jobs like this one may do to its per-GPU
+    figure (`controller.learning.Policy`, in the API's spelling)."""
+
+    OFF = "Off"
+    RAISE_ONLY = "RaiseOnly"
+    ADJUST = "Adjust"
+
+
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"

@@ -10,6 +10,7 @@ ftj.spec.training` shows them.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -21,6 +22,7 @@ from controller.api.enums import (
     AdmissionPolicy,
     AttentionImpl,
     CheckpointingMode,
+    EstimateCorrection,
     EstimatorProfile,
     KbitPreparationMode,
     LoadPathMode,
@@ -412,6 +414,13 @@ class FineTuneJobSpec(ApiModel):
         f"place of the class's value; ignored, and said so, elsewhere. Between "
         f"-{MAX_PRIORITY:,} and {MAX_PRIORITY:,} (as user PriorityClass values); default 0.",
     )
+    estimate_correction: EstimateCorrection | None = Field(
+        None,
+        description="estimateCorrection is what the correction the operator learned from jobs "
+        "like this one (LearnedCorrection) may do to its per-GPU figure: Off (the estimate "
+        "stands), RaiseOnly (never reserve less than the estimate) or Adjust (up or down). "
+        "Unset: the operator's learning.policy (default adjust).",
+    )
     suspend: bool = Field(
         False,
         description="suspend keeps the job from being admitted while true; it is still "
@@ -445,6 +454,53 @@ class PerGpuLevels(ApiModel):
         "reservation plus the CUDA context and NCCL's buffers. It equals perGpuBytes, the "
         "figure admission reserves.",
     )
+
+
+class CorrectionStatus(ApiModel):
+    """`controller.learning.Correction`, as status keeps it."""
+
+    estimate_bytes: int = Field(
+        ge=0, description="estimateBytes is the estimator's per-GPU figure, in bytes."
+    )
+    per_gpu_bytes: int = Field(
+        ge=0,
+        description="perGpuBytes is the figure admission decides on: estimateBytes x "
+        "factorPercent / 100, rounded up.",
+    )
+    factor_percent: int = Field(ge=1, description="factorPercent is the factor, in percent.")
+    source: str = Field(
+        description="source is where the factor came from: Learned, Pinned, OutOfMemory, "
+        "TooFewSamples or Off."
+    )
+    key: str | None = Field(
+        None, description="key is the LearnedCorrection key the factor came from."
+    )
+    samples: int = Field(ge=0, description="samples is how many jobs that key learned from.")
+    percentile: int = Field(ge=1, description="percentile is the percentile of the ratios used.")
+    message: str = Field(description="message says the correction in one line.")
+
+
+class LearnedSample(ApiModel):
+    """What a finished job taught: written with the status that ends it, then filed under
+    its LearnedCorrection keys by the operator's leader (`controller.admission.learned`)."""
+
+    key: str = Field(description="key is the job's finest LearnedCorrection key.")
+    kind: Literal["Steady", "OutOfMemory"] = Field(
+        description="kind is Steady (the job ran to its end: its peak is its need) or "
+        "OutOfMemory (it died of GPU OOM: it needed more than it had)."
+    )
+    observed_bytes: int = Field(
+        ge=0, description="observedBytes is the job's highest observed per-GPU peak, in bytes."
+    )
+    predicted_bytes: int = Field(
+        ge=1,
+        description="predictedBytes is the estimator's own per-GPU figure (NVML level) at the "
+        "GPUs admitted, in bytes.",
+    )
+    reserved_bytes: int = Field(
+        ge=0, description="reservedBytes is what admission reserved per GPU, in bytes."
+    )
+    time: datetime = Field(description="time is when the job ended.")
 
 
 class EstimateStatus(ApiModel):
@@ -485,6 +541,12 @@ class EstimateStatus(ApiModel):
         default=None,
         description="perGpuLevels is perGpuBytes at the three levels people measure it: "
         "allocated, reserved and NVML.",
+    )
+    correction: CorrectionStatus | None = Field(
+        default=None,
+        description="correction is what admission learned from jobs like this one and "
+        "applies to perGpuBytes (the estimator's own figure): the factor, where it came from, "
+        "and the figure reserved. Absent when learning has nothing to say (off, too few jobs).",
     )
     digest: str | None = Field(
         default=None,
@@ -606,6 +668,12 @@ class FineTuneJobStatus(ApiModel):
     )
     workload_ref: WorkloadRef | None = Field(
         None, description="workloadRef names the workload created when the job was admitted."
+    )
+    learned_sample: LearnedSample | None = Field(
+        None,
+        description="learnedSample is what the job taught admission once it ended (its peak "
+        "over its prediction, or its GPU OOM): set with the status that ends it, so that the "
+        "operator counts it exactly once and can rebuild a LearnedCorrection from it.",
     )
     observed: ObservedStatus | None = Field(
         None,

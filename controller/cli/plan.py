@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from controller.admission import learned
 from controller.admission.cluster import (
     ClusterError,
     ClusterObjects,
@@ -40,10 +41,12 @@ from controller.decision import (
     ADVISE,
     AdmissionSettings,
     Decision,
+    JobRequest,
     plan_on,
 )
 from controller.estimator import Estimate, Profile
 from controller.jobs.spec import JobPlan, estimate_plan
+from controller.learning import LearningSettings
 from controller.packing.view import ClusterView
 from controller.workload import workload_problem
 
@@ -144,6 +147,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         job.key for job in jobs if job.key in dumped and not has_template(objects.jobs[job.key])
     }
     view = ClusterView(snap, settings.packing)
+    jobs = _corrected(objects, jobs, plans, learning_settings(args), view)
     decisions = plan_on(view, jobs, settings, snap.now, template_less)
     warnings = {key: list(plan.warnings) for key, plan in plans.items()}
     for key in plans.keys() - dumped:
@@ -200,6 +204,35 @@ def admission_settings(args: argparse.Namespace) -> AdmissionSettings:
         return ADMISSION.load(args, environ={}).admission()
     except SettingsError as error:
         raise PlanInputError(str(error)) from None
+
+
+def learning_settings(args: argparse.Namespace) -> LearningSettings:
+    """How the dump's LearnedCorrections correct the jobs (the operator's learning flags)."""
+    try:
+        return ADMISSION.load(args, environ={}).learning()
+    except SettingsError as error:
+        raise PlanInputError(str(error)) from None
+
+
+def _corrected(
+    objects: ClusterObjects,
+    jobs: Sequence[JobRequest],
+    plans: Mapping[str, JobPlan],
+    settings: LearningSettings,
+    view: ClusterView,
+) -> list[JobRequest]:
+    """Each job's estimate with what the dump's LearnedCorrections teach applied, by the
+    operator's own rule (`learned.corrected`): a plan decides on the figures it would."""
+    records = learned.records(learned.key_states(objects.learned.values(), settings))
+    out = []
+    for job in jobs:
+        plan = plans[job.key]
+        found = learned.corrected(
+            objects.jobs[job.key], plan, job.estimate, plan.gpus, records, settings, view
+        )
+        estimate = replace(job.estimate, correction_percent=found.factor_percent)
+        out.append(replace(job, estimate=estimate))
+    return out
 
 
 def _documents(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

@@ -41,7 +41,8 @@ MAX_INT = 2**63 - 1
 #: The longest `by` read: three libraries' names and versions are well under 100 characters.
 MAX_BY = 256
 
-_FIELDS = tuple(f.name for f in fields(Estimate))
+#: Every field but admission's `correction_percent`: a stored estimate is the estimator's own.
+_FIELDS = tuple(f.name for f in fields(Estimate) if f.name != "correction_percent")
 
 
 class CodecError(ValueError):

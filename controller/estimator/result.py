@@ -115,6 +115,12 @@ class Estimate:
     load_moment: int = 0
     resident_bytes: int = 0
     paged_bytes: int = 0
+    #: What admission learned of jobs like this one (`controller.learning.correct`), in whole
+    #: percent: every per-GPU figure below is the estimator's x this / 100, rounded up to a
+    #: byte. Admission's, not the estimator's: 100 in every estimate made, never encoded
+    #: (`codec.py`), set on the copy a decision reads so that the decision core, the packer
+    #: and the messages all use the one corrected figure.
+    correction_percent: int = 100
 
     @property
     def total_bytes(self) -> int:
@@ -129,8 +135,19 @@ class Estimate:
         On one GPU every parallelism holds `total_bytes`. FSDP and DDP ranks add NCCL's
         buffers (`comm_bytes`) and reserve by their own share where there is one
         (`fsdp_reserve_share`, `ddp_reserve_share`). Where the job's rank was traced at this
-        count and parallelism (`traced_per_gpu`), the traced figure is the answer.
+        count and parallelism (`traced_per_gpu`), the traced figure is the answer. All of it
+        x `correction_percent` / 100.
         """
+        return self._corrected(self._estimated_per_gpu(gpus, parallelism))
+
+    def _corrected(self, figure: int) -> int:
+        """`figure` x `correction_percent` / 100, rounded up (`controller.learning`'s rule,
+        so the figure a correction's message names is the figure decided on)."""
+        if self.correction_percent == 100:
+            return figure
+        return -(-figure * self.correction_percent // 100)
+
+    def _estimated_per_gpu(self, gpus: int, parallelism: Parallelism) -> int:
         if self.traced_per_gpu:
             for value, count, held in self.traced_per_gpu:
                 # a DDP rank holds the same on any count of two or more
@@ -160,8 +177,9 @@ class Estimate:
         total over 8."""
         n = max(gpus, 1)
         if n == 1:
-            return self.total_bytes
-        return self._with_margin(self._deciding(n, True)[1], n, self.fsdp_reserve_share)
+            return self._corrected(self.total_bytes)
+        held = self._with_margin(self._deciding(n, True)[1], n, self.fsdp_reserve_share)
+        return self._corrected(held)
 
     @property
     def fsdp_pairs(self) -> tuple[tuple[int, int], ...]:
@@ -236,9 +254,9 @@ class Estimate:
         """Seed 1's per-GPU minimum for a GPU of a device map that does not hold the LM head:
         its share of the shards and its own activations, without the logits."""
         if gpus <= 1:
-            return self.total_bytes
+            return self._corrected(self.total_bytes)
         share = self.sharded_bytes // gpus + self.replicated_bytes - self.head_bytes
-        return self._with_margin(share, gpus)
+        return self._corrected(self._with_margin(share, gpus))
 
     def _with_margin(self, held: int, n: int = 1, share: tuple[int, int] | tuple[()] = ()) -> int:
         return held + self._reserved(held - self.fixed_bytes, n, True, share)

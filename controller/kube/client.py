@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
+from controller.api.learnedcorrection import PLURAL as LEARNED_PLURAL
 from controller.base.errors import DeploymentError
 
 #: Seconds to connect and to wait for an answer: a request that hangs (an API server gone
@@ -257,6 +258,19 @@ class Kube:
             "GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)]
         )
         return exists, list(events.get("items") or [])
+
+    def create_learned(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a LearnedCorrection (cluster-scoped); Conflict when it exists already."""
+        return dict(self._call("POST", f"/apis/{GROUP}/{VERSION}/{LEARNED_PLURAL}", obj))
+
+    def patch_learned_status(
+        self, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """Merge-patch a LearnedCorrection's status, only if the object is still at
+        `resource_version` (409 otherwise: a sample filed on a stale copy is filed again)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        path = f"/apis/{GROUP}/{VERSION}/{LEARNED_PLURAL}/{name}/status"
+        return dict(self._call("PATCH", path, body))
 
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API

@@ -32,6 +32,7 @@ from controller.admission.cluster import (
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
+from controller.api.learnedcorrection import PLURAL as LEARNED_PLURAL
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"
@@ -39,7 +40,8 @@ NODES = "vramgate_nodes"
 PODS = "vramgate_pods"
 WORKLOADS = "vramgate_workloads"
 PRIORITY_CLASSES = "vramgate_priorityclasses"
-INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES)
+LEARNED = "vramgate_learnedcorrections"
+INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES, LEARNED)
 #: PriorityClasses: (group, version, plural).
 PRIORITY_CLASS_RESOURCE = (SCHEDULING_GROUP, "v1", "priorityclasses")
 #: batch Jobs vramgate made carry its job label.
@@ -184,6 +186,18 @@ def slim_priority_class(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def slim_learned(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A LearnedCorrection as admission reads it: its name, resourceVersion (its status is
+    written only if unchanged since), spec and status."""
+    return compact(
+        {
+            "metadata": _meta(body, "name", "resourceVersion"),
+            "spec": dict(body.get("spec") or {}),
+            "status": dict(body.get("status") or {}),
+        }
+    )
+
+
 def gpu_or_job_pod(body: kopf.Body, **_: Any) -> bool:
     labels = (body.get("metadata") or {}).get("labels") or {}
     return JOB_LABEL in labels or pod_gpus(body) > 0
@@ -210,7 +224,7 @@ def _owner_uid(body: Mapping[str, Any]) -> str | None:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """The six indexes, under the ids `Caches.of` reads them by.
+    """The seven indexes, under the ids `Caches.of` reads them by.
 
     Coroutines, so kopf calls them on its event loop: a plain function is run in kopf's
     thread pool, two thread hops per watch event for a fraction of a millisecond's work."""
@@ -243,6 +257,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.index(*PRIORITY_CLASS_RESOURCE, id=PRIORITY_CLASSES, registry=registry)(
         by_name(slim_priority_class)
     )
+    kopf.index(GROUP, VERSION, LEARNED_PLURAL, id=LEARNED, registry=registry)(by_name(slim_learned))
 
 
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
@@ -252,7 +267,7 @@ def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
 
 @dataclass
 class Caches:
-    """The six indexes, as the handlers receive them."""
+    """The seven indexes, as the handlers receive them."""
 
     finetunejobs: Mapping[Any, Any]
     gpunodes: Mapping[Any, Any]
@@ -260,6 +275,7 @@ class Caches:
     pods: Mapping[Any, Any]
     workloads: Mapping[Any, Any]
     priority_classes: Mapping[Any, Any] = field(default_factory=dict)
+    learned: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
@@ -296,3 +312,7 @@ class Caches:
                     workloads[key] = workload
         job_pods = pods_by_job(objects.pods, objects.jobs)
         return objects, workloads, job_pods
+
+    def learned_objects(self) -> list[Any]:
+        """The LearnedCorrections, as cached."""
+        return list(_values(self.learned))

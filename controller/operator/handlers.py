@@ -10,7 +10,7 @@ Events that wake the loop: a FineTuneJob created, changed or deleted; a GPUNode 
 or readiness changed (a heartbeat alone does not: a stale heartbeat is noticed by the
 periodic resync); a Node cordoned, uncordoned, becoming (un)ready or losing GPUs; a GPU pod
 or a workload changing phase; a PriorityClass created, deleted or given another value (the
-queue's order, and a job that waits for its class).
+queue's order, and a job that waits for its class); a LearnedCorrection changed or deleted.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import kopf
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
+from controller.api.learnedcorrection import PLURAL as LEARNED_PLURAL
 from controller.operator import caches
 from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
@@ -94,6 +95,9 @@ def register(
     wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)
     wake_on(("batch", "v1", "jobs"), lambda body: body.get("status"), labels=caches.WORKLOAD_LABELS)
     wake_on(caches.PRIORITY_CLASS_RESOURCE, caches.slim_priority_class)
+    # A pin, a reset or a deletion moves waiting jobs' figures (the leader's own status writes
+    # wake it too: a key that learned re-corrects the queue).
+    wake_on((GROUP, VERSION, LEARNED_PLURAL), lambda body: [body.get("spec"), body.get("status")])
 
     tasks: list[asyncio.Task[Any]] = []
 

@@ -189,6 +189,7 @@ def run(options: OperatorOptions) -> int:
         kube,
         SchedulerOptions(
             admission=options.admission,
+            learning=options.learning,
             resync_s=options.resync_s,
             configmap_retry_s=options.configmap_retry_s,
             trace_workers=options.trace_workers,

@@ -55,7 +55,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -64,7 +64,7 @@ from typing import Any, cast
 import kopf
 
 from controller.admission import admission_pass as admission
-from controller.admission import observed
+from controller.admission import learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import finished, parse_time, reservation, snapshot
 from controller.admission.failures import Failure, failure_of
@@ -84,7 +84,8 @@ from controller.jobs.spec import (
     translate,
 )
 from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
-from controller.operator.caches import Caches, slim_job
+from controller.learning import LearningSettings
+from controller.operator.caches import Caches, slim_job, slim_learned
 from controller.operator.identity import estimate_identity, trace_libraries
 from controller.operator.leader import Leader
 from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
@@ -117,6 +118,10 @@ CREATE_RETRY_MAX_S = 300.0
 REFUSED_FOR_GOOD = (400, 422)
 #: A missing workload's remains are read at most this often per job.
 LOOKUP_INTERVAL_S = 5.0
+#: A LearnedCorrection this replica wrote is read from its write's answer, not the cache,
+#: until the cache catches up or this many seconds pass (then the cache is right: a person
+#: deleted it, say).
+LEARNED_FRESH_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,8 @@ class SchedulerOptions:
     configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
     #: The namespaces the operator watches (none: all); a new leader relists only these.
     namespaces: tuple[str, ...] = ()
+    #: How what finished jobs used corrects the next ones (`controller.learning`).
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
 
 class Scheduler:
@@ -223,6 +230,13 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None  # kopf's: the caches are its
         self._inventory = 0
         self._viewer = ThreadPoolExecutor(1, "vramgate-view")
+        #: LearnedCorrection name -> (resourceVersion the write started from, None for a
+        #: create; the object it wrote; monotonic time of the write): `_learned_objects`.
+        self._fresh_learned: dict[str, tuple[str | None, dict[str, Any], float]] = {}
+        #: Uids of jobs whose samples are counted under every key of their ladder, valid
+        #: while the keys (their names and resets) are `_learned_signature` (`_learn`).
+        self._counted_uids: set[str] = set()
+        self._learned_signature: frozenset[tuple[str, datetime | None]] = frozenset()
         self.passes = 0
         self._decide_s = 0.0  # how long the last pass took to decide
 
@@ -346,6 +360,7 @@ class Scheduler:
             for key, found in self._estimates.items()
             if key in objects.jobs and self._estimate_uid.get(key) == _uid(objects.jobs[key])
         }
+        keys = learned.key_states(self._learned_objects(), self.options.learning)
         # A workload we created (or are creating) but the cache has not seen is not missing.
         known = {**workloads, **{key: {} for key in [*self._created, *self._creating]}}
         inp = admission.PassInput(
@@ -364,6 +379,8 @@ class Scheduler:
                 if _uid(objects.jobs.get(key, {})) == uid
             },
             refused=dict(self._refused),
+            learned=learned.records(keys),
+            learning=self.options.learning,
         )
         decided_at = self.clock.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
@@ -393,6 +410,8 @@ class Scheduler:
         if landed is None:
             return
         left = replace(objects, jobs={**objects.jobs, **landed})
+        keys = {**keys, **await self._learn(left.jobs.values(), keys)}
+        learned_gauges = learned.gauges(keys, self.options.learning)
         uids = {_uid(job) for job in left.jobs.values()}
         for uid in [u for u in self._families if u not in uids]:
             del self._families[uid]
@@ -401,9 +420,88 @@ class Scheduler:
         # Built by the scrape that reads it (in the server's thread), from this pass's data.
         def build() -> tuple[Gauge, ...]:
             self.metrics.expect_accuracy(accuracy_series(left, self.family))
-            return metric_view(left, packing, now, peaks, self.family)
+            return (*metric_view(left, packing, now, peaks, self.family), *learned_gauges)
 
         self.metrics.set_view(build)
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def _learned_objects(self) -> list[Mapping[str, Any]]:
+        """The LearnedCorrections as cached, with this replica's own writes the cache has not
+        caught up with laid over them (as `_assumed` does for jobs)."""
+        assert self.caches is not None
+        now = self.clock.monotonic()
+        found: dict[str, Mapping[str, Any]] = {}
+        for obj in self.caches.learned_objects():
+            found[str(obj["metadata"]["name"])] = obj
+        for name, (before, after, at) in list(self._fresh_learned.items()):
+            cached = found.get(name)
+            version = None if cached is None else cached["metadata"].get("resourceVersion")
+            if now - at > LEARNED_FRESH_S or (cached is not None and version != before):
+                del self._fresh_learned[name]  # the cache has it (or something newer)
+            else:
+                found[name] = after
+        return list(found.values())
+
+    async def _learn(
+        self, jobs: Iterable[Mapping[str, Any]], keys: Mapping[str, learned.KeyState]
+    ) -> dict[str, learned.KeyState]:
+        """File every ended job's sample under the keys that have not counted it, and write
+        those keys (`controller.admission.learned`): the leader alone, after the pass's own
+        writes, so a sample written with a job's end is filed in the same pass. Returns the
+        keys it filed into (a write that failed is filed again by the next pass)."""
+        settings = self.options.learning
+        # Jobs whose samples every key of their ladder counted, while no key was deleted,
+        # created or reset: not parsed again on every pass (10,000 finished jobs cost 0.5 s).
+        signature = frozenset((name, state.reset_at) for name, state in keys.items())
+        if signature != self._learned_signature:
+            self._learned_signature, self._counted_uids = signature, set()
+        taught = {
+            _uid(job): job
+            for job in jobs
+            if (job.get("status") or {}).get("learnedSample") is not None
+        }
+        self._counted_uids &= taught.keys()
+        todo = [job for uid, job in taught.items() if uid not in self._counted_uids]
+        if not todo:
+            return {}
+        loop = asyncio.get_running_loop()
+
+        def file() -> dict[str, learned.KeyState]:  # a rebuild files thousands: not on the loop
+            return learned.file_samples(keys, learned.samples_of(todo), settings)
+
+        changed = await loop.run_in_executor(self._decider, file)
+        if not changed:
+            self._counted_uids.update(_uid(job) for job in todo)
+            return {}
+        now = self.now()
+
+        async def write(state: learned.KeyState) -> None:
+            obj, status = learned.key_object(state, settings, now)
+            name = obj["metadata"]["name"]
+            version = state.resource_version
+            try:
+                if not state.exists:
+                    made = await loop.run_in_executor(self._writer, self.kube.create_learned, obj)
+                    version = str(made["metadata"]["resourceVersion"])
+                assert version is not None  # an existing key's state carries its own
+                after = await loop.run_in_executor(
+                    self._writer, self.kube.patch_learned_status, name, status, version
+                )
+            except (Conflict, Gone) as error:  # filed again on a fresh copy by the next pass
+                log.info("learned correction %s not written (%s); again next pass", name, error)
+                self.wake()
+                return
+            except Exception:
+                log.exception("cannot write learned correction %s; again next pass", name)
+                loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                return
+            before = state.resource_version if state.exists else None
+            self._fresh_learned[name] = (before, slim_learned(after), self.clock.monotonic())
+
+        await asyncio.gather(*(write(state) for state in changed.values()))
+        self.wake()  # a key that learned corrects the jobs still waiting
+        return changed
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

@@ -34,6 +34,7 @@ from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig, Namespa
 from controller.api.base import GROUP
 from controller.base.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
 from controller.decision import AdmissionSettings
+from controller.learning import LearningSettings
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
@@ -201,6 +202,7 @@ class OperatorSettings(AdmissionConfig):
             configmap_retry_s=self.configmap_retry_seconds,
             trace_workers=self.trace_workers,
             admission=self.admission(),
+            learning=self.learning(),
             resync_s=self.resync_seconds,
             leader_election=self.leader_election,
             lease_namespace=self.lease_namespace,
@@ -241,6 +243,7 @@ class OperatorOptions:
     configmap_retry_s: float = DEFAULTS.configmap_retry_seconds
     trace_workers: int = DEFAULTS.trace_workers
     admission: AdmissionSettings = field(default_factory=DEFAULTS.admission)
+    learning: LearningSettings = field(default_factory=DEFAULTS.learning)
     resync_s: float = DEFAULTS.resync_seconds
     #: Leader election on a Lease (off: this replica decides alone; for one-replica runs).
     leader_election: bool = DEFAULTS.leader_election

@@ -51,7 +51,11 @@ RELEASE = "vg"
 FULLNAME = "vg-vramgate"
 OPERATOR_SA = f"{FULLNAME}-operator"
 AGENT_SA = f"{FULLNAME}-agent"
-CRD_NAMES = ("finetunejobs.vramgate.dev", "gpunodes.vramgate.dev")
+CRD_NAMES = (
+    "finetunejobs.vramgate.dev",
+    "gpunodes.vramgate.dev",
+    "learnedcorrections.vramgate.dev",
+)
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -743,6 +747,7 @@ def test_listed_namespaces_narrow_the_webhooks_and_the_operators_rights() -> Non
     assert cluster_wide == {
         "gpunodes", "nodes", "priorityclasses", "customresourcedefinitions", "namespaces",
         "validatingwebhookconfigurations", "mutatingwebhookconfigurations",
+        "learnedcorrections", "learnedcorrections/status",
     }  # fmt: skip
     roles = find(objects, "Role", f"{FULLNAME}-operator-jobs")
     assert sorted(r["metadata"]["namespace"] for r in roles) == watched
@@ -1169,6 +1174,9 @@ OPERATOR_CAN = [
     # on in the local control plane: the admit cycle above proves it enough).
     ("update", "finetunejobs.vramgate.dev", "--subresource=finalizers", "-n", "any"),
     ("list", "gpunodes.vramgate.dev"),
+    ("watch", "learnedcorrections.vramgate.dev"),
+    ("create", "learnedcorrections.vramgate.dev"),
+    ("patch", "learnedcorrections.vramgate.dev", "--subresource=status"),
     ("watch", "pods", "-A"),
     ("get", "nodes"),
     ("watch", "priorityclasses.scheduling.k8s.io"),
@@ -1195,6 +1203,9 @@ OPERATOR_CANNOT = [
     ("delete", "finetunejobs.vramgate.dev", "-n", "any"),
     ("create", "gpunodes.vramgate.dev"),
     ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
+    # A key's spec (its pin, its reset) is a person's.
+    ("patch", "learnedcorrections.vramgate.dev"),
+    ("delete", "learnedcorrections.vramgate.dev"),
     ("patch", "nodes"),
     ("create", "priorityclasses.scheduling.k8s.io"),
     ("list", "configmaps", "-A"),

@@ -76,6 +76,8 @@ EXPECTED_ACTIVE = {
     "VramgateAgentHeartbeatStale": "node D's heartbeat is ten minutes old",
     "VramgateGpuMemoryOutsideReservation": "75 GiB used on two of node A's GPUs, none reserved",
     "VramgateJobAboveEstimate": "the running job uses 112% of its estimate",
+    "VramgateLearnedRatioAboveOne": "the 2 finished jobs used more than their estimate: "
+    "the keys they taught have a p95 ratio above 1",
 }
 
 

@@ -290,6 +290,7 @@ def test_crds_writes_then_check_passes(tmp_path: Path, capsys: pytest.CaptureFix
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "finetunejobs.vramgate.dev.yaml",
         "gpunodes.vramgate.dev.yaml",
+        "learnedcorrections.vramgate.dev.yaml",
     ]
     assert main(["crds", "--dir", str(tmp_path), "--check"]) == 0
     capsys.readouterr()
@@ -310,12 +311,13 @@ def test_crds_check_fails_on_drift(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "gpunodes.vramgate.dev.yaml: missing" in err[1]
 
 
-def test_crds_stdout_prints_both_documents(capsys: pytest.CaptureFixture[str]) -> None:
+def test_crds_stdout_prints_every_document(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crds", "--stdout"]) == 0
     documents = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert [d["metadata"]["name"] for d in documents] == [
         "finetunejobs.vramgate.dev",
         "gpunodes.vramgate.dev",
+        "learnedcorrections.vramgate.dev",
     ]
 
 
@@ -336,6 +338,7 @@ def test_the_chart_templates_are_written_and_checked_beside_its_crds(
     assert sorted(p.name for p in templates.iterdir()) == [
         "finetunejobs.vramgate.dev.yaml",
         "gpunodes.vramgate.dev.yaml",
+        "learnedcorrections.vramgate.dev.yaml",
     ]
     assert main(["crds", "--dir", str(directory), "--check"]) == 0
     edited = templates / "gpunodes.vramgate.dev.yaml"

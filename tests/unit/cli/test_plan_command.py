@@ -283,7 +283,7 @@ def test_a_misspelled_vramgate_kind_is_refused_not_skipped(
     assert code == 2
     assert err == (
         "vramgate: jobs.yaml: document 2: kind: 'FinetuneJob' is not one of vramgate.dev's: "
-        "FineTuneJob, GPUNode\n"
+        "FineTuneJob, GPUNode, LearnedCorrection\n"
     )
 
 
@@ -945,7 +945,9 @@ def test_plan_and_the_operator_share_the_admission_settings(
     assert issubclass(operator.OperatorSettings, AdmissionConfig)
     names = set(AdmissionConfig.model_fields)
     assert names == {"gpu_mode", "queueing", "headroom", "headroom_percent",
-                     "heartbeat_ttl_seconds", "raw_priority_namespaces"}  # fmt: skip
+                     "heartbeat_ttl_seconds", "raw_priority_namespaces", "learning_policy",
+                     "learning_min_samples", "learning_percentile", "learning_margin_percent",
+                     "learning_half_life_seconds"}  # fmt: skip
     assert names <= set(operator.OperatorSettings.model_fields)
     assert [plan_command.ADMISSION.flag(n) for n in names] == [
         operator.LOADER.flag(n) for n in names
@@ -988,3 +990,58 @@ def test_plan_and_the_operator_share_the_admission_settings(
     text = " ".join(capsys.readouterr().out.split())
     assert "--config" not in text and "env " not in text and "VRAMGATE" not in text
     assert "--headroom SIZE memory kept free on every GPU" in text and "(default 0GiB)" in text
+
+
+def test_plan_reads_learned_corrections_from_a_dump_and_decides_on_the_operators_figures(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from controller.admission import learned
+    from controller.admission.admission_pass import Estimated, PassInput, admission_pass
+    from controller.admission.cluster import ClusterObjects
+    from controller.decision import AdmissionSettings
+    from controller.jobs.spec import estimate_plan, translate
+    from controller.learning import LearningSettings
+
+    node, gpunode = _kubectl_dump(0)["items"][:2]
+    template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:low"}]}}
+    meta = {"name": "next", "namespace": "team", "uid": "uid-next", "generation": 1,
+            "resourceVersion": "7", "creationTimestamp": "2026-12-01T09:00:00Z"}  # fmt: skip
+    job = dict(LLAMA_QLORA, metadata=meta, spec={**LLAMA_QLORA["spec"], "template": template})
+    plan, _ = translate(dict(job["spec"]), None)
+    assert plan is not None
+    est = estimate_plan(plan)
+    key = learned.job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
+    predicted = est.per_gpu_bytes(plan.gpus, plan.parallelism)
+    at = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    settings = LearningSettings(min_samples=3)
+    taught = [learned.Sample(f"u{i}", key, "Steady", int(0.7 * predicted), predicted, predicted, at)
+              for i in range(3)]  # fmt: skip
+    keys = []
+    for state in learned.file_samples({}, taught, settings).values():
+        obj, status = learned.key_object(state, settings, at)
+        keys.append({**obj, "status": status})
+    dump = {"kind": "List", "items": [node, gpunode, job, *keys]}
+
+    code, out, err = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), "--json",
+                         "--learning-min-samples", "3")  # fmt: skip
+    assert code == 0, err
+    (decided,) = decisions(out)
+    objects = ClusterObjects()
+    for item in dump["items"]:
+        objects.add(item, "dump")
+    operator = admission_pass(
+        PassInput(
+            objects=objects, workloads={}, job_pods={},
+            estimates={"team/next": Estimated(1, plan=plan, estimate=est)},
+            settings=AdmissionSettings(), now=datetime(2026, 12, 1, 10, tzinfo=UTC),
+            learned=learned.records(learned.key_states(keys, settings)), learning=settings,
+        )
+    )  # fmt: skip
+    (write_,) = operator.writes
+    reserved = write_.patch["placement"]["perGpuBytes"]
+    assert decided["per_gpu_bytes"] == reserved < predicted, "plan decides as the operator"
+    _, unlearned, _ = run(capsys, "--cluster", write(tmp_path, "d.yaml", dump), "--json",
+                          "--learning-policy", "off")  # fmt: skip
+    assert decisions(unlearned)[0]["per_gpu_bytes"] == predicted

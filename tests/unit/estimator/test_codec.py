@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from fractions import Fraction
 
 import pytest
@@ -41,7 +41,16 @@ FULL = Estimate(
 def test_every_field_is_set_away_from_its_default_here() -> None:
     defaults = Estimate("x", {}, 0, 0, 0, 0)
     for f in fields(Estimate):
+        if f.name == "correction_percent":  # admission's, never encoded (next test)
+            continue
         assert getattr(FULL, f.name) != getattr(defaults, f.name), f.name
+
+
+def test_a_correction_is_admissions_and_never_encoded() -> None:
+    corrected = replace(FULL, correction_percent=86)
+    assert "correction_percent" not in codec.encode(corrected)
+    assert codec.decode(codec.encode(corrected)) == FULL
+    assert corrected.per_gpu_bytes(1) == -(-FULL.per_gpu_bytes(1) * 86 // 100)
 
 
 def test_an_estimate_round_trips_exactly_with_its_types() -> None:

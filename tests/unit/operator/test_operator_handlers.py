@@ -293,7 +293,9 @@ def test_registration_covers_indexes_wake_ups_lifecycle_and_both_webhooks(
     indexes = registry._indexing.get_all_handlers()
     assert [h.id for h in indexes] == list(caches.INDEXES)
     wake = {h.selector.any_name for h in registry._watching.get_all_handlers()}
-    assert wake == {"finetunejobs", "gpunodes", "nodes", "pods", "jobs", "priorityclasses"}
+    assert wake == {
+        "finetunejobs", "gpunodes", "nodes", "pods", "jobs", "priorityclasses", "learnedcorrections"
+    }  # fmt: skip
     activities = {str(h.activity.value) for h in registry._activities.get_all_handlers()}
     assert activities == {"startup", "cleanup"}
     assert registry._changing.get_all_handlers() == [], "no create/update handler writes"

@@ -14,6 +14,7 @@ import yaml
 
 from controller.cli import main
 from controller.decision import QueueingStrategy
+from controller.learning import Policy
 from controller.operator.settings import (
     LOADER,
     OperatorSettings,
@@ -45,6 +46,11 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "headroom_percent": ("5", 5, 5),
     "heartbeat_ttl_seconds": ("120", 120, 120),
     "raw_priority_namespaces": ("platform", ["platform"], ["platform"]),
+    "learning_policy": ("raiseOnly", "raiseOnly", Policy.RAISE_ONLY),
+    "learning_min_samples": ("3", 3, 3),
+    "learning_percentile": ("90", 90, 90),
+    "learning_margin_percent": ("10", 10, 10),
+    "learning_half_life_seconds": ("3600", 3600, 3600),
     "trace_workers": ("3", 3, 3),
     "resync_seconds": ("3", 3, 3.0),
     "leader_election": ("false", False, False),
@@ -80,6 +86,8 @@ def test_the_config_keys_are_the_contracts() -> None:
         "namespaces webhook webhookAddr webhookPort webhookHost webhookConfigName certDir "
         "certHosts certSecretName configmapRetrySeconds gpuMode queueing headroom "
         "headroomPercent heartbeatTtlSeconds rawPriorityNamespaces traceWorkers resyncSeconds "
+        "learningPolicy learningMinSamples learningPercentile learningMarginPercent "
+        "learningHalfLifeSeconds "
         "leaderElection "
         "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel"

@@ -1,0 +1,532 @@
+"""The learning loop's wiring to the API: jobs and LearnedCorrection objects in, records,
+corrections and the key objects to write out. Pure: the scheduler hands in what its caches hold.
+
+**What a job teaches, and when.** A job teaches once it ends, in the status write that ends it
+(`sample`, into `status.learnedSample`):
+
+* Succeeded with `status.observed` peaks: a **Steady** sample, observed per-GPU peak over the
+  estimator's own per-GPU figure at the NVML level (`status.estimate.perGpuLevels.nvmlBytes`,
+  never the corrected figure: a ratio to a corrected figure would correct twice). Only a job
+  that ran to its end counts: a running job's peak may still grow (its first optimizer step
+  allocates the optimizer states), and its end is the one moment nobody has to guess.
+* Failed with reason `GPUOutOfMemory` (`controller.workload.state`: a trainer container's
+  termination message or log tail names `CUDA out of memory` / `OutOfMemoryError`): an
+  **OutOfMemory** sample, `controller.learning.record_oom`'s need (the larger of what it was
+  reserved and what it was seen using, bumped by VPA's 20 % / 100 MiB) over its prediction;
+  its key is raised at once, so the job applied again is reserved more.
+
+Anything else (a host OOMKilled, a failure of the trainer's own) teaches nothing.
+
+**Counted once.** The sample goes into the job's own status with its end, atomically. The
+leader then files each job's sample under every key of its ladder whose object has not counted
+the job (`countedUIDs`, the latest `MAX_COUNTED_UIDS`, plus `countedThrough`: any sample taken
+at or before it is counted), and writes the key's status with the uid added, carrying the
+object's resourceVersion: a restart, a failover or a stale cache finds the uid counted (or its
+write refused) and files nothing twice. A key object deleted (a reset) is rebuilt from the
+jobs still in the API that carry a sample; `spec.resetAt` rebuilds it from the samples taken
+since (`countedThrough` = resetAt). Samples are filed oldest first, so an OOM's raise is
+cleared only by a job of its key that succeeded after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.admission import observed
+from controller.admission.cluster import parse_time
+from controller.admission.metric_view import Gauge
+from controller.api import conditions as cond
+from controller.api.enums import EstimateCorrection
+from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
+from controller.base.units import format_gib
+from controller.estimator import Estimate
+from controller.jobs.spec import JobPlan
+from controller.learning import (
+    Correction,
+    DecayingHistogram,
+    JobKey,
+    KeyRecord,
+    LearningSettings,
+    Policy,
+    Source,
+    correct,
+    record_oom,
+    record_steady,
+)
+from controller.learning.histogram import format_time
+from controller.packing.view import ClusterView
+
+STEADY = "Steady"
+OUT_OF_MEMORY = "OutOfMemory"
+#: The per-job spelling of each policy (`spec.estimateCorrection`).
+POLICIES = {
+    EstimateCorrection.OFF.value: Policy.OFF,
+    EstimateCorrection.RAISE_ONLY.value: Policy.RAISE_ONLY,
+    EstimateCorrection.ADJUST.value: Policy.ADJUST,
+}
+#: Sources whose correction is said in the Estimated condition (the others change nothing).
+SAID = (Source.LEARNED, Source.PINNED, Source.OUT_OF_MEMORY)
+
+
+# -- a job's key and its correction ---------------------------------------------------------
+
+
+def job_key(job: Mapping[str, Any], estimate: Mapping[str, Any]) -> JobKey:
+    """The job's finest key, from its spec and `estimate` (its `status.estimate`: the profile
+    that made the prediction and the parallelism it assumes). The family is config.json's
+    model_type as read without I/O (`observed.spec_family`; a model in a ConfigMap is `*`:
+    such jobs share the coarser keys). The image is the trainer container's as the template
+    names it (a digest where the user pins one): the same string at admission and at the end."""
+    spec = job.get("spec") or {}
+    training = spec.get("training") if isinstance(spec.get("training"), Mapping) else {}
+    family = observed.spec_family(spec)
+    return JobKey.of(
+        family=None if family == observed.UNKNOWN_FAMILY else family,
+        method=_clean(spec.get("method")),
+        parallelism=_clean(estimate.get("parallelism")),
+        profile=_clean(estimate.get("profile")),
+        framework=_clean((training or {}).get("framework")),
+        image=_image(spec),
+    )
+
+
+def _clean(value: object) -> str | None:
+    return value.replace(",", "").replace("=", "") if isinstance(value, str) else None
+
+
+def _image(spec: Mapping[str, Any]) -> str | None:
+    template = spec.get("template")
+    if not isinstance(template, Mapping):
+        return None
+    containers = (template.get("spec") or {}).get("containers") or []
+    if not containers or not isinstance(containers[0], Mapping):
+        return None
+    return _clean(containers[0].get("image"))
+
+
+def job_policy(spec: Mapping[str, Any]) -> Policy | None:
+    """`spec.estimateCorrection` as a policy; None: the cluster's. The API server's schema
+    refuses any other value."""
+    return POLICIES.get(str(spec.get("estimateCorrection") or ""))
+
+
+def correction(
+    estimate_bytes: int,
+    key: JobKey,
+    records: Mapping[str, KeyRecord],
+    settings: LearningSettings,
+    spec: Mapping[str, Any],
+) -> Correction:
+    return correct(estimate_bytes, key, records, settings, job_policy(spec))
+
+
+def corrected(
+    job: Mapping[str, Any],
+    plan: JobPlan,
+    est: Estimate,
+    gpus: int,
+    records: Mapping[str, KeyRecord],
+    settings: LearningSettings,
+    view: ClusterView | None = None,
+) -> Correction:
+    """What was learned of jobs like `job`, applied to its estimator's figure at `gpus`:
+    the one rule the operator's pass and `vramgate plan` share, so a plan on a dump decides
+    on the operator's figures.
+
+    A margin must not refuse a job its own estimate fits: a figure raised past what the
+    largest matching GPU holds (empty, less headroom; `view`) is capped there (`capped`),
+    unless it was raised after a job like it ran out of memory, whose need it is."""
+    key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
+    figure = est.per_gpu_bytes(gpus, plan.parallelism)
+    found = correction(figure, key, records, settings, job.get("spec") or {})
+    if view is None or found.per_gpu_bytes <= figure:
+        return found
+    largest = view.largest_empty(view.select(plan.gpu_selector or {}))
+    return found if largest is None else capped(found, largest[0])
+
+
+def capped(found: Correction, largest_bytes: int) -> Correction:
+    """`found`, its factor lowered (whole percent, never below 1.00) so that its figure fits
+    a GPU of `largest_bytes` where the estimate itself does. An OOM's raise is never capped:
+    the job died below it, and waiting for a larger GPU beats dying again."""
+    if found.source is Source.OUT_OF_MEMORY or found.per_gpu_bytes <= largest_bytes:
+        return found
+    if found.estimate_bytes > largest_bytes:
+        return found  # refused either way; the learned figure says by how much
+    percent = max(100, largest_bytes * 100 // found.estimate_bytes)
+    figure = -(-found.estimate_bytes * percent // 100)
+    message = found.message.rsplit(" = ", 1)[0].replace(
+        f" x {found.factor_percent / 100:.2f} ", f" x {percent / 100:.2f} ", 1
+    )
+    message += f", capped to fit the largest GPU ({format_gib(largest_bytes)}) = "
+    message += f"{format_gib(figure)} per GPU"
+    return replace(found, per_gpu_bytes=figure, factor_percent=percent, message=message)
+
+
+def correction_status(found: Correction) -> dict[str, Any] | None:
+    """`status.estimate.correction`; None where learning changed nothing and says nothing new
+    (off, too few samples): a job's status is not rewritten as a key gathers its first k."""
+    return found.to_dict() if found.source in SAID else None
+
+
+# -- LearnedCorrection objects -> records -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One key's object as the operator reads and writes it."""
+
+    key: JobKey
+    record: KeyRecord
+    counted: tuple[str, ...] = ()
+    counted_through: datetime | None = None
+    reset_at: datetime | None = None
+    #: The object's resourceVersion (None: not created yet) and whether its spec pins.
+    resource_version: str | None = None
+    exists: bool = False
+    #: The uids counted, with their samples' times, as far as the jobs in the API tell.
+    times: Mapping[str, datetime] = field(default_factory=dict)
+
+
+def key_state(obj: Mapping[str, Any], settings: LearningSettings) -> KeyState | None:
+    """A LearnedCorrection as a key's state; None for one whose key does not read (edited by
+    hand into nonsense: it is left alone, and corrects nothing)."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    try:
+        key = JobKey(**{f: str(spec.get(f) or "*") for f in _KEY_FIELDS})
+    except (TypeError, ValueError):
+        return None
+    reset_at = _time(spec.get("resetAt"))
+    stale = reset_at is not None and reset_at != _time(status.get("resetAt"))
+    histogram = DecayingHistogram(half_life_seconds=settings.half_life_seconds)
+    oom = None
+    if not stale and isinstance(status.get("histogram"), Mapping):
+        try:
+            histogram = histogram_from_status(status["histogram"])
+        except ValueError:
+            pass  # rebuilt from the jobs' samples, as if deleted
+        else:
+            oom = status.get("oomFactorPercent")
+    pinned = spec.get("pinnedPercent")
+    record = KeyRecord(
+        key,
+        histogram,
+        oom if isinstance(oom, int) and oom >= 1 else None,
+        pinned if isinstance(pinned, int) and pinned >= 1 else None,
+    )
+    counted = () if stale or histogram.samples == 0 else tuple(status.get("countedUIDs") or ())
+    through = reset_at if stale else _time(status.get("countedThrough"))
+    if reset_at is not None and (through is None or through < reset_at):
+        through = reset_at
+    meta = obj.get("metadata") or {}
+    return KeyState(
+        key,
+        record,
+        counted,
+        through,
+        reset_at,
+        meta.get("resourceVersion"),
+        exists=True,
+    )
+
+
+_KEY_FIELDS = ("family", "method", "parallelism", "profile", "framework", "image")
+
+
+def key_states(
+    objects: Iterable[Mapping[str, Any]], settings: LearningSettings
+) -> dict[str, KeyState]:
+    """Every readable key object, by key name."""
+    out = {}
+    for obj in objects:
+        state = key_state(obj, settings)
+        if state is not None:
+            out[state.key.name] = state
+    return out
+
+
+def records(states: Mapping[str, KeyState]) -> dict[str, KeyRecord]:
+    return {name: state.record for name, state in states.items()}
+
+
+def histogram_to_status(histogram: DecayingHistogram) -> dict[str, Any]:
+    """The histogram with its real numbers as exact decimal strings (the API has no floats)."""
+    data = histogram.to_dict()
+    return {
+        "halfLifeSeconds": data["halfLifeSeconds"],
+        "scale": {k: repr(float(v)) for k, v in data["scale"].items()},
+        **({"referenceTime": data["referenceTime"]} if data["referenceTime"] else {}),
+        "samples": data["samples"],
+        "totalWeight": repr(float(data["totalWeight"])),
+        "bucketWeights": {k: repr(float(v)) for k, v in data["bucketWeights"].items()},
+    }
+
+
+def histogram_from_status(data: Mapping[str, Any]) -> DecayingHistogram:
+    try:
+        scale = {k: float(v) for k, v in (data.get("scale") or {}).items()}
+        weights = {k: float(v) for k, v in (data.get("bucketWeights") or {}).items()}
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"histogram: {error}") from None
+    return DecayingHistogram.from_dict({**data, "scale": scale, "bucketWeights": weights})
+
+
+# -- a job's end -> its sample ----------------------------------------------------------------
+
+
+def sample(
+    job_status: Mapping[str, Any], ended: str, key: JobKey, peak_bytes: int, now: datetime
+) -> dict[str, Any] | None:
+    """`status.learnedSample` of a job that ended with the condition reason `ended` (module
+    docstring), or None where it teaches nothing."""
+    if ended == cond.REASON_SUCCEEDED:
+        kind = STEADY
+    elif ended == cond.REASON_GPU_OUT_OF_MEMORY:
+        kind = OUT_OF_MEMORY
+    else:
+        return None
+    estimate = job_status.get("estimate") or {}
+    levels = estimate.get("perGpuLevels") or {}
+    predicted = int(levels.get("nvmlBytes") or estimate.get("perGpuBytes") or 0)
+    reserved = int((job_status.get("placement") or {}).get("perGpuBytes") or 0)
+    if predicted <= 0 or (kind == STEADY and peak_bytes <= 0):
+        return None
+    return {
+        "key": key.name,
+        "kind": kind,
+        "observedBytes": peak_bytes,
+        "predictedBytes": predicted,
+        "reservedBytes": reserved,
+        "time": format_time(now),
+    }
+
+
+@dataclass(frozen=True)
+class Sample:
+    uid: str
+    key: JobKey
+    kind: str
+    observed_bytes: int
+    predicted_bytes: int
+    reserved_bytes: int
+    at: datetime
+
+
+def samples_of(jobs: Iterable[Mapping[str, Any]]) -> list[Sample]:
+    """Every job's `status.learnedSample` that reads, oldest first."""
+    out = []
+    for job in jobs:
+        data = (job.get("status") or {}).get("learnedSample")
+        if not isinstance(data, Mapping):
+            continue
+        try:
+            out.append(
+                Sample(
+                    str((job.get("metadata") or {}).get("uid")),
+                    JobKey.parse(str(data["key"])),
+                    str(data["kind"]),
+                    int(data.get("observedBytes") or 0),
+                    int(data["predictedBytes"]),
+                    int(data.get("reservedBytes") or 0),
+                    _required_time(data["time"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue  # edited by hand into nonsense: teaches nothing
+    return sorted(out, key=lambda s: (s.at, s.uid))
+
+
+# -- samples -> key objects to write --------------------------------------------------------
+
+
+def file_samples(
+    states: Mapping[str, KeyState], found: Iterable[Sample], settings: LearningSettings
+) -> dict[str, KeyState]:
+    """The key states that change when every sample in `found` not counted yet is filed under
+    each key of its ladder that has not counted it (module docstring), by key name.
+
+    Linear in the samples: records and counted uids are kept as they change, not rebuilt
+    per sample (a rebuilt key refiles every job still in the API at once)."""
+    records = {name: st.record for name, st in states.items()}
+    counted: dict[str, set[str]] = {}  # per key name, built on first use
+    added: dict[str, list[str]] = {}
+    times: dict[str, datetime] = {}
+
+    def is_counted(name: str, s: Sample) -> bool:
+        state = states.get(name)
+        if (
+            state is not None
+            and state.counted_through is not None
+            and s.at <= state.counted_through
+        ):
+            return True
+        if name not in counted:
+            counted[name] = set(state.counted) if state is not None else set()
+        return s.uid in counted[name]
+
+    for s in found:
+        times[s.uid] = s.at
+        todo = [rung for rung in s.key.ladder() if not is_counted(rung.name, s)]
+        if not todo or s.predicted_bytes <= 0:
+            continue
+        try:
+            if s.kind == OUT_OF_MEMORY:
+                had = max(s.reserved_bytes, 1)
+                filed = record_oom(
+                    records, s.key, had, had, s.observed_bytes, s.predicted_bytes, s.at, settings
+                )
+            elif s.observed_bytes > 0:
+                filed = record_steady(
+                    records, s.key, s.observed_bytes, s.predicted_bytes, s.at, settings
+                )
+            else:
+                continue
+        except ValueError:
+            continue
+        for rung in todo:
+            kept = records.get(rung.name)
+            pinned = kept.pinned_percent if kept is not None else None
+            records[rung.name] = replace(filed[rung.name], pinned_percent=pinned)
+            counted[rung.name].add(s.uid)
+            added.setdefault(rung.name, []).append(s.uid)
+    out = {}
+    for name, uids in added.items():
+        start = states.get(name) or KeyState(records[name].key, records[name])
+        state = replace(start, record=records[name], counted=(*start.counted, *uids))
+        out[name] = _bounded(state, times)
+    return out
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _bounded(state: KeyState, times: Mapping[str, datetime]) -> KeyState:
+    """At most MAX_COUNTED_UIDS uids: the oldest samples' give way, and `countedThrough`
+    moves to the latest of their times (uids of jobs gone from the API count as oldest)."""
+    if len(state.counted) <= MAX_COUNTED_UIDS:
+        return state
+    ordered = sorted(state.counted, key=lambda uid: (times.get(uid) or _EPOCH, uid))
+    dropped = ordered[: len(ordered) - MAX_COUNTED_UIDS]
+    kept = set(ordered[len(dropped) :])
+    through = state.counted_through
+    for uid in dropped:
+        at = times.get(uid)
+        if at is not None and (through is None or at > through):
+            through = at
+    return replace(
+        state, counted=tuple(u for u in state.counted if u in kept), counted_through=through
+    )
+
+
+def key_object(
+    state: KeyState, settings: LearningSettings, now: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The LearnedCorrection to create for a key (metadata and spec) and its status."""
+    key = state.key
+    obj = {
+        "apiVersion": "vramgate.dev/v1alpha1",
+        "kind": "LearnedCorrection",
+        "metadata": {"name": object_name(key)},
+        "spec": {f: getattr(key, f) for f in _KEY_FIELDS},
+    }
+    return obj, key_status(state, settings, now)
+
+
+#: The reference figure a key object's own correction is worked out on: its factor does not
+#: depend on the figure (integers of percent), only its message's GiB do.
+_REFERENCE_BYTES = 1 << 30
+
+
+def key_status(state: KeyState, settings: LearningSettings, now: datetime) -> dict[str, Any]:
+    record = state.record
+    histogram = record.histogram
+    own = {state.key.name: record}
+    yields = correct(_REFERENCE_BYTES, state.key, own, replace(settings, policy=Policy.ADJUST))
+    p95 = histogram.percentile(0.95)
+    status: dict[str, Any] = {
+        "key": state.key.name,
+        "samples": histogram.samples,
+        "correction": f"{yields.factor_percent / 100:.2f}",
+        "correctionPercent": yields.factor_percent,
+        "source": yields.source.value,
+        "message": _key_message(yields, settings),
+        "oomFactorPercent": record.oom_factor_percent,
+        "histogram": histogram_to_status(histogram),
+        "countedUIDs": list(state.counted),
+        "countedThrough": None
+        if state.counted_through is None
+        else format_time(state.counted_through),
+        "resetAt": None if state.reset_at is None else format_time(state.reset_at),
+        "updateTime": format_time(now),
+    }
+    if p95 is not None:
+        status["p95Ratio"] = f"{p95:.2f}"
+    return status
+
+
+#: The label names of a key's series: its fields (`*` where it matches any).
+KEY_LABELS = _KEY_FIELDS
+
+
+def gauges(states: Mapping[str, KeyState], settings: LearningSettings) -> tuple[Gauge, ...]:
+    """What each key learned, for Prometheus: its samples, its p95 ratio (the alert's:
+    above 1.0 the estimator under-predicts that kind of job) and the correction it yields."""
+    samples = Gauge(
+        "vramgate_learned_samples",
+        "Jobs a LearnedCorrection key learned from (every sample ever filed, before decay).",
+        KEY_LABELS,
+    )
+    p95 = Gauge(
+        "vramgate_learned_p95_ratio",
+        "95th percentile of observed / predicted per-GPU peaks of a key's jobs, decayed: "
+        "above 1, the estimator under-predicts that kind of job.",
+        KEY_LABELS,
+    )
+    factor = Gauge(
+        "vramgate_learned_correction_ratio",
+        "The factor a key yields on the estimate of a job of exactly that kind under policy "
+        "adjust (1: the estimate stands).",
+        KEY_LABELS,
+    )
+    for state in sorted(states.values(), key=lambda s: s.key.name):
+        values = tuple(getattr(state.key, f) for f in KEY_LABELS)
+        histogram = state.record.histogram
+        samples.add(values, float(histogram.samples))
+        ratio = histogram.percentile(0.95)
+        if ratio is not None:
+            p95.add(values, ratio)
+        own = {state.key.name: state.record}
+        yields = correct(_REFERENCE_BYTES, state.key, own, replace(settings, policy=Policy.ADJUST))
+        factor.add(values, yields.factor_percent / 100)
+    return samples, p95, factor
+
+
+def _key_message(yields: Correction, settings: LearningSettings) -> str:
+    """What the key yields, without a job's figures: `x 0.86, learned (p95 of 12 jobs)`."""
+    factor = f"x {yields.factor_percent / 100:.2f}"
+    if yields.source is Source.LEARNED:
+        return f"{factor}, learned (p{settings.percentile} of {yields.samples} jobs)"
+    if yields.source is Source.PINNED:
+        return f"{factor}, pinned by hand"
+    if yields.source is Source.OUT_OF_MEMORY:
+        return f"{factor}, raised after a job of this kind ran out of GPU memory"
+    return f"x 1.00: {yields.samples} jobs, {settings.min_samples} needed to learn"
+
+
+def _time(value: object) -> datetime | None:
+    try:
+        found = parse_time(value)
+    except ValueError:
+        return None
+    return None if found is None or found.tzinfo is None else found
+
+
+def _required_time(value: object) -> datetime:
+    found = _time(value)
+    if found is None:
+        raise ValueError("time: must be an RFC 3339 time")
+    return found

@@ -1,0 +1,345 @@
+"""The learning loop's wiring, as plain data: a job's end writes its sample, the leader files
+samples under the keys that have not counted them, and the pass corrects waiting jobs."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from controller.admission import learned
+from controller.admission.admission_pass import PassInput, admission_pass
+from controller.api import conditions as cond
+from controller.api.base import JOB_LABEL
+from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
+from controller.decision import AdmissionSettings
+from controller.learning import JobKey, LearningSettings, Policy
+from tests.unit.builders.admission import (
+    GIB,
+    NOW,
+    admitted,
+    cluster,
+    condition,
+    estimated,
+    ftj,
+    merge,
+    run,
+    status_after,
+    written,
+)
+
+SETTINGS = LearningSettings(min_samples=3)
+
+
+def workload(name: str, *conditions: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "ns", "labels": {JOB_LABEL: name}},
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 0},
+        "status": {
+            "conditions": [{"type": t, "status": "True", "reason": r} for t, r in conditions]
+        },
+    }
+
+
+def trainer_pod(job: str, phase: str, message: str = "") -> dict[str, Any]:
+    containers = []
+    if phase == "Failed":
+        state = {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+        containers = [{"name": "trainer", "state": state}]
+    return {
+        "metadata": {"name": f"{job}-x1", "namespace": "ns", "uid": f"pod-{job}",
+                     "labels": {JOB_LABEL: job}},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": phase, "containerStatuses": containers},
+    }  # fmt: skip
+
+
+def ended(name: str, used: float, *, failed: bool = False, **spec: Any) -> dict[str, Any]:
+    """Job `name`, admitted, whose pod used `used` x its prediction on n1's GPU 0 and then
+    succeeded (or died of a CUDA OOM), as the API holds it after the pass that saw its end."""
+    job, _ = admitted(name, **spec)
+    predicted = job["status"]["estimate"]["perGpuLevels"]["nvmlBytes"]
+    objects = cluster(job)
+    objects.gpunodes["n1"]["status"]["gpus"][0]["pods"] = [
+        {"uid": f"pod-{name}", "usedBytes": int(used * predicted)}
+    ]
+    running = {"workloads": {f"ns/{name}": workload(name)},
+               "job_pods": {f"ns/{name}": [trainer_pod(name, "Running")]}}  # fmt: skip
+    job = written(job, run(objects, estimates={}, **running))
+    if failed:
+        oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+        end = workload(name, ("Failed", "BackoffLimitExceeded"))
+        pods = [trainer_pod(name, "Failed", oom)]
+    else:
+        end = workload(name, ("Complete", ""))
+        pods = [trainer_pod(name, "Succeeded")]
+    out = run(cluster(job), estimates={}, workloads={f"ns/{name}": end},
+              job_pods={f"ns/{name}": pods})  # fmt: skip
+    return written(job, out)
+
+
+def with_uid(job: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    out = copy.deepcopy(dict(job))
+    out["metadata"]["uid"] = uid
+    return out
+
+
+def learn(
+    jobs: Sequence[Mapping[str, Any]],
+    objects: Sequence[Mapping[str, Any]] = (),
+    settings: LearningSettings = SETTINGS,
+) -> dict[str, dict[str, Any]]:
+    """What the leader writes, applied: every key object after filing `jobs`' samples."""
+    states = learned.key_states(objects, settings)
+    changed = learned.file_samples(states, learned.samples_of(jobs), settings)
+    out = {str(o["metadata"]["name"]): dict(o) for o in objects}
+    for state in changed.values():
+        obj, status = learned.key_object(state, settings, NOW)
+        name = obj["metadata"]["name"]
+        before = out.get(name, obj)
+        version = int(before["metadata"].get("resourceVersion") or 0) + 1
+        out[name] = {**before, "metadata": {**obj["metadata"], "resourceVersion": str(version)},
+                     "status": merge(before.get("status") or {}, status)}  # fmt: skip
+    return out
+
+
+def decide(job: Mapping[str, Any], objects: Mapping[str, Mapping[str, Any]], **kw: Any):
+    settings = kw.pop("learning", SETTINGS)
+    states = learned.key_states(objects.values(), settings)
+    return admission_pass(
+        PassInput(
+            objects=cluster(job),
+            workloads={},
+            job_pods={},
+            estimates={"ns/" + job["metadata"]["name"]: estimated(job)},
+            settings=AdmissionSettings(),
+            now=NOW,
+            learned=learned.records(states),
+            learning=settings,
+            **kw,
+        )
+    )
+
+
+def reserved(out: Any, name: str) -> int:
+    return int(status_after(out, f"ns/{name}")["placement"]["perGpuBytes"])
+
+
+def own_figure(job: Mapping[str, Any]) -> int:
+    found = estimated(job)
+    assert found.plan is not None and found.estimate is not None
+    return found.estimate.per_gpu_bytes(found.plan.gpus, found.plan.parallelism)
+
+
+# -- a job's end -> its sample ----------------------------------------------------------------
+
+
+def test_a_job_that_succeeded_writes_its_ratio_to_its_own_prediction_with_its_end() -> None:
+    job = ended("a", 0.7)
+    sample = job["status"]["learnedSample"]
+    predicted = job["status"]["estimate"]["perGpuLevels"]["nvmlBytes"]
+    assert sample["kind"] == "Steady"
+    assert sample["predictedBytes"] == predicted
+    assert sample["observedBytes"] == int(0.7 * predicted)
+    assert condition(job["status"], cond.SUCCEEDED)["status"] == "True", "in the end's write"
+    key = JobKey.parse(sample["key"])
+    assert (key.family, key.method, key.profile) == ("llama", "QLoRA", "calibrated")
+
+
+def test_a_job_that_died_of_gpu_oom_writes_an_out_of_memory_sample() -> None:
+    job = ended("a", 0.9, failed=True)
+    assert condition(job["status"], cond.FAILED)["reason"] == cond.REASON_GPU_OUT_OF_MEMORY
+    assert job["status"]["learnedSample"]["kind"] == "OutOfMemory"
+
+
+def test_a_sample_is_written_once_and_never_rewritten() -> None:
+    job = ended("a", 0.7)
+    again = run(cluster(job), estimates={}, workloads={"ns/a": workload("a", ("Complete", ""))})
+    assert all("learnedSample" not in w.patch for w in again.writes)
+
+
+# -- filing samples ---------------------------------------------------------------------------
+
+
+def test_samples_are_filed_under_every_key_of_the_ladder_and_counted_once() -> None:
+    job = ended("a", 0.7)
+    key = JobKey.parse(job["status"]["learnedSample"]["key"])
+    objects = learn([job])
+    assert set(objects) == {object_name(k) for k in key.ladder()}
+    for obj in objects.values():
+        assert obj["status"]["samples"] == 1 and obj["status"]["countedUIDs"] == ["uid-a"]
+    again = learned.file_samples(
+        learned.key_states(objects.values(), SETTINGS), learned.samples_of([job]), SETTINGS
+    )
+    assert again == {}, "a restart or a new leader files nothing twice"
+
+
+def test_a_deleted_key_is_rebuilt_from_the_jobs_that_carry_their_sample() -> None:
+    jobs = [with_uid(ended("a", 0.7), f"uid-{i}") for i in range(3)]
+    objects = learn(jobs)
+    finest = object_name(JobKey.parse(jobs[0]["status"]["learnedSample"]["key"]))
+    lost = {k: v for k, v in objects.items() if k != finest}
+    rebuilt = learn(jobs, list(lost.values()))
+    assert rebuilt[finest]["status"]["histogram"] == objects[finest]["status"]["histogram"]
+    assert all(rebuilt[k] == lost[k] for k in lost), "the other keys counted them already"
+
+
+def test_the_histogram_reads_back_exactly_from_its_status() -> None:
+    objects = learn([with_uid(ended("a", 0.7), f"u{i}") for i in range(2)])
+    for obj in objects.values():
+        state = learned.key_state(obj, SETTINGS)
+        assert state is not None
+        status = learned.histogram_to_status(state.record.histogram)
+        assert status == obj["status"]["histogram"]
+        assert all(isinstance(v, str) for v in status["bucketWeights"].values()), "no floats"
+
+
+def test_a_reset_forgets_the_samples_taken_before_it() -> None:
+    old = with_uid(ended("a", 0.7), "old")
+    objects = learn([old])
+    finest = object_name(JobKey.parse(old["status"]["learnedSample"]["key"]))
+    objects[finest]["spec"]["resetAt"] = "2025-03-01T12:00:00Z"  # NOW: the sample's time
+    new = with_uid(ended("b", 1.2), "new")
+    new["status"]["learnedSample"]["time"] = "2025-03-01T12:05:00Z"
+    after = learn([old, new], list(objects.values()))
+    status = after[finest]["status"]
+    assert status["samples"] == 1 and status["countedUIDs"] == ["new"]
+    assert status["resetAt"] == "2025-03-01T12:00:00Z"
+
+
+def test_counted_uids_are_bounded_and_older_samples_stay_counted() -> None:
+    base = ended("a", 0.7)
+    jobs = []
+    for i in range(MAX_COUNTED_UIDS + 3):
+        job = with_uid(base, f"u{i:04d}")
+        at = NOW + timedelta(minutes=i)
+        job["status"]["learnedSample"]["time"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        jobs.append(job)
+    objects = learn(jobs)
+    status = next(iter(objects.values()))["status"]
+    assert len(status["countedUIDs"]) == MAX_COUNTED_UIDS
+    assert "u0000" not in status["countedUIDs"] and status["samples"] == MAX_COUNTED_UIDS + 3
+    assert status["countedThrough"] == (NOW + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    again = learned.file_samples(
+        learned.key_states(objects.values(), SETTINGS), learned.samples_of(jobs), SETTINGS
+    )
+    assert again == {}
+
+
+# -- correcting the next job ------------------------------------------------------------------
+
+
+def test_after_k_jobs_that_used_less_the_next_is_reserved_less_but_not_below_what_they_used():
+    jobs = [with_uid(ended("a", 0.7), f"u{i}") for i in range(3)]
+    objects = learn(jobs)
+    nxt = ftj("next")
+    own = own_figure(nxt)
+    out = decide(nxt, objects)
+    figure = reserved(out, "next")
+    assert int(0.7 * own) <= figure < own
+    status = status_after(out, "ns/next")
+    assert status["estimate"]["perGpuBytes"] == own, "status keeps the estimator's own figure"
+    correction = status["estimate"]["correction"]
+    assert correction["perGpuBytes"] == figure and correction["source"] == "Learned"
+    message = condition(status, cond.ESTIMATED)["message"]
+    assert "learned from 3 jobs like it (p95)" in message and "per GPU" in message
+
+
+def test_after_k_jobs_that_used_more_the_next_is_reserved_more() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    nxt = ftj("next")
+    assert reserved(decide(nxt, objects), "next") >= int(1.2 * own_figure(nxt))
+
+
+def test_raise_only_never_lowers_and_off_keeps_the_estimate() -> None:
+    objects = learn([with_uid(ended("a", 0.7), f"u{i}") for i in range(3)])
+    for spelled in ("RaiseOnly", "Off"):
+        nxt = ftj("next", estimateCorrection=spelled)
+        assert reserved(decide(nxt, objects), "next") == own_figure(nxt), spelled
+    cluster_wide = replace(SETTINGS, policy=Policy.RAISE_ONLY)
+    nxt = ftj("next")
+    assert reserved(decide(nxt, objects, learning=cluster_wide), "next") == own_figure(nxt)
+
+
+def test_a_job_that_died_of_oom_raises_its_rerun_at_once() -> None:
+    objects = learn([ended("a", 0.9, failed=True)])
+    rerun = ftj("a-again")
+    figure = reserved(decide(rerun, objects), "a-again")
+    own = own_figure(rerun)
+    assert figure >= own * 120 // 100, "at least the OOM's need: 1.2 x what it had"
+    status = status_after(decide(rerun, objects), "ns/a-again")
+    assert status["estimate"]["correction"]["source"] == "OutOfMemory"
+
+
+def test_too_few_samples_change_nothing_and_say_nothing() -> None:
+    objects = learn([with_uid(ended("a", 0.7), "u0")])
+    nxt = ftj("next")
+    out = decide(nxt, objects)
+    assert reserved(out, "next") == own_figure(nxt)
+    assert "correction" not in status_after(out, "ns/next")["estimate"]
+
+
+def test_a_pin_wins_over_what_was_learned() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    for obj in objects.values():
+        obj["spec"]["pinnedPercent"] = 90
+    nxt = ftj("next")
+    assert reserved(decide(nxt, objects), "next") == -(-own_figure(nxt) * 90 // 100)
+
+
+def test_a_key_objects_status_says_what_it_yields() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    status = next(iter(objects.values()))["status"]
+    assert status["p95Ratio"] >= "1.20" and status["source"] == "Learned"
+    assert status["correctionPercent"] >= 126 and status["message"].startswith("x 1.")
+
+
+def test_a_learned_raise_past_the_largest_gpu_is_capped_there_but_an_ooms_is_not() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    nxt = ftj("next")
+    own = own_figure(nxt)
+    room = own * 110 // 100 / GIB  # the estimate fits the GPU, 1.2 x it does not
+    settings = LearningSettings(min_samples=3)
+    out = admission_pass(
+        PassInput(
+            objects=cluster(nxt, gpus={"n1": [room]}, total_gib=room),
+            workloads={},
+            job_pods={},
+            estimates={"ns/next": estimated(nxt)},
+            settings=AdmissionSettings(),
+            now=NOW,
+            learned=learned.records(learned.key_states(objects.values(), settings)),
+            learning=settings,
+        )
+    )
+    figure = reserved(out, "next")
+    assert own < figure <= room * GIB, "admitted: capped, not refused"
+    correction = status_after(out, "ns/next")["estimate"]["correction"]
+    assert (
+        correction["perGpuBytes"] == figure
+        and "capped to fit the largest GPU" in (correction["message"])
+    )
+
+    died = ended("b", 0.9, failed=True)
+    key = JobKey.parse(died["status"]["learnedSample"]["key"])
+    oomed = learned.records(learned.key_states(learn([died]).values(), settings))
+    raised = learned.correction(own, key, oomed, settings, {})
+    assert raised.source.value == "OutOfMemory" and raised.per_gpu_bytes > own
+    assert learned.capped(raised, own) is raised, "an OOM's need is never capped"
+
+
+def test_each_key_is_a_series_of_its_samples_its_p95_ratio_and_its_correction() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(3)])
+    states = learned.key_states(objects.values(), SETTINGS)
+    samples, p95, factor = learned.gauges(states, SETTINGS)
+    assert samples.labels == p95.labels == ("family", "method", "parallelism", "profile",
+                                            "framework", "image")  # fmt: skip
+    assert len(samples.samples) == len(states) and {v for _, v in samples.samples} == {3.0}
+    assert all(1.2 <= v < 1.3 for _, v in p95.samples), "the upper end of 1.2's bucket"
+    assert all(v == pytest.approx(1.2 * 1.05, abs=0.07) for _, v in factor.samples)
