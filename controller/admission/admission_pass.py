@@ -691,7 +691,7 @@ def _correction(
 ) -> Correction:
     """What was learned of jobs like `job`, on its figure at `gpus` (`learned.corrected`).
     Worked out on every pass while it waits: a key that learned meanwhile moves its figure."""
-    return learned.corrected(job, plan, est, gpus, inp.learned, inp.learning, view)
+    return learned.corrected(job, plan, est, gpus, inp.learned, inp.learning, view, inp.now)
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not

@@ -119,8 +119,9 @@ def correction(
     records: Mapping[str, KeyRecord],
     settings: LearningSettings,
     spec: Mapping[str, Any],
+    now: datetime | None = None,
 ) -> Correction:
-    return correct(estimate_bytes, key, records, settings, job_policy(spec))
+    return correct(estimate_bytes, key, records, settings, job_policy(spec), now)
 
 
 def corrected(
@@ -131,6 +132,7 @@ def corrected(
     records: Mapping[str, KeyRecord],
     settings: LearningSettings,
     view: ClusterView | None = None,
+    now: datetime | None = None,
 ) -> Correction:
     """What was learned of jobs like `job`, applied to its estimator's figure at `gpus`:
     the one rule the operator's pass and `vramgate plan` share, so a plan on a dump decides
@@ -141,7 +143,7 @@ def corrected(
     unless it was raised after a job like it ran out of memory, whose need it is."""
     key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
     figure = est.per_gpu_bytes(gpus, plan.parallelism)
-    found = correction(figure, key, records, settings, job.get("spec") or {})
+    found = correction(figure, key, records, settings, job.get("spec") or {}, now)
     if view is None or found.per_gpu_bytes <= figure:
         return found
     largest = view.largest_empty(view.select(plan.gpu_selector or {}))
@@ -387,7 +389,7 @@ def file_samples(
                 continue
         except ValueError:
             continue
-        for rung in todo:
+        for rung in [r for r in todo if r.name in filed]:  # an OOM files its own key only
             kept = records.get(rung.name)
             pinned = kept.pinned_percent if kept is not None else None
             records[rung.name] = replace(filed[rung.name], pinned_percent=pinned)

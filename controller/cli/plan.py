@@ -147,7 +147,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         job.key for job in jobs if job.key in dumped and not has_template(objects.jobs[job.key])
     }
     view = ClusterView(snap, settings.packing)
-    jobs = _corrected(objects, jobs, plans, learning_settings(args), view)
+    jobs = _corrected(objects, jobs, plans, learning_settings(args), view, snap.now)
     decisions = plan_on(view, jobs, settings, snap.now, template_less)
     warnings = {key: list(plan.warnings) for key, plan in plans.items()}
     for key in plans.keys() - dumped:
@@ -220,6 +220,7 @@ def _corrected(
     plans: Mapping[str, JobPlan],
     settings: LearningSettings,
     view: ClusterView,
+    now: datetime | None,
 ) -> list[JobRequest]:
     """Each job's estimate with what the dump's LearnedCorrections teach applied, by the
     operator's own rule (`learned.corrected`): a plan decides on the figures it would."""
@@ -228,7 +229,7 @@ def _corrected(
     for job in jobs:
         plan = plans[job.key]
         found = learned.corrected(
-            objects.jobs[job.key], plan, job.estimate, plan.gpus, records, settings, view
+            objects.jobs[job.key], plan, job.estimate, plan.gpus, records, settings, view, now
         )
         estimate = replace(job.estimate, correction_percent=found.factor_percent)
         out.append(replace(job, estimate=estimate))
