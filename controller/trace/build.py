@@ -4,6 +4,17 @@
   then given fake CPU storage under the trace's `FakeTensorMode`: CPU, not faked CUDA,
   because a CPU build of torch cannot run a faked-CUDA backward. Memory is device-agnostic
   at the aten level: the same ops save the same tensors.
+* Which model: a hand-read family's text model with `AutoModelForCausalLM` (a multimodal
+  config's `text_config`); a vision-language model (`vision_language`: the inventory's
+  image-text-to-text class) or a family without a hand reading whole, with the class and
+  config the generic reading builds (`inventory.build_meta_model`), so the parameters are
+  what it counts. A vision tower is frozen as the generic reading keeps it (no gradient
+  under full fine-tuning; `all-linear` LoRA leaves it out, a target naming its linears
+  adapts them, as PEFT matches names; 4-bit linears under QLoRA, as bitsandbytes converts
+  them). The step runs on text: `input_ids` of `seq_len + image_tokens` positions through
+  the language model, the image positions as text tokens. The tower itself is not run: it
+  is frozen, so it keeps no activations for backward, and its transient forward peak over
+  the images (before the language model runs) is not traced.
 * `use_cache=False` and train mode, as a trainer sets them.
 * The attention implementation: `eager` and `sdpa` as asked. `flash_attention_2` and
   `flex_attention` do not exist on CPU; they are traced as `sdpa`, whose CPU kernel
@@ -95,7 +106,7 @@ def text_config(config: Mapping[str, Any], layers: int | None = None) -> dict[st
     """The language model's config.json as a plain dict, optionally cut to `layers` layers.
 
     A multimodal config that is no vision-language model (`vision_language`) is traced as
-    its text model; a vision-language one is built whole (`vision_language_config`).
+    its text model; a vision-language one is built whole (`whole_config`).
     """
     raw = _thaw(config)
     text = raw.get("text_config")
@@ -143,7 +154,7 @@ def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | Non
 def vision_language(config: Mapping[str, Any]) -> bool:
     """Whether `config` is a vision-language model, as the module inventory reads one: a
     type transformers builds with its image-text-to-text class (`inventory.auto_class_for`).
-    Such a model is traced whole (`vision_language_config`), its vision tower frozen."""
+    Such a model is traced whole (`whole_config`), its vision tower frozen."""
     from controller.trace.inventory import UnknownModelType, auto_class_for, mapping
 
     model_type = config.get("model_type")
@@ -158,12 +169,28 @@ def vision_language(config: Mapping[str, Any]) -> bool:
         return False
 
 
-def vision_language_config(
-    config: Mapping[str, Any], attention: Attention, layers: int | None = None
-) -> Any:
-    """transformers' config object of a vision-language model, the whole of it, as the
-    inventory builds it (`inventory.hf_model_config`): the language model cut to `layers`
-    decoder layers (its depth and per-layer lists), the vision tower whole."""
+def hand_read(config: Mapping[str, Any]) -> bool:
+    """Whether a hand reading reads `config`'s family (`parse_config`). Such a model is
+    traced as its text model, as before; any other is built whole, exactly as the generic
+    reading builds it (`inventory.build_meta_model`): a composite config's own causal-LM
+    class (Fuyu's, Emu3's), not its text model's alone."""
+    from controller.estimator.errors import SpecError, UnreadFamily
+    from controller.estimator.model import parse_config
+
+    try:
+        parse_config(config)
+    except UnreadFamily:
+        return False
+    except SpecError:
+        return True  # its family, refused for a field: the text path says why
+    return True
+
+
+def whole_config(config: Mapping[str, Any], attention: Attention, layers: int | None = None) -> Any:
+    """transformers' config object of the whole model (a vision-language model's, a family
+    without a hand reading), as the inventory builds it (`inventory.hf_model_config`): the
+    language model cut to `layers` decoder layers (its depth and per-layer lists), a vision
+    tower whole."""
     from controller.trace.inventory import hf_model_config
 
     cfg, _, _ = hf_model_config(config, layers)
@@ -274,8 +301,11 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
         )
     hf_logging.set_verbosity_error()
     if vision_language(config):
-        cfg = vision_language_config(config, settings.attention, layers)
+        cfg = whole_config(config, settings.attention, layers)
         auto: Any = AutoModelForImageTextToText
+    elif not hand_read(config):
+        cfg = whole_config(config, settings.attention, layers)
+        auto = AutoModelForCausalLM
     else:
         cfg = hf_config(config, settings.attention, layers)
         auto = AutoModelForCausalLM
@@ -407,8 +437,15 @@ def _from_config(auto: Any, cfg: Any, dtype: torch.dtype) -> Any:
             raise
     _register_flash_like()
     cfg._attn_implementation = _FLASH_LIKE
-    with torch.device("meta"):
-        return auto.from_config(cfg, dtype=dtype, attn_implementation=_FLASH_LIKE)
+    try:
+        with torch.device("meta"):
+            return auto.from_config(cfg, dtype=dtype, attn_implementation=_FLASH_LIKE)
+    except KeyError:
+        # Its attention comes from a table of its own (GPT-Neo's, GIT's) without sdpa:
+        # traced eager, as such a job runs without flash-attention (an s x s score matrix).
+        cfg._attn_implementation = "eager"
+        with torch.device("meta"):
+            return auto.from_config(cfg, dtype=dtype, attn_implementation="eager")
 
 
 def _apply_lora(model: Any, settings: Settings, quantized: bool, tower: str | None) -> Any:

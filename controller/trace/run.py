@@ -94,9 +94,10 @@ def decoder_layers(model: nn.Module, count: int) -> nn.ModuleList | None:
     tower = vision_tower(model)
     inside = {id(m) for m in tower.modules()} if tower is not None else set()
     for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == count:
-            if id(module) not in inside:
-                return module
+        if not isinstance(module, nn.ModuleList) or id(module) in inside:
+            continue
+        if name.endswith("layers") and len(module) == count:
+            return module
     return None
 
 
