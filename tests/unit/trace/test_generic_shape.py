@@ -104,7 +104,8 @@ def test_the_trace_estimates_a_vision_language_family() -> None:
     traced = estimate(
         shape, TrainingSettings(profile=Profile.TRACE, method=Method.LORA, seq_len=64)
     )
-    formula = estimate(shape, TrainingSettings(method=Method.LORA, seq_len=64))
+    calibrated = TrainingSettings(profile=Profile.CALIBRATED, method=Method.LORA, seq_len=64)
+    formula = estimate(shape, calibrated)
     # the whole model (the vision tower included) with the same adapters as the generic reading
     assert (
         traced.total_params
