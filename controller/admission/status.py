@@ -137,7 +137,7 @@ def estimated(
     method = settings.method.api
     rank = f" r={settings.rank}" if settings.is_adapter else ""
     detail = (
-        f"{plan.model}, {method}{rank}, {settings.seq_len} tokens x batch {settings.batch}, "
+        f"{plan.model}, {method}{rank}, {settings.tokens_said} x batch {settings.batch}, "
         f"profile {est.profile}"
     )
     return _update(

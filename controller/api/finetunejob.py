@@ -231,6 +231,17 @@ class TrainingSpec(ApiModel):
         description=f"sequenceLength is the number of tokens per sequence. Between 1 and "
         f"{MAX_SEQUENCE_LENGTH}, and at most the model's context length; default 2048.",
     )
+    image_tokens: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEQUENCE_LENGTH,
+        description=f"imageTokens is the number of sequence positions each sample's images "
+        f"take in a vision-language model's language model (256 per image for Gemma 3, "
+        f"(H/28)x(W/28) per image for Qwen2.5-VL), added to sequenceLength (the text tokens) "
+        f"for the language model's activations; the frozen vision tower that makes them keeps "
+        f"nothing for backward. Between 0 and {MAX_SEQUENCE_LENGTH}; only for a model with a "
+        f"vision tower; default 0.",
+    )
     gradient_checkpointing: CheckpointingMode = Field(
         Checkpointing.ON,
         description="gradientCheckpointing is how activations are kept for the backward "

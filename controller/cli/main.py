@@ -67,6 +67,7 @@ FLAG_PATHS = {
     "modules_to_save": "--modules-to-save",
     "batch": "--batch",
     "seq_len": "--seq-len",
+    "image_tokens": "--image-tokens",
     "gradient_checkpointing": "--gradient-checkpointing",
     "optimizer": "--optimizer",
     "attention": "--attention",
@@ -113,6 +114,14 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
     p.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
+    p.add_argument(
+        "--image-tokens",
+        type=int,
+        default=0,
+        help="a vision-language model's image tokens per sample: the positions its images take "
+        "in the language model (256 per image for Gemma 3, (H/28)x(W/28) per image for "
+        "Qwen2.5-VL), added to --seq-len for its activations (default 0: text only)",
+    )
     p.add_argument(
         "--gradient-checkpointing", default="on", help=f"{_choices(Checkpointing)} (default on)"
     )
@@ -292,6 +301,7 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
         "modules_to_save": args.modules_to_save or None,
         "batch": args.batch,
         "seq_len": args.seq_len,
+        "image_tokens": args.image_tokens,
         "gradient_checkpointing": args.gradient_checkpointing,
         "optimizer": args.optimizer,
         "attention": args.attention,

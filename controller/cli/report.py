@@ -47,6 +47,7 @@ def estimate_json(
             "modules_to_save": list(settings.modules_to_save),
             "batch": settings.batch,
             "seq_len": settings.seq_len,
+            "image_tokens": settings.image_tokens,
             "gradient_checkpointing": settings.gradient_checkpointing.value,
             "optimizer": settings.optimizer.value,
             "attention": settings.attention.value,
@@ -140,7 +141,7 @@ def render(
     title = (
         f"{model} · {settings.method.value}"
         + (f" r={settings.rank}" if settings.is_adapter else "")
-        + f" · {settings.seq_len} tokens x batch {settings.batch}"
+        + f" · {settings.tokens_said} x batch {settings.batch}"
         + f" · profile {est.profile}"
     )
     console.print(title)

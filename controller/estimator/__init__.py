@@ -148,6 +148,14 @@ def check_against_model(
                 f"formula); use analytic, calibrated or trace for {shape.model_type}",
             )
         )
+    if settings.image_tokens and not shape.has_vision_tower:
+        errors.append(
+            SpecError(
+                where["image_tokens"],
+                f"applies only to a vision-language model; {shape.model_type} has no vision "
+                "tower, so its samples hold no image tokens",
+            )
+        )
     if settings.is_adapter:
         try:
             targets = canonical_targets(settings.targets, shape, where["targets"])

@@ -188,7 +188,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
     # k assumes 16-bit activations; FP32 training keeps 4-byte hidden states.
     width = int(_WEIGHT_BYTES[settings.precision]) // 2
     k = K_FULL if settings.gradient_checkpointing is Checkpointing.OFF else K_CHECKPOINTED
-    tokens = settings.seq_len * settings.batch
+    tokens = settings.lm_seq_len * settings.batch
     streams = shape.dims.altup_num_inputs
     if streams > 1:
         # Gemma 3n: AltUp carries `streams` copies of the hidden state through every layer,

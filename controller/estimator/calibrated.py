@@ -261,7 +261,7 @@ def features(
 ) -> tuple[list[int], list[int]]:
     """(per-layer, once-per-step) feature vectors of one job, in the order of
     LAYER_FEATURES and LOCAL_FEATURES."""
-    b, s = settings.batch, settings.seq_len
+    b, s = settings.batch, settings.lm_seq_len
     t = b * s
     layers, h, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     q, kv, mlp, heads, head_dim, latent = _dims(shape)
@@ -355,7 +355,7 @@ def _fsdp_only(
       gradients and the previous block's awaiting their reduce-scatter; the blocks done
       sharded. (The block's activations and working buffers, tens of MiB, are left out.)
     """
-    t = settings.batch * settings.seq_len
+    t = settings.batch * settings.lm_seq_len
     elem = 4 if settings.precision is _FP32 else 2
     root, block = static.root_weights, static.layer_weights
     batch = 3 * -(-t * 8 // 512) * 512
@@ -693,7 +693,7 @@ class _Switched:
         # Under that preparation with checkpointing, every layer's checkpoint is fp32: the
         # other layers' while the last one runs its backward (`last_layer_backward`).
         checkpointed = settings.gradient_checkpointing is not _OFF
-        tokens = settings.batch * settings.seq_len
+        tokens = settings.batch * settings.lm_seq_len
         self.checkpoints = (
             (shape.num_layers - 1) * tokens * shape.hidden_size * _FP32_BYTES
             if quantized and checkpointed

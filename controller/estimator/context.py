@@ -79,13 +79,16 @@ def context_warnings(
     )  # fmt: skip
     lines += _kbit_note(shape, settings, where)
     limit = shape.context_length
-    if limit is None or settings.seq_len <= limit:
+    if limit is None or settings.lm_seq_len <= limit:
         return lines
-    return [
-        *lines,
-        f"{where['seq_len']}: {settings.seq_len} is longer than the model's context length "
-        f"({limit}); estimating anyway",
-    ]
+    if settings.image_tokens:
+        said = (
+            f"{where['seq_len']} {settings.seq_len} with {where['image_tokens']} "
+            f"{settings.image_tokens}: {settings.lm_seq_len} positions are"
+        )
+    else:
+        said = f"{where['seq_len']}: {settings.seq_len} is"
+    return [*lines, f"{said} longer than the model's context length ({limit}); estimating anyway"]
 
 
 def _kbit_note(shape: ModelShape, settings: TrainingSettings, where: dict[str, str]) -> list[str]:

@@ -437,7 +437,7 @@ def features(
     """(per-layer features summed over the layers, once-per-step features), in the order of
     HYBRID_LAYER_FEATURES and HYBRID_LOCAL_FEATURES."""
     stack = _stack(shape)
-    b, s = settings.batch, settings.seq_len
+    b, s = settings.batch, settings.lm_seq_len
     t = b * s
     scan = _scan_terms(shape, b, s)
     # `layer_parts` ends with the outer linears' (Gemma 3n's AltUp and per-layer input

@@ -236,6 +236,12 @@ class TrainingSettings:
     modules_to_save: tuple[str, ...] = ()
     batch: int = 1
     seq_len: int = 2048
+    #: The sequence positions each sample's images take in the language model (a
+    #: vision-language model's image tokens: 256 per image for Gemma 3, (H/28) x (W/28) per
+    #: image for Qwen2.5-VL), beside `seq_len` text tokens. The language model runs on both
+    #: (`lm_seq_len`); the vision tower that makes them is frozen and keeps nothing for
+    #: backward. 0: text only.
+    image_tokens: int = 0
     gradient_checkpointing: Checkpointing = Checkpointing.ON
     optimizer: Optimizer = Optimizer.ADAMW
     attention: Attention = Attention.FLASH_ATTENTION_2
@@ -255,6 +261,19 @@ class TrainingSettings:
         return self.method in _ADAPTER_METHODS
 
     @property
+    def lm_seq_len(self) -> int:
+        """The positions the language model runs per sample: text tokens plus image tokens.
+        Every profile prices activations, logits and the batch at this length."""
+        return self.seq_len + self.image_tokens
+
+    @property
+    def tokens_said(self) -> str:
+        """The tokens per sample in a sentence: `2048 tokens`, `512 text + 256 image tokens`."""
+        if self.image_tokens:
+            return f"{self.seq_len} text + {self.image_tokens} image tokens"
+        return f"{self.seq_len} tokens"
+
+    @property
     def loss(self) -> Loss:
         """The loss implementation: `fused_loss` (the older field) or the switches'."""
         return Loss.FUSED if self.fused_loss else self.switches.loss
@@ -268,6 +287,7 @@ PATHS = {
     "modules_to_save": "lora.modulesToSave",
     "batch": "training.microBatchSize",
     "seq_len": "training.sequenceLength",
+    "image_tokens": "training.imageTokens",
     "gradient_checkpointing": "training.gradientCheckpointing",
     "optimizer": "training.optimizer",
     "attention": "training.attention",
@@ -345,6 +365,7 @@ def build_settings(
     limits = {
         "batch": (1, MAX_BATCH),
         "seq_len": (1, MAX_SEQUENCE_LENGTH),
+        "image_tokens": (0, MAX_SEQUENCE_LENGTH),
         "gradient_accumulation": (1, MAX_BATCH),
     }
     for name, (low, high) in limits.items():

@@ -601,7 +601,7 @@ def _lora_attention(d: ArchDims, rows: frozenset[str]) -> int:
 
 def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
     """Seed 1's activation term. Layers of equal shape are computed once (same floors)."""
-    tokens = s.seq_len * s.batch
+    tokens = s.lm_seq_len * s.batch
     # (S·B·qkv + S·B·2 + S·B·2·mlp) × 2 × 1.25, floored per layer.
     per_shape = [
         (
@@ -626,7 +626,7 @@ def _activations(shape: ModelShape, view: _View, s: TrainingSettings) -> int:
         linear = largest * effective.numerator // effective.denominator
     if s.attention in LINEAR_MEMORY_ATTENTION:
         return linear
-    scores = s.batch * shape.dims.num_heads * s.seq_len * s.seq_len * 2 * NON_FLASH_FACTOR
+    scores = s.batch * shape.dims.num_heads * s.lm_seq_len * s.lm_seq_len * 2 * NON_FLASH_FACTOR
     return max(linear, scores * effective.numerator // effective.denominator)
 
 

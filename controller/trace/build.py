@@ -4,6 +4,17 @@
   then given fake CPU storage under the trace's `FakeTensorMode`: CPU, not faked CUDA,
   because a CPU build of torch cannot run a faked-CUDA backward. Memory is device-agnostic
   at the aten level: the same ops save the same tensors.
+* Which model: a hand-read family's text model with `AutoModelForCausalLM` (a multimodal
+  config's `text_config`); a vision-language model (`vision_language`: the inventory's
+  image-text-to-text class) or a family without a hand reading whole, with the class and
+  config the generic reading builds (`inventory.build_meta_model`), so the parameters are
+  what it counts. A vision tower is frozen as the generic reading keeps it (no gradient
+  under full fine-tuning; `all-linear` LoRA leaves it out, a target naming its linears
+  adapts them, as PEFT matches names; 4-bit linears under QLoRA, as bitsandbytes converts
+  them). The step runs on text: `input_ids` of `seq_len + image_tokens` positions through
+  the language model, the image positions as text tokens. The tower itself is not run: it
+  is frozen, so it keeps no activations for backward, and its transient forward peak over
+  the images (before the language model runs) is not traced.
 * `use_cache=False` and train mode, as a trainer sets them.
 * The attention implementation: `eager` and `sdpa` as asked. `flash_attention_2` and
   `flex_attention` do not exist on CPU; they are traced as `sdpa`, whose CPU kernel
@@ -39,6 +50,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -93,8 +105,8 @@ def _thaw(value: Any) -> Any:
 def text_config(config: Mapping[str, Any], layers: int | None = None) -> dict[str, Any]:
     """The language model's config.json as a plain dict, optionally cut to `layers` layers.
 
-    Multimodal configs are traced as their text model (the estimator's scope: text
-    fine-tuning); their vision tower is not part of the estimate.
+    A multimodal config that is no vision-language model (`vision_language`) is traced as
+    its text model; a vision-language one is built whole (`whole_config`).
     """
     raw = _thaw(config)
     text = raw.get("text_config")
@@ -139,7 +151,67 @@ def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | Non
     return cfg
 
 
+def vision_language(config: Mapping[str, Any]) -> bool:
+    """Whether `config` is a vision-language model, as the module inventory reads one: a
+    type transformers builds with its image-text-to-text class (`inventory.auto_class_for`).
+    Such a model is traced whole (`whole_config`), its vision tower frozen."""
+    from controller.trace.inventory import UnknownModelType, auto_class_for, mapping
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        return False
+    model_type = BUILT_AS.get(model_type, model_type)
+    if model_type not in mapping("image_text_to_text"):
+        return False
+    try:
+        return auto_class_for(model_type, config) == "image_text_to_text"
+    except UnknownModelType:
+        return False
+
+
+def hand_read(config: Mapping[str, Any]) -> bool:
+    """Whether a hand reading reads `config`'s family (`parse_config`). Such a model is
+    traced as its text model, as before; any other is built whole, exactly as the generic
+    reading builds it (`inventory.build_meta_model`): a composite config's own causal-LM
+    class (Fuyu's, Emu3's), not its text model's alone."""
+    from controller.estimator.errors import SpecError, UnreadFamily
+    from controller.estimator.model import parse_config
+
+    try:
+        parse_config(config)
+    except UnreadFamily:
+        return False
+    except SpecError:
+        return True  # its family, refused for a field: the text path says why
+    return True
+
+
+def whole_config(config: Mapping[str, Any], attention: Attention, layers: int | None = None) -> Any:
+    """transformers' config object of the whole model (a vision-language model's, a family
+    without a hand reading), as the inventory builds it (`inventory.hf_model_config`): the
+    language model cut to `layers` decoder layers (its depth and per-layer lists), a vision
+    tower whole."""
+    from controller.trace.inventory import hf_model_config
+
+    cfg, _, _ = hf_model_config(config, layers)
+    cfg._attn_implementation = TRACED_ATTENTION[attention]  # set on every sub-config too
+    cfg.use_cache = False
+    cfg.get_text_config(decoder=True).use_cache = False
+    return cfg
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The model's vision tower, found as the inventory finds it (transformers' own
+    `get_encoder(modality="image")`); None for a model without one."""
+    from controller.trace.inventory import _vision_path
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    path = _vision_path(base)
+    return base.get_submodule(path) if path else None
+
+
 def is_moe(cfg: Any) -> bool:
+    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
     for name in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
         if (getattr(cfg, name, None) or 0) > 1:
             return True
@@ -219,7 +291,7 @@ def _copies_share_mode() -> Iterator[None]:
 
 def build_model(config: Mapping[str, Any], settings: Settings, layers: int | None = None) -> Any:
     """The model as the job trains it; call inside the trace's FakeTensorMode."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
     switches = settings.switches
@@ -227,12 +299,22 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
         raise TraceUnsupported(
             "activation offloading is not traced; use the calibrated, analytic or unsloth profile"
         )
-    cfg = hf_config(config, settings.attention, layers)
     hf_logging.set_verbosity_error()
-    model = _from_config(AutoModelForCausalLM, cfg, DTYPES[settings.precision])
+    if vision_language(config):
+        cfg = whole_config(config, settings.attention, layers)
+        auto: Any = AutoModelForImageTextToText
+    elif not hand_read(config):
+        cfg = whole_config(config, settings.attention, layers)
+        auto = AutoModelForCausalLM
+    else:
+        cfg = hf_config(config, settings.attention, layers)
+        auto = AutoModelForCausalLM
+    with _no_swap():  # a class that casts a part while it builds it (Apertus 1.5's tower)
+        model = _from_config(auto, cfg, DTYPES[settings.precision])
     if is_moe(cfg):
         _set_experts_implementation(model)
     model = _materialize(model)
+    tower = vision_tower(model)
     model.config.use_cache = False  # type: ignore[union-attr]
     model.train()
     quantized = settings.method is Method.QLORA or (
@@ -248,18 +330,23 @@ def build_model(config: Mapping[str, Any], settings: Settings, layers: int | Non
         if switches.kbit_preparation is not KbitPreparation.NONE:
             norms_only = switches.kbit_preparation is KbitPreparation.UPCAST_NORMS
             qlora.prepare_for_kbit(model, norms_only)
-    if settings.is_adapter:
-        for param in model.parameters():
-            param.requires_grad_(False)
+    frozen = model if settings.is_adapter else tower
+    for param in frozen.parameters() if frozen is not None else ():
+        param.requires_grad_(False)
     if settings.gradient_checkpointing is not Checkpointing.OFF:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             model.gradient_checkpointing_enable()  # type: ignore[operator]
     if settings.is_adapter:
-        model = _apply_lora(model, settings, quantized)
+        model = _apply_lora(model, settings, quantized, _tower_path(model, tower))
     if quantized:
-        qlora.quantize_experts(model, DTYPES[settings.precision], qlora.double_quant(config))
+        double = qlora.double_quant(config)
+        qlora.quantize_experts(model, DTYPES[settings.precision], double, skip=tower)
     return model
+
+
+def _tower_path(model: nn.Module, tower: nn.Module | None) -> str | None:
+    return next((name for name, m in model.named_modules() if m is tower), None) if tower else None
 
 
 def step_context(
@@ -350,11 +437,21 @@ def _from_config(auto: Any, cfg: Any, dtype: torch.dtype) -> Any:
             raise
     _register_flash_like()
     cfg._attn_implementation = _FLASH_LIKE
-    with torch.device("meta"):
-        return auto.from_config(cfg, dtype=dtype, attn_implementation=_FLASH_LIKE)
+    try:
+        with torch.device("meta"):
+            return auto.from_config(cfg, dtype=dtype, attn_implementation=_FLASH_LIKE)
+    except KeyError:
+        # Its attention comes from a table of its own (GPT-Neo's, GIT's) without sdpa:
+        # traced eager, as such a job runs without flash-attention (an s x s score matrix).
+        cfg._attn_implementation = "eager"
+        with torch.device("meta"):
+            return auto.from_config(cfg, dtype=dtype, attn_implementation="eager")
 
 
-def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
+def _apply_lora(model: Any, settings: Settings, quantized: bool, tower: str | None) -> Any:
+    """PEFT's LoRA with the job's rank and targets. `tower`: the vision tower's path, which
+    `all-linear` leaves out (PEFT's own would adapt it; the tower is frozen, as the generic
+    reading keeps it); a target naming its linears adapts them, by PEFT's name matching."""
     from peft import LoraConfig, get_peft_model
 
     from controller.estimator.model import peft_name
@@ -370,6 +467,7 @@ def _apply_lora(model: Any, settings: Settings, quantized: bool) -> Any:
         lora_alpha=settings.rank or 16,
         lora_dropout=0.0,  # PEFT's default; dropout > 0 would save a masked input copy
         target_modules=targets,
+        exclude_modules=rf"{re.escape(tower)}\..*" if tower and targets == "all-linear" else None,
         modules_to_save=list(settings.modules_to_save) or None,
         task_type="CAUSAL_LM",
     )

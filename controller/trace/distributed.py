@@ -102,6 +102,7 @@ from controller.trace.run import (
     _result,
     decoder_layers,
     head_modules,
+    text_layers,
 )
 from controller.trace.tracker import (
     ALL_GATHER_STREAM,
@@ -212,7 +213,7 @@ def trace_distributed_run(
     tracker = StorageTracker()
     with fake_process_group(distributed.world_size) as mesh, FakeTensorMode():
         model = build_model(config, settings, layers)
-        count = layers if layers is not None else model.config.num_hidden_layers
+        count = layers if layers is not None else text_layers(model)
         blocks = decoder_layers(model, count)
         if blocks is None:
             raise TraceUnsupported("the model's decoder blocks were not found to shard")
@@ -250,7 +251,7 @@ def trace_distributed_run(
             if offload_step:
                 for tensor in optimizer.state_tensors():  # fp32 masters, made up front
                     tracker.to_host(tensor)
-            shape = (settings.batch, settings.seq_len)
+            shape = (settings.batch, settings.lm_seq_len)
             input_ids = torch.zeros(shape, dtype=torch.long)
             attention_mask = torch.ones(shape, dtype=torch.long)
             labels = input_ids.clone()

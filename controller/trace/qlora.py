@@ -181,7 +181,9 @@ class ExpertStack4bit:
 _STACKS = "_vramgate_4bit_stacks"
 
 
-def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) -> None:
+def quantize_experts(
+    model: nn.Module, dtype: torch.dtype, double: bool = True, skip: nn.Module | None = None
+) -> None:
     """Hold every MoE expert stack (3-D parameter) as packed NF4, dequantised while it runs.
 
     transformers 5 stores an MoE layer's experts as fused 3-D parameters (`gate_up_proj`,
@@ -197,8 +199,14 @@ def quantize_experts(model: nn.Module, dtype: torch.dtype, double: bool = True) 
     DBRX keeps its stacks 2-D (E·i x h: `w1`, `v1`, `w2` of its `DbrxExpertGLU`), and its
     experts module reads them (`w.view(E, i, h)[e]`) before it calls the GLU: they are
     quantised as E x i x h stacks, dequantised while the experts module runs.
+
+    `skip`: a module left as it is (a vision tower: its 3-D parameters, a patch or position
+    embedding, are no experts and stay 16-bit, as the generic reading counts them).
     """
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
     for parent in list(model.modules()):
+        if id(parent) in skipped:
+            continue
         for child in list(parent.children()):
             experts = child
             while hasattr(experts, "base_layer") and not _has_stacks(experts):

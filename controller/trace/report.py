@@ -40,6 +40,7 @@ def trace_json(model: str, settings: TrainingSettings, report: TraceReport) -> d
         "method": settings.method.value,
         "batch": settings.batch,
         "seq_len": settings.seq_len,
+        "image_tokens": settings.image_tokens,
         "gradient_checkpointing": settings.gradient_checkpointing.value,
         "optimizer": settings.optimizer.value,
         "attention": settings.attention.value,
@@ -93,7 +94,7 @@ def render_trace(
         f"extended to {report.layers}"
     )
     console.print(
-        f"{model} · {settings.method.value} · {settings.seq_len} tokens x batch "
+        f"{model} · {settings.method.value} · {settings.tokens_said} x batch "
         f"{settings.batch} · profile trace ({how}, {report.seconds:.1f} s)"
     )
     d = report.distributed

@@ -31,7 +31,7 @@ from torch import nn
 from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
-from controller.trace.build import build_model, step_context
+from controller.trace.build import build_model, step_context, vision_tower
 from controller.trace.device_map import ModuleTable
 from controller.trace.loss import compute_loss
 from controller.trace.modules import Owners, module_table
@@ -85,15 +85,26 @@ class RunResult:
 def batch_bytes(settings: TrainingSettings) -> int:
     """What the step's batch takes on each GPU: its input ids, attention mask and labels
     (int64, batch x sequence), as the allocator charges them."""
-    return 3 * allocated_bytes(settings.batch * settings.seq_len * 8)
+    return 3 * allocated_bytes(settings.batch * settings.lm_seq_len * 8)
 
 
 def decoder_layers(model: nn.Module, count: int) -> nn.ModuleList | None:
-    """The model's list of decoder blocks (the ModuleList of `num_hidden_layers` entries)."""
+    """The model's list of decoder blocks (the ModuleList of `num_hidden_layers` entries),
+    outside a vision-language model's vision tower (whose encoder layers may number the same)."""
+    tower = vision_tower(model)
+    inside = {id(m) for m in tower.modules()} if tower is not None else set()
     for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == count:
+        if not isinstance(module, nn.ModuleList) or id(module) in inside:
+            continue
+        if name.endswith("layers") and len(module) == count:
             return module
     return None
+
+
+def text_layers(model: nn.Module) -> int:
+    """The depth of the model's language model (a vision-language model's text config's)."""
+    config: Any = model.config
+    return int(config.get_text_config(decoder=True).num_hidden_layers)
 
 
 def head_modules(model: nn.Module, layers: nn.ModuleList | None) -> list[nn.Module]:
@@ -278,7 +289,7 @@ def trace_run(
     tracker = StorageTracker(split_ops)
     with FakeTensorMode():
         model = build_model(config, settings, layers)
-        count = layers if layers is not None else model.config.num_hidden_layers
+        count = layers if layers is not None else text_layers(model)
         blocks = decoder_layers(model, count)
         head = head_modules(model, blocks)
         regions = _Regions(tracker, blocks, head)
@@ -295,7 +306,7 @@ def trace_run(
             owners.tag(tracker)
             owners.tag_states(tracker, optimizer)
         with tracker:
-            shape = (settings.batch, settings.seq_len)  # as batch_bytes counts it
+            shape = (settings.batch, settings.lm_seq_len)  # as batch_bytes counts it
             input_ids = torch.zeros(shape, dtype=torch.long)
             attention_mask = torch.ones(shape, dtype=torch.long)
             labels = input_ids.clone()

@@ -243,6 +243,17 @@ class ModelShape:
     # (`defaults_read`): callers warn with them, at their own field paths.
     config_warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
+    @property
+    def has_vision_tower(self) -> bool:
+        """Whether the model has a vision tower: one read generically (`frozen_linears`,
+        `frozen_params`), or one a hand-read multimodal config states (`vision_config`)
+        beside the text model the hand reading reads."""
+        if self.frozen_linears or self.frozen_params:
+            return True
+        return isinstance(self.source, Mapping) and isinstance(
+            self.source.get("vision_config"), Mapping
+        )
+
     @cached_property
     def layer_counts(self) -> tuple[tuple[Layer, int], ...]:
         """Each distinct layer object with how often it repeats, in first-seen order.

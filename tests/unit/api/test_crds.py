@@ -123,6 +123,7 @@ def test_schema_defaults_are_the_estimators_defaults() -> None:
         "targets": lora["targetModules"],
         "batch": training["microBatchSize"],
         "seq_len": training["sequenceLength"],
+        "image_tokens": training["imageTokens"],
         "gradient_checkpointing": training["gradientCheckpointing"],
         "optimizer": training["optimizer"],
         "attention": training["attention"],

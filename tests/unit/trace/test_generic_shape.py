@@ -98,14 +98,21 @@ def test_the_trace_estimates_a_family_without_a_hand_reading(model_type: str) ->
     assert est.total_bytes > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the trace builds a vision-language model's text config alone, and "
-    "qwen2_5_vl_text has no causal-LM class in transformers",
-)
 def test_the_trace_estimates_a_vision_language_family() -> None:
-    shape = read_shape(_config("qwen2_5_vl"))
-    estimate(shape, TrainingSettings(profile=Profile.TRACE, method=Method.LORA, seq_len=64))
+    config = _config("qwen2_5_vl")
+    shape = read_shape(config)
+    traced = estimate(
+        shape, TrainingSettings(profile=Profile.TRACE, method=Method.LORA, seq_len=64)
+    )
+    calibrated = TrainingSettings(profile=Profile.CALIBRATED, method=Method.LORA, seq_len=64)
+    formula = estimate(shape, calibrated)
+    # the whole model (the vision tower included) with the same adapters as the generic reading
+    assert (
+        traced.total_params
+        == formula.total_params
+        == shape.total_params + (formula.trainable_params)
+    )
+    assert shape.total_params == _meta_params(build_meta_model(config)[0])
 
 
 def test_the_vision_tower_is_counted_and_frozen() -> None:

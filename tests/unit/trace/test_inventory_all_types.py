@@ -45,12 +45,14 @@ CONFIG_FIXES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": {"head_dim": 128},  # the same
     "hunyuan_vl": {"text_config": {"head_dim": 128}},  # the same, in its text config
     "nemotron": {"num_key_value_heads": 48},  # None: one KV head per query head
+    "deepseek_v2": {"num_experts_per_tok": 6},  # None: its router's top-k (DeepSeek-V2's 6)
     "dots1": {"n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6},
     "lfm2_moe": {"layer_types": ["full_attention"] * 32},  # None: one type per layer
     "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense"] * 32}},  # the same
     "cohere_compass": {"text_config": {"rope_parameters": _ROPE}},  # none for its layer type
     "cohere_compass_text": {"rope_parameters": _ROPE},
-    "dbrx": {"attn_config": {"rope_theta": 500000.0}},  # attn_config without rope_theta
+    # attn_config without rope_theta; clip_qkv unset, which its attention clamps with
+    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
     "reformer": {"is_decoder": True},  # its LM head class asserts a decoder config
     "aya_vision": {"vision_config": {"num_attention_heads": 16}},  # 1152 wide, 14 heads
     "chameleon": {"vocabulary_map": {"<image>": 8711}},  # no image token in its vocabulary
