@@ -239,6 +239,11 @@ class ModelShape:
     # linears LoRA targets only where a target names them (never `all-linear`).
     frozen_linears: tuple[Linear, ...] = ()
     frozen_params: int = 0
+    # The token mixers of a shape read generically that are not softmax attention (a state
+    # space's, a recurrence's, a linear attention's, a convolution's module name): no
+    # calibrated fit prices them, so calibrated hands such a job to the trace profile
+    # (`controller.jobs.profiles.calibrated_hands_to_trace`). Empty for every hand reading.
+    unpriced_mixers: tuple[str, ...] = ()
     # (field path, message) for each value the estimate read that the config does not state
     # (`defaults_read`): callers warn with them, at their own field paths.
     config_warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
