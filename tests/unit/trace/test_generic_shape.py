@@ -186,6 +186,18 @@ def test_a_job_of_such_a_family_is_planned_and_the_webhook_defers_it() -> None:
     assert deferred is not None and deferred.shape is None and not errors
 
 
+def test_a_preset_of_such_a_family_is_read_generically_and_deferred_by_the_webhook() -> None:
+    from controller.jobs.profiles import preset_shape
+
+    spec = {"model": {"preset": "Phi-2"}, "method": "LoRA", "lora": {"rank": 16}}
+    plan, errors = translate(spec)
+    assert not errors and plan is not None and plan.model == "phi-2"
+    assert plan.shape is not None and plan.shape.total_params == 2_779_683_840
+    assert preset_shape("microsoft/phi-2").total_params == 2_779_683_840
+    deferred, errors = translate(spec, generic="defer")
+    assert deferred is not None and deferred.shape is None and not errors
+
+
 def test_unsloth_refuses_a_generic_shape_and_names_the_profile_field() -> None:
     # Its Llama-style formula would count 344M parameters for this 2-layer Phi (310M built).
     shape = read_shape(_config("phi"), prefix="model.config")
