@@ -130,6 +130,10 @@ def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
             counted += math.prod(dims)
             if "down" in tensor or "w2" in tensor:
                 expert_width = max(expert_width or 0, min(inp, out))
+        if stack.router is not None:  # a router PEFT adapts: priced as a router linear
+            fan_in, fan_out = stack.router
+            linears.append(Linear("router", fan_in, fan_out, False, 1, False))
+            counted += fan_in * fan_out
         if expert_width is None:
             expert_width = mlp_width
     other = kind.params - counted
@@ -290,6 +294,9 @@ def shape_from_inventory(
             "frozen_linears": tuple(frozen),
             "frozen_params": vision_rest,
             "unpriced_mixers": unpriced,
+            "peft_adapts_stacks": any(
+                stack.adapted for kind in inv.kinds for stack in kind.experts
+            ),
             "config_warnings": (
                 (where, note),
                 *([(where, VISION_NOTE)] if inv.vision_path else []),

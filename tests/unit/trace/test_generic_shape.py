@@ -34,6 +34,7 @@ NEW_FAMILIES = (
     "stablelm",
     "granite",
     "granitemoe",
+    "olmoe",  # PEFT adapts its fused expert stacks and router under all-linear
     "starcoder2",
     "cohere",
     "smollm3",
