@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> None:
             key = f"{preset}/{name}/{args.layers or 'all'}/{args.seq_len}"
             calibrated = figures(config, settings, Profile.CALIBRATED)
             traced = store.get(key, config, settings)
-            if isinstance(traced, str):
-                print(f"{preset} {name:5s} | trace refused: {traced}", flush=True)
-                rows.append([preset, name, *(["-"] * len(LEVELS)), "-"])
+            if isinstance(traced, str):  # calibrated's figures alone, and why
+                mine = [f"{calibrated.levels[level] / MIB:,.0f} / -" for level in LEVELS]
+                print(f"{preset} {name:5s} | {' | '.join(mine)} | trace refused: {traced}")
+                rows.append([preset, name, *mine, "-"])
                 continue
             cells, row = [], [preset, name]
             for level in LEVELS:
