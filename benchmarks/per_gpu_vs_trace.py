@@ -36,6 +36,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
+from benchmarks.comparison import error, spread
 from controller.base.units import MIB
 from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, parse_config
 from controller.estimator.presets import load_preset
@@ -120,16 +121,6 @@ def reserved_figures(
     return predicted, before, run.result.reserved
 
 
-def _spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return (
-        f"median {ordered[middle]:+.1%}, median |error| "
-        f"{sorted(abs(v) for v in values)[middle]:.1%}, worst under {ordered[0]:+.1%}, "
-        f"worst over {ordered[-1]:+.1%}"
-    )
-
-
 def reserved_table(
     presets: list[str], layers: int, seq_len: int, counts: list[int], modes: list[Parallelism]
 ) -> None:
@@ -170,14 +161,9 @@ def reserved_table(
                     flush=True,
                 )
     for where, (now, then) in errors.items():
-        print(f"{where}: {len(now)} runs; calibrated {_spread(now)}", flush=True)
+        print(f"{where}: {len(now)} runs; calibrated {spread(now)}", flush=True)
         if where != "one":
-            print(f"{where}: with the single-GPU share {_spread(then)}", flush=True)
-
-
-def error(pair: tuple[int, int]) -> float:
-    predicted, traced = pair
-    return (predicted - traced) / traced
+            print(f"{where}: with the single-GPU share {spread(then)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

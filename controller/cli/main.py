@@ -43,9 +43,8 @@ from controller.estimator import (
     build_settings,
     check_against_model,
     context_warnings,
-    load_shape,
 )
-from controller.jobs.profiles import estimate, read_shape
+from controller.jobs.profiles import estimate, preset_shape, read_shape
 from controller.packing.fit import fit
 
 #: A switch (its camelCase name under spec.training.switches) -> the flag that sets it.
@@ -290,7 +289,7 @@ def _job(args: argparse.Namespace, profile: str) -> tuple[str, ModelShape, Train
     else:
         model_name = args.model
         try:
-            shape = load_shape(args.model)
+            shape = preset_shape(args.model)
         except SpecError as error:
             raise SpecError("--model", error.message) from None
     values = {
@@ -424,14 +423,17 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     rows = []
     for name in preset_names():
         preset = load_preset(name)
-        shape = load_shape(name)
+        try:
+            params: int | None = preset_shape(name).total_params
+        except SpecError:  # a generic family without the trace extra: listed, not counted
+            params = None
         rows.append(
             {
                 "name": name,
                 "repo": preset.repo,
                 "family": preset.family,
                 "reading": str(reading_of(preset.family)),
-                "params": shape.total_params,
+                "params": params,
                 "published_params": preset.published_params,
             }
         )
@@ -449,12 +451,9 @@ def _run_presets(args: argparse.Namespace, console: Console) -> int:
     table.add_column("read", overflow="fold")
     table.add_column("parameters", justify="right", no_wrap=True)
     for row in rows:
+        count = "-" if row["params"] is None else f"{row['params']:,}"
         table.add_row(
-            str(row["name"]),
-            str(row["repo"]),
-            str(row["family"]),
-            str(row["reading"]),
-            f"{row['params']:,}",
+            str(row["name"]), str(row["repo"]), str(row["family"]), str(row["reading"]), count
         )
     console.print(table)
     return 0

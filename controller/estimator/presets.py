@@ -68,6 +68,21 @@ def preset_names() -> list[str]:
     return list(_index())
 
 
+def read_by_hand(preset: Preset) -> bool:
+    """Whether `parse_config` reads the preset's family by hand; the others' shapes are read
+    generically from the model transformers builds (`controller.jobs.profiles.read_shape`,
+    with the trace extra), so `load_shape` refuses them."""
+    from controller.estimator.model.families import SUPPORTED_MODEL_TYPES
+
+    return preset.config.get("model_type") in SUPPORTED_MODEL_TYPES
+
+
+def hand_read_preset_names() -> list[str]:
+    """The presets whose family is read by hand (`read_by_hand`), sorted: those the pure
+    estimator parses without the trace extra."""
+    return [name for name in _index() if read_by_hand(_load(name))]
+
+
 @cache
 def _repos() -> dict[str, str]:
     return {_load(name).repo.lower(): name for name in _index()}

@@ -191,7 +191,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
     rank = settings.rank or 0
     h, vocab = shape.hidden_size, shape.vocab_size
     fam = family_traits(shape.model_type)
-    lora_on_experts = adapter and bool(fam.peft_moe_pattern)
+    lora_on_experts = adapter and (bool(fam.peft_moe_pattern) or shape.peft_adapts_stacks)
     # A router that is an nn.Linear (DBRX's) is priced as any linear: quantised, adapted.
     router_name = "" if fam.router_linear else "router"
     fused = fam.fused_expert_stacks

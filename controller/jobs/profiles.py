@@ -16,6 +16,7 @@ import importlib
 import marshal
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -31,11 +32,14 @@ from controller.estimator import (
     TrainingSettings,
     check_against_model,
     formula_estimate,
+    load_preset,
+    load_shape,
     with_load_moment,
 )
 from controller.estimator.errors import UnreadFamily
 from controller.estimator.model import parse_config
 from controller.estimator.model.generic import shape_from_inventory
+from controller.estimator.presets import read_by_hand
 
 #: How to install the trace profile, as its error says it.
 TRACE_EXTRA = "pip install 'vramgate[trace]'"
@@ -61,10 +65,28 @@ def estimate(
     settings, errors = check_against_model(shape, settings, paths)
     if errors:
         raise SpecErrors(errors)
+    path = (paths or {}).get("profile", PATHS["profile"])
     if settings.profile is Profile.TRACE:
-        path = (paths or {}).get("profile", PATHS["profile"])
         return _trace(shape, settings, path, gpus, parallelism)
+    if settings.profile is Profile.CALIBRATED and calibrated_hands_to_trace(shape):
+        if not trace_extra_installed():
+            raise ProfileUnavailable(
+                f"{path}: calibrated has no fit for {shape.model_type}'s "
+                f"{', '.join(shape.unpriced_mixers)} layers and hands such a job to the trace "
+                f"profile, which needs the `trace` extra ({TRACE_EXTRA})"
+            )
+        return _trace(shape, replace(settings, profile=Profile.TRACE), path, gpus, parallelism)
     return formula_estimate(shape, settings)
+
+
+def calibrated_hands_to_trace(shape: ModelShape) -> bool:
+    """Whether the calibrated profile hands a job on `shape` to the trace: a family read
+    generically whose layers mix tokens by something other than softmax attention (Mamba's
+    and RWKV's recurrences, linear attention, short convolutions; `ModelShape.unpriced_mixers`).
+    The dense and MoE fits price attention blocks; their per-layer constants say nothing of
+    a state space's scan, so the trace measures what they would guess. The estimate that
+    comes back is the trace's (profile "trace"), and the shape's note says why."""
+    return bool(shape.unpriced_mixers)
 
 
 def _trace(
@@ -112,6 +134,16 @@ def read_shape(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
         return parse_config(config, prefix=prefix)
     except UnreadFamily as refusal:
         return _generic_shape(config, prefix, refusal)
+
+
+def preset_shape(name: str) -> ModelShape:
+    """The shape of the bundled preset `name` (any spelling `load_preset` accepts): its hand
+    reading (`load_shape`), or for a family read generically, the generic reading of its
+    config (`read_shape`, which needs the trace extra and says so without it)."""
+    preset = load_preset(name)
+    if read_by_hand(preset):
+        return load_shape(preset.name)
+    return read_shape(preset.config, prefix="model.preset")
 
 
 def _generic_shape(config: Mapping[str, Any], prefix: str, refusal: UnreadFamily) -> ModelShape:

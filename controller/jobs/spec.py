@@ -73,6 +73,7 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.errors import UnreadFamily
+from controller.estimator.presets import read_by_hand
 from controller.jobs.profiles import (
     check_generic_type,
     estimate,
@@ -357,8 +358,10 @@ def _model(
             preset = model["preset"]
             if not isinstance(preset, str):
                 raise SpecError("model.preset", f"must be a preset name, got {preset!r}")
-            name = load_preset(preset).name
-            return name, load_shape(name)
+            found = load_preset(preset)
+            if not read_by_hand(found):  # read generically, as an inline config would be
+                return found.name, _config_shape(found.config, "model.preset", generic)
+            return found.name, load_shape(found.name)
         if present[0] == "config":
             if not isinstance(model["config"], Mapping):
                 raise SpecError("model.config", "must be an object (a Hugging Face config.json)")

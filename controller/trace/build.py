@@ -148,6 +148,8 @@ def hf_config(config: Mapping[str, Any], attention: Attention, layers: int | Non
         raise TraceUnsupported(f"transformers cannot build model_type {model_type!r}") from error
     cfg._attn_implementation = TRACED_ATTENTION[attention]
     cfg.use_cache = False
+    if attention is not Attention.EAGER:
+        _in_kernel_dropout(cfg)
     return cfg
 
 
@@ -197,6 +199,9 @@ def whole_config(config: Mapping[str, Any], attention: Attention, layers: int | 
     cfg._attn_implementation = TRACED_ATTENTION[attention]  # set on every sub-config too
     cfg.use_cache = False
     cfg.get_text_config(decoder=True).use_cache = False
+    if attention is not Attention.EAGER:
+        _in_kernel_dropout(cfg)
+        _in_kernel_dropout(cfg.get_text_config(decoder=True))
     return cfg
 
 
@@ -208,6 +213,24 @@ def vision_tower(model: nn.Module) -> nn.Module | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
     path = _vision_path(base)
     return base.get_submodule(path) if path else None
+
+
+#: The config fields attention modules read their attention-probability dropout from.
+ATTENTION_DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "attn_dropout")
+
+
+def _in_kernel_dropout(cfg: Any) -> None:
+    """Trace attention dropout (StarCoder2's 0.1) as the job's GPU kernel runs it: CUDA's
+    flash and memory-efficient sdpa backends and flash-attention 2 drop probabilities inside
+    the kernel from a saved RNG seed and offset, holding no s x s tensor; the CPU sdpa the
+    trace runs has no such kernel and, with dropout, falls back to the math path, which
+    materialises the scores, their softmax, the dropout mask and the dropped probabilities
+    for every head (1.8 GiB more than the GPU holds at 2,048 tokens for StarCoder2-7B).
+    Dropout elsewhere (residual, embedding: a mask of the hidden size) stays traced."""
+    for name in ATTENTION_DROPOUT_FIELDS:
+        value = getattr(cfg, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            setattr(cfg, name, 0.0)
 
 
 def is_moe(cfg: Any) -> bool:

@@ -328,7 +328,8 @@ def inventory_of(
     all_linear = _peft_all_linear(model)
     quantized = _bnb_4bit_linears(model, skip_modules)
     text = model.config.get_text_config(decoder=True)
-    kinds = _kinds(layers_path, layer_list, text, params, all_linear, quantized)
+    stacks = _peft_moe_targets(model)
+    kinds = _kinds(layers_path, layer_list, text, params, all_linear, quantized, stacks)
     outside = _outside(params, layers_path, len(layer_list))
     embedding, head = _embedding_params(model, params)
     hidden = _int(text, "hidden_size")
@@ -489,6 +490,7 @@ def _kinds(
     params: Mapping[str, nn.Parameter],
     all_linear: set[str],
     quantized: set[str],
+    stacks: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset()),
 ) -> tuple[LayerKind, ...]:
     """The layers grouped by what they own (parameter names and shapes) and hold (linears)."""
     found: dict[Any, tuple[list[int], LayerKind]] = {}
@@ -510,7 +512,7 @@ def _kinds(
                     for name, module in layer.named_modules()
                     if name and _is_norm(module)
                 ),
-                experts=_experts(layer, text),
+                experts=_experts(layer, text, stacks),
                 attention=_attention(layer),
             )
             found[key] = ([], kind)
@@ -521,11 +523,43 @@ def _kinds(
     )
 
 
-def _experts(layer: nn.Module, cfg: Any) -> tuple[ExpertStack, ...]:
+def _peft_moe_targets(model: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """(stack tensors, modules) PEFT's `all-linear` adapts beyond the linears it resolves:
+    on a transformers 5 MoE whose experts and router were linears in transformers 4 (OLMoE,
+    Mixtral's layout), `get_peft_model` converts the config (PEFT's
+    `convert_peft_config_for_transformers`) into parameter targets on the fused stacks
+    (gate_up at twice the rank) and the router's weight. Empty where it does not
+    or where this PEFT has no such conversion."""
+    from peft import LoraConfig
+
+    try:
+        from peft.utils.transformers_weight_conversion import (
+            convert_peft_config_for_transformers,
+        )
+    except ImportError:
+        return frozenset(), frozenset()
+    lora = LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM")
+    try:
+        convert_peft_config_for_transformers(lora, model, None)
+    except Exception:  # PEFT refuses to convert: it adapts the linears alone, as resolved
+        return frozenset(), frozenset()
+    targets = set(lora.target_parameters or ())
+    # a stack's own tensor (`down_proj`), or a module's parameter (the router's `gate.weight`)
+    tensors = frozenset(name for name in targets if "." not in name)
+    modules = frozenset(name.rpartition(".")[0] for name in targets if "." in name)
+    return (tensors, modules) if tensors else (frozenset(), frozenset())
+
+
+def _experts(
+    layer: nn.Module,
+    cfg: Any,
+    targets: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset()),
+) -> tuple[ExpertStack, ...]:
     """The layer's experts: a module list named `experts`, or a module of fused experts
     (transformers 5 names their classes `...Experts`) whose expert count is the first
     dimension of its 3-D parameters, or, where it stacks them in 2-D (DBRX), the config's.
-    Other 3-D parameters (a convolution's, Zamba's per-head projections) are not experts."""
+    Other 3-D parameters (a convolution's, Zamba's per-head projections) are not experts.
+    `targets` is what PEFT adapts of them (`_peft_moe_targets`)."""
     stacks: list[ExpertStack] = []
     for name, module in layer.named_modules():
         if any(name.startswith(s.name + ".") for s in stacks):
@@ -541,8 +575,25 @@ def _experts(layer: nn.Module, cfg: Any) -> tuple[ExpertStack, ...]:
         count = fused[0].shape[0] if fused else _expert_count(cfg)
         if params and count:
             tensors = tuple((n, tuple(p.shape)) for n, p in params.items())
-            stacks.append(ExpertStack(name, count, tensors, total))
+            adapted = tuple(n for n, _ in tensors if n in targets[0])
+            router = _adapted_router(layer, name, targets[1]) if adapted else None
+            stacks.append(ExpertStack(name, count, tensors, total, adapted, router))
     return tuple(stacks)
+
+
+def _adapted_router(
+    layer: nn.Module, experts: str, names: frozenset[str]
+) -> tuple[int, int] | None:
+    """(in, out) of the router beside `experts` that PEFT adapts as a module (OLMoE's
+    `mlp.gate`, a weight of experts x hidden in a module of its own), or None."""
+    parent = experts.rpartition(".")[0]
+    for name, module in layer.named_modules():
+        if name.rpartition(".")[0] != parent or _last(name) not in names:
+            continue
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, nn.Linear) and weight is not None and weight.dim() == 2:
+            return int(weight.shape[1]), int(weight.shape[0])
+    return None
 
 
 def _expert_count(cfg: Any) -> int | None:

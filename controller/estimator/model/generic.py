@@ -59,6 +59,18 @@ GENERIC_NOTE = (
     "{model_type}: the trace profile measures it)"
 )
 
+#: The note of a shape whose layers mix tokens by something no calibrated fit has seen: the
+#: profile hands its jobs to the trace instead of pricing them as attention.
+HANDOFF_NOTE = (
+    "{model_type} is read generically from the model transformers builds, and its "
+    "{mixers} layers mix tokens without softmax attention (a state space, a recurrence, a "
+    "linear attention or a convolution), which no calibrated fit prices: the calibrated "
+    "profile hands its jobs to the trace profile"
+)
+
+#: The first path component of a layer's MLP (or MoE) module: never its token mixer.
+MLP_ROOTS = frozenset({"mlp", "feed_forward", "ffn", "mlp_block", "block_sparse_moe", "moe"})
+
 #: The note of a shape with a vision tower: what of it is trained (no spec field says).
 VISION_NOTE = (
     "the vision tower is frozen (weights only, as vision-language fine-tuning recipes keep "
@@ -70,6 +82,18 @@ VISION_NOTE = (
 def generic_fit(shape: ModelShape) -> str:
     """The calibrated fit a generic shape is priced with (`GENERIC_FITS`)."""
     return GENERIC_FITS["moe" if shape.dims.num_experts > 1 else "dense"]
+
+
+def unpriced_mixer(kind: LayerKind) -> str | None:
+    """The module that mixes tokens in layers of `kind` where it is not softmax attention
+    with heads (the inventory finds no attention module, or one without heads: RWKV's time
+    mix), named by its path's first component; None for attention, which the fits price."""
+    if kind.attention is not None and kind.attention.heads:
+        return None
+    if kind.attention is not None:
+        return kind.attention.name
+    roots = [group.name.split(".", 1)[0] for group in kind.linears]
+    return next((root for root in roots if root not in MLP_ROOTS), "non-attention")
 
 
 def _leaf(name: str) -> str:
@@ -106,6 +130,10 @@ def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
             counted += math.prod(dims)
             if "down" in tensor or "w2" in tensor:
                 expert_width = max(expert_width or 0, min(inp, out))
+        if stack.router is not None:  # a router PEFT adapts: priced as a router linear
+            fan_in, fan_out = stack.router
+            linears.append(Linear("router", fan_in, fan_out, False, 1, False))
+            counted += fan_in * fan_out
         if expert_width is None:
             expert_width = mlp_width
     other = kind.params - counted
@@ -143,6 +171,11 @@ def shape_from_inventory(
         )
     where = prefix or "config"
     hidden, heads = inv.hidden_size, inv.heads
+    unpriced = tuple(sorted({m for kind in inv.kinds if (m := unpriced_mixer(kind)) is not None}))
+    if not heads and unpriced:
+        # no attention anywhere (Mamba, RWKV, xLSTM): calibrated hands these jobs to the trace;
+        # the other formula profiles, which price every layer as attention, see one head
+        heads = 1
     if not hidden or not heads or not inv.vocab_size or not inv.layers:
         raise SpecError(
             where,
@@ -235,6 +268,11 @@ def shape_from_inventory(
         hidden_size_per_layer_input=0,
     )
     fit_kind = "moe" if dims.num_experts > 1 else "dense"
+    note = (
+        HANDOFF_NOTE.format(model_type=inv.model_type, mixers=", ".join(unpriced))
+        if unpriced
+        else GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[fit_kind])
+    )
     max_pos = _config_int(
         r, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
     )
@@ -255,8 +293,12 @@ def shape_from_inventory(
             "outer_linears": tuple(outer),
             "frozen_linears": tuple(frozen),
             "frozen_params": vision_rest,
+            "unpriced_mixers": unpriced,
+            "peft_adapts_stacks": any(
+                stack.adapted for kind in inv.kinds for stack in kind.experts
+            ),
             "config_warnings": (
-                (where, GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[fit_kind])),
+                (where, note),
                 *([(where, VISION_NOTE)] if inv.vision_path else []),
             ),
         },

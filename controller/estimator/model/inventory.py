@@ -65,6 +65,12 @@ class ExpertStack:
     count: int
     tensors: tuple[tuple[str, tuple[int, ...]], ...]
     params: int
+    #: The stack's tensors PEFT's `all-linear` adapts: on a transformers 5 MoE whose experts
+    #: were linears in transformers 4, PEFT maps all-linear onto the fused stacks (and the
+    #: router) as parameter targets (its `convert_peft_config_for_transformers`).
+    adapted: tuple[str, ...] = ()
+    #: (in, out) of the block's router where PEFT adapts it too (a module, not a linear).
+    router: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,6 +239,15 @@ class ModelShape:
     # linears LoRA targets only where a target names them (never `all-linear`).
     frozen_linears: tuple[Linear, ...] = ()
     frozen_params: int = 0
+    # The token mixers of a shape read generically that are not softmax attention (a state
+    # space's, a recurrence's, a linear attention's, a convolution's module name): no
+    # calibrated fit prices them, so calibrated hands such a job to the trace profile
+    # (`controller.jobs.profiles.calibrated_hands_to_trace`). Empty for every hand reading.
+    unpriced_mixers: tuple[str, ...] = ()
+    # PEFT adapts the expert stacks and the router of a shape read generically under
+    # all-linear (its transformers-5 conversion of MoE targets, `ExpertStack.adapted`), as
+    # `Family.peft_moe_pattern` says of the hand-read families whose stacks it adapts.
+    peft_adapts_stacks: bool = False
     # (field path, message) for each value the estimate read that the config does not state
     # (`defaults_read`): callers warn with them, at their own field paths.
     config_warnings: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
@@ -313,10 +322,13 @@ class ModelShape:
         # (`Family.peft_moe_pattern`). The same holds for a router that is a parameter; a
         # router that is an nn.Linear (`Family.router_linear`) is adapted as any linear.
         fam = family_traits(self.model_type)
-        stacks = bool(fam.peft_moe_pattern)
+        stacks = bool(fam.peft_moe_pattern) or self.peft_adapts_stacks
         router = stacks or fam.router_linear
+        # PEFT's conversion for a generic shape adapts a fused gate_up stack at twice the
+        # rank (gate's and up's, as storage's `_expert_stacks` prices them)
+        fused = 2 if self.peft_adapts_stacks else 1
         total = sum(
-            lin.lora_params(1) * count
+            lin.lora_params(1) * count * (fused if lin.expert and lin.name == "gate_up_proj" else 1)
             for layer, count in self.layer_counts
             for lin in layer.linears
             if (every or lin.name in wanted)

@@ -22,7 +22,7 @@ from controller.estimator.model import (
 from controller.estimator.model.dims import _dense_layer_indices
 from controller.estimator.model.read import Reader as _Reader
 from controller.estimator.model.read import model_defaults as _model_defaults
-from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.presets import hand_read_preset_names, load_preset
 from controller.estimator.settings import MAX_SEQUENCE_LENGTH
 from tests.unit.conftest import LLAMA_31_8B, PYTHIA_69B, QWEN25_05B
 
@@ -465,7 +465,7 @@ def test_every_family_a_config_can_be_read_as_is_supported() -> None:
     layout: none of them falls to a refusal, nor to another family's layout."""
     _, text_types = _model_defaults()
     assert set(text_types.values()) <= set(SUPPORTED_MODEL_TYPES)
-    for name in preset_names():
+    for name in hand_read_preset_names():
         config = load_preset(name).config
         own = (config.get("text_config") or {}).get("model_type") or config["model_type"]
         assert load_shape(name).model_type == own in SUPPORTED_MODEL_TYPES, name

@@ -44,7 +44,7 @@ from controller.estimator.model import (
     ModelShape,
     peft_adaptable_modules,
 )
-from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.presets import hand_read_preset_names, load_preset
 from controller.estimator.settings import Parallelism
 from controller.estimator.storage import BLOCK, Static, block, static_bytes
 from controller.jobs.profiles import estimate
@@ -100,7 +100,7 @@ def test_the_data_file_covers_every_family_and_job() -> None:
 #: Hybrid stacks (Nemotron-H ...) and Gemma 3n are priced by the hybrid section, layer by
 #: layer (tests/unit/estimator/test_calibrated_hybrid.py), Jamba included.
 FITTED_PRESETS = [
-    name for name in preset_names() if hybrid_fit.layer_kinds(load_shape(name)) is None
+    name for name in hand_read_preset_names() if hybrid_fit.layer_kinds(load_shape(name)) is None
 ]
 
 

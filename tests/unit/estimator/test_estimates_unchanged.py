@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from controller.estimator import Parallelism
-from controller.estimator.presets import preset_names
+from controller.estimator.presets import hand_read_preset_names
 from controller.jobs.spec import estimate_plan, translate
 
 GOLDEN = Path(__file__).parent / "data" / "estimates.json"
@@ -66,7 +66,7 @@ def _figures(preset: str, method: str, profile: str) -> dict[str, Any]:
 def _all() -> dict[str, Any]:
     return {
         f"{preset}/{method}/{profile}": _figures(preset, method, profile)
-        for preset in sorted(preset_names())
+        for preset in sorted(hand_read_preset_names())
         for method in METHODS
         for profile in PROFILES
     }

@@ -21,7 +21,7 @@ from controller.estimator import (
 from controller.estimator.calibrated import estimate as calibrated_estimate
 from controller.estimator.model import ArchDims, Layer, ModelShape
 from controller.estimator.model.parse import _parse_config
-from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.presets import hand_read_preset_names, load_preset
 from controller.estimator.result import Estimate
 from controller.estimator.storage import Static, static_bytes
 
@@ -39,7 +39,7 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in fields(cls)}
 
 
-@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("preset", hand_read_preset_names())
 def test_assembled_shapes_equal_what_their_constructors_build(preset: str) -> None:
     # A fresh parse: parse_config's cached shapes may hold cached properties by now.
     shape = _parse_config(load_preset(preset).config_dict(), "")

@@ -10,13 +10,21 @@ from importlib import resources
 
 import pytest
 
-from controller.estimator.errors import SpecError
+from controller.estimator.errors import SpecError, UnreadFamily
 from controller.estimator.model import parse_config
-from controller.estimator.presets import load_preset, preset_names
+from controller.estimator.presets import (
+    hand_read_preset_names,
+    load_preset,
+    preset_names,
+    read_by_hand,
+)
+from tests.unit.trace_support import require_trace_extra
 
 NAMES = preset_names()
-EXACT = [n for n in NAMES if load_preset(n).published_params is not None]
-APPROX = [n for n in NAMES if load_preset(n).published_params is None]
+HAND = hand_read_preset_names()
+GENERIC = [n for n in NAMES if n not in HAND]
+EXACT = [n for n in HAND if load_preset(n).published_params is not None]
+APPROX = [n for n in HAND if load_preset(n).published_params is None]
 KEYS = {"name", "repo", "family", "published_params", "published_params_note", "config"}
 UNITS = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
@@ -124,6 +132,30 @@ def test_invalid_name(bad: object) -> None:
     with pytest.raises(SpecError) as info:
         load_preset(bad)  # type: ignore[arg-type]
     assert info.value.field == "model.preset"
+
+
+def test_ten_presets_of_families_read_generically() -> None:
+    """Families without a hand reading have presets of their own (the generic reading's
+    accuracy set); the hand-read list is the rest, and only a generic one is refused by the
+    pure parser."""
+    assert len(GENERIC) >= 10
+    assert sorted(HAND + GENERIC) == NAMES
+    assert not any(read_by_hand(load_preset(n)) for n in GENERIC)
+    families = {load_preset(n).config["model_type"] for n in GENERIC}
+    assert {"phi", "gpt_neox", "falcon", "granite", "cohere", "starcoder2"} <= families
+    with pytest.raises(UnreadFamily):
+        parse_config(load_preset(GENERIC[0]).config)
+
+
+@pytest.mark.parametrize("name", GENERIC)
+def test_the_generic_reading_counts_every_generic_presets_parameters(name: str) -> None:
+    """The count transformers builds (meta device), which is the published one where the
+    model page gives an exact figure (Pythia-6.9B: 6,857,302,016)."""
+    require_trace_extra()
+    from controller.jobs.profiles import read_shape
+
+    preset = load_preset(name)
+    assert read_shape(preset.config, "model.preset").total_params == preset.published_params
 
 
 @pytest.mark.parametrize("name", EXACT)

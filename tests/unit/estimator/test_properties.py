@@ -17,12 +17,12 @@ from controller.estimator import (
     load_shape,
 )
 from controller.estimator.model import PEFT_REFUSED_MODULES, peft_adaptable_modules
-from controller.estimator.presets import preset_names
+from controller.estimator.presets import hand_read_preset_names
 from controller.jobs.profiles import estimate
 from controller.packing.fit import fit
 
 GIB = 2**30
-SHAPES = {name: load_shape(name) for name in preset_names()}
+SHAPES = {name: load_shape(name) for name in hand_read_preset_names()}
 presets = st.sampled_from(sorted(SHAPES))
 # trace runs a real training step (seconds each); its own tests cover it.
 profiles = st.sampled_from([Profile.ANALYTIC, Profile.UNSLOTH])

@@ -22,7 +22,7 @@ from controller.estimator import Profile, SpecError, TrainingSettings  # noqa: E
 from controller.estimator.errors import UnreadFamily  # noqa: E402
 from controller.estimator.model import parse_config  # noqa: E402
 from controller.estimator.model.generic import shape_from_inventory  # noqa: E402
-from controller.estimator.settings import Method  # noqa: E402
+from controller.estimator.settings import Attention, Method  # noqa: E402
 from controller.jobs.profiles import estimate, read_shape  # noqa: E402
 from controller.jobs.spec import translate  # noqa: E402
 from controller.trace.inventory import build_meta_model, cut_layers, read_inventory  # noqa: E402
@@ -34,6 +34,7 @@ NEW_FAMILIES = (
     "stablelm",
     "granite",
     "granitemoe",
+    "olmoe",  # PEFT adapts its fused expert stacks and router under all-linear
     "starcoder2",
     "cohere",
     "smollm3",
@@ -193,6 +194,18 @@ def test_a_job_of_such_a_family_is_planned_and_the_webhook_defers_it() -> None:
     assert deferred is not None and deferred.shape is None and not errors
 
 
+def test_a_preset_of_such_a_family_is_read_generically_and_deferred_by_the_webhook() -> None:
+    from controller.jobs.profiles import preset_shape
+
+    spec = {"model": {"preset": "Phi-2"}, "method": "LoRA", "lora": {"rank": 16}}
+    plan, errors = translate(spec)
+    assert not errors and plan is not None and plan.model == "phi-2"
+    assert plan.shape is not None and plan.shape.total_params == 2_779_683_840
+    assert preset_shape("microsoft/phi-2").total_params == 2_779_683_840
+    deferred, errors = translate(spec, generic="defer")
+    assert deferred is not None and deferred.shape is None and not errors
+
+
 def test_unsloth_refuses_a_generic_shape_and_names_the_profile_field() -> None:
     # Its Llama-style formula would count 344M parameters for this 2-layer Phi (310M built).
     shape = read_shape(_config("phi"), prefix="model.config")
@@ -233,3 +246,23 @@ def test_the_webhook_refuses_a_type_transformers_does_not_build_without_building
     # a type transformers builds is still deferred to the operator, not built here
     deferred, errors = translate(spec | {"model": {"config": _config("phi")}}, generic="defer")
     assert deferred is not None and deferred.shape is None and not errors
+
+
+def test_attention_dropout_is_traced_as_the_gpu_kernels_run_it() -> None:
+    """CUDA's flash and memory-efficient kernels drop attention probabilities in the kernel
+    (no s x s tensor); the CPU sdpa the trace runs would materialise them. Under eager
+    attention the probabilities are materialised on a GPU too, dropout or not."""
+    small = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4}
+    quiet = {"residual_dropout": 0.0, "embedding_dropout": 0.0}
+    settings = TrainingSettings(method=Method.LORA, profile=Profile.TRACE, seq_len=512)
+
+    def traced(dropout: float) -> int:
+        config = _config("starcoder2", vocab_size=1024, attention_dropout=dropout, **small, **quiet)
+        return estimate(read_shape(config), settings).total_bytes
+
+    assert traced(0.1) == traced(0.0)
+    from controller.trace.build import hf_config
+
+    dropped = _config("starcoder2", attention_dropout=0.1, **small)
+    assert hf_config(dropped, Attention.EAGER).attention_dropout == 0.1
+    assert hf_config(dropped, Attention.SDPA).attention_dropout == 0.0
