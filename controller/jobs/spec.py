@@ -75,6 +75,7 @@ from controller.estimator import (
 from controller.estimator.errors import UnreadFamily
 from controller.estimator.presets import read_by_hand
 from controller.jobs.profiles import (
+    calibrated_hands_to_trace,
     check_generic_type,
     estimate,
     read_shape,
@@ -277,8 +278,16 @@ def estimate_plan(plan: JobPlan) -> Estimate:
 
 def needs_trace(plan: JobPlan) -> bool:
     """Whether estimating `plan` runs a traced training step (seconds to a minute, on the
-    operator's trace workers) rather than a formula (milliseconds)."""
-    return plan.settings.profile is Profile.TRACE
+    operator's trace workers) rather than a formula (milliseconds): the trace profile, and
+    a calibrated job whose family calibrated hands to the trace (`calibrated_hands_to_trace`:
+    a family read generically whose layers are no attention the fits price)."""
+    if plan.settings.profile is Profile.TRACE:
+        return True
+    return (
+        plan.settings.profile is Profile.CALIBRATED
+        and plan.shape is not None
+        and calibrated_hands_to_trace(plan.shape)
+    )
 
 
 #: Spec fields that change no estimate: who may run and where, not what the step holds.

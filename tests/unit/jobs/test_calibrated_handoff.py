@@ -78,3 +78,27 @@ def test_attention_families_read_generically_stay_with_calibrated() -> None:
     shape = profiles.read_shape(_small("gpt_neox", vocab_size=1024, **small))
     assert shape.unpriced_mixers == ()
     assert estimate(shape, CALIBRATED).profile == "calibrated"
+
+
+def test_the_operator_runs_a_handed_off_job_on_its_trace_workers() -> None:
+    """A calibrated job that calibrated hands to the trace is a trace to the operator: it
+    runs on the trace workers, says Tracing and is kept in status, as a Trace job is."""
+    require_trace_extra()
+    from controller.jobs.spec import needs_trace, translate
+
+    def spec(config: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": {"config": config},
+            "method": "LoRA",
+            "lora": {"rank": 16},
+            "training": {"sequenceLength": 256},
+            "resources": {"gpus": 1},
+        }
+
+    handed, errors = translate(spec(_small("lfm2", **LFM2)))
+    assert handed is not None, errors
+    assert handed.settings.profile is Profile.CALIBRATED and needs_trace(handed)
+    small = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+    kept, errors = translate(spec(_small("gpt_neox", vocab_size=1024, **small)))
+    assert kept is not None, errors
+    assert not needs_trace(kept)
