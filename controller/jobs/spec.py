@@ -367,10 +367,10 @@ def _model(
             preset = model["preset"]
             if not isinstance(preset, str):
                 raise SpecError("model.preset", f"must be a preset name, got {preset!r}")
-            found = load_preset(preset)
-            if not read_by_hand(found):  # read generically, as an inline config would be
-                return found.name, _config_shape(found.config, "model.preset", generic)
-            return found.name, load_shape(found.name)
+            named = load_preset(preset)
+            if not read_by_hand(named):  # read generically, as an inline config would be
+                return named.name, _config_shape(named.config, "model.preset", generic)
+            return named.name, load_shape(named.name)
         if present[0] == "config":
             if not isinstance(model["config"], Mapping):
                 raise SpecError("model.config", "must be an object (a Hugging Face config.json)")

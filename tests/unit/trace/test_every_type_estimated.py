@@ -90,9 +90,6 @@ _HAND_VLM_TIED = (
     "config, which transformers follows, ties them: the hand reading counts an LM head "
     "transformers does not build"
 )
-_ATTENTION_FREE = (
-    "attention-free (no attention heads): the formula profiles cannot price it (the trace does)"
-)
 _DEPTH_ELSEWHERE = (
     "the cut does not reach the decoder transformers builds (test_inventory_all_types' "
     "NOT_CUT): the generic reading needs the model at the config's own depth"
@@ -106,6 +103,11 @@ _LAYER_SPLIT = (
     "two-layer cut does not rewrite (transformers refuses the cut config)"
 )
 #: Types whose default profile's estimate does not count what transformers builds, with why.
+_HANDED_NO_CKPT = (
+    "calibrated hands it to the trace (the generic reading finds no attention module its fits "
+    "price), and its class does not support activation checkpointing, which the default "
+    "settings turn on: the trace refuses it in one line"
+)
 ESTIMATE_FAILS: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -138,7 +140,9 @@ ESTIMATE_FAILS: dict[str, str] = {
     "moss_transcribe_diarize": "read by hand as its text model: the audio tower is not counted",
     "kimi_k25": "read by hand as DeepSeek-V3's text model, which counts more than transformers "
     "builds for kimi_k25 (13,944,134,912 against 13,488,599,536 with its vision tower): open",
-    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), _ATTENTION_FREE),
+    **dict.fromkeys(("cpmant", "openai-gpt", "xlm", "xlnet", "pix2struct"), _HANDED_NO_CKPT),
+    "udop": "calibrated hands it to the trace (no attention module its fits price), and its "
+    "default config lacks decoder_start_token_id, which its forward reads",
     **dict.fromkeys(("blt", "hrm_text", "pi0", "pi05"), _DEPTH_ELSEWHERE),
     **dict.fromkeys(("glm4_moe", "deepseek_v3"), _BUFFER_BIAS),
     **dict.fromkeys(("dory", "kolibri1_1"), _LAYER_SPLIT),
