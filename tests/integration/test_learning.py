@@ -151,11 +151,13 @@ def reserved(api: client.ApiClient, namespace: str, name: str) -> int:
     return int(admitted(api, namespace, name, "True")["status"]["placement"]["perGpuBytes"])
 
 
-def test_reservations_follow_what_jobs_like_them_used_across_a_restart_and_an_oom(
+def test_reservations_follow_what_jobs_like_them_used_across_a_restart_a_failover_and_an_oom(
     operator: OperatorProcess,
     api_client: client.ApiClient,
     namespace: str,
     gpus: Gpus,  # noqa: F811
+    cluster: Cluster,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     low, high, oom = (f"trainer-{namespace}:{kind}" for kind in ("low", "high", "oom"))
     gpus.add(*[[80]] * (2 * K + 1))
@@ -205,3 +207,26 @@ def test_reservations_follow_what_jobs_like_them_used_across_a_restart_and_an_oo
     again = key_object(api_client, samples["low-0"]["key"], K)
     assert again["status"]["countedUIDs"] == lows["status"]["countedUIDs"], "counted once"
     assert "Traceback" not in operator.log_since_start()
+
+    # A failover: the leader dies without handing the Lease back; the standby, which never
+    # filed a sample, takes the Lease and decides on what the API holds.
+    standby = OperatorProcess(
+        cluster, api_client, tmp_path_factory.mktemp("learning-standby"),
+        extra=operator.extra, webhook_config=WEBHOOK_CONFIG,
+    )  # fmt: skip
+    standby.start(webhook=False)
+    try:
+        gpus.add([80])
+        operator.kill()
+        create(api_client, namespace, trained("after-failover", gpus, low))
+        # The standby waits out the Lease (15 s), lists every job, then decides.
+        obj = admitted(api_client, namespace, "after-failover", "True", timeout=60)
+        assert int(obj["status"]["placement"]["perGpuBytes"]) == lower
+        assert "holding the Lease" in standby.log_since_start()
+        kept = key_object(api_client, samples["low-0"]["key"], K)
+        assert kept["status"]["countedUIDs"] == lows["status"]["countedUIDs"], "counted once"
+        assert "Traceback" not in standby.log_since_start()
+    finally:
+        standby.stop()
+        if operator.proc is None:
+            operator.start(webhook=True)
