@@ -621,6 +621,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             "moments": tuple((s, r + fixed) for s, r in splits),
             "traced_per_gpu": (),
             "traced_allocated": (),
+            "correction_percent": 100,
             "load_moment": 0,
             "comm_bytes": NCCL_BYTES,
             "fsdp_moments": tuple((s, r + fixed) for s, r in fsdp),
