@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controller.allocator.replay import replay_live_intervals
+from controller.trace.deepen import deepen, live_peak
 from controller.trace.device_map import ModuleTable, extend_table
 from controller.trace.run import RunResult, SegmentPeak
 
@@ -111,7 +113,7 @@ def extend(
         total_params=_affine(small.total_params, large.total_params, steps),
         trainable_params=_affine(small.trainable_params, large.trainable_params, steps),
         seconds=small.seconds + large.seconds,
-        reserved=top.peak + _reserve(small, large, steps),
+        reserved=top.peak + _reserve(small, large, steps, lead, period, top.peak),
         modules=_modules(small, large, layers, lead, period),
     )
 
@@ -125,13 +127,24 @@ def _modules(
     return extend_table(small.modules, large.modules, layers, lead, period)
 
 
-def _reserve(small: RunResult, large: RunResult, steps: int) -> int:
-    """What the allocator reserves beyond the peak at the extended depth: its replays' gaps
-    at n and n + period layers, extended per period like every other figure (each block adds
-    the same allocations, so the same cached blocks and segment rounding); never negative."""
+def _reserve(small: RunResult, large: RunResult, steps: int, lead: int, period: int, peak: int) -> int:
+    """What the allocator reserves beyond the peak at the extended depth: the deeper run's
+    mallocs and frees with its middle block copied in to that depth, replayed (`deepen.py`:
+    the reserve is not affine in the depth). Where the runs do not show their block, or the
+    built sequence's live bytes do not peak at the extended peak (within 0.5 %), the
+    deeper run's own gap: bounded as the depth grows, unlike its affine extension."""
     if not small.reserved or not large.reserved:
         return 0
-    return max(0, _affine(small.reserved - small.peak, large.reserved - large.peak, steps))
+    own = max(0, large.reserved - large.peak)
+    if small.timeline is None or large.timeline is None:
+        return own
+    block = range(lead + 2, lead + 2 + period)
+    intervals = deepen(large.timeline, small.timeline, block, steps - 1)
+    if intervals is None:
+        return own
+    if abs(live_peak(intervals) - peak) > peak // 200:
+        return own
+    return max(0, replay_live_intervals(intervals).peak_reserved - peak)
 
 
 def min_layers(lead: int = 0) -> int:

@@ -32,6 +32,7 @@ from controller.allocator.replay import replay_live_intervals
 from controller.estimator import TrainingSettings
 from controller.trace import qlora
 from controller.trace.build import build_model, step_context, vision_tower
+from controller.trace.deepen import Timeline
 from controller.trace.device_map import ModuleTable
 from controller.trace.loss import compute_loss
 from controller.trace.modules import Owners, module_table
@@ -80,6 +81,9 @@ class RunResult:
     #: The step module by module (`modules.py`), for a device map's GPUs; None where the
     #: model's decoder layers were not found or no breakdowns were asked for.
     modules: ModuleTable | None = None
+    #: The run's storages and segments, for a replay at a depth not traced (`deepen.py`);
+    #: None where no replay ran.
+    timeline: Timeline | None = None
 
 
 def batch_bytes(settings: TrainingSettings) -> int:
@@ -359,6 +363,8 @@ def _result(
     peaks = tuple(
         SegmentPeak(s.step, s.phase, s.region, s.peak, by_tick[s.peak_at]) for s in segments
     )
+    intervals = tracker.intervals() if breakdowns else []
+    spans = tuple((s.step, s.phase, s.region, s.start, s.end) for s in tracker.segments)
     phase_peaks: dict[str, SegmentPeak] = {}
     for seg in peaks:
         best = phase_peaks.get(seg.phase)
@@ -373,8 +379,9 @@ def _result(
         total_params=total,
         trainable_params=trainable,
         seconds=seconds,
-        reserved=replay_live_intervals(tracker.intervals()).peak_reserved if breakdowns else 0,
+        reserved=replay_live_intervals(intervals).peak_reserved if breakdowns else 0,
         modules=modules,
+        timeline=Timeline(tuple(intervals), spans) if breakdowns else None,
     )
 
 

@@ -18,7 +18,6 @@ from controller.estimator import Method, Parallelism, TrainingSettings, overhead
 from controller.trace import estimate, trace  # noqa: E402
 from controller.trace import run as run_module  # noqa: E402
 from controller.trace.distributed import Distributed  # noqa: E402
-from controller.trace.extrapolate import extend  # noqa: E402
 from controller.trace.run import trace_run  # noqa: E402
 
 FULL = TrainingSettings(method=Method.FULL, rank=None, seq_len=128)
@@ -75,11 +74,3 @@ def test_a_rank_on_several_gpus_holds_nccls_buffers() -> None:
     assert two.extras["nccl_buffers"] == overheads.NCCL_BYTES_PER_PEER
     est = estimate(TINY_LLAMA, FULL, gpus=2, parallelism=Parallelism.FSDP)
     assert est.per_gpu_bytes(2, Parallelism.FSDP) == two.total_bytes
-
-
-def test_an_extended_run_extends_the_reserve_per_layer() -> None:
-    small, large = (trace_run(with_layers(TINY_LLAMA, n), FULL) for n in (4, 5))
-    whole = extend(small, large, 7)
-    gap_small, gap_large = small.reserved - small.peak, large.reserved - large.peak
-    # three layers past the 4-layer run, each adding what the fifth added
-    assert whole.reserved - whole.peak == max(0, gap_small + 3 * (gap_large - gap_small))
