@@ -129,7 +129,9 @@ def _aligned_spans(large: Timeline, small: Timeline) -> list[_Span] | None:
     for (_, phase, start, end), (_, _, s_start, s_end) in zip(big, little, strict=True):
         b = _births(large.intervals, start, end)
         a = _births(small.intervals, s_start, s_end)
-        matcher = SequenceMatcher(None, [(iv[0], iv[3]) for iv in a], [(iv[0], iv[3]) for iv in b], autojunk=False)
+        matcher = SequenceMatcher(
+            None, [(iv[0], iv[3]) for iv in a], [(iv[0], iv[3]) for iv in b], autojunk=False
+        )
         for tag, _, _, j1, j2 in matcher.get_opcodes():
             if tag == "equal":
                 continue

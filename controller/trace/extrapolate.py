@@ -27,7 +27,10 @@ With traces at n and n+p layers (n >= lead + 4, so the layer positions are disti
     peak_key(L) = peak_key(n) + (L - n) / p x (peak_key(n+p) - peak_key(n))
 
 and the same for each category of its breakdown; the model's peak is the largest key.
-Tests hold this to the full trace within 0.5 % where both run.
+Tests hold this to the full trace within 0.5 % where both run. What the caching allocator
+reserves is not such a figure (cached blocks serve or fail to serve what comes next, so the
+reserve rises and falls with the depth): the deeper run's allocations are replayed at the
+model's depth instead (`deepen.py`).
 """
 
 from __future__ import annotations
@@ -127,7 +130,9 @@ def _modules(
     return extend_table(small.modules, large.modules, layers, lead, period)
 
 
-def _reserve(small: RunResult, large: RunResult, steps: int, lead: int, period: int, peak: int) -> int:
+def _reserve(
+    small: RunResult, large: RunResult, steps: int, lead: int, period: int, peak: int
+) -> int:
     """What the allocator reserves beyond the peak at the extended depth: the deeper run's
     mallocs and frees with its middle block copied in to that depth, replayed (`deepen.py`:
     the reserve is not affine in the depth). Where the runs do not show their block, or the

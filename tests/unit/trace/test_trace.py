@@ -406,7 +406,8 @@ EXTRAPOLATED = [
 @pytest.mark.parametrize(("preset", "job"), EXTRAPOLATED, ids=[p for p, _ in EXTRAPOLATED])
 def test_extrapolation_agrees_with_the_full_trace(preset: str, job: TrainingSettings) -> None:
     """Traces at 4 and 5 layers, extended per layer, within 0.5 % of tracing all layers
-    (the presets here have 16-30 layers; widths are the real ones)."""
+    (the presets here have 16-30 layers; widths are the real ones), and what the allocator
+    reserves for them within 1 % (the deeper run replayed at the whole depth)."""
     config = load_preset(preset).config
     whole = trace_run(config, job)
     extended = extend(trace_run(config, job, 4), trace_run(config, job, 5), whole.layers)
@@ -414,6 +415,7 @@ def test_extrapolation_agrees_with_the_full_trace(preset: str, job: TrainingSett
     assert extended.total_params == whole.total_params
     for category, n_bytes in whole.breakdown.items():
         assert abs(extended.breakdown[category] - n_bytes) <= 0.005 * whole.peak
+    assert abs(extended.reserved - whole.reserved) <= 0.01 * whole.reserved
 
 
 @pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-30b-a3b"])
@@ -428,6 +430,9 @@ def test_moe_extrapolation_agrees_with_the_full_trace(preset: str) -> None:
     assert extended.traced_layers == ((7, 8) if preset == "deepseek-v3" else (4, 5))
     assert abs(extended.peak_bytes - whole.peak_bytes) <= 0.005 * whole.peak_bytes
     assert extended.total_params == whole.total_params
+    reserved = whole.peak_bytes + whole.extras["allocator_reserve"]
+    extended_reserved = extended.peak_bytes + extended.extras["allocator_reserve"]
+    assert abs(extended_reserved - reserved) <= 0.01 * reserved
 
 
 def test_interleaved_moe_extrapolation_adds_a_period_and_agrees_with_the_full_trace() -> None:

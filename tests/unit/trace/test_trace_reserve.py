@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.trace_support import TINY_LLAMA, require_trace_extra, with_layers
+from tests.unit.trace_support import TINY_LLAMA, require_trace_extra
 
 require_trace_extra()
 
