@@ -29,6 +29,7 @@ from controller.estimator.model import (
     skip_module_matches_text,
 )
 from controller.estimator.model.families import FAMILIES
+from controller.estimator.model.tower import tower_from_json, with_tower
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
@@ -114,7 +115,10 @@ def _preset_shape(name: str) -> ModelShape:
     held to the model's published parameter count (tests/unit/estimator/test_presets.py)."""
     from controller.estimator.presets import load_preset
 
-    shape = parse_config(load_preset(name).config, prefix="model.preset")
+    preset = load_preset(name)
+    shape = parse_config(preset.config, prefix="model.preset")
+    if preset.tower is not None:  # counted from its stored figures (no note: see above)
+        shape = with_tower(shape, tower_from_json(preset.tower), None)
     return replace(shape, config_warnings=()) if shape.config_warnings else shape
 
 

@@ -10,6 +10,10 @@ the tests can hold the architecture parser to published counts:
 `published_params` is an exact count for exactly the model the config describes, or null with
 `published_params_approx` (the headline figure, e.g. "671B") and a note saying why no exact
 count applies (vision tower included, MTP module, packed 4-bit storage...).
+
+A hand-read multimodal preset also stores its `tower`: the parts of the model transformers
+builds outside the language model the hand reading reads (`controller.estimator.model.tower`),
+read once from the built model, so an estimate without the trace extra counts them too.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class Preset:
     published_params: int | None
     published_params_approx: str | None
     note: str
+    #: The stored tower (`model.tower.tower_to_json`), or None for a model without one.
+    tower: Mapping[str, Any] | None = None
 
     def config_dict(self) -> dict[str, Any]:
         """A plain, mutable deep copy of `config` (for JSON output or editing)."""
@@ -138,6 +144,7 @@ def _load(name: str) -> Preset:
         published_params=published,
         published_params_approx=str(approx) if approx else None,
         note=str(data["published_params_note"]),
+        tower=_freeze(data["tower"]) if isinstance(data.get("tower"), dict) else None,
     )
 
 

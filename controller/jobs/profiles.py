@@ -39,6 +39,7 @@ from controller.estimator import (
 from controller.estimator.errors import UnreadFamily
 from controller.estimator.model import parse_config
 from controller.estimator.model.generic import shape_from_inventory
+from controller.estimator.model.tower import states_tower, with_tower, without_tower
 from controller.estimator.presets import read_by_hand
 
 #: How to install the trace profile, as its error says it.
@@ -129,11 +130,49 @@ def read_shape(config: Mapping[str, Any], prefix: str = "") -> ModelShape:
     family no hand reading reads, the generic reading of the model transformers builds
     (`model.generic`), where the trace extra is installed. Without it the refusal stays and
     says that the extra would read the config; a type transformers does not build (remote
-    code) is refused in one line. Blocking (it may import torch): never on an event loop."""
+    code) is refused in one line. A hand-read multimodal config's towers (`model.tower`) are
+    read from the built model too, with the extra; without it the shape says they are not
+    counted. Blocking (it may import torch): never on an event loop."""
     try:
-        return parse_config(config, prefix=prefix)
+        shape = parse_config(config, prefix=prefix)
     except UnreadFamily as refusal:
         return _generic_shape(config, prefix, refusal)
+    if not states_tower(config):
+        return shape
+    try:
+        blob: bytes | None = marshal.dumps(config, 2)  # type: ignore[arg-type]
+    except ValueError:
+        blob = None
+    if blob is None:
+        return _with_towers(shape, config, prefix)
+    return _towers_marshalled(blob, prefix)
+
+
+@lru_cache(maxsize=GENERIC_SHAPES)
+def _towers_marshalled(blob: bytes, prefix: str) -> ModelShape:
+    """`_with_towers`, kept by the config's content (as `parse_config` keeps the hand
+    reading, which this reads again from its own cache)."""
+    config = marshal.loads(blob)
+    return _with_towers(parse_config(config, prefix=prefix), config, prefix)
+
+
+def _with_towers(shape: ModelShape, config: Mapping[str, Any], prefix: str) -> ModelShape:
+    """The hand reading `shape` of the multimodal `config` with its towers read from the model
+    transformers builds (`trace.towers`), or said to be left out: without the trace extra,
+    or where transformers cannot build the config (the text reading still answers)."""
+    where = prefix or "config"
+    if not trace_extra_installed():
+        return without_tower(shape, where)
+    from controller.trace.build import TraceUnsupported
+    from controller.trace.towers import read_tower
+
+    try:
+        tower = read_tower(config)
+    except TraceUnsupported as error:
+        return without_tower(
+            shape, where, f"only the language model is counted: its towers are not ({error})"
+        )
+    return with_tower(shape, tower, where)
 
 
 def preset_shape(name: str) -> ModelShape:

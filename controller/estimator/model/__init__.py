@@ -21,7 +21,9 @@ The modules, each built on the ones before it:
 Beside them, `inventory.py` holds what `controller.trace.inventory` reads from the model
 transformers builds (`ModelInventory`), as plain data the estimator can take without torch,
 and `generic.py` turns one into a `ModelShape` for a family `parse_config` does not read
-(`shape_from_inventory`; the shells call it through `controller.jobs.profiles.read_shape`).
+(`shape_from_inventory`; the shells call it through `controller.jobs.profiles.read_shape`);
+`tower.py` holds the parts of a hand-read multimodal model outside its language model (its
+vision or audio tower and projector), read from the built model or stored in a preset.
 """
 
 from __future__ import annotations

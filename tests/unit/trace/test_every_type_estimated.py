@@ -80,16 +80,6 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "phimoe": ("q_proj", "v_proj"),
 }
 
-_HAND_VLM = (
-    "read by hand as its text model (parse_config reads a multimodal config's text_config): "
-    "the vision tower and projector are not counted, and the hand reading must not move "
-    "(the bundled gemma-3-4b, gemma-3-12b and llama-4-maverick presets' golden estimates)"
-)
-_HAND_VLM_TIED = (
-    _HAND_VLM + "; and its text_config says tie_word_embeddings false where the outer "
-    "config, which transformers follows, ties them: the hand reading counts an LM head "
-    "transformers does not build"
-)
 _DEPTH_ELSEWHERE = (
     "the cut does not reach the decoder transformers builds (test_inventory_all_types' "
     "NOT_CUT): the generic reading needs the model at the config's own depth"
@@ -109,37 +99,7 @@ _HANDED_NO_CKPT = (
     "settings turn on: the trace refuses it in one line"
 )
 ESTIMATE_FAILS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "gemma3",
-            "shieldgemma2",
-            "idefics2",
-            "idefics3",
-            "smolvlm",
-            "llava",
-            "llava_next",
-            "llava_next_video",
-            "llava_onevision",
-            "llava_onevision1_5",
-            "paligemma",
-            "got_ocr2",
-            "pp_chart2table",
-            "lighton_ocr",
-            "janus",
-            "deepseek_vl_hybrid",
-            "video_llama_3",
-            "video_llava",
-            "vipllava",
-            "ovis2_5",
-            "qianfan_ocr",
-            "llama4",
-        ),
-        _HAND_VLM,
-    ),
-    **dict.fromkeys(("mistral3", "internvl", "ovis2", "deepseek_vl"), _HAND_VLM_TIED),
-    "moss_transcribe_diarize": "read by hand as its text model: the audio tower is not counted",
-    "kimi_k25": "read by hand as DeepSeek-V3's text model, which counts more than transformers "
-    "builds for kimi_k25 (13,944,134,912 against 13,488,599,536 with its vision tower): open",
+    "kimi_k25": _BUFFER_BIAS + " (its text model is DeepSeek-V3's)",
     **dict.fromkeys(("cpmant", "openai-gpt", "xlm", "xlnet", "pix2struct"), _HANDED_NO_CKPT),
     "udop": "calibrated hands it to the trace (no attention module its fits price), and its "
     "default config lacks decoder_start_token_id, which its forward reads",
