@@ -175,7 +175,9 @@ class GenericLayout:
     prices by identity as it prices a hand-read shape's (`ModelShape.layer_counts`)."""
 
     layers: tuple[Layer, ...]
+    #: What ModelShape's cached properties of these layers compute, kept with them.
     layer_counts: tuple[tuple[Layer, int], ...]
+    total_params: int
     #: ArchDims' fields but `intermediate_size` (where no MLP width was read, the config's)
     #: and `experts_per_token` (the config's): read-only.
     dims: Mapping[str, Any]
@@ -287,15 +289,28 @@ def generic_layout(inventory: ModelInventory) -> GenericLayout | None:
         "moe_latent_size": None,
     }
     fit = GENERIC_FITS["moe" if experts > 1 else "dense"]
+    counts = count_layers(layers)
+    frozen_params = inv.vision_params - sum(lin.params for lin in frozen)
+    final_norm_params = max(rest, 0)
+    total_params = (  # `ModelShape.total_params`'s sum
+        sum(layer.params * count for layer, count in counts)
+        + outer_params
+        + sum(lin.params for lin in frozen)
+        + frozen_params
+        + inv.embedding_params
+        + inv.head_params
+        + final_norm_params
+    )
     return GenericLayout(
         layers=layers,
-        layer_counts=count_layers(layers),
+        layer_counts=counts,
+        total_params=total_params,
         dims=MappingProxyType(dims),
         mlp_width=mlp_width,
         outer_linears=tuple(outer),
         frozen_linears=tuple(frozen),
-        frozen_params=inv.vision_params - sum(lin.params for lin in frozen),
-        final_norm_params=max(rest, 0),
+        frozen_params=frozen_params,
+        final_norm_params=final_norm_params,
         unpriced_mixers=unpriced,
         peft_adapts_stacks=any(stack.adapted for kind in inv.kinds for stack in kind.experts),
         note=(
@@ -366,8 +381,10 @@ def shape_from_inventory(
                 (where, layout.note),
                 *([(where, VISION_NOTE)] if inv.vision_path else []),
             ),
-            # What the `layer_counts` cached property would compute, kept with the layout.
+            # What the cached properties would compute, kept with the layout (a shape built
+            # by `dataclasses.replace` computes them again: test_generic_shape compares).
             "layer_counts": layout.layer_counts,
+            "total_params": layout.total_params,
         },
     )
 
