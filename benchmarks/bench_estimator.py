@@ -14,7 +14,8 @@ transformers builds: "preset" and "raw config" find the shape in `read_shape`'s 
 config's content; "cached inventory" keeps the built model's inventory (what the operator
 reads once per model) and turns it into a new shape on every call
 (`model.generic.shape_from_inventory`), so each estimate prices a shape it has not seen: the
-generic reading's own cost, which must stay >= 10,000 estimates/s.
+generic reading's own cost, which must stay >= 10,000 estimates/s, for every bundled preset
+of such a family (at the operator's defaults, calibrated QLoRA).
 `--clock cpu` counts this thread's CPU time instead of wall time, so the time other
 processes take on the same core does not count (a busy machine still slows each
 instruction some: shared caches).
@@ -38,7 +39,7 @@ from controller.estimator import (
     parse_config,
 )
 from controller.estimator.model.generic import shape_from_inventory
-from controller.estimator.presets import load_preset
+from controller.estimator.presets import load_preset, preset_names, read_by_hand
 from controller.jobs.profiles import estimate, preset_shape, read_shape
 
 CASES = {
@@ -103,9 +104,15 @@ GENERIC_CASES = {
 }
 
 
+#: The job every generic preset is read for from a cached inventory, beside GENERIC_CASES:
+#: the operator's defaults (calibrated, QLoRA), the slowest method of the three.
+GENERIC_DEFAULT = TrainingSettings(profile=Profile.CALIBRATED)
+
+
 def generic_rates(seconds: float, clock: Callable[[], float]) -> dict[str, float]:
     """GENERIC_CASES' rates: from the preset's shape, from the raw config (`read_shape`'s
-    cache), and from a cached inventory (a new shape on every call)."""
+    cache), and from a cached inventory (a new shape on every call); then every preset of a
+    family read generically from a cached inventory at GENERIC_DEFAULT."""
     from controller.trace.inventory import read_inventory
 
     results = {}
@@ -126,7 +133,22 @@ def generic_rates(seconds: float, clock: Callable[[], float]) -> dict[str, float
             seconds,
             clock,
         )
+    for preset in generic_preset_names():
+        config = load_preset(preset).config_dict()
+        inventory = read_inventory(config)
+        results[f"cached inventory: {preset} qlora calibrated (default)"] = rate(
+            lambda inv=inventory, config=config: estimate(
+                shape_from_inventory(inv, config), GENERIC_DEFAULT
+            ),
+            seconds,
+            clock,
+        )
     return results
+
+
+def generic_preset_names() -> list[str]:
+    """The bundled presets of families no hand reading reads."""
+    return [name for name in preset_names() if not read_by_hand(load_preset(name))]
 
 
 def rate(

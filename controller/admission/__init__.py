@@ -3,6 +3,7 @@
     admission_pass.py  one pass: a snapshot of the cluster in; status writes, workloads to
                        create and delete, and look-ups out (the scheduler carries them out)
     status.py          what the status of a job should say: estimate, conditions, events
+    traced.py          a traced estimate read back from a job's status, not traced again
     observed.py        each admitted job's observed peak per GPU, from the agents' readings
     metric_view.py     the state gauges' view of the jobs, as the pass left them
     failures.py        an estimation's error -> the condition reason and retry it gets

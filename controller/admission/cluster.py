@@ -414,25 +414,24 @@ def pending_jobs(objects: ClusterObjects) -> dict[str, Mapping[str, Any]]:
 
 # -- FineTuneJob -> JobRequest --------------------------------------------------------------
 
-Estimator = Callable[[JobPlan], Estimate]
+#: An estimate of (the job's plan, the job, its ConfigMap's config.json or None): the job
+#: and the config are what a traced estimate kept in its status was computed from.
+Estimator = Callable[[JobPlan, Mapping[str, Any], Mapping[str, Any] | None], Estimate]
 
 
-def job_plan(
+def model_config(
     job: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, Any]]
-) -> tuple[JobPlan | None, list[SpecError]]:
-    """The job's translated spec, with its ConfigMap's config.json when it names one."""
+) -> dict[str, Any] | None:
+    """The config.json of the ConfigMap the job names, None where its spec holds its model;
+    SpecError naming the field where the ConfigMap or its key cannot be read."""
     spec = job.get("spec")
-    config = None
     ref = config_map_ref(spec) if isinstance(spec, Mapping) else None
-    if ref is not None:
-        namespace = (job.get("metadata") or {}).get("namespace") or "default"
-        found = config_maps.get(f"{namespace}/{ref.name}")
-        data = None if found is None else found.get("data") or {}
-        try:
-            config = ref.config_in(namespace, data if isinstance(data, Mapping | None) else {})
-        except SpecError as error:
-            return None, [error]
-    return translate(spec, config)
+    if ref is None:
+        return None
+    namespace = (job.get("metadata") or {}).get("namespace") or "default"
+    found = config_maps.get(f"{namespace}/{ref.name}")
+    data = None if found is None else found.get("data") or {}
+    return ref.config_in(namespace, data if isinstance(data, Mapping | None) else {})
 
 
 def job_request(
@@ -480,12 +479,17 @@ def requests(
     out, plans, invalid = [], {}, {}
     for key, job in jobs.items():
         where = f"{(origin or {}).get(key, 'FineTuneJob')} ({key})"
-        plan, errors = job_plan(job, config_maps)
+        try:
+            config = model_config(job, config_maps)
+        except SpecError as error:
+            invalid[key] = ClusterError(where, str(SpecErrors([error])))
+            continue
+        plan, errors = translate(job.get("spec"), config)
         if plan is None:
             invalid[key] = ClusterError(where, str(SpecErrors(errors)))
             continue
         try:
-            estimate = estimator(plan)
+            estimate = estimator(plan, job, config)
         except SpecError as error:
             invalid[key] = ClusterError(where, str(error))
             continue

@@ -25,6 +25,7 @@ from controller.admission import learned
 from controller.admission.cluster import (
     ClusterError,
     ClusterObjects,
+    Estimator,
     has_template,
     parse_time,
     pending_jobs,
@@ -32,6 +33,7 @@ from controller.admission.cluster import (
     snapshot,
 )
 from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig
+from controller.admission.traced import read_back
 from controller.api.conditions import REASON_NO_TEMPLATE
 from controller.base.errors import PermanentError
 from controller.base.settings import SettingsError, SettingsLoader
@@ -45,8 +47,10 @@ from controller.decision import (
     plan_on,
 )
 from controller.estimator import Estimate, Profile
-from controller.jobs.spec import JobPlan, estimate_plan
+from controller.jobs.profiles import trace_extra_installed
+from controller.jobs.spec import JobPlan, estimate_digest, estimate_plan, needs_trace
 from controller.learning import LearningSettings
+from controller.operator.identity import estimate_identity, trace_libraries
 from controller.packing.view import ClusterView
 from controller.workload import workload_problem
 
@@ -384,18 +388,33 @@ def _newest_heartbeat(objects: ClusterObjects) -> datetime | None:
     return max(known) if known else None
 
 
-def _estimator(profile: Profile | None) -> Any:
-    """Estimates cached by spec: a queue of 10,000 jobs holds few distinct specs."""
+def _estimator(profile: Profile | None) -> Estimator:
+    """Estimates cached by spec: a queue of 10,000 jobs holds few distinct specs. A job the
+    operator traced keeps the trace in its status (`admission.traced`): read back where its
+    digest is the one the operator would compute here, so a dump's jobs are traced only
+    where the operator would trace them again too."""
     cache: dict[tuple[int, Any, int, Any], Estimate] = {}
+    identity = estimate_identity()
+    libraries = trace_libraries() if trace_extra_installed() else None
 
-    def estimate(job: JobPlan) -> Estimate:
+    def estimate(
+        plan: JobPlan, job: Mapping[str, Any], config: Mapping[str, Any] | None
+    ) -> Estimate:
+        asked = plan
         if profile is not None:
-            job = replace(job, settings=replace(job.settings, profile=profile))
+            plan = replace(plan, settings=replace(plan.settings, profile=profile))
         # The GPU count and parallelism too: the trace profile traces the job's own spread.
-        key = (id(job.shape), job.settings, job.gpus, job.parallelism)
+        key = (id(plan.shape), plan.settings, plan.gpus, plan.parallelism)
         found = cache.get(key)
         if found is None:
-            found = cache[key] = estimate_plan(job)
+            kept = None
+            if plan.settings == asked.settings and needs_trace(plan):  # as the operator traces
+                digest = estimate_digest(job.get("spec") or {}, config, identity)
+                kept = read_back(job, digest, libraries)
+            if isinstance(kept, tuple):
+                found = cache[key] = kept[0]
+            else:
+                found = cache[key] = estimate_plan(plan)
         return found
 
     return estimate

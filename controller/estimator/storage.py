@@ -36,6 +36,7 @@ What each setting allocates (the trace's modelling, see controller/trace):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from controller.estimator.frozen import assemble
 from controller.estimator.model import (
@@ -80,8 +81,10 @@ _NF4_CODE_BOOK = block(16 * _FP32)
 _NESTED_CODE_BOOK = block(256 * _FP32) + block(_FP32)  # nested code book + offset
 
 
+@lru_cache(maxsize=4096)
 def nf4_bytes(numel: int, double_quant: bool = True) -> int:
-    """Resident bytes of one NF4 weight of `numel` elements (see trace/qlora.py), rounded."""
+    """Resident bytes of one NF4 weight of `numel` elements (see trace/qlora.py), rounded.
+    Kept per size: a 4-bit estimate asks it of every linear, and a model has a few sizes."""
     blocks = _ceil(numel, NF4_BLOCK)
     total = block(_ceil(numel, 2)) + _NF4_CODE_BOOK  # packed codes + NF4 code book
     if double_quant:
@@ -344,12 +347,13 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
         optimizer = 2 * gradients + BLOCK * held_tensors
     else:
         optimizer = sum(_state_bytes(n, e, opt) * count for (n, e), count in tensors.items())
+    largest_gradient = block(max((n * e for n, e in tensors), default=0))  # block is monotone
     if opt is Optimizer.ADAMW:
-        scratch = gradients  # _scratch_bytes: one gradient-sized block per tensor
+        # _scratch_bytes: one gradient-sized block per tensor
+        scratch, largest_scratch = gradients, largest_gradient
     else:
         scratch = sum(_scratch_bytes(n, e, opt) * count for (n, e), count in tensors.items())
-    largest_gradient = max((block(n * e) for n, e in tensors), default=0)
-    largest_scratch = max((_scratch_bytes(n, e, opt) for n, e in tensors), default=0)
+        largest_scratch = max((_scratch_bytes(n, e, opt) for n, e in tensors), default=0)
     if opt is Optimizer.ADAMW_8BIT and any(n >= MIN_8BIT_SIZE for n, _ in tensors):
         optimizer += 2 * block(256 * _FP32)
     paged = 0

@@ -69,6 +69,7 @@ from controller.admission import status as status_rules
 from controller.admission.cluster import finished, parse_time, reservation, snapshot
 from controller.admission.failures import Failure, failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
+from controller.admission.traced import NotReadBack, read_back
 from controller.api import conditions as cond
 from controller.base.backoff import Backoff
 from controller.base.clock import Clock, SystemClock
@@ -640,8 +641,11 @@ class Scheduler:
             if outcome is not None:  # traced for another job of the same estimate
                 self._keep(cache_key, plan, *outcome)
                 return admission.Estimated(0, plan=plan, estimate=outcome[0], stored=outcome[1])
-            reused = _from_status(job, digest, plan, self._libraries if self._can_trace else None)
-            if reused is None:
+            reused = read_back(job, digest, self._libraries if self._can_trace else None)
+            if isinstance(reused, NotReadBack):
+                if reused.why:
+                    say = log.warning if reused.suspect else log.info
+                    say("[%s] %s; tracing again", _key(job), reused.why)
                 if not self._can_trace:  # ProfileUnavailable now, not a Tracing that ends so
                     estimate_plan(plan)
                 return _ToTrace(plan, digest, cache_key)
@@ -1030,37 +1034,6 @@ class _ToTrace:
     plan: JobPlan
     digest: str
     cache_key: str
-
-
-def _from_status(
-    job: Mapping[str, Any], digest: str, plan: JobPlan, libraries: str | None = None
-) -> tuple[Estimate, status_rules.Stored] | None:
-    """The traced estimate the job's status keeps, if it was computed from what `digest`
-    says (and, where `libraries` is given, traced with those trace libraries' versions);
-    None (traced again) for anything else: no estimate, another digest (the spec, its
-    ConfigMap or the estimator changed), a payload that does not read back (edited, another
-    version), other libraries. An operator that cannot trace passes no `libraries`: what an
-    operator with them traced is the best estimate it can have."""
-    estimate = (job.get("status") or {}).get("estimate")
-    if not isinstance(estimate, Mapping) or estimate.get("digest") != digest:
-        return None
-    text = estimate.get("traced")
-    try:
-        est = codec.decode(text)
-    except codec.CodecError as error:
-        log.warning("[%s] status.estimate.traced does not read back (%s); tracing again",
-                    _key(job), error)  # fmt: skip
-        return None
-    if est.profile != plan.settings.profile.value:
-        log.warning("[%s] status.estimate.traced is of profile %s; tracing again",
-                    _key(job), est.profile)  # fmt: skip
-        return None
-    made_by = codec.made_by(text)
-    if libraries is not None and made_by != libraries:
-        log.info("[%s] status.estimate.traced was traced with %s, not %s; tracing again",
-                 _key(job), made_by, libraries)  # fmt: skip
-        return None
-    return est, status_rules.Stored(digest, str(text))
 
 
 def _key(job: Mapping[str, Any]) -> str:

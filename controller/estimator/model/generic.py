@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from controller.estimator.context import rope_context
@@ -44,7 +47,7 @@ from controller.estimator.model.read import (
     Reader,
     read_quantization,
 )
-from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape
+from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape, count_layers
 
 #: The `calibrated` fit that prices a generic shape, the closest fitted family by structure:
 #: a dense stack as Llama's (attention + gated MLP), one with routed experts as GPT-OSS's, the
@@ -158,18 +161,45 @@ def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
-def shape_from_inventory(
-    inventory: ModelInventory, config: Mapping[str, Any], prefix: str = ""
-) -> ModelShape:
-    """The `ModelShape` of the model `inventory` was read from (at the config's own depth),
-    for `config` (its quantization_config, context length and source)."""
+#: Inventories whose `GenericLayout` is kept (`generic_layout`): as many models as the
+#: operator keeps generic shapes of (`controller.jobs.profiles.GENERIC_SHAPES`).
+GENERIC_LAYOUTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class GenericLayout:
+    """What a generic shape takes from the inventory alone, derived once per inventory
+    (`generic_layout`), so a shape read again for another config of the same model (another
+    quantization_config, context length or source) costs the config's fields, not the
+    layers' reading. Its layers are shared by every shape read from it, which the estimator
+    prices by identity as it prices a hand-read shape's (`ModelShape.layer_counts`)."""
+
+    layers: tuple[Layer, ...]
+    #: What ModelShape's cached properties of these layers compute, kept with them.
+    layer_counts: tuple[tuple[Layer, int], ...]
+    total_params: int
+    #: ArchDims' fields but `intermediate_size` (where no MLP width was read, the config's)
+    #: and `experts_per_token` (the config's): read-only.
+    dims: Mapping[str, Any]
+    #: The widest dense MLP, else the widest experts, None where no layer shows one.
+    mlp_width: int | None
+    outer_linears: tuple[Linear, ...]
+    frozen_linears: tuple[Linear, ...]
+    frozen_params: int
+    final_norm_params: int
+    unpriced_mixers: tuple[str, ...]
+    peft_adapts_stacks: bool
+    #: `GENERIC_NOTE` or `HANDOFF_NOTE` for this model.
+    note: str
+
+
+@lru_cache(maxsize=GENERIC_LAYOUTS)
+def generic_layout(inventory: ModelInventory) -> GenericLayout | None:
+    """The layout of the model `inventory` was read from, None where it builds without a
+    hidden size, attention heads, vocabulary or decoder layers (`shape_from_inventory` says
+    so at the config's path). Kept by the inventory's value (a frozen dataclass of tuples):
+    an inventory read again finds the layout of an equal one."""
     inv = inventory
-    if inv.layers != inv.config_layers:
-        raise ValueError(
-            f"the inventory was built with {inv.layers} of {inv.config_layers} layers; a shape "
-            "needs the model at its own depth"
-        )
-    where = prefix or "config"
     hidden, heads = inv.hidden_size, inv.heads
     unpriced = tuple(sorted({m for kind in inv.kinds if (m := unpriced_mixer(kind)) is not None}))
     if not heads and unpriced:
@@ -177,12 +207,7 @@ def shape_from_inventory(
         # the other formula profiles, which price every layer as attention, see one head
         heads = 1
     if not hidden or not heads or not inv.vocab_size or not inv.layers:
-        raise SpecError(
-            where,
-            f"{inv.model_type} builds without a hidden size, attention heads, vocabulary or "
-            "decoder layers that vramgate can read, so the formula profiles cannot price it "
-            "(the trace profile can)",
-        )
+        return None
     by_index: dict[int, Layer] = {}
     mlp_widths: list[int] = []
     expert_widths: list[int] = []
@@ -198,18 +223,7 @@ def shape_from_inventory(
             if expert:
                 expert_widths.append(expert)
     layers = tuple(by_index[i] for i in range(inv.layers))
-    text = _text(config)
-    r = Reader(text, prefix)
-    intermediate = (
-        max(mlp_widths)
-        if mlp_widths
-        else (max(expert_widths) if expert_widths else None)
-        or _config_int(r, "intermediate_size", "ffn_hidden_size", "n_inner")
-        or 4 * hidden
-    )
-    top_k = 0
-    if experts > 1:
-        top_k = _config_int(r, *TOP_K_FIELDS) or 1
+    mlp_width = max(mlp_widths) if mlp_widths else (max(expert_widths) if expert_widths else None)
     dense = tuple(i for i, layer in enumerate(layers) if not layer.moe) if experts > 1 else ()
 
     outer: list[Linear] = []
@@ -227,7 +241,6 @@ def shape_from_inventory(
         elif group.all_linear:
             outer.append(linear)
     outer_params = sum(lin.params for lin in outer)
-    vision_rest = inv.vision_params - sum(lin.params for lin in frozen)
     rest = (
         inv.outside_params
         - inv.embedding_params
@@ -235,43 +248,112 @@ def shape_from_inventory(
         - outer_params
         - inv.vision_params
     )
-    dims = ArchDims(
-        hidden_size=hidden,
-        num_layers=inv.layers,
-        num_heads=heads,
-        num_kv_heads=inv.kv_heads or heads,
-        head_dim=inv.head_dim,
-        intermediate_size=intermediate,
-        vocab_size=inv.vocab_size,
-        tie_word_embeddings=inv.tied_embeddings,
-        num_experts=experts if experts > 1 else 0,
-        experts_per_token=top_k,
-        moe_intermediate_size=max(expert_widths) if expert_widths else None,
-        n_shared_experts=0,
-        shared_expert_intermediate_size=None,
-        shared_expert_gate=False,
-        dense_intermediate_size=None,
-        dense_layers=dense,
-        moe_has_dense_mlp=False,
-        q_lora_rank=None,
-        kv_lora_rank=None,
-        qk_nope_head_dim=None,
-        qk_rope_head_dim=None,
-        v_head_dim=None,
-        global_head_dim=None,
-        num_global_kv_heads=None,
-        attention_k_eq_v=False,
-        layer_types=None,
-        num_kv_shared_layers=0,
-        use_double_wide_mlp=False,
-        vocab_size_per_layer_input=0,
-        hidden_size_per_layer_input=0,
+    dims = {
+        "hidden_size": hidden,
+        "num_layers": inv.layers,
+        "num_heads": heads,
+        "num_kv_heads": inv.kv_heads or heads,
+        "head_dim": inv.head_dim,
+        "vocab_size": inv.vocab_size,
+        "tie_word_embeddings": inv.tied_embeddings,
+        "num_experts": experts if experts > 1 else 0,
+        "moe_intermediate_size": max(expert_widths) if expert_widths else None,
+        "n_shared_experts": 0,
+        "shared_expert_intermediate_size": None,
+        "shared_expert_gate": False,
+        "dense_intermediate_size": None,
+        "dense_layers": dense,
+        "moe_has_dense_mlp": False,
+        "q_lora_rank": None,
+        "kv_lora_rank": None,
+        "qk_nope_head_dim": None,
+        "qk_rope_head_dim": None,
+        "v_head_dim": None,
+        "global_head_dim": None,
+        "num_global_kv_heads": None,
+        "attention_k_eq_v": False,
+        "layer_types": None,
+        "num_kv_shared_layers": 0,
+        "use_double_wide_mlp": False,
+        "vocab_size_per_layer_input": 0,
+        "hidden_size_per_layer_input": 0,
+        "mixers": None,
+        "ssm": None,
+        "mamba1": None,
+        "deltanet": None,
+        "attention_output_gate": False,
+        "laurel_rank": 0,
+        "altup_num_inputs": 0,
+        "activation_sparsity": (),
+        "sliding_window": None,
+        "moe_latent_size": None,
+    }
+    fit = GENERIC_FITS["moe" if experts > 1 else "dense"]
+    counts = count_layers(layers)
+    frozen_params = inv.vision_params - sum(lin.params for lin in frozen)
+    final_norm_params = max(rest, 0)
+    total_params = (  # `ModelShape.total_params`'s sum
+        sum(layer.params * count for layer, count in counts)
+        + outer_params
+        + sum(lin.params for lin in frozen)
+        + frozen_params
+        + inv.embedding_params
+        + inv.head_params
+        + final_norm_params
     )
-    fit_kind = "moe" if dims.num_experts > 1 else "dense"
-    note = (
-        HANDOFF_NOTE.format(model_type=inv.model_type, mixers=", ".join(unpriced))
-        if unpriced
-        else GENERIC_NOTE.format(model_type=inv.model_type, fit=GENERIC_FITS[fit_kind])
+    return GenericLayout(
+        layers=layers,
+        layer_counts=counts,
+        total_params=total_params,
+        dims=MappingProxyType(dims),
+        mlp_width=mlp_width,
+        outer_linears=tuple(outer),
+        frozen_linears=tuple(frozen),
+        frozen_params=frozen_params,
+        final_norm_params=final_norm_params,
+        unpriced_mixers=unpriced,
+        peft_adapts_stacks=any(stack.adapted for kind in inv.kinds for stack in kind.experts),
+        note=(
+            HANDOFF_NOTE.format(model_type=inv.model_type, mixers=", ".join(unpriced))
+            if unpriced
+            else GENERIC_NOTE.format(model_type=inv.model_type, fit=fit)
+        ),
+    )
+
+
+def shape_from_inventory(
+    inventory: ModelInventory, config: Mapping[str, Any], prefix: str = ""
+) -> ModelShape:
+    """The `ModelShape` of the model `inventory` was read from (at the config's own depth),
+    for `config` (its quantization_config, context length and source): the inventory's
+    `generic_layout` and what the config says."""
+    inv = inventory
+    if inv.layers != inv.config_layers:
+        raise ValueError(
+            f"the inventory was built with {inv.layers} of {inv.config_layers} layers; a shape "
+            "needs the model at its own depth"
+        )
+    where = prefix or "config"
+    layout = generic_layout(inv)
+    if layout is None:
+        raise SpecError(
+            where,
+            f"{inv.model_type} builds without a hidden size, attention heads, vocabulary or "
+            "decoder layers that vramgate can read, so the formula profiles cannot price it "
+            "(the trace profile can)",
+        )
+    text = _text(config)
+    r = Reader(text, prefix)
+    intermediate = (
+        layout.mlp_width
+        or _config_int(r, "intermediate_size", "ffn_hidden_size", "n_inner")
+        or 4 * layout.dims["hidden_size"]
+    )
+    experts = layout.dims["num_experts"]
+    top_k = (_config_int(r, *TOP_K_FIELDS) or 1) if experts else 0
+    dims = assemble(  # ArchDims(...), faster: see frozen.py
+        ArchDims,
+        {**layout.dims, "intermediate_size": intermediate, "experts_per_token": top_k},
     )
     max_pos = _config_int(
         r, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
@@ -281,26 +363,28 @@ def shape_from_inventory(
         {
             "model_type": inv.model_type,
             "dims": dims,
-            "layers": layers,
+            "layers": layout.layers,
             "embedding_params": inv.embedding_params,
             "lm_head_params": inv.head_params,
-            "final_norm_params": max(rest, 0),
+            "final_norm_params": layout.final_norm_params,
             "max_position_embeddings": max_pos,
             "context_length": rope_context(text, prefix, max_pos),
             "quantization": read_quantization(config, text, prefix),
             "source": config,
             "memo": {},
-            "outer_linears": tuple(outer),
-            "frozen_linears": tuple(frozen),
-            "frozen_params": vision_rest,
-            "unpriced_mixers": unpriced,
-            "peft_adapts_stacks": any(
-                stack.adapted for kind in inv.kinds for stack in kind.experts
-            ),
+            "outer_linears": layout.outer_linears,
+            "frozen_linears": layout.frozen_linears,
+            "frozen_params": layout.frozen_params,
+            "unpriced_mixers": layout.unpriced_mixers,
+            "peft_adapts_stacks": layout.peft_adapts_stacks,
             "config_warnings": (
-                (where, note),
+                (where, layout.note),
                 *([(where, VISION_NOTE)] if inv.vision_path else []),
             ),
+            # What the cached properties would compute, kept with the layout (a shape built
+            # by `dataclasses.replace` computes them again: test_generic_shape compares).
+            "layer_counts": layout.layer_counts,
+            "total_params": layout.total_params,
         },
     )
 

@@ -272,9 +272,7 @@ class ModelShape:
         hashing a layer by value costs more than pricing it, and equal layers held apart are
         merely priced apart, with the same exact sum.
         """
-        ids = list(map(id, self.layers))
-        first = dict(zip(ids, self.layers, strict=True))
-        return tuple((first[key], count) for key, count in Counter(ids).items())
+        return count_layers(self.layers)
 
     @cached_property
     def total_params(self) -> int:
@@ -340,6 +338,14 @@ class ModelShape:
         )
         total += sum(lin.lora_params(1) for lin in self.frozen_linears if lin.name in wanted)
         return _LORA_PER_RANK.put(self, total, targets)
+
+
+def count_layers(layers: tuple[Layer, ...]) -> tuple[tuple[Layer, int], ...]:
+    """`ModelShape.layer_counts` of `layers`: each distinct object with how often it repeats,
+    in first-seen order (for a reading that keeps the counts with the layers it shares)."""
+    ids = list(map(id, layers))
+    first = dict(zip(ids, layers, strict=True))
+    return tuple((first[key], count) for key, count in Counter(ids).items())
 
 
 _V = TypeVar("_V")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ from controller.base.units import GIB
 from controller.cli import main
 from controller.cli import plan as plan_command
 from controller.cli.plan import DRAFT_WITHOUT_TEMPLATE
+from controller.estimator import Estimate, Parallelism, codec
 from controller.estimator.presets import load_preset
+from controller.jobs.spec import estimate_digest, needs_trace
+from controller.operator.identity import estimate_identity, trace_libraries
 from tests.unit.conftest import PYTHIA_69B
 
 LLAMA_QLORA = {
@@ -1045,3 +1049,95 @@ def test_plan_reads_learned_corrections_from_a_dump_and_decides_on_the_operators
     _, unlearned, _ = run(capsys, "--cluster", write(tmp_path, "d.yaml", dump), "--json",
                           "--learning-policy", "off")  # fmt: skip
     assert decisions(unlearned)[0]["per_gpu_bytes"] == predicted
+
+
+# -- traced estimates the operator kept in status ---------------------------------------------
+
+TRACE_SPEC = {
+    "model": {"preset": "llama-3.2-1b"},
+    "method": "LoRA",
+    "lora": {"rank": 8},
+    "estimator": {"profile": "Trace"},
+}
+#: What the operator's trace found (made up: no trace runs here), as its status keeps it.
+TRACED = Estimate(
+    profile="trace",
+    components={"weights": 3 * GIB, "activations": 5 * GIB},
+    total_params=1_235_814_400,
+    trainable_params=5_636_096,
+    sharded_bytes=3 * GIB,
+    replicated_bytes=5 * GIB,
+    margin=Fraction(11, 10),
+    moments=((3 * GIB, 5 * GIB),),
+)
+
+
+def _traced_dump(stored_for: dict[str, Any]) -> dict[str, Any]:
+    """The cluster with one pending Trace job whose status keeps TRACED, computed (its digest
+    says) from `stored_for`'s spec."""
+    digest = estimate_digest(stored_for, None, estimate_identity())
+    dump = _kubectl_dump(0)
+    dump["items"].append(
+        {
+            "kind": "FineTuneJob",
+            "metadata": {"name": "traced", "namespace": "team"},
+            "spec": TRACE_SPEC,
+            "status": {
+                "estimate": {
+                    "profile": "trace",
+                    "digest": digest,
+                    "traced": codec.encode(TRACED, trace_libraries()),
+                }
+            },
+        }
+    )
+    return dump
+
+
+@pytest.fixture
+def traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`plan`'s estimate_plan, recording each plan it would trace (answering TRACED, as the
+    operator's trace did) and estimating the rest for real."""
+    traced: list[str] = []
+    real = plan_command.estimate_plan
+
+    def estimate(plan: Any) -> Estimate:
+        if needs_trace(plan):
+            traced.append(plan.model)
+            return TRACED
+        return real(plan)
+
+    monkeypatch.setattr(plan_command, "estimate_plan", estimate)
+    return traced
+
+
+def test_a_dumped_job_the_operator_traced_is_not_traced_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, traces: list[str]
+) -> None:
+    code, out, _ = run(
+        capsys, "--cluster", write(tmp_path, "d.yaml", _traced_dump(TRACE_SPEC)), "--json"
+    )
+    assert code == 0 and traces == [], "read back from status"
+    [decision] = decisions(out)
+    assert decision["job"] == "team/traced"
+    assert decision["per_gpu_bytes"] == TRACED.per_gpu_bytes(1, Parallelism.FSDP)
+
+
+def test_a_dumped_trace_of_another_spec_is_traced_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, traces: list[str]
+) -> None:
+    other = {**TRACE_SPEC, "lora": {"rank": 16}}  # what the operator traced before an edit
+    code, out, _ = run(
+        capsys, "--cluster", write(tmp_path, "d.yaml", _traced_dump(other)), "--json"
+    )
+    assert code == 0 and traces == ["llama-3.2-1b"]
+    assert decisions(out)[0]["per_gpu_bytes"] == TRACED.per_gpu_bytes(1, Parallelism.FSDP)
+
+
+def test_a_profile_flag_ignores_the_kept_trace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, traces: list[str]
+) -> None:
+    dump = write(tmp_path, "d.yaml", _traced_dump(TRACE_SPEC))
+    code, out, _ = run(capsys, "--cluster", dump, "--profile", "analytic", "--json")
+    assert code == 0 and traces == []
+    assert decisions(out)[0]["per_gpu_bytes"] != TRACED.per_gpu_bytes(1, Parallelism.FSDP)

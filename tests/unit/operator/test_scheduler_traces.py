@@ -33,6 +33,7 @@ from controller.operator.scheduler import (
     SchedulerOptions,
     estimate_identity,
 )
+from tests.unit.trace_support import require_trace_extra
 
 TRACE = {
     "model": {"preset": "llama-3.2-1b"},
@@ -504,3 +505,25 @@ def test_the_estimate_cache_is_bounded_and_safe_from_several_threads(
     for t in threads:
         t.join()
     assert errors == [] and len(sched._by_spec) <= 2
+
+
+def test_a_calibrated_job_handed_to_the_trace_reads_its_kept_trace_back(
+    sched: Scheduler, trace: FakeTrace
+) -> None:
+    """Calibrated hands a family whose layers are no attention it prices to the trace: the
+    estimate kept is the trace's (profile trace) though the job names calibrated, and a
+    restarted operator reads it back instead of tracing again."""
+    require_trace_extra()
+    from tests.unit.jobs.test_calibrated_handoff import LFM2, _small
+
+    spec = {"model": {"config": _small("lfm2", **LFM2)}, "method": "LoRA", "lora": {"rank": 8}}
+    first = estimate(sched, job(spec))
+    assert len(trace.threads) == 1 and first.stored is not None
+    kept = {"estimate": {"digest": first.stored.digest, "traced": first.stored.traced}}
+    restarted = Scheduler(kube=cast(Kube, SimpleNamespace(core=None)), options=SchedulerOptions())
+    try:
+        again = estimate(restarted, job(spec, status=kept))
+    finally:
+        asyncio.run(restarted.close())
+    assert len(trace.threads) == 1, "read back, not traced again"
+    assert again.estimate == TRACED and counted(restarted, "trace", "status") == 1

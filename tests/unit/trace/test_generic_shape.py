@@ -10,6 +10,7 @@ and the same linears per layer as the hand reading, which estimates keep using.
 from __future__ import annotations
 
 import sys
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -20,8 +21,11 @@ require_trace_extra()
 
 from controller.estimator import Profile, SpecError, TrainingSettings  # noqa: E402
 from controller.estimator.errors import UnreadFamily  # noqa: E402
-from controller.estimator.model import parse_config  # noqa: E402
-from controller.estimator.model.generic import shape_from_inventory  # noqa: E402
+from controller.estimator.model import ArchDims, parse_config  # noqa: E402
+from controller.estimator.model.generic import (  # noqa: E402
+    generic_layout,
+    shape_from_inventory,
+)
 from controller.estimator.settings import Attention, Method  # noqa: E402
 from controller.jobs.profiles import estimate, read_shape  # noqa: E402
 from controller.jobs.spec import translate  # noqa: E402
@@ -85,6 +89,35 @@ def test_a_family_without_a_hand_reading_is_read_from_the_built_model(model_type
             est = estimate(shape, settings)
             assert est.total_bytes > 0
             assert sum(est.components.values()) == est.total_bytes
+
+
+@pytest.mark.parametrize("model_type", NEW_FAMILIES)
+def test_a_shape_from_a_kept_layout_is_what_its_constructors_build(model_type: str) -> None:
+    """A generic shape takes its layers, their grouping and its parameter count from the
+    inventory's layout (`generic_layout`, kept per inventory): they must be what the shape's
+    own properties compute, and a second config of the same model must share the layers
+    and read its own fields."""
+    config = _config(model_type)
+    inv = read_inventory(config)
+    shape = shape_from_inventory(inv, config)
+    rebuilt = replace(shape)  # through __init__: its cached properties compute anew
+    assert rebuilt == shape
+    assert [(id(layer), n) for layer, n in rebuilt.layer_counts] == [
+        (id(layer), n) for layer, n in shape.layer_counts
+    ]
+    assert rebuilt.total_params == shape.total_params
+    dims = {f.name: getattr(shape.dims, f.name) for f in fields(ArchDims)}
+    assert set(vars(shape.dims)) == set(dims) and ArchDims(**dims) == shape.dims
+
+    text = config.get("text_config", config)
+    longer = config | {"text_config": text | {"max_position_embeddings": 12_345}}
+    if text is config:
+        longer = config | {"max_position_embeddings": 12_345}
+    other = shape_from_inventory(inv, longer)
+    assert generic_layout(inv) is generic_layout(read_inventory(config))  # kept by value
+    assert other.layers is shape.layers and other.memo is not shape.memo
+    assert other.max_position_embeddings == 12_345 != shape.max_position_embeddings
+    assert other.source is longer and other.dims == shape.dims
 
 
 @pytest.mark.parametrize("model_type", [t for t in NEW_FAMILIES if t != "qwen2_5_vl"])
