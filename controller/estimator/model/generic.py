@@ -321,6 +321,24 @@ def generic_layout(inventory: ModelInventory) -> GenericLayout | None:
     )
 
 
+#: The layouts of the inventories last read, by identity: the operator reads a shape again
+#: from the very inventory object it keeps, and hashing a large model's inventory by value
+#: (`generic_layout`'s key) costs a few microseconds a call. Each entry holds its inventory,
+#: so an id is not reused while kept; cleared when full.
+_BY_IDENTITY: dict[int, tuple[ModelInventory, GenericLayout | None]] = {}
+
+
+def _layout_of(inventory: ModelInventory) -> GenericLayout | None:
+    hit = _BY_IDENTITY.get(id(inventory))
+    if hit is not None and hit[0] is inventory:
+        return hit[1]
+    layout = generic_layout(inventory)
+    if len(_BY_IDENTITY) >= GENERIC_LAYOUTS:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(inventory)] = (inventory, layout)
+    return layout
+
+
 def shape_from_inventory(
     inventory: ModelInventory, config: Mapping[str, Any], prefix: str = ""
 ) -> ModelShape:
@@ -334,7 +352,7 @@ def shape_from_inventory(
             "needs the model at its own depth"
         )
     where = prefix or "config"
-    layout = generic_layout(inv)
+    layout = _layout_of(inv)
     if layout is None:
         raise SpecError(
             where,
