@@ -266,3 +266,30 @@ def test_attention_dropout_is_traced_as_the_gpu_kernels_run_it() -> None:
     dropped = _config("starcoder2", attention_dropout=0.1, **small)
     assert hf_config(dropped, Attention.EAGER).attention_dropout == 0.1
     assert hf_config(dropped, Attention.SDPA).attention_dropout == 0.0
+
+
+def test_all_linear_is_refused_where_peft_would_wrap_a_router_that_returns_a_tuple() -> None:
+    """PhiMoE's router is an nn.Linear returning (logits, weights, experts), as Llama 4's
+    returns a tuple: PEFT's LoRA layer wraps it under all-linear and fails on the tuple in the
+    first forward, so vramgate refuses all-linear in one line and takes the other names."""
+    from controller.estimator.model import canonical_targets
+
+    config = _config(
+        "phimoe",
+        hidden_size=64,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        vocab_size=100,
+    )
+    shape = read_shape(config)
+    assert "router" in shape.module_names
+    where = "spec.lora.targetModules"
+    with pytest.raises(SpecError) as refused:
+        canonical_targets(["all-linear"], shape, where)
+    message = str(refused.value)
+    assert "\n" not in message and "tuple" in message and "all-linear selects it" in message
+    with pytest.raises(SpecError, match="tuple"):
+        canonical_targets(["router"], shape, where)
+    assert canonical_targets(["q_proj", "v_proj"], shape, where) == ("q_proj", "v_proj")
