@@ -224,7 +224,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             router = name == router_name
             size = router_elem if router else elem
             tensor = block(numel * size)
-            if quantized and not router:
+            if quantized and not router and not lin.kept_16bit:
                 held += nf4_bytes(numel, double)
                 dequantized = max(dequantized, tensor)
             else:

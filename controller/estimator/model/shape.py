@@ -29,6 +29,10 @@ class Linear:
     bias: bool = False
     copies: int = 1
     expert: bool = False
+    # Left in 16 bits by bitsandbytes' 4-bit loading though a linear (a shape read generically:
+    # the config's `llm_int8_skip_modules`, transformers' own skips); the hand reading matches
+    # a skip list by path instead (`storage._skipped_linears`).
+    kept_16bit: bool = False
 
     @property
     def params(self) -> int:
