@@ -181,7 +181,9 @@ def estimate(shape: ModelShape, settings: TrainingSettings, lora_per_rank: int) 
         and shape.quantization is not None
         and shape.quantization.load_in_4bit
     )
+    # + the fp32 buffers a router holds (DeepSeek-V3's correction bias): not parameters
     weights = int(p * (_NF4_BYTES if nf4 else _WEIGHT_BYTES[settings.precision]))
+    weights += shape.buffer_bytes
     gradients = t * int(_WEIGHT_BYTES[settings.precision])
     optimizer = t * optimizer_bytes_per_param(settings)
 

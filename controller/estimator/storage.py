@@ -227,7 +227,7 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
             router = name == router_name
             size = router_elem if router else elem
             tensor = block(numel * size)
-            if quantized and not router:
+            if quantized and not router and not lin.kept_16bit:
                 held += nf4_bytes(numel, double)
                 dequantized = max(dequantized, tensor)
             else:
@@ -268,7 +268,11 @@ def _price(shape: ModelShape, settings: TrainingSettings) -> Static:
                 held, grads_here = held + pair, grads_here + pair
         stacks_max = max(stacks_max, stacks_here)
         others: tuple[int, ...] | list[int] = layer.other_tensors
-        if layer.moe and fam.router_correction_bias:  # an fp32 buffer, not a parameter
+        for numel in layer.fp32_buffers:  # DeepSeek-V3's correction bias: held, never trained
+            held += block(numel * _FP32)
+        if layer.moe and fam.correction_bias_parameter:
+            # ERNIE's fp32 parameter, priced as the buffer the others hold (its gradient and
+            # moments, 64 fp32 numbers a layer, left out)
             others = list(others)
             others.remove(shape.dims.num_experts)
             held += block(shape.dims.num_experts * _FP32)
@@ -545,7 +549,7 @@ def upcast_bytes(shape: ModelShape, settings: TrainingSettings) -> int:
     extra = 0
     for layer, count in shape.layer_counts:
         others = list(layer.other_tensors)
-        if layer.moe and fam.router_correction_bias:
+        if layer.moe and fam.correction_bias_parameter:  # fp32 already
             others.remove(shape.dims.num_experts)
         here = sum(more(numel) for numel in others)
         if every:

@@ -322,9 +322,9 @@ def inventory_of(
     skip_modules: list[str] | None = None,
 ) -> ModelInventory:
     """The inventory of a built model (any device: only names and shapes are read)."""
-    params = dict(model.named_parameters())  # each parameter once, under its first name
     vision_path = _vision_path(model)
     layers_path, layer_list = _decoder_layers(model, vision_path)
+    params = _named_once(model, layers_path, layer_list)
     all_linear = _peft_all_linear(model)
     quantized = _bnb_4bit_linears(model, skip_modules)
     text = model.config.get_text_config(decoder=True)
@@ -332,6 +332,10 @@ def inventory_of(
     kinds = _kinds(layers_path, layer_list, text, params, all_linear, quantized, stacks)
     outside = _outside(params, layers_path, len(layer_list))
     embedding, head = _embedding_params(model, params)
+    in_layers = {id(p) for layer in layer_list for p in layer.parameters()}
+    embeddings = _module_params(model, "get_input_embeddings") | _module_params(
+        model, "get_output_embeddings"
+    )
     hidden = _int(text, "hidden_size")
     built = next((kind.attention for kind in kinds if kind.attention), None)
     heads = (built and built.heads) or _int(text, "num_attention_heads")
@@ -354,15 +358,39 @@ def inventory_of(
         params=sum(p.numel() for p in params.values()),
         embedding_params=embedding,
         head_params=head,
-        vision_params=_under(params, vision_path) if vision_path else 0,
+        vision_params=_under(params, vision_path, embeddings) if vision_path else 0,
         vision_path=vision_path,
         outside=outside,
         kinds=kinds,
         linears=_groups(
             (name, module, name in all_linear, name in quantized)
             for name, module in model.named_modules()
+            if not _copy_of_layers(name, module, layers_path, in_layers)
         ),
     )
+
+
+def _named_once(
+    model: nn.Module, layers_path: str, layer_list: list[nn.Module]
+) -> dict[str, nn.Parameter]:
+    """Every parameter once, under its first name, except that one the decoder layers hold is
+    named under the first layer holding it: DiffusionGemma's decoder layers share their
+    weights with its encoder's language model, which transformers registers first, and a
+    layer's parameters are what the generic reading prices as that layer (the encoder's
+    copy is no second parameter)."""
+    owner: dict[int, str] = {}
+    for index, layer in enumerate(layer_list):
+        for name, param in layer.named_parameters():
+            owner.setdefault(id(param), f"{layers_path}.{index}.{name}")
+    return {owner.get(id(param), name): param for name, param in model.named_parameters()}
+
+
+def _copy_of_layers(name: str, module: nn.Module, layers_path: str, in_layers: set[int]) -> bool:
+    """A linear outside the decoder layers whose weight a decoder layer holds (the encoder's
+    view of DiffusionGemma's shared layers): listed once, where the layer holds it."""
+    weight = getattr(module, "weight", None)
+    inside = bool(layers_path) and name.startswith(layers_path + ".")
+    return not inside and weight is not None and id(weight) in in_layers
 
 
 def _int(cfg: Any, name: str) -> int | None:
@@ -370,8 +398,14 @@ def _int(cfg: Any, name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _under(params: Mapping[str, nn.Parameter], prefix: str) -> int:
-    return sum(p.numel() for name, p in params.items() if name.startswith(prefix + "."))
+def _under(params: Mapping[str, nn.Parameter], prefix: str, besides: set[int]) -> int:
+    """The parameters named under `prefix`, less those in `besides` (the embeddings, which a
+    T5Gemma 2 encoder holds and its decoder and head share: counted as the embeddings)."""
+    return sum(
+        p.numel()
+        for name, p in params.items()
+        if name.startswith(prefix + ".") and id(p) not in besides
+    )
 
 
 def _path_of(model: nn.Module, target: nn.Module) -> str | None:
@@ -453,10 +487,13 @@ def _bnb_4bit_linears(model: Any, skip_modules: list[str] | None) -> set[str]:
 
 
 def _linear_shape(module: nn.Module) -> tuple[int, int, bool] | None:
+    """(in, out, bias) from the weight as built: a module's `in_features` is whatever its
+    class passed (Inkling's vision tower passes 0-d tensors), its weight's shape ints."""
     from transformers.pytorch_utils import Conv1D
 
     if isinstance(module, nn.Linear):
-        return module.in_features, module.out_features, module.bias is not None
+        out_features, in_features = module.weight.shape
+        return int(in_features), int(out_features), module.bias is not None
     if isinstance(module, Conv1D):  # weight stored (in, out)
         return module.weight.shape[0], module.weight.shape[1], module.bias is not None
     return None

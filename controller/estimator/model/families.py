@@ -65,7 +65,11 @@ class Family:
     router_bias: bool = False
     expert_bias: bool = False
     fused_expert_gate_up: bool = False
+    # An fp32 e_score_correction_bias per MoE layer (DeepSeek-V3-style routing). transformers
+    # 5 registers it as a buffer (nn.Buffer: on the GPU, never a parameter, never trained),
+    # except ERNIE 4.5's, an nn.Parameter (`correction_bias_parameter`).
     router_correction_bias: bool = False
+    correction_bias_parameter: bool = False
     # The router is an nn.Linear (DBRX's `router.layer`), which PEFT adapts by name or under
     # all-linear like any other linear; elsewhere it is a parameter PEFT adapts only through
     # `peft_moe_pattern` (or, Llama 4's, a linear PEFT breaks on: PEFT_REFUSED_MODULES).
@@ -130,6 +134,7 @@ FAMILIES: dict[str, Family] = {
     "ernie4_5_moe": Family(
         bias_field="use_bias",
         router_correction_bias=True,
+        correction_bias_parameter=True,
         tie_default=True,
         peft_moe_pattern="qwen2_moe",
     ),

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
@@ -47,7 +47,14 @@ from controller.estimator.model.read import (
     Reader,
     read_quantization,
 )
-from controller.estimator.model.shape import ArchDims, Layer, Linear, ModelShape, count_layers
+from controller.estimator.model.shape import (
+    ArchDims,
+    Layer,
+    Linear,
+    ModelShape,
+    Quantization,
+    count_layers,
+)
 
 #: The `calibrated` fit that prices a generic shape, the closest fitted family by structure:
 #: a dense stack as Llama's (attention + gated MLP), one with routed experts as GPT-OSS's, the
@@ -115,7 +122,15 @@ def _layer(kind: LayerKind) -> tuple[Layer, int | None, int | None]:
         if not (group.all_linear or group.quantized_4bit):
             name = "router"  # neither adapted nor quantised: priced as a router
         linears.append(
-            Linear(name, group.in_features, group.out_features, group.bias, group.count, False)
+            Linear(
+                name,
+                group.in_features,
+                group.out_features,
+                group.bias,
+                group.count,
+                False,
+                kept_16bit=not group.quantized_4bit,
+            )
         )
         counted += group.params
         in_attention = attention is not None and group.name.startswith(attention)
@@ -387,7 +402,7 @@ def shape_from_inventory(
             "final_norm_params": layout.final_norm_params,
             "max_position_embeddings": max_pos,
             "context_length": rope_context(text, prefix, max_pos),
-            "quantization": read_quantization(config, text, prefix),
+            "quantization": _applied(read_quantization(config, text, prefix)),
             "source": config,
             "memo": {},
             "outer_linears": layout.outer_linears,
@@ -405,6 +420,16 @@ def shape_from_inventory(
             "total_params": layout.total_params,
         },
     )
+
+
+def _applied(quantization: Quantization | None) -> Quantization | None:
+    """The checkpoint's quantization with its skip list already applied: the inventory was
+    read with it (bitsandbytes' own rules mark each linear `quantized_4bit`, which the
+    layers' linears carry as `kept_16bit`), so storage does not match it again by the hand
+    reading's module paths, which a generic shape's linears do not follow."""
+    if quantization is None or not quantization.skip_modules:
+        return quantization
+    return replace(quantization, skip_modules=())
 
 
 def _config_int(r: Reader, *names: str) -> int | None:

@@ -29,6 +29,10 @@ class Linear:
     bias: bool = False
     copies: int = 1
     expert: bool = False
+    # Left in 16 bits by bitsandbytes' 4-bit loading though a linear (a shape read generically:
+    # the config's `llm_int8_skip_modules`, transformers' own skips); the hand reading matches
+    # a skip list by path instead (`storage._skipped_linears`).
+    kept_16bit: bool = False
 
     @property
     def params(self) -> int:
@@ -57,6 +61,9 @@ class Layer:
     # What the block computes: an attention + MLP block (every family but the hybrids), or
     # one mixer of a hybrid stack (`MIXERS`: Nemotron-H runs one of them per layer).
     mixer: str = "attention_mlp"
+    # fp32 buffers the layer holds (sizes), no parameters: DeepSeek-V3's score-correction bias
+    # (`Family.router_correction_bias`). Weights on the GPU, never trained or in the optimizer.
+    fp32_buffers: tuple[int, ...] = ()
 
     @property
     def params(self) -> int:
@@ -285,6 +292,12 @@ class ModelShape:
             + self.lm_head_params
             + self.final_norm_params
         )
+
+    @cached_property
+    def buffer_bytes(self) -> int:
+        """The layers' fp32 buffers (`Layer.fp32_buffers`): on the GPU beside the weights,
+        outside `total_params`."""
+        return 4 * sum(sum(layer.fp32_buffers) * count for layer, count in self.layer_counts)
 
     @property
     def hidden_size(self) -> int:

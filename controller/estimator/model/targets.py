@@ -24,10 +24,11 @@ MODULE_ALIASES = {
 # model types, "all-linear" included (it selects out_proj), whatever the target list says.
 PEFT_MAMBA_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
 PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
-# Llama 4's router is an nn.Linear whose forward returns a tuple (scores, logits): PEFT 0.21
-# wraps it (by name, or under "all-linear"), and its LoRA layer fails on the tuple in the
-# first forward, so such a job fails in training.
-PEFT_LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
+# Routers that are an nn.Linear whose forward returns a tuple: Llama 4's (scores, logits),
+# PhiMoE's PhimoeTopKRouter (logits, weights, experts). PEFT 0.21 wraps them (by name, or
+# under "all-linear"), and its LoRA layer fails on the tuple in the first forward, so such
+# a job fails in training.
+PEFT_TUPLE_ROUTER_TYPES = frozenset({"llama4", "llama4_text", "phimoe"})
 #: What LoRA may not target, by model type ("all-linear" selects these too, so it is refused
 #: with them), and why, for the one-line refusal.
 PEFT_REFUSED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -36,7 +37,7 @@ PEFT_REFUSED_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
         (PEFT_MAMBA_REFUSED, "PEFT refuses LoRA on {modules} of {model_type}'s Mamba mixers"),
     ),
     **dict.fromkeys(
-        PEFT_LLAMA4_TYPES,
+        PEFT_TUPLE_ROUTER_TYPES,
         (
             ("router",),
             "PEFT's LoRA layer fails on the tuple that {model_type}'s {modules} (an nn.Linear) "

@@ -110,7 +110,8 @@ def _moe_mlp(dims: ArchDims, fam: Family) -> tuple[list[Linear], list[int]]:
             _linear("down_proj", expert_inter, h, fam.expert_bias, e, True),
         ]
     linears.append(_linear("router", h, e, fam.router_bias))
-    other = [e] if fam.router_correction_bias else []
+    # ERNIE's correction bias is a parameter; the others' a buffer (`_buffers`)
+    other = [e] if fam.router_correction_bias and fam.correction_bias_parameter else []
     if dims.n_shared_experts:
         if dims.shared_expert_intermediate_size:
             # Qwen-MoE: one shared expert of its own width, gated by a h -> 1 linear.
@@ -162,7 +163,9 @@ def _layer(
             _linear("modality_router", h, n),
         ]
         other += [h, h]  # correct_output_scale, router_norm
-    return _assembled(linears, other, attention_type, moe, "attention_mlp")
+    return _assembled(
+        linears, other, attention_type, moe, "attention_mlp", _buffers(dims, fam, moe)
+    )
 
 
 def _layers(
@@ -198,8 +201,22 @@ def _layers(
     return layers, tuple((layer, codes.count(code)) for code, layer in built.items())
 
 
+def _buffers(dims: ArchDims, fam: Family, moe: bool) -> tuple[int, ...]:
+    """An MoE layer's fp32 score-correction bias where transformers 5 registers it as a
+    buffer (`nn.Buffer` in DeepseekV3TopkRouter, Glm4MoeTopkRouter, NemotronHTopkRouter),
+    one per routed expert: on the GPU, but no parameter (`num_parameters` leaves it out)."""
+    if moe and fam.router_correction_bias and not fam.correction_bias_parameter:
+        return (dims.num_experts,)
+    return ()
+
+
 def _assembled(
-    linears: list[Linear], other: list[int], attention_type: str, moe: bool, mixer: str
+    linears: list[Linear],
+    other: list[int],
+    attention_type: str,
+    moe: bool,
+    mixer: str,
+    buffers: tuple[int, ...] = (),
 ) -> Layer:
     """One layer from its linears and its other tensors (`assemble`: see frozen.py)."""
     return assemble(
@@ -211,6 +228,7 @@ def _assembled(
             "moe": moe,
             "other_tensors": tuple(other),
             "mixer": mixer,
+            "fp32_buffers": buffers,
         },
     )
 
@@ -266,8 +284,8 @@ def _deltanet(g: DeltaNetDims, h: int) -> tuple[list[Linear], list[int]]:
 def _nemotron_moe(dims: ArchDims, mlp_bias: bool) -> tuple[list[Linear], list[int]]:
     """A Nemotron 3 MoE mixer as transformers builds it: expert stacks of up and down only
     (ReLU², no gate) over the latent width where fc1/fc2_latent_proj narrow the hidden state
-    for them, an fp32 router (a parameter) with its fp32 score-correction bias (a buffer,
-    counted as DeepSeek-V3's is), and one shared expert, an MLP of up and down."""
+    for them, an fp32 router (a parameter) with its fp32 score-correction bias (a buffer:
+    `_buffers`), and one shared expert, an MLP of up and down."""
     h, e = dims.hidden_size, dims.num_experts
     inner = dims.moe_intermediate_size or dims.intermediate_size
     width = dims.moe_latent_size or h
@@ -284,7 +302,7 @@ def _nemotron_moe(dims: ArchDims, mlp_bias: bool) -> tuple[list[Linear], list[in
     ]
     shared = dims.shared_expert_intermediate_size or inner
     linears += [_linear("up_proj", h, shared, mlp_bias), _linear("down_proj", shared, h, mlp_bias)]
-    return linears, [e]
+    return linears, []
 
 
 def _jamba_layer(
@@ -309,7 +327,7 @@ def _jamba_layer(
     else:
         linears += _dense_mlp(h, dims.intermediate_size, fam, mlp_bias)
     other += [h, h]  # input_layernorm, pre_ff_layernorm
-    return _assembled(linears, other, kind, moe, kind)
+    return _assembled(linears, other, kind, moe, kind, _buffers(dims, fam, moe))
 
 
 def _hybrid_layers(
@@ -354,7 +372,10 @@ def _hybrid_layers(
             linears, other = _mamba2(dims.ssm, h)
         other = [*other, h]  # the block's (input) norm
         attention_type = "full_attention" if kind in ("attention", "parallel") else kind
-        built[kind] = _assembled(linears, other, attention_type, kind == "moe", kind)
+        moe = kind == "moe"
+        built[kind] = _assembled(
+            linears, other, attention_type, moe, kind, _buffers(dims, fam, moe)
+        )
     layers = tuple(built[kind] for kind in mixers)
     return layers, tuple((layer, mixers.count(kind)) for kind, layer in built.items())
 

@@ -221,9 +221,9 @@ def test_unsloth_prices_the_mixers_own_modules() -> None:
 # -- Nemotron 3 (MoE layers) ------------------------------------------------------------------
 
 NANO3 = "nemotron-3-nano-30b-a3b"
-# transformers 5.24 on the meta device: 31,577,937,344 parameters, plus the 23 MoE layers'
-# fp32 score-correction biases (buffers of 128), which the parser counts as DeepSeek-V3's
-NANO3_PARAMS = 31_577_937_344 + 23 * 128
+# transformers 5.24 on the meta device: 31,577,937,344 parameters; the 23 MoE layers'
+# fp32 score-correction biases (buffers of 128) are weights on the GPU, not parameters
+NANO3_PARAMS = 31_577_937_344
 SMALL_MOE: dict[str, Any] = SMALL | {
     "hybrid_override_pattern": "ME*E",
     "n_routed_experts": 8,
@@ -257,7 +257,8 @@ def test_a_nemotron_moe_layer_is_two_expert_stacks_a_router_and_a_shared_expert(
         ("router", h, 8, 1, False),
         ("up_proj", h, 80, 1, False), ("down_proj", 80, h, 1, False),  # the shared expert
     ]  # fmt: skip
-    assert moe.other_tensors == (8, h)  # the score-correction bias, the block's norm
+    assert moe.other_tensors == (h,)  # the block's norm
+    assert moe.fp32_buffers == (8,)  # the score-correction bias: a buffer, no parameter
     assert layer_linear_paths("nemotron_h", shape.dims, moe)[-5:] == (
         "mixer.experts", "mixer.experts", "mixer.gate",
         "mixer.shared_experts.up_proj", "mixer.shared_experts.down_proj",
@@ -279,17 +280,17 @@ def test_nemotron_moe_activations_and_lora() -> None:
 
 
 def test_the_nemotron_3_trace_trains_what_every_profile_counts() -> None:
-    """The trace builds and trains transformers' NemotronHMoE: its full fine-tune trains the
-    parser's parameters (less the buffers), and LoRA PEFT's adapters, which the formula
-    profiles count too."""
+    """The trace builds and trains transformers' NemotronHMoE: its full fine-tune trains every
+    parameter the parser counts (the routers' correction biases are buffers, counted in
+    neither), and LoRA PEFT's adapters, which the formula profiles count too."""
     require_trace_extra()
     from controller.trace.run import trace_run
 
     config = SMALL_MOE | {"moe_latent_size": 32, "pad_token_id": 0}
     shape = parse_config(config)
-    buffers = 2 * 8  # two MoE layers' score-correction biases
     full = trace_run(config, TrainingSettings(method=Method.FULL, seq_len=32), breakdowns=False)
-    assert full.trainable_params == shape.total_params - buffers
+    assert full.trainable_params == shape.total_params
+    assert shape.buffer_bytes == 2 * 8 * 4  # two MoE layers' fp32 score-correction biases
     for method in (Method.LORA, Method.QLORA):
         job = TrainingSettings(method=method, rank=4, targets=TARGETS, seq_len=32)
         traced = trace_run(config, job, breakdowns=False).trainable_params

@@ -63,8 +63,8 @@ JOB_FIXES: dict[str, dict[str, Any]] = {
 }
 
 #: Targets for the types whose all-linear LoRA vramgate refuses, since PEFT would fail on a
-#: linear all-linear selects (`canonical_targets`): Llama 4's router returns a tuple,
-#: Mamba mixers' out_proj and conv1d take no LoRA.
+#: linear all-linear selects (`canonical_targets`): Llama 4's and PhiMoE's routers return a
+#: tuple, Mamba mixers' out_proj and conv1d take no LoRA.
 LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "llama4": ("q_proj", "v_proj"),
     "llama4_text": ("q_proj", "v_proj"),
@@ -75,18 +75,14 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "mamba": ("in_proj",),
     "mamba2": ("in_proj",),
     "falcon_mamba": ("in_proj",),
-    # PEFT's LoRA on its router fails on the tuple it returns, as Llama 4's: vramgate does
-    # not refuse all-linear for it yet (open)
+    # PEFT's LoRA on its router fails on the tuple it returns, as on Llama 4's: vramgate
+    # refuses all-linear for it
     "phimoe": ("q_proj", "v_proj"),
 }
 
 _DEPTH_ELSEWHERE = (
     "the cut does not reach the decoder transformers builds (test_inventory_all_types' "
     "NOT_CUT): the generic reading needs the model at the config's own depth"
-)
-_BUFFER_BIAS = (
-    "the hand reading counts the router's e_score_correction_bias (one per routed expert "
-    "and MoE layer) as a parameter; transformers 5 holds it as a buffer"
 )
 _LAYER_SPLIT = (
     "its config validates a split of the layers against num_hidden_layers, which the "
@@ -104,20 +100,12 @@ ESTIMATE_FAILS: dict[str, str] = {
     "udop": "calibrated hands it to the trace (no attention module its fits price), and its "
     "default config lacks decoder_start_token_id, which its forward reads",
     **dict.fromkeys(("blt", "hrm_text", "pi0", "pi05"), _DEPTH_ELSEWHERE),
-    **dict.fromkeys(("glm4_moe", "deepseek_v3"), _BUFFER_BIAS),
     **dict.fromkeys(("dory", "kolibri1_1"), _LAYER_SPLIT),
     "olmo_hybrid": "its two first layers hold no attention layer, which its config refuses",
     "qwen3_next": "calibrated fits qwen3_next stacks that end on an attention layer; the "
     "two-layer cut ends on a DeltaNet one (analytic and the trace price it)",
-    "t5gemma2": "the generic reading of this encoder-decoder counts 3,483,177,728 "
-    "parameters for the 2,879,050,496 transformers builds: open",
-    "diffusion_gemma": "the generic reading counts 1,650,849,040 parameters for the "
-    "1,068,105,232 transformers builds: open",
-    "inkling_mm_model": "the calibrated profile fails on its generic shape (TypeError in a "
-    "Fraction: a width read as a float): open",
-    "nemotron_h": "the hand reading of a two-layer cut (one Mamba, one MLP layer) counts "
-    "otherwise than transformers builds: open",
-    "nemotron_h_omni": "the same as nemotron_h, in its text config",
+    "nemotron_h_omni": "read by hand as its text model, which it counts exactly: the vision "
+    "tower and projector are not counted",
 }
 
 _NEEDS_IMAGES = (

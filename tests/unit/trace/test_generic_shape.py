@@ -299,3 +299,66 @@ def test_attention_dropout_is_traced_as_the_gpu_kernels_run_it() -> None:
     dropped = _config("starcoder2", attention_dropout=0.1, **small)
     assert hf_config(dropped, Attention.EAGER).attention_dropout == 0.1
     assert hf_config(dropped, Attention.SDPA).attention_dropout == 0.0
+
+
+def test_all_linear_is_refused_where_peft_would_wrap_a_router_that_returns_a_tuple() -> None:
+    """PhiMoE's router is an nn.Linear returning (logits, weights, experts), as Llama 4's
+    returns a tuple: PEFT's LoRA layer wraps it under all-linear and fails on the tuple in the
+    first forward, so vramgate refuses all-linear in one line and takes the other names."""
+    from controller.estimator.model import canonical_targets
+
+    config = _config(
+        "phimoe",
+        hidden_size=64,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        vocab_size=100,
+    )
+    shape = read_shape(config)
+    assert "router" in shape.module_names
+    where = "spec.lora.targetModules"
+    with pytest.raises(SpecError) as refused:
+        canonical_targets(["all-linear"], shape, where)
+    message = str(refused.value)
+    assert "\n" not in message and "tuple" in message and "all-linear selects it" in message
+    with pytest.raises(SpecError, match="tuple"):
+        canonical_targets(["router"], shape, where)
+    assert canonical_targets(["q_proj", "v_proj"], shape, where) == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize(
+    ("skip", "kept"),
+    [
+        (["query_key_value"], 2),
+        (["gpt_neox.layers.1.attention.query_key_value"], 1),
+        (["attention"], 0),  # bnb's own matching: a suffix or a path from the root
+    ],
+)
+def test_a_generic_shape_keeps_the_skip_lists_linears_16_bit(skip: list[str], kept: int) -> None:
+    """`llm_int8_skip_modules` as bitsandbytes applies it (a suffix or a path from the root:
+    a bare "attention" matches nothing), on a family read generically, whose module paths the hand
+    reading's skip matching does not know: the kept linears are priced 16-bit, and the trace
+    holds the same bytes more."""
+    from controller.estimator.storage import block, nf4_bytes, static_bytes
+    from controller.trace.run import trace_run
+
+    h, inter = 64, 128
+    config = _config(
+        "gpt_neox", hidden_size=h, intermediate_size=inter, num_attention_heads=4, vocab_size=128
+    )
+    qc = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    job = TrainingSettings(method=Method.QLORA, rank=4, seq_len=16)
+    plain = static_bytes(read_shape(config | {"quantization_config": qc}), job)
+    skipped = config | {"quantization_config": qc | {"llm_int8_skip_modules": skip}}
+    static = static_bytes(read_shape(skipped), job)
+    qkv = h * 3 * h  # Pythia's fused query_key_value
+    assert static.weights - plain.weights == kept * (block(2 * qkv) - nf4_bytes(qkv, False))
+    if kept:  # the trace holds the same difference (its own figures are pinned elsewhere)
+
+        def traced(config: dict[str, Any]) -> int:
+            return int(trace_run(config, job).phase_peaks["forward"].breakdown["weights"])
+
+        plain_config = config | {"quantization_config": qc}
+        assert traced(skipped) - traced(plain_config) == static.weights - plain.weights
