@@ -42,6 +42,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +399,9 @@ def _int(cfg: Any, name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _under(params: Mapping[str, nn.Parameter], prefix: str, besides: set[int]) -> int:
+def _under(
+    params: Mapping[str, nn.Parameter], prefix: str, besides: AbstractSet[int] = frozenset()
+) -> int:
     """The parameters named under `prefix`, less those in `besides` (the embeddings, which a
     T5Gemma 2 encoder holds and its decoder and head share: counted as the embeddings)."""
     return sum(

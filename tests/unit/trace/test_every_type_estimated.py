@@ -95,7 +95,6 @@ _HANDED_NO_CKPT = (
     "settings turn on: the trace refuses it in one line"
 )
 ESTIMATE_FAILS: dict[str, str] = {
-    "kimi_k25": _BUFFER_BIAS + " (its text model is DeepSeek-V3's)",
     **dict.fromkeys(("cpmant", "openai-gpt", "xlm", "xlnet", "pix2struct"), _HANDED_NO_CKPT),
     "udop": "calibrated hands it to the trace (no attention module its fits price), and its "
     "default config lacks decoder_start_token_id, which its forward reads",
