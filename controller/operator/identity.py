@@ -24,9 +24,11 @@ from controller import __version__
 from controller.estimator import codec
 
 #: The packages whose code and data compute an estimate: the formulas and their tables, the
-#: trace, and the translation of a spec into what they take.
+#: trace, the allocator model the trace replays and calibrated's fixed costs come from, the
+#: translation of a spec into what they take, the API types that translation reads, and the
+#: units and errors under all of them.
 _PACKAGE = Path(__file__).resolve().parent.parent
-CODE_FOLDERS = ("estimator", "trace", "jobs")
+CODE_FOLDERS = ("estimator", "trace", "allocator", "jobs", "api", "base")
 CODE_SUFFIXES = frozenset({".py", ".json", ".yaml", ".yml"})
 #: The libraries the trace runs; their versions are kept with a traced estimate.
 TRACE_LIBRARIES = ("torch", "transformers", "peft")

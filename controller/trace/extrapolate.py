@@ -116,7 +116,11 @@ def extend(
         total_params=_affine(small.total_params, large.total_params, steps),
         trainable_params=_affine(small.trainable_params, large.trainable_params, steps),
         seconds=small.seconds + large.seconds,
-        reserved=top.peak + _reserve(small, large, steps, lead, period, top.peak),
+        reserved=(
+            top.peak + _reserve(small, large, steps, lead, period, top.peak)
+            if small.reserved and large.reserved
+            else 0
+        ),
         modules=_modules(small, large, layers, lead, period),
     )
 
@@ -135,15 +139,19 @@ def _reserve(
 ) -> int:
     """What the allocator reserves beyond the peak at the extended depth: the deeper run's
     mallocs and frees with its middle block copied in to that depth, replayed (`deepen.py`:
-    the reserve is not affine in the depth). Where the runs do not show their block, or the
-    built sequence's live bytes do not peak at the extended peak (within 0.5 %), the
-    deeper run's own gap: bounded as the depth grows, unlike its affine extension."""
-    if not small.reserved or not large.reserved:
-        return 0
+    the reserve is not affine in the depth). The block is a period of layers with a whole
+    period of its kind before it and after it (the copies' neighbours, where a layer's
+    output and a prefetch are freed). Where the deeper run has no such block, the runs do
+    not show it, or the built sequence's live bytes do not peak at the extended peak
+    (within 0.5 %), the deeper run's own gap: bounded as the depth grows, unlike its affine
+    extension."""
     own = max(0, large.reserved - large.peak)
     if small.timeline is None or large.timeline is None:
         return own
-    block = range(lead + 2, lead + 2 + period)
+    start = lead + max(2, period)
+    if start + 2 * period > large.layers:
+        return own
+    block = range(start, start + period)
     intervals = deepen(large.timeline, small.timeline, block, steps - 1)
     if intervals is None:
         return own

@@ -94,3 +94,11 @@ def test_live_peak_counts_blocks_of_512_bytes() -> None:
     # two storages of 1 and 600 bytes live together: one block and two
     assert live_peak([(1, 1, 3, 0), (600, 2, 4, 0), (10_000, 5, None, 0)]) == 10_240
     assert live_peak([(1, 1, 3, 0), (600, 2, 4, 0)]) == 512 + 1024
+
+
+def test_a_period_without_a_whole_period_beside_its_block_keeps_the_deeper_runs_gap() -> None:
+    """Layers in a period of 3 traced at 4 and 7: the block's copies would have no whole
+    period of layers before them (the embedding's ticks instead), so nothing is built."""
+    small, large = (_run(FULL, None, n) for n in (4, 7))
+    extended = extend(small, large, 10, period=3)
+    assert extended.reserved - extended.peak == large.reserved - large.peak
