@@ -311,15 +311,19 @@ def quantize_linears(
 ) -> None:
     """Replace the decoder's linears by their NF4 storage, as transformers' bnb loader does.
 
-    The loader converts every `nn.Linear` except the output embedding (`lm_head`) and the
+    The loader converts every module that is exactly an `nn.Linear` (a subclass, such as
+    Falcon's `FalconLinear`, stays 16-bit: `replace_with_bnb_linear` tests the type, not
+    the class tree) or a GPT-2 `Conv1D`, except the output embedding (`lm_head`) and the
     modules `llm_int8_skip_modules` names, matched by the loader's own rule
     (`model.skip_module_matches`), under any text-model root.
     """
+    from transformers.pytorch_utils import Conv1D
+
     skipped = ("lm_head", *skip)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if not isinstance(child, nn.Linear) or isinstance(child, Linear4bitStorage):
+            if type(child) is not nn.Linear and not isinstance(child, Conv1D):
                 continue
             # The text model is traced as a causal LM (`model.layers...`); an entry written
             # for a multimodal checkpoint's root (`language_model.model.layers...`) still
@@ -330,12 +334,14 @@ def quantize_linears(
                 for entry in skipped
             ):
                 continue
+            if isinstance(child, Conv1D):  # weight stored (in, out)
+                in_features, out_features = child.weight.shape
+            else:
+                in_features, out_features = child.in_features, child.out_features
             setattr(
                 module,
                 child_name,
-                Linear4bitStorage(
-                    child.in_features, child.out_features, child.bias is not None, dtype, double
-                ),
+                Linear4bitStorage(in_features, out_features, child.bias is not None, dtype, double),
             )
 
 

@@ -362,3 +362,30 @@ def test_a_generic_shape_keeps_the_skip_lists_linears_16_bit(skip: list[str], ke
 
         plain_config = config | {"quantization_config": qc}
         assert traced(skipped) - traced(plain_config) == static.weights - plain.weights
+
+
+def test_a_linear_subclass_stays_16_bit_under_qlora_in_the_trace_and_the_reading() -> None:
+    """transformers' bitsandbytes loader converts a module whose type is exactly `nn.Linear`
+    (or GPT-2's `Conv1D`): Falcon's `FalconLinear` subclasses it and stays 16-bit. The
+    inventory reads that rule from the built model; the trace must load the same way, or a
+    Falcon QLoRA trace holds a quarter of the weights the GPU really keeps."""
+    from controller.estimator.storage import static_bytes
+    from controller.trace.run import trace_run
+
+    qlora = TrainingSettings(method=Method.QLORA, rank=4, seq_len=16)
+    lora = TrainingSettings(method=Method.LORA, rank=4, seq_len=16)
+
+    def weights(config: dict[str, Any], job: TrainingSettings) -> tuple[int, int]:
+        """(the reading's, the trace's) weights: the frozen base and the adapters."""
+        traced = trace_run(config, job).phase_peaks["forward"].breakdown["weights"]
+        return static_bytes(read_shape(config), job).weights, int(traced)
+
+    falcon = _config("falcon", hidden_size=64, num_attention_heads=4, vocab_size=128)
+    assert all(lin.kept_16bit for layer in read_shape(falcon).layers for lin in layer.linears)
+    assert weights(falcon, qlora) == weights(falcon, lora)  # not one linear packed
+    # A linear that is exactly nn.Linear is packed: the same job on Llama holds less.
+    llama = _config(
+        "llama", hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128
+    )
+    packed, sixteen = weights(llama, qlora), weights(llama, lora)
+    assert packed[0] < sixteen[0] and packed[1] < sixteen[1]
