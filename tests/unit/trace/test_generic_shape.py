@@ -389,3 +389,20 @@ def test_a_linear_subclass_stays_16_bit_under_qlora_in_the_trace_and_the_reading
     )
     packed, sixteen = weights(llama, qlora), weights(llama, lora)
     assert packed[0] < sixteen[0] and packed[1] < sixteen[1]
+
+
+@pytest.mark.parametrize(("model_type", "fit"), [("olmoe", "qwen3_moe"), ("granitemoe", "gpt_oss")])
+def test_a_generic_moe_is_priced_by_whether_peft_adapts_its_stacks(
+    model_type: str, fit: str
+) -> None:
+    """PEFT's `all-linear` adapts OLMoE's fused expert stacks (a `ParamWrapper` that folds the
+    update into the dequantised stack as each layer runs) and leaves Granite-MoE's alone: the
+    first is priced with the fit that holds that folded stack (Qwen3-MoE's), the second with
+    the one that has none (GPT-OSS's), and the shape's note names the fit."""
+    from controller.estimator.model.generic import generic_fit
+
+    shape = read_shape(_config(model_type, hidden_size=64, intermediate_size=32, vocab_size=128))
+    assert shape.dims.num_experts > 1
+    assert shape.peft_adapts_stacks is (fit == "qwen3_moe")
+    assert generic_fit(shape) == fit
+    assert any(f"the {fit} fit" in note for _, note in shape.config_warnings)
