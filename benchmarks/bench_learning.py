@@ -35,7 +35,8 @@ so a job that under-reserved survives where its neighbours left room. It dies
 `OOM_AFTER_SECONDS` after it started, its reservation held until then, and is queued again
 (creation-time order) with its figure recomputed, at most `MAX_OOMS` times.
 
-**Learning.** A job past its first steps (`STEADY_AFTER_SECONDS`) files observed / predicted;
+**Learning.** A job past its first steps (`STEADY_AFTER_SECONDS`, the operator's
+`learningSteadySeconds`) files observed / predicted;
 an OOM files VPA's bumped need (`controller.learning.record`). A job's figure is computed when
 it is queued and again, while it waits, after every sample filed since (as admission would
 read the learned state at each pass). Loop off: the calibrated figure. Loop on:
@@ -89,7 +90,9 @@ JITTER = 0.02
 LOAD = 0.7
 DURATION_MEDIAN_H = 2.0
 DURATION_SIGMA = 1.0
-STEADY_AFTER_SECONDS = 600
+#: The operator's default (`learningSteadySeconds`): a running job teaches once its peak has
+#: held that long.
+STEADY_AFTER_SECONDS = LearningSettings().steady_seconds
 OOM_AFTER_SECONDS = 600
 MAX_OOMS = 3
 START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -461,7 +461,8 @@ def _follow_admitted(
                 ended = str(c["reason"])
     if ended is not None:
         draft.releases = True
-    _observe(inp, key, draft, out, ended, usage)
+    running = any(c["type"] == cond.RUNNING and c["status"] == "True" for c in conditions)
+    _observe(inp, key, draft, out, ended, usage, running)
     return {**job, "status": draft.status}
 
 
@@ -591,18 +592,37 @@ def _observe(
     out: PassOutput,
     ended: str | None,
     usage: observed.PodUsage,
+    running: bool = False,
 ) -> None:
     """The job's peaks: carried to the next pass while it runs, written when due (or with
-    any other write), and recorded with the write that ends it."""
+    any other write), and recorded with the write that ends it; what the job taught
+    (`learned`), once its running peak is steady and with its end."""
     uid = str((draft.job.get("metadata") or {}).get("uid"))
     written = observed.from_status(draft.current.get("observed"))
     pod_uids = {str((p.get("metadata") or {}).get("uid")) for p in inp.job_pods.get(key, ())}
     peaks = observed.merged(written, inp.peaks.get(uid, {}), observed.seen_now(pod_uids, usage))
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
+    before = draft.current.get("observed")
     if peaks and (draft.urgent or ended is not None or observed.due(written, peaks)):
-        draft.status["observed"] = observed.status(peaks)
+        draft.status["observed"] = observed.status(
+            peaks, observed.peak_since(before, peaks, inp.now)
+        )
         draft.urgent = True
+    elif running and peaks and ended is None:
+        taught = learned.running_sample(
+            draft.status,
+            learned.job_key(draft.job, draft.status.get("estimate") or {}),
+            observed.highest(peaks.values()),
+            inp.now,
+            inp.learning,
+        )
+        if taught is not None:
+            draft.status["learnedSample"] = taught
+            draft.status["observed"] = observed.status(
+                peaks, observed.peak_since(before, peaks, inp.now)
+            )
+            draft.urgent = True
     if ended is not None:
         status = draft.status
         taught = learned.sample(
@@ -612,7 +632,7 @@ def _observe(
             observed.highest(peaks.values()),
             inp.now,
         )
-        if taught is not None and "learnedSample" not in status:
+        if taught is not None:  # a running sample stands unless the end revises it
             status["learnedSample"] = taught
         draft.recorded = Recorded(
             finished=ended,

@@ -136,6 +136,16 @@ class AdmissionConfig(BaseModel):
         "upgraded a month ago weighs a quarter of this week's runs.",
     )
 
+    learning_steady_seconds: int = Field(
+        _LEARNING.steady_seconds,
+        ge=0,
+        le=MAX_SECONDS,
+        description="a running job whose observed peak has not grown for this long teaches "
+        "at once (its end files again, in its place, if the peak grew after); 15 minutes, "
+        "well past the first optimizer step, which allocates the optimizer states. 0: only "
+        "a job's end teaches.",
+    )
+
     @field_validator("headroom_percent")
     @classmethod
     def _percent(cls, value: int) -> int:
@@ -163,4 +173,5 @@ class AdmissionConfig(BaseModel):
             percentile=self.learning_percentile,
             margin_percent=self.learning_margin_percent,
             half_life_seconds=self.learning_half_life_seconds,
+            steady_seconds=self.learning_steady_seconds,
         )

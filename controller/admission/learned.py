@@ -2,13 +2,19 @@
 corrections and the key objects to write out. Pure: the scheduler hands in what its caches hold.
 
 **What a job teaches, and when.** A job teaches once it ends, in the status write that ends it
-(`sample`, into `status.learnedSample`):
+(`sample`, into `status.learnedSample`), or earlier while it runs past its first steps:
 
 * Succeeded with `status.observed` peaks: a **Steady** sample, observed per-GPU peak over the
   estimator's own per-GPU figure at the NVML level (`status.estimate.perGpuLevels.nvmlBytes`,
-  never the corrected figure: a ratio to a corrected figure would correct twice). Only a job
-  that ran to its end counts: a running job's peak may still grow (its first optimizer step
-  allocates the optimizer states), and its end is the one moment nobody has to guess.
+  never the corrected figure: a ratio to a corrected figure would correct twice).
+* Running, with its highest peak not grown past the write threshold for
+  `LearningSettings.steady_seconds` (`status.observed.peakSince`): a Steady sample marked
+  `running` (`running_sample`). The first optimizer step, which allocates the optimizer
+  states, comes minutes into a run at most, so a peak steady for longer is the step's; a job
+  whose peak grows after all (an evaluation pass, a longer batch) or that then dies of GPU
+  OOM files its end's sample **in place of** the running one (`revised`: revision 1, counted
+  as `<uid>/1`, and `replaces` names the running sample, which the leader takes out of the
+  keys that counted it), so no job weighs twice.
 * Failed with reason `GPUOutOfMemory` (`controller.workload.state`: a trainer container's
   termination message or log tail names `CUDA out of memory` / `OutOfMemoryError`): an
   **OutOfMemory** sample, `controller.learning.record_oom`'s need (the larger of what it was
@@ -284,7 +290,54 @@ def sample(
     job_status: Mapping[str, Any], ended: str, key: JobKey, peak_bytes: int, now: datetime
 ) -> dict[str, Any] | None:
     """`status.learnedSample` of a job that ended with the condition reason `ended` (module
-    docstring), or None where it teaches nothing."""
+    docstring), or None where it teaches nothing. Where a sample was filed while the job ran,
+    the end's sample takes its place only if it says more (`revised`); else that one stands."""
+    taught = _sample(job_status, ended, key, peak_bytes, now)
+    prior = job_status.get("learnedSample")
+    if not isinstance(prior, Mapping):
+        return taught
+    return revised(prior, taught) or dict(prior)
+
+
+def running_sample(
+    job_status: Mapping[str, Any],
+    key: JobKey,
+    peak_bytes: int,
+    now: datetime,
+    settings: LearningSettings,
+) -> dict[str, Any] | None:
+    """The Steady sample of a running job whose highest peak has not grown for
+    `settings.steady_seconds` (module docstring), or None (too soon, none yet, off)."""
+    if settings.steady_seconds <= 0 or job_status.get("learnedSample") is not None:
+        return None
+    since = observed.steady_since(job_status.get("observed"))
+    if since is None or (now - since).total_seconds() < settings.steady_seconds:
+        return None
+    taught = _sample(job_status, cond.REASON_SUCCEEDED, key, peak_bytes, now)
+    return None if taught is None else {**taught, "running": True}
+
+
+def revised(prior: Mapping[str, Any], taught: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The end's sample `taught` in place of the running sample `prior`, or None where it
+    stands: the job died of GPU OOM after all, or its peak grew past the write threshold."""
+    if taught is None or not prior.get("running") or prior.get("revision"):
+        return None
+    if taught["kind"] == STEADY and not observed.grew(
+        int(prior.get("observedBytes") or 0), int(taught["observedBytes"])
+    ):
+        return None
+    replaces = {
+        "observedBytes": int(prior.get("observedBytes") or 0),
+        "predictedBytes": int(prior.get("predictedBytes") or 0),
+        "time": prior.get("time"),
+    }
+    # `running` written false, not left out: the status is merge-patched over the running one
+    return {**taught, "running": False, "revision": 1, "replaces": replaces}
+
+
+def _sample(
+    job_status: Mapping[str, Any], ended: str, key: JobKey, peak_bytes: int, now: datetime
+) -> dict[str, Any] | None:
     if ended == cond.REASON_SUCCEEDED:
         kind = STEADY
     elif ended == cond.REASON_GPU_OUT_OF_MEMORY:
@@ -309,6 +362,8 @@ def sample(
 
 @dataclass(frozen=True)
 class Sample:
+    """One job's sample; `uid` is the sample's id as keys count it (`sample_id`)."""
+
     uid: str
     key: JobKey
     kind: str
@@ -316,6 +371,17 @@ class Sample:
     predicted_bytes: int
     reserved_bytes: int
     at: datetime
+    #: The running sample this one replaces: (its id, observed, predicted, time).
+    replaces: tuple[str, int, int, datetime] | None = None
+
+
+def sample_id(job: Mapping[str, Any]) -> str:
+    """The id keys count a job's sample by: its uid, `<uid>/1` for the sample its end filed
+    in place of a running one."""
+    uid = str((job.get("metadata") or {}).get("uid"))
+    data = (job.get("status") or {}).get("learnedSample")
+    revision = data.get("revision") if isinstance(data, Mapping) else 0
+    return f"{uid}/{revision}" if isinstance(revision, int) and revision > 0 else uid
 
 
 def samples_of(jobs: Iterable[Mapping[str, Any]]) -> list[Sample]:
@@ -326,15 +392,25 @@ def samples_of(jobs: Iterable[Mapping[str, Any]]) -> list[Sample]:
         if not isinstance(data, Mapping):
             continue
         try:
+            replaces = None
+            old = data.get("replaces")
+            if isinstance(old, Mapping):
+                replaces = (
+                    str((job.get("metadata") or {}).get("uid")),
+                    int(old.get("observedBytes") or 0),
+                    int(old["predictedBytes"]),
+                    _required_time(old["time"]),
+                )
             out.append(
                 Sample(
-                    str((job.get("metadata") or {}).get("uid")),
+                    sample_id(job),
                     JobKey.parse(str(data["key"])),
                     str(data["kind"]),
                     int(data.get("observedBytes") or 0),
                     int(data["predictedBytes"]),
                     int(data.get("reservedBytes") or 0),
                     _required_time(data["time"]),
+                    replaces,
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -358,23 +434,32 @@ def file_samples(
     added: dict[str, list[str]] = {}
     times: dict[str, datetime] = {}
 
-    def is_counted(name: str, s: Sample) -> bool:
+    def is_counted(name: str, uid: str, at: datetime) -> bool:
         state = states.get(name)
-        if (
-            state is not None
-            and state.counted_through is not None
-            and s.at <= state.counted_through
-        ):
+        if state is not None and state.counted_through is not None and at <= state.counted_through:
             return True
         if name not in counted:
             counted[name] = set(state.counted) if state is not None else set()
-        return s.uid in counted[name]
+        return uid in counted[name]
 
     for s in found:
         times[s.uid] = s.at
-        todo = [rung for rung in s.key.ladder() if not is_counted(rung.name, s)]
+        todo = [rung for rung in s.key.ladder() if not is_counted(rung.name, s.uid, s.at)]
         if not todo or s.predicted_bytes <= 0:
             continue
+        if s.replaces is not None:  # the running sample out of the keys that counted it
+            old_uid, old_observed, old_predicted, old_at = s.replaces
+            for rung in todo:
+                kept = records.get(rung.name)
+                if (
+                    kept is not None
+                    and old_predicted > 0
+                    and is_counted(rung.name, old_uid, old_at)
+                ):
+                    ratio = old_observed / old_predicted
+                    records[rung.name] = replace(
+                        kept, histogram=kept.histogram.remove(ratio, old_at)
+                    )
         try:
             if s.kind == OUT_OF_MEMORY:
                 had = max(s.reserved_bytes, 1)
@@ -436,6 +521,19 @@ def key_object(
         "spec": {f: getattr(key, f) for f in _KEY_FIELDS},
     }
     return obj, key_status(state, settings, now)
+
+
+def key_patch(
+    before: KeyState | None, state: KeyState, settings: LearningSettings, now: datetime
+) -> dict[str, Any]:
+    """`key_status` as the merge patch over the status `before` was read from: a bucket that
+    lost all its weight (a replaced sample taken out, a decayed one dropped) written null, so
+    the API server deletes it rather than keeping its old weight."""
+    status = key_status(state, settings, now)
+    if before is not None:
+        gone = before.record.histogram.weights.keys() - state.record.histogram.weights.keys()
+        status["histogram"]["bucketWeights"].update({str(b): None for b in sorted(gone)})
+    return status
 
 
 #: The reference figure a key object's own correction is worked out on: its factor does not

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from controller.api.finetunejob import ObservedGpu, ObservedStatus
 from controller.base.units import MIB, format_gib
 from controller.estimator import SpecError, load_preset
 from controller.jobs.spec import config_map_ref
+from controller.learning.histogram import parse_time
 
 #: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:
 #: 256 MiB is below any estimate's resolution worth reading, 5 % keeps a 70 GiB job's writes
@@ -126,17 +128,53 @@ def highest(peaks: Iterable[GpuPeak]) -> int:
     return max((peak.peak_bytes for peak in peaks), default=0)
 
 
-def status(peaks: Peaks) -> dict[str, Any]:
-    """`status.observed` of `peaks`, GPUs in node and index order."""
+def grew(before: int, after: int) -> bool:
+    """Whether a peak of `before` bytes grew to `after` by more than the write threshold (the
+    larger of GROWTH_BYTES and GROWTH_PERCENT): less is the same peak, read again."""
+    return after - before > max(GROWTH_BYTES, before * GROWTH_PERCENT // 100)
+
+
+def peak_since(observed: object, peaks: Peaks, now: datetime) -> datetime:
+    """`status.observed.peakSince` once `peaks` are written over `observed`: now where the
+    highest peak is new or grew past the write threshold, else the time written before."""
+    before_top, since = 0, None
+    if isinstance(observed, Mapping):
+        before_top = int(observed.get("peakBytes") or 0)
+        since = _time(observed.get("peakSince"))
+    if since is None or before_top <= 0 or grew(before_top, highest(peaks.values())):
+        return now
+    return since
+
+
+def steady_since(observed: object) -> datetime | None:
+    """`status.observed.peakSince` as written, or None."""
+    return _time(observed.get("peakSince")) if isinstance(observed, Mapping) else None
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        return None
+
+
+def status(peaks: Peaks, since: datetime | None = None) -> dict[str, Any]:
+    """`status.observed` of `peaks`, GPUs in node and index order, their highest peak last
+    grown at `since`."""
     top = highest(peaks.values())
     return ObservedStatus(
         peak_bytes=top,
         peak_gib=format_gib(top),
+        peak_since=since,
         gpus=[
             ObservedGpu(node=p.node, index=p.index, uuid=p.uuid, peak_bytes=p.peak_bytes)
             for p in sorted(peaks.values(), key=lambda p: (p.node, p.index, p.uuid))
         ],
-    ).model_dump(mode="json", by_alias=True)
+    ).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def spec_family(spec: Mapping[str, Any]) -> str:

@@ -491,14 +491,24 @@ class CorrectionStatus(ApiModel):
     message: str = Field(description="message says the correction in one line.")
 
 
+class ReplacedSample(ApiModel):
+    """The sample a job filed while it ran, which its end's sample replaces."""
+
+    observed_bytes: int = Field(ge=0, description="observedBytes of the sample replaced.")
+    predicted_bytes: int = Field(ge=1, description="predictedBytes of the sample replaced.")
+    time: datetime = Field(description="time of the sample replaced.")
+
+
 class LearnedSample(ApiModel):
-    """What a finished job taught: written with the status that ends it, then filed under
-    its LearnedCorrection keys by the operator's leader (`controller.admission.learned`)."""
+    """What a job taught: written with the status that ends it, or while it runs once its
+    peak is steady, then filed under its LearnedCorrection keys by the operator's leader
+    (`controller.admission.learned`)."""
 
     key: str = Field(description="key is the job's finest LearnedCorrection key.")
     kind: Literal["Steady", "OutOfMemory"] = Field(
-        description="kind is Steady (the job ran to its end: its peak is its need) or "
-        "OutOfMemory (it died of GPU OOM: it needed more than it had)."
+        description="kind is Steady (the job ran to its end, or ran with its peak steady "
+        "for the operator's learningSteadySeconds: its peak is its need) or OutOfMemory (it "
+        "died of GPU OOM: it needed more than it had)."
     )
     observed_bytes: int = Field(
         ge=0, description="observedBytes is the job's highest observed per-GPU peak, in bytes."
@@ -511,7 +521,26 @@ class LearnedSample(ApiModel):
     reserved_bytes: int = Field(
         ge=0, description="reservedBytes is what admission reserved per GPU, in bytes."
     )
-    time: datetime = Field(description="time is when the job ended.")
+    time: datetime = Field(
+        description="time is when the job ended, or when its running peak was found steady."
+    )
+    running: bool = Field(
+        False,
+        description="running is true for a sample taken while the job ran (its peak steady): "
+        "its end replaces it if the peak grew after, or the job died of GPU OOM.",
+    )
+    revision: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="revision is 0 for a job's first sample and 1 for the sample its end "
+        "filed in place of the running one (counted as <uid>/1).",
+    )
+    replaces: ReplacedSample | None = Field(
+        None,
+        description="replaces is the running sample this one takes the place of: the leader "
+        "takes it out of the keys that counted it.",
+    )
 
 
 class EstimateStatus(ApiModel):
@@ -643,6 +672,12 @@ class ObservedStatus(ApiModel):
         "it with placement.perGpuBytes to see how close the estimate came.",
     )
     peak_gib: str = Field(alias="peak", description="peak is peakBytes in GiB, for people.")
+    peak_since: datetime | None = Field(
+        None,
+        description="peakSince is when peakBytes last grew by more than the write threshold "
+        "(or was first seen): a running job whose peak has not grown for the operator's "
+        "learningSteadySeconds teaches admission at once.",
+    )
     gpus: list[ObservedGpu] = Field(
         description="gpus are the GPUs the job's pods were seen on, each with its peak. "
         "Written when a peak grows by more than 256 MiB or 5 % (whichever is larger), at the "

@@ -175,6 +175,23 @@ class DecayingHistogram:
             del weights[bucket]
         return replace(base, weights=weights, samples=base.samples + 1)
 
+    def remove(self, ratio: float, at: datetime) -> DecayingHistogram:
+        """This histogram without a sample of `ratio` that `add` took at `at`: the same
+        decayed weight taken off its bucket (a job's later sample replaces its earlier one).
+        A sample whose weight has already decayed away takes nothing."""
+        if self.reference is None or not ratio > 0 or math.isinf(ratio):
+            return self
+        age = _epoch_seconds(at) - _epoch_seconds(self.reference)
+        decayed = math.exp2(age / self.half_life_seconds)
+        bucket = self.scale.bucket(ratio)
+        weights = dict(self.weights)
+        left = weights.get(bucket, 0.0) - decayed
+        if left < EPSILON:
+            weights.pop(bucket, None)
+        else:
+            weights[bucket] = left
+        return replace(self, weights=weights, samples=max(0, self.samples - 1))
+
     def percentile(self, fraction: float) -> float | None:
         """The ratio below which `fraction` (0 to 1) of the weight lies: the upper end of the
         first bucket whose cumulative weight reaches it. None when empty."""

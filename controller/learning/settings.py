@@ -36,6 +36,11 @@ class LearningSettings:
     * `min_factor_percent` 60, `max_factor_percent` 150: however skewed the samples, learning
       moves a figure by at most that much; past it the estimator is wrong in a way a person
       should look at (the alert on a key's p95 says so).
+    * `steady_seconds` 900: a running job whose observed peak has not grown for 15 minutes
+      is past its first optimizer steps (the step that allocates the optimizer states comes
+      within a few minutes of the first batch), so it teaches while it runs rather than only
+      when it ends; its end files again, in its place, if the peak grew after. 0: only a
+      job's end teaches.
     * `oom_bump_percent` 120 and `oom_min_bump_bytes` 100 MiB: VPA's OOM rule
       (`recommender/model/aggregations_config.go`, `DefaultOOMBumpUpRatio = 1.2`,
       `DefaultOOMMinBumpUp = 100 * 1024 * 1024`; applied in `model/container.go`,
@@ -49,6 +54,7 @@ class LearningSettings:
     min_factor_percent: int = 60
     max_factor_percent: int = 150
     half_life_seconds: int = DEFAULT_HALF_LIFE_SECONDS
+    steady_seconds: int = 900
     oom_bump_percent: int = 120
     oom_min_bump_bytes: int = 100 * MIB
 
@@ -64,6 +70,7 @@ class LearningSettings:
                 "must be between 100 and 400",
             ),
             ("halfLifeSeconds", self.half_life_seconds >= 1, "must be at least 1"),
+            ("steadySeconds", self.steady_seconds >= 0, "must not be negative (0: off)"),
             ("oomBumpPercent", 100 <= self.oom_bump_percent <= 400, "must be 100 to 400"),
             ("oomMinBumpBytes", self.oom_min_bump_bytes >= 0, "must not be negative"),
         )

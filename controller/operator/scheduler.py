@@ -457,8 +457,9 @@ class Scheduler:
         signature = frozenset((name, state.reset_at) for name, state in keys.items())
         if signature != self._learned_signature:
             self._learned_signature, self._counted_uids = signature, set()
-        taught = {
-            _uid(job): job
+        taught = {  # by the sample's id: a job's end may file again in place of its
+            # running sample (`learned.sample_id`)
+            learned.sample_id(job): job
             for job in jobs
             if (job.get("status") or {}).get("learnedSample") is not None
         }
@@ -473,13 +474,14 @@ class Scheduler:
 
         changed = await loop.run_in_executor(self._decider, file)
         if not changed:
-            self._counted_uids.update(_uid(job) for job in todo)
+            self._counted_uids.update(learned.sample_id(job) for job in todo)
             return {}
         now = self.now()
 
         async def write(state: learned.KeyState) -> None:
-            obj, status = learned.key_object(state, settings, now)
+            obj, _ = learned.key_object(state, settings, now)
             name = obj["metadata"]["name"]
+            status = learned.key_patch(keys.get(state.key.name), state, settings, now)
             version = state.resource_version
             try:
                 if not state.exists:

@@ -734,6 +734,7 @@ def test_the_first_observation_of_a_running_job_is_written_with_node_index_and_u
     assert status["observed"] == {
         "peakBytes": 10 * GIB,
         "peak": "10.00 GiB",
+        "peakSince": "2025-03-01T12:00:00Z",  # the pass's now: first seen
         "gpus": [{"node": "n1", "index": 0, "uuid": "GPU-n1-0", "peakBytes": 10 * GIB}],
     }
     assert out.peaks["uid-a"]["GPU-n1-0"].peak_bytes == 10 * GIB

@@ -100,8 +100,9 @@ def learn(
     changed = learned.file_samples(states, learned.samples_of(jobs), settings)
     out = {str(o["metadata"]["name"]): dict(o) for o in objects}
     for state in changed.values():
-        obj, status = learned.key_object(state, settings, NOW)
+        obj, _ = learned.key_object(state, settings, NOW)
         name = obj["metadata"]["name"]
+        status = learned.key_patch(states.get(state.key.name), state, settings, NOW)
         before = out.get(name, obj)
         version = int(before["metadata"].get("resourceVersion") or 0) + 1
         out[name] = {**before, "metadata": {**obj["metadata"], "resourceVersion": str(version)},
@@ -162,6 +163,148 @@ def test_a_sample_is_written_once_and_never_rewritten() -> None:
     job = ended("a", 0.7)
     again = run(cluster(job), estimates={}, workloads={"ns/a": workload("a", ("Complete", ""))})
     assert all("learnedSample" not in w.patch for w in again.writes)
+
+
+class Running:
+    """Job `name`, admitted and running, its pod seen on n1's GPU 0 at each pass's `now`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.job, _ = admitted(name)
+        self.predicted = self.job["status"]["estimate"]["perGpuLevels"]["nvmlBytes"]
+        self.peaks: Mapping[str, Any] = {}
+
+    def step(self, minutes: float, used: float, end: str = "", oom: bool = False) -> dict[str, Any]:
+        """One pass `minutes` after NOW, the pod using `used` x the prediction (and the
+        workload Complete or Failed with a CUDA OOM where `end` says so); what it wrote."""
+        objects = cluster(self.job)
+        objects.gpunodes["n1"]["status"]["gpus"][0]["pods"] = [
+            {"uid": f"pod-{self.name}", "usedBytes": int(used * self.predicted)}
+        ]
+        key = f"ns/{self.name}"
+        if end == "Complete":
+            load, pods = workload(self.name, ("Complete", "")), [trainer_pod(self.name, "Running")]
+        elif end == "Failed":
+            oom_text = "torch.OutOfMemoryError: CUDA out of memory." if oom else "bad"
+            load = workload(self.name, ("Failed", "BackoffLimitExceeded"))
+            pods = [trainer_pod(self.name, "Failed", oom_text)]
+        else:
+            load, pods = workload(self.name), [trainer_pod(self.name, "Running")]
+        out = run(objects, estimates={}, workloads={key: load}, job_pods={key: pods},
+                  now=NOW + timedelta(minutes=minutes), peaks=self.peaks)  # fmt: skip
+        self.peaks = out.peaks
+        patch = next((w.patch for w in out.writes if w.key == key), {})
+        self.job = written(self.job, out)
+        return patch
+
+    @property
+    def sample(self) -> dict[str, Any] | None:
+        found = self.job["status"].get("learnedSample")
+        return None if found is None else dict(found)
+
+
+def test_a_running_job_whose_peak_is_steady_teaches_before_it_ends() -> None:
+    job = Running("a")
+    assert "learnedSample" not in job.step(0, 0.7), "first seen: too soon"
+    assert job.job["status"]["observed"]["peakSince"] == "2025-03-01T12:00:00Z"
+    assert job.step(14, 0.7) == {}, "14 minutes steady: not yet (15 by default)"
+    patch = job.step(15, 0.7)
+    sample = patch["learnedSample"]
+    assert sample["kind"] == "Steady" and sample["running"] is True
+    assert sample["observedBytes"] == int(0.7 * job.predicted)
+    assert sample["predictedBytes"] == job.predicted
+    assert sample["time"] == "2025-03-01T12:15:00Z"
+    assert job.step(30, 0.7) == {}, "written once"
+    assert learned.sample_id(job.job) == "uid-a"
+
+
+def test_a_peak_that_grows_while_the_job_runs_starts_the_wait_again() -> None:
+    job = Running("a")
+    job.step(0, 0.5)
+    assert job.step(10, 0.8)["observed"]["peakSince"] == "2025-03-01T12:10:00Z"
+    assert job.step(20, 0.8) == {}, "10 minutes since it grew"
+    job.step(21, 0.82)  # 2.5 % more: below the write threshold, the same peak read again
+    assert job.step(25, 0.82)["learnedSample"]["observedBytes"] == int(0.82 * job.predicted)
+
+
+def test_a_running_sample_stands_at_the_end_unless_the_peak_grew_or_the_job_died_of_oom() -> None:
+    same = Running("a")
+    same.step(0, 0.7)
+    same.step(15, 0.7)
+    first = same.sample
+    same.step(40, 0.72, end="Complete")  # within the write threshold
+    assert same.sample == first and learned.sample_id(same.job) == "uid-a"
+
+    grew = Running("b")
+    grew.step(0, 0.7)
+    grew.step(15, 0.7)
+    before = grew.sample
+    assert before is not None
+    grew.step(40, 1.1, end="Complete")
+    after = grew.sample
+    assert after is not None and after["revision"] == 1 and not after.get("running")
+    assert after["observedBytes"] == int(1.1 * grew.predicted)
+    assert after["replaces"] == {
+        "observedBytes": before["observedBytes"],
+        "predictedBytes": before["predictedBytes"],
+        "time": before["time"],
+    }
+    assert learned.sample_id(grew.job) == "uid-b/1"
+
+    died = Running("c")
+    died.step(0, 0.7)
+    died.step(15, 0.7)
+    died.step(40, 0.7, end="Failed", oom=True)
+    assert died.sample is not None and died.sample["kind"] == "OutOfMemory"
+    assert died.sample["revision"] == 1
+
+
+def test_an_ended_jobs_sample_replaces_its_running_one_in_every_key_that_counted_it() -> None:
+    """A job counted once: its end's sample takes the running one's place (same samples, the
+    ratio moved), filed once across restarts; a key rebuilt after the end counts it once."""
+    job = Running("a")
+    job.step(0, 0.6)
+    job.step(15, 0.6)
+    running_job = copy.deepcopy(job.job)
+    objects = learn([running_job])
+    job.step(40, 1.2, end="Complete")
+    revised = learn([job.job], list(objects.values()))
+    rebuilt = learn([job.job])
+    for name, obj in revised.items():
+        status = obj["status"]
+        assert status["samples"] == 1, name
+        assert status["countedUIDs"] == ["uid-a", "uid-a/1"]
+        assert float(status["p95Ratio"]) >= 1.2 > float(objects[name]["status"]["p95Ratio"])
+        assert (
+            status["histogram"]["bucketWeights"]
+            == (rebuilt[name]["status"]["histogram"]["bucketWeights"])
+        ), "the running sample's weight taken out exactly"
+    again = learned.file_samples(
+        learned.key_states(revised.values(), SETTINGS),
+        learned.samples_of([job.job]),
+        SETTINGS,
+    )
+    assert again == {}, "filed once"
+
+
+def test_steady_seconds_zero_teaches_only_at_the_end() -> None:
+    settings = LearningSettings(steady_seconds=0)
+    job = Running("a")
+    job.step(0, 0.7)
+    assert (
+        learned.running_sample(
+            job.job["status"],
+            _key(job.job),
+            int(0.7 * job.predicted),
+            NOW + timedelta(days=1),
+            settings,
+        )
+        is None
+    )
+
+
+def _key(job: Mapping[str, Any]) -> JobKey:
+    return learned.job_key(job, job["status"].get("estimate") or {})
 
 
 # -- filing samples ---------------------------------------------------------------------------

@@ -951,7 +951,7 @@ def test_plan_and_the_operator_share_the_admission_settings(
     assert names == {"gpu_mode", "queueing", "headroom", "headroom_percent",
                      "heartbeat_ttl_seconds", "raw_priority_namespaces", "learning_policy",
                      "learning_min_samples", "learning_percentile", "learning_margin_percent",
-                     "learning_half_life_seconds"}  # fmt: skip
+                     "learning_half_life_seconds", "learning_steady_seconds"}  # fmt: skip
     assert names <= set(operator.OperatorSettings.model_fields)
     assert [plan_command.ADMISSION.flag(n) for n in names] == [
         operator.LOADER.flag(n) for n in names

@@ -105,3 +105,16 @@ def test_samples_added_in_any_order_give_the_same_histogram() -> None:
     assert forward.weights.keys() == backward.weights.keys()
     for bucket, weight in forward.weights.items():
         assert backward.weights[bucket] == pytest.approx(weight)
+
+
+def test_removing_a_sample_takes_off_exactly_the_weight_adding_it_put_on() -> None:
+    """A job's end replaces its running sample: what remains is what the other samples made,
+    at any age of the one removed; one whose weight decayed away takes nothing."""
+    t0 = datetime(2025, 3, 1, 12, tzinfo=UTC)
+    others = DecayingHistogram().add(0.8, t0).add(1.1, t0 + timedelta(days=3))
+    with_it = others.add(0.6, t0 + timedelta(days=5)).add(0.8, t0 + timedelta(days=6))
+    without = with_it.remove(0.6, t0 + timedelta(days=5)).remove(0.8, t0 + timedelta(days=6))
+    assert without.samples == others.samples
+    assert without.weights.keys() == others.weights.keys()
+    assert all(without.weights[b] == pytest.approx(w, rel=1e-12) for b, w in others.weights.items())
+    assert DecayingHistogram().remove(0.6, t0) == DecayingHistogram()

@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "learning_percentile": ("90", 90, 90),
     "learning_margin_percent": ("10", 10, 10),
     "learning_half_life_seconds": ("3600", 3600, 3600),
+    "learning_steady_seconds": ("60", 60, 60),
     "trace_workers": ("3", 3, 3),
     "resync_seconds": ("3", 3, 3.0),
     "leader_election": ("false", False, False),
@@ -87,7 +88,7 @@ def test_the_config_keys_are_the_contracts() -> None:
         "certHosts certSecretName configmapRetrySeconds gpuMode queueing headroom "
         "headroomPercent heartbeatTtlSeconds rawPriorityNamespaces traceWorkers resyncSeconds "
         "learningPolicy learningMinSamples learningPercentile learningMarginPercent "
-        "learningHalfLifeSeconds "
+        "learningHalfLifeSeconds learningSteadySeconds "
         "leaderElection "
         "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel"
