@@ -604,7 +604,10 @@ def _observe(
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
     before = draft.current.get("observed")
-    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks)):
+    # A running job's peaks written before `peakSince` existed get it now, once: the wait
+    # for a steady peak starts here.
+    dated = not running or not written or observed.steady_since(before) is not None
+    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks) or not dated):
         draft.status["observed"] = observed.status(
             peaks, observed.peak_since(before, peaks, inp.now)
         )

@@ -10,11 +10,11 @@ corrections and the key objects to write out. Pure: the scheduler hands in what 
 * Running, with its highest peak not grown past the write threshold for
   `LearningSettings.steady_seconds` (`status.observed.peakSince`): a Steady sample marked
   `running` (`running_sample`). The first optimizer step, which allocates the optimizer
-  states, comes minutes into a run at most, so a peak steady for longer is the step's; a job
-  whose peak grows after all (an evaluation pass, a longer batch) or that then dies of GPU
-  OOM files its end's sample **in place of** the running one (`revised`: revision 1, counted
-  as `<uid>/1`, and `replaces` names the running sample, which the leader takes out of the
-  keys that counted it), so no job weighs twice.
+  states, comes minutes into a run at most, so a peak steady for longer is the step's. The
+  job's end files its sample **in place of** the running one (`revised`: revision 1, counted
+  as `<uid>/1`, and `replaces` names the running sample, which the leader takes out of each
+  key the new one is filed under), so no job weighs twice and the end has the last word (a
+  peak that grew in an evaluation pass, a GPU OOM after all).
 * Failed with reason `GPUOutOfMemory` (`controller.workload.state`: a trainer container's
   termination message or log tail names `CUDA out of memory` / `OutOfMemoryError`): an
   **OutOfMemory** sample, `controller.learning.record_oom`'s need (the larger of what it was
@@ -318,13 +318,11 @@ def running_sample(
 
 
 def revised(prior: Mapping[str, Any], taught: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The end's sample `taught` in place of the running sample `prior`, or None where it
-    stands: the job died of GPU OOM after all, or its peak grew past the write threshold."""
+    """The end's sample `taught` in place of the running sample `prior` (None where the end
+    teaches nothing, or `prior` is no running sample): the end knows the whole run (a peak
+    that grew after, a GPU OOM after all, a run resumed as another kind), and a job that
+    succeeded clears its key's OOM raise, which a running sample does not."""
     if taught is None or not prior.get("running") or prior.get("revision"):
-        return None
-    if taught["kind"] == STEADY and not observed.grew(
-        int(prior.get("observedBytes") or 0), int(taught["observedBytes"])
-    ):
         return None
     replaces = {
         "observedBytes": int(prior.get("observedBytes") or 0),
@@ -373,6 +371,8 @@ class Sample:
     at: datetime
     #: The running sample this one replaces: (its id, observed, predicted, time).
     replaces: tuple[str, int, int, datetime] | None = None
+    #: Taken while the job ran: it does not clear its key's OOM raise (the job may still die).
+    running: bool = False
 
 
 def sample_id(job: Mapping[str, Any]) -> str:
@@ -411,6 +411,7 @@ def samples_of(jobs: Iterable[Mapping[str, Any]]) -> list[Sample]:
                     int(data.get("reservedBytes") or 0),
                     _required_time(data["time"]),
                     replaces,
+                    data.get("running") is True,
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -442,24 +443,22 @@ def file_samples(
             counted[name] = set(state.counted) if state is not None else set()
         return uid in counted[name]
 
+    def holds(name: str, replaced: tuple[str, int, int, datetime]) -> bool:
+        """Whether the key's histogram holds the replaced sample: counted, and not before a
+        reset (a reset's `countedThrough` marks samples left out, not kept)."""
+        uid, _, predicted, at = replaced
+        state = states.get(name)
+        if predicted <= 0 or (
+            state is not None and state.reset_at is not None and at <= state.reset_at
+        ):
+            return False
+        return is_counted(name, uid, at)
+
     for s in found:
         times[s.uid] = s.at
         todo = [rung for rung in s.key.ladder() if not is_counted(rung.name, s.uid, s.at)]
         if not todo or s.predicted_bytes <= 0:
             continue
-        if s.replaces is not None:  # the running sample out of the keys that counted it
-            old_uid, old_observed, old_predicted, old_at = s.replaces
-            for rung in todo:
-                kept = records.get(rung.name)
-                if (
-                    kept is not None
-                    and old_predicted > 0
-                    and is_counted(rung.name, old_uid, old_at)
-                ):
-                    ratio = old_observed / old_predicted
-                    records[rung.name] = replace(
-                        kept, histogram=kept.histogram.remove(ratio, old_at)
-                    )
         try:
             if s.kind == OUT_OF_MEMORY:
                 had = max(s.reserved_bytes, 1)
@@ -468,7 +467,13 @@ def file_samples(
                 )
             elif s.observed_bytes > 0:
                 filed = record_steady(
-                    records, s.key, s.observed_bytes, s.predicted_bytes, s.at, settings
+                    records,
+                    s.key,
+                    s.observed_bytes,
+                    s.predicted_bytes,
+                    s.at,
+                    settings,
+                    clears_oom=not s.running,
                 )
             else:
                 continue
@@ -477,7 +482,15 @@ def file_samples(
         for rung in [r for r in todo if r.name in filed]:  # an OOM files its own key only
             kept = records.get(rung.name)
             pinned = kept.pinned_percent if kept is not None else None
-            records[rung.name] = replace(filed[rung.name], pinned_percent=pinned)
+            record = replace(filed[rung.name], pinned_percent=pinned)
+            if s.replaces is not None and holds(rung.name, s.replaces):
+                # The running sample this one replaces, out of the key: only where the new
+                # one is filed (and counted), so it is taken out once.
+                old_uid, old_observed, old_predicted, old_at = s.replaces
+                times.setdefault(old_uid, old_at)
+                removed = record.histogram.remove(old_observed / old_predicted, old_at)
+                record = replace(record, histogram=removed)
+            records[rung.name] = record
             counted[rung.name].add(s.uid)
             added.setdefault(rung.name, []).append(s.uid)
     out = {}
@@ -523,16 +536,17 @@ def key_object(
     return obj, key_status(state, settings, now)
 
 
-def key_patch(
-    before: KeyState | None, state: KeyState, settings: LearningSettings, now: datetime
-) -> dict[str, Any]:
-    """`key_status` as the merge patch over the status `before` was read from: a bucket that
-    lost all its weight (a replaced sample taken out, a decayed one dropped) written null, so
-    the API server deletes it rather than keeping its old weight."""
+def key_patch(state: KeyState, settings: LearningSettings, now: datetime) -> dict[str, Any]:
+    """`key_status` as a merge patch: every bucket of the scale that holds no weight now is
+    written null, so the API server drops what the stored status had there (a replaced
+    sample taken out, a decayed one dropped, a reset's old samples, which the state was read
+    back without)."""
     status = key_status(state, settings, now)
-    if before is not None:
-        gone = before.record.histogram.weights.keys() - state.record.histogram.weights.keys()
-        status["histogram"]["bucketWeights"].update({str(b): None for b in sorted(gone)})
+    histogram = state.record.histogram
+    weights = status["histogram"]["bucketWeights"]
+    for bucket in range(histogram.scale.buckets):
+        if bucket not in histogram.weights:
+            weights[str(bucket)] = None
     return status
 
 

@@ -527,7 +527,7 @@ class LearnedSample(ApiModel):
     running: bool = Field(
         False,
         description="running is true for a sample taken while the job ran (its peak steady): "
-        "its end replaces it if the peak grew after, or the job died of GPU OOM.",
+        "the sample of its end replaces it.",
     )
     revision: int = Field(
         0,

@@ -206,12 +206,13 @@ def calibration() -> dict[str, Any]:
     return data
 
 
-def _fit_of(shape: ModelShape) -> str:
+def _fit_of(shape: ModelShape, settings: TrainingSettings) -> str:
     """The fitted family that prices `shape`: `family_of` its type for a hand-read family,
-    the closest fitted structure for one read generically (`model.generic.GENERIC_FITS`)."""
+    the closest fitted structure for one read generically (`model.generic.GENERIC_FITS`,
+    which looks at whether the job's adapters reach an MoE's expert stacks)."""
     if shape.model_type in FAMILIES:
         return family_of(shape.model_type)
-    return generic_fit(shape)
+    return generic_fit(shape, settings.targets if settings.is_adapter else None)
 
 
 def family_of(model_type: str) -> str:
@@ -503,7 +504,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     fsdp_share = allocator_share(settings.method, gc, "fsdp")
     ddp_share = allocator_share(settings.method, gc, "ddp")
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = hybrid or _fit_of(shape)
+    family = hybrid or _fit_of(shape, settings)
     moments = _moments(family, settings.method, gc, attention, "hybrid" if hybrid else "")
     # The decoder layers' gradients the first layer's backward holds, sharded under FSDP:
     # all but two layers' worth (`_holds_layer_gradients`; the hybrid fit's features sum
@@ -768,7 +769,7 @@ def phase_bytes(
     hybrid = _hybrid_family(shape)
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     attention = "eager" if settings.attention is _EAGER else "sdpa"
-    family = hybrid or _fit_of(shape)
+    family = hybrid or _fit_of(shape, settings)
     section = "hybrid" if hybrid else ""
     keys = [m[0] for m in _moments(family, settings.method, gc, attention, section)]
     n = max(gpus, 1)

@@ -95,15 +95,17 @@ def record_steady(
     predicted_bytes: int,
     at: datetime,
     settings: LearningSettings,
+    clears_oom: bool = True,
 ) -> dict[str, KeyRecord]:
     """The records a steady job changes (every key of its ladder), by key name: the caller
-    writes these and keeps the rest. Clears an OOM raise on the job's own key."""
+    writes these and keeps the rest. Clears an OOM raise on the job's own key, unless
+    `clears_oom` is false (a job still running, which may yet run out of memory)."""
     ratio = _ratio(observed_bytes, predicted_bytes)
     changed = {}
     for rung in key.ladder():
         record = _record(records, rung, settings)
         record = replace(record, histogram=record.histogram.add(ratio, at))
-        if rung == key:
+        if rung == key and clears_oom:
             record = replace(record, oom_factor_percent=None)
         changed[rung.name] = record
     return changed

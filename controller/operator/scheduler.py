@@ -481,7 +481,7 @@ class Scheduler:
         async def write(state: learned.KeyState) -> None:
             obj, _ = learned.key_object(state, settings, now)
             name = obj["metadata"]["name"]
-            status = learned.key_patch(keys.get(state.key.name), state, settings, now)
+            status = learned.key_patch(state, settings, now)
             version = state.resource_version
             try:
                 if not state.exists:

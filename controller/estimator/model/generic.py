@@ -60,10 +60,11 @@ from controller.estimator.model.shape import (
 #: a dense stack as Llama's (attention + gated MLP); one with routed experts as GPT-OSS's, the
 #: fitted MoE whose expert stacks PEFT leaves alone, as it leaves most generic shapes'
 #: (Qwen3-MoE's fit prices LoRA on the stacks: 14x the traced activations of a 2-layer
-#: Granite-MoE); and one whose stacks PEFT does adapt (OLMoE's: `peft_adapts_stacks`) as
-#: Qwen3-MoE's, whose fit holds the dequantised stacks with their LoRA update folded in at
-#: each layer's backward (OLMoE-1B-7B at 2,048 tokens, allocated level against the trace:
-#: LoRA -4.3 % and QLoRA -8.1 % with GPT-OSS's fit, +0.0 % and +0.2 % with Qwen3-MoE's).
+#: Granite-MoE); and one whose stacks PEFT does adapt (OLMoE's: `peft_adapts_stacks`), under a
+#: LoRA whose targets reach them, as Qwen3-MoE's, whose fit holds the dequantised stacks with
+#: their LoRA update folded in at each layer's backward (OLMoE-1B-7B at 2,048 tokens, the
+#: allocated level against the trace: LoRA -4.3 % and QLoRA -8.1 % with GPT-OSS's fit,
+#: +0.0 % and +0.2 % with Qwen3-MoE's).
 GENERIC_FITS = {"dense": "llama", "moe": "gpt_oss", "moe_adapted_stacks": "qwen3_moe"}
 #: The note every generic shape carries, at the config's path: what read it, how it is priced.
 GENERIC_NOTE = (
@@ -99,9 +100,19 @@ def _fit_kind(experts: int, peft_adapts_stacks: bool) -> str:
     return "moe_adapted_stacks" if peft_adapts_stacks else "moe"
 
 
-def generic_fit(shape: ModelShape) -> str:
-    """The calibrated fit a generic shape is priced with (`GENERIC_FITS`)."""
-    return GENERIC_FITS[_fit_kind(shape.dims.num_experts, shape.peft_adapts_stacks)]
+def generic_fit(shape: ModelShape, targets: tuple[str, ...] | None = None) -> str:
+    """The calibrated fit a generic shape is priced with (`GENERIC_FITS`). `targets`, a
+    LoRA job's (canonical) modules: its stacks are adapted only where they reach them
+    (`all-linear`, or an expert linear by name); None for a job with no adapters."""
+    experts = shape.dims.num_experts
+    if experts <= 1 or not shape.peft_adapts_stacks or targets is None:
+        return GENERIC_FITS[_fit_kind(experts, False)]
+    reached = "all-linear" in targets or any(
+        lin.expert and lin.name in targets
+        for layer, _ in shape.layer_counts
+        for lin in layer.linears
+    )
+    return GENERIC_FITS[_fit_kind(experts, reached)]
 
 
 def unpriced_mixer(kind: LayerKind) -> str | None:
@@ -314,7 +325,10 @@ def generic_layout(inventory: ModelInventory) -> GenericLayout | None:
         "moe_latent_size": None,
     }
     adapts_stacks = any(stack.adapted for kind in inv.kinds for stack in kind.experts)
-    fit = GENERIC_FITS[_fit_kind(experts, adapts_stacks)]
+    fit = GENERIC_FITS[_fit_kind(experts, False)]
+    if experts > 1 and adapts_stacks:  # `generic_fit`: by the job's targets
+        adapted = GENERIC_FITS["moe_adapted_stacks"]
+        fit = f"{adapted} fit where a LoRA reaches its expert stacks, else the {fit}"
     counts = count_layers(layers)
     frozen_params = inv.vision_params - sum(lin.params for lin in frozen)
     final_norm_params = max(rest, 0)

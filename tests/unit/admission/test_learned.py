@@ -102,7 +102,7 @@ def learn(
     for state in changed.values():
         obj, _ = learned.key_object(state, settings, NOW)
         name = obj["metadata"]["name"]
-        status = learned.key_patch(states.get(state.key.name), state, settings, NOW)
+        status = learned.key_patch(state, settings, NOW)
         before = out.get(name, obj)
         version = int(before["metadata"].get("resourceVersion") or 0) + 1
         out[name] = {**before, "metadata": {**obj["metadata"], "resourceVersion": str(version)},
@@ -227,14 +227,7 @@ def test_a_peak_that_grows_while_the_job_runs_starts_the_wait_again() -> None:
     assert job.step(25, 0.82)["learnedSample"]["observedBytes"] == int(0.82 * job.predicted)
 
 
-def test_a_running_sample_stands_at_the_end_unless_the_peak_grew_or_the_job_died_of_oom() -> None:
-    same = Running("a")
-    same.step(0, 0.7)
-    same.step(15, 0.7)
-    first = same.sample
-    same.step(40, 0.72, end="Complete")  # within the write threshold
-    assert same.sample == first and learned.sample_id(same.job) == "uid-a"
-
+def test_the_end_files_in_place_of_the_running_sample() -> None:
     grew = Running("b")
     grew.step(0, 0.7)
     grew.step(15, 0.7)
@@ -242,7 +235,7 @@ def test_a_running_sample_stands_at_the_end_unless_the_peak_grew_or_the_job_died
     assert before is not None
     grew.step(40, 1.1, end="Complete")
     after = grew.sample
-    assert after is not None and after["revision"] == 1 and not after.get("running")
+    assert after is not None and after["revision"] == 1 and after["running"] is False
     assert after["observedBytes"] == int(1.1 * grew.predicted)
     assert after["replaces"] == {
         "observedBytes": before["observedBytes"],
@@ -250,6 +243,8 @@ def test_a_running_sample_stands_at_the_end_unless_the_peak_grew_or_the_job_died
         "time": before["time"],
     }
     assert learned.sample_id(grew.job) == "uid-b/1"
+    grew.step(50, 1.1, end="Complete")
+    assert grew.sample == after, "revised once"
 
     died = Running("c")
     died.step(0, 0.7)
@@ -285,6 +280,70 @@ def test_an_ended_jobs_sample_replaces_its_running_one_in_every_key_that_counted
         SETTINGS,
     )
     assert again == {}, "filed once"
+
+
+def revised_pair(name: str, end_used: float, oom: bool = False) -> tuple[Any, Any]:
+    """Job `name` as the API holds it after its running sample (0.6 x), and after its end."""
+    job = Running(name)
+    job.step(0, 0.6)
+    job.step(15, 0.6)
+    before = copy.deepcopy(job.job)
+    job.step(40, end_used, end="Failed" if oom else "Complete", oom=oom)
+    return before, job.job
+
+
+def test_an_oom_after_a_running_sample_is_taken_out_once_and_only_from_its_own_key() -> None:
+    """The OOM files under the job's own key alone: the running sample leaves that key once,
+    however often the leader files again (beside other jobs' samples), and stays in the
+    coarser keys, which the OOM's bound does not reach."""
+    before, died = revised_pair("a", 0.6, oom=True)
+    objects = learn([before])
+    other = with_uid(ended("b", 0.8), "uid-b")
+    once = learn([died], list(objects.values()))
+    twice = learn([died, other], list(once.values()))
+    finest = object_name(JobKey.parse(died["status"]["learnedSample"]["key"]))
+    assert once[finest]["status"]["samples"] == 1, "the OOM's sample in the running one's place"
+    for name, obj in twice.items():
+        if name == finest:
+            continue
+        assert obj["status"]["samples"] == 2, "the running sample and b's: nothing drained"
+
+
+def test_a_reset_between_the_running_sample_and_the_end_takes_nothing_out() -> None:
+    before, after = revised_pair("a", 1.2)
+    objects = learn([before])
+    finest = object_name(JobKey.parse(before["status"]["learnedSample"]["key"]))
+    objects[finest]["spec"]["resetAt"] = "2025-03-01T12:20:00Z"  # after the running sample
+    other = with_uid(ended("b", 0.8), "uid-b")
+    other["status"]["learnedSample"]["time"] = "2025-03-01T12:30:00Z"
+    status = learn([other, after], list(objects.values()))[finest]["status"]
+    assert status["samples"] == 2, "b's and a's end: the running one was already forgotten"
+    assert len(status["histogram"]["bucketWeights"]) == 2, "the reset's bucket is gone"
+
+
+def test_a_running_sample_does_not_clear_its_keys_oom_raise() -> None:
+    objects = learn([ended("dead", 0.9, failed=True)])
+    job = Running("a")
+    job.step(0, 0.6)
+    job.step(15, 0.6)
+    assert job.sample is not None and job.sample["running"] is True
+    finest = object_name(JobKey.parse(job.sample["key"]))
+    raised = objects[finest]["status"]["oomFactorPercent"]
+    assert (
+        raised
+        and learn([job.job], list(objects.values()))[finest]["status"]["oomFactorPercent"] == raised
+    ), "it may still die"
+    job.step(40, 0.6, end="Complete")
+    ended_status = learn([job.job], list(objects.values()))[finest]["status"]
+    assert ended_status.get("oomFactorPercent") is None, "its success clears it"
+
+
+def test_peaks_written_before_peak_since_existed_get_it_once() -> None:
+    job = Running("a")
+    job.step(0, 0.6)
+    del job.job["status"]["observed"]["peakSince"]  # as an older operator wrote it
+    assert job.step(5, 0.6)["observed"]["peakSince"] == "2025-03-01T12:05:00Z"
+    assert job.step(6, 0.6) == {}
 
 
 def test_steady_seconds_zero_teaches_only_at_the_end() -> None:

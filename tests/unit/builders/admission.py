@@ -191,8 +191,9 @@ def merge(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
+        elif isinstance(value, Mapping):  # nulls inside a new object are dropped too
+            before = out.get(key)
+            out[key] = merge(before if isinstance(before, Mapping) else {}, value)
         else:
             out[key] = copy.deepcopy(value)
     return out

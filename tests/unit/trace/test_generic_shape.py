@@ -404,5 +404,7 @@ def test_a_generic_moe_is_priced_by_whether_peft_adapts_its_stacks(
     shape = read_shape(_config(model_type, hidden_size=64, intermediate_size=32, vocab_size=128))
     assert shape.dims.num_experts > 1
     assert shape.peft_adapts_stacks is (fit == "qwen3_moe")
-    assert generic_fit(shape) == fit
+    assert generic_fit(shape, ("all-linear",)) == fit
+    assert generic_fit(shape, ("q_proj", "v_proj")) == "gpt_oss", "no adapter on the stacks"
+    assert generic_fit(shape) == "gpt_oss", "full fine-tuning adapts nothing"
     assert any(f"the {fit} fit" in note for _, note in shape.config_warnings)
