@@ -689,13 +689,17 @@ class Scheduler:
         queued), for the job `waiter` (key, uid, generation), and keep what it found."""
         self._waiting.setdefault(todo.digest, set()).add(waiter)
         running = self._traces.get(todo.digest)
-        if running is None:
+        # A trace that has finished but whose callback has not run yet (it runs on the loop's
+        # next turn) is not joined: a skipped one would raise at once, and asking again
+        # before the loop turns would find it again, without end.
+        if running is None or running.done():
             loop = asyncio.get_running_loop()
             running = loop.run_in_executor(self._tracer, self._trace_now, todo)
 
-            def done(_: object) -> None:
-                self._traces.pop(todo.digest, None)
-                self._waiting.pop(todo.digest, None)
+            def done(finished: object) -> None:
+                if self._traces.get(todo.digest) is finished:  # not a newer trace's
+                    del self._traces[todo.digest]
+                    self._waiting.pop(todo.digest, None)
 
             self._traces[todo.digest] = running
             running.add_done_callback(done)

@@ -527,3 +527,25 @@ def test_a_calibrated_job_handed_to_the_trace_reads_its_kept_trace_back(
         asyncio.run(restarted.close())
     assert len(trace.threads) == 1, "read back, not traced again"
     assert again.estimate == TRACED and counted(restarted, "trace", "status") == 1
+
+
+def test_a_finished_trace_whose_callback_has_not_run_is_not_joined_again(
+    sched: Scheduler, trace: FakeTrace
+) -> None:
+    """A skipped trace (`_Unwanted`) finished, its done callback not run yet (it runs on the
+    loop's next turn), when a job still wanting it asks: it gets a trace of its own, where it
+    once asked again and again without the loop turning (a RecursionError)."""
+    body = job(TRACE, "j")
+    todo = sched._estimate_now(body)
+    assert isinstance(todo, scheduler._ToTrace)
+
+    async def go() -> Estimated:
+        stale = asyncio.get_running_loop().create_future()
+        stale.set_exception(scheduler._Unwanted(todo.digest))
+        sched._traces[todo.digest] = stale
+        sched._current["ns/j"] = ("u-j", 1)
+        return await sched._traced(todo, ("ns/j", "u-j", 1))
+
+    found = asyncio.run(go())
+    assert found.estimate == TRACED and trace.threads == ["vramgate-trace_0"]
+    assert todo.digest not in sched._traces, "the new trace's callback cleaned up after it"
