@@ -604,14 +604,18 @@ def _observe(
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
     before = draft.current.get("observed")
-    # A running job's peaks written before `peakSince` existed get it now, once: the wait
-    # for a steady peak starts here.
-    dated = not running or not written or observed.steady_since(before) is not None
-    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks) or not dated):
+
+    def write_observed() -> None:
         draft.status["observed"] = observed.status(
             peaks, observed.peak_since(before, peaks, inp.now)
         )
         draft.urgent = True
+
+    # A running job's peaks written before `peakSince` existed get it now, once: the wait
+    # for a steady peak starts here.
+    dated = not running or not written or observed.steady_since(before) is not None
+    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks) or not dated):
+        write_observed()
     elif running and peaks and ended is None:
         taught = learned.running_sample(
             draft.status,
@@ -622,10 +626,7 @@ def _observe(
         )
         if taught is not None:
             draft.status["learnedSample"] = taught
-            draft.status["observed"] = observed.status(
-                peaks, observed.peak_since(before, peaks, inp.now)
-            )
-            draft.urgent = True
+            write_observed()
     if ended is not None:
         status = draft.status
         taught = learned.sample(
@@ -635,7 +636,7 @@ def _observe(
             observed.highest(peaks.values()),
             inp.now,
         )
-        if taught is not None:  # a running sample stands unless the end revises it
+        if taught is not None:  # in place of a running sample (`learned.revised`)
             status["learnedSample"] = taught
         draft.recorded = Recorded(
             finished=ended,

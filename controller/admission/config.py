@@ -141,7 +141,7 @@ class AdmissionConfig(BaseModel):
         ge=0,
         le=MAX_SECONDS,
         description="a running job whose observed peak has not grown for this long teaches "
-        "at once (its end files again, in its place, if the peak grew after); 15 minutes, "
+        "at once (its end's sample then takes that one's place); 15 minutes, "
         "well past the first optimizer step, which allocates the optimizer states. 0: only "
         "a job's end teaches.",
     )

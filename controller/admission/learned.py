@@ -291,7 +291,8 @@ def sample(
 ) -> dict[str, Any] | None:
     """`status.learnedSample` of a job that ended with the condition reason `ended` (module
     docstring), or None where it teaches nothing. Where a sample was filed while the job ran,
-    the end's sample takes its place only if it says more (`revised`); else that one stands."""
+    the end's sample takes its place (`revised`); where the end teaches nothing, that one
+    stands."""
     taught = _sample(job_status, ended, key, peak_bytes, now)
     prior = job_status.get("learnedSample")
     if not isinstance(prior, Mapping):

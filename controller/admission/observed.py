@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from controller.admission.cluster import parse_time
 from controller.api.finetunejob import ObservedGpu, ObservedStatus
 from controller.base.units import MIB, format_gib
 from controller.estimator import SpecError, load_preset
 from controller.jobs.spec import config_map_ref
-from controller.learning.histogram import parse_time
 
 #: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:
 #: 256 MiB is below any estimate's resolution worth reading, 5 % keeps a 70 GiB job's writes
@@ -116,10 +116,7 @@ def due(written: Peaks, peaks: Peaks) -> bool:
     a peak that grew by more than the larger of GROWTH_BYTES and GROWTH_PERCENT."""
     for uuid, peak in peaks.items():
         before = written.get(uuid)
-        if before is None:
-            return True
-        step = max(GROWTH_BYTES, before.peak_bytes * GROWTH_PERCENT // 100)
-        if peak.peak_bytes - before.peak_bytes > step:
+        if before is None or grew(before.peak_bytes, peak.peak_bytes):
             return True
     return False
 
@@ -152,14 +149,11 @@ def steady_since(observed: object) -> datetime | None:
 
 
 def _time(value: object) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str) or not value:
-        return None
     try:
-        return parse_time(value)
-    except ValueError:
+        at = parse_time(value)
+    except ValueError:  # edited by hand into nonsense: the wait starts again
         return None
+    return at if at is None or at.tzinfo is not None else None  # no zone: not comparable
 
 
 def status(peaks: Peaks, since: datetime | None = None) -> dict[str, Any]:

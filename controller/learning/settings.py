@@ -39,8 +39,8 @@ class LearningSettings:
     * `steady_seconds` 900: a running job whose observed peak has not grown for 15 minutes
       is past its first optimizer steps (the step that allocates the optimizer states comes
       within a few minutes of the first batch), so it teaches while it runs rather than only
-      when it ends; its end files again, in its place, if the peak grew after. 0: only a
-      job's end teaches.
+      when it ends; its end's sample then takes that one's place. 0: only a job's end
+      teaches.
     * `oom_bump_percent` 120 and `oom_min_bump_bytes` 100 MiB: VPA's OOM rule
       (`recommender/model/aggregations_config.go`, `DefaultOOMBumpUpRatio = 1.2`,
       `DefaultOOMMinBumpUp = 100 * 1024 * 1024`; applied in `model/container.go`,
