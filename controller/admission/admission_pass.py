@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.admission import learned, observed
+from controller.admission import kueue, learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import (
     ClusterObjects,
@@ -126,6 +126,8 @@ class PassInput:
     #: and how it corrects a waiting job's per-GPU figure.
     learned: Mapping[str, KeyRecord] = field(default_factory=dict)
     learning: LearningSettings = field(default_factory=LearningSettings)
+    #: How long Kueue waits before it asks again about a Workload that waits for memory.
+    kueue_retry_seconds: int = kueue.DEFAULT_RETRY_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,8 @@ class PassOutput:
     decisions: list[Decision] = field(default_factory=list)
     #: Every admitted, unfinished job's peaks now, by job uid: the next pass's `peaks`.
     peaks: dict[str, observed.Peaks] = field(default_factory=dict)
+    #: The answers to Kueue's AdmissionChecks (`kueue.py`): Workloads decided this pass.
+    checks: list[kueue.CheckWrite] = field(default_factory=list)
 
 
 def admission_pass(inp: PassInput) -> PassOutput:
@@ -265,8 +269,16 @@ def admission_pass(inp: PassInput) -> PassOutput:
             template_less.add(key)
         requests.append(request)
 
+    checked = _check_requests(inp, view, out)
+    requests.extend(request for _, request in checked.values())
     for decision in plan_on(view, requests, inp.settings, inp.now, template_less):
-        if decision.reason == cond.REASON_NO_TEMPLATE:
+        if decision.job in checked:
+            workload, check = checked[decision.job][0], _our_check(inp, checked[decision.job][0])
+            out.checks.append(
+                kueue.check_state(workload, check, decision, inp.now, inp.kueue_retry_seconds)
+            )
+            out.decisions.append(decision)
+        elif decision.reason == cond.REASON_NO_TEMPLATE:
             _no_template(inp, drafts[decision.job], decision)
             out.decisions.append(decision)
         else:
@@ -280,6 +292,55 @@ def admission_pass(inp: PassInput) -> PassOutput:
     # shown promised twice, and a stale admission fails before the other writes.
     out.writes.sort(key=lambda w: (not w.releases, w.resource_version is None))
     return out
+
+
+# -- Kueue's Workloads whose vramgate check is pending (`kueue.py`) -------------------------
+
+
+def _our_check(inp: PassInput, workload: Mapping[str, Any]) -> str:
+    entry = kueue.check_of(workload, inp.objects.kueue_checks)
+    return str((entry or {}).get("name"))
+
+
+def _check_requests(
+    inp: PassInput, view: ClusterView, out: PassOutput
+) -> dict[str, tuple[Mapping[str, Any], JobRequest]]:
+    """The Workloads to decide, each as a request; those that cannot be estimated are
+    answered here (Rejected, or Retry while a ConfigMap is missing); those being estimated
+    wait, Pending."""
+    found: dict[str, tuple[Mapping[str, Any], JobRequest]] = {}
+    checks = inp.objects.kueue_checks
+    for key, workload in inp.objects.kueue_workloads.items():
+        if not kueue.to_decide(workload, checks):
+            continue
+        check = _our_check(inp, workload)
+        try:
+            job = kueue.check_job(workload)
+        except kueue.CheckProblem as problem:
+            out.checks.append(kueue.problem_state(workload, check, str(problem), inp.now))
+            continue
+        estimated = inp.estimates.get(key)
+        if estimated is None or estimated.generation != _generation(job):
+            continue
+        if estimated.failure is not None:
+            failure = estimated.failure
+            write = kueue.problem_state(workload, check, failure.message, inp.now, failure.reason)
+            if failure.retry_s is None:
+                out.checks.append(write)
+            else:
+                entry = {**write.entry, "state": kueue.RETRY}
+                entry["requeueAfterSeconds"] = max(1, int(failure.retry_s))
+                out.checks.append(replace(write, entry=entry, event=None))
+            continue
+        if estimated.plan is None or estimated.estimate is None:
+            continue  # being traced: Kueue waits while the check is Pending
+        plan, est = estimated.plan, estimated.estimate
+        corrected = _correction(inp, job, plan, est, plan.gpus, view)
+        est = replace(est, correction_percent=corrected.factor_percent)
+        ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
+        request = replace(job_request(job, plan, est, ranked_by), key=key)
+        found[key] = (workload, request)
+    return found
 
 
 # -- the status a pass builds for one job ---------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from controller.admission import kueue
 from controller.admission.compact import CompactProblem, compact_nodes
 from controller.admission.dump_checks import object_problem
 from controller.admission.priority import Priorities
@@ -80,6 +81,10 @@ class ClusterObjects:
     origin: dict[str, str] = field(default_factory=dict)
     #: LearnedCorrections by name: what admission learned, which corrects the jobs' figures.
     learned: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Kueue Workloads by `kueue.workload_key`, and the names of the AdmissionChecks vramgate
+    #: answers: a Workload whose check is Ready holds GPUs in the same ledger (`kueue.py`).
+    kueue_workloads: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    kueue_checks: frozenset[str] = frozenset()
 
     def add(self, obj: Mapping[str, Any], where: str) -> None:
         """One object (a `List` adds its items); unknown kinds are ignored."""
@@ -392,6 +397,13 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
         held = reservation(job, by_job.get(job_key(job), []))
         if held is not None:
             reservations.append(held)
+    if objects.kueue_checks:
+        by_workload = kueue.pods_of(live)
+        for workload in objects.kueue_workloads.values():
+            uid = str((workload.get("metadata") or {}).get("uid"))
+            hold = kueue.reservation(workload, objects.kueue_checks, by_workload.get(uid, []))
+            if hold is not None:
+                reservations.append(hold)
     measured = {node.name for node in nodes}
     for node in objects.compact:
         if node.name in measured:

@@ -32,6 +32,13 @@ REQUEST_TIMEOUT_S = (10.0, 60.0)
 DRY_RUN_TIMEOUT_S = (2.0, 2.5)
 
 
+#: Kueue's API, whose AdmissionChecks vramgate answers (`controller.admission.kueue`).
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+#: The field manager of vramgate's entries in Kueue's objects (server-side apply).
+CHECK_MANAGER = "vramgate-check"
+APPLY = "application/apply-patch+yaml"
+
+
 class Conflict(Exception):
     """409: the object's resourceVersion moved on, or it already exists."""
 
@@ -271,6 +278,43 @@ class Kube:
         body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
         path = f"/apis/{GROUP}/{VERSION}/{LEARNED_PLURAL}/{name}/status"
         return dict(self._call("PATCH", path, body))
+
+    def apply_check(
+        self,
+        namespace: str,
+        name: str,
+        entry: Mapping[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any]:
+        """Server-side apply one entry of a Kueue Workload's status.admissionChecks (a list
+        keyed by name), as `CHECK_MANAGER`: the other checks' entries are not touched. With
+        `resource_version`, only if the Workload is still at that version (409 otherwise: a
+        decision made on a stale snapshot is made again)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "Workload",
+            "metadata": meta,
+            "status": {"admissionChecks": [dict(entry)]},
+        }
+        path = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/workloads/{name}/status"
+        query = [("fieldManager", CHECK_MANAGER), ("force", "true")]
+        return dict(self._call("PATCH", path, body, query, content=APPLY))
+
+    def apply_check_condition(self, name: str, condition: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply one condition of an AdmissionCheck's status (`Active`, which
+        Kueue reads before it uses the check), as `CHECK_MANAGER`."""
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "status": {"conditions": [dict(condition)]},
+        }
+        path = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/admissionchecks/{name}/status"
+        query = [("fieldManager", CHECK_MANAGER), ("force", "true")]
+        return dict(self._call("PATCH", path, body, query, content=APPLY))
 
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API

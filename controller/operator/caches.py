@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import kopf
 
+from controller.admission import kueue
 from controller.admission.cluster import (
     SCHEDULING_GROUP,
     ClusterObjects,
@@ -41,7 +42,14 @@ PODS = "vramgate_pods"
 WORKLOADS = "vramgate_workloads"
 PRIORITY_CLASSES = "vramgate_priorityclasses"
 LEARNED = "vramgate_learnedcorrections"
+KUEUE_WORKLOADS = "vramgate_kueue_workloads"
+ADMISSION_CHECKS = "vramgate_admission_checks"
 INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES, LEARNED)
+#: Registered with `kueueAdmissionCheck` only: without Kueue's CRDs there is nothing to watch.
+KUEUE_INDEXES = (KUEUE_WORKLOADS, ADMISSION_CHECKS)
+#: Kueue's Workloads and AdmissionChecks: (group, version, plural).
+KUEUE_WORKLOAD_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "workloads")
+ADMISSION_CHECK_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "admissionchecks")
 #: PriorityClasses: (group, version, plural).
 PRIORITY_CLASS_RESOURCE = (SCHEDULING_GROUP, "v1", "priorityclasses")
 #: batch Jobs vramgate made carry its job label.
@@ -198,6 +206,69 @@ def slim_learned(body: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+_WORKLOAD_META = (
+    "name",
+    "namespace",
+    "uid",
+    "generation",
+    "resourceVersion",
+    "creationTimestamp",
+    "ownerReferences",
+    "deletionTimestamp",
+)
+
+
+def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Kueue Workload as the check reads it: its podSets with only what a decision reads
+    of their templates (GPU requests, node constraints, vramgate's annotation), its active
+    flag, and its status's conditions and admission checks."""
+    spec = body.get("spec") or {}
+
+    def template(pod_set: Mapping[str, Any]) -> dict[str, Any]:
+        tpl = pod_set.get("template") or {}
+        annotations = (tpl.get("metadata") or {}).get("annotations") or {}
+        pod_spec = tpl.get("spec") or {}
+        constraints = ("nodeSelector", "affinity", "tolerations")
+        kept = {k: pod_spec[k] for k in constraints if k in pod_spec}
+        kept["containers"] = [
+            {"name": c.get("name"), "resources": c.get("resources") or {}}
+            for c in pod_spec.get("containers") or []
+        ]
+        meta = {}
+        if kueue.SPEC_ANNOTATION in annotations:
+            meta["annotations"] = {kueue.SPEC_ANNOTATION: annotations[kueue.SPEC_ANNOTATION]}
+        return {"metadata": meta, "spec": kept}
+
+    status = body.get("status") or {}
+    return compact(
+        {
+            "metadata": _meta(body, *_WORKLOAD_META),
+            "spec": {
+                "active": spec.get("active", True),
+                "podSets": [
+                    {"name": p.get("name"), "count": p.get("count"), "template": template(p)}
+                    for p in spec.get("podSets") or []
+                ],
+            },
+            "status": {
+                "conditions": [
+                    {k: c.get(k) for k in ("type", "status", "reason")}
+                    for c in status.get("conditions") or []
+                ],
+                "admissionChecks": list(status.get("admissionChecks") or []),
+            },
+        }
+    )
+
+
+def slim_admission_check(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": _meta(body, "name"),
+        "spec": {"controllerName": (body.get("spec") or {}).get("controllerName")},
+        "status": {"conditions": list((body.get("status") or {}).get("conditions") or [])},
+    }
+
+
 def gpu_or_job_pod(body: kopf.Body, **_: Any) -> bool:
     labels = (body.get("metadata") or {}).get("labels") or {}
     return JOB_LABEL in labels or pod_gpus(body) > 0
@@ -223,8 +294,8 @@ def _owner_uid(body: Mapping[str, Any]) -> str | None:
     return None if ref is None else str(ref.get("uid"))
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """The seven indexes, under the ids `Caches.of` reads them by.
+def register(registry: kopf.OperatorRegistry, with_kueue: bool = False) -> None:
+    """The seven indexes (nine `with_kueue`), under the ids `Caches.of` reads them by.
 
     Coroutines, so kopf calls them on its event loop: a plain function is run in kopf's
     thread pool, two thread hops per watch event for a fraction of a millisecond's work."""
@@ -258,6 +329,17 @@ def register(registry: kopf.OperatorRegistry) -> None:
         by_name(slim_priority_class)
     )
     kopf.index(GROUP, VERSION, LEARNED_PLURAL, id=LEARNED, registry=registry)(by_name(slim_learned))
+    if with_kueue:
+
+        async def kueue_workloads(body: kopf.Body, **_: Any) -> dict[str, Any]:
+            return {kueue.workload_key(body): slim_kueue_workload(body)}
+
+        kopf.index(*KUEUE_WORKLOAD_RESOURCE, id=KUEUE_WORKLOADS, registry=registry)(
+            cast(Any, kueue_workloads)
+        )
+        kopf.index(*ADMISSION_CHECK_RESOURCE, id=ADMISSION_CHECKS, registry=registry)(
+            by_name(slim_admission_check)
+        )
 
 
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
@@ -276,10 +358,12 @@ class Caches:
     workloads: Mapping[Any, Any]
     priority_classes: Mapping[Any, Any] = field(default_factory=dict)
     learned: Mapping[Any, Any] = field(default_factory=dict)
+    kueue_workloads: Mapping[Any, Any] = field(default_factory=dict)
+    admission_checks: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
-        return cls(*(kwargs[name] for name in INDEXES))
+        return cls(*(kwargs[name] for name in INDEXES), *(kwargs.get(n, {}) for n in KUEUE_INDEXES))
 
     def objects(
         self, jobs: Iterable[Mapping[str, Any]] | None = None
@@ -311,6 +395,11 @@ class Caches:
                 if not meta.get("deletionTimestamp") and _owner_uid(workload) == uid:
                     workloads[key] = workload
         job_pods = pods_by_job(objects.pods, objects.jobs)
+        objects.kueue_checks = kueue.our_checks(_values(self.admission_checks))
+        if objects.kueue_checks:
+            for workload in _values(self.kueue_workloads):
+                if not (workload.get("metadata") or {}).get("deletionTimestamp"):
+                    objects.kueue_workloads[kueue.workload_key(workload)] = workload
         return objects, workloads, job_pods
 
     def learned_objects(self) -> list[Any]:

@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import kopf
 
+from controller.admission import kueue
+from controller.admission.kueue import CONTROLLER
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
@@ -51,7 +53,8 @@ def register(
     loop, the leader election). Returns the webhooks, which the review server answers with
     (`controller.webhook.server`); kopf's registration of them names the paths (the
     configurations are the chart's, or `controller.webhook.registration`'s)."""
-    caches.register(registry)
+    with_kueue = scheduler.options.kueue
+    caches.register(registry, with_kueue=with_kueue)
     #: Object uid (unique across resources) -> digest of what a decision reads of it: a
     #: 20-byte digest per object, of up to 15,000 objects; and of the inventory's GPUNodes
     #: and Nodes, the digest of what the webhook's view reads (`inventory`).
@@ -98,6 +101,21 @@ def register(
     # A pin, a reset or a deletion moves waiting jobs' figures (the leader's own status writes
     # wake it too: a key that learned re-corrects the queue).
     wake_on((GROUP, VERSION, LEARNED_PLURAL), lambda body: [body.get("spec"), body.get("status")])
+
+    if with_kueue:
+        # A Workload's quota reserved, its check set Pending, its end: a decision to make.
+        wake_on(caches.KUEUE_WORKLOAD_RESOURCE, _kueue_workload_relevant)
+        wake_on(caches.ADMISSION_CHECK_RESOURCE, caches.slim_admission_check)
+
+        async def activate(body: kopf.Body, type: str | None, **_: Any) -> None:
+            if type == "DELETED" or (body.get("spec") or {}).get("controllerName") != CONTROLLER:
+                return
+            if not kueue.active(body):
+                await scheduler.activate(str((body.get("metadata") or {}).get("name")))
+
+        kopf.on.event(
+            *caches.ADMISSION_CHECK_RESOURCE, id="activate-admissionchecks", registry=registry
+        )(activate)
 
     tasks: list[asyncio.Task[Any]] = []
 
@@ -171,6 +189,13 @@ def _gpunode_capacity(body: Mapping[str, Any]) -> Any:
 
 def _digest(value: Any) -> bytes:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).digest()
+
+
+def _kueue_workload_relevant(body: Mapping[str, Any]) -> Any:
+    """What a check's decision reads of a Workload: its active flag and its status."""
+    status = body.get("status") or {}
+    return [(body.get("spec") or {}).get("active"), status.get("conditions"),
+            status.get("admissionChecks")]  # fmt: skip
 
 
 def _pod_relevant(body: Mapping[str, Any]) -> Any:

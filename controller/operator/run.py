@@ -194,6 +194,8 @@ def run(options: OperatorOptions) -> int:
             configmap_retry_s=options.configmap_retry_s,
             trace_workers=options.trace_workers,
             namespaces=tuple(options.namespaces),
+            kueue=options.kueue_admission_check,
+            kueue_retry_s=options.kueue_retry_seconds,
         ),
         leader,
         metrics=metrics,

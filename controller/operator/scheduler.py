@@ -64,9 +64,15 @@ from typing import Any, cast
 import kopf
 
 from controller.admission import admission_pass as admission
-from controller.admission import learned, observed
+from controller.admission import kueue, learned, observed
 from controller.admission import status as status_rules
-from controller.admission.cluster import finished, parse_time, reservation, snapshot
+from controller.admission.cluster import (
+    ClusterObjects,
+    finished,
+    parse_time,
+    reservation,
+    snapshot,
+)
 from controller.admission.failures import Failure, failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.admission.traced import NotReadBack, read_back
@@ -86,7 +92,7 @@ from controller.jobs.spec import (
 )
 from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
 from controller.learning import LearningSettings
-from controller.operator.caches import Caches, slim_job, slim_learned
+from controller.operator.caches import Caches, slim_job, slim_kueue_workload, slim_learned
 from controller.operator.identity import estimate_identity, trace_libraries
 from controller.operator.leader import Leader
 from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
@@ -145,6 +151,10 @@ class SchedulerOptions:
     namespaces: tuple[str, ...] = ()
     #: How what finished jobs used corrects the next ones (`controller.learning`).
     learning: LearningSettings = field(default_factory=LearningSettings)
+    #: Answer Kueue's AdmissionChecks (`controller.admission.kueue`), and how long a Workload
+    #: that waits for memory is told to wait before Kueue asks again.
+    kueue: bool = DEFAULTS.kueue_admission_check
+    kueue_retry_s: int = DEFAULTS.kueue_retry_seconds
 
 
 class Scheduler:
@@ -205,6 +215,8 @@ class Scheduler:
         #: `_by_spec` and `_by_digest` are written from worker threads of two pools.
         self._cache_lock = threading.Lock()
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: Kueue Workloads whose check this replica answered, as `_fresh` keeps jobs.
+        self._fresh_checks: dict[str, tuple[str, dict[str, Any]]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
         #: job key -> (its failed creates' backoff, monotonic time of the next try)
@@ -355,11 +367,13 @@ class Scheduler:
             current = objects.jobs.get(key)
             if key in workloads or current is None or current["metadata"].get("uid") != uid:
                 del self._created[key]
-        self._start_estimates(objects.jobs)
+        checked = self._checked(objects)
+        estimated = {**objects.jobs, **checked}
+        self._start_estimates(estimated)
         estimates = {
             key: found
             for key, found in self._estimates.items()
-            if key in objects.jobs and self._estimate_uid.get(key) == _uid(objects.jobs[key])
+            if key in estimated and self._estimate_uid.get(key) == _uid(estimated[key])
         }
         keys = learned.key_states(self._learned_objects(), self.options.learning)
         # A workload we created (or are creating) but the cache has not seen is not missing.
@@ -382,6 +396,7 @@ class Scheduler:
             refused=dict(self._refused),
             learned=learned.records(keys),
             learning=self.options.learning,
+            kueue_retry_seconds=self.options.kueue_retry_s,
         )
         decided_at = self.clock.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
@@ -410,6 +425,7 @@ class Scheduler:
         landed = await self._carry_out(out, objects.jobs)
         if landed is None:
             return
+        await self._answer(out.checks)
         left = replace(objects, jobs={**objects.jobs, **landed})
         keys = {**keys, **await self._learn(left.jobs.values(), keys)}
         learned_gauges = learned.gauges(keys, self.options.learning)
@@ -527,6 +543,79 @@ class Scheduler:
             return after  # the cache has not seen our write yet
         del self._fresh[key]
         return job
+
+    # -- Kueue's AdmissionChecks (`controller.admission.kueue`) --------------------------------
+
+    def _checked(self, objects: ClusterObjects) -> dict[str, dict[str, Any]]:
+        """Lay this replica's check answers the cache has not seen over the cached Workloads;
+        the jobs of those whose check waits for vramgate, to estimate."""
+        workloads: dict[str, Mapping[str, Any]] = {}
+        for key, workload in objects.kueue_workloads.items():
+            fresh = self._fresh_checks.get(key)
+            if fresh is not None:
+                before, after = fresh
+                version = workload["metadata"].get("resourceVersion")
+                if version == before and _uid(workload) == _uid(after):
+                    workload = after  # the cache has not seen our answer yet
+                else:
+                    del self._fresh_checks[key]
+            workloads[key] = workload
+        for key in [k for k in self._fresh_checks if k not in workloads]:
+            del self._fresh_checks[key]
+        objects.kueue_workloads = workloads
+        jobs = {}
+        for key, workload in workloads.items():
+            if kueue.to_decide(workload, objects.kueue_checks):
+                with contextlib.suppress(kueue.CheckProblem):  # answered by the pass
+                    jobs[key] = kueue.check_job(workload)
+        return jobs
+
+    async def _answer(self, writes: Sequence[kueue.CheckWrite]) -> None:
+        """Apply each check's answer to its Workload; assumed, once landed, until the cache
+        has it. A write refused (the Workload changed: 409) is decided again."""
+        loop = asyncio.get_running_loop()
+
+        async def answer(w: kueue.CheckWrite) -> None:
+            try:
+                after = await loop.run_in_executor(
+                    self._writer,
+                    self.kube.apply_check,
+                    w.namespace,
+                    w.name,
+                    w.entry,
+                    w.resource_version,
+                )
+            except (Conflict, Gone) as error:
+                log.info("[%s] check %s not answered (%s); deciding again", w.key, w.check, error)
+                self.wake()
+                return
+            except Exception:
+                log.exception("[%s] check %s not answered; deciding again", w.key, w.check)
+                self.wake()
+                return
+            self._fresh_checks[w.key] = (str(w.resource_version), slim_kueue_workload(after))
+            log.info("[%s] check %s: %s (%s)", w.key, w.check, w.entry["state"], w.reason)
+            if w.event is not None:
+                for about in (after, w.owner):
+                    if about is not None:
+                        self._context.run(
+                            kopf.event, cast(Any, about), type="Warning", reason=w.reason,
+                            message=w.event,
+                        )  # fmt: skip
+
+        await asyncio.gather(*(answer(w) for w in writes))
+
+    async def activate(self, name: str) -> None:
+        """Set the AdmissionCheck's Active condition, which Kueue waits for before it uses
+        the check (`kueue.active_condition`)."""
+        loop = asyncio.get_running_loop()
+        condition = kueue.active_condition(self.now())
+        try:
+            await loop.run_in_executor(
+                self._writer, self.kube.apply_check_condition, name, condition
+            )
+        except Exception:
+            log.exception("AdmissionCheck %s: cannot set Active; again on its next event", name)
 
     # -- estimates -------------------------------------------------------------------------
 

@@ -180,6 +180,20 @@ class OperatorSettings(AdmissionConfig):
         le=65535,
         description="port of /healthz (0: any free port); 8081, beside the metrics.",
     )
+    kueue_admission_check: bool = Field(
+        False,
+        description="answer Kueue's AdmissionChecks whose controllerName is vramgate.dev/vram "
+        "(needs Kueue's CRDs): Kueue keeps quotas, vramgate checks GPU memory in one ledger "
+        "with its FineTuneJobs; off by default, since most clusters do not run Kueue.",
+    )
+    kueue_retry_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="requeueAfterSeconds of a Kueue Workload that waits for GPU memory: how "
+        "long Kueue waits before it reserves quota and asks again; memory frees as jobs end, "
+        "minutes apart, and each ask costs Kueue a quota reservation.",
+    )
     log_level: LogLevel = Field(
         "info",
         description="info: decisions and problems; verbose: each handler call; debug: "
@@ -213,6 +227,8 @@ class OperatorSettings(AdmissionConfig):
             metrics_addr=self.metrics_addr,
             metrics_port=self.metrics_port,
             log_level=self.log_level,
+            kueue_admission_check=self.kueue_admission_check,
+            kueue_retry_seconds=self.kueue_retry_seconds,
         )
 
 
@@ -257,6 +273,9 @@ class OperatorOptions:
     metrics_addr: str = DEFAULTS.metrics_addr
     metrics_port: int = DEFAULTS.metrics_port  # /metrics; 0: any free port
     log_level: LogLevel = DEFAULTS.log_level
+    #: Answer Kueue's AdmissionChecks of controllerName vramgate.dev/vram (`admission.kueue`).
+    kueue_admission_check: bool = DEFAULTS.kueue_admission_check
+    kueue_retry_seconds: int = DEFAULTS.kueue_retry_seconds
 
     @property
     def liveness(self) -> str:

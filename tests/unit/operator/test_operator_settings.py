@@ -62,6 +62,8 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "metrics_port": ("9090", 9090, 9090),
     "probe_addr": ("127.0.0.3", "127.0.0.3", "127.0.0.3"),
     "probe_port": ("9091", 9091, 9091),
+    "kueue_admission_check": ("true", True, True),
+    "kueue_retry_seconds": ("120", 120, 120),
     "log_level": ("debug", "debug", "debug"),
 }
 
@@ -75,6 +77,8 @@ def parse(*argv: str) -> argparse.Namespace:
 def flag_argv(name: str, text: str) -> list[str]:
     if name == "leader_election":
         return ["--no-leader-election"]
+    if name == "kueue_admission_check":
+        return ["--kueue-admission-check"]
     return [LOADER.flag(name), text]
 
 
@@ -91,7 +95,8 @@ def test_the_config_keys_are_the_contracts() -> None:
         "learningHalfLifeSeconds learningSteadySeconds "
         "leaderElection "
         "leaseNamespace "
-        "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel"
+        "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel "
+        "kueueAdmissionCheck kueueRetrySeconds"
     )
     assert sorted(LOADER.key(n) for n in OperatorSettings.model_fields) == sorted(keys.split())
 

@@ -1,0 +1,416 @@
+"""Kueue Workloads as admission reads them: vramgate as a Kueue AdmissionCheck controller.
+
+Why: a cluster that queues with Kueue keeps its quotas, fair sharing and preemption there, and
+adds vramgate for the one thing Kueue cannot know: whether a job fits in the GPUs' *memory*,
+and where. Kueue reserves quota for a Workload, then waits for each AdmissionCheck of its
+ClusterQueue; vramgate answers the checks whose `spec.controllerName` is `CONTROLLER`, with
+the same decision core, the same inventory and one ledger with its own FineTuneJobs:
+
+* **Request.** A Workload whose check is Pending once its quota is reserved becomes a
+  FineTuneJob-shaped job (`check_job`): its spec is the FineTuneJob spec fields that the pod
+  template of its GPU podSet carries in the annotation `SPEC_ANNOTATION` (model, method, lora,
+  training, estimator, parallelism); its GPUs are what the podSets ask (pods x
+  `nvidia.com/gpu`), never resized (a check cannot change resources: policy Enforce); its
+  template is the podSet's, so node selectors, affinity and tolerations are those its pods
+  will have. The pass decides these jobs in one queue with the FineTuneJobs, on one snapshot.
+* **Answer** (`check_state`): admitted -> `Ready` with podSetUpdates that pin each GPU podSet
+  to the chosen node (`kubernetes.io/hostname`), label its pods with the Workload's uid (so
+  their usage is read against its reservation) and carry the placement and the GPUs' UUIDs as
+  annotations; waiting -> `Retry` with `requeueAfterSeconds` (Kueue releases the quota and
+  asks again); never fits -> `Rejected` with the numbers. An unreadable annotation, or none,
+  is `Rejected` with a line that names the field.
+* **Ledger** (`reservations`): a Workload whose check is Ready and that has not finished
+  holds the placement written in its podSetUpdates, as an admitted FineTuneJob holds its
+  status.placement: the ledger lives in the API, and a restarted operator reads it back.
+  Kueue sets a check back to Pending when it evicts the Workload (a preemption): the hold
+  ends with it.
+
+A Workload's pods are pinned by one nodeSelector per podSet, so a Workload runs on one node:
+a placement across nodes waits (`Retry`) until one node holds it (`ONE_NODE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from controller.api.base import GPU_RESOURCE
+from controller.api.conditions import find_condition
+from controller.base.units import GIB
+from controller.decision import Decision, Outcome
+from controller.packing.inventory import NodeGpus, Reservation
+
+#: The `spec.controllerName` of the AdmissionChecks vramgate answers.
+CONTROLLER = "vramgate.dev/vram"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+#: On a podSet's pod template: the FineTuneJob spec fields (YAML or JSON) its job trains with.
+SPEC_ANNOTATION = "vramgate.dev/finetune"
+#: Added to a Ready Workload's pods (podSetUpdates): the Workload's uid.
+WORKLOAD_UID_LABEL = "vramgate.dev/kueue-workload"
+#: Added to a Ready Workload's pods: its placement, as a FineTuneJob's status.placement says it.
+PLACEMENT_ANNOTATION = "vramgate.dev/placement"
+#: Added to a Ready Workload's pods: the UUIDs of the GPUs chosen, comma-separated, for the
+#: visibleDevices and DRA modes (NVIDIA_VISIBLE_DEVICES from the downward API).
+UUIDS_ANNOTATION = "vramgate.dev/gpu-uuids"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: The FineTuneJob spec fields the annotation may set; the rest are the podSet's.
+SPEC_FIELDS = ("model", "method", "lora", "training", "estimator", "parallelism")
+#: A key of the pass's jobs that no FineTuneJob key (`namespace/name`) can be.
+KEY_PREFIX = "Workload "
+#: How long Kueue waits before it reserves quota again for a Workload that waits for memory.
+DEFAULT_RETRY_SECONDS = 30
+ONE_NODE = "its pods are pinned by one nodeSelector, so it must fit on one node"
+
+PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckWrite:
+    """The state of `check` on the Workload `namespace/name` (uid `uid`), as an entry of its
+    status.admissionChecks (server-side applied with vramgate's own field manager)."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    check: str
+    entry: dict[str, Any]
+    resource_version: str | None = None
+    #: Why, for a Warning Event on the Workload's owner (the Job a person looks at):
+    #: Rejected only.
+    event: str | None = None
+    #: The decision's reason (`controller.api.conditions`), for the log and the Event.
+    reason: str = ""
+    #: The Workload's owner (its controller ownerReference), which the Event is about.
+    owner: Mapping[str, Any] | None = None
+
+
+def our_checks(admission_checks: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The names of the AdmissionChecks vramgate answers."""
+    return frozenset(
+        str((ac.get("metadata") or {}).get("name"))
+        for ac in admission_checks
+        if (ac.get("spec") or {}).get("controllerName") == CONTROLLER
+    )
+
+
+def workload_key(workload: Mapping[str, Any]) -> str:
+    meta = workload.get("metadata") or {}
+    return f"{KEY_PREFIX}{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def check_of(workload: Mapping[str, Any], checks: frozenset[str]) -> Mapping[str, Any] | None:
+    """The Workload's entry of the first of `checks` it lists, or None."""
+    for entry in (workload.get("status") or {}).get("admissionChecks") or []:
+        if isinstance(entry, Mapping) and entry.get("name") in checks:
+            return entry
+    return None
+
+
+def _true(workload: Mapping[str, Any], kind: str) -> bool:
+    found = find_condition((workload.get("status") or {}).get("conditions") or [], kind)
+    return found is not None and found.get("status") == "True"
+
+
+def finished(workload: Mapping[str, Any]) -> bool:
+    return _true(workload, "Finished")
+
+
+def to_decide(workload: Mapping[str, Any], checks: frozenset[str]) -> bool:
+    """Whether the Workload asks vramgate now: quota reserved, our check Pending, not
+    finished, not deactivated."""
+    entry = check_of(workload, checks)
+    if entry is None or entry.get("state") != PENDING:
+        return False
+    if (workload.get("spec") or {}).get("active") is False or finished(workload):
+        return False
+    return _true(workload, "QuotaReserved")
+
+
+def _gpus(template: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (template.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (resources.get(part) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                with contextlib.suppress(ValueError):  # not a whole number: not a GPU count
+                    total += int(str(value))
+                break
+    return total
+
+
+class CheckProblem(ValueError):
+    """A Workload vramgate cannot estimate: the message names the field and what is allowed."""
+
+
+def gpu_pod_sets(workload: Mapping[str, Any]) -> list[tuple[str, int, int, Mapping[str, Any]]]:
+    """(name, pods, GPUs per pod, template) of each podSet whose pods ask for GPUs."""
+    found = []
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        template = pod_set.get("template") or {}
+        per_pod = _gpus(template)
+        if per_pod > 0:
+            count = int(pod_set.get("count") or 1)
+            found.append((str(pod_set.get("name")), count, per_pod, template))
+    return found
+
+
+def check_job(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
+    cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of
+    FineTuneJob spec fields). The job's own fields are checked by the spec translation, as a
+    FineTuneJob's are."""
+    sets = gpu_pod_sets(workload)
+    if not sets:
+        raise CheckProblem(f"spec.podSets: no podSet asks for {GPU_RESOURCE}")
+    spec: dict[str, Any] | None = None
+    for name, _, _, template in sets:
+        raw = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
+        if raw is None:
+            continue
+        where = f"podSet {name}: metadata.annotations[{SPEC_ANNOTATION}]"
+        try:
+            read = yaml.safe_load(raw)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            at = f" (line {mark.line + 1})" if mark is not None else ""
+            raise CheckProblem(f"{where}: must be YAML or JSON{at}") from None
+        if not isinstance(read, Mapping):
+            raise CheckProblem(f"{where}: must be a mapping of FineTuneJob spec fields")
+        extra = sorted(str(k) for k in read if k not in SPEC_FIELDS)
+        if extra:
+            raise CheckProblem(
+                f"{where}: {', '.join(extra)} may not be set here (allowed: "
+                f"{', '.join(SPEC_FIELDS)}; GPUs and nodes are the podSet's)"
+            )
+        spec = dict(read)
+        break
+    if spec is None:
+        names = ", ".join(name for name, _, _, _ in sets)
+        raise CheckProblem(
+            f"podSet {names}: metadata.annotations[{SPEC_ANNOTATION}] is required: the model "
+            "and training settings (FineTuneJob spec fields: model, method, training, ...) "
+            "whose GPU memory vramgate checks"
+        )
+    meta = workload.get("metadata") or {}
+    spec["resources"] = {"gpus": sum(pods * per_pod for _, pods, per_pod, _ in sets)}
+    spec["admissionPolicy"] = "Enforce"
+    spec["template"] = sets[0][3]
+    return {
+        "apiVersion": "vramgate.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "namespace", "uid", "generation", "creationTimestamp")
+            if key in meta
+        },
+        "spec": spec,
+    }
+
+
+def placement_of(decision: Decision) -> dict[str, Any]:
+    return {
+        "perGpuBytes": decision.per_gpu_bytes,
+        "nodes": [
+            {"node": p.node, "gpuIndices": list(p.indices), "gpuUUIDs": list(p.uuids)}
+            for p in decision.placement
+        ],
+    }
+
+
+def _entry(
+    check: str, state: str, message: str, now: datetime, before: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    message = " ".join(message.split())[:32768]
+    same = before is not None and before.get("state") == state
+    moved = before.get("lastTransitionTime") if same and before else None
+    return {
+        "name": check,
+        "state": state,
+        "message": message,
+        "lastTransitionTime": moved or now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def check_state(
+    workload: Mapping[str, Any],
+    check: str,
+    decision: Decision,
+    now: datetime,
+    retry_seconds: int = DEFAULT_RETRY_SECONDS,
+) -> CheckWrite:
+    """The check's answer to `decision` (made on the job `check_job` read)."""
+    meta = workload.get("metadata") or {}
+    before = check_of(workload, frozenset({check}))
+    nodes = {p.node for p in decision.placement}
+    event = None
+    if decision.admitted and len(nodes) == 1:
+        node = next(iter(nodes))
+        uuids = ",".join(u for p in decision.placement for u in p.uuids if u)
+        entry = _entry(check, READY, f"{decision.reason}: {decision.message}", now, before)
+        annotations = {PLACEMENT_ANNOTATION: json.dumps(placement_of(decision), sort_keys=True)}
+        if uuids:
+            annotations[UUIDS_ANNOTATION] = uuids
+        entry["podSetUpdates"] = [
+            {
+                "name": name,
+                "labels": {WORKLOAD_UID_LABEL: str(meta.get("uid"))},
+                "annotations": annotations,
+                "nodeSelector": {HOSTNAME_LABEL: node},
+            }
+            for name, _, _, _ in gpu_pod_sets(workload)
+        ]
+    elif decision.outcome is Outcome.REJECT:
+        entry = _entry(check, REJECTED, f"{decision.reason}: {decision.message}", now, before)
+        event = entry["message"]
+    else:
+        message = decision.message
+        if decision.admitted:  # across nodes: a nodeSelector pins a podSet to one
+            message = (
+                f"needs {decision.admitted_gpus or decision.requested_gpus} GPUs of "
+                f"{decision.per_gpu_bytes / GIB:.1f} GiB free on one node ({ONE_NODE}); "
+                f"it fits only across {len(nodes)} nodes now"
+            )
+        entry = _entry(check, RETRY, f"{decision.reason}: {message}", now, before)
+        entry["requeueAfterSeconds"] = retry_seconds
+    return CheckWrite(
+        key=workload_key(workload),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name")),
+        uid=str(meta.get("uid")),
+        check=check,
+        entry=entry,
+        resource_version=meta.get("resourceVersion"),
+        event=event,
+        reason=decision.reason,
+        owner=owner_of(workload),
+    )
+
+
+def owner_of(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object that owns the Workload (a Job, a JobSet, a TrainJob), as an object
+    reference an Event can name; None when it has no controller."""
+    meta = workload.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return {
+                "apiVersion": ref.get("apiVersion"),
+                "kind": ref.get("kind"),
+                "metadata": {
+                    "name": ref.get("name"),
+                    "namespace": meta.get("namespace"),
+                    "uid": ref.get("uid"),
+                },
+            }
+    return None
+
+
+def problem_state(
+    workload: Mapping[str, Any],
+    check: str,
+    problem: str,
+    now: datetime,
+    reason: str = "InvalidSpec",
+) -> CheckWrite:
+    """Rejected: the Workload cannot be estimated, and will not be until it is made again
+    (a Workload's pod templates do not change)."""
+    meta = workload.get("metadata") or {}
+    before = check_of(workload, frozenset({check}))
+    entry = _entry(check, REJECTED, f"{reason}: {problem}", now, before)
+    return CheckWrite(
+        workload_key(workload),
+        str(meta.get("namespace") or "default"),
+        str(meta.get("name")),
+        str(meta.get("uid")),
+        check,
+        entry,
+        meta.get("resourceVersion"),
+        event=entry["message"],
+        reason=reason,
+        owner=owner_of(workload),
+    )
+
+
+#: The AdmissionCheck's condition Kueue reads before it uses the check.
+ACTIVE = "Active"
+
+
+def active(admission_check: Mapping[str, Any]) -> bool:
+    found = find_condition((admission_check.get("status") or {}).get("conditions") or [], ACTIVE)
+    return found is not None and found.get("status") == "True"
+
+
+def active_condition(now: datetime) -> dict[str, Any]:
+    return {
+        "type": ACTIVE,
+        "status": "True",
+        "reason": "Active",
+        "message": "vramgate checks each Workload's GPU memory against the GPUs' free memory",
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def held(workload: Mapping[str, Any], checks: frozenset[str]) -> bool:
+    """Whether the Workload holds GPUs in vramgate's ledger: our check Ready, not finished."""
+    entry = check_of(workload, checks)
+    return entry is not None and entry.get("state") == READY and not finished(workload)
+
+
+def reservation(
+    workload: Mapping[str, Any], checks: frozenset[str], pods: Sequence[Mapping[str, Any]]
+) -> Reservation | None:
+    """The hold of a Ready, unfinished Workload, read from the placement vramgate wrote in
+    its podSetUpdates; `pods`: those labelled with its uid."""
+    if not held(workload, checks):
+        return None
+    entry = check_of(workload, checks) or {}
+    for update in entry.get("podSetUpdates") or []:
+        raw = (update.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+        if raw is None:
+            continue
+        try:
+            placement = json.loads(raw)
+            parts = tuple(
+                NodeGpus(
+                    str(part["node"]),
+                    tuple(int(i) for i in part.get("gpuIndices") or []),
+                    tuple(str(u) for u in part.get("gpuUUIDs") or []),
+                )
+                for part in placement.get("nodes") or []
+            )
+            per_gpu = int(placement.get("perGpuBytes") or 0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None  # not ours to read: written by another hand
+        uids: set[str] = set()
+        allocated: dict[str, int] = {}
+        for pod in pods:
+            uids.add(str((pod.get("metadata") or {}).get("uid")))
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                allocated[node] = allocated.get(node, 0) + _pod_gpus(pod)
+        return Reservation(workload_key(workload), parts, per_gpu, frozenset(uids), allocated)
+    return None
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int:
+    return _gpus({"spec": pod.get("spec") or {}})
+
+
+def pods_of(
+    pods: Iterable[Mapping[str, Any]],
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Live pods by the Workload uid they are labelled with."""
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        uid = ((pod.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_UID_LABEL)
+        if uid and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            found.setdefault(str(uid), []).append(pod)
+    return found

@@ -1,0 +1,339 @@
+"""vramgate as a Kueue AdmissionCheck controller, as plain data: Workloads in, each check's
+answer out, decided in one queue with the FineTuneJobs on one ledger (`admission.kueue`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from controller.admission import kueue
+from controller.admission.admission_pass import Estimated, PassInput, admission_pass
+from controller.admission.cluster import ClusterObjects, snapshot
+from controller.admission.failures import failure_of
+from controller.base.errors import ConfigMapUnavailable
+from controller.decision import AdmissionSettings
+from controller.estimator import SpecErrors
+from controller.jobs.spec import estimate_plan, translate
+from tests.unit.builders.admission import (
+    GIB,
+    NOW,
+    admitted,
+    cluster,
+    condition,
+    estimated,
+    ftj,
+    status_after,
+)
+
+CHECK = "vram"
+#: Llama-3.1-8B QLoRA r=16: about 11.6 GiB on one GPU.
+FINETUNE = "model: {preset: llama-3.1-8b}\nmethod: QLoRA\nlora: {rank: 16}\n"
+
+
+def admission_check(name: str = CHECK, controller: str = kueue.CONTROLLER) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"controllerName": controller}}
+
+
+def workload(
+    name: str,
+    *,
+    gpus: int = 1,
+    count: int = 1,
+    state: str = "Pending",
+    annotation: str | None = FINETUNE,
+    reserved: bool = True,
+    minute: int = 0,
+    updates: list[dict[str, Any]] | None = None,
+    finished: bool = False,
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Workload Kueue made for a batch Job, its quota reserved, our check in `state`."""
+    template: dict[str, Any] = {
+        "metadata": {},
+        "spec": {
+            "containers": [
+                {"name": "trainer", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
+            ]
+        },
+    }
+    if annotation is not None:
+        template["metadata"]["annotations"] = {kueue.SPEC_ANNOTATION: annotation}
+    if node_selector:
+        template["spec"]["nodeSelector"] = node_selector
+    conditions = [{"type": "QuotaReserved", "status": "True" if reserved else "False"}]
+    if finished:
+        conditions.append({"type": "Finished", "status": "True"})
+    entry: dict[str, Any] = {"name": CHECK, "state": state, "message": ""}
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": f"job-{name}"}
+    owner["controller"] = True
+    if updates is not None:
+        entry["podSetUpdates"] = updates
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"wl-{name}",
+            "generation": 1,
+            "resourceVersion": "7",
+            "creationTimestamp": f"2025-03-01T11:{minute:02d}:00Z",
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "active": True,
+            "podSets": [{"name": "main", "count": count, "template": template}],
+        },
+        "status": {"conditions": conditions, "admissionChecks": [entry]},
+    }
+
+
+def with_kueue(objects: ClusterObjects, *workloads: dict[str, Any]) -> ClusterObjects:
+    objects.kueue_checks = kueue.our_checks([admission_check()])
+    objects.kueue_workloads = {kueue.workload_key(w): w for w in workloads}
+    return objects
+
+
+def estimates_of(objects: ClusterObjects) -> dict[str, Estimated]:
+    """Every FineTuneJob's and every pending Workload's estimate, as the scheduler makes them."""
+    found = {key: estimated(job) for key, job in objects.jobs.items()}
+    for key, wl in objects.kueue_workloads.items():
+        if kueue.to_decide(wl, objects.kueue_checks):
+            job = kueue.check_job(wl)
+            plan, errors = translate(dict(job["spec"]))
+            assert plan is not None, errors
+            found[key] = Estimated(1, plan=plan, estimate=estimate_plan(plan))
+    return found
+
+
+def decide(objects: ClusterObjects, estimates: dict[str, Estimated] | None = None) -> Any:
+    return admission_pass(
+        PassInput(
+            objects=objects,
+            workloads={},
+            job_pods={},
+            estimates=estimates_of(objects) if estimates is None else estimates,
+            settings=AdmissionSettings(),
+            now=NOW,
+        )
+    )
+
+
+def answers(out: Any) -> dict[str, kueue.CheckWrite]:
+    return {w.name: w for w in out.checks}
+
+
+# -- reading a Workload ----------------------------------------------------------------------
+
+
+def test_a_workload_reads_as_the_finetunejob_its_annotation_and_podsets_say() -> None:
+    job = kueue.check_job(workload("w", gpus=2, count=2, node_selector={"pool": "a"}))
+    assert job["spec"]["model"] == {"preset": "llama-3.1-8b"}
+    assert job["spec"]["resources"] == {"gpus": 4}  # 2 pods x 2 GPUs, never resized
+    assert job["spec"]["admissionPolicy"] == "Enforce"
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "a"}
+    assert job["metadata"]["uid"] == "wl-w"
+
+
+@pytest.mark.parametrize(
+    ("annotation", "said"),
+    [
+        (None, "metadata.annotations[vramgate.dev/finetune] is required"),
+        ("model: [", "must be YAML or JSON"),
+        ("- a list", "must be a mapping of FineTuneJob spec fields"),
+        (FINETUNE + "resources: {gpus: 8}\n", "resources may not be set here"),
+    ],
+)
+def test_a_workload_whose_annotation_cannot_be_read_is_rejected_naming_the_field(
+    annotation: str | None, said: str
+) -> None:
+    objects = with_kueue(cluster(), workload("w", annotation=annotation))
+    out = decide(objects, estimates={})
+    write = answers(out)["w"]
+    assert write.entry["state"] == kueue.REJECTED
+    assert said in write.entry["message"]
+    assert "podSet main" in write.entry["message"]
+    assert write.event == write.entry["message"]  # said on the Job too
+    assert write.owner is not None and write.owner["kind"] == "Job"
+
+
+def test_an_invalid_spec_in_the_annotation_is_rejected_with_the_spec_error() -> None:
+    wl = workload("w", annotation="model: {preset: llama-3.1-8b}\nmethod: Sideways\n")
+    objects = with_kueue(cluster(), wl)
+    job = kueue.check_job(wl)
+    _, errors = translate(dict(job["spec"]))
+    assert errors
+    failure = failure_of(SpecErrors(errors), temporary_retry_s=30)
+    assert failure.reason == "InvalidSpec" and "spec.method" in failure.message
+    out = decide(objects, estimates={kueue.workload_key(wl): Estimated(1, failure=failure)})
+    write = answers(out)["w"]
+    assert write.entry["state"] == kueue.REJECTED
+    assert write.entry["message"].startswith(failure.reason)
+
+
+def test_a_missing_configmap_is_retried_not_rejected() -> None:
+    wl = workload("w")
+    objects = with_kueue(cluster(), wl)
+    failure = failure_of(ConfigMapUnavailable("ConfigMap ns/cfg not found"), temporary_retry_s=30)
+    out = decide(objects, estimates={kueue.workload_key(wl): Estimated(1, failure=failure)})
+    write = answers(out)["w"]
+    assert write.entry["state"] == kueue.RETRY
+    assert write.entry["requeueAfterSeconds"] == 30
+    assert write.event is None
+
+
+def test_only_pending_checks_with_quota_reserved_are_decided() -> None:
+    objects = with_kueue(
+        cluster(),
+        workload("unreserved", reserved=False),
+        workload("retrying", state="Retry"),
+        workload("done", finished=True),
+    )
+    assert decide(objects).checks == []
+    other = with_kueue(cluster(), workload("w"))
+    other.kueue_checks = kueue.our_checks([admission_check(controller="example.com/other")])
+    assert decide(other).checks == []
+
+
+# -- the answers ------------------------------------------------------------------------------
+
+
+def test_a_workload_that_fits_is_ready_pinned_to_its_node_with_its_placement() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [5], "n2": [80]}), workload("w"))
+    write = answers(decide(objects))["w"]
+    assert write.entry["state"] == kueue.READY
+    assert write.entry["message"].startswith("Fits: ")
+    (update,) = write.entry["podSetUpdates"]
+    assert update["name"] == "main"
+    assert update["nodeSelector"] == {kueue.HOSTNAME_LABEL: "n2"}
+    assert update["labels"] == {kueue.WORKLOAD_UID_LABEL: "wl-w"}
+    placement = json.loads(update["annotations"][kueue.PLACEMENT_ANNOTATION])
+    assert placement["nodes"] == [{"node": "n2", "gpuIndices": [0], "gpuUUIDs": ["GPU-n2-0"]}]
+    assert 10 * GIB < placement["perGpuBytes"] < 13 * GIB
+    assert update["annotations"][kueue.UUIDS_ANNOTATION] == "GPU-n2-0"
+    assert write.resource_version == "7"  # a decision on a stale Workload must fail
+
+
+def test_a_workload_that_waits_for_memory_is_retried_after_the_configured_seconds() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [5]}), workload("w"))
+    out = admission_pass(
+        PassInput(
+            objects=objects, workloads={}, job_pods={}, estimates=estimates_of(objects),
+            settings=AdmissionSettings(), now=NOW, kueue_retry_seconds=45,
+        )
+    )  # fmt: skip
+    write = answers(out)["w"]
+    assert write.entry["state"] == kueue.RETRY
+    assert write.entry["requeueAfterSeconds"] == 45
+    assert "WaitingForVRAM" in write.entry["message"]
+    assert "podSetUpdates" not in write.entry
+
+
+def test_a_workload_that_never_fits_is_rejected_with_the_numbers() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [80]}), workload("w", gpus=3))
+    write = answers(decide(objects))["w"]
+    assert write.entry["state"] == kueue.REJECTED
+    assert "GPU" in write.entry["message"] and write.event is not None
+
+
+def test_a_workload_that_fits_only_across_nodes_waits_for_one_node() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [80], "n2": [80]}), workload("w", gpus=1, count=2))
+    objects.gpunodes["n1"]["status"]["gpus"][0]["freeBytes"] = 80 * GIB
+    # Two pods of one GPU each; each node has one GPU: admitted only across the two nodes.
+    write = answers(decide(objects))["w"]
+    assert write.entry["state"] == kueue.RETRY
+    assert kueue.ONE_NODE in write.entry["message"]
+
+
+def test_a_new_state_gets_a_new_transition_time() -> None:
+    wl = workload("w", state="Pending")
+    wl["status"]["admissionChecks"][0]["lastTransitionTime"] = "2025-03-01T10:00:00Z"
+    objects = with_kueue(cluster(), wl)
+    write = answers(decide(objects))["w"]
+    assert write.entry["lastTransitionTime"] == NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- one ledger --------------------------------------------------------------------------------
+
+
+def ready(name: str, node: str, per_gpu: int) -> dict[str, Any]:
+    placement = {
+        "perGpuBytes": per_gpu,
+        "nodes": [{"node": node, "gpuIndices": [0], "gpuUUIDs": [f"GPU-{node}-0"]}],
+    }
+    update = {
+        "name": "main",
+        "labels": {kueue.WORKLOAD_UID_LABEL: f"wl-{name}"},
+        "annotations": {kueue.PLACEMENT_ANNOTATION: json.dumps(placement)},
+        "nodeSelector": {kueue.HOSTNAME_LABEL: node},
+    }
+    return workload(name, state="Ready", updates=[update])
+
+
+def test_a_ready_workload_holds_its_gpu_against_finetunejobs() -> None:
+    job = ftj("a")
+    objects = with_kueue(cluster(job, gpus={"n1": [80]}), ready("w", "n1", 75 * GIB))
+    held = snapshot(objects, NOW).reservations
+    assert [(r.job, r.per_gpu_bytes) for r in held] == [("Workload ns/w", 75 * GIB)]
+    out = decide(objects)
+    assert condition(status_after(out, "ns/a"), "Admitted")["reason"] == "WaitingForVRAM"
+    assert "placement" not in status_after(out, "ns/a")
+
+
+def test_a_finished_workload_or_one_sent_back_to_pending_holds_nothing() -> None:
+    done = ready("w", "n1", 75 * GIB)
+    done["status"]["conditions"].append({"type": "Finished", "status": "True"})
+    evicted = ready("v", "n1", 75 * GIB)
+    evicted["status"]["admissionChecks"][0]["state"] = "Pending"  # preempted: Kueue resets it
+    objects = with_kueue(cluster(gpus={"n1": [80]}), done, evicted)
+    assert snapshot(objects, NOW).reservations == ()
+
+
+def test_an_admitted_finetunejob_holds_its_gpu_against_workloads() -> None:
+    job, _ = admitted("a", gpus={"n1": [20]})  # 11.6 of the 20 GiB free
+    objects = with_kueue(cluster(job, gpus={"n1": [20]}), workload("w"))
+    write = answers(decide(objects))["w"]
+    assert write.entry["state"] == kueue.RETRY
+
+
+def test_a_finetunejob_and_a_workload_never_get_the_same_memory_in_one_pass() -> None:
+    objects = with_kueue(cluster(ftj("a", minute=1), gpus={"n1": [20]}), workload("w", minute=0))
+    out = decide(objects)
+    assert answers(out)["w"].entry["state"] == kueue.READY  # older: first in the queue
+    assert [w for w in out.writes if w.resource_version is not None] == []  # it waits
+    assert condition(status_after(out, "ns/a"), "Admitted")["reason"] == "WaitingForVRAM"
+
+
+def test_a_pods_usage_is_read_against_its_workloads_reservation_not_twice() -> None:
+    wl = ready("w", "n1", 30 * GIB)
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "pod-1",
+                     "labels": {kueue.WORKLOAD_UID_LABEL: "wl-w"}},
+        "spec": {"nodeName": "n1", "containers": [
+            {"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    objects = with_kueue(cluster(gpus={"n1": [80]}), wl)
+    objects.pods = [pod]
+    (held,) = snapshot(objects, NOW).reservations
+    assert held.pod_uids == frozenset({"pod-1"})
+    assert held.allocated_gpus == {"n1": 1}
+
+
+def test_a_placement_written_by_another_hand_is_not_read() -> None:
+    wl = ready("w", "n1", GIB)
+    wl["status"]["admissionChecks"][0]["podSetUpdates"][0]["annotations"] = {
+        kueue.PLACEMENT_ANNOTATION: "{not json"
+    }
+    objects = with_kueue(cluster(), copy.deepcopy(wl))
+    assert snapshot(objects, NOW).reservations == ()
+
+
+def test_active_is_read_from_the_condition() -> None:
+    check = admission_check()
+    assert not kueue.active(check)
+    check["status"] = {"conditions": [kueue.active_condition(NOW)]}
+    assert kueue.active(check)
