@@ -29,6 +29,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from controller.admission.kueue import CONTROLLER as KUEUE_CONTROLLER
 from controller.api.base import GROUP, PRODUCT_LABEL, VERSION
 from controller.operator.handlers import MUTATE_HANDLER, VALIDATE_HANDLER
 from controller.webhook.registration import configurations
@@ -47,6 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "vramgate"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 MONITORING = "monitoring.coreos.com/v1"
+KUEUE_GROUP = "kueue.x-k8s.io"
 RELEASE = "vg"
 FULLNAME = "vg-vramgate"
 OPERATOR_SA = f"{FULLNAME}-operator"
@@ -133,12 +135,23 @@ def test_helm_lint_strict_passes_with_the_schema(values: Path | None) -> None:
         (["--set-string", "agent.maxUnavailable=some"], "maxUnavailable"),
         # Labels written beside matchLabels, not in it: a selector that matches everything.
         (["--set", "webhook.namespaceSelector.gpu=allowed"], "additional properties 'gpu'"),
+        (["--set", "kueue.admissionCheck.retrySeconds=0"], "retrySeconds"),
+        (["--set", "kueue.admissionCheck.retrySeconds=3601"], "retrySeconds"),
+        (["--set-json", "kueue.admissionCheck.retrySeconds=1.5"], "retrySeconds"),
+        (["--set", "kueue.admissionCheck.name=VRAM_check"], "admissionCheck/name"),
+        # One way to set each: the kueue block, which the chart writes into the config.
+        (["--set", "operator.config.kueueAdmissionCheck=true"],
+         "additional properties 'kueueAdmissionCheck' not allowed"),
+        (["--set", "operator.config.kueueRetrySeconds=60"],
+         "additional properties 'kueueRetrySeconds' not allowed"),
     ],
     ids=["unknown-key", "unknown-config-key", "int-type", "bool-type", "enum", "maximum",
          "backend-enum", "static-needs-gpus", "dcgm-needs-url", "timeout-range",
          "namespace-name", "lease-name", "name-override", "fullname-override",
          "dashboard-namespace", "digest", "min-available-string", "monitor-interval",
-         "max-unavailable-zero", "max-unavailable-word", "namespace-selector-bare-label"],
+         "max-unavailable-zero", "max-unavailable-word", "namespace-selector-bare-label",
+         "kueue-retry-zero", "kueue-retry-above-an-hour", "kueue-retry-fraction",
+         "kueue-check-name", "kueue-config-key", "kueue-retry-config-key"],
 )  # fmt: skip
 def test_the_schema_refuses_unknown_keys_and_wrong_types(args: list[str], message: str) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
@@ -477,6 +490,80 @@ def test_service_monitors_and_the_prometheus_rule_only_where_the_api_is_served(
     assert find(disabled, "ServiceMonitor") == [] and find(disabled, "PrometheusRule") == []
 
 
+def _kueue_rights(role: dict[str, Any]) -> set[tuple[str, str]]:
+    return {
+        (resource, verb)
+        for rule in role["rules"] if KUEUE_GROUP in rule["apiGroups"]
+        for resource in rule["resources"] for verb in rule["verbs"]
+    }  # fmt: skip
+
+
+def _read_and_patch_status(resource: str) -> set[tuple[str, str]]:
+    return {
+        (resource, "get"),
+        (resource, "list"),
+        (resource, "watch"),
+        (f"{resource}/status", "patch"),
+    }
+
+
+WORKLOAD_RIGHTS = _read_and_patch_status("workloads")
+ADMISSION_CHECK_RIGHTS = _read_and_patch_status("admissionchecks")
+
+
+def test_kueue_renders_the_admission_check_its_rights_and_the_config_when_enabled(
+    tmp_path: Path,
+) -> None:
+    objects = render("--set", "kueue.admissionCheck.enabled=true")
+    check = one(objects, "AdmissionCheck")
+    assert check["apiVersion"] == f"{KUEUE_GROUP}/v1beta2"
+    assert check["metadata"]["name"] == "vramgate-vram" and "namespace" not in check["metadata"]
+    assert check["spec"] == {"controllerName": KUEUE_CONTROLLER}
+    config = operator_config(objects)
+    assert (config["kueueAdmissionCheck"], config["kueueRetrySeconds"]) == (True, 30)
+    settings = _load_operator_settings(config, tmp_path)
+    assert settings.kueue_admission_check is True and settings.kueue_retry_seconds == 30
+    # Exactly these rights: read Workloads and AdmissionChecks, patch only their status.
+    cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
+    assert _kueue_rights(cluster_role) == WORKLOAD_RIGHTS | ADMISSION_CHECK_RIGHTS
+    # Rejections are Events on the Workload's owner (a batch Job): already an operator right.
+    assert ("events", "create") in {
+        (r, v) for rule in cluster_role["rules"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    # Listed namespaces: Workloads are namespaced (watched there only), AdmissionChecks not.
+    objects = render(
+        "--set", "kueue.admissionCheck.enabled=true",
+        "--set", "operator.config.namespaces={team-a,team-b}",
+        "--set", "kueue.admissionCheck.name=gpu-memory",
+        "--set", "kueue.admissionCheck.retrySeconds=120",
+    )  # fmt: skip
+    cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
+    assert _kueue_rights(cluster_role) == ADMISSION_CHECK_RIGHTS
+    roles = find(objects, "Role", f"{FULLNAME}-operator-jobs")
+    assert len(roles) == 2 and all(_kueue_rights(r) == WORKLOAD_RIGHTS for r in roles)
+    assert one(objects, "AdmissionCheck")["metadata"]["name"] == "gpu-memory"
+    assert operator_config(objects)["kueueRetrySeconds"] == 120
+    # create=false: the check is made elsewhere; the operator still answers it.
+    objects = render(
+        "--set", "kueue.admissionCheck.enabled=true", "--set", "kueue.admissionCheck.create=false"
+    )  # fmt: skip
+    assert not find(objects, "AdmissionCheck")
+    assert operator_config(objects)["kueueAdmissionCheck"] is True
+    assert _kueue_rights(one(objects, "ClusterRole", f"{FULLNAME}-operator"))
+
+
+def test_kueue_renders_none_of_them_when_disabled_by_default(tmp_path: Path) -> None:
+    for args in ([], ["--set", "kueue.admissionCheck.create=true"],
+                 ["--set", "operator.config.namespaces={team-a}"]):  # fmt: skip
+        objects = render(*args)
+        assert not find(objects, "AdmissionCheck"), args
+        for role in (*find(objects, "ClusterRole"), *find(objects, "Role")):
+            assert not _kueue_rights(role), (args, role["metadata"]["name"])
+        config = operator_config(objects)
+        assert config["kueueAdmissionCheck"] is False, args
+    assert _load_operator_settings(config, tmp_path).kueue_admission_check is False
+
+
 def test_the_dashboard_configmap_when_enabled() -> None:
     objects = render("--set", "dashboard.enabled=true")
     dashboard = one(objects, "ConfigMap", f"{FULLNAME}-dashboard")
@@ -681,6 +768,10 @@ def test_the_schema_bounds_numbers_as_the_binaries_do() -> None:
             assert stated == validated.get(key, _bounds(info)), f"{component}.config.{key}"
             checked += 1
     assert checked >= 9
+    # Set through the kueue block, not operator.config (the chart writes kueueRetrySeconds).
+    retry = schema["kueue"]["properties"]["admissionCheck"]["properties"]["retrySeconds"]
+    stated = {k: v for k, v in retry.items() if "imum" in k}
+    assert stated == _bounds(OperatorSettings.model_fields["kueue_retry_seconds"])
 
 
 def test_every_operator_setting_is_a_value_or_set_by_the_chart(tmp_path: Path) -> None:

@@ -119,7 +119,8 @@ extra (its own digest, or the tag with -trace), which the agent never needs. */}
 {{/*
 The operator's config file (camelCase keys, read through VRAMGATE_OPERATOR_CONFIG). The
 user's operator.config, plus what the chart decides: where the webhook listens and which
-Service, configurations, Secret and Lease it uses.
+Service, configurations, Secret and Lease it uses; and the Kueue settings, from the values'
+kueue block only (operator.config's schema refuses them: one way to set each).
 */}}
 {{- define "vramgate.operatorConfig" -}}
 {{- $svc := include "vramgate.webhookService" . }}
@@ -141,6 +142,8 @@ Service, configurations, Secret and Lease it uses.
 {{- $_ = set $config "metricsPort" (int .Values.operator.ports.metrics) }}
 {{- $_ = set $config "probeAddr" "0.0.0.0" }}
 {{- $_ = set $config "probePort" (int .Values.operator.ports.probes) }}
+{{- $_ = set $config "kueueAdmissionCheck" .Values.kueue.admissionCheck.enabled }}
+{{- $_ = set $config "kueueRetrySeconds" (int .Values.kueue.admissionCheck.retrySeconds) }}
 {{- toYaml $config }}
 {{- end }}
 
@@ -222,4 +225,16 @@ namespaceSelector:
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "list"]
+{{- if .Values.kueue.admissionCheck.enabled }}
+# Kueue's Workloads (namespaced, like the jobs they queue): kopf watches them for a check to
+# answer; the answer is vramgate's own entry of status.admissionChecks, server-side applied
+# (field manager vramgate-check), never the spec. A rejection's Event goes on the Workload's
+# owner (a batch Job, ...) through the Events rule above.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
