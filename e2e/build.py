@@ -144,6 +144,16 @@ def _download(go: str, module: str, version: str, cwd: Path) -> dict[str, str]:
     return info
 
 
+def module_dir(module: str) -> Path:
+    """The source folder of a module pinned in versions.json, in Go's module cache
+    (downloaded if missing): e2e/kueue.py installs Kueue's CRDs from there."""
+    spec = next((s for s in load_versions() if s.module == module), None)
+    if spec is None:
+        raise KeyError(f"{module} is not pinned in {VERSIONS_FILE.name}")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    return Path(_download(find_go(), spec.module, spec.version, cache_root())["Dir"])
+
+
 def _local_replaces(go: str, gomod: str, cwd: Path) -> list[str]:
     """Module paths that the dependency's go.mod replaces with directories of its own repo.
 

@@ -39,6 +39,7 @@ from e2e.procs import (
     port_taken,
     read_pidfile,
     start,
+    stop,
     stop_all,
     write_pidfile,
 )
@@ -192,24 +193,24 @@ class Cluster:
         scheduler_config.write_text(comp.scheduler_config(kubeconfigs["scheduler"]))
         b = self.binaries
 
-        self._launch("etcd", comp.etcd_args(b["etcd"], self.state_dir / "etcd-data", ports))
+        self.launch("etcd", comp.etcd_args(b["etcd"], self.state_dir / "etcd-data", ports))
         self._wait("etcd", lambda: self._etcd_healthy(ports))
-        self._launch("kube-apiserver", comp.apiserver_args(b["kube-apiserver"], pki, ports))
+        self.launch("kube-apiserver", comp.apiserver_args(b["kube-apiserver"], pki, ports))
         self._wait("kube-apiserver", lambda: self._https_ok(f"{self.server}/readyz"))
-        self._launch(
+        self.launch(
             "kube-controller-manager",
             comp.controller_manager_args(
                 b["kube-controller-manager"], pki, ports, kubeconfigs["controller-manager"]
             ),
         )
-        self._launch(
+        self.launch(
             "kube-scheduler",
             comp.scheduler_args(
                 b["kube-scheduler"], pki, ports, scheduler_config, kubeconfigs["scheduler"]
             ),
         )
         # KWOK_WORKDIR: otherwise kwok also loads stages from a user's ~/.kwok/kwok.yaml.
-        self._launch(
+        self.launch(
             "kwok",
             comp.kwok_args(b["kwok"], kubeconfigs["kwok"]),
             env={**os.environ, "KWOK_WORKDIR": str(self.state_dir / "kwok")},
@@ -232,14 +233,27 @@ class Cluster:
             what="default ServiceAccount",
         )
 
-    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def launch(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        """Start a process as the components are started: its log (``<name>.log``, appended
+        to) and command line in the state dir, killed with this Python process under
+        ``die_with_parent``, and in the pid file, so that ``stop`` and ``down`` stop it too,
+        before the components it needs (e2e/kueue.py starts Kueue so)."""
         log = self.state_dir / f"{name}.log"
         (self.state_dir / f"{name}.cmdline").write_text(" ".join(argv) + "\n")
-        self.processes.append(
-            start(name, argv, log, self.state_dir, env=env, die_with_parent=self.die_with_parent)
-        )
+        proc = start(name, argv, log, self.state_dir, env=env, die_with_parent=self.die_with_parent)
+        self.processes.append(proc)
         # Written after every start, so `down` can clean up even a half-started cluster.
         write_pidfile(self.pidfile, self.processes)
+        return proc
+
+    def stop_process(self, proc: ManagedProcess) -> None:
+        """Stop one process of ``launch`` and drop it from the pid file."""
+        stop(proc)
+        if proc in self.processes:
+            self.processes.remove(proc)
+            write_pidfile(self.pidfile, self.processes)
 
     # -- readiness -------------------------------------------------------------------
 

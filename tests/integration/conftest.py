@@ -18,6 +18,7 @@ from kubernetes import client, config
 
 from e2e.build import BuildError, ensure_binaries
 from e2e.cluster import CLIENT_TOOLS, COMPONENTS, Cluster, ClusterError
+from e2e.kueue import Kueue, KueueError
 from e2e.prometheus import PrometheusMissing, find_binaries
 from e2e.wait import wait_until
 
@@ -51,6 +52,30 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         problem = f"cannot start the local control plane: {err}"
     if problem:
         instance.stop()
+        pytest.fail(problem, pytrace=False)
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> Iterator[Kueue]:
+    """Kueue's controller on the control plane, its CRDs installed (e2e/kueue.py); the
+    binary is built if missing, and a failed build or start fails the run in one line."""
+    problem = ""
+    try:
+        ensure_binaries(["kueue"])
+    except BuildError as err:
+        problem = f"cannot build Kueue: {err}"
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    instance = Kueue(cluster)
+    try:
+        instance.start()
+    except (KueueError, BuildError) as err:
+        problem = f"cannot start Kueue: {err}"
+    if problem:
         pytest.fail(problem, pytrace=False)
     try:
         yield instance
