@@ -275,7 +275,9 @@ def admission_pass(inp: PassInput) -> PassOutput:
         if decision.job in checked:
             workload, check = checked[decision.job][0], _our_check(inp, checked[decision.job][0])
             out.checks.append(
-                kueue.check_state(workload, check, decision, inp.now, inp.kueue_retry_seconds)
+                kueue.check_state(
+                    workload, check, decision, inp.now, _hostnames(inp), inp.kueue_retry_seconds
+                )
             )
             out.decisions.append(decision)
         elif decision.reason == cond.REASON_NO_TEMPLATE:
@@ -297,6 +299,15 @@ def admission_pass(inp: PassInput) -> PassOutput:
 # -- Kueue's Workloads whose vramgate check is pending (`kueue.py`) -------------------------
 
 
+def _hostnames(inp: PassInput) -> dict[str, str]:
+    found = {}
+    for name, node in inp.objects.nodes.items():
+        label = ((node.get("metadata") or {}).get("labels") or {}).get(kueue.HOSTNAME_LABEL)
+        if isinstance(label, str) and label:
+            found[name] = label
+    return found
+
+
 def _our_check(inp: PassInput, workload: Mapping[str, Any]) -> str:
     entry = kueue.check_of(workload, inp.objects.kueue_checks)
     return str((entry or {}).get("name"))
@@ -315,7 +326,7 @@ def _check_requests(
             continue
         check = _our_check(inp, workload)
         try:
-            job = kueue.check_job(workload)
+            job = kueue.check_job(workload, inp.objects.kueue_flavors)
         except kueue.CheckProblem as problem:
             out.checks.append(kueue.problem_state(workload, check, str(problem), inp.now))
             continue
@@ -337,10 +348,24 @@ def _check_requests(
         plan, est = estimated.plan, estimated.estimate
         corrected = _correction(inp, job, plan, est, plan.gpus, view)
         est = replace(est, correction_percent=corrected.factor_percent)
-        ranked_by = inp.objects.priorities(inp.settings.raw_priority_namespaces)
-        request = replace(job_request(job, plan, est, ranked_by), key=key)
+        request = job_request(job, plan, est)
+        assert request.constraints is not None  # a Workload's job has its podSet's template
+        request = replace(
+            request,
+            key=key,
+            # Its pods are pinned by one nodeSelector per podSet: one node.
+            constraints=replace(request.constraints, one_node=True),
+            # Kueue ranked it (its PriorityClass or WorkloadPriorityClass, resolved).
+            priority=_int((workload.get("spec") or {}).get("priority")),
+            priority_problem=None,
+            warnings=(),
+        )
         found[key] = (workload, request)
     return found
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 # -- the status a pass builds for one job ---------------------------------------------------

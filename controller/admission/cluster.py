@@ -85,6 +85,8 @@ class ClusterObjects:
     #: answers: a Workload whose check is Ready holds GPUs in the same ledger (`kueue.py`).
     kueue_workloads: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     kueue_checks: frozenset[str] = frozenset()
+    #: Kueue's ResourceFlavors by name: the node labels and tolerations of a Workload's.
+    kueue_flavors: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def add(self, obj: Mapping[str, Any], where: str) -> None:
         """One object (a `List` adds its items); unknown kinds are ignored."""

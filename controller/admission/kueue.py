@@ -25,13 +25,19 @@ the same decision core, the same inventory and one ledger with its own FineTuneJ
   Kueue sets a check back to Pending when it evicts the Workload (a preemption): the hold
   ends with it.
 
-A Workload's pods are pinned by one nodeSelector per podSet, so a Workload runs on one node:
-a placement across nodes waits (`Retry`) until one node holds it (`ONE_NODE`).
+A Workload's pods are pinned by one nodeSelector per podSet, so a Workload is placed on one
+node (`NodeConstraints.one_node`): one larger than every node is Rejected. Its node selection
+is its pod template's and the ResourceFlavors Kueue assigned it (their nodeLabels and
+tolerations, which Kueue adds to its pods), so the node chosen is one its pods may run on.
+Its rank is Kueue's (`spec.priority`). GPUs are counted as `nvidia.com/gpu` requests: the
+check needs the devicePlugin GPU mode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +48,6 @@ import yaml
 
 from controller.api.base import GPU_RESOURCE
 from controller.api.conditions import find_condition
-from controller.base.units import GIB
 from controller.decision import Decision, Outcome
 from controller.packing.inventory import NodeGpus, Reservation
 
@@ -66,7 +71,11 @@ SPEC_FIELDS = ("model", "method", "lora", "training", "estimator", "parallelism"
 KEY_PREFIX = "Workload "
 #: How long Kueue waits before it reserves quota again for a Workload that waits for memory.
 DEFAULT_RETRY_SECONDS = 30
-ONE_NODE = "its pods are pinned by one nodeSelector, so it must fit on one node"
+#: The annotation's size at most: a FineTuneJob spec with an inline config.json fits; read on
+#: every Workload that asks, it must not cost the operator seconds.
+MAX_SPEC_BYTES = 16 * 1024
+#: Kueue's limit on a check's message.
+MAX_MESSAGE = 32768
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 
@@ -125,26 +134,39 @@ def finished(workload: Mapping[str, Any]) -> bool:
 
 def to_decide(workload: Mapping[str, Any], checks: frozenset[str]) -> bool:
     """Whether the Workload asks vramgate now: quota reserved, our check Pending, not
-    finished, not deactivated."""
+    finished, not deactivated, not being evicted (Kueue resets the checks to Pending when it
+    evicts, while QuotaReserved stays until the pods are gone: an answer then would outlive
+    the quota, as Kueue's own check controllers know)."""
     entry = check_of(workload, checks)
     if entry is None or entry.get("state") != PENDING:
         return False
     if (workload.get("spec") or {}).get("active") is False or finished(workload):
         return False
-    return _true(workload, "QuotaReserved")
+    return _true(workload, "QuotaReserved") and not _true(workload, "Evicted")
+
+
+def _requested(container: Any) -> int:
+    resources = (container.get("resources") if isinstance(container, Mapping) else None) or {}
+    for part in ("limits", "requests"):
+        value = (resources.get(part) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            with contextlib.suppress(ValueError):  # not a whole number: not a GPU count
+                return max(0, int(str(value)))
+            return 0
+    return 0
 
 
 def _gpus(template: Mapping[str, Any]) -> int:
-    total = 0
-    for container in (template.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        for part in ("limits", "requests"):
-            value = (resources.get(part) or {}).get(GPU_RESOURCE)
-            if value is not None:
-                with contextlib.suppress(ValueError):  # not a whole number: not a GPU count
-                    total += int(str(value))
-                break
-    return total
+    """nvidia.com/gpu one pod of `template` holds: the sum of its containers, or the most of
+    its init containers (as `cluster.pod_gpus` counts a pod)."""
+    spec = template.get("spec") or {}
+    main = sum(_requested(c) for c in spec.get("containers") or [])
+    init = max((_requested(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+#: ResourceFlavors by name, as the API holds them (their spec's nodeLabels and tolerations).
+Flavors = Mapping[str, Mapping[str, Any]]
 
 
 class CheckProblem(ValueError):
@@ -153,17 +175,87 @@ class CheckProblem(ValueError):
 
 def gpu_pod_sets(workload: Mapping[str, Any]) -> list[tuple[str, int, int, Mapping[str, Any]]]:
     """(name, pods, GPUs per pod, template) of each podSet whose pods ask for GPUs."""
+    assigned = {
+        str(a.get("name")): a
+        for a in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments")
+        or []
+        if isinstance(a, Mapping)
+    }
     found = []
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        if not isinstance(pod_set, Mapping):
+            continue
         template = pod_set.get("template") or {}
         per_pod = _gpus(template)
-        if per_pod > 0:
-            count = int(pod_set.get("count") or 1)
-            found.append((str(pod_set.get("name")), count, per_pod, template))
+        name = str(pod_set.get("name"))
+        # Partial admission: Kueue may have reserved quota for fewer pods than asked.
+        count = (assigned.get(name) or {}).get("count", pod_set.get("count", 1))
+        if isinstance(count, int) and count > 0 and per_pod > 0:
+            found.append((name, count, per_pod, template))
     return found
 
 
-def check_job(workload: Mapping[str, Any]) -> dict[str, Any]:
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors and aliases: an alias-expanded annotation of a few hundred
+    bytes can grow to gigabytes once the spec is serialised."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases (*name) are not allowed")
+        return super().compose_node(parent, index)
+
+
+def _flavored(
+    template: Mapping[str, Any], name: str, workload: Mapping[str, Any], flavors: Flavors
+) -> dict[str, Any]:
+    """The podSet's template with the node labels and tolerations of the ResourceFlavors Kueue
+    assigned it: Kueue adds them to its pods, so only nodes that have them may be chosen."""
+    assignments = ((workload.get("status") or {}).get("admission") or {}).get(
+        "podSetAssignments"
+    ) or []
+    names: set[str] = set()
+    for assignment in assignments:
+        if isinstance(assignment, Mapping) and assignment.get("name") == name:
+            names |= {str(f) for f in (assignment.get("flavors") or {}).values()}
+    labels: dict[str, str] = {}
+    tolerations: list[Any] = []
+    for flavor in sorted(names):
+        spec = (flavors.get(flavor) or {}).get("spec") or {}
+        labels.update({str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()})
+        tolerations += list(spec.get("tolerations") or [])
+    if not labels and not tolerations:
+        return dict(template)
+    pod_spec = dict(template.get("spec") or {})
+    pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **labels}
+    pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), *tolerations]
+    return {**template, "spec": pod_spec}
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
+    """The annotation read once per distinct text (every pass asks again while a Workload
+    waits): its spec fields, or what is wrong with it."""
+    if not isinstance(raw, str) or len(raw.encode()) > MAX_SPEC_BYTES:
+        return {}, f"must be at most {MAX_SPEC_BYTES // 1024} KiB of YAML"
+    try:
+        read = yaml.load(raw, Loader=_NoAliases)  # a SafeLoader, without aliases
+    except (yaml.YAMLError, RecursionError) as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        why = "without aliases" if "aliases" in str(error) else "or JSON"
+        return {}, f"must be YAML {why}{at}"
+    if not isinstance(read, Mapping):
+        return {}, "must be a mapping of FineTuneJob spec fields"
+    extra = sorted(str(k) for k in read if k not in SPEC_FIELDS)
+    if extra:
+        return {}, (
+            f"{', '.join(extra)} may not be set here (allowed: {', '.join(SPEC_FIELDS)}; GPUs "
+            "and nodes are the podSet's)"
+        )
+    return dict(read), None
+
+
+def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of
     FineTuneJob spec fields). The job's own fields are checked by the spec translation, as a
@@ -176,22 +268,10 @@ def check_job(workload: Mapping[str, Any]) -> dict[str, Any]:
         raw = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
         if raw is None:
             continue
-        where = f"podSet {name}: metadata.annotations[{SPEC_ANNOTATION}]"
-        try:
-            read = yaml.safe_load(raw)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            at = f" (line {mark.line + 1})" if mark is not None else ""
-            raise CheckProblem(f"{where}: must be YAML or JSON{at}") from None
-        if not isinstance(read, Mapping):
-            raise CheckProblem(f"{where}: must be a mapping of FineTuneJob spec fields")
-        extra = sorted(str(k) for k in read if k not in SPEC_FIELDS)
-        if extra:
-            raise CheckProblem(
-                f"{where}: {', '.join(extra)} may not be set here (allowed: "
-                f"{', '.join(SPEC_FIELDS)}; GPUs and nodes are the podSet's)"
-            )
-        spec = dict(read)
+        read, problem = _read_spec(raw)
+        if problem is not None:
+            raise CheckProblem(f"podSet {name}: metadata.annotations[{SPEC_ANNOTATION}]: {problem}")
+        spec = copy.deepcopy(read)
         break
     if spec is None:
         names = ", ".join(name for name, _, _, _ in sets)
@@ -203,7 +283,7 @@ def check_job(workload: Mapping[str, Any]) -> dict[str, Any]:
     meta = workload.get("metadata") or {}
     spec["resources"] = {"gpus": sum(pods * per_pod for _, pods, per_pod, _ in sets)}
     spec["admissionPolicy"] = "Enforce"
-    spec["template"] = sets[0][3]
+    spec["template"] = _flavored(sets[0][3], sets[0][0], workload, flavors or {})
     return {
         "apiVersion": "vramgate.dev/v1alpha1",
         "kind": "FineTuneJob",
@@ -229,7 +309,7 @@ def placement_of(decision: Decision) -> dict[str, Any]:
 def _entry(
     check: str, state: str, message: str, now: datetime, before: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    message = " ".join(message.split())[:32768]
+    message = " ".join(message.split())[:MAX_MESSAGE]
     same = before is not None and before.get("state") == state
     moved = before.get("lastTransitionTime") if same and before else None
     return {
@@ -245,15 +325,18 @@ def check_state(
     check: str,
     decision: Decision,
     now: datetime,
+    hostnames: Mapping[str, str],
     retry_seconds: int = DEFAULT_RETRY_SECONDS,
 ) -> CheckWrite:
-    """The check's answer to `decision` (made on the job `check_job` read)."""
+    """The check's answer to `decision` (made on the job `check_job` read). `hostnames`: each
+    node's `kubernetes.io/hostname` label, which pins the pods (it need not be the node's
+    name, and only a label value may stand in a nodeSelector)."""
     meta = workload.get("metadata") or {}
     before = check_of(workload, frozenset({check}))
     nodes = {p.node for p in decision.placement}
+    node = next(iter(nodes)) if len(nodes) == 1 else ""
     event = None
-    if decision.admitted and len(nodes) == 1:
-        node = next(iter(nodes))
+    if decision.admitted and hostnames.get(node):
         uuids = ",".join(u for p in decision.placement for u in p.uuids if u)
         entry = _entry(check, READY, f"{decision.reason}: {decision.message}", now, before)
         annotations = {PLACEMENT_ANNOTATION: json.dumps(placement_of(decision), sort_keys=True)}
@@ -264,7 +347,7 @@ def check_state(
                 "name": name,
                 "labels": {WORKLOAD_UID_LABEL: str(meta.get("uid"))},
                 "annotations": annotations,
-                "nodeSelector": {HOSTNAME_LABEL: node},
+                "nodeSelector": {HOSTNAME_LABEL: hostnames[node]},
             }
             for name, _, _, _ in gpu_pod_sets(workload)
         ]
@@ -272,14 +355,13 @@ def check_state(
         entry = _entry(check, REJECTED, f"{decision.reason}: {decision.message}", now, before)
         event = entry["message"]
     else:
-        message = decision.message
-        if decision.admitted:  # across nodes: a nodeSelector pins a podSet to one
+        message = f"{decision.reason}: {decision.message}"
+        if decision.admitted:  # placed where no nodeSelector can pin it
             message = (
-                f"needs {decision.admitted_gpus or decision.requested_gpus} GPUs of "
-                f"{decision.per_gpu_bytes / GIB:.1f} GiB free on one node ({ONE_NODE}); "
-                f"it fits only across {len(nodes)} nodes now"
+                f"NoHostname: fits on {', '.join(sorted(nodes))}, whose Node has no "
+                f"{HOSTNAME_LABEL} label to pin its pods to"
             )
-        entry = _entry(check, RETRY, f"{decision.reason}: {message}", now, before)
+        entry = _entry(check, RETRY, message, now, before)
         entry["requeueAfterSeconds"] = retry_seconds
     return CheckWrite(
         key=workload_key(workload),
@@ -359,9 +441,15 @@ def active_condition(now: datetime) -> dict[str, Any]:
 
 
 def held(workload: Mapping[str, Any], checks: frozenset[str]) -> bool:
-    """Whether the Workload holds GPUs in vramgate's ledger: our check Ready, not finished."""
+    """Whether the Workload holds GPUs in vramgate's ledger: our check Ready, its quota
+    reserved, not finished. (Its running pods' usage is read from the GPUs either way.)"""
     entry = check_of(workload, checks)
-    return entry is not None and entry.get("state") == READY and not finished(workload)
+    return (
+        entry is not None
+        and entry.get("state") == READY
+        and _true(workload, "QuotaReserved")
+        and not finished(workload)
+    )
 
 
 def reservation(
@@ -387,7 +475,7 @@ def reservation(
                 for part in placement.get("nodes") or []
             )
             per_gpu = int(placement.get("perGpuBytes") or 0)
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return None  # not ours to read: written by another hand
         uids: set[str] = set()
         allocated: dict[str, int] = {}
@@ -395,13 +483,9 @@ def reservation(
             uids.add(str((pod.get("metadata") or {}).get("uid")))
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
-                allocated[node] = allocated.get(node, 0) + _pod_gpus(pod)
+                allocated[node] = allocated.get(node, 0) + _gpus(pod)
         return Reservation(workload_key(workload), parts, per_gpu, frozenset(uids), allocated)
     return None
-
-
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    return _gpus({"spec": pod.get("spec") or {}})
 
 
 def pods_of(

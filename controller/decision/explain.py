@@ -115,7 +115,7 @@ def waiting_for_vram(job: JobRequest, view: ClusterView, at: Selection, n: int) 
         if have >= n:
             most = (
                 f"{n} or more matching GPUs that take work {holding}, but "
-                f"no {n} of them in a placement it can use ({_shape(job, view)})"
+                f"no {n} of them in a placement it can use ({_shape(job, view, at)})"
             )
         else:
             most = f"only {have} of the matching GPUs that take work {holding}"
@@ -149,9 +149,14 @@ def waiting_for_nodes(
     return f"needs {need(job, n)}{count}; it {would} fit now on {nodes}, so it waits for {pronoun}"
 
 
-def _shape(job: JobRequest, view: ClusterView) -> str:
+def _one_node(view: ClusterView, at: Selection) -> bool:
+    """Whether the job must run on one node: visibleDevices, or its own pinning (Kueue)."""
+    return view.one_node or at.one_node
+
+
+def _shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
     """The placements a job's GPUs may form."""
-    if job.parallelism is Parallelism.DEVICE_MAP or view.one_node:
+    if job.parallelism is Parallelism.DEVICE_MAP or _one_node(view, at):
         return "all on one node"
     return "k nodes x g GPUs, the same g on every node"
 
@@ -170,7 +175,7 @@ def never_fits(
         )
     if high != job.gpus:
         # One node per job (visibleDevices): counts above the widest node are no shape at all.
-        top = min(high, view.widest_empty(at)) if view.one_node else high
+        top = min(high, view.widest_empty(at)) if _one_node(view, at) else high
         notes = [_one_node_note(view, at, high), _too_few_or_apart(job, view, at, top, empty)]
         note = "; ".join(part for part in notes if part)
         return (
@@ -203,7 +208,7 @@ def _too_few_or_apart(
     if have >= n:
         return (
             f"the {n} or more GPUs that hold {gib(each)} are in no placement it can use "
-            f"({_shape(job, view)})"
+            f"({_shape(job, view, at)})"
         )
     return f"only {plural(have)} {'holds' if have == 1 else 'hold'} {gib(each)}"
 
@@ -211,8 +216,14 @@ def _too_few_or_apart(
 def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) -> str:
     """Why n GPUs are no shape with `visibleDevices` (one node per job), or '' if they can be."""
     widest = view.widest_empty(at)
-    if not view.one_node or n <= widest:
+    if not _one_node(view, at) or n <= widest:
         return ""
+    if not view.one_node:  # the job's own pinning
+        because = " (one nodeSelector per podSet pins its pods)" if why else ""
+        return (
+            f"a Kueue Workload runs on one node{because}, and the matching nodes have at most "
+            f"{plural(widest)} each"
+        )
     because = " (its GPUs' UUIDs go into one pod's NVIDIA_VISIBLE_DEVICES)" if why else ""
     return (
         f"GPU mode visibleDevices keeps a job on one node{because}, and the matching nodes "
@@ -264,6 +275,12 @@ def no_shape(job: JobRequest, view: ClusterView, at: Selection) -> str:
     widest = view.widest_empty(at)
     if job.parallelism is Parallelism.DEVICE_MAP:
         shape = "on one node (a device map)"
+    elif at.one_node and not view.one_node:
+        return (
+            f"needs {plural(job.gpus)} with {job.parallelism.api}; "
+            f"{_one_node_note(view, at, job.gpus, why=True)}, so no such placement exists; "
+            f"ask for {widest} or fewer GPUs"
+        )
     elif view.one_node:
         return (
             f"needs {plural(job.gpus)} with {job.parallelism.api}; "

@@ -316,6 +316,15 @@ class Kube:
         query = [("fieldManager", CHECK_MANAGER), ("force", "true")]
         return dict(self._call("PATCH", path, body, query, content=APPLY))
 
+    def list_kueue_workloads(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Every Kueue Workload of `namespaces` (none: of every namespace), read now."""
+        base = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}"
+        paths = [f"{base}/namespaces/{ns}/workloads" for ns in namespaces]
+        items: list[dict[str, Any]] = []
+        for path in paths or [f"{base}/workloads"]:
+            items.extend(self._call("GET", path).get("items") or [])
+        return items
+
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API
         server now (not from a cache). Per namespace when named, since an operator confined

@@ -44,12 +44,14 @@ PRIORITY_CLASSES = "vramgate_priorityclasses"
 LEARNED = "vramgate_learnedcorrections"
 KUEUE_WORKLOADS = "vramgate_kueue_workloads"
 ADMISSION_CHECKS = "vramgate_admission_checks"
+RESOURCE_FLAVORS = "vramgate_resource_flavors"
 INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES, LEARNED)
 #: Registered with `kueueAdmissionCheck` only: without Kueue's CRDs there is nothing to watch.
-KUEUE_INDEXES = (KUEUE_WORKLOADS, ADMISSION_CHECKS)
+KUEUE_INDEXES = (KUEUE_WORKLOADS, ADMISSION_CHECKS, RESOURCE_FLAVORS)
 #: Kueue's Workloads and AdmissionChecks: (group, version, plural).
 KUEUE_WORKLOAD_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "workloads")
 ADMISSION_CHECK_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "admissionchecks")
+RESOURCE_FLAVOR_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "resourceflavors")
 #: PriorityClasses: (group, version, plural).
 PRIORITY_CLASS_RESOURCE = (SCHEDULING_GROUP, "v1", "priorityclasses")
 #: batch Jobs vramgate made carry its job label.
@@ -230,10 +232,12 @@ def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
         pod_spec = tpl.get("spec") or {}
         constraints = ("nodeSelector", "affinity", "tolerations")
         kept = {k: pod_spec[k] for k in constraints if k in pod_spec}
-        kept["containers"] = [
-            {"name": c.get("name"), "resources": c.get("resources") or {}}
-            for c in pod_spec.get("containers") or []
-        ]
+        for part in ("containers", "initContainers"):
+            kept[part] = [
+                {"name": c.get("name"), "resources": c.get("resources") or {}}
+                for c in pod_spec.get(part) or []
+                if isinstance(c, Mapping)
+            ]
         meta = {}
         if kueue.SPEC_ANNOTATION in annotations:
             meta["annotations"] = {kueue.SPEC_ANNOTATION: annotations[kueue.SPEC_ANNOTATION]}
@@ -245,6 +249,7 @@ def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             "metadata": _meta(body, *_WORKLOAD_META),
             "spec": {
                 "active": spec.get("active", True),
+                "priority": spec.get("priority"),
                 "podSets": [
                     {"name": p.get("name"), "count": p.get("count"), "template": template(p)}
                     for p in spec.get("podSets") or []
@@ -256,9 +261,26 @@ def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
                     for c in status.get("conditions") or []
                 ],
                 "admissionChecks": list(status.get("admissionChecks") or []),
+                # The flavors (their node labels) and pod counts Kueue reserved quota for.
+                "admission": {
+                    "podSetAssignments": [
+                        {k: a.get(k) for k in ("name", "flavors", "count") if k in a}
+                        for a in (status.get("admission") or {}).get("podSetAssignments") or []
+                        if isinstance(a, Mapping)
+                    ]
+                },
             },
         }
     )
+
+
+def slim_resource_flavor(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceFlavor as a Workload's node selection reads it."""
+    spec = body.get("spec") or {}
+    return {
+        "metadata": _meta(body, "name"),
+        "spec": {k: spec[k] for k in ("nodeLabels", "tolerations") if k in spec},
+    }
 
 
 def slim_admission_check(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,7 +317,7 @@ def _owner_uid(body: Mapping[str, Any]) -> str | None:
 
 
 def register(registry: kopf.OperatorRegistry, with_kueue: bool = False) -> None:
-    """The seven indexes (nine `with_kueue`), under the ids `Caches.of` reads them by.
+    """The seven indexes (ten `with_kueue`), under the ids `Caches.of` reads them by.
 
     Coroutines, so kopf calls them on its event loop: a plain function is run in kopf's
     thread pool, two thread hops per watch event for a fraction of a millisecond's work."""
@@ -340,6 +362,9 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool = False) -> None:
         kopf.index(*ADMISSION_CHECK_RESOURCE, id=ADMISSION_CHECKS, registry=registry)(
             by_name(slim_admission_check)
         )
+        kopf.index(*RESOURCE_FLAVOR_RESOURCE, id=RESOURCE_FLAVORS, registry=registry)(
+            by_name(slim_resource_flavor)
+        )
 
 
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
@@ -360,6 +385,7 @@ class Caches:
     learned: Mapping[Any, Any] = field(default_factory=dict)
     kueue_workloads: Mapping[Any, Any] = field(default_factory=dict)
     admission_checks: Mapping[Any, Any] = field(default_factory=dict)
+    resource_flavors: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
@@ -397,6 +423,8 @@ class Caches:
         job_pods = pods_by_job(objects.pods, objects.jobs)
         objects.kueue_checks = kueue.our_checks(_values(self.admission_checks))
         if objects.kueue_checks:
+            for flavor in _values(self.resource_flavors):
+                objects.kueue_flavors[flavor["metadata"]["name"]] = flavor
             for workload in _values(self.kueue_workloads):
                 if not (workload.get("metadata") or {}).get("deletionTimestamp"):
                     objects.kueue_workloads[kueue.workload_key(workload)] = workload

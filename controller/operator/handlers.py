@@ -106,6 +106,7 @@ def register(
         # A Workload's quota reserved, its check set Pending, its end: a decision to make.
         wake_on(caches.KUEUE_WORKLOAD_RESOURCE, _kueue_workload_relevant)
         wake_on(caches.ADMISSION_CHECK_RESOURCE, caches.slim_admission_check)
+        wake_on(caches.RESOURCE_FLAVOR_RESOURCE, caches.slim_resource_flavor)
 
         async def activate(body: kopf.Body, type: str | None, **_: Any) -> None:
             if type == "DELETED" or (body.get("spec") or {}).get("controllerName") != CONTROLLER:

@@ -125,6 +125,9 @@ CREATE_RETRY_MAX_S = 300.0
 REFUSED_FOR_GOOD = (400, 422)
 #: A missing workload's remains are read at most this often per job.
 LOOKUP_INTERVAL_S = 5.0
+#: A Workload whose check answer the API server refused for good is decided again after
+#: this long (a minute: the log says why meanwhile; a change of ours cannot come sooner).
+CHECK_REFUSED_S = 60.0
 #: A LearnedCorrection this replica wrote is read from its write's answer, not the cache,
 #: until the cache catches up or this many seconds pass (then the cache is right: a person
 #: deleted it, say).
@@ -217,6 +220,9 @@ class Scheduler:
         self._fresh: dict[str, tuple[str, dict[str, Any]]] = {}
         #: Kueue Workloads whose check this replica answered, as `_fresh` keeps jobs.
         self._fresh_checks: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: Workload key -> (its uid, monotonic time until which it is not decided): its
+        #: answer was refused for good (a 400 or 422).
+        self._check_refused: dict[str, tuple[str, float]] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
         #: job key -> (its failed creates' backoff, monotonic time of the next try)
@@ -362,6 +368,16 @@ class Scheduler:
             listed = [slim_job(job) for job in fetched]
             self._fresh.clear()
         objects, workloads, job_pods = self.caches.objects(listed)
+        if relist and objects.kueue_checks:  # Ready answers the cache may not have yet
+            fetched_workloads = await loop.run_in_executor(
+                self._writer, self.kube.list_kueue_workloads, self.options.namespaces
+            )
+            objects.kueue_workloads = {
+                kueue.workload_key(w): slim_kueue_workload(w)
+                for w in fetched_workloads
+                if not (w.get("metadata") or {}).get("deletionTimestamp")
+            }
+            self._fresh_checks.clear()
         objects.jobs = {key: self._assumed(key, job) for key, job in objects.jobs.items()}
         for key, uid in list(self._created.items()):
             current = objects.jobs.get(key)
@@ -420,7 +436,7 @@ class Scheduler:
                 del self._workload_uids[key]  # gone, or recorded in status
         self._look_up(out.lookups)
         for key, found in estimates.items():
-            if found.plan is not None and found.plan.shape is not None:
+            if key in objects.jobs and found.plan is not None and found.plan.shape is not None:
                 self._families[_uid(objects.jobs[key])] = found.plan.shape.model_type
         landed = await self._carry_out(out, objects.jobs)
         if landed is None:
@@ -563,11 +579,17 @@ class Scheduler:
         for key in [k for k in self._fresh_checks if k not in workloads]:
             del self._fresh_checks[key]
         objects.kueue_workloads = workloads
+        now = self.clock.monotonic()
+        for key in [k for k, (_, until) in self._check_refused.items() if until <= now]:
+            del self._check_refused[key]
         jobs = {}
-        for key, workload in workloads.items():
+        for key, workload in list(workloads.items()):
+            if self._check_refused.get(key, ("", 0.0))[0] == _uid(workload):
+                del workloads[key]  # its answer was refused for good: not decided again yet
+                continue
             if kueue.to_decide(workload, objects.kueue_checks):
                 with contextlib.suppress(kueue.CheckProblem):  # answered by the pass
-                    jobs[key] = kueue.check_job(workload)
+                    jobs[key] = kueue.check_job(workload, objects.kueue_flavors)
         return jobs
 
     async def _answer(self, writes: Sequence[kueue.CheckWrite]) -> None:
@@ -589,19 +611,30 @@ class Scheduler:
                 log.info("[%s] check %s not answered (%s); deciding again", w.key, w.check, error)
                 self.wake()
                 return
+            except ApiError as error:
+                if error.status not in REFUSED_FOR_GOOD:
+                    log.warning("[%s] check %s not answered: %s", w.key, w.check, error.reason)
+                    loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                    return
+                # The same answer would be refused on every pass: not decided again for a
+                # while (a bug of ours, or a Kueue that validates differently: said in the log).
+                log.error("[%s] check %s refused by the API server: %s", w.key, w.check,
+                          error.reason)  # fmt: skip
+                until = self.clock.monotonic() + CHECK_REFUSED_S
+                self._check_refused[w.key] = (w.uid, until)
+                loop.call_later(CHECK_REFUSED_S, self.wake)
+                return
             except Exception:
                 log.exception("[%s] check %s not answered; deciding again", w.key, w.check)
-                self.wake()
+                loop.call_later(LOOKUP_INTERVAL_S, self.wake)
                 return
             self._fresh_checks[w.key] = (str(w.resource_version), slim_kueue_workload(after))
             log.info("[%s] check %s: %s (%s)", w.key, w.check, w.entry["state"], w.reason)
-            if w.event is not None:
-                for about in (after, w.owner):
-                    if about is not None:
-                        self._context.run(
-                            kopf.event, cast(Any, about), type="Warning", reason=w.reason,
-                            message=w.event,
-                        )  # fmt: skip
+            if w.event is not None and w.owner is not None:  # Kueue says it on the Workload
+                self._context.run(
+                    kopf.event, cast(Any, w.owner), type="Warning", reason=w.reason,
+                    message=w.event,
+                )  # fmt: skip
 
         await asyncio.gather(*(answer(w) for w in writes))
 
@@ -623,6 +656,8 @@ class Scheduler:
         now = self.clock.monotonic()
         for key in [k for k in self._estimates if k not in jobs]:
             del self._estimates[key]
+        for key in [k for k in self._estimate_uid if k not in jobs]:
+            del self._estimate_uid[key]
         for key in [k for k in self._retry_at if k not in jobs]:
             del self._retry_at[key]
         self._current = {

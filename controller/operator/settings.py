@@ -28,13 +28,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from controller.admission.config import SHOWN_DEFAULTS, AdmissionConfig, NamespaceName
 from controller.api.base import GROUP
 from controller.base.settings import MAX_SECONDS, Flag, SettingsError, SettingsLoader
 from controller.decision import AdmissionSettings
 from controller.learning import LearningSettings
+from controller.packing.inventory import GpuMode
 
 ENV_PREFIX = "VRAMGATE_OPERATOR_"
 PROBE_PATH = "/healthz"
@@ -199,6 +200,15 @@ class OperatorSettings(AdmissionConfig):
         description="info: decisions and problems; verbose: each handler call; debug: "
         "everything kopf does. info because handler lines cost CPU on a busy cluster.",
     )
+
+    @model_validator(mode="after")
+    def _kueue_needs_the_device_plugin(self) -> OperatorSettings:
+        if self.kueue_admission_check and self.gpu_mode is not GpuMode.DEVICE_PLUGIN:
+            raise ValueError(
+                "kueueAdmissionCheck: needs gpuMode devicePlugin (a Kueue Workload's GPUs are "
+                f"its pods' nvidia.com/gpu requests), got gpuMode {self.gpu_mode.value}"
+            )
+        return self
 
     def options(self, environ: Mapping[str, str] = os.environ) -> OperatorOptions:
         """What `controller.operator.run` needs, in its own types."""

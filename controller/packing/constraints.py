@@ -91,6 +91,9 @@ class NodeConstraints:
     #: Required node affinity: any term, each of all its requirements; () when none.
     terms: tuple[tuple[Requirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    #: Its pods are pinned by one nodeSelector (a Kueue Workload's podSetUpdates): a job of
+    #: several pods must still run on one node.
+    one_node: bool = False
 
     def admits(self, node: NodeState, tolerated: Iterable[Toleration] = ()) -> bool:
         return self.selects(node) and not self.repelled_by(node, tolerated)

@@ -87,15 +87,21 @@ def shapes(
 
 
 def place(
-    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+    index: FreeIndex,
+    estimate: Estimate,
+    parallelism: Parallelism,
+    n: int,
+    ok: NodeFilter,
+    one_node: bool = False,
 ) -> Placed | None:
-    """The best-fit placement of the job on n GPUs, or None if none holds it now."""
+    """The best-fit placement of the job on n GPUs, or None if none holds it now; on one
+    node where the index (visibleDevices) or the job (`one_node`) says so."""
     need = estimate.per_gpu_bytes(n, parallelism)
     if parallelism is Parallelism.DEVICE_MAP and n > 1:
         return _device_map(index, estimate, n, ok)
     if index.count_gpus(need) < n:
         return None  # fewer GPUs hold the need than the job takes: no shape can work
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
         if index.count_nodes(g, need) < k:
             continue
         nodes = list(islice(index.nodes_fitting(g, need, ok), k))
@@ -106,11 +112,16 @@ def place(
 
 
 def place_by_count(
-    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+    index: FreeIndex,
+    estimate: Estimate,
+    parallelism: Parallelism,
+    n: int,
+    ok: NodeFilter,
+    one_node: bool = False,
 ) -> Placed | None:
     """n GPUs with the most free memory, whatever the need (policy Advise, and the GPUs a
     starving job is closest to fitting)."""
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
         nodes = list(islice(index.nodes_by_free(g, ok), k))
         if len(nodes) == k:
             parts = tuple((pos, tuple(index.by_count(pos, g))) for pos in nodes)
@@ -119,15 +130,20 @@ def place_by_count(
 
 
 def closest(
-    index: FreeIndex, estimate: Estimate, parallelism: Parallelism, n: int, ok: NodeFilter
+    index: FreeIndex,
+    estimate: Estimate,
+    parallelism: Parallelism,
+    n: int,
+    ok: NodeFilter,
+    one_node: bool = False,
 ) -> Placed | None:
     """The GPUs a waiting job is closest to fitting: n GPUs with the most free memory, or,
     where fewer are open (whole GPUs still in use), the open GPUs of the nodes that have the
     most of them, so that a starving job keeps each GPU that frees up."""
-    placed = place_by_count(index, estimate, parallelism, n, ok)
+    placed = place_by_count(index, estimate, parallelism, n, ok, one_node)
     if placed is not None:
         return placed
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
         ranked = sorted(
             (-len(open_gpus), -sum(slot.free for _, slot in open_gpus), pos)
             for pos in range(len(index.nodes))

@@ -55,6 +55,8 @@ class Selection:
     resting: tuple[tuple[str, str], ...] = ()
     #: The names of the matching nodes; None: every node.
     names: frozenset[str] | None = None
+    #: The job must run on one node (`NodeConstraints.one_node`), whatever the GPU mode.
+    one_node: bool = False
 
 
 #: Distinct (selector, constraints) a view keeps: templates repeat, but a long-lived view
@@ -159,15 +161,18 @@ class ClusterView:
         gpus = [gpu for node in matched for gpu in node.counted()]
         products = tuple(sorted({gpu.product for gpu in gpus if gpu.product}))
         resting = self._resting(matched, repelled)
+        one_node = constraints is not None and constraints.one_node
         if len(matched) == len(self._snapshot.nodes) and not repelled:
-            return Selection(_everywhere, _everywhere, len(gpus), products, resting)
+            return Selection(
+                _everywhere, _everywhere, len(gpus), products, resting, one_node=one_node
+            )
         names = frozenset(node.name for node in matched)
         now = {self.now.position[n] for n in names - repelled.keys() if n in self.now.position}
 
         def in_empty(pos: int) -> bool:
             return self.empty.nodes[pos].name in names
 
-        return Selection(now.__contains__, in_empty, len(gpus), products, resting, names)
+        return Selection(now.__contains__, in_empty, len(gpus), products, resting, names, one_node)
 
     def _resting(
         self, matched: list[NodeState], repelled: Mapping[str, Taint]
@@ -188,12 +193,12 @@ class ClusterView:
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> Placed | None:
-        return place(self.now, estimate, parallelism, n, where.now)
+        return place(self.now, estimate, parallelism, n, where.now, where.one_node)
 
     def fits_empty(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> bool:
-        return place(self.empty, estimate, parallelism, n, where.empty) is not None
+        return place(self.empty, estimate, parallelism, n, where.empty, where.one_node) is not None
 
     def shapes_empty(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
@@ -201,7 +206,8 @@ class ClusterView:
         """Whether the empty cluster has n GPUs in a shape the parallelism can use (one node
         for a device map and with visibleDevices; otherwise k nodes x g GPUs for DDP and
         FSDP), whatever their memory."""
-        return place_by_count(self.empty, estimate, parallelism, n, where.empty) is not None
+        found = place_by_count(self.empty, estimate, parallelism, n, where.empty, where.one_node)
+        return found is not None
 
     def widest_empty(self, where: Selection) -> int:
         """The most GPUs one matching node has."""
@@ -211,7 +217,7 @@ class ClusterView:
     def place_by_count(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> Placed | None:
-        return place_by_count(self.now, estimate, parallelism, n, where.now)
+        return place_by_count(self.now, estimate, parallelism, n, where.now, where.one_node)
 
     def place_resting(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
@@ -225,7 +231,7 @@ class ClusterView:
         def matching(pos: int) -> bool:
             return names is None or index.nodes[pos].name in names
 
-        return place(index, estimate, parallelism, n, matching)
+        return place(index, estimate, parallelism, n, matching, where.one_node)
 
     def resting_nodes(self, placed: Placed, where: Selection) -> tuple[tuple[str, str], ...]:
         """(node, why) for each node of a `place_resting` placement that takes no work now."""
@@ -251,7 +257,7 @@ class ClusterView:
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> None:
         """Keep the GPUs a starving job is closest to fitting from later jobs of this pass."""
-        held = closest(self.now, estimate, parallelism, n, where.now)
+        held = closest(self.now, estimate, parallelism, n, where.now, where.one_node)
         for pos, gpus in held.parts if held else ():
             self.now.hold(pos, gpus)
             self._log(self.now.nodes[pos].name, gpus, None)

@@ -51,12 +51,12 @@ class Kueued:
         self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)
         self.created.append((plural, name))
 
-    def queues(self, namespace: str, check: str | None = None) -> str:
-        """A ResourceFlavor, a ClusterQueue of 8 GPUs (and the check, if given) for every
+    def queues(self, namespace: str, check: str | None = None, gpus: str = "8") -> str:
+        """A ResourceFlavor, a ClusterQueue of `gpus` GPUs (and the check, if given) for every
         namespace, and a LocalQueue in `namespace`; the LocalQueue's name."""
         name = f"q-{namespace}"
         self.create_cluster("ResourceFlavor", "resourceflavors", name, {})
-        quota = {"cpu": "100", "memory": "1000Gi", GPU: "8"}
+        quota = {"cpu": "100", "memory": "1000Gi", GPU: gpus}
         spec: dict[str, Any] = {
             "namespaceSelector": {},
             "resourceGroups": [{

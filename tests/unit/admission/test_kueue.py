@@ -92,6 +92,10 @@ def workload(
 
 
 def with_kueue(objects: ClusterObjects, *workloads: dict[str, Any]) -> ClusterObjects:
+    """`objects` with vramgate's check and `workloads`; each Node labelled with a hostname
+    that is not its name (the kubelet's may differ), which is what pins a Workload."""
+    for name, node in objects.nodes.items():
+        node["metadata"]["labels"][kueue.HOSTNAME_LABEL] = f"host-{name}"
     objects.kueue_checks = kueue.our_checks([admission_check()])
     objects.kueue_workloads = {kueue.workload_key(w): w for w in workloads}
     return objects
@@ -208,7 +212,7 @@ def test_a_workload_that_fits_is_ready_pinned_to_its_node_with_its_placement() -
     assert write.entry["message"].startswith("Fits: ")
     (update,) = write.entry["podSetUpdates"]
     assert update["name"] == "main"
-    assert update["nodeSelector"] == {kueue.HOSTNAME_LABEL: "n2"}
+    assert update["nodeSelector"] == {kueue.HOSTNAME_LABEL: "host-n2"}
     assert update["labels"] == {kueue.WORKLOAD_UID_LABEL: "wl-w"}
     placement = json.loads(update["annotations"][kueue.PLACEMENT_ANNOTATION])
     assert placement["nodes"] == [{"node": "n2", "gpuIndices": [0], "gpuUUIDs": ["GPU-n2-0"]}]
@@ -239,13 +243,83 @@ def test_a_workload_that_never_fits_is_rejected_with_the_numbers() -> None:
     assert "GPU" in write.entry["message"] and write.event is not None
 
 
-def test_a_workload_that_fits_only_across_nodes_waits_for_one_node() -> None:
+def test_a_workload_larger_than_every_node_is_rejected_not_placed_across_nodes() -> None:
+    # Two pods of one GPU each; each node has one GPU: a FineTuneJob would span both, but a
+    # Workload's pods are pinned by one nodeSelector.
     objects = with_kueue(cluster(gpus={"n1": [80], "n2": [80]}), workload("w", gpus=1, count=2))
-    objects.gpunodes["n1"]["status"]["gpus"][0]["freeBytes"] = 80 * GIB
-    # Two pods of one GPU each; each node has one GPU: admitted only across the two nodes.
+    write = answers(decide(objects))["w"]
+    assert write.entry["state"] == kueue.REJECTED
+    assert "a Kueue Workload runs on one node" in write.entry["message"]
+
+
+def test_its_pods_on_one_node_fit_where_that_node_has_the_gpus() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [80], "n2": [80, 80]}), workload("w", count=2))
+    (update,) = answers(decide(objects))["w"].entry["podSetUpdates"]
+    assert update["nodeSelector"] == {kueue.HOSTNAME_LABEL: "host-n2"}
+
+
+def test_a_node_without_a_hostname_label_is_not_pinned_to() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [80]}), workload("w"))
+    del objects.nodes["n1"]["metadata"]["labels"][kueue.HOSTNAME_LABEL]
     write = answers(decide(objects))["w"]
     assert write.entry["state"] == kueue.RETRY
-    assert kueue.ONE_NODE in write.entry["message"]
+    assert write.entry["message"].startswith("NoHostname: ")
+
+
+def test_an_evicted_workload_is_not_decided_and_one_without_quota_holds_nothing() -> None:
+    evicted = workload("w")
+    evicted["status"]["conditions"].append({"type": "Evicted", "status": "True"})
+    objects = with_kueue(cluster(), evicted)
+    assert decide(objects).checks == []
+    released = ready("v", "n1", 75 * GIB)
+    released["status"]["conditions"][0]["status"] = "False"  # QuotaReserved
+    assert snapshot(with_kueue(cluster(), released), NOW).reservations == ()
+
+
+def test_a_podset_of_no_pods_asks_for_no_gpus_and_partial_admission_counts() -> None:
+    wl = workload("w", count=4)
+    wl["spec"]["podSets"].append(
+        copy.deepcopy(wl["spec"]["podSets"][0]) | {"name": "x", "count": 0}
+    )
+    wl["status"]["admission"] = {"podSetAssignments": [{"name": "main", "count": 2}]}
+    assert kueue.check_job(wl)["spec"]["resources"] == {"gpus": 2}
+
+
+def test_an_annotation_with_aliases_or_too_large_is_rejected_before_it_is_read() -> None:
+    bomb = 'a: &a ["x","x"]\nb: &b [*a,*a]\nc: &c [*b,*b]\n'
+    with pytest.raises(kueue.CheckProblem, match="without aliases"):
+        kueue.check_job(workload("w", annotation=bomb))
+    large = FINETUNE + "# " + "x" * kueue.MAX_SPEC_BYTES + "\n"
+    with pytest.raises(kueue.CheckProblem, match="at most 16 KiB"):
+        kueue.check_job(workload("w", annotation=large))
+
+
+def test_the_assigned_flavors_labels_and_tolerations_choose_the_node() -> None:
+    objects = with_kueue(cluster(gpus={"n1": [80], "n2": [40]}), workload("w"))
+    assert answers(decide(objects))["w"].entry["podSetUpdates"][0]["nodeSelector"] == {
+        kueue.HOSTNAME_LABEL: "host-n2"
+    }  # the tightest that holds it
+    objects.nodes["n1"]["metadata"]["labels"]["pool"] = "big"
+    objects.nodes["n1"]["spec"]["taints"] = [{"key": "big", "effect": "NoSchedule"}]
+    toleration = {"key": "big", "operator": "Exists", "effect": "NoSchedule"}
+    objects.kueue_flavors = {
+        "big": {"spec": {"nodeLabels": {"pool": "big"}, "tolerations": [toleration]}}
+    }
+    objects.kueue_workloads["Workload ns/w"]["status"]["admission"] = {
+        "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "big"}}]
+    }  # Kueue adds the flavor's labels and tolerations to the pods: only n1 may hold them
+    assert answers(decide(objects))["w"].entry["podSetUpdates"][0]["nodeSelector"] == {
+        kueue.HOSTNAME_LABEL: "host-n1"
+    }
+
+
+def test_kueues_priority_ranks_a_workload_among_finetunejobs() -> None:
+    late = workload("w", minute=5)
+    late["spec"]["priority"] = 1000
+    objects = with_kueue(cluster(ftj("a", minute=1), gpus={"n1": [20]}), late)
+    assert answers(decide(objects))["w"].entry["state"] == kueue.READY
+    late["spec"]["priority"] = 0
+    assert answers(decide(objects))["w"].entry["state"] == kueue.RETRY
 
 
 def test_a_new_state_gets_a_new_transition_time() -> None:

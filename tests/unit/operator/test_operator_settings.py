@@ -274,3 +274,13 @@ def test_help_documents_every_setting_with_its_env_var(
     for name in OperatorSettings.model_fields:
         assert LOADER.flag(name) in flat
         assert LOADER.env_var(name) in flat
+
+
+def test_the_kueue_check_needs_the_device_plugin_and_says_so_in_one_line() -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(parse("--kueue-admission-check", "--gpu-mode", "visibleDevices"), {})
+    assert str(refused.value) == (
+        "kueueAdmissionCheck: needs gpuMode devicePlugin (a Kueue Workload's GPUs are its "
+        "pods' nvidia.com/gpu requests), got gpuMode visibleDevices"
+    )
+    assert load_settings(parse("--kueue-admission-check"), {}).kueue_admission_check

@@ -1,0 +1,306 @@
+"""vramgate as Kueue's AdmissionCheck controller, end to end, with the real Kueue controller.
+
+`vramgate operator --kueue-admission-check` answers the AdmissionCheck whose controllerName
+is vramgate.dev/vram: Kueue reserves quota for a suspended batch Job's Workload, vramgate
+decides its GPU memory on the same inventory and ledger as its FineTuneJobs, and Kueue
+admits it (Ready: pinned to the node chosen), asks again later (Retry) or gives up
+(Rejected). Nodes are kwok nodes whose GPUNodes the test writes (`Gpus`), each test's of its
+own GPU product, which its Jobs select, so tests sharing the operator never see each
+other's GPUs.
+
+Reference job (calibrated profile): Llama-3.1-8B QLoRA r=16 needs 11.64 GiB on one GPU; Full
+needs 86.09 GiB.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from controller.admission import kueue as check
+from controller.api.base import JOB_LABEL
+from e2e.cluster import Cluster
+from e2e.kueue import QUEUE_NAME_LABEL, Kueue
+from e2e.nodes import RUN_FOR_ANNOTATION
+from e2e.wait import wait_until
+from tests.integration.test_admission import (  # noqa: F401 - `gpus` is a fixture
+    QLORA,
+    QLORA_BYTES,
+    Gpus,
+    admitted,
+    create,
+    gpus,
+)
+from tests.integration.test_admission import job as finetunejob
+from tests.integration.test_kueue_harness import Kueued, is_true
+from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
+    OperatorProcess,
+    crds,
+    events_for,
+    forget_webhook_configs,
+)
+
+pytestmark = pytest.mark.integration
+
+WEBHOOK_CONFIG = "vramgate-kueue-tests.vramgate.dev"
+CHECK = "vramgate-vram"
+RETRY_S = 2
+TIMEOUT_S = 40.0
+FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    kueue: Kueue,
+    crds: None,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(
+        cluster,
+        api_client,
+        tmp_path_factory.mktemp("kueue-check"),
+        extra=("--resync-seconds", "1", "--heartbeat-ttl-seconds", "60",
+               "--lease-name", "vramgate-kueue-tests", "--kueue-admission-check",
+               "--kueue-retry-seconds", str(RETRY_S)),
+        webhook_config=WEBHOOK_CONFIG,
+    )  # fmt: skip
+    process.start(webhook=True)  # the `gpus` fixture waits until the webhook sees its GPUs
+    try:
+        yield process
+    finally:
+        process.stop()
+        forget_webhook_configs(api_client, WEBHOOK_CONFIG)
+
+
+@pytest.fixture
+def queue(
+    operator: OperatorProcess, api_client: client.ApiClient, namespace: str
+) -> Iterator[tuple[Kueued, str]]:
+    """An AdmissionCheck of vramgate's, a ClusterQueue of 4 GPUs that lists it, a LocalQueue."""
+    objects = Kueued(api_client)
+    name = f"{CHECK}-{namespace}"
+    objects.create_cluster(
+        "AdmissionCheck", "admissionchecks", name, {"controllerName": check.CONTROLLER}
+    )
+    local = objects.queues(namespace, check=name, gpus="4")
+    try:
+        yield objects, local
+    finally:
+        objects.cleanup()
+
+
+def train_job(
+    namespace: str,
+    name: str,
+    queue: str,
+    nodes: Gpus,
+    finetune: dict[str, Any] | None = QLORA,
+    gpus_per_pod: int = 1,
+    runs_for: str = "600s",
+) -> dict[str, Any]:
+    """A suspended batch Job in `queue`, its pod selecting `nodes`' nodes, its training said in
+    the annotation vramgate reads."""
+    annotations = {RUN_FOR_ANNOTATION: runs_for}
+    if finetune is not None:
+        annotations[check.SPEC_ANNOTATION] = yaml.safe_dump(finetune)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_NAME_LABEL: queue}},
+        "spec": {
+            "suspend": True, "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": annotations},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": dict(nodes.selector),
+                    "containers": [{
+                        "name": "trainer", "image": "trainer:v1",
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus_per_pod)}},
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+def submit(api: client.ApiClient, body: dict[str, Any]) -> None:
+    client.BatchV1Api(api).create_namespaced_job(body["metadata"]["namespace"], body)
+
+
+def answered(
+    objects: Kueued, namespace: str, name: str, state: str, timeout: float = TIMEOUT_S
+) -> dict[str, Any]:
+    """The Workload of Job `name` once vramgate's check on it is `state`."""
+
+    def found() -> dict[str, Any] | None:
+        job = objects.read_job(namespace, name)
+        workload = objects.workload_of(job)
+        for entry in (workload.get("status") or {}).get("admissionChecks") or []:
+            if entry["name"].startswith(CHECK) and entry.get("state") == state:
+                return workload
+        return None
+
+    return wait_until(found, timeout=timeout, what=f"check {state} on {namespace}/{name}")
+
+
+def entry_of(workload: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [e for e in workload["status"]["admissionChecks"] if e["name"].startswith(CHECK)]
+    return dict(found)
+
+
+def pod_node(api: client.ApiClient, namespace: str, job: str) -> str:
+    core = client.CoreV1Api(api)
+
+    def scheduled() -> str | None:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+        return pods[0].spec.node_name if pods and pods[0].spec.node_name else None
+
+    return wait_until(scheduled, timeout=TIMEOUT_S, what=f"the pod of {job} to be scheduled")
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_the_check_is_made_active(queue: tuple[Kueued, str], api_client: client.ApiClient) -> None:
+    objects, _ = queue
+    name = objects.created[0][1]
+    wait_until(
+        lambda: is_true(objects.custom.get_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "admissionchecks", name), "Active"),
+        timeout=TIMEOUT_S, what="the AdmissionCheck to be Active",
+    )  # fmt: skip
+
+
+def test_a_job_that_fits_is_ready_and_its_pod_lands_on_the_chosen_node(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    # 14 GiB is the tightest GPU that holds 11.64 GiB; 10 GiB does not.
+    small, tight, roomy = gpus.add([10], [14], [80])
+    submit(api_client, train_job(namespace, "fits", local, gpus))
+    workload = answered(objects, namespace, "fits", check.READY)
+    entry = entry_of(workload)
+    assert entry["message"].startswith("Fits: ")
+    (update,) = entry["podSetUpdates"]
+    assert update["nodeSelector"] == {check.HOSTNAME_LABEL: tight}
+    placement = json.loads(update["annotations"][check.PLACEMENT_ANNOTATION])
+    assert placement["perGpuBytes"] == QLORA_BYTES
+    assert update["annotations"][check.UUIDS_ANNOTATION] == f"GPU-{tight}-0"
+    assert pod_node(api_client, namespace, "fits") == tight
+    job = objects.read_job(namespace, "fits")
+    assert job["spec"]["suspend"] is False
+    assert job["spec"]["template"]["spec"]["nodeSelector"][check.HOSTNAME_LABEL] == tight
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels[check.WORKLOAD_UID_LABEL] == workload["metadata"]["uid"]
+    assert JOB_LABEL not in labels  # not a FineTuneJob's workload
+    del small, roomy
+
+
+def test_a_job_waits_with_retry_then_is_ready_once_the_one_before_finishes(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    (node,) = gpus.add([20])  # holds one 11.64 GiB job, not two
+    submit(api_client, train_job(namespace, "first", local, gpus, runs_for="8s"))
+    answered(objects, namespace, "first", check.READY)
+    submit(api_client, train_job(namespace, "second", local, gpus))
+    waiting = answered(objects, namespace, "second", check.RETRY)
+    entry = entry_of(waiting)
+    assert entry["message"].startswith("WaitingForVRAM: ")
+    assert "11.6" in entry["message"]
+    assert entry.get("requeueAfterSeconds") == RETRY_S
+    assert objects.read_job(namespace, "second")["spec"]["suspend"] is True
+    # The first's pod ends (kwok, 8 s): its Workload finishes, its hold ends, and the second
+    # is admitted on Kueue's next ask.
+    ready = answered(objects, namespace, "second", check.READY, timeout=60)
+    (update,) = entry_of(ready)["podSetUpdates"]
+    assert update["nodeSelector"] == {check.HOSTNAME_LABEL: node}
+
+
+def test_a_job_that_never_fits_is_rejected_with_the_numbers_on_the_workload_and_the_job(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    gpus.add([80])
+    submit(api_client, train_job(namespace, "full", local, gpus, finetune=FULL))
+    entry = entry_of(answered(objects, namespace, "full", check.REJECTED))
+    assert entry["message"].startswith("InsufficientVRAM: ")
+    assert "86.1 GiB" in entry["message"]
+    events = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "full") if e.type == "Warning"
+                 and e.reason == "InsufficientVRAM"],
+        timeout=TIMEOUT_S, what="the Warning Event on the Job",
+    )  # fmt: skip
+    assert "86.1 GiB" in events[0].message
+    assert objects.read_job(namespace, "full")["spec"]["suspend"] is True
+
+
+def test_a_job_without_the_annotation_is_rejected_naming_the_field(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    gpus.add([80])
+    submit(api_client, train_job(namespace, "unsaid", local, gpus, finetune=None))
+    entry = entry_of(answered(objects, namespace, "unsaid", check.REJECTED))
+    assert f"metadata.annotations[{check.SPEC_ANNOTATION}] is required" in entry["message"]
+
+
+def test_a_ready_workload_holds_its_memory_against_finetunejobs(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    gpus.add([20])  # holds one 11.64 GiB job, of either kind
+    submit(api_client, train_job(namespace, "kueued", local, gpus))
+    answered(objects, namespace, "kueued", check.READY)
+    create(api_client, namespace, finetunejob("ftj", gpus))
+    obj = admitted(api_client, namespace, "ftj", "False", "WaitingForVRAM")
+    assert "11.6" in str(obj["status"]["conditions"])
+
+
+def test_quota_comes_first_a_job_over_it_is_never_asked_about(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    gpus.add([80, 80, 80, 80, 80])  # five GPUs of one node hold it; the quota is 4
+    submit(api_client, train_job(namespace, "big", local, gpus, gpus_per_pod=5))
+    workload = wait_until(
+        lambda: objects.workload_of(objects.read_job(namespace, "big")),
+        timeout=TIMEOUT_S, what="the Workload of big",
+    )  # fmt: skip
+    # Kueue says why it reserves nothing; vramgate is not asked meanwhile.
+    wait_until(
+        lambda: (w := objects.workload_of(objects.read_job(namespace, "big")))
+        and (w.get("status") or {}).get("conditions"),
+        timeout=TIMEOUT_S, what="Kueue to say why big waits",
+    )  # fmt: skip
+    workload = objects.workload_of(objects.read_job(namespace, "big"))
+    assert not is_true(workload, "QuotaReserved")
+    states = [e.get("state") for e in (workload["status"].get("admissionChecks") or [])]
+    assert set(states) <= {check.PENDING}
+    assert objects.read_job(namespace, "big")["spec"]["suspend"] is True
