@@ -341,7 +341,7 @@ def _check_requests(
             else:
                 entry = {**write.entry, "state": kueue.RETRY}
                 entry["requeueAfterSeconds"] = max(1, int(failure.retry_s))
-                out.checks.append(replace(write, entry=entry, event=None))
+                out.checks.append(replace(write, entry=entry, rejected=False))
             continue
         if estimated.plan is None or estimated.estimate is None:
             continue  # being traced: Kueue waits while the check is Pending

@@ -92,11 +92,13 @@ class CheckWrite:
     check: str
     entry: dict[str, Any]
     resource_version: str | None = None
-    #: Why, for a Warning Event on the Workload's owner (the Job a person looks at):
-    #: Rejected only.
+    #: The answer in words, for an Event on the Workload's owner (the Job a person looks
+    #: at): Kueue resets a Retry or Rejected entry to Pending at once, and the entry's message
+    #: with it, so the Event is where the reason stays. A Warning when `rejected`.
     event: str | None = None
     #: The decision's reason (`controller.api.conditions`), for the log and the Event.
     reason: str = ""
+    rejected: bool = False
     #: The Workload's owner (its controller ownerReference), which the Event is about.
     owner: Mapping[str, Any] | None = None
 
@@ -335,7 +337,7 @@ def check_state(
     before = check_of(workload, frozenset({check}))
     nodes = {p.node for p in decision.placement}
     node = next(iter(nodes)) if len(nodes) == 1 else ""
-    event = None
+    reason, event = decision.reason, decision.message
     if decision.admitted and hostnames.get(node):
         uuids = ",".join(u for p in decision.placement for u in p.uuids if u)
         entry = _entry(check, READY, f"{decision.reason}: {decision.message}", now, before)
@@ -353,15 +355,13 @@ def check_state(
         ]
     elif decision.outcome is Outcome.REJECT:
         entry = _entry(check, REJECTED, f"{decision.reason}: {decision.message}", now, before)
-        event = entry["message"]
     else:
-        message = f"{decision.reason}: {decision.message}"
         if decision.admitted:  # placed where no nodeSelector can pin it
-            message = (
-                f"NoHostname: fits on {', '.join(sorted(nodes))}, whose Node has no "
-                f"{HOSTNAME_LABEL} label to pin its pods to"
+            reason, event = "NoHostname", (
+                f"fits on {', '.join(sorted(nodes))}, whose Node has no {HOSTNAME_LABEL} "
+                "label to pin its pods to"
             )
-        entry = _entry(check, RETRY, message, now, before)
+        entry = _entry(check, RETRY, f"{reason}: {event}", now, before)
         entry["requeueAfterSeconds"] = retry_seconds
     return CheckWrite(
         key=workload_key(workload),
@@ -371,8 +371,9 @@ def check_state(
         check=check,
         entry=entry,
         resource_version=meta.get("resourceVersion"),
-        event=event,
-        reason=decision.reason,
+        event=" ".join(event.split())[:MAX_MESSAGE],
+        reason=reason,
+        rejected=entry["state"] == REJECTED,
         owner=owner_of(workload),
     )
 
@@ -415,8 +416,9 @@ def problem_state(
         check,
         entry,
         meta.get("resourceVersion"),
-        event=entry["message"],
+        event=" ".join(problem.split())[:MAX_MESSAGE],
         reason=reason,
+        rejected=True,
         owner=owner_of(workload),
     )
 

@@ -223,6 +223,8 @@ class Scheduler:
         #: Workload key -> (its uid, monotonic time until which it is not decided): its
         #: answer was refused for good (a 400 or 422).
         self._check_refused: dict[str, tuple[str, float]] = {}
+        #: Workload uid -> the reason of the last answer said in an Event on its owner.
+        self._said: dict[str, str] = {}
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
         #: job key -> (its failed creates' backoff, monotonic time of the next try)
@@ -578,6 +580,9 @@ class Scheduler:
             workloads[key] = workload
         for key in [k for k in self._fresh_checks if k not in workloads]:
             del self._fresh_checks[key]
+        uids = {_uid(w) for w in workloads.values()}
+        for uid in [u for u in self._said if u not in uids]:
+            del self._said[uid]
         objects.kueue_workloads = workloads
         now = self.clock.monotonic()
         for key in [k for k, (_, until) in self._check_refused.items() if until <= now]:
@@ -630,10 +635,13 @@ class Scheduler:
                 return
             self._fresh_checks[w.key] = (str(w.resource_version), slim_kueue_workload(after))
             log.info("[%s] check %s: %s (%s)", w.key, w.check, w.entry["state"], w.reason)
-            if w.event is not None and w.owner is not None:  # Kueue says it on the Workload
+            # Said once per reason on the Workload's owner (Kueue resets a Retry or Rejected
+            # entry, and its message, to Pending at once).
+            if w.event is not None and w.owner is not None and self._said.get(w.uid) != w.reason:
+                self._said[w.uid] = w.reason
                 self._context.run(
-                    kopf.event, cast(Any, w.owner), type="Warning", reason=w.reason,
-                    message=w.event,
+                    kopf.event, cast(Any, w.owner),
+                    type="Warning" if w.rejected else "Normal", reason=w.reason, message=w.event,
                 )  # fmt: skip
 
         await asyncio.gather(*(answer(w) for w in writes))

@@ -156,6 +156,18 @@ def entry_of(workload: dict[str, Any]) -> dict[str, Any]:
     return dict(found)
 
 
+def event(
+    api: client.ApiClient, namespace: str, name: str, reason: str, kind: str
+) -> client.CoreV1Event:
+    """The first Event of `reason` about the object `name`."""
+    found = wait_until(
+        lambda: [e for e in events_for(api, namespace, name)
+                 if e.reason == reason and e.type == kind],
+        timeout=TIMEOUT_S, what=f"a {kind} Event {reason} on {name}",
+    )  # fmt: skip
+    return found[0]
+
+
 def pod_node(api: client.ApiClient, namespace: str, job: str) -> str:
     core = client.CoreV1Api(api)
 
@@ -218,17 +230,19 @@ def test_a_job_waits_with_retry_then_is_ready_once_the_one_before_finishes(
     submit(api_client, train_job(namespace, "first", local, gpus, runs_for="8s"))
     answered(objects, namespace, "first", check.READY)
     submit(api_client, train_job(namespace, "second", local, gpus))
-    waiting = answered(objects, namespace, "second", check.RETRY)
-    entry = entry_of(waiting)
-    assert entry["message"].startswith("WaitingForVRAM: ")
-    assert "11.6" in entry["message"]
-    assert entry.get("requeueAfterSeconds") == RETRY_S
+    # Kueue turns a Retry back to Pending at once (its message with it): the reason stays in
+    # the Event on the Job, and the wait Kueue was told in the entry.
+    said = event(api_client, namespace, "second", "WaitingForVRAM", "Normal")
+    assert "11.6" in said.message
+    workload = objects.workload_of(objects.read_job(namespace, "second"))
+    assert entry_of(workload).get("requeueAfterSeconds") == RETRY_S
     assert objects.read_job(namespace, "second")["spec"]["suspend"] is True
     # The first's pod ends (kwok, 8 s): its Workload finishes, its hold ends, and the second
     # is admitted on Kueue's next ask.
     ready = answered(objects, namespace, "second", check.READY, timeout=60)
     (update,) = entry_of(ready)["podSetUpdates"]
     assert update["nodeSelector"] == {check.HOSTNAME_LABEL: node}
+    assert (entry_of(ready).get("retryCount") or 0) >= 1
 
 
 def test_a_job_that_never_fits_is_rejected_with_the_numbers_on_the_workload_and_the_job(
@@ -240,15 +254,18 @@ def test_a_job_that_never_fits_is_rejected_with_the_numbers_on_the_workload_and_
     objects, local = queue
     gpus.add([80])
     submit(api_client, train_job(namespace, "full", local, gpus, finetune=FULL))
-    entry = entry_of(answered(objects, namespace, "full", check.REJECTED))
-    assert entry["message"].startswith("InsufficientVRAM: ")
-    assert "86.1 GiB" in entry["message"]
-    events = wait_until(
-        lambda: [e for e in events_for(api_client, namespace, "full") if e.type == "Warning"
-                 and e.reason == "InsufficientVRAM"],
-        timeout=TIMEOUT_S, what="the Warning Event on the Job",
+    said = event(api_client, namespace, "full", "InsufficientVRAM", "Warning")
+    assert "needs 86.09 GiB" in said.message
+    # Kueue deactivates a Workload whose check is Rejected, and says our message on it.
+    workload = wait_until(
+        lambda: (w := objects.workload_of(objects.read_job(namespace, "full")))
+        and w["spec"].get("active") is False and w,
+        timeout=TIMEOUT_S, what="Kueue to deactivate the Workload",
     )  # fmt: skip
-    assert "86.1 GiB" in events[0].message
+    kueue_said = event(
+        api_client, namespace, workload["metadata"]["name"], "AdmissionCheckRejected", "Warning"
+    )
+    assert "InsufficientVRAM: " in kueue_said.message and "needs 86.09 GiB" in kueue_said.message
     assert objects.read_job(namespace, "full")["spec"]["suspend"] is True
 
 
@@ -258,11 +275,11 @@ def test_a_job_without_the_annotation_is_rejected_naming_the_field(
     namespace: str,
     gpus: Gpus,  # noqa: F811
 ) -> None:
-    objects, local = queue
+    _, local = queue
     gpus.add([80])
     submit(api_client, train_job(namespace, "unsaid", local, gpus, finetune=None))
-    entry = entry_of(answered(objects, namespace, "unsaid", check.REJECTED))
-    assert f"metadata.annotations[{check.SPEC_ANNOTATION}] is required" in entry["message"]
+    said = event(api_client, namespace, "unsaid", "InvalidSpec", "Warning")
+    assert f"metadata.annotations[{check.SPEC_ANNOTATION}] is required" in said.message
 
 
 def test_a_ready_workload_holds_its_memory_against_finetunejobs(
@@ -304,3 +321,62 @@ def test_quota_comes_first_a_job_over_it_is_never_asked_about(
     states = [e.get("state") for e in (workload["status"].get("admissionChecks") or [])]
     assert set(states) <= {check.PENDING}
     assert objects.read_job(namespace, "big")["spec"]["suspend"] is True
+
+
+def test_a_kueue_preemption_releases_the_reservation_and_the_preemptor_gets_the_gpu(
+    operator: OperatorProcess,
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects = Kueued(api_client)
+    try:
+        name = f"{CHECK}-p-{namespace}"
+        objects.create_cluster(
+            "AdmissionCheck", "admissionchecks", name, {"controllerName": check.CONTROLLER}
+        )
+        objects.create_cluster("ResourceFlavor", "resourceflavors", name, {})
+        objects.create_cluster("ClusterQueue", "clusterqueues", name, {
+            "namespaceSelector": {},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "admissionChecksStrategy": {"admissionChecks": [{"name": name}]},
+            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": name, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}
+            ]}],
+        })  # fmt: skip
+        for priority, value in (("low", 10), ("high", 1000)):
+            body = {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"{priority}-{namespace}"},
+                "value": value,
+            }
+            objects.custom.create_cluster_custom_object(
+                "kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", body
+            )
+            objects.created.append(("workloadpriorityclasses", f"{priority}-{namespace}"))
+        local = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                 "metadata": {"name": "preempting", "namespace": namespace},
+                 "spec": {"clusterQueue": name}}  # fmt: skip
+        objects.custom.create_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", namespace, "localqueues", local
+        )
+        (node,) = gpus.add([80])
+        low = train_job(namespace, "low", "preempting", gpus)
+        low["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"low-{namespace}"
+        submit(api_client, low)
+        answered(objects, namespace, "low", check.READY)
+        assert pod_node(api_client, namespace, "low") == node
+        high = train_job(namespace, "high", "preempting", gpus)
+        high["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"high-{namespace}"
+        submit(api_client, high)
+        # Kueue evicts low (its check back to Pending: its hold ends) and reserves the one GPU
+        # of quota for high; vramgate admits high once low's pod has given the GPU back.
+        ready = answered(objects, namespace, "high", check.READY, timeout=60)
+        assert entry_of(ready)["podSetUpdates"][0]["nodeSelector"] == {check.HOSTNAME_LABEL: node}
+        evicted = objects.workload_of(objects.read_job(namespace, "low"))
+        assert is_true(evicted, "Evicted") or not is_true(evicted, "Admitted")
+        assert entry_of(evicted)["state"] != check.READY
+        assert pod_node(api_client, namespace, "high") == node
+    finally:
+        objects.cleanup()

@@ -160,7 +160,8 @@ def test_a_workload_whose_annotation_cannot_be_read_is_rejected_naming_the_field
     assert write.entry["state"] == kueue.REJECTED
     assert said in write.entry["message"]
     assert "podSet main" in write.entry["message"]
-    assert write.event == write.entry["message"]  # said on the Job too
+    assert write.entry["message"] == f"InvalidSpec: {write.event}"  # said on the Job too
+    assert write.rejected
     assert write.owner is not None and write.owner["kind"] == "Job"
 
 
@@ -186,7 +187,7 @@ def test_a_missing_configmap_is_retried_not_rejected() -> None:
     write = answers(out)["w"]
     assert write.entry["state"] == kueue.RETRY
     assert write.entry["requeueAfterSeconds"] == 30
-    assert write.event is None
+    assert not write.rejected  # said on the Job as a Normal Event
 
 
 def test_only_pending_checks_with_quota_reserved_are_decided() -> None:
@@ -240,7 +241,8 @@ def test_a_workload_that_never_fits_is_rejected_with_the_numbers() -> None:
     objects = with_kueue(cluster(gpus={"n1": [80]}), workload("w", gpus=3))
     write = answers(decide(objects))["w"]
     assert write.entry["state"] == kueue.REJECTED
-    assert "GPU" in write.entry["message"] and write.event is not None
+    assert write.entry["message"] == f"{write.reason}: {write.event}"
+    assert write.rejected and "GPU" in write.event
 
 
 def test_a_workload_larger_than_every_node_is_rejected_not_placed_across_nodes() -> None:
