@@ -57,6 +57,7 @@ from controller.decision import (
     JobRequest,
     plan_on,
 )
+from controller.decision.decide import decide_placed
 from controller.estimator import Estimate
 from controller.jobs.spec import JobPlan
 from controller.learning import Correction, KeyRecord, LearningSettings
@@ -128,6 +129,9 @@ class PassInput:
     learning: LearningSettings = field(default_factory=LearningSettings)
     #: How long Kueue waits before it asks again about a Workload that waits for memory.
     kueue_retry_seconds: int = kueue.DEFAULT_RETRY_SECONDS
+    #: Workloads not to decide nor size this pass (the scheduler's: an answer refused for
+    #: good a moment ago, a Job sized whose gate the cache still shows).
+    kueue_skip: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +219,8 @@ class PassOutput:
     peaks: dict[str, observed.Peaks] = field(default_factory=dict)
     #: The answers to Kueue's AdmissionChecks (`kueue.py`): Workloads decided this pass.
     checks: list[kueue.CheckWrite] = field(default_factory=list)
+    #: Batch Jobs Kueue holds for vramgate to size (`kueue.to_resize`), sized this pass.
+    resizes: list[kueue.ResizeWrite] = field(default_factory=list)
 
 
 def admission_pass(inp: PassInput) -> PassOutput:
@@ -286,6 +292,7 @@ def admission_pass(inp: PassInput) -> PassOutput:
         else:
             _record(inp, drafts[decision.job], decision, out, view)
 
+    _resizes(inp, view, out)
     for key, draft in drafts.items():
         write = draft.write(inp.last_written.get(key), inp.now, inp.message_refresh)
         if write is not None:
@@ -322,7 +329,7 @@ def _check_requests(
     found: dict[str, tuple[Mapping[str, Any], JobRequest]] = {}
     checks = inp.objects.kueue_checks
     for key, workload in inp.objects.kueue_workloads.items():
-        if not kueue.to_decide(workload, checks):
+        if key in inp.kueue_skip or not kueue.to_decide(workload, checks):
             continue
         check = _our_check(inp, workload)
         try:
@@ -330,38 +337,76 @@ def _check_requests(
         except kueue.CheckProblem as problem:
             out.checks.append(kueue.problem_state(workload, check, str(problem), inp.now))
             continue
-        estimated = inp.estimates.get(key)
-        if estimated is None or estimated.generation != _generation(job):
-            continue
-        if estimated.failure is not None:
-            failure = estimated.failure
-            write = kueue.problem_state(workload, check, failure.message, inp.now, failure.reason)
-            if failure.retry_s is None:
+        request = _workload_request(inp, key, workload, job, view)
+        if isinstance(request, Failure):
+            write = kueue.problem_state(workload, check, request.message, inp.now, request.reason)
+            if request.retry_s is None:
                 out.checks.append(write)
             else:
                 entry = {**write.entry, "state": kueue.RETRY}
-                entry["requeueAfterSeconds"] = max(1, int(failure.retry_s))
+                entry["requeueAfterSeconds"] = max(1, int(request.retry_s))
                 out.checks.append(replace(write, entry=entry, rejected=False))
             continue
-        if estimated.plan is None or estimated.estimate is None:
-            continue  # being traced: Kueue waits while the check is Pending
-        plan, est = estimated.plan, estimated.estimate
-        corrected = _correction(inp, job, plan, est, plan.gpus, view)
-        est = replace(est, correction_percent=corrected.factor_percent)
-        request = job_request(job, plan, est)
-        assert request.constraints is not None  # a Workload's job has its podSet's template
-        request = replace(
-            request,
-            key=key,
-            # Its pods are pinned by one nodeSelector per podSet: one node.
-            constraints=replace(request.constraints, one_node=True),
-            # Kueue ranked it (its PriorityClass or WorkloadPriorityClass, resolved).
-            priority=_int((workload.get("spec") or {}).get("priority")),
-            priority_problem=None,
-            warnings=(),
-        )
+        if request is None:
+            continue  # being estimated or traced: Kueue waits while the check is Pending
         found[key] = (workload, request)
     return found
+
+
+def _workload_request(
+    inp: PassInput,
+    key: str,
+    workload: Mapping[str, Any],
+    job: Mapping[str, Any],
+    view: ClusterView,
+) -> JobRequest | Failure | None:
+    """The Workload's request, its estimate's failure, or None while it is being estimated."""
+    estimated = inp.estimates.get(key)
+    if estimated is None or estimated.generation != _generation(job):
+        return None
+    if estimated.failure is not None:
+        return estimated.failure
+    if estimated.plan is None or estimated.estimate is None:
+        return None
+    plan, est = estimated.plan, estimated.estimate
+    corrected = _correction(inp, job, plan, est, plan.gpus, view)
+    est = replace(est, correction_percent=corrected.factor_percent)
+    request = job_request(job, plan, est)
+    assert request.constraints is not None  # a Workload's job has its podSet's template
+    return replace(
+        request,
+        key=key,
+        # Its pods are pinned by one nodeSelector per podSet: one node.
+        constraints=replace(request.constraints, one_node=True),
+        # Kueue ranked it (its PriorityClass or WorkloadPriorityClass, resolved).
+        priority=_int((workload.get("spec") or {}).get("priority")),
+        priority_problem=None,
+        warnings=(),
+    )
+
+
+def _resizes(inp: PassInput, view: ClusterView, out: PassOutput) -> None:
+    """Size each Workload Kueue holds for vramgate (`kueue.to_resize`) on what this pass's
+    decisions left, charging nothing: it holds GPUs only once the check admits it."""
+    for key, workload in inp.objects.kueue_workloads.items():
+        if key in inp.kueue_skip or not kueue.to_resize(workload):
+            continue
+        write: kueue.ResizeWrite | None
+        try:
+            job = kueue.check_job(workload, inp.objects.kueue_flavors)
+        except kueue.CheckProblem as problem:
+            write = kueue.resize_of(workload, None, f"not resized: {problem}")
+        else:
+            request = _workload_request(inp, key, workload, job, view)
+            if isinstance(request, Failure):  # one that lasts: ungated, the check says why
+                lasts = request.retry_s is None
+                write = kueue.resize_of(workload, None, request.message) if lasts else None
+            elif request is None:
+                write = None
+            else:
+                write = kueue.resize_of(workload, decide_placed(request, view)[0], None)
+        if write is not None:
+            out.resizes.append(write)
 
 
 def _int(value: object) -> int:

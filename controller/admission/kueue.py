@@ -19,6 +19,15 @@ the same decision core, the same inventory and one ledger with its own FineTuneJ
   annotations; waiting -> `Retry` with `requeueAfterSeconds` (Kueue releases the quota and
   asks again); never fits -> `Rejected` with the numbers. An unreadable annotation, or none,
   is `Rejected` with a line that names the field.
+* **Resize** (`to_resize`, `resize_of`): a batch Job created suspended with the annotation
+  `kueue.x-k8s.io/admission-gated-by: vramgate.dev/vram` is held by Kueue (its
+  AdmissionGatedBy gate) until vramgate has sized it: its Workload is decided with policy
+  Resize (bounds from the annotation's `resources.minGPUs` / `maxGPUs`) without holding
+  anything, and once a count fits now, the Job's GPU count is rewritten to it (a suspended
+  Job's resources may change: Kubernetes 1.36) and vramgate's gate removed; Kueue then makes
+  its Workload again and asks the check as for any other. A count that never fits removes the
+  gate unchanged (the check then rejects it with the numbers); while none fits now, the gate
+  stays and the Job holds no quota.
 * **Ledger** (`reservations`): a Workload whose check is Ready and that has not finished
   holds the placement written in its podSetUpdates, as an admitted FineTuneJob holds its
   status.placement: the ledger lives in the API, and a restarted operator reads it back.
@@ -40,7 +49,7 @@ import copy
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -66,7 +75,11 @@ PLACEMENT_ANNOTATION = "vramgate.dev/placement"
 UUIDS_ANNOTATION = "vramgate.dev/gpu-uuids"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: The FineTuneJob spec fields the annotation may set; the rest are the podSet's.
-SPEC_FIELDS = ("model", "method", "lora", "training", "estimator", "parallelism")
+SPEC_FIELDS = ("model", "method", "lora", "training", "estimator", "parallelism", "resources")
+#: The only `resources` fields the annotation may set: the bounds of a resize.
+RESIZE_FIELDS = ("minGPUs", "maxGPUs")
+#: Kueue's annotation (feature AdmissionGatedBy): the controllers that hold a job's admission.
+GATE_ANNOTATION = "kueue.x-k8s.io/admission-gated-by"
 #: A key of the pass's jobs that no FineTuneJob key (`namespace/name`) can be.
 KEY_PREFIX = "Workload "
 #: How long Kueue waits before it reserves quota again for a Workload that waits for memory.
@@ -254,6 +267,12 @@ def _read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
             f"{', '.join(extra)} may not be set here (allowed: {', '.join(SPEC_FIELDS)}; GPUs "
             "and nodes are the podSet's)"
         )
+    bounds = read.get("resources", {})
+    if not isinstance(bounds, Mapping) or any(k not in RESIZE_FIELDS for k in bounds):
+        return {}, (
+            f"resources may set only {' and '.join(RESIZE_FIELDS)} here (the bounds of a resize; "
+            "the GPU count is the podSet's)"
+        )
     return dict(read), None
 
 
@@ -283,8 +302,9 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
             "whose GPU memory vramgate checks"
         )
     meta = workload.get("metadata") or {}
-    spec["resources"] = {"gpus": sum(pods * per_pod for _, pods, per_pod, _ in sets)}
-    spec["admissionPolicy"] = "Enforce"
+    gpus = sum(pods * per_pod for _, pods, per_pod, _ in sets)
+    spec["resources"] = {**(spec.get("resources") or {}), "gpus": gpus}
+    spec["admissionPolicy"] = "Resize" if gated(workload) else "Enforce"
     spec["template"] = _flavored(sets[0][3], sets[0][0], workload, flavors or {})
     return {
         "apiVersion": "vramgate.dev/v1alpha1",
@@ -357,9 +377,12 @@ def check_state(
         entry = _entry(check, REJECTED, f"{decision.reason}: {decision.message}", now, before)
     else:
         if decision.admitted:  # placed where no nodeSelector can pin it
-            reason, event = "NoHostname", (
-                f"fits on {', '.join(sorted(nodes))}, whose Node has no {HOSTNAME_LABEL} "
-                "label to pin its pods to"
+            reason, event = (
+                "NoHostname",
+                (
+                    f"fits on {', '.join(sorted(nodes))}, whose Node has no {HOSTNAME_LABEL} "
+                    "label to pin its pods to"
+                ),
             )
         entry = _entry(check, RETRY, f"{reason}: {event}", now, before)
         entry["requeueAfterSeconds"] = retry_seconds
@@ -500,3 +523,104 @@ def pods_of(
         if uid and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
             found.setdefault(str(uid), []).append(pod)
     return found
+
+
+# -- resize through Kueue's admission gate ------------------------------------------------------
+
+
+def _gates(obj: Mapping[str, Any]) -> list[str]:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(GATE_ANNOTATION)
+    return [g.strip() for g in str(value or "").split(",") if g.strip()]
+
+
+def gated(workload: Mapping[str, Any]) -> bool:
+    """Whether Kueue holds the Workload for vramgate to size it (its owner's gate, which
+    Kueue copies onto it)."""
+    return CONTROLLER in _gates(workload)
+
+
+def to_resize(workload: Mapping[str, Any]) -> bool:
+    """Whether vramgate sizes the Workload now: gated by it, active, not finished, owned by a
+    batch Job (whose resources a suspended Job may change)."""
+    if not gated(workload) or (workload.get("spec") or {}).get("active") is False:
+        return False
+    owner = owner_of(workload) or {}
+    return (
+        owner.get("kind") == "Job"
+        and owner.get("apiVersion") == "batch/v1"
+        and not finished(workload)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeWrite:
+    """Rewrite the suspended batch Job `name` (uid `uid`) to `gpus` GPUs in `container` (None:
+    leave its count) and set its gate annotation to `gates` (None: remove it)."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    workload_uid: str
+    container: str | None
+    gpus: int | None
+    gates: str | None
+    #: What was done, for an Event on the Job.
+    reason: str
+    message: str
+
+
+def resize_of(
+    workload: Mapping[str, Any], decision: Decision | None, problem: str | None
+) -> ResizeWrite | None:
+    """What to do with a gated Workload: its count when one fits now (`decision` admitted);
+    the gate removed unchanged when none ever fits (Rejected: the check says why) or when it
+    cannot be sized (`problem`); None while it waits for memory (the gate stays)."""
+    owner = owner_of(workload)
+    if owner is None:
+        return None
+    meta = owner.get("metadata") or {}
+    rest = [g for g in _gates(workload) if g != CONTROLLER]
+    ungated = ResizeWrite(
+        key=workload_key(workload),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name")),
+        uid=str(meta.get("uid")),
+        workload_uid=str((workload.get("metadata") or {}).get("uid")),
+        container=None,
+        gpus=None,
+        gates=",".join(rest) or None,
+        reason="NotResized",
+        message=problem or "",
+    )
+    if problem is not None:
+        return ungated
+    if decision is None:
+        return None
+    if decision.outcome is Outcome.REJECT:
+        return replace(ungated, reason=decision.reason, message=f"not resized: {decision.message}")
+    if not decision.admitted:
+        return None
+    sets = gpu_pod_sets(workload)
+    gpus = decision.admitted_gpus or decision.requested_gpus
+    containers = [
+        c for c in (sets[0][3].get("spec") or {}).get("containers") or [] if _requested(c) > 0
+    ]
+    if len(sets) != 1 or sets[0][1] != 1 or len(containers) != 1:
+        return replace(
+            ungated,
+            message="not resized: only a Job of one pod whose GPUs one container asks for is "
+            "resized; its gate is removed as it is",
+        )
+    said = (
+        "fits as asked"
+        if gpus == decision.requested_gpus
+        else f"resized from {decision.requested_gpus} to {gpus} GPUs"
+    )
+    return replace(
+        ungated,
+        container=str(containers[0].get("name")),
+        gpus=gpus,
+        reason=decision.reason,
+        message=f"{said}: {decision.message}",
+    )

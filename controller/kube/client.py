@@ -37,6 +37,9 @@ KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 #: The field manager of vramgate's entries in Kueue's objects (server-side apply).
 CHECK_MANAGER = "vramgate-check"
 APPLY = "application/apply-patch+yaml"
+#: Kueue's admission gate annotation on a job (`controller.admission.kueue.GATE_ANNOTATION`).
+KUEUE_GATE = "kueue.x-k8s.io/admission-gated-by"
+GPU = "nvidia.com/gpu"
 
 
 class Conflict(Exception):
@@ -315,6 +318,29 @@ class Kube:
         path = f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/admissionchecks/{name}/status"
         query = [("fieldManager", CHECK_MANAGER), ("force", "true")]
         return dict(self._call("PATCH", path, body, query, content=APPLY))
+
+    def resize_job(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        container: str | None,
+        gpus: int | None,
+        gates: str | None,
+    ) -> None:
+        """Rewrite a suspended batch Job's GPU count in `container` to `gpus` (None: leave it)
+        and its Kueue admission gate annotation to `gates` (None: remove it), in one strategic
+        merge patch; only while the Job is the one of `uid` (a precondition)."""
+        meta: dict[str, Any] = {"uid": uid, "annotations": {KUEUE_GATE: gates}}
+        body: dict[str, Any] = {"metadata": meta}
+        if container is not None and gpus is not None:
+            amount = {GPU: str(gpus)}
+            resources = {"limits": amount, "requests": amount}
+            body["spec"] = {"template": {"spec": {"containers": [
+                {"name": container, "resources": resources}
+            ]}}}  # fmt: skip
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
+        self._call("PATCH", path, body, content="application/strategic-merge-patch+json")
 
     def list_kueue_workloads(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every Kueue Workload of `namespaces` (none: of every namespace), read now."""

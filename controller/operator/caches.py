@@ -244,9 +244,13 @@ def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
         return {"metadata": meta, "spec": kept}
 
     status = body.get("status") or {}
+    meta = _meta(body, *_WORKLOAD_META)
+    gate = ((body.get("metadata") or {}).get("annotations") or {}).get(kueue.GATE_ANNOTATION)
+    if gate is not None:  # whom Kueue waits for before it admits (`kueue.to_resize`)
+        meta["annotations"] = {kueue.GATE_ANNOTATION: gate}
     return compact(
         {
-            "metadata": _meta(body, *_WORKLOAD_META),
+            "metadata": meta,
             "spec": {
                 "active": spec.get("active", True),
                 "priority": spec.get("priority"),

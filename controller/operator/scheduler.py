@@ -225,6 +225,8 @@ class Scheduler:
         self._check_refused: dict[str, tuple[str, float]] = {}
         #: Workload uid -> the reason of the last answer said in an Event on its owner.
         self._said: dict[str, str] = {}
+        #: Uids of the Workloads whose Job this replica sized and ungated (`_resize`).
+        self._resized: set[str] = set()
         self._created: dict[str, str] = {}  # job key -> uid of the job whose workload we made
         self._creating: dict[str, str] = {}  # job key -> uid: its workload's create in flight
         #: job key -> (its failed creates' backoff, monotonic time of the next try)
@@ -385,7 +387,7 @@ class Scheduler:
             current = objects.jobs.get(key)
             if key in workloads or current is None or current["metadata"].get("uid") != uid:
                 del self._created[key]
-        checked = self._checked(objects)
+        checked, skip = self._checked(objects)
         estimated = {**objects.jobs, **checked}
         self._start_estimates(estimated)
         estimates = {
@@ -415,6 +417,7 @@ class Scheduler:
             learned=learned.records(keys),
             learning=self.options.learning,
             kueue_retry_seconds=self.options.kueue_retry_s,
+            kueue_skip=frozenset(skip),
         )
         decided_at = self.clock.monotonic()
         out = await loop.run_in_executor(self._decider, self._decide, inp)
@@ -444,6 +447,7 @@ class Scheduler:
         if landed is None:
             return
         await self._answer(out.checks)
+        await self._resize(out.resizes)
         left = replace(objects, jobs={**objects.jobs, **landed})
         keys = {**keys, **await self._learn(left.jobs.values(), keys)}
         learned_gauges = learned.gauges(keys, self.options.learning)
@@ -564,9 +568,10 @@ class Scheduler:
 
     # -- Kueue's AdmissionChecks (`controller.admission.kueue`) --------------------------------
 
-    def _checked(self, objects: ClusterObjects) -> dict[str, dict[str, Any]]:
+    def _checked(self, objects: ClusterObjects) -> tuple[dict[str, dict[str, Any]], set[str]]:
         """Lay this replica's check answers the cache has not seen over the cached Workloads;
-        the jobs of those whose check waits for vramgate, to estimate."""
+        the jobs of those whose check (or size) waits for vramgate, to estimate, and the keys
+        of those not to decide this pass (answer refused for good; sized already)."""
         workloads: dict[str, Mapping[str, Any]] = {}
         for key, workload in objects.kueue_workloads.items():
             fresh = self._fresh_checks.get(key)
@@ -587,15 +592,20 @@ class Scheduler:
         now = self.clock.monotonic()
         for key in [k for k, (_, until) in self._check_refused.items() if until <= now]:
             del self._check_refused[key]
-        jobs = {}
-        for key, workload in list(workloads.items()):
-            if self._check_refused.get(key, ("", 0.0))[0] == _uid(workload):
-                del workloads[key]  # its answer was refused for good: not decided again yet
-                continue
-            if kueue.to_decide(workload, objects.kueue_checks):
+        for uid in [u for u in self._resized if u not in uids]:
+            self._resized.discard(uid)
+        jobs, skip = {}, set()
+        for key, workload in workloads.items():
+            uid = _uid(workload)
+            # Refused for good: not decided again for a while. Sized already: not again
+            # until the cache sees its gate gone (Kueue then makes its Workload anew).
+            sized = kueue.to_resize(workload) and uid in self._resized
+            if self._check_refused.get(key, ("", 0.0))[0] == uid or sized:
+                skip.add(key)
+            elif kueue.to_resize(workload) or kueue.to_decide(workload, objects.kueue_checks):
                 with contextlib.suppress(kueue.CheckProblem):  # answered by the pass
                     jobs[key] = kueue.check_job(workload, objects.kueue_flavors)
-        return jobs
+        return jobs, skip
 
     async def _answer(self, writes: Sequence[kueue.CheckWrite]) -> None:
         """Apply each check's answer to its Workload; assumed, once landed, until the cache
@@ -645,6 +655,37 @@ class Scheduler:
                 )  # fmt: skip
 
         await asyncio.gather(*(answer(w) for w in writes))
+
+    async def _resize(self, writes: Sequence[kueue.ResizeWrite]) -> None:
+        """Rewrite each gated Job's GPU count and remove vramgate's gate (`kueue.ResizeWrite`);
+        said in an Event on the Job."""
+        loop = asyncio.get_running_loop()
+
+        async def resize(w: kueue.ResizeWrite) -> None:
+            try:
+                await loop.run_in_executor(
+                    self._writer, self.kube.resize_job, w.namespace, w.name, w.uid,
+                    w.container, w.gpus, w.gates,
+                )  # fmt: skip
+            except Gone:
+                return
+            except Exception as error:
+                log.warning("[%s] Job %s not sized (%s); again next pass", w.key, w.name, error)
+                loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                return
+            self._resized.add(w.workload_uid)
+            log.info("[%s] Job %s: %s", w.key, w.name, w.message)
+            job = {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": w.name, "namespace": w.namespace, "uid": w.uid},
+            }
+            kind = "Warning" if w.gpus is None else "Normal"
+            self._context.run(
+                kopf.event, cast(Any, job), type=kind, reason=w.reason, message=w.message
+            )  # fmt: skip
+
+        await asyncio.gather(*(resize(w) for w in writes))
 
     async def activate(self, name: str) -> None:
         """Set the AdmissionCheck's Active condition, which Kueue waits for before it uses

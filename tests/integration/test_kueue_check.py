@@ -380,3 +380,28 @@ def test_a_kueue_preemption_releases_the_reservation_and_the_preemptor_gets_the_
         assert pod_node(api_client, namespace, "high") == node
     finally:
         objects.cleanup()
+
+
+def test_a_gated_job_is_resized_to_what_fits_then_admitted_through_the_check(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    (node,) = gpus.add([80, 80])  # two GPUs: the Job asks four, and may run on one to four
+    body = train_job(namespace, "elastic", local, gpus, finetune={**QLORA, "resources": {
+        "minGPUs": 1}}, gpus_per_pod=4)  # fmt: skip
+    body["metadata"]["annotations"] = {check.GATE_ANNOTATION: check.CONTROLLER}
+    submit(api_client, body)
+    said = event(api_client, namespace, "elastic", "Resized", "Normal")
+    assert said.message.startswith("resized from 4 to 2 GPUs")
+    job = objects.read_job(namespace, "elastic")
+    assert check.GATE_ANNOTATION not in (job["metadata"].get("annotations") or {})
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    ready = answered(objects, namespace, "elastic", check.READY)
+    placement = json.loads(entry_of(ready)["podSetUpdates"][0]["annotations"][
+        check.PLACEMENT_ANNOTATION])  # fmt: skip
+    assert [(p["node"], p["gpuIndices"]) for p in placement["nodes"]] == [(node, [0, 1])]
+    assert pod_node(api_client, namespace, "elastic") == node

@@ -148,7 +148,8 @@ def test_a_workload_reads_as_the_finetunejob_its_annotation_and_podsets_say() ->
         (None, "metadata.annotations[vramgate.dev/finetune] is required"),
         ("model: [", "must be YAML or JSON"),
         ("- a list", "must be a mapping of FineTuneJob spec fields"),
-        (FINETUNE + "resources: {gpus: 8}\n", "resources may not be set here"),
+        (FINETUNE + "resources: {gpus: 8}\n", "resources may set only minGPUs and maxGPUs"),
+        (FINETUNE + "template: {}\n", "template may not be set here"),
     ],
 )
 def test_a_workload_whose_annotation_cannot_be_read_is_rejected_naming_the_field(
@@ -413,3 +414,69 @@ def test_active_is_read_from_the_condition() -> None:
     assert not kueue.active(check)
     check["status"] = {"conditions": [kueue.active_condition(NOW)]}
     assert kueue.active(check)
+
+
+# -- resize through Kueue's admission gate ----------------------------------------------------
+
+
+def gated(name: str, gpus: int, gates: str = kueue.CONTROLLER, bounds: str = "") -> dict[str, Any]:
+    """A Workload Kueue holds for vramgate (no quota yet), of a Job of one pod asking `gpus`."""
+    annotation = FINETUNE + (f"resources: {{{bounds}}}\n" if bounds else "")
+    wl = workload(name, gpus=gpus, annotation=annotation, reserved=False)
+    wl["metadata"]["annotations"] = {kueue.GATE_ANNOTATION: gates}
+    wl["status"]["admissionChecks"] = []
+    return wl
+
+
+def resized(objects: ClusterObjects) -> dict[str, kueue.ResizeWrite]:
+    return {w.name: w for w in decide(objects).resizes}
+
+
+def estimates_with_gated(objects: ClusterObjects) -> dict[str, Estimated]:
+    found = estimates_of(objects)
+    for key, wl in objects.kueue_workloads.items():
+        if kueue.to_resize(wl):
+            plan, errors = translate(dict(kueue.check_job(wl)["spec"]))
+            assert plan is not None, errors
+            found[key] = Estimated(1, plan=plan, estimate=estimate_plan(plan))
+    return found
+
+
+def test_a_gated_job_is_resized_to_the_count_that_fits_now_and_its_gate_removed() -> None:
+    objects = with_kueue(
+        cluster(gpus={"n1": [80, 80], "n2": [5, 5]}), gated("w", 4, bounds="minGPUs: 1")
+    )
+    (write,) = decide(objects, estimates_with_gated(objects)).resizes
+    assert (write.name, write.uid, write.container, write.gpus) == ("w", "job-w", "trainer", 2)
+    assert write.gates is None  # vramgate's was the only gate
+    assert write.message.startswith("resized from 4 to 2 GPUs")
+
+
+def test_other_controllers_gates_stay() -> None:
+    wl = gated("w", 1, gates=f"example.com/quota, {kueue.CONTROLLER}")
+    objects = with_kueue(cluster(), wl)
+    (write,) = decide(objects, estimates_with_gated(objects)).resizes
+    assert write.gpus == 1 and write.gates == "example.com/quota"
+
+
+def test_a_gated_job_that_waits_keeps_its_gate_and_one_that_never_fits_loses_it_as_it_is() -> None:
+    busy = with_kueue(cluster(gpus={"n1": [5]}), gated("w", 1))
+    assert decide(busy, estimates_with_gated(busy)).resizes == []  # waits, gated, no quota
+    never = with_kueue(cluster(gpus={"n1": [80]}), gated("w", 4, bounds="minGPUs: 2"))
+    (write,) = decide(never, estimates_with_gated(never)).resizes
+    assert write.gpus is None and write.gates is None  # the check will say why, with numbers
+
+
+def test_a_resize_holds_nothing_a_finetunejob_may_take_the_memory() -> None:
+    objects = with_kueue(cluster(ftj("a"), gpus={"n1": [20]}), gated("w", 1))
+    out = decide(objects, estimates_with_gated(objects))
+    assert [w for w in out.writes if w.resource_version is not None]  # a admitted
+    assert out.resizes == []  # and w, sized on what is left, waits
+
+
+def test_only_a_batch_job_is_resized() -> None:
+    wl = gated("w", 1)
+    wl["metadata"]["ownerReferences"][0].update(
+        apiVersion="jobset.x-k8s.io/v1alpha2", kind="JobSet"
+    )
+    assert not kueue.to_resize(wl)
