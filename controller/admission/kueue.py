@@ -91,6 +91,8 @@ MAX_SPEC_BYTES = 16 * 1024
 MAX_MESSAGE = 32768
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+#: Each answer as the decision metrics name it (`vramgate_decisions`).
+DECISION = {READY: "Admit", RETRY: "Queue", REJECTED: "Reject"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.admission import observed
+from controller.admission import kueue, observed
 from controller.admission.cluster import (
     ClusterObjects,
     finished,
@@ -146,6 +146,21 @@ def metric_view(
         if found and held.per_gpu_bytes > 0:
             top = observed.highest(found.values())
             ratio.add((namespace, name, profile, family(job)), top / held.per_gpu_bytes)
+
+    # Kueue Workloads vramgate admitted hold memory in the same ledger (`kueue.py`): their
+    # holds count in the reservation gauge, as in the free memory the next gauge reports.
+    if objects.kueue_checks:
+        for workload in objects.kueue_workloads.values():
+            hold = kueue.reservation(workload, objects.kueue_checks, ())
+            if hold is None:
+                continue
+            meta = workload.get("metadata") or {}
+            owner = (str(meta.get("namespace")), str(meta.get("name")))
+            for part in hold.placement:
+                for index, uuid in zip(part.indices, part.uuids, strict=False):
+                    reserved_on[uuid] = reserved_on.get(uuid, 0) + hold.per_gpu_bytes
+                    gpu = (part.node, str(index), uuid, products.get(uuid, ""))
+                    predicted.add((*owner, *gpu, "Kueue"), float(hold.per_gpu_bytes))
 
     for reason, count in sorted(by_reason.items()):
         pending.add((reason,), float(count))

@@ -645,6 +645,9 @@ class Scheduler:
                 return
             self._fresh_checks[w.key] = (str(w.resource_version), slim_kueue_workload(after))
             log.info("[%s] check %s: %s (%s)", w.key, w.check, w.entry["state"], w.reason)
+            decision = kueue.DECISION.get(w.entry["state"])
+            if decision is not None:
+                self.metrics.decisions.labels(decision, w.reason).inc()
             # Said once per reason on the Workload's owner (Kueue resets a Retry or Rejected
             # entry, and its message, to Pending at once).
             if w.event is not None and w.owner is not None and self._said.get(w.uid) != w.reason:

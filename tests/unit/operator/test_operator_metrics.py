@@ -19,6 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from controller.admission import kueue
 from controller.admission.admission_pass import Recorded
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.admission.observed import GpuPeak, spec_family
@@ -27,6 +28,7 @@ from controller.operator.metrics import ACCURACY_BUCKETS, OperatorMetrics
 from controller.packing.inventory import GpuMode, PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.admission import AdmissionWebhook
+from tests.unit.admission.test_kueue import admission_check, ready
 from tests.unit.builders.admission import (
     GIB,
     NOW,
@@ -97,6 +99,22 @@ def test_an_admitted_job_is_predicted_and_reserved_on_each_gpu_of_its_placement(
         ("n1", "0", "GPU-n1-0", PRODUCT): float(per_gpu),
         ("n1", "1", "GPU-n1-1", PRODUCT): 0.0,
     }, "every GPU with known memory, 0 where nothing is reserved"
+
+
+def test_a_kueue_workload_vramgate_admitted_is_predicted_and_reserved_like_a_job() -> None:
+    objects = cluster(gpus={"n1": [80, 80]})
+    objects.kueue_checks = kueue.our_checks([admission_check()])
+    held = ready("w", "n1", 20 * GIB)
+    objects.kueue_workloads = {kueue.workload_key(held): held}
+    view = view_of(objects)
+    assert samples(view["vramgate_job_predicted_bytes"]) == {
+        ("ns", "w", "n1", "0", "GPU-n1-0", PRODUCT, "Kueue"): float(20 * GIB)
+    }
+    assert samples(view["vramgate_gpu_reservation_bytes"])[("n1", "0", "GPU-n1-0", PRODUCT)] == (
+        20 * GIB
+    )
+    held["status"]["conditions"].append({"type": "Finished", "status": "True"})
+    assert samples(view_of(objects)["vramgate_job_predicted_bytes"]) == {}
 
 
 def test_schedulable_free_is_free_less_what_admitted_jobs_will_still_allocate() -> None:
