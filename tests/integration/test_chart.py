@@ -507,8 +507,16 @@ def _read_and_patch_status(resource: str) -> set[tuple[str, str]]:
     }
 
 
+def _job_patch(role: dict[str, Any]) -> bool:
+    return any(
+        "batch" in rule["apiGroups"] and "jobs" in rule["resources"] and "patch" in rule["verbs"]
+        for rule in role["rules"]
+    )
+
+
 WORKLOAD_RIGHTS = _read_and_patch_status("workloads")
 ADMISSION_CHECK_RIGHTS = _read_and_patch_status("admissionchecks")
+FLAVOR_RIGHTS = {("resourceflavors", verb) for verb in ("get", "list", "watch")}
 
 
 def test_kueue_renders_the_admission_check_its_rights_and_the_config_when_enabled(
@@ -523,14 +531,18 @@ def test_kueue_renders_the_admission_check_its_rights_and_the_config_when_enable
     assert (config["kueueAdmissionCheck"], config["kueueRetrySeconds"]) == (True, 30)
     settings = _load_operator_settings(config, tmp_path)
     assert settings.kueue_admission_check is True and settings.kueue_retry_seconds == 30
-    # Exactly these rights: read Workloads and AdmissionChecks, patch only their status.
+    # Exactly these rights: read Workloads, AdmissionChecks and ResourceFlavors, patch only
+    # the first two's status; and patch batch Jobs (resize under Kueue: a gated Job's GPU
+    # count and gate annotation), the one Job verb the operator's job rules lack.
     cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
-    assert _kueue_rights(cluster_role) == WORKLOAD_RIGHTS | ADMISSION_CHECK_RIGHTS
+    assert _kueue_rights(cluster_role) == WORKLOAD_RIGHTS | ADMISSION_CHECK_RIGHTS | FLAVOR_RIGHTS
+    assert _job_patch(cluster_role)
     # Rejections are Events on the Workload's owner (a batch Job): already an operator right.
     assert ("events", "create") in {
         (r, v) for rule in cluster_role["rules"] for r in rule["resources"] for v in rule["verbs"]
     }
-    # Listed namespaces: Workloads are namespaced (watched there only), AdmissionChecks not.
+    # Listed namespaces: Workloads and Jobs are namespaced (watched and patched there only),
+    # AdmissionChecks and ResourceFlavors not.
     objects = render(
         "--set", "kueue.admissionCheck.enabled=true",
         "--set", "operator.config.namespaces={team-a,team-b}",
@@ -538,9 +550,11 @@ def test_kueue_renders_the_admission_check_its_rights_and_the_config_when_enable
         "--set", "kueue.admissionCheck.retrySeconds=120",
     )  # fmt: skip
     cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
-    assert _kueue_rights(cluster_role) == ADMISSION_CHECK_RIGHTS
+    assert _kueue_rights(cluster_role) == ADMISSION_CHECK_RIGHTS | FLAVOR_RIGHTS
+    assert not _job_patch(cluster_role)
     roles = find(objects, "Role", f"{FULLNAME}-operator-jobs")
     assert len(roles) == 2 and all(_kueue_rights(r) == WORKLOAD_RIGHTS for r in roles)
+    assert all(_job_patch(r) for r in roles)
     assert one(objects, "AdmissionCheck")["metadata"]["name"] == "gpu-memory"
     assert operator_config(objects)["kueueRetrySeconds"] == 120
     # create=false: the check is made elsewhere; the operator still answers it.
@@ -559,6 +573,7 @@ def test_kueue_renders_none_of_them_when_disabled_by_default(tmp_path: Path) -> 
         assert not find(objects, "AdmissionCheck"), args
         for role in (*find(objects, "ClusterRole"), *find(objects, "Role")):
             assert not _kueue_rights(role), (args, role["metadata"]["name"])
+            assert not _job_patch(role), (args, role["metadata"]["name"])
         config = operator_config(objects)
         assert config["kueueAdmissionCheck"] is False, args
     assert _load_operator_settings(config, tmp_path).kueue_admission_check is False
@@ -1292,6 +1307,8 @@ OPERATOR_CANNOT = [
     ("update", "finetunejobs.vramgate.dev", "-n", "any"),
     ("patch", "finetunejobs.vramgate.dev", "-n", "any"),
     ("delete", "finetunejobs.vramgate.dev", "-n", "any"),
+    # Only with kueue.admissionCheck.enabled (resize under Kueue), off in this release.
+    ("patch", "jobs.batch", "-n", "any"),
     ("create", "gpunodes.vramgate.dev"),
     ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
     # A key's spec (its pin, its reset) is a person's.

@@ -227,14 +227,22 @@ namespaceSelector:
   verbs: ["create", "list"]
 {{- if .Values.kueue.admissionCheck.enabled }}
 # Kueue's Workloads (namespaced, like the jobs they queue): kopf watches them for a check to
-# answer; the answer is vramgate's own entry of status.admissionChecks, server-side applied
-# (field manager vramgate-check), never the spec. A rejection's Event goes on the Workload's
-# owner (a batch Job, ...) through the Events rule above.
+# answer, and a new leader lists them at start; the answer is vramgate's own entry of
+# status.admissionChecks, server-side applied (field manager vramgate-check), never the
+# spec. Each answer's Event goes on the Workload's owner (a batch Job, ...) through the
+# Events rule above.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
+  verbs: ["patch"]
+# Resize under Kueue: a suspended batch Job gated by vramgate.dev/vram
+# (kueue.x-k8s.io/admission-gated-by) gets its GPU count rewritten and vramgate's gate
+# removed, in one strategic merge patch with a uid precondition. The Jobs rule above grants
+# get, list, watch, create and delete; patch is the one verb it lacks.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
   verbs: ["patch"]
 {{- end }}
 {{- end }}
