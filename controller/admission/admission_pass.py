@@ -30,6 +30,7 @@ end), counted once the write lands, so a decision is counted once however often 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -43,6 +44,7 @@ from controller.admission.cluster import (
     has_template,
     job_key,
     job_request,
+    queue_name,
     reservation,
     snapshot,
 )
@@ -55,6 +57,7 @@ from controller.decision import (
     AdmissionSettings,
     Decision,
     JobRequest,
+    Outcome,
     plan_on,
 )
 from controller.decision.decide import decide_placed
@@ -65,9 +68,11 @@ from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView
 from controller.workload import (
     Admission,
+    Queued,
     Remains,
     WorkloadError,
     WorkloadState,
+    build_queued_workload,
     build_workload,
     ending,
     workload_conditions,
@@ -257,6 +262,12 @@ def admission_pass(inp: PassInput) -> PassOutput:
                     "to rerun it)",
                 )  # fmt: skip
             continue
+        if queue_name(job) is not None:  # Kueue decides it, with vramgate's check
+            drafts[key] = draft = _Draft(job)
+            if usage is None and inp.job_pods.get(key):
+                usage = observed.pod_usage(inp.objects.gpunodes)
+            _kueue_job(inp, key, draft, out, view, usage or {})
+            continue
         found = inp.estimates.get(key)
         if found is None or found.generation != _generation(job):
             continue  # still estimating this generation
@@ -304,6 +315,176 @@ def admission_pass(inp: PassInput) -> PassOutput:
 
 
 # -- Kueue's Workloads whose vramgate check is pending (`kueue.py`) -------------------------
+
+
+def _kueue_job(
+    inp: PassInput,
+    key: str,
+    draft: _Draft,
+    out: PassOutput,
+    view: ClusterView,
+    usage: observed.PodUsage,
+) -> None:
+    """A FineTuneJob handed to Kueue (spec.queueName): its batch Job is created suspended in
+    the LocalQueue once it is estimated, and vramgate's AdmissionCheck places its Workload
+    like any other (the ledger holds it there, not here: `cluster.reservation`). The job's
+    status follows: QueuedInKueue with the check's latest answer while the Job is suspended;
+    admitted, with the placement the check gave, once Kueue starts it; Running, Succeeded or
+    Failed as its workload goes; queued again if Kueue preempts it (it suspends the Job)."""
+    job = draft.job
+    meta = job.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    queue = queue_name(job) or ""
+    workload = inp.workloads.get(key)
+    handed = (draft.status.get("workloadRef") or {}).get("name") is not None
+    admitted = cond.find_condition(_conditions(draft), cond.ADMITTED) or {}
+    ran = admitted.get("status") == "True"
+    if (job.get("spec") or {}).get("suspend"):
+        if handed or workload is not None:
+            out.deletes.append(DeleteWorkload(key, (_queued_job_ref(job),)))
+            _release(
+                inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
+                "spec.suspend is true: its workload was taken out of Kueue and deleted",
+            )  # fmt: skip
+        else:
+            _set_admitted(
+                inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
+                "spec.suspend is true: not handed to Kueue, and holds no GPU memory",
+            )  # fmt: skip
+        return
+    found = inp.estimates.get(key)
+    if workload is None and (not handed or not ran):
+        # Not handed yet, or its Job is gone before it ran: handed (again) once estimated.
+        if found is None or found.generation != _generation(job):
+            return
+        problem = _template_error(job, inp) if found.failure is None else None
+        if problem is not None:
+            draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
+            return
+        if _estimated(inp, draft, found, view) is None or found.plan is None:
+            return
+        plan, est = found.plan, found.estimate
+        assert est is not None
+        annotations = {kueue.SPEC_ANNOTATION: kueue.spec_annotation(job.get("spec") or {})}
+        queued = Queued(queue, annotations, kueue.UUIDS_ANNOTATION)
+        try:
+            objects = build_queued_workload(
+                job, plan.gpus, est.per_gpu_bytes(plan.gpus, plan.parallelism), queued
+            )
+        except WorkloadError as error:
+            draft.apply(status_rules.invalid(str(error), _generation(job), draft.status, inp.now))
+            return
+        after_write = not handed
+        draft.status["workloadRef"] = {
+            "apiVersion": "batch/v1", "kind": "Job", "name": workload_name(name),
+        }  # fmt: skip
+        message = (
+            f"handed to Kueue's LocalQueue {queue}: Kueue reserves quota, then vramgate's "
+            "AdmissionCheck places it by GPU memory"
+        )
+        if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
+                         message, _generation(job)):  # fmt: skip
+            _decided(draft, Outcome.QUEUE.value, cond.REASON_QUEUED_IN_KUEUE)
+        out.creates.append(CreateWorkload(key, tuple(objects), after_write=after_write))
+        return
+    if workload is None:  # it ran, and its Job is gone: how it ended, as for any job
+        state = _missing_workload(inp, key, draft, out, admitted)
+        if state is not None:
+            _follow_state(inp, key, draft, out, usage, state, admitted.get("observedGeneration"))
+        return
+    if workload:  # {}: being created, not in the caches yet
+        _record_workload(draft, workload)
+    if not workload or (workload.get("spec") or {}).get("suspend"):
+        said = _check_said(inp, workload)
+        at = admitted.get("observedGeneration")
+        if workload and not ran and at is not None and at != _generation(job):
+            # Edited while it waits in Kueue: its Job, built from the old spec, is deleted
+            # and made again from the new one.
+            out.deletes.append(DeleteWorkload(key, (_queued_job_ref(job),)))
+            draft.status.pop("workloadRef", None)
+            return
+        message = f"waits in Kueue's LocalQueue {queue}" + (f"; {said}" if said else "")
+        if ran:  # Kueue suspended it again (a preemption): it holds nothing now
+            _release(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
+                     f"suspended by Kueue (preempted); {message}")  # fmt: skip
+            draft.status["workloadRef"] = {
+                "apiVersion": "batch/v1", "kind": "Job", "name": workload_name(name),
+                "uid": str((workload.get("metadata") or {}).get("uid")),
+            }  # fmt: skip
+        else:
+            _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
+                          message, at)  # fmt: skip
+        return
+    placement = _placement_in(workload)
+    if placement is None:
+        return  # started by someone else than Kueue after vramgate's check: nothing to say
+    if not ran:
+        nodes = ", ".join(p["node"] for p in placement["nodes"])
+        draft.status["placement"] = {
+            **placement, "requestedGPUs": _requested_gpus(placement),
+            "admittedGPUs": _requested_gpus(placement),
+        }  # fmt: skip
+        message = (
+            f"admitted by Kueue (LocalQueue {queue}) once vramgate's AdmissionCheck placed it "
+            f"on {nodes}"
+        )
+        if _set_admitted(inp, draft, ConditionStatus.TRUE, cond.REASON_FITS, message,
+                         admitted.get("observedGeneration")):  # fmt: skip
+            _decided(draft, Outcome.ADMIT.value, cond.REASON_FITS)
+        draft.urgent = True
+    state = workload_state(workload, inp.job_pods.get(key, ()), inp.now)
+    at = (cond.find_condition(_conditions(draft), cond.ADMITTED) or {}).get("observedGeneration")
+    _follow_state(inp, key, draft, out, usage, state, at)
+
+
+def _queued_job_ref(job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job.get("metadata") or {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "namespace": str(meta.get("namespace") or "default"),
+            "name": workload_name(str(meta.get("name") or "")),
+        },
+    }
+
+
+def _placement_in(workload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The placement vramgate's check gave the Job's pods (Kueue copied the podSetUpdates'
+    annotation onto its pod template), as status.placement says it; None without one."""
+    annotations = ((((workload.get("spec") or {}).get("template") or {}).get("metadata") or {})
+                   .get("annotations") or {})  # fmt: skip
+    raw = annotations.get(kueue.PLACEMENT_ANNOTATION)
+    try:
+        placement = json.loads(raw) if isinstance(raw, str) else None
+        nodes = [
+            {"node": str(p["node"]), "gpuIndices": [int(i) for i in p.get("gpuIndices") or []],
+             "gpuUUIDs": [str(u) for u in p.get("gpuUUIDs") or []]}
+            for p in placement.get("nodes") or []
+        ] if isinstance(placement, Mapping) else []  # fmt: skip
+        per_gpu = int(placement.get("perGpuBytes") or 0) if isinstance(placement, Mapping) else 0
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    if not nodes or per_gpu <= 0:
+        return None
+    return {"nodes": nodes, "perGpuBytes": per_gpu}
+
+
+def _requested_gpus(placement: Mapping[str, Any]) -> int:
+    return sum(len(p["gpuIndices"]) for p in placement["nodes"])
+
+
+def _check_said(inp: PassInput, job: Mapping[str, Any]) -> str:
+    """The latest answer of vramgate's check on the Kueue Workload of the batch Job `job`."""
+    uid = (job.get("metadata") or {}).get("uid")
+    if not uid:
+        return ""
+    for workload in inp.objects.kueue_workloads.values():
+        owner = (kueue.owner_of(workload) or {}).get("metadata") or {}
+        if owner.get("uid") == uid:
+            entry = kueue.check_of(workload, inp.objects.kueue_checks) or {}
+            return str(entry.get("message") or "")
+    return ""
 
 
 def _hostnames(inp: PassInput) -> dict[str, str]:
@@ -579,6 +760,21 @@ def _follow_admitted(
             f"{_generation(job)} is ignored: only spec.suspend may change once a job is "
             "admitted (suspend it, edit it, and resume it to change the rest)",
         )
+    _follow_state(inp, key, draft, out, usage, state, admitted_at)
+    return {**job, "status": draft.status}
+
+
+def _follow_state(
+    inp: PassInput,
+    key: str,
+    draft: _Draft,
+    out: PassOutput,
+    usage: observed.PodUsage,
+    state: WorkloadState,
+    admitted_at: Any,
+) -> None:
+    """The workload's state -> Running, Succeeded or Failed (an Event on each change), the
+    GPUs given back at its end, and its pods' peaks observed."""
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in _conditions(draft)}
     conditions = workload_conditions(state, _conditions(draft), admitted_at, inp.now)
     draft.set_conditions(conditions)
@@ -594,7 +790,6 @@ def _follow_admitted(
         draft.releases = True
     running = any(c["type"] == cond.RUNNING and c["status"] == "True" for c in conditions)
     _observe(inp, key, draft, out, ended, usage, running)
-    return {**job, "status": draft.status}
 
 
 def _release(

@@ -343,9 +343,19 @@ def finished(job: Mapping[str, Any]) -> bool:
     )
 
 
+def queue_name(job: Mapping[str, Any]) -> str | None:
+    """The Kueue LocalQueue the job is handed to (spec.queueName), or None."""
+    spec = job.get("spec")
+    found = spec.get("queueName") if isinstance(spec, Mapping) else None
+    return found if isinstance(found, str) and found else None
+
+
 def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Reservation | None:
     """The hold of an admitted job (Admitted=True with a placement, not finished), with its
-    live pods."""
+    live pods. A job handed to Kueue holds none itself: its Workload holds its GPUs, once
+    vramgate's check placed it (`kueue.reservation`)."""
+    if queue_name(job) is not None:
+        return None
     status = job.get("status") or {}
     admitted = find_condition(status.get("conditions") or [], ADMITTED)
     placement = status.get("placement")

@@ -278,6 +278,13 @@ def _read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
     return dict(read), None
 
 
+def spec_annotation(spec: Mapping[str, Any]) -> str:
+    """A FineTuneJob's training as the annotation says it (the spec fields the check reads),
+    for the Job of a FineTuneJob handed to Kueue (spec.queueName)."""
+    said = {k: spec[k] for k in SPEC_FIELDS if k != "resources" and spec.get(k) is not None}
+    return yaml.safe_dump(said, sort_keys=True)
+
+
 def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of

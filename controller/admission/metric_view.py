@@ -128,6 +128,8 @@ def metric_view(
             if finished(job):
                 continue
             admitted = cond.find_condition(status.get("conditions") or [], cond.ADMITTED)
+            if (admitted or {}).get("status") == "True":
+                continue  # handed to Kueue and admitted there: its Workload holds its GPUs
             reason = str((admitted or {}).get("reason") or cond.REASON_PENDING)
             by_reason[reason] = by_reason.get(reason, 0) + 1
             born = parse_time(meta.get("creationTimestamp"))

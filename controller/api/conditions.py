@@ -105,6 +105,10 @@ REASON_SUSPENDED = "Suspended"
 #: NoTemplate indicates that the job is not admitted because spec.template is empty: there is
 #: nothing to run, so nothing is reserved; the message says what admission would decide.
 REASON_NO_TEMPLATE = "NoTemplate"
+#: QueuedInKueue indicates that the job (spec.queueName) was handed to Kueue: its workload
+#: waits, suspended, for Kueue's quota and for vramgate's AdmissionCheck to place it by GPU
+#: memory; the message says the check's latest answer.
+REASON_QUEUED_IN_KUEUE = "QueuedInKueue"
 #: SpecLocked indicates that a change to the spec of an admitted job was ignored: only
 #: spec.suspend may change once a job is admitted (suspend, edit, resume to change the rest).
 REASON_SPEC_LOCKED = "SpecLocked"

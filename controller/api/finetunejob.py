@@ -437,6 +437,18 @@ class FineTuneJobSpec(ApiModel):
         description="suspend keeps the job from being admitted while true; it is still "
         "estimated. Default false.",
     )
+    queue_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="queueName hands the job to Kueue: its workload is created at once, "
+        "suspended, in this LocalQueue of the job's namespace, so Kueue's quotas, fair "
+        "sharing and preemption apply; vramgate's AdmissionCheck on the LocalQueue's "
+        "ClusterQueue then places it by GPU memory (one node, the requested GPU count: "
+        "policy Enforce). Needs the operator's kueueAdmissionCheck. Unset: vramgate admits "
+        "the job itself.",
+    )
     template: dict[str, Any] | None = Field(
         None,
         description="template is the PodTemplateSpec of the trainer; the workload vramgate "

@@ -168,7 +168,14 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A FineTuneJob's batch Job as admission reads it; for one handed to Kueue, whether Kueue
+    holds it (`suspend`) and the placement vramgate's check gave its pods."""
     spec = body.get("spec") or {}
+    kept = {key: spec[key] for key in ("completions", "parallelism", "suspend") if key in spec}
+    annotations = (((spec.get("template") or {}).get("metadata") or {}).get("annotations")) or {}
+    if kueue.PLACEMENT_ANNOTATION in annotations:
+        placement = annotations[kueue.PLACEMENT_ANNOTATION]
+        kept["template"] = {"metadata": {"annotations": {kueue.PLACEMENT_ANNOTATION: placement}}}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -182,7 +189,7 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
             "deletionTimestamp",
             "creationTimestamp",  # how long it has had no pod (workload/state.py)
         ),
-        "spec": {key: spec[key] for key in ("completions", "parallelism") if key in spec},
+        "spec": kept,
         "status": dict(body.get("status") or {}),
     }
 

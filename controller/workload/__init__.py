@@ -14,16 +14,27 @@ Pure: plain dicts in, plain dicts out, no Kubernetes client. The operator create
 """
 
 from controller.api.names import job_label_value, workload_name
-from controller.workload.build import Admission, WorkloadError, build_workload, workload_problem
+from controller.workload.build import (
+    QUEUE_LABEL,
+    Admission,
+    Queued,
+    WorkloadError,
+    build_queued_workload,
+    build_workload,
+    workload_problem,
+)
 from controller.workload.lost import Remains, ending
 from controller.workload.state import Phase, WorkloadState, workload_conditions, workload_state
 
 __all__ = [
+    "QUEUE_LABEL",
     "Admission",
     "Phase",
+    "Queued",
     "Remains",
     "WorkloadError",
     "WorkloadState",
+    "build_queued_workload",
     "build_workload",
     "ending",
     "job_label_value",

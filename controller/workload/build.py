@@ -80,6 +80,41 @@ class Admission:
         return len(self.nodes[0].indices) if self.nodes else 0
 
 
+#: Kueue's label that puts a Job in a LocalQueue of its namespace.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A job handed to Kueue (spec.queueName): its LocalQueue, the annotations its pod
+    template carries for vramgate's AdmissionCheck (its training, as the check reads it), and
+    the annotation in which the check will name the GPUs chosen (read by the trainer through
+    the downward API: VRAMGATE_GPU_UUIDS)."""
+
+    queue: str
+    annotations: Mapping[str, str]
+    uuids_annotation: str
+
+
+def build_queued_workload(
+    job: Mapping[str, Any], gpus: int, per_gpu_bytes: int, queued: Queued
+) -> list[dict[str, Any]]:
+    """The batch Job of a job handed to Kueue: one pod of `gpus` GPUs (the device plugin's),
+    suspended in its LocalQueue and pinned to no node: Kueue starts it once vramgate's
+    AdmissionCheck has placed it (podSetUpdates: its node, its placement, its GPUs' UUIDs)."""
+    stand_in = Admission((NodeGpus("", tuple(range(gpus)), ()),), per_gpu_bytes,
+                         GpuMode.DEVICE_PLUGIN)  # fmt: skip
+    try:
+        return _build_workload(job, stand_in, queued)
+    except WorkloadError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        raise WorkloadError(
+            f"spec.template: the workload cannot be built from it ({error}); check its "
+            "fields' types against the Pod API"
+        ) from None
+
+
 def build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[str, Any]]:
     """The objects that run `job` on `admission`'s GPUs, in creation order: the DRA claim
     (or claim template) and the headless Service before the batch/v1 Job that uses them.
@@ -100,7 +135,9 @@ def build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[st
         ) from None
 
 
-def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[str, Any]]:
+def _build_workload(
+    job: Mapping[str, Any], admission: Admission, queued: Queued | None = None
+) -> list[dict[str, Any]]:
     meta = _mapping(job.get("metadata"), "metadata")
     job_name = _required_str(meta, "name", "metadata")
     uid = _required_str(meta, "uid", "metadata")
@@ -138,12 +175,23 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
     trainer, trainer_path = containers[index], f"{_CONTAINERS}[{index}]"
     multi_node = len(admission.nodes) > 1
 
+    env = _placement_env(admission, name)
+    if queued is not None:  # the GPUs are known once the check places it: read at start
+        where = f"metadata.annotations['{queued.uuids_annotation}']"
+        env = [v for v in env if v["name"] != "VRAMGATE_GPU_UUIDS"]
+        env.append({"name": "VRAMGATE_GPU_UUIDS",
+                    "valueFrom": {"fieldRef": {"fieldPath": where}}})  # fmt: skip
+        annotations = _obj(
+            _obj(template, "metadata", "spec.template"), "annotations", "spec.template.metadata"
+        )
+        annotations.update(queued.annotations)
     for i, container in enumerate(containers):
         container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-        _set_env(container, _placement_env(admission, name), f"{_CONTAINERS}[{i}]")
+        _set_env(container, env, f"{_CONTAINERS}[{i}]")
     if pod_spec.get("restartPolicy") != "OnFailure":
         pod_spec["restartPolicy"] = "Never"
-    _pin_to_nodes(pod_spec, [node.node for node in admission.nodes])
+    if queued is None:  # a queued job is pinned by the check's podSetUpdates
+        _pin_to_nodes(pod_spec, [node.node for node in admission.nodes])
 
     objects: list[dict[str, Any]] = []
     for kind in ("containers", "initContainers"):
@@ -195,8 +243,12 @@ def _build_workload(job: Mapping[str, Any], admission: Admission) -> list[dict[s
         pod_spec.pop("hostname", None)  # the Job controller names each pod's host <name>-<i>
         _one_pod_per_node(pod_spec, label)
         objects.append(_headless_service(metadata(name), label, admission.master_port))
+    job_meta = metadata(name)
+    if queued is not None:
+        job_meta["labels"][QUEUE_LABEL] = queued.queue
+        job_spec["suspend"] = True  # Kueue unsuspends it once admitted
     objects.append(
-        {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(name), "spec": job_spec}
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}
     )
     return objects
 

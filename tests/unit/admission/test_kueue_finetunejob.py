@@ -1,0 +1,168 @@
+"""A FineTuneJob handed to Kueue (spec.queueName), as plain data: its batch Job is created
+suspended in the LocalQueue, vramgate's check places its Workload, and the job's status
+follows Kueue (`admission_pass._kueue_job`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from controller.admission import kueue
+from controller.admission.cluster import snapshot
+from controller.api import conditions as cond
+from controller.api.base import JOB_LABEL
+from controller.jobs.spec import estimate_plan, translate
+from controller.workload import QUEUE_LABEL
+from tests.unit.admission.test_kueue import admission_check
+from tests.unit.builders.admission import (
+    GIB,
+    NOW,
+    cluster,
+    condition,
+    ftj,
+    merge,
+    run,
+    status_after,
+)
+
+QUEUE = "team-a"
+
+
+def queued(name: str = "a", **spec: Any) -> dict[str, Any]:
+    return ftj(name, queueName=QUEUE, **spec)
+
+
+def handed(job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job after the pass that handed it to Kueue, and its batch Job as created."""
+    out = run(cluster(job))
+    (create,) = out.creates
+    (batch,) = create.objects
+    after = copy.deepcopy(job)
+    after["status"] = merge({}, out.writes[0].patch)
+    return after, batch
+
+
+def cached(batch: dict[str, Any], *, suspend: bool, placement: dict[str, Any] | None = None):
+    """The batch Job as the operator's cache holds it (`caches.slim_workload`)."""
+    found = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {**batch["metadata"], "uid": "batch-uid"},
+        "spec": {"completions": 1, "parallelism": 1, "suspend": suspend},
+        "status": {},
+    }  # fmt: skip
+    if placement is not None:
+        found["spec"]["template"] = {
+            "metadata": {"annotations": {kueue.PLACEMENT_ANNOTATION: json.dumps(placement)}}
+        }
+    return found
+
+
+PLACEMENT = {
+    "perGpuBytes": 12 * GIB,
+    "nodes": [{"node": "n1", "gpuIndices": [0], "gpuUUIDs": ["GPU-n1-0"]}],
+}
+
+
+def test_an_estimated_job_is_handed_to_its_localqueue_suspended_and_holds_nothing() -> None:
+    job = queued()
+    out = run(cluster(job, ftj("b", minute=5), gpus={"n1": [20]}))
+    status = status_after(out, "ns/a")
+    admitted = condition(status, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", cond.REASON_QUEUED_IN_KUEUE)
+    assert QUEUE in admitted["message"]
+    assert "placement" not in status and status["workloadRef"]["name"] == "a"
+    (create,) = [c for c in out.creates if c.key == "ns/a"]
+    (batch,) = create.objects
+    assert batch["spec"]["suspend"] is True
+    assert batch["metadata"]["labels"][QUEUE_LABEL] == QUEUE
+    pod = batch["spec"]["template"]
+    assert "affinity" not in pod["spec"]  # pinned by the check, not here
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    uuids = [e for e in trainer["env"] if e["name"] == "VRAMGATE_GPU_UUIDS"]
+    assert uuids == [{"name": "VRAMGATE_GPU_UUIDS", "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{kueue.UUIDS_ANNOTATION}']"}}}]  # fmt: skip
+    # b, created later, is admitted by vramgate itself on the memory a does not hold.
+    assert status_after(out, "ns/b")["placement"]["nodes"][0]["node"] == "n1"
+
+
+def test_the_check_reads_the_same_training_from_the_jobs_annotation() -> None:
+    job = queued(training={"microBatchSize": 2, "sequenceLength": 4096})
+    _, batch = handed(job)
+    said = batch["spec"]["template"]["metadata"]["annotations"][kueue.SPEC_ANNOTATION]
+    workload = {
+        "metadata": {"name": "job-a", "namespace": "ns", "uid": "w", "generation": 1},
+        "spec": {"podSets": [{"name": "main", "count": 1, "template": batch["spec"]["template"]}]},
+    }
+    theirs, errors = translate(kueue.check_job(workload)["spec"])
+    ours, _ = translate(job["spec"])
+    assert theirs is not None and ours is not None, errors
+    assert estimate_plan(theirs).per_gpu_bytes(1, theirs.parallelism) == estimate_plan(
+        ours
+    ).per_gpu_bytes(1, ours.parallelism)
+    assert "sequenceLength: 4096" in said
+
+
+def test_while_kueue_holds_it_the_status_says_the_checks_latest_answer() -> None:
+    job, batch = handed(queued())
+    objects = cluster(job)
+    objects.kueue_checks = kueue.our_checks([admission_check()])
+    objects.kueue_workloads = {"Workload ns/job-a": {
+        "metadata": {"name": "job-a", "namespace": "ns", "uid": "w",
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "a",
+                                          "uid": "batch-uid", "controller": True}]},
+        "spec": {"podSets": []},
+        "status": {"admissionChecks": [{"name": "vram", "state": "Pending",
+                                        "message": "WaitingForVRAM: needs 11.64 GiB"}]},
+    }}  # fmt: skip
+    out = run(objects, workloads={"ns/a": cached(batch, suspend=True)})
+    admitted = condition(merge(job["status"], out.writes[0].patch), "Admitted")
+    assert admitted["reason"] == cond.REASON_QUEUED_IN_KUEUE
+    assert "WaitingForVRAM: needs 11.64 GiB" in admitted["message"]
+    assert out.creates == []
+
+
+def test_once_kueue_starts_it_the_job_is_admitted_on_the_checks_placement() -> None:
+    job, batch = handed(queued())
+    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=False, placement=PLACEMENT)})
+    status = merge(job["status"], out.writes[0].patch)
+    admitted = condition(status, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("True", cond.REASON_FITS)
+    assert "admitted by Kueue (LocalQueue team-a)" in admitted["message"]
+    assert status["placement"]["nodes"] == PLACEMENT["nodes"]
+    assert status["placement"]["perGpuBytes"] == 12 * GIB
+    assert status["workloadRef"]["uid"] == "batch-uid"
+    # Its hold is its Workload's: the job itself reserves nothing.
+    assert snapshot(cluster({**job, "status": status}), NOW).reservations == ()
+
+
+def test_a_kueue_preemption_sends_it_back_to_the_queue_holding_nothing() -> None:
+    job, batch = handed(queued())
+    started = run(cluster(job), workloads={"ns/a": cached(batch, suspend=False,
+                                                         placement=PLACEMENT)})  # fmt: skip
+    job["status"] = merge(job["status"], started.writes[0].patch)
+    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=True, placement=PLACEMENT)})
+    (write,) = out.writes
+    status = merge(job["status"], write.patch)
+    admitted = condition(status, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", cond.REASON_QUEUED_IN_KUEUE)
+    assert "preempted" in admitted["message"]
+    assert "placement" not in status and write.releases
+    assert out.deletes == [] and out.creates == []  # Kueue starts it again
+
+
+def test_suspending_it_takes_its_job_out_of_kueue() -> None:
+    job, batch = handed(queued())
+    job["spec"]["suspend"] = True
+    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=True)})
+    (delete,) = out.deletes
+    assert delete.objects[0]["metadata"] == {"namespace": "ns", "name": "a"}
+    assert condition(merge(job["status"], out.writes[0].patch), "Admitted")["reason"] == (
+        cond.REASON_SUSPENDED
+    )
+
+
+def test_its_batch_job_carries_the_finetunejob_label_so_its_pods_are_followed() -> None:
+    _, batch = handed(queued())
+    assert batch["spec"]["template"]["metadata"]["labels"][JOB_LABEL] == "a"
