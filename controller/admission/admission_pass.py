@@ -355,6 +355,15 @@ def _kueue_job(
     found = inp.estimates.get(key)
     if workload is None and (not handed or not ran):
         # Not handed yet, or its Job is gone before it ran: handed (again) once estimated.
+        if not inp.objects.kueue_checks:  # Kueue would start it with no memory checked
+            _set_admitted(
+                inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
+                f"spec.queueName {queue}: not handed to Kueue until vramgate answers its "
+                "AdmissionChecks (the operator's kueueAdmissionCheck, and an AdmissionCheck "
+                f"of controllerName {kueue.CONTROLLER}): Kueue alone would start it with no "
+                "GPU memory checked",
+            )  # fmt: skip
+            return
         if found is None or found.generation != _generation(job):
             return
         problem = _template_error(job, inp) if found.failure is None else None

@@ -34,12 +34,14 @@ from tests.integration.test_admission import (  # noqa: F401 - `gpus` is a fixtu
     Gpus,
     admitted,
     create,
+    get,
     gpus,
 )
 from tests.integration.test_admission import job as finetunejob
 from tests.integration.test_kueue_harness import Kueued, is_true
 from tests.integration.test_operator import (  # noqa: F401 - `crds` is a fixture
     OperatorProcess,
+    condition,
     crds,
     events_for,
     forget_webhook_configs,
@@ -405,3 +407,34 @@ def test_a_gated_job_is_resized_to_what_fits_then_admitted_through_the_check(
         check.PLACEMENT_ANNOTATION])  # fmt: skip
     assert [(p["node"], p["gpuIndices"]) for p in placement["nodes"]] == [(node, [0, 1])]
     assert pod_node(api_client, namespace, "elastic") == node
+
+
+def test_a_finetunejob_with_a_queue_name_runs_through_kueue_and_vramgates_check(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    (node,) = gpus.add([20])  # holds one 11.64 GiB job
+    submit(api_client, train_job(namespace, "blocker", local, gpus, runs_for="8s"))
+    answered(objects, namespace, "blocker", check.READY)
+    body = finetunejob("queued", gpus, runs_for="600s")
+    body["spec"]["queueName"] = local
+    create(api_client, namespace, body)
+    # Handed to Kueue: its Job waits suspended while the check answers WaitingForVRAM.
+    waiting = admitted(api_client, namespace, "queued", "False", "QueuedInKueue")
+    assert f"LocalQueue {local}" in condition(waiting, "Admitted")["message"]
+    assert objects.read_job(namespace, "queued")["spec"]["suspend"] is True
+    event(api_client, namespace, "queued", "WaitingForVRAM", "Normal")
+    # The blocker ends: the check places the FineTuneJob's Workload, Kueue starts its Job,
+    # and the FineTuneJob is admitted on that placement and runs there.
+    obj = admitted(api_client, namespace, "queued", "True", "Fits", timeout=60)
+    assert obj["status"]["placement"]["nodes"][0]["node"] == node
+    assert obj["status"]["placement"]["perGpuBytes"] == QLORA_BYTES
+    assert pod_node(api_client, namespace, "queued") == node
+    wait_until(
+        lambda: (c := condition(get(api_client, namespace, "queued"), "Running"))
+        and c["status"] == "True",
+        timeout=TIMEOUT_S, what="Running=True",
+    )  # fmt: skip

@@ -33,9 +33,16 @@ def queued(name: str = "a", **spec: Any) -> dict[str, Any]:
     return ftj(name, queueName=QUEUE, **spec)
 
 
+def kueued(*jobs: dict[str, Any], **kw: Any) -> Any:
+    """A cluster whose operator answers Kueue's AdmissionChecks (one names vramgate)."""
+    objects = cluster(*jobs, **kw)
+    objects.kueue_checks = kueue.our_checks([admission_check()])
+    return objects
+
+
 def handed(job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job after the pass that handed it to Kueue, and its batch Job as created."""
-    out = run(cluster(job))
+    out = run(kueued(job))
     (create,) = out.creates
     (batch,) = create.objects
     after = copy.deepcopy(job)
@@ -66,7 +73,7 @@ PLACEMENT = {
 
 def test_an_estimated_job_is_handed_to_its_localqueue_suspended_and_holds_nothing() -> None:
     job = queued()
-    out = run(cluster(job, ftj("b", minute=5), gpus={"n1": [20]}))
+    out = run(kueued(job, ftj("b", minute=5), gpus={"n1": [20]}))
     status = status_after(out, "ns/a")
     admitted = condition(status, "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("False", cond.REASON_QUEUED_IN_KUEUE)
@@ -85,6 +92,14 @@ def test_an_estimated_job_is_handed_to_its_localqueue_suspended_and_holds_nothin
         "fieldPath": f"metadata.annotations['{kueue.UUIDS_ANNOTATION}']"}}}]  # fmt: skip
     # b, created later, is admitted by vramgate itself on the memory a does not hold.
     assert status_after(out, "ns/b")["placement"]["nodes"][0]["node"] == "n1"
+
+
+def test_without_vramgates_check_in_the_cluster_it_is_not_handed_to_kueue() -> None:
+    out = run(cluster(queued()))
+    assert out.creates == []
+    admitted = condition(status_after(out, "ns/a"), "Admitted")
+    assert admitted["reason"] == cond.REASON_QUEUED_IN_KUEUE
+    assert "not handed to Kueue until vramgate answers its AdmissionChecks" in admitted["message"]
 
 
 def test_the_check_reads_the_same_training_from_the_jobs_annotation() -> None:
@@ -106,8 +121,7 @@ def test_the_check_reads_the_same_training_from_the_jobs_annotation() -> None:
 
 def test_while_kueue_holds_it_the_status_says_the_checks_latest_answer() -> None:
     job, batch = handed(queued())
-    objects = cluster(job)
-    objects.kueue_checks = kueue.our_checks([admission_check()])
+    objects = kueued(job)
     objects.kueue_workloads = {"Workload ns/job-a": {
         "metadata": {"name": "job-a", "namespace": "ns", "uid": "w",
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "a",
@@ -125,7 +139,7 @@ def test_while_kueue_holds_it_the_status_says_the_checks_latest_answer() -> None
 
 def test_once_kueue_starts_it_the_job_is_admitted_on_the_checks_placement() -> None:
     job, batch = handed(queued())
-    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=False, placement=PLACEMENT)})
+    out = run(kueued(job), workloads={"ns/a": cached(batch, suspend=False, placement=PLACEMENT)})
     status = merge(job["status"], out.writes[0].patch)
     admitted = condition(status, "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("True", cond.REASON_FITS)
@@ -139,10 +153,10 @@ def test_once_kueue_starts_it_the_job_is_admitted_on_the_checks_placement() -> N
 
 def test_a_kueue_preemption_sends_it_back_to_the_queue_holding_nothing() -> None:
     job, batch = handed(queued())
-    started = run(cluster(job), workloads={"ns/a": cached(batch, suspend=False,
+    started = run(kueued(job), workloads={"ns/a": cached(batch, suspend=False,
                                                          placement=PLACEMENT)})  # fmt: skip
     job["status"] = merge(job["status"], started.writes[0].patch)
-    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=True, placement=PLACEMENT)})
+    out = run(kueued(job), workloads={"ns/a": cached(batch, suspend=True, placement=PLACEMENT)})
     (write,) = out.writes
     status = merge(job["status"], write.patch)
     admitted = condition(status, "Admitted")
@@ -155,7 +169,7 @@ def test_a_kueue_preemption_sends_it_back_to_the_queue_holding_nothing() -> None
 def test_suspending_it_takes_its_job_out_of_kueue() -> None:
     job, batch = handed(queued())
     job["spec"]["suspend"] = True
-    out = run(cluster(job), workloads={"ns/a": cached(batch, suspend=True)})
+    out = run(kueued(job), workloads={"ns/a": cached(batch, suspend=True)})
     (delete,) = out.deletes
     assert delete.objects[0]["metadata"] == {"namespace": "ns", "name": "a"}
     assert condition(merge(job["status"], out.writes[0].patch), "Admitted")["reason"] == (
