@@ -30,7 +30,6 @@ end), counted once the write lands, so a decision is counted once however often 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -50,7 +49,7 @@ from controller.admission.cluster import (
 )
 from controller.admission.failures import Failure
 from controller.api import conditions as cond
-from controller.api.enums import ConditionStatus
+from controller.api.enums import AdmissionPolicy, ConditionStatus
 from controller.api.finetunejob import NodePlacement, Placement
 from controller.decision import (
     ADVISE,
@@ -327,123 +326,193 @@ def _kueue_job(
 ) -> None:
     """A FineTuneJob handed to Kueue (spec.queueName): its batch Job is created suspended in
     the LocalQueue once it is estimated, and vramgate's AdmissionCheck places its Workload
-    like any other (the ledger holds it there, not here: `cluster.reservation`). The job's
-    status follows: QueuedInKueue with the check's latest answer while the Job is suspended;
-    admitted, with the placement the check gave, once Kueue starts it; Running, Succeeded or
-    Failed as its workload goes; queued again if Kueue preempts it (it suspends the Job)."""
+    like any other (the ledger holds it there, not here: `cluster.reservation`; status.queueName
+    records the handing, so an edit of spec.queueName never moves the hold). The job's status
+    follows: QueuedInKueue with the check's latest answer while Kueue holds the Job; admitted,
+    on the placement the check gave, once Kueue starts it; Running, Succeeded or Failed as its
+    workload goes; queued again if Kueue preempts it (it suspends the Job)."""
     job = draft.job
-    meta = job.get("metadata") or {}
-    name = str(meta.get("name") or "")
-    queue = queue_name(job) or ""
+    spec = job.get("spec") or {}
     workload = inp.workloads.get(key)
-    handed = (draft.status.get("workloadRef") or {}).get("name") is not None
+    handed = bool(draft.status.get("queueName"))
+    queue = str(draft.status.get("queueName") or spec.get("queueName") or "")
     admitted = cond.find_condition(_conditions(draft), cond.ADMITTED) or {}
     ran = admitted.get("status") == "True"
-    if (job.get("spec") or {}).get("suspend"):
+    at = admitted.get("observedGeneration")
+    if spec.get("suspend"):
         if handed or workload is not None:
             out.deletes.append(DeleteWorkload(key, (_queued_job_ref(job),)))
             _release(
                 inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
                 "spec.suspend is true: its workload was taken out of Kueue and deleted",
             )  # fmt: skip
+            draft.status.pop("queueName", None)
         else:
             _set_admitted(
                 inp, draft, ConditionStatus.FALSE, cond.REASON_SUSPENDED,
                 "spec.suspend is true: not handed to Kueue, and holds no GPU memory",
             )  # fmt: skip
         return
-    found = inp.estimates.get(key)
-    if workload is None and (not handed or not ran):
-        # Not handed yet, or its Job is gone before it ran: handed (again) once estimated.
-        if not inp.objects.kueue_checks:  # Kueue would start it with no memory checked
-            _set_admitted(
-                inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
-                f"spec.queueName {queue}: not handed to Kueue until vramgate answers its "
-                "AdmissionChecks (the operator's kueueAdmissionCheck, and an AdmissionCheck "
-                f"of controllerName {kueue.CONTROLLER}): Kueue alone would start it with no "
-                "GPU memory checked",
-            )  # fmt: skip
-            return
-        if found is None or found.generation != _generation(job):
-            return
-        problem = _template_error(job, inp) if found.failure is None else None
-        if problem is not None:
-            draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
-            return
-        if _estimated(inp, draft, found, view) is None or found.plan is None:
-            return
-        plan, est = found.plan, found.estimate
-        assert est is not None
-        annotations = {kueue.SPEC_ANNOTATION: kueue.spec_annotation(job.get("spec") or {})}
-        queued = Queued(queue, annotations, kueue.UUIDS_ANNOTATION)
-        try:
-            objects = build_queued_workload(
-                job, plan.gpus, est.per_gpu_bytes(plan.gpus, plan.parallelism), queued
-            )
-        except WorkloadError as error:
-            draft.apply(status_rules.invalid(str(error), _generation(job), draft.status, inp.now))
-            return
-        after_write = not handed
-        draft.status["workloadRef"] = {
-            "apiVersion": "batch/v1", "kind": "Job", "name": workload_name(name),
-        }  # fmt: skip
-        message = (
-            f"handed to Kueue's LocalQueue {queue}: Kueue reserves quota, then vramgate's "
-            "AdmissionCheck places it by GPU memory"
-        )
-        if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
-                         message, _generation(job)):  # fmt: skip
-            _decided(draft, Outcome.QUEUE.value, cond.REASON_QUEUED_IN_KUEUE)
-        out.creates.append(CreateWorkload(key, tuple(objects), after_write=after_write))
+    refused = inp.refused.get(key)
+    if refused is not None and refused.uid == _uid(job) and refused.generation == at and not ran:
+        for taken in ("workloadRef", "queueName"):
+            draft.status.pop(taken, None)
+        _set_admitted(
+            inp, draft, ConditionStatus.FALSE, cond.REASON_INVALID_TEMPLATE,
+            f"the API server refuses the workload built from spec.template: {refused.message}; "
+            "it is handed to Kueue again once its spec changes",
+            generation=refused.generation,
+        )  # fmt: skip
+        return
+    if workload is None and not ran:
+        if not _deleting(job):  # not handed yet, or its Job went before it ran: hand it
+            _hand_to_kueue(inp, key, draft, out, view, queue)
         return
     if workload is None:  # it ran, and its Job is gone: how it ended, as for any job
         state = _missing_workload(inp, key, draft, out, admitted)
         if state is not None:
-            _follow_state(inp, key, draft, out, usage, state, admitted.get("observedGeneration"))
+            _follow_state(inp, key, draft, out, usage, state, at)
         return
     if workload:  # {}: being created, not in the caches yet
         _record_workload(draft, workload)
+    edited = at is not None and at != _generation(job) and not _deleting(job)
     if not workload or (workload.get("spec") or {}).get("suspend"):
-        said = _check_said(inp, workload)
-        at = admitted.get("observedGeneration")
-        if workload and not ran and at is not None and at != _generation(job):
-            # Edited while it waits in Kueue: its Job, built from the old spec, is deleted
-            # and made again from the new one.
+        if workload and not ran and edited:
+            # Edited while it waits in Kueue: its Job, built from the old spec, is deleted,
+            # and the job handed again from the new one.
             out.deletes.append(DeleteWorkload(key, (_queued_job_ref(job),)))
-            draft.status.pop("workloadRef", None)
+            for taken in ("workloadRef", "queueName"):
+                draft.status.pop(taken, None)
+            _set_admitted(
+                inp, draft, ConditionStatus.UNKNOWN, cond.REASON_PENDING,
+                f"the spec changed to generation {_generation(job)} while it waited in Kueue: "
+                "its workload is made again from the new spec",
+            )  # fmt: skip
             return
+        said = _check_said(inp, workload)
         message = f"waits in Kueue's LocalQueue {queue}" + (f"; {said}" if said else "")
         if ran:  # Kueue suspended it again (a preemption): it holds nothing now
+            ref = draft.status.get("workloadRef")
             _release(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
                      f"suspended by Kueue (preempted); {message}")  # fmt: skip
-            draft.status["workloadRef"] = {
-                "apiVersion": "batch/v1", "kind": "Job", "name": workload_name(name),
-                "uid": str((workload.get("metadata") or {}).get("uid")),
-            }  # fmt: skip
+            if ref is not None:
+                draft.status["workloadRef"] = ref
         else:
-            _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
-                          message, at)  # fmt: skip
+            _set_admitted(
+                inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE, message, at
+            )
         return
-    placement = _placement_in(workload)
-    if placement is None:
-        return  # started by someone else than Kueue after vramgate's check: nothing to say
-    if not ran:
-        nodes = ", ".join(p["node"] for p in placement["nodes"])
-        draft.status["placement"] = {
-            **placement, "requestedGPUs": _requested_gpus(placement),
-            "admittedGPUs": _requested_gpus(placement),
-        }  # fmt: skip
+    if ran and edited:
+        _lock(
+            inp, draft, admitted,
+            f"admitted by Kueue at generation {at}; the change to generation "
+            f"{_generation(job)} is ignored: only spec.suspend may change once a job runs",
+        )  # fmt: skip
+    template = (workload.get("spec") or {}).get("template") or {}
+    read = kueue.read_placement(
+        ((template.get("metadata") or {}).get("annotations") or {}).get(kueue.PLACEMENT_ANNOTATION)
+    )
+    if read is None:  # started by Kueue with no placement of vramgate's
+        warned = "without vramgate's AdmissionCheck"
+        message = (
+            f"started by Kueue (LocalQueue {queue}) {warned} on its ClusterQueue: its GPU "
+            "memory was not checked, and vramgate's ledger does not hold it"
+        )
+        if warned not in str(admitted.get("message") or ""):
+            draft.events.append(
+                status_rules.Event(status_rules.WARNING, cond.REASON_QUEUED_IN_KUEUE, message)
+            )
+        _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE, message, at)
+    else:
+        nodes, per_gpu = read
+        placement = Placement(
+            nodes=[
+                NodePlacement(node=p.node, gpu_indices=list(p.indices), gpu_uuids=list(p.uuids))
+                for p in nodes
+            ],
+            requested_gpus=sum(len(p.indices) for p in nodes),
+            admitted_gpus=sum(len(p.indices) for p in nodes),
+            per_gpu_bytes=per_gpu,
+        ).model_dump(mode="json", by_alias=True)
+        if draft.status.get("placement") != placement:  # placed, or placed anew
+            draft.status["placement"] = placement
+            draft.urgent = True
+        where = ", ".join(p.node for p in nodes)
         message = (
             f"admitted by Kueue (LocalQueue {queue}) once vramgate's AdmissionCheck placed it "
-            f"on {nodes}"
+            f"on {where}"
         )
-        if _set_admitted(inp, draft, ConditionStatus.TRUE, cond.REASON_FITS, message,
-                         admitted.get("observedGeneration")):  # fmt: skip
+        locked = ran and edited  # SpecLocked stays said while the change is ignored
+        if not locked and _set_admitted(
+            inp, draft, ConditionStatus.TRUE, cond.REASON_FITS, message, at
+        ):
             _decided(draft, Outcome.ADMIT.value, cond.REASON_FITS)
-        draft.urgent = True
     state = workload_state(workload, inp.job_pods.get(key, ()), inp.now)
     at = (cond.find_condition(_conditions(draft), cond.ADMITTED) or {}).get("observedGeneration")
     _follow_state(inp, key, draft, out, usage, state, at)
+
+
+def _hand_to_kueue(
+    inp: PassInput, key: str, draft: _Draft, out: PassOutput, view: ClusterView, queue: str
+) -> None:
+    """Once estimated, create the job's batch Job suspended in its LocalQueue (with policy
+    Resize, gated for vramgate to size it first), unless no AdmissionCheck of vramgate's
+    would place it: Kueue alone would start it with no GPU memory checked."""
+    job = draft.job
+    spec = job.get("spec") or {}
+    if not inp.objects.kueue_checks:
+        _set_admitted(
+            inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE,
+            f"spec.queueName {queue}: not handed to Kueue until vramgate answers its "
+            "AdmissionChecks (the operator's kueueAdmissionCheck, and an AdmissionCheck of "
+            f"controllerName {kueue.CONTROLLER}): Kueue alone would start it with no GPU "
+            "memory checked",
+        )  # fmt: skip
+        return
+    found = inp.estimates.get(key)
+    if found is None or found.generation != _generation(job):
+        return
+    problem = _template_error(job, inp) if found.failure is None else None
+    if problem is not None:
+        draft.apply(status_rules.invalid(problem, _generation(job), draft.status, inp.now))
+        return
+    if _estimated(inp, draft, found, view) is None or found.plan is None:
+        return
+    plan, est = found.plan, found.estimate
+    assert est is not None
+    queued = Queued(
+        queue,
+        {kueue.SPEC_ANNOTATION: kueue.spec_annotation(spec)},
+        kueue.UUIDS_ANNOTATION,
+        job_annotations=(
+            {kueue.GATE_ANNOTATION: kueue.CONTROLLER}
+            if plan.admission_policy is AdmissionPolicy.RESIZE
+            else {}
+        ),
+        node_selector=plan.gpu_selector,
+        priority_class=plan.priority_class_name,
+    )
+    try:
+        objects = build_queued_workload(
+            job, plan.gpus, est.per_gpu_bytes(plan.gpus, plan.parallelism), queued
+        )
+    except WorkloadError as error:
+        draft.apply(status_rules.invalid(str(error), _generation(job), draft.status, inp.now))
+        return
+    after_write = "workloadRef" not in (job.get("status") or {})
+    name = str((job.get("metadata") or {}).get("name") or "")
+    draft.status["workloadRef"] = {
+        "apiVersion": "batch/v1", "kind": "Job", "name": workload_name(name),
+    }  # fmt: skip
+    draft.status["queueName"] = queue
+    message = (
+        f"handed to Kueue's LocalQueue {queue}: Kueue reserves quota, then vramgate's "
+        "AdmissionCheck places it by GPU memory"
+    )
+    if _set_admitted(inp, draft, ConditionStatus.FALSE, cond.REASON_QUEUED_IN_KUEUE, message,
+                     _generation(job)):  # fmt: skip
+        _decided(draft, Outcome.QUEUE.value, cond.REASON_QUEUED_IN_KUEUE)
+    out.creates.append(CreateWorkload(key, tuple(objects), after_write=after_write))
 
 
 def _queued_job_ref(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -458,41 +527,33 @@ def _queued_job_ref(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _placement_in(workload: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The placement vramgate's check gave the Job's pods (Kueue copied the podSetUpdates'
-    annotation onto its pod template), as status.placement says it; None without one."""
-    annotations = ((((workload.get("spec") or {}).get("template") or {}).get("metadata") or {})
-                   .get("annotations") or {})  # fmt: skip
-    raw = annotations.get(kueue.PLACEMENT_ANNOTATION)
-    try:
-        placement = json.loads(raw) if isinstance(raw, str) else None
-        nodes = [
-            {"node": str(p["node"]), "gpuIndices": [int(i) for i in p.get("gpuIndices") or []],
-             "gpuUUIDs": [str(u) for u in p.get("gpuUUIDs") or []]}
-            for p in placement.get("nodes") or []
-        ] if isinstance(placement, Mapping) else []  # fmt: skip
-        per_gpu = int(placement.get("perGpuBytes") or 0) if isinstance(placement, Mapping) else 0
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        return None
-    if not nodes or per_gpu <= 0:
-        return None
-    return {"nodes": nodes, "perGpuBytes": per_gpu}
-
-
-def _requested_gpus(placement: Mapping[str, Any]) -> int:
-    return sum(len(p["gpuIndices"]) for p in placement["nodes"])
+#: Kueue's own message on a check entry it reset at an eviction: not an answer of vramgate's.
+_RESET = "Reset to Pending after eviction"
 
 
 def _check_said(inp: PassInput, job: Mapping[str, Any]) -> str:
-    """The latest answer of vramgate's check on the Kueue Workload of the batch Job `job`."""
+    """What Kueue and vramgate's check say of the Kueue Workload of the batch Job `job`: a
+    deactivation (the check rejected it, whose reason the Job's Events keep), Kueue's reason
+    for reserving no quota (a LocalQueue that does not exist, say), or the check's answer."""
     uid = (job.get("metadata") or {}).get("uid")
     if not uid:
         return ""
     for workload in inp.objects.kueue_workloads.values():
         owner = (kueue.owner_of(workload) or {}).get("metadata") or {}
-        if owner.get("uid") == uid:
-            entry = kueue.check_of(workload, inp.objects.kueue_checks) or {}
-            return str(entry.get("message") or "")
+        if owner.get("uid") != uid:
+            continue
+        if (workload.get("spec") or {}).get("active") is False:
+            return (
+                "Kueue deactivated its Workload: vramgate's AdmissionCheck rejected it "
+                "(`kubectl describe job` says why); delete the job or change its spec"
+            )
+        conditions = (workload.get("status") or {}).get("conditions") or []
+        quota = cond.find_condition(conditions, "QuotaReserved") or {}
+        if quota.get("status") == "False" and quota.get("message"):
+            return f"Kueue: {quota['message']}"
+        entry = kueue.check_of(workload, inp.objects.kueue_checks) or {}
+        said = str(entry.get("message") or "")
+        return "" if said.startswith(_RESET) else said
     return ""
 
 
@@ -594,7 +655,10 @@ def _resizes(inp: PassInput, view: ClusterView, out: PassOutput) -> None:
             elif request is None:
                 write = None
             else:
-                write = kueue.resize_of(workload, decide_placed(request, view)[0], None)
+                decision, placed = decide_placed(request, view)
+                write = kueue.resize_of(workload, decision, None)
+                if placed is not None and write is not None and write.gpus is not None:
+                    view.assume(placed)  # two gated Jobs are not sized onto the same GPUs
         if write is not None:
             out.resizes.append(write)
 

@@ -344,10 +344,33 @@ def finished(job: Mapping[str, Any]) -> bool:
 
 
 def queue_name(job: Mapping[str, Any]) -> str | None:
-    """The Kueue LocalQueue the job is handed to (spec.queueName), or None."""
+    """The Kueue LocalQueue the job is Kueue's in, or None: the one it was handed to
+    (status.queueName) whatever its spec says now; else spec.queueName, unless vramgate
+    admitted it itself (a queue named after that is a change of an admitted job's spec, which
+    is locked). So the ledger never counts a job both here and in its Kueue Workload, nor
+    in neither."""
+    status = job.get("status") or {}
+    handed = status.get("queueName")
+    if isinstance(handed, str) and handed:
+        return handed
+    admitted = find_condition(status.get("conditions") or [], ADMITTED)
+    if status.get("placement") and admitted is not None and admitted.get("status") == "True":
+        return None
     spec = job.get("spec")
     found = spec.get("queueName") if isinstance(spec, Mapping) else None
     return found if isinstance(found, str) and found else None
+
+
+def admitted_by_kueue(job: Mapping[str, Any]) -> bool:
+    """Whether the job, handed to Kueue, runs there (its spec is then locked as an admitted
+    job's is)."""
+    status = job.get("status") or {}
+    admitted = find_condition(status.get("conditions") or [], ADMITTED)
+    return (
+        bool(status.get("queueName"))
+        and admitted is not None
+        and (admitted.get("status") == "True")
+    )
 
 
 def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Reservation | None:

@@ -24,8 +24,8 @@ the same decision core, the same inventory and one ledger with its own FineTuneJ
   AdmissionGatedBy gate) until vramgate has sized it: its Workload is decided with policy
   Resize (bounds from the annotation's `resources.minGPUs` / `maxGPUs`) without holding
   anything, and once a count fits now, the Job's GPU count is rewritten to it (a suspended
-  Job's resources may change: Kubernetes 1.36) and vramgate's gate removed; Kueue then makes
-  its Workload again and asks the check as for any other. A count that never fits removes the
+  Job's resources may change: Kubernetes 1.36) and vramgate's gate removed; Kueue then updates
+  its Workload to the Job and asks the check as for any other. A count that never fits removes the
   gate unchanged (the check then rejects it with the numbers); while none fits now, the gate
   stays and the Job holds no quota.
 * **Ledger** (`reservations`): a Workload whose check is Ready and that has not finished
@@ -75,7 +75,16 @@ PLACEMENT_ANNOTATION = "vramgate.dev/placement"
 UUIDS_ANNOTATION = "vramgate.dev/gpu-uuids"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: The FineTuneJob spec fields the annotation may set; the rest are the podSet's.
-SPEC_FIELDS = ("model", "method", "lora", "training", "estimator", "parallelism", "resources")
+SPEC_FIELDS = (
+    "model",
+    "method",
+    "lora",
+    "training",
+    "estimator",
+    "parallelism",
+    "estimateCorrection",
+    "resources",
+)
 #: The only `resources` fields the annotation may set: the bounds of a resize.
 RESIZE_FIELDS = ("minGPUs", "maxGPUs")
 #: Kueue's annotation (feature AdmissionGatedBy): the controllers that hold a job's admission.
@@ -280,9 +289,36 @@ def _read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
 
 def spec_annotation(spec: Mapping[str, Any]) -> str:
     """A FineTuneJob's training as the annotation says it (the spec fields the check reads),
-    for the Job of a FineTuneJob handed to Kueue (spec.queueName)."""
+    for the Job of a FineTuneJob handed to Kueue (spec.queueName); with policy Resize, the
+    bounds of its sizing."""
     said = {k: spec[k] for k in SPEC_FIELDS if k != "resources" and spec.get(k) is not None}
+    resources = spec.get("resources") or {}
+    if spec.get("admissionPolicy") == "Resize":
+        bounds = {k: resources[k] for k in RESIZE_FIELDS if resources.get(k) is not None}
+        if bounds:
+            said["resources"] = bounds
     return yaml.safe_dump(said, sort_keys=True)
+
+
+def read_placement(raw: object) -> tuple[tuple[NodeGpus, ...], int] | None:
+    """The placement vramgate wrote in PLACEMENT_ANNOTATION (`placement_of`): its nodes and
+    per-GPU bytes; None for one it cannot read (absent, or written by another hand)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        placement = json.loads(raw)
+        parts = tuple(
+            NodeGpus(
+                str(part["node"]),
+                tuple(int(i) for i in part.get("gpuIndices") or []),
+                tuple(str(u) for u in part.get("gpuUUIDs") or []),
+            )
+            for part in placement.get("nodes") or []
+        )
+        per_gpu = int(placement.get("perGpuBytes") or 0)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    return (parts, per_gpu) if parts and per_gpu > 0 else None
 
 
 def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
@@ -498,19 +534,10 @@ def reservation(
         raw = (update.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
         if raw is None:
             continue
-        try:
-            placement = json.loads(raw)
-            parts = tuple(
-                NodeGpus(
-                    str(part["node"]),
-                    tuple(int(i) for i in part.get("gpuIndices") or []),
-                    tuple(str(u) for u in part.get("gpuUUIDs") or []),
-                )
-                for part in placement.get("nodes") or []
-            )
-            per_gpu = int(placement.get("perGpuBytes") or 0)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        read = read_placement(raw)
+        if read is None:
             return None  # not ours to read: written by another hand
+        parts, per_gpu = read
         uids: set[str] = set()
         allocated: dict[str, int] = {}
         for pod in pods:
@@ -537,8 +564,12 @@ def pods_of(
 # -- resize through Kueue's admission gate ------------------------------------------------------
 
 
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
 def _gates(obj: Mapping[str, Any]) -> list[str]:
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(GATE_ANNOTATION)
+    value = _annotations(obj).get(GATE_ANNOTATION)
     return [g.strip() for g in str(value or "").split(",") if g.strip()]
 
 
@@ -563,20 +594,25 @@ def to_resize(workload: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ResizeWrite:
-    """Rewrite the suspended batch Job `name` (uid `uid`) to `gpus` GPUs in `container` (None:
-    leave its count) and set its gate annotation to `gates` (None: remove it)."""
+    """Rewrite the suspended batch Job `name` (uid `uid`) to `gpus` GPUs in its container at
+    `container` (its position in the pod template; None: leave its count), in each of
+    `parts` (limits, requests: those it has), and its gate annotation from `gates_before` to
+    `gates` (None: remove it): only while the Job is that one, still suspended, and still
+    gated as it was read (the write's preconditions)."""
 
     key: str
     namespace: str
     name: str
     uid: str
     workload_uid: str
-    container: str | None
+    container: int | None
     gpus: int | None
     gates: str | None
+    gates_before: str
     #: What was done, for an Event on the Job.
     reason: str
     message: str
+    parts: tuple[str, ...] = ()
 
 
 def resize_of(
@@ -599,6 +635,7 @@ def resize_of(
         container=None,
         gpus=None,
         gates=",".join(rest) or None,
+        gates_before=str(_annotations(workload).get(GATE_ANNOTATION) or ""),
         reason="NotResized",
         message=problem or "",
     )
@@ -612,23 +649,32 @@ def resize_of(
         return None
     sets = gpu_pod_sets(workload)
     gpus = decision.admitted_gpus or decision.requested_gpus
+    pod_spec = sets[0][3].get("spec") or {} if sets else {}
     containers = [
-        c for c in (sets[0][3].get("spec") or {}).get("containers") or [] if _requested(c) > 0
+        (i, c) for i, c in enumerate(pod_spec.get("containers") or []) if _requested(c) > 0
     ]
-    if len(sets) != 1 or sets[0][1] != 1 or len(containers) != 1:
+    if (
+        len(sets) != 1
+        or sets[0][1] != 1
+        or len(containers) != 1
+        or any(_requested(c) > 0 for c in pod_spec.get("initContainers") or [])
+    ):
         return replace(
             ungated,
-            message="not resized: only a Job of one pod whose GPUs one container asks for is "
-            "resized; its gate is removed as it is",
+            message="not resized: only a Job of one pod whose GPUs one container (no init "
+            "container) asks for is resized; its gate is removed as it is",
         )
     said = (
         "fits as asked"
         if gpus == decision.requested_gpus
         else f"resized from {decision.requested_gpus} to {gpus} GPUs"
     )
+    index, container = containers[0]
+    resources = container.get("resources") or {}
     return replace(
         ungated,
-        container=str(containers[0].get("name")),
+        container=index,
+        parts=tuple(p for p in ("limits", "requests") if GPU_RESOURCE in (resources.get(p) or {})),
         gpus=gpus,
         reason=decision.reason,
         message=f"{said}: {decision.message}",

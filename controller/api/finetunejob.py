@@ -60,6 +60,7 @@ DEFAULT_CONFIG_KEY = "config.json"
 #: a ConfigMap's). With the key of a ConfigMap's data (IsConfigMapKey: not `.`, `..` nor
 #: starting with `..`), a reference no ConfigMap can satisfy is refused at apply instead of
 #: retried as "not found".
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 CONFIG_MAP_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 CONFIG_MAP_MAX_LENGTH = 253
@@ -440,14 +441,14 @@ class FineTuneJobSpec(ApiModel):
     queue_name: str | None = Field(
         None,
         min_length=1,
-        max_length=253,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        description="queueName hands the job to Kueue: its workload is created at once, "
-        "suspended, in this LocalQueue of the job's namespace, so Kueue's quotas, fair "
-        "sharing and preemption apply; vramgate's AdmissionCheck on the LocalQueue's "
-        "ClusterQueue then places it by GPU memory (one node, the requested GPU count: "
-        "policy Enforce). Needs the operator's kueueAdmissionCheck. Unset: vramgate admits "
-        "the job itself.",
+        max_length=63,  # a label value: kueue.x-k8s.io/queue-name
+        pattern=DNS_LABEL_PATTERN,
+        description="queueName hands the job to Kueue: once estimated, its workload is created "
+        "suspended in this LocalQueue of the job's namespace, so Kueue's quotas, fair sharing "
+        "and preemption apply, and vramgate's AdmissionCheck on the LocalQueue's ClusterQueue "
+        "places it by GPU memory on one node (admissionPolicy Resize: sized first, within "
+        "minGPUs and maxGPUs; Advise counts as Enforce). Needs the operator's "
+        "kueueAdmissionCheck. Unset: vramgate admits the job itself.",
     )
     template: dict[str, Any] | None = Field(
         None,
@@ -726,6 +727,12 @@ class FineTuneJobStatus(ApiModel):
     )
     workload_ref: WorkloadRef | None = Field(
         None, description="workloadRef names the workload created when the job was admitted."
+    )
+    queue_name: str | None = Field(
+        None,
+        description="queueName is the Kueue LocalQueue the job was handed to (spec.queueName "
+        "when it was): its GPU memory is then held by its Kueue Workload, not by the job; "
+        "removed when it is taken back (suspended, or edited while it waits in Kueue).",
     )
     learned_sample: LearnedSample | None = Field(
         None,

@@ -50,6 +50,10 @@ class Gone(Exception):
     """404: the object (or its namespace) no longer exists."""
 
 
+class StaleWrite(Exception):
+    """A JSON patch's test failed: the object is not as it was read (read it again)."""
+
+
 class ApiError(Exception):
     """The API server refused a request: its HTTP `status`, its `reason` (the API server's
     message where `Kube` raises it, the HTTP reason phrase where a typed call of the client
@@ -324,23 +328,41 @@ class Kube:
         namespace: str,
         name: str,
         uid: str,
-        container: str | None,
-        gpus: int | None,
+        gates_before: str,
         gates: str | None,
+        container: int | None = None,
+        gpus: int | None = None,
+        parts: Sequence[str] = (),
     ) -> None:
-        """Rewrite a suspended batch Job's GPU count in `container` to `gpus` (None: leave it)
-        and its Kueue admission gate annotation to `gates` (None: remove it), in one strategic
-        merge patch; only while the Job is the one of `uid` (a precondition)."""
-        meta: dict[str, Any] = {"uid": uid, "annotations": {KUEUE_GATE: gates}}
-        body: dict[str, Any] = {"metadata": meta}
+        """Rewrite a suspended batch Job's GPU count (`gpus` in each of `parts` of the
+        container at `container`; None: leave it) and its Kueue admission gate annotation
+        (`gates`; None: remove it), in one JSON patch whose tests make it land only while the
+        Job is the one of `uid`, still suspended and still gated `gates_before`: a Job
+        changed meanwhile is read again (`StaleWrite`), never patched blind."""
+        gate = "/metadata/annotations/" + KUEUE_GATE.replace("~", "~0").replace("/", "~1")
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": "/spec/suspend", "value": True},
+            {"op": "test", "path": gate, "value": gates_before},
+        ]
         if container is not None and gpus is not None:
-            amount = {GPU: str(gpus)}
-            resources = {"limits": amount, "requests": amount}
-            body["spec"] = {"template": {"spec": {"containers": [
-                {"name": container, "resources": resources}
-            ]}}}  # fmt: skip
+            base = f"/spec/template/spec/containers/{container}/resources"
+            ops += [
+                {"op": "add", "path": f"{base}/{part}/{GPU.replace('/', '~1')}",
+                 "value": str(gpus)}
+                for part in parts
+            ]  # fmt: skip
+        ops.append({"op": "remove", "path": gate} if gates is None else
+                   {"op": "replace", "path": gate, "value": gates})  # fmt: skip
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
-        self._call("PATCH", path, body, content="application/strategic-merge-patch+json")
+        response = self._request("PATCH", path, ops, content="application/json-patch+json")
+        data = response.read()
+        if response.status == 422 and b"test" in (data or b"").lower():
+            raise StaleWrite(_message(data, response.reason))
+        if response.status == 404:
+            raise Gone(_message(data, response.reason))
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, _message(data, response.reason))
 
     def list_kueue_workloads(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every Kueue Workload of `namespaces` (none: of every namespace), read now."""

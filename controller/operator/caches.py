@@ -267,10 +267,7 @@ def slim_kueue_workload(body: Mapping[str, Any]) -> dict[str, Any]:
                 ],
             },
             "status": {
-                "conditions": [
-                    {k: c.get(k) for k in ("type", "status", "reason")}
-                    for c in status.get("conditions") or []
-                ],
+                "conditions": [_workload_condition(c) for c in status.get("conditions") or []],
                 "admissionChecks": list(status.get("admissionChecks") or []),
                 # The flavors (their node labels) and pod counts Kueue reserved quota for.
                 "admission": {
@@ -292,6 +289,15 @@ def slim_resource_flavor(body: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": _meta(body, "name"),
         "spec": {k: spec[k] for k in ("nodeLabels", "tolerations") if k in spec},
     }
+
+
+def _workload_condition(condition: Mapping[str, Any]) -> dict[str, Any]:
+    """A Workload's condition as the check reads it; QuotaReserved's message too (why Kueue
+    reserves no quota, a LocalQueue that does not exist say: said on a FineTuneJob)."""
+    kept = {k: condition.get(k) for k in ("type", "status", "reason")}
+    if condition.get("type") == "QuotaReserved":
+        kept["message"] = str(condition.get("message") or "")[:300]
+    return kept
 
 
 def slim_admission_check(body: Mapping[str, Any]) -> dict[str, Any]:

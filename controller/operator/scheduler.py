@@ -90,7 +90,7 @@ from controller.jobs.spec import (
     needs_trace,
     translate,
 )
-from controller.kube import ApiError, Conflict, Gone, Kube, read_model_config
+from controller.kube import ApiError, Conflict, Gone, Kube, StaleWrite, read_model_config
 from controller.learning import LearningSettings
 from controller.operator.caches import Caches, slim_job, slim_kueue_workload, slim_learned
 from controller.operator.identity import estimate_identity, trace_libraries
@@ -598,7 +598,8 @@ class Scheduler:
         for key, workload in workloads.items():
             uid = _uid(workload)
             # Refused for good: not decided again for a while. Sized already: not again
-            # until the cache sees its gate gone (Kueue then makes its Workload anew).
+            # until the cache sees its gate gone (Kueue updates the Workload in place, and
+            # copies the Job's gate over at its next reconcile).
             sized = kueue.to_resize(workload) and uid in self._resized
             if self._check_refused.get(key, ("", 0.0))[0] == uid or sized:
                 skip.add(key)
@@ -645,13 +646,16 @@ class Scheduler:
                 return
             self._fresh_checks[w.key] = (str(w.resource_version), slim_kueue_workload(after))
             log.info("[%s] check %s: %s (%s)", w.key, w.check, w.entry["state"], w.reason)
+            # Counted, and said on the Workload's owner (Kueue resets a Retry or Rejected
+            # entry, message too, to Pending at once), once per reason, as a FineTuneJob's
+            # decision is: a Workload Kueue asks about every kueueRetrySeconds is one decision.
+            if self._said.get(w.uid) == w.reason:
+                return
+            self._said[w.uid] = w.reason
             decision = kueue.DECISION.get(w.entry["state"])
             if decision is not None:
                 self.metrics.decisions.labels(decision, w.reason).inc()
-            # Said once per reason on the Workload's owner (Kueue resets a Retry or Rejected
-            # entry, and its message, to Pending at once).
-            if w.event is not None and w.owner is not None and self._said.get(w.uid) != w.reason:
-                self._said[w.uid] = w.reason
+            if w.event is not None and w.owner is not None:
                 self._context.run(
                     kopf.event, cast(Any, w.owner),
                     type="Warning" if w.rejected else "Normal", reason=w.reason, message=w.event,
@@ -664,14 +668,35 @@ class Scheduler:
         said in an Event on the Job."""
         loop = asyncio.get_running_loop()
 
+        def patch(w: kueue.ResizeWrite) -> None:
+            self.kube.resize_job(
+                w.namespace, w.name, w.uid, w.gates_before, w.gates, w.container, w.gpus,
+                w.parts,
+            )  # fmt: skip
+
         async def resize(w: kueue.ResizeWrite) -> None:
             try:
-                await loop.run_in_executor(
-                    self._writer, self.kube.resize_job, w.namespace, w.name, w.uid,
-                    w.container, w.gpus, w.gates,
-                )  # fmt: skip
-            except Gone:
+                await loop.run_in_executor(self._writer, patch, w)
+            except (Gone, StaleWrite) as error:  # changed or gone since read: read it again
+                log.info("[%s] Job %s not sized (%s); read again", w.key, w.name, error)
+                loop.call_later(LOOKUP_INTERVAL_S, self.wake)
                 return
+            except ApiError as error:
+                if error.status not in (400, 403, 422) or w.gpus is None:
+                    log.warning("[%s] Job %s not sized: %s", w.key, w.name, error.reason)
+                    loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                    return
+                # Its resources may not change (a cluster without mutable resources of
+                # suspended Jobs, a policy): the gate goes as it is, and the Job says why.
+                w = replace(w, container=None, gpus=None, parts=(), reason="NotResized",
+                            message=f"not resized: the API server refused the new GPU count "
+                            f"({error.reason}); its gate is removed as it is")  # fmt: skip
+                try:
+                    await loop.run_in_executor(self._writer, patch, w)
+                except Exception as again:
+                    log.warning("[%s] Job %s not ungated: %s", w.key, w.name, again)
+                    loop.call_later(LOOKUP_INTERVAL_S, self.wake)
+                    return
             except Exception as error:
                 log.warning("[%s] Job %s not sized (%s); again next pass", w.key, w.name, error)
                 loop.call_later(LOOKUP_INTERVAL_S, self.wake)

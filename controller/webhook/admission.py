@@ -48,7 +48,7 @@ from typing import Any
 
 import kopf
 
-from controller.admission.cluster import finished, job_request, reservation
+from controller.admission.cluster import admitted_by_kueue, finished, job_request, reservation
 from controller.admission.priority import ignored_priority
 from controller.api import conditions as cond
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
@@ -341,7 +341,7 @@ def _spec_change_refusal(old: Mapping[str, Any]) -> str | None:
     nothing again, and an admitted job's GPUs were chosen for the spec it has."""
     if finished(old):
         return _FINISHED
-    if reservation(old, []) is not None:
+    if reservation(old, []) is not None or admitted_by_kueue(old):
         return (
             "spec is locked once the job is admitted: only spec.suspend may change (set "
             "spec.suspend: true, edit the spec, then set it false)"

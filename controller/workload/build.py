@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.api.base import API_VERSION, GPU_RESOURCE, JOB_LABEL, JOB_UID_LABEL
@@ -94,6 +94,13 @@ class Queued:
     queue: str
     annotations: Mapping[str, str]
     uuids_annotation: str
+    #: Annotations of the Job itself (Kueue's admission gate, for a job to be sized first).
+    job_annotations: Mapping[str, str] = field(default_factory=dict)
+    #: spec.resources.gpuSelector: GPU node labels its pod must land on (the check reads the
+    #: pod template's node selection).
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    #: spec.priorityClassName: Kueue ranks the Workload by its pods' PriorityClass.
+    priority_class: str | None = None
 
 
 def build_queued_workload(
@@ -185,6 +192,11 @@ def _build_workload(
             _obj(template, "metadata", "spec.template"), "annotations", "spec.template.metadata"
         )
         annotations.update(queued.annotations)
+        if queued.node_selector:
+            selector = _obj(pod_spec, "nodeSelector", "spec.template.spec")
+            selector.update(queued.node_selector)
+        if queued.priority_class and not pod_spec.get("priorityClassName"):
+            pod_spec["priorityClassName"] = queued.priority_class
     for i, container in enumerate(containers):
         container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
         _set_env(container, env, f"{_CONTAINERS}[{i}]")
@@ -246,6 +258,8 @@ def _build_workload(
     job_meta = metadata(name)
     if queued is not None:
         job_meta["labels"][QUEUE_LABEL] = queued.queue
+        if queued.job_annotations:
+            job_meta["annotations"] = dict(queued.job_annotations)
         job_spec["suspend"] = True  # Kueue unsuspends it once admitted
     objects.append(
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": job_meta, "spec": job_spec}

@@ -447,7 +447,8 @@ def test_a_gated_job_is_resized_to_the_count_that_fits_now_and_its_gate_removed(
         cluster(gpus={"n1": [80, 80], "n2": [5, 5]}), gated("w", 4, bounds="minGPUs: 1")
     )
     (write,) = decide(objects, estimates_with_gated(objects)).resizes
-    assert (write.name, write.uid, write.container, write.gpus) == ("w", "job-w", "trainer", 2)
+    assert (write.name, write.uid, write.container, write.gpus) == ("w", "job-w", 0, 2)
+    assert write.parts == ("requests",) and write.gates_before == kueue.CONTROLLER
     assert write.gates is None  # vramgate's was the only gate
     assert write.message.startswith("resized from 4 to 2 GPUs")
 

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from controller.admission import kueue
+from controller.admission.admission_pass import Refused
 from controller.admission.cluster import snapshot
 from controller.api import conditions as cond
 from controller.api.base import JOB_LABEL
@@ -180,3 +181,107 @@ def test_suspending_it_takes_its_job_out_of_kueue() -> None:
 def test_its_batch_job_carries_the_finetunejob_label_so_its_pods_are_followed() -> None:
     _, batch = handed(queued())
     assert batch["spec"]["template"]["metadata"]["labels"][JOB_LABEL] == "a"
+
+
+# -- after review: what moves the hold, what the user sees ------------------------------------
+
+
+def test_a_refused_job_is_not_created_again_until_its_spec_changes() -> None:
+    job, _ = handed(queued())
+    refused = Refused("uid-a", 1, "metadata.labels: Invalid value")
+    out = run(kueued(job), refused={"ns/a": refused}, workloads={})
+    assert out.creates == []
+    status = merge(job["status"], out.writes[0].patch)
+    assert condition(status, "Admitted")["reason"] == cond.REASON_INVALID_TEMPLATE
+    assert "queueName" not in status
+
+
+def test_taking_the_queue_name_away_once_handed_moves_no_hold() -> None:
+    job, batch = handed(queued())
+    started = run(kueued(job), workloads={"ns/a": cached(batch, suspend=False,
+                                                         placement=PLACEMENT)})  # fmt: skip
+    job["status"] = merge(job["status"], started.writes[0].patch)
+    assert job["status"]["queueName"] == QUEUE
+    del job["spec"]["queueName"]
+    job["metadata"]["generation"] = 2
+    assert snapshot(kueued(job), NOW).reservations == ()  # its Workload holds it, not the job
+    out = run(kueued(job), workloads={"ns/a": cached(batch, suspend=False, placement=PLACEMENT)})
+    admitted = condition(merge(job["status"], out.writes[0].patch), "Admitted")
+    assert admitted["reason"] == cond.REASON_SPEC_LOCKED
+
+
+def test_naming_a_queue_after_vramgate_admitted_the_job_keeps_its_own_hold() -> None:
+    job = ftj("a")
+    first = run(cluster(job))
+    job["status"] = merge({}, first.writes[0].patch)
+    job["spec"]["queueName"] = QUEUE
+    (hold,) = snapshot(kueued(job), NOW).reservations
+    assert hold.job == "ns/a"
+
+
+def test_a_job_kueue_starts_without_vramgates_check_is_followed_and_said_so() -> None:
+    job, batch = handed(queued())
+    out = run(kueued(job), workloads={"ns/a": cached(batch, suspend=False)})
+    (write,) = out.writes
+    status = merge(job["status"], write.patch)
+    admitted = condition(status, "Admitted")
+    assert admitted["reason"] == cond.REASON_QUEUED_IN_KUEUE
+    assert "without vramgate's AdmissionCheck" in admitted["message"]
+    assert [e.type for e in write.events] == ["Warning"]
+    assert condition(status, "Running")["status"] in ("False", "Unknown", "True")
+
+
+def kueue_workload_of_batch(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "job-a", "namespace": "ns", "uid": "w",
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "a",
+                                          "uid": "batch-uid", "controller": True}]},
+        "spec": {"podSets": [], "active": status.pop("active", True)},
+        "status": status,
+    }  # fmt: skip
+
+
+def said_while_queued(workload: dict[str, Any]) -> str:
+    job, batch = handed(queued())
+    objects = kueued(job)
+    objects.kueue_workloads = {"Workload ns/job-a": workload}
+    out = run(objects, workloads={"ns/a": cached(batch, suspend=True)})
+    return str(condition(merge(job["status"], out.writes[0].patch), "Admitted")["message"])
+
+
+def test_kueues_reset_message_is_not_taken_for_an_answer() -> None:
+    reset = {"name": "vram", "state": "Pending",
+             "message": "Reset to Pending after eviction. Previously: Retry"}  # fmt: skip
+    said = said_while_queued(kueue_workload_of_batch(admissionChecks=[reset]))
+    assert said == "waits in Kueue's LocalQueue team-a"
+
+
+def test_a_missing_localqueue_and_a_deactivated_workload_are_said() -> None:
+    missing = {"type": "QuotaReserved", "status": "False",
+               "message": "LocalQueue team-a doesn't exist"}  # fmt: skip
+    assert "Kueue: LocalQueue team-a doesn't exist" in said_while_queued(
+        kueue_workload_of_batch(conditions=[missing])
+    )
+    assert "Kueue deactivated its Workload" in said_while_queued(
+        kueue_workload_of_batch(active=False)
+    )
+
+
+def test_a_job_being_deleted_is_not_handed_again() -> None:
+    job = queued()
+    job["metadata"]["deletionTimestamp"] = "2025-03-01T12:00:00Z"
+    assert run(kueued(job)).creates == []
+
+
+def test_its_gpu_selector_priority_class_and_resize_policy_go_with_it() -> None:
+    job = queued(
+        admissionPolicy="Resize", priorityClassName="team-high",
+        resources={"gpus": 4, "minGPUs": 1, "gpuSelector": {"pool": "a100"}},
+    )  # fmt: skip
+    _, batch = handed(job)
+    pod = batch["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "a100"}
+    assert pod["spec"]["priorityClassName"] == "team-high"
+    assert batch["metadata"]["annotations"] == {kueue.GATE_ANNOTATION: kueue.CONTROLLER}
+    said = pod["metadata"]["annotations"][kueue.SPEC_ANNOTATION]
+    assert "minGPUs: 1" in said and "gpuSelector" not in said
