@@ -377,10 +377,18 @@ def gpu_nodes(cluster: Cluster, api: client.ApiClient, count: int) -> list[str]:
 
 
 def keep_fresh(api: client.ApiClient, names: list[str], stop: threading.Event) -> None:
-    """Heartbeats every 20 s, as agents write them."""
+    """Heartbeats every 20 s, as agents write them, until `stop` (a round cut short by the
+    control plane stopping under it ends quietly)."""
     while not stop.wait(20):
         for n in names:
-            publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+            if stop.is_set():
+                return
+            try:
+                publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+            except Exception:
+                if stop.is_set():
+                    return
+                raise
 
 
 def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -> dict[str, Any]:
