@@ -89,13 +89,15 @@ def create_at_once(
     clients: int,
     rate: float | None = None,
     dry_run: bool = False,
+    path: str = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}",
 ) -> int:
-    """POST every body with up to `clients` requests in flight (`rate` a second when given),
-    from one asyncio loop: the official client's threads cost the benchmark a core's worth
-    of Python on the machine the API server and the operator share, and "at once" should not
-    wait for the client. A dry run counts its failures (returned); a real one raises."""
+    """POST every body to `path` (FineTuneJobs unless told) with up to `clients` requests in
+    flight (`rate` a second when given), from one asyncio loop: the official client's threads
+    cost the benchmark a core's worth of Python on the machine the API server and the operator
+    share, and "at once" should not wait for the client. A dry run counts its failures
+    (returned); a real one raises."""
     context, headers = _http(api)
-    url = f"{api.configuration.host}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"
+    url = f"{api.configuration.host}{path}"
     if dry_run:
         url += "?dryRun=All"
     errors = 0
@@ -206,12 +208,15 @@ def bench_floor(jobs: int, clients: int) -> dict[str, Any]:
 
                     await asyncio.gather(*(one(f"f{i:04d}") for i in range(jobs)))
 
+            own = own_processes(cluster, client=os.getpid())
+            own_before = own_cpu(own)
             programs_before = cpu_by_process()
             began = time.monotonic()
             asyncio.run(run())
             elapsed = time.monotonic() - began
             return {"jobs": jobs, "clients": clients, "all_written_s": round(elapsed, 2),
                     "per_second": round(jobs / elapsed, 1),
+                    "cpu_s_own": own_cpu_spent(own_before, own_cpu(own)),
                     "cpu_s_by_program": cpu_spent(programs_before, cpu_by_process())}  # fmt: skip
         finally:
             cluster.stop()
@@ -253,6 +258,30 @@ def cpu_spent(
     return dict(sorted(rounded.items(), key=lambda x: -x[1]))
 
 
+def own_processes(cluster: Cluster, **more: int) -> dict[str, int]:
+    """The pids of this run's own programs by name: the cluster's components (and Kueue, when
+    it was started on it), and `more` (the operator, this client). `cpu_by_process` counts a
+    program's every process on the machine, another developer's control plane too."""
+    return {proc.name: proc.pid for proc in cluster.processes} | more
+
+
+def own_cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each of `pids` (0 for one that has ended)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = cpu_seconds(pid)
+        except OSError:
+            out[name] = 0.0
+    return out
+
+
+def own_cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each of this run's programs spent between two `own_cpu` readings."""
+    spent = {name: round(seconds - before.get(name, 0.0), 1) for name, seconds in after.items()}
+    return dict(sorted(spent.items(), key=lambda x: -x[1]))
+
+
 def api_requests(cluster: Cluster) -> dict[str, float]:
     """The API server's requests so far, by "VERB resource[/subresource]" (its own
     `apiserver_request_total`, summed over codes, scopes and clients)."""
@@ -280,7 +309,10 @@ def decided(api: client.ApiClient, namespace: str) -> tuple[int, int]:
 
 class DecidedWatch:
     """Counts decided jobs from one watch stream: a LIST of 1,000 jobs every half second cost
-    the API server (and this process) more than the operator's own reads."""
+    the API server (and this process) more than the operator's own reads. A subclass watches
+    another custom resource (`resource`: group, version, plural) and says what is decided."""
+
+    resource: tuple[str, str, str] = (GROUP, VERSION, PLURAL)
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.api, self.namespace = api, namespace
@@ -292,11 +324,12 @@ class DecidedWatch:
 
     def _run(self) -> None:
         objects = client.CustomObjectsApi(self.api)
+        group, version, plural = self.resource
         while not self._stopped.is_set():
             try:  # a watch from scratch replays every job's current state first
                 stream = self._watch.stream(
-                    objects.list_namespaced_custom_object, GROUP, VERSION, self.namespace,
-                    PLURAL, timeout_seconds=900,
+                    objects.list_namespaced_custom_object, group, version, self.namespace,
+                    plural, timeout_seconds=900,
                 )  # fmt: skip
                 for event in stream:
                     self._saw(event)
@@ -309,9 +342,12 @@ class DecidedWatch:
         if event["type"] == "DELETED":
             self.decided.discard(name)
             return
-        for c in (obj.get("status") or {}).get("conditions") or []:
-            if c["type"] == "Admitted" and c["reason"] in DECIDED:
-                self.decided.add(name)
+        if self.is_decided(obj):
+            self.decided.add(name)
+
+    def is_decided(self, obj: dict[str, Any]) -> bool:
+        return any(c["type"] == "Admitted" and c["reason"] in DECIDED
+                   for c in (obj.get("status") or {}).get("conditions") or [])  # fmt: skip
 
     def stop(self) -> None:
         self._stopped.set()
@@ -341,10 +377,18 @@ def gpu_nodes(cluster: Cluster, api: client.ApiClient, count: int) -> list[str]:
 
 
 def keep_fresh(api: client.ApiClient, names: list[str], stop: threading.Event) -> None:
-    """Heartbeats every 20 s, as agents write them."""
+    """Heartbeats every 20 s, as agents write them, until `stop` (a round cut short by the
+    control plane stopping under it ends quietly)."""
     while not stop.wait(20):
         for n in names:
-            publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+            if stop.is_set():
+                return
+            try:
+                publish(api, n, [gpu_status(n, i, 80, None, PRODUCT) for i in range(8)])
+            except Exception:
+                if stop.is_set():
+                    return
+                raise
 
 
 def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -> dict[str, Any]:
@@ -359,6 +403,8 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
             assert operator.proc is not None
             cpu_before = cpu_seconds(operator.proc.pid)
+            own = own_processes(cluster, operator=operator.proc.pid, client=os.getpid())
+            own_before = own_cpu(own)
             programs_before = cpu_by_process()
             requests_before = api_requests(cluster)
             seen = DecidedWatch(api, "default")
@@ -371,6 +417,7 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
+            own_spent = own_cpu_spent(own_before, own_cpu(own))
             programs = cpu_spent(programs_before, cpu_by_process())
             requests = {k: int(v - requests_before.get(k, 0.0))
                         for k, v in api_requests(cluster).items()}  # fmt: skip
@@ -392,7 +439,8 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
                     "decided_after_last_create_s": round(total - created, 2),
                     "operator_cpu_s": round(operator_cpu, 1),
                     "per_second": round(jobs / total, 1), "admitted": admitted,
-                    "cpu_s_by_program": programs, "api_requests": requests}  # fmt: skip
+                    "cpu_s_own": own_spent, "cpu_s_by_program": programs,
+                    "api_requests": requests}  # fmt: skip
         finally:
             stop.set()
             operator.stop()
