@@ -197,11 +197,15 @@ def test_more_than_one_replica_without_leader_election_is_refused() -> None:
          ["minAvailable=99%", "operator.replicas=2"]),
         (["--set", "image.trace=true", "--set", "image.digest=sha256:" + "a" * 64],
          ["image.traceDigest", "image.digest"]),
+        # The operator refuses this combination at start: the chart says so at install.
+        (["--set", "kueue.admissionCheck.enabled=true",
+          "--set", "operator.config.gpuMode=visibleDevices"],
+         ["kueue.admissionCheck.enabled", "gpuMode=devicePlugin", "visibleDevices"]),
     ],
     ids=["ports-repeat", "pdb-all-replicas", "pdb-100-percent", "poll-above-heartbeat",
          "heartbeat-above-half-the-ttl", "backoff-initial-above-max",
          "common-label-app", "common-label-chart", "pod-label-operator", "pod-label-agent",
-         "pdb-rounds-up", "trace-image-by-digest"],
+         "pdb-rounds-up", "trace-image-by-digest", "kueue-check-needs-device-plugin"],
 )  # fmt: skip
 def test_inconsistent_values_fail_in_one_line(args: list[str], words: list[str]) -> None:
     done = helm("template", RELEASE, str(CHART), *args)
