@@ -14,6 +14,8 @@
     config.py          the admission settings the operator and `vramgate plan` share
     dump_checks.py     the fields admission reads of a cluster dump, checked as the API
                        server would have
+    kueue.py           Kueue Workloads as admission reads them (the AdmissionCheck, Resize)
+    trainjob.py        a TrainJob read as a FineTuneJob and sized at create: the patch
 
 Pure: plain data in, plain data out; no Kubernetes client, no kopf, no HTTP. The operator
 (`controller.operator`) and `vramgate plan` (`controller.cli`) both decide through it.

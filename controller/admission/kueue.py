@@ -327,6 +327,14 @@ def _read_placement(raw: str) -> tuple[tuple[NodeGpus, ...], int] | None:
     return (parts, per_gpu) if parts and per_gpu > 0 else None
 
 
+def read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
+    """The FineTuneJob spec fields an annotation `SPEC_ANNOTATION` holds, the caller's own
+    copy, or ({}, what is wrong with it): the one reader of the annotation, wherever it is
+    found (a podSet's pod template here, a TrainJob's metadata in `admission.trainjob`)."""
+    read, problem = _read_spec(raw)
+    return copy.deepcopy(read), problem
+
+
 def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from typing import Any, cast
 
 import kopf
 
-from controller.admission import kueue
+from controller.admission import kueue, trainjob
 from controller.admission.kueue import CONTROLLER
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
@@ -36,9 +37,20 @@ from controller.operator.caches import Caches
 from controller.operator.scheduler import Scheduler
 from controller.webhook.admission import AdmissionWebhook
 from controller.webhook.dry_run import WorkloadDryRun
-from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER
+from controller.webhook.registration import (
+    MUTATE_HANDLER,
+    MUTATE_TRAINJOB_HANDLER,
+    VALIDATE_HANDLER,
+)
+from controller.webhook.trainjob import VIEW_MAX_AGE_S, TrainJobWebhook
 
-__all__ = ["MUTATE_HANDLER", "VALIDATE_HANDLER", "register"]
+__all__ = [
+    "MUTATE_HANDLER",
+    "MUTATE_TRAINJOB_HANDLER",
+    "VALIDATE_HANDLER",
+    "register",
+    "register_trainjobs",
+]
 
 
 def register(
@@ -155,6 +167,23 @@ def register(
     kopf.on.mutate(
         *resource, id=MUTATE_HANDLER, operations=["CREATE", "UPDATE"],
         ignore_failures=True, registry=registry,
+    )(cast(Any, hook.mutate))  # fmt: skip
+    return hook
+
+
+def register_trainjobs(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> TrainJobWebhook:
+    """The TrainJob webhook (`trainJobSizing`): kopf's registration names its path (the
+    configurations are the chart's, or `controller.webhook.registration`'s); the review
+    server answers with the returned webhook. Nothing watches TrainJobs: each is sized once,
+    at its create, and holds nothing in vramgate's ledger."""
+    hook = TrainJobWebhook(
+        functools.partial(scheduler.current_view, max_age_s=VIEW_MAX_AGE_S),
+        scheduler.metrics.observe_webhook,
+    )
+    # Fails open as the FineTuneJob ones: a down operator must not block Trainer's users.
+    kopf.on.mutate(
+        trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL, id=MUTATE_TRAINJOB_HANDLER,
+        operations=["CREATE"], ignore_failures=True, registry=registry,
     )(cast(Any, hook.mutate))  # fmt: skip
     return hook
 

@@ -120,6 +120,10 @@ def build_registry(
     )
     if isinstance(server, ReviewServer):
         server.hook = hook
+    if options.train_job_sizing and options.webhook is not WebhookMode.OFF:
+        trainjobs = handlers.register_trainjobs(registry, scheduler)
+        if isinstance(server, ReviewServer):
+            server.trainjobs = trainjobs
     return registry
 
 
@@ -165,7 +169,9 @@ def run(options: OperatorOptions) -> int:
         raise StartupError(f"--cert-dir: cannot use {options.cert_dir}: {error}") from None
     reviews = settings.admission.server
     if options.webhook is WebhookMode.MANAGED and isinstance(reviews, ReviewServer):
-        reviews.registrar = Registrar(kube.api, options.webhook_config, options.namespaces)
+        reviews.registrar = Registrar(
+            kube.api, options.webhook_config, options.namespaces, options.train_job_sizing
+        )
     if cert_secret is not None:
         cert_secret.start()
     leader = None

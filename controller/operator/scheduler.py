@@ -248,7 +248,8 @@ class Scheduler:
         self._peaks: dict[str, observed.Peaks] = {}  # job uid -> its GPUs' observed peaks
         self._families: dict[str, str] = {}  # job uid -> model family, from its estimate
         self._leading = False
-        self._view: tuple[int, ClusterView] | None = None
+        #: The webhooks' view: (the inventory it was built at, monotonic time built, view).
+        self._view: tuple[int, float, ClusterView] | None = None
         self._view_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # kopf's: the caches are its
         self._inventory = 0
@@ -280,10 +281,12 @@ class Scheduler:
         self._inventory += 1
         self.wake()
 
-    async def current_view(self) -> ClusterView | None:
+    async def current_view(self, max_age_s: float | None = None) -> ClusterView | None:
         """The cluster as the caches hold it, for the webhook: rebuilt (in a worker thread,
         once for all the requests waiting on it) after a GPUNode or Node changed, so a job
-        applied right after a node joins is judged against that node.
+        applied right after a node joins is judged against that node; with `max_age_s`,
+        also once it is older than that, for a judgement on the free memory now (a TrainJob
+        sized at create), which moves with every reading and is not rebuilt for.
 
         Called from the review server's own thread (`controller.webhook.server`) too: the
         current view is read as it is, a new one is built on kopf's loop."""
@@ -291,19 +294,25 @@ class Scheduler:
         if self.caches is None or loop is None:
             return None
         cached = self._view
-        if cached is not None and cached[0] == self._inventory:
-            return cached[1]
+        if cached is not None and self._view_fresh(cached, max_age_s):
+            return cached[2]
         if asyncio.get_running_loop() is not loop:
-            built = asyncio.run_coroutine_threadsafe(self._current_view(), loop)
+            built = asyncio.run_coroutine_threadsafe(self._current_view(max_age_s), loop)
             return await asyncio.wrap_future(built)
-        return await self._current_view()
+        return await self._current_view(max_age_s)
 
-    async def _current_view(self) -> ClusterView | None:
+    def _view_fresh(self, cached: tuple[int, float, ClusterView], max_age_s: float | None) -> bool:
+        seq, built_at, _ = cached
+        young = max_age_s is None or self.clock.monotonic() - built_at <= max_age_s
+        return seq == self._inventory and young
+
+    async def _current_view(self, max_age_s: float | None = None) -> ClusterView | None:
         assert self.caches is not None
         async with self._view_lock:
             seq = self._inventory
-            if self._view is not None and self._view[0] == seq:
-                return self._view[1]
+            if self._view is not None and self._view_fresh(self._view, max_age_s):
+                return self._view[2]
+            built_at = self.clock.monotonic()  # before the caches are read
             objects, _, _ = self.caches.objects()  # on the loop: the caches are its
             now, packing = self.now(), self.options.admission.packing
 
@@ -313,7 +322,7 @@ class Scheduler:
                 return view
 
             view = await asyncio.get_running_loop().run_in_executor(self._viewer, build)
-            self._view = (seq, view)
+            self._view = (seq, built_at, view)
             return view
 
     # -- the loop ------------------------------------------------------------------------

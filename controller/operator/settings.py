@@ -195,6 +195,13 @@ class OperatorSettings(AdmissionConfig):
         "long Kueue waits before it reserves quota and asks again; memory frees as jobs end, "
         "minutes apart, and each ask costs Kueue a quota reservation.",
     )
+    train_job_sizing: bool = Field(
+        False,
+        description="size Kubeflow Trainer's TrainJobs (trainer.kubeflow.org/v1alpha1) that "
+        "carry the annotation vramgate.dev/finetune when they are created, the one time their "
+        "trainer may change, in the mutating webhook; off by default, since most clusters do "
+        "not run Kubeflow Trainer.",
+    )
     log_level: LogLevel = Field(
         "info",
         description="info: decisions and problems; verbose: each handler call; debug: "
@@ -207,6 +214,20 @@ class OperatorSettings(AdmissionConfig):
             raise ValueError(
                 "kueueAdmissionCheck: needs gpuMode devicePlugin (a Kueue Workload's GPUs are "
                 f"its pods' nvidia.com/gpu requests), got gpuMode {self.gpu_mode.value}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _train_job_sizing_needs_the_webhook(self) -> OperatorSettings:
+        if self.train_job_sizing and self.webhook is WebhookMode.OFF:
+            raise ValueError(
+                "trainJobSizing: needs the webhook (webhook managed or serve): TrainJobs are "
+                "sized by the mutating webhook when they are created, got webhook off"
+            )
+        if self.train_job_sizing and self.gpu_mode is not GpuMode.DEVICE_PLUGIN:
+            raise ValueError(
+                "trainJobSizing: needs gpuMode devicePlugin (a TrainJob's GPUs are its pods' "
+                f"nvidia.com/gpu requests), got gpuMode {self.gpu_mode.value}"
             )
         return self
 
@@ -239,6 +260,7 @@ class OperatorSettings(AdmissionConfig):
             log_level=self.log_level,
             kueue_admission_check=self.kueue_admission_check,
             kueue_retry_seconds=self.kueue_retry_seconds,
+            train_job_sizing=self.train_job_sizing,
         )
 
 
@@ -286,6 +308,8 @@ class OperatorOptions:
     #: Answer Kueue's AdmissionChecks of controllerName vramgate.dev/vram (`admission.kueue`).
     kueue_admission_check: bool = DEFAULTS.kueue_admission_check
     kueue_retry_seconds: int = DEFAULTS.kueue_retry_seconds
+    #: Size TrainJobs at create in the mutating webhook (`controller.webhook.trainjob`).
+    train_job_sizing: bool = DEFAULTS.train_job_sizing
 
     @property
     def liveness(self) -> str:

@@ -2,6 +2,7 @@
 
 admission.py     the two handlers: validate (every error with its field, what can never
                  fit, the workload's dry run) and mutate (Resize at create)
+trainjob.py      Kubeflow Trainer's TrainJobs sized at create (`trainJobSizing`)
 validating.py    the one spec validator the operator's InvalidSpec also uses
 dry_run.py       a server-side dry run of the batch Job the operator would create
 server.py        answers the API server's reviews on a thread of its own, over TLS

@@ -10,7 +10,9 @@ installed by the chart sees. So the configurations here are the chart's, pointin
 the server listens on: written each time the server starts (or restarts with renewed
 certificate files), and deleted at a clean exit if they still call this server, so that none
 sends the API server to a port nobody serves. The webhooks keep kopf's names
-(`validate-finetunejob.<config name>`), which the API server quotes in a refusal.
+(`validate-finetunejob.<config name>`), which the API server quotes in a refusal. With
+`trainJobSizing`, the mutating configuration has a second webhook, `mutate-trainjob`: a
+TrainJob's CREATE, when it carries the annotation `vramgate.dev/finetune`.
 
 Needs, cluster-wide: validatingwebhookconfigurations and mutatingwebhookconfigurations
 get, create, update and delete (local runs use an administrator's kubeconfig).
@@ -23,6 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from controller.admission import trainjob
+from controller.admission.kueue import SPEC_ANNOTATION
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.base.errors import DeploymentError
@@ -31,6 +35,7 @@ from controller.kube import ApiClient, ApiError, WebhookConfigurations
 #: The webhooks' kopf handler ids: the last segment of their URLs (the chart's paths too).
 VALIDATE_HANDLER = "validate-finetunejob"
 MUTATE_HANDLER = "mutate-finetunejob"
+MUTATE_TRAINJOB_HANDLER = "mutate-trainjob"
 
 #: A create, or an update that changes the spec: an update with the spec as it was (labels,
 #: annotations, finalizers) is nothing either webhook would refuse or rewrite.
@@ -50,6 +55,21 @@ MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
             f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations)",
         },
     ],
+    # A TrainJob that says its training: every other one is none of vramgate's business.
+    MUTATE_TRAINJOB_HANDLER: [
+        {
+            "name": "says-its-training",
+            "expression": "has(object.metadata.annotations) && "
+            f"'{SPEC_ANNOTATION}' in object.metadata.annotations",
+        },
+    ],
+}
+#: What each webhook is called for: (API group, version, resource, operations).
+_RULES = {
+    VALIDATE_HANDLER: (GROUP, VERSION, PLURAL, ["CREATE", "UPDATE"]),
+    MUTATE_HANDLER: (GROUP, VERSION, PLURAL, ["CREATE", "UPDATE"]),
+    # Its trainer is immutable once created: sized at CREATE or never.
+    MUTATE_TRAINJOB_HANDLER: (trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL, ["CREATE"]),
 }
 #: The handler each kind of configuration calls.
 _HANDLERS = {
@@ -63,24 +83,30 @@ log = logging.getLogger("vramgate.webhook")
 
 
 def configurations(
-    name: str, url: str, ca_bundle: str | None = None, namespaces: Sequence[str] = ()
+    name: str,
+    url: str,
+    ca_bundle: str | None = None,
+    namespaces: Sequence[str] = (),
+    trainjobs: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The validating and mutating configuration named `name`, by kind, calling the server
-    at `url` (the handler id appended) with the base64 `ca_bundle`; listed `namespaces` only."""
+    at `url` (the handler id appended) with the base64 `ca_bundle`; listed `namespaces` only;
+    with `trainjobs`, the TrainJob webhook too (in the mutating one)."""
 
     def webhook(handler: str) -> dict[str, Any]:
         called = {"url": f"{url.rstrip('/')}/{handler}"}
         if ca_bundle:
             called["caBundle"] = ca_bundle
+        group, version, resource, operations = _RULES[handler]
         found: dict[str, Any] = {
             "name": f"{handler}.{name}",
             "clientConfig": called,
             "rules": [
                 {
-                    "apiGroups": [GROUP],
-                    "apiVersions": [VERSION],
-                    "resources": [PLURAL],
-                    "operations": ["CREATE", "UPDATE"],
+                    "apiGroups": [group],
+                    "apiVersions": [version],
+                    "resources": [resource],
+                    "operations": operations,
                     "scope": "Namespaced",
                 }
             ],
@@ -102,12 +128,12 @@ def configurations(
                     }
                 ]
             }
-        if handler == MUTATE_HANDLER:
+        if handler != VALIDATE_HANDLER:
             found["reinvocationPolicy"] = "Never"
         return found
 
     meta = {"name": name, "labels": {"app.kubernetes.io/managed-by": "vramgate-operator"}}
-    return {
+    found: dict[str, dict[str, Any]] = {
         kind: {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": kind,
@@ -116,6 +142,9 @@ def configurations(
         }
         for kind, handler in _HANDLERS.items()
     }
+    if trainjobs:
+        found["MutatingWebhookConfiguration"]["webhooks"].append(webhook(MUTATE_TRAINJOB_HANDLER))
+    return found
 
 
 class Registrar:
@@ -127,15 +156,19 @@ class Registrar:
     #: server briefly unreachable.
     ATTEMPTS = 5
 
-    def __init__(self, api: ApiClient, name: str, namespaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self, api: ApiClient, name: str, namespaces: Sequence[str] = (), trainjobs: bool = False
+    ) -> None:
         self.configs = WebhookConfigurations(api)
         self.name = name
         self.namespaces = tuple(namespaces)
+        self.trainjobs = trainjobs
         self.url: str | None = None  # what this server registered last
 
     def register(self, url: str, ca_bundle: str | None) -> None:
         """Create both, or replace what is there (an earlier run's, another replica's)."""
-        for kind, body in configurations(self.name, url, ca_bundle, self.namespaces).items():
+        made = configurations(self.name, url, ca_bundle, self.namespaces, self.trainjobs)
+        for kind, body in made.items():
             try:
                 self._write(kind, body)
             except Exception as error:

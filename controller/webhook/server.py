@@ -1,4 +1,5 @@
-"""The HTTPS endpoint of the FineTuneJob webhooks: kopf's server, answering reviews itself.
+"""The HTTPS endpoint of the FineTuneJob webhooks (and of the TrainJob one, with
+`trainJobSizing`): kopf's server, answering reviews itself.
 
 kopf's `WebhookServer` keeps what a webhook endpoint needs and is hard to get right: TLS from
 the certificate files and a restart when they change (renewal); in `managed` mode the server
@@ -7,7 +8,7 @@ request, its handler machinery (a cause, a diff of old and new object, a memo, p
 outcomes and logging, a JSON patch from a copy of the body), cost about two thirds of the
 operator's CPU per request in the webhook benchmark (BENCHMARKS.md), on the event loop the
 decisions share.
-For two handlers that are one function call each, `ReviewServer` answers the
+For handlers that are one function call each, `ReviewServer` answers the
 AdmissionReview directly: the URL's last segment names the webhook (kopf's handler id, the
 path the chart's configurations use too), and the response is what the API server reads:
 `allowed`, a `status` with the refusal's message and code, `warnings`, and a JSON patch.
@@ -40,21 +41,30 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from controller.admission import trainjob
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
 from controller.base.errors import DeploymentError
 from controller.jobs.profiles import warm_generic_reading
 from controller.webhook.admission import AdmissionWebhook, Mutation
-from controller.webhook.registration import MUTATE_HANDLER, VALIDATE_HANDLER, Registrar
+from controller.webhook.registration import (
+    MUTATE_HANDLER,
+    MUTATE_TRAINJOB_HANDLER,
+    VALIDATE_HANDLER,
+    Registrar,
+)
+from controller.webhook.trainjob import TrainJobWebhook
 
 log = logging.getLogger("vramgate.webhook")
 
 
 class ReviewServer(kopf.WebhookServer):
-    """kopf's HTTPS webhook server with `hook` answering its reviews (set before kopf runs);
-    with a `registrar` (`--webhook managed`), it registers the configurations calling it."""
+    """kopf's HTTPS webhook server with `hook` answering its reviews (set before kopf runs),
+    and `trainjobs` the TrainJobs' (`trainJobSizing`); with a `registrar` (`--webhook
+    managed`), it registers the configurations calling it."""
 
     hook: AdmissionWebhook | None = None
+    trainjobs: TrainJobWebhook | None = None
     registrar: Registrar | None = None
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
@@ -138,7 +148,7 @@ class ReviewServer(kopf.WebhookServer):
         """The AdmissionReview response to `request`, sent to the webhook named `webhook`."""
         if self.hook is None:
             raise web.HTTPServiceUnavailable(reason="the webhooks are not registered yet")
-        return await answer(self.hook, webhook, request)
+        return await answer(self.hook, webhook, request, self.trainjobs)
 
 
 #: How long a stopping server waits for the reviews it is answering (each takes milliseconds).
@@ -220,25 +230,36 @@ def _digest(paths: list[Path]) -> bytes:
 
 
 async def answer(
-    hook: AdmissionWebhook, webhook: str | None, request: Mapping[str, Any]
+    hook: AdmissionWebhook,
+    webhook: str | None,
+    request: Mapping[str, Any],
+    trainjobs: TrainJobWebhook | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview response of `hook`'s `webhook` (a handler id) to `request`."""
+    """The AdmissionReview response of `hook`'s `webhook` (a handler id) to `request`; a
+    TrainJob's, of `trainjobs` (None: not served)."""
     payload = request.get("request") if isinstance(request, Mapping) else None
     if not isinstance(payload, Mapping):
         raise web.HTTPBadRequest(reason="not an AdmissionReview: no request")
     resource = payload.get("resource")
     if not isinstance(resource, Mapping):
         raise web.HTTPBadRequest(reason="not an AdmissionReview: no request.resource")
-    if (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL):
+    served = (resource.get("group"), resource.get("resource"))
+    if served == (trainjob.GROUP, trainjob.PLURAL) and trainjobs is not None:
+        if webhook != MUTATE_TRAINJOB_HANDLER:
+            raise web.HTTPNotFound(reason=f"no webhook {webhook!r} for TrainJobs")
+    elif served != (GROUP, PLURAL):
         raise web.HTTPNotFound(reason=f"no webhook for {resource}")
-    if webhook not in (VALIDATE_HANDLER, MUTATE_HANDLER):
+    elif webhook not in (VALIDATE_HANDLER, MUTATE_HANDLER):
         raise web.HTTPNotFound(reason=f"no webhook {webhook!r}")
     response: dict[str, Any] = {"uid": payload.get("uid", ""), "allowed": True}
     obj = payload.get("object")
     if isinstance(obj, Mapping):
         warnings: list[str] = []
         try:
-            await _check(hook, webhook, payload, obj, warnings, response)
+            if webhook == MUTATE_TRAINJOB_HANDLER and trainjobs is not None:
+                await _size(trainjobs, payload, obj, warnings, response)
+            else:
+                await _check(hook, webhook, payload, obj, warnings, response)
         except kopf.AdmissionError as refused:
             response["allowed"] = False
             response["status"] = {"message": str(refused), "code": refused.code or 400}
@@ -280,6 +301,21 @@ async def _check(
         patch = json_patch(obj, found)
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode("ascii")
+
+
+async def _size(
+    trainjobs: TrainJobWebhook,
+    payload: Mapping[str, Any],
+    obj: Mapping[str, Any],
+    warnings: list[str],
+    response: dict[str, Any],
+) -> None:
+    if payload.get("operation") != "CREATE":
+        return  # its trainer is immutable once created
+    found = await trainjobs.sizing(obj, warnings)
+    if found.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(found.patch).encode()).decode("ascii")
 
 
 def json_patch(obj: Mapping[str, Any], found: Mutation) -> list[dict[str, Any]]:

@@ -461,6 +461,72 @@ def test_the_charts_webhooks_are_those_a_managed_operator_registers(
         assert chart.get("reinvocationPolicy") == ours.get("reinvocationPolicy"), kind
 
 
+# -- trainer.sizing: TrainJobs sized at create -------------------------------------------------
+
+
+@pytest.mark.parametrize("namespaces", [(), ("team-b", "team-a")], ids=["all-namespaces", "listed"])
+def test_trainer_sizing_renders_the_trainjob_webhook_and_the_config_when_enabled(
+    namespaces: tuple[str, ...], tmp_path: Path
+) -> None:
+    """The chart's TrainJob webhook is the one a managed operator registers, beside the
+    FineTuneJob one in the mutating configuration; the operator is told to serve it."""
+    from controller.webhook.registration import MUTATE_TRAINJOB_HANDLER
+
+    listed = ["--set-json", f"operator.config.namespaces={json.dumps(namespaces)}"]
+    objects = render("--set", "trainer.sizing.enabled=true", *listed)
+    managed = configurations(FULLNAME, "https://127.0.0.1:9443", "Y2E=", namespaces, True)
+    chart = one(objects, "MutatingWebhookConfiguration", FULLNAME)["webhooks"]
+    ours = managed["MutatingWebhookConfiguration"]["webhooks"]
+    assert [w["clientConfig"]["service"]["path"] for w in chart] == [
+        f"/{MUTATE_HANDLER}", f"/{MUTATE_TRAINJOB_HANDLER}"
+    ]  # fmt: skip
+    for made, registered in zip(chart, ours, strict=True):
+        for field in ("matchConditions", "rules", "sideEffects", "failurePolicy", "matchPolicy",
+                      "reinvocationPolicy", "admissionReviewVersions"):  # fmt: skip
+            assert made[field] == registered[field], (made["name"], field)
+        assert made.get("namespaceSelector") == registered.get("namespaceSelector")
+    (validating,) = one(objects, "ValidatingWebhookConfiguration", FULLNAME)["webhooks"]
+    assert validating["rules"][0]["resources"] == ["finetunejobs"]
+    config = operator_config(objects)
+    assert config["trainJobSizing"] is True
+    assert _load_operator_settings(config, tmp_path).train_job_sizing is True
+
+
+def test_trainer_sizing_renders_none_of_it_when_disabled_by_default(tmp_path: Path) -> None:
+    objects = render()
+    (mutating,) = one(objects, "MutatingWebhookConfiguration", FULLNAME)["webhooks"]
+    assert mutating["rules"][0]["resources"] == ["finetunejobs"]
+    config = operator_config(objects)
+    assert config["trainJobSizing"] is False
+    assert _load_operator_settings(config, tmp_path).train_job_sizing is False
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--set", "webhook.enabled=false"], ["trainer.sizing.enabled", "webhook.enabled=true"]),
+        (["--set", "operator.config.gpuMode=dra"],
+         ["trainer.sizing.enabled", "gpuMode=devicePlugin, got dra"]),
+    ],
+    ids=["without-the-webhook", "dra"],
+)  # fmt: skip
+def test_trainer_sizing_without_what_it_needs_fails_in_one_line(
+    args: list[str], words: list[str]
+) -> None:
+    done = helm("template", RELEASE, str(CHART), "--set", "trainer.sizing.enabled=true", *args)
+    assert done.returncode != 0
+    (line,) = [x for x in done.stderr.splitlines() if words[0] in x]
+    assert all(w in line for w in words) and "execution error" in line, line
+
+
+def test_trainer_sizing_is_set_in_the_trainer_block_only() -> None:
+    done = helm("template", RELEASE, str(CHART), "--set", "operator.config.trainJobSizing=true")
+    assert done.returncode != 0
+    assert "additional properties 'trainJobSizing' not allowed" in done.stderr, done.stderr
+    done = helm("template", RELEASE, str(CHART), "--set-string", "trainer.sizing.enabled=yes")
+    assert done.returncode != 0 and "got string, want boolean" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("available", [True, False], ids=["api-served", "api-missing"])
 def test_service_monitors_and_the_prometheus_rule_only_where_the_api_is_served(
     available: bool,

@@ -119,8 +119,9 @@ extra (its own digest, or the tag with -trace), which the agent never needs. */}
 {{/*
 The operator's config file (camelCase keys, read through VRAMGATE_OPERATOR_CONFIG). The
 user's operator.config, plus what the chart decides: where the webhook listens and which
-Service, configurations, Secret and Lease it uses; and the Kueue settings, from the values'
-kueue block only (operator.config's schema refuses them: one way to set each).
+Service, configurations, Secret and Lease it uses; and the Kueue and Trainer settings, from
+the values' kueue and trainer blocks only (operator.config's schema refuses them: one way to
+set each).
 */}}
 {{- define "vramgate.operatorConfig" -}}
 {{- $svc := include "vramgate.webhookService" . }}
@@ -144,6 +145,7 @@ kueue block only (operator.config's schema refuses them: one way to set each).
 {{- $_ = set $config "probePort" (int .Values.operator.ports.probes) }}
 {{- $_ = set $config "kueueAdmissionCheck" .Values.kueue.admissionCheck.enabled }}
 {{- $_ = set $config "kueueRetrySeconds" (int .Values.kueue.admissionCheck.retrySeconds) }}
+{{- $_ = set $config "trainJobSizing" .Values.trainer.sizing.enabled }}
 {{- toYaml $config }}
 {{- end }}
 

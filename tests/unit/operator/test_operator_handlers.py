@@ -464,6 +464,33 @@ def test_the_review_server_answers_with_the_registered_webhooks(sched: Scheduler
     assert "spec.method" in answered["response"]["status"]["message"]
 
 
+def test_trainjob_sizing_registers_its_webhook_and_hands_it_to_the_server(
+    sched: Scheduler,
+) -> None:
+    """Only with trainJobSizing: a mutating webhook on TrainJobs, CREATE only (their trainer is
+    immutable), failing open; the review server answers with it. No watch: a TrainJob is
+    sized once and holds nothing."""
+    server = ReviewServer(addr="127.0.0.1", insecure=True)
+    registry: Any = build_registry(OperatorOptions(train_job_sizing=True), sched, None, server)
+    hooks = {h.id: h for h in registry._webhooks.get_all_handlers()}
+    trainjobs = hooks[handlers.MUTATE_TRAINJOB_HANDLER]
+    assert (trainjobs.selector.group, trainjobs.selector.any_name) == (
+        "trainer.kubeflow.org", "trainjobs"
+    )  # fmt: skip
+    assert str(trainjobs.reason.value) == "mutating" and trainjobs.operations == ["CREATE"]
+    assert trainjobs.ignore_failures
+    assert server.trainjobs is not None and server.hook is not None
+    watched = {h.selector.any_name for h in registry._watching.get_all_handlers()}
+    assert "trainjobs" not in watched
+
+    plain = ReviewServer(addr="127.0.0.1", insecure=True)
+    registry = build_registry(OperatorOptions(), sched, None, plain)
+    assert handlers.MUTATE_TRAINJOB_HANDLER not in {
+        h.id for h in registry._webhooks.get_all_handlers()
+    }
+    assert plain.trainjobs is None
+
+
 def test_kopf_builds_no_diff_base_for_the_handlers_that_do_not_read_one(sched: Scheduler) -> None:
     """kopf's default deep-copies every watched body on every event to build a diff base; the
     operator's handlers never read one (no change or spawn handlers, asserted above)."""

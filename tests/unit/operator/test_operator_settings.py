@@ -64,6 +64,7 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "probe_port": ("9091", 9091, 9091),
     "kueue_admission_check": ("true", True, True),
     "kueue_retry_seconds": ("120", 120, 120),
+    "train_job_sizing": ("true", True, True),
     "log_level": ("debug", "debug", "debug"),
 }
 
@@ -79,6 +80,8 @@ def flag_argv(name: str, text: str) -> list[str]:
         return ["--no-leader-election"]
     if name == "kueue_admission_check":
         return ["--kueue-admission-check"]
+    if name == "train_job_sizing":
+        return ["--train-job-sizing"]
     return [LOADER.flag(name), text]
 
 
@@ -96,7 +99,7 @@ def test_the_config_keys_are_the_contracts() -> None:
         "leaderElection "
         "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel "
-        "kueueAdmissionCheck kueueRetrySeconds"
+        "kueueAdmissionCheck kueueRetrySeconds trainJobSizing"
     )
     assert sorted(LOADER.key(n) for n in OperatorSettings.model_fields) == sorted(keys.split())
 
@@ -284,3 +287,23 @@ def test_the_kueue_check_needs_the_device_plugin_and_says_so_in_one_line() -> No
         "pods' nvidia.com/gpu requests), got gpuMode visibleDevices"
     )
     assert load_settings(parse("--kueue-admission-check"), {}).kueue_admission_check
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--webhook", "off"], "trainJobSizing: needs the webhook (webhook managed or serve)"),
+        (["--gpu-mode", "dra"], "trainJobSizing: needs gpuMode devicePlugin"),
+    ],
+    ids=["webhook-off", "dra"],
+)
+def test_trainjob_sizing_needs_the_webhook_and_the_device_plugin(
+    argv: list[str], words: str
+) -> None:
+    """TrainJobs are sized by the mutating webhook, and their GPUs are their pods'
+    nvidia.com/gpu: either missing, it would do nothing, so it is refused at start."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings(parse("--train-job-sizing", *argv), {})
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+    options = load_options(parse("--train-job-sizing", "--webhook", "serve"), {})
+    assert options.train_job_sizing is True

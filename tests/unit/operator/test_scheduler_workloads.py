@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from controller.admission import admission_pass as admission
 from controller.admission.cluster import ClusterObjects
+from controller.base.clock import FakeClock
 from controller.kube import Conflict
 from controller.operator.scheduler import NameTaken, Scheduler, SchedulerOptions
 
@@ -195,6 +196,27 @@ def test_the_webhooks_thread_gets_a_view_built_on_kopfs_loop() -> None:
     asyncio.run(main())
     assert views[0] is not None and views[1] is views[0], "built once, then read as it is"
     assert caches.reads == ["MainThread"]
+
+
+def test_a_view_asked_no_older_than_an_age_is_rebuilt_once_it_is_older() -> None:
+    """The TrainJob webhook sizes on the free memory now (`max_age_s`); the FineTuneJob
+    webhooks' view is rebuilt only when the inventory changes."""
+    clock = FakeClock()
+    sched = Scheduler(cast(Any, RecordingKube()), SchedulerOptions(), clock=clock)
+    caches = FixedCaches()
+
+    async def main() -> list[Any]:
+        sched.attach(cast(Any, caches), contextvars.copy_context())
+        first = await sched.current_view(max_age_s=1.0)
+        views = [first, await sched.current_view(max_age_s=1.0)]
+        clock.advance(1.5)
+        views += [await sched.current_view(), await sched.current_view(max_age_s=1.0)]
+        await sched.close()
+        return views
+
+    first, again, old_enough, rebuilt = asyncio.run(main())
+    assert again is first and old_enough is first
+    assert rebuilt is not first and len(caches.reads) == 2
 
 
 def test_a_taken_name_says_whether_an_earlier_job_of_that_name_holds_it() -> None:

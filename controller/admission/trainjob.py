@@ -1,0 +1,341 @@
+"""Kubeflow Trainer's TrainJobs sized when they are created: what the mutating webhook reads
+and the JSON patch it answers with.
+
+Why at create: a TrainJob's `spec.trainer` is immutable (trainer.kubeflow.org/v1alpha1,
+Trainer v2), so its GPUs can be chosen only in the request that creates it. vramgate holds
+nothing for a TrainJob (its pods' use is read from the GPUs, as any pod's); it sizes it on
+the free memory at that moment, with the estimator and decision core of FineTuneJobs.
+
+* **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
+  spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
+  lora, training, estimator, parallelism, and `resources.minGPUs` / `maxGPUs`, the bounds of a
+  resize). Without it a TrainJob passes untouched.
+* **Policy**: the annotation `POLICY_ANNOTATION`, `Resize` or `Enforce` (the default), the
+  words of a FineTuneJob's `spec.admissionPolicy`. A policy of its own, not implied by the
+  bounds: a TrainJob that says only its model still gets the never-fits refusal and the
+  does-not-fit-now warning, and one that says Resize may keep the default bounds.
+* **GPUs**: `spec.trainer.numNodes` x `resourcesPerNode` `nvidia.com/gpu` (limits, else
+  requests; both rewritten where both are set). numNodes stays: a count chosen is a multiple
+  of it, each node taking count / numNodes, and `numProcPerNode`, where it equals the GPUs
+  per node, follows them. A TrainJob that leaves either to its runtime is not sized (the
+  runtime is not read): allowed with a warning saying what to set.
+* **Where**: each trainer node is one pod, so one node takes all of a pod's GPUs: numNodes 1
+  is placed on one node (`NodeConstraints.one_node`), and with more only a placement whose
+  every node holds whole pods counts. The pods' nodeSelector, required node affinity and
+  tolerations are those the TrainJob's own `spec.runtimePatches` give the trainer's
+  replicated job (`TRAINER_JOB`); the runtime's template is not read.
+* **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
+  fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
+  `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
+  the nearest that fits the empty cluster (as a FineTuneJob's mutating webhook does), one
+  that can stays with a warning. Enforce: nothing changes; a warning when it does not fit
+  now.
+* **Refused**, as the FineTuneJob validating webhook refuses and the Kueue check rejects:
+  an invalid annotation (each field named), and a TrainJob no count of which can ever fit
+  (the Reject decision's numbers). The trainer cannot be fixed after the create, so the
+  author hears it while the manifest can still change; the webhook still fails open when
+  the operator is down.
+* **Not sized, allowed with a warning**: what cannot be estimated in microseconds on the
+  request path (a model in a ConfigMap, the Trace profile, a model type only the trace
+  extra reads), and before the operator has seen a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller.admission.cluster import job_request
+from controller.admission.kueue import SPEC_ANNOTATION, read_spec
+from controller.api import conditions as cond
+from controller.api.base import GPU_RESOURCE, REQUESTED_GPUS_ANNOTATION
+from controller.api.enums import AdmissionPolicy
+from controller.base.units import format_gib
+from controller.decision import Decision, JobRequest, Outcome, decide
+from controller.decision.decide import resize_counts
+from controller.estimator import MAX_GPUS, Estimate, Profile, SpecError, SpecErrors
+from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
+from controller.packing.constraints import NodeConstraints, from_pod_template
+from controller.packing.fit import plural
+from controller.packing.view import ClusterView, Selection
+
+GROUP = "trainer.kubeflow.org"
+VERSION = "v1alpha1"
+PLURAL = "trainjobs"
+#: On a TrainJob: `Resize` or `Enforce` (the default), as a FineTuneJob's admissionPolicy.
+POLICY_ANNOTATION = "vramgate.dev/admission-policy"
+POLICIES = (AdmissionPolicy.ENFORCE.value, AdmissionPolicy.RESIZE.value)
+#: The replicated job of a Trainer runtime's JobSet that runs the trainer's nodes.
+TRAINER_JOB = "node"
+_GPUS_PATH = f"spec.trainer.resourcesPerNode[{GPU_RESOURCE}]"
+_KUEUE_ONE_NODE = "a Kueue Workload runs on one node"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a TrainJob's trainer asks: `nodes` pods of `per_node` GPUs each, the GPUs
+    said in `parts` (limits, requests) as `raw` (an int or a quantity string), and
+    numProcPerNode (None: unset)."""
+
+    nodes: int
+    per_node: int
+    parts: tuple[str, ...]
+    raw: object
+    proc_per_node: object = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """The webhook's answer: JSON Patch operations (RFC 6902) on the TrainJob, the warnings
+    kubectl prints, or the refusal's message. `gpus`: the count it asks for after the
+    patch (None: not sized)."""
+
+    patch: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    refusal: str | None = None
+    gpus: int | None = None
+
+
+class _NotSized(Exception):
+    """The TrainJob cannot be sized here: allowed as it is, with this warning."""
+
+
+class _Refused(Exception):
+    """The TrainJob's own input is wrong: refused with this message."""
+
+
+Estimator = Callable[[JobPlan], Estimate]
+
+
+def size(
+    trainjob: Mapping[str, Any], view: ClusterView | None, estimator: Estimator = estimate_plan
+) -> Sizing:
+    """What the mutating webhook does with a TrainJob being created (see the module)."""
+    annotations = (trainjob.get("metadata") or {}).get("annotations") or {}
+    if SPEC_ANNOTATION not in annotations:
+        return Sizing()
+    try:
+        return _size(trainjob, annotations, view, estimator)
+    except _NotSized as why:
+        return Sizing(warnings=(f"vramgate: not sized: {why}",))
+    except _Refused as why:
+        return Sizing(refusal=f"vramgate: {why}")
+
+
+def _size(
+    trainjob: Mapping[str, Any],
+    annotations: Mapping[str, Any],
+    view: ClusterView | None,
+    estimator: Estimator,
+) -> Sizing:
+    fields, problem = read_spec(annotations[SPEC_ANNOTATION])
+    if problem is not None:
+        said = problem.replace("the podSet's", "the TrainJob's spec.trainer's")
+        raise _Refused(f"metadata.annotations[{SPEC_ANNOTATION}]: {said}")
+    policy = annotations.get(POLICY_ANNOTATION, AdmissionPolicy.ENFORCE.value)
+    if policy not in POLICIES:
+        raise _Refused(
+            f"metadata.annotations[{POLICY_ANNOTATION}]: unsupported value {policy!r}; "
+            f"allowed: {', '.join(POLICIES)}"
+        )
+    shape = read_shape(trainjob)
+    spec = {**fields, "admissionPolicy": policy}
+    spec["resources"] = {**(fields.get("resources") or {}), "gpus": shape.gpus}
+    if config_map_ref(spec) is not None:
+        raise _NotSized("a model in a ConfigMap is read by the operator only")
+    if (spec.get("estimator") or {}).get("profile") in (Profile.TRACE.api, Profile.TRACE.value):
+        raise _NotSized("profile Trace takes seconds, more than a webhook may")
+    plan, errors = translate(spec, generic="defer")
+    if errors:
+        raise _Refused(str(SpecErrors([_on_trainjob(e) for e in errors])))
+    if plan is None:
+        raise _NotSized("its model type is read only by the operator's trace extra")
+    try:
+        estimate = estimator(plan)
+    except SpecError as error:
+        raise _Refused(str(_on_trainjob(error))) from None
+    notes = tuple(f"vramgate: {_in_annotation(w)}" for w in plan.warnings)
+    if view is None:
+        raise _NotSized("the operator has not read its GPU inventory yet")
+    meta = trainjob.get("metadata") or {}
+    request = replace(
+        job_request({"metadata": meta, "spec": spec}, plan, estimate),
+        constraints=replace(pod_constraints(trainjob), one_node=shape.nodes == 1),
+    )
+    where = view.select(request.selector, request.constraints)
+    if where.gpus == 0 and view.select({}).gpus == 0:
+        raise _NotSized("the operator has seen no GPU yet")
+    found = _decide(request, shape, view, where)
+    return replace(found, warnings=(*notes, *found.warnings))
+
+
+def read_shape(trainjob: Mapping[str, Any]) -> Shape:
+    """numNodes x the GPUs per node the TrainJob's trainer asks for; _NotSized where it
+    leaves them to its runtime or says them in a way no pod could use."""
+    trainer = (trainjob.get("spec") or {}).get("trainer") or {}
+    nodes = trainer.get("numNodes")
+    if nodes is None:
+        raise _NotSized("spec.trainer.numNodes is not set (its runtime's is not read): set it")
+    if type(nodes) is not int or nodes < 1:
+        raise _NotSized(f"spec.trainer.numNodes must be a whole number of at least 1, got {nodes}")
+    resources = trainer.get("resourcesPerNode") or {}
+    said = {
+        part: (resources.get(part) or {}).get(GPU_RESOURCE)
+        for part in ("limits", "requests")
+        if (resources.get(part) or {}).get(GPU_RESOURCE) is not None
+    }
+    if not said:
+        raise _NotSized(
+            f"{_GPUS_PATH} is not set (its runtime's is not read): set it in limits or requests"
+        )
+    counts = {_whole(v) for v in said.values()}
+    (count,) = counts if len(counts) == 1 else (None,)
+    if count is None or count < 1:
+        shown = ", ".join(f"{part} {value}" for part, value in said.items())
+        raise _NotSized(f"{_GPUS_PATH} must be one whole number of at least 1, got {shown}")
+    raw = said.get("limits", said.get("requests"))
+    return Shape(nodes, count, tuple(said), raw, trainer.get("numProcPerNode"))
+
+
+def pod_constraints(trainjob: Mapping[str, Any]) -> NodeConstraints:
+    """Where the trainer's pods may run, as far as the TrainJob says: the nodeSelector,
+    affinity and tolerations its `spec.runtimePatches` give the replicated job
+    `TRAINER_JOB`, in the patches' order (selectors merged, the last affinity, every
+    toleration)."""
+    selector: dict[str, Any] = {}
+    affinity: Any = None
+    tolerations: list[Any] = []
+    for patch in _list((trainjob.get("spec") or {}).get("runtimePatches")):
+        jobs = _at(patch, "trainingRuntimeSpec", "template", "spec").get("replicatedJobs")
+        for job in _list(jobs):
+            if job.get("name") != TRAINER_JOB:
+                continue
+            pod = _at(job, "template", "spec", "template", "spec")
+            selector.update(_at(pod, "nodeSelector"))
+            affinity = pod.get("affinity", affinity)
+            tolerations += _list(pod.get("tolerations"))
+    pod_spec = {"nodeSelector": selector, "affinity": affinity, "tolerations": tolerations}
+    return from_pod_template({"spec": pod_spec})
+
+
+def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selection) -> Sizing:
+    asked = shape.gpus
+    est, parallelism = request.estimate, request.parallelism
+    counts = [asked]
+    if request.policy is AdmissionPolicy.RESIZE:
+        high = min(request.max_gpus or MAX_GPUS, where.gpus)
+        counts = [n for n in resize_counts(asked, request.min_gpus, high) if n % shape.nodes == 0]
+    for n in counts:
+        placed = view.place_now(est, parallelism, n, where)
+        if placed is not None and all(len(g) % (n // shape.nodes) == 0 for _, g in placed.parts):
+            if n == asked:
+                return Sizing(gpus=asked)
+            at_n = decide(replace(request, gpus=n, policy=AdmissionPolicy.ENFORCE), view)
+            never = not view.fits_empty(est, parallelism, asked, where)
+            why = "can never fit this cluster" if never else "do not fit now"
+            said = f"resized {asked} -> {n} GPUs (policy Resize): {plural(asked)} {why}"
+            return _resized(shape, n, f"{said}; {at_n.message}")
+    decision = decide(request, view, nodes_waited_for=False)
+    empty = next((n for n in counts if view.fits_empty(est, parallelism, n, where)), None)
+    if empty is None:
+        return Sizing(refusal=f"vramgate: {_never(decision, shape, counts)}")
+    if empty == asked:
+        why = decision.message
+        if decision.admitted:  # at a count, or in a shape, that its pods cannot use
+            why = (
+                f"no count that spec.trainer.numNodes ({shape.nodes}) divides fits now with "
+                "each pod's GPUs on one node"
+            )
+        said = f"vramgate: does not fit now (policy {request.policy.value}): {why}"
+        return Sizing(warnings=(said,), gpus=asked)
+    each = format_gib(est.per_gpu_bytes(empty, parallelism))
+    said = (
+        f"{plural(asked)} can never fit this cluster; the nearest count that can is {empty} "
+        f"({each} each with {parallelism.api}), and none fits now"
+    )
+    return _resized(shape, empty, said)
+
+
+def _never(decision: Decision, shape: Shape, counts: list[int]) -> str:
+    """The refusal of a TrainJob no count of which ever fits: the decision's numbers, or,
+    where only a count that numNodes does not divide would, that."""
+    if decision.outcome is Outcome.REJECT:
+        # The decision core words a job pinned to one node as the Kueue Workload it was.
+        said = decision.message.replace(_KUEUE_ONE_NODE, "a TrainJob of one node runs one pod")
+        return f"{decision.reason}: {said}"
+    return (
+        f"{cond.REASON_INSUFFICIENT_VRAM}: no count of GPUs that spec.trainer.numNodes "
+        f"({shape.nodes}) divides fits this cluster, even when it is empty (tried "
+        f"{', '.join(str(n) for n in sorted(counts)) or 'none'}); {decision.message}"
+    )
+
+
+def _resized(shape: Shape, n: int, said: str) -> Sizing:
+    """The patch that makes the TrainJob ask for n GPUs, and its warning."""
+    per_node = n // shape.nodes
+    value: object = per_node if type(shape.raw) is int else str(per_node)
+    base = "/spec/trainer/resourcesPerNode"
+    ops = [
+        {"op": "replace", "path": f"{base}/{part}/{_pointer(GPU_RESOURCE)}", "value": value}
+        for part in shape.parts
+    ]
+    change = f"{_GPUS_PATH} {shape.per_node} -> {per_node}"
+    if shape.nodes > 1:
+        change += f" on each of {shape.nodes} nodes"
+    proc = shape.proc_per_node
+    if proc is not None and str(proc) == str(shape.per_node):
+        follows: object = per_node if type(proc) is int else str(per_node)
+        ops.append({"op": "replace", "path": "/spec/trainer/numProcPerNode", "value": follows})
+        change += f", numProcPerNode {proc} -> {per_node}"
+    ops.append(
+        {
+            "op": "add",
+            "path": f"/metadata/annotations/{_pointer(REQUESTED_GPUS_ANNOTATION)}",
+            "value": str(shape.gpus),
+        }
+    )
+    return Sizing(tuple(ops), (f"vramgate: {said}: {change}",), gpus=n)
+
+
+def _on_trainjob(error: SpecError) -> SpecError:
+    """A FineTuneJob spec error at the TrainJob's own path: the count is its trainer's,
+    everything else the annotation's."""
+    if error.field == "spec.resources.gpus":
+        return SpecError(f"spec.trainer (numNodes x {_GPUS_PATH})", error.message)
+    return SpecError(_in_annotation(error.field), error.message)
+
+
+def _in_annotation(path: str) -> str:
+    """`spec.lora.rank...` as the annotation's field: `metadata.annotations[...].lora.rank`."""
+    if path == "spec" or not path.startswith("spec."):
+        return path
+    return f"metadata.annotations[{SPEC_ANNOTATION}].{path.removeprefix('spec.')}"
+
+
+def _whole(value: object) -> int | None:
+    """A quantity of whole GPUs (2, "2"), or None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON Pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _at(obj: object, *keys: str) -> Mapping[str, Any]:
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj if isinstance(obj, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []

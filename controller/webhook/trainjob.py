@@ -1,0 +1,81 @@
+"""The TrainJob webhook (operator setting `trainJobSizing`): Kubeflow Trainer's TrainJobs
+sized at create, the one time their trainer may change (`controller.admission.trainjob`).
+
+Mutating, CREATE only, called for a TrainJob that carries the annotation
+`vramgate.dev/finetune` (the configurations' matchConditions). Its view is the caches'
+cluster at most `VIEW_MAX_AGE_S` old: a TrainJob is sized on the free memory now, which
+the FineTuneJob webhooks' view, rebuilt only when a node's GPUs or readiness change, does
+not follow. It fails open like the others (`ignore_failures`; the review server answers
+500 on an error, and the configuration's failurePolicy is Ignore).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import kopf
+
+from controller.admission.trainjob import Sizing, size
+from controller.packing.view import ClusterView
+from controller.webhook.admission import ALLOWED, DENIED, ERROR
+from controller.webhook.validating import INVALID
+
+#: The `webhook` label of its requests' durations (`vramgate_webhook_request_duration_seconds`).
+TRAINJOB = "trainjob"
+#: How old a view a TrainJob is sized on may be, in seconds: the caches' GPU readings move
+#: every heartbeat, and a burst of creates (a sweep) shares one view.
+VIEW_MAX_AGE_S = 1.0
+
+
+def _ignore(webhook: str, result: str, seconds: float) -> None:
+    pass
+
+
+class TrainJobWebhook:
+    def __init__(
+        self,
+        view: Callable[[], Awaitable[ClusterView | None]],
+        observe: Callable[[str, str, float], None] = _ignore,
+    ) -> None:
+        self.view = view
+        self.observe = observe
+
+    async def sizing(self, body: Mapping[str, Any], warnings: list[str] | None = None) -> Sizing:
+        """The TrainJob's sizing; kopf.AdmissionError (422) when it is refused."""
+        started, result = time.perf_counter(), ERROR
+        try:
+            found = size(body, await self.view())
+            if warnings is not None:
+                warnings.extend(found.warnings)
+            if found.refusal is not None:
+                result = DENIED
+                raise kopf.AdmissionError(found.refusal, code=INVALID)
+            result = ALLOWED
+            return found
+        finally:
+            self.observe(TRAINJOB, result, time.perf_counter() - started)
+
+    async def mutate(
+        self,
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        warnings: list[str] | None = None,
+        operation: str | None = None,
+        **_: Any,
+    ) -> None:
+        """kopf's mutating handler: `sizing`'s operations written into kopf's patch (the
+        review server answers with them as they are)."""
+        if operation not in (None, "CREATE"):
+            return
+        for op in (await self.sizing(body, warnings)).patch:
+            *parents, leaf = [_unescape(p) for p in op["path"].strip("/").split("/")]
+            into: Any = patch
+            for key in parents:
+                into = into.setdefault(key, {})
+            into[leaf] = op["value"]
+
+
+def _unescape(segment: str) -> str:
+    return segment.replace("~1", "/").replace("~0", "~")

@@ -1,0 +1,284 @@
+"""TrainJobs sized at create (`controller.admission.trainjob`): the annotation read as the
+Kueue check reads it, numNodes x GPUs per node, and the patch, warning or refusal.
+
+Reference (calibrated): llama-3.1-8b Full needs 86.09 GiB on one GPU, 45.49 GiB per GPU on 2
+with FSDP, 23.76 GiB on 4: on 80 GiB GPUs it needs at least 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from controller.admission.kueue import SPEC_ANNOTATION, read_spec
+from controller.admission.trainjob import POLICY_ANNOTATION, Sizing, pod_constraints, size
+from controller.api.base import REQUESTED_GPUS_ANNOTATION
+from controller.packing.inventory import PackingSettings
+from controller.packing.view import ClusterView
+from tests.unit.builders.packing import node, view
+
+FULL = {"model": {"preset": "llama-3.1-8b"}, "method": "Full"}
+QLORA = {"model": {"preset": "llama-3.1-8b"}, "method": "QLoRA", "lora": {"rank": 16}}
+GPU = "nvidia.com/gpu"
+DEVICE_PLUGIN = PackingSettings()  # a TrainJob's GPUs are its pods' nvidia.com/gpu
+
+
+def trainjob(
+    nodes: int | None = 1,
+    per_node: Any = 4,
+    policy: str | None = "Resize",
+    spec: Any = None,
+    parts: tuple[str, ...] = ("limits",),
+    **trainer: Any,
+) -> dict[str, Any]:
+    raw = spec if isinstance(spec, str) else yaml.safe_dump(FULL if spec is None else spec)
+    annotations = {SPEC_ANNOTATION: raw}
+    if policy is not None:
+        annotations[POLICY_ANNOTATION] = policy
+    shape: dict[str, Any] = {"resourcesPerNode": {part: {GPU: per_node} for part in parts}}
+    if nodes is not None:
+        shape["numNodes"] = nodes
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "llama", "namespace": "ml", "annotations": annotations},
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {**shape, **trainer}},
+    }
+
+
+def cluster(*frees: list[float], allocated: int = 0, **labels: str) -> ClusterView:
+    """One node per list of free GiB (80 GiB GPUs); `allocated` GPUs of the first given to
+    other pods (the device plugin hands them to no one else)."""
+    return view(
+        *(
+            node(f"n{i}", free, labels=labels, gpu_allocatable=len(free),
+                 gpu_allocated=allocated if i == 0 else 0)
+            for i, free in enumerate(frees)
+        ),
+        settings=DEVICE_PLUGIN,
+    )  # fmt: skip
+
+
+def applied(obj: dict[str, Any], sizing: Sizing) -> dict[str, Any]:
+    """The TrainJob as the API server stores it after the patch."""
+    return jsonpatch.apply_patch(obj, list(sizing.patch))
+
+
+def asked(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["trainer"]["resourcesPerNode"]
+
+
+def test_the_annotation_is_read_by_the_kueue_checks_reader_into_a_copy_of_the_callers() -> None:
+    """One reader (cached per text) for a podSet's annotation and a TrainJob's: what one
+    caller changes in its copy, the next read does not see."""
+    text = "model: {preset: llama-3.1-8b}\nmethod: Full\n"
+    first, problem = read_spec(text)
+    assert problem is None
+    first["model"]["preset"] = "changed"
+    assert read_spec(text) == (FULL, None)
+
+
+def test_a_4_gpu_trainjob_is_sized_to_2_when_only_2_fit_now() -> None:
+    """Two of the node's four GPUs are another pod's: 4 do not fit now, 2 do (45.49 GiB each)."""
+    obj = trainjob()
+    sizing = size(obj, cluster([80, 80, 80, 80], allocated=2))
+    assert sizing.refusal is None and sizing.gpus == 2
+    stored = applied(obj, sizing)
+    assert asked(stored) == {"limits": {GPU: 2}}
+    assert stored["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "4"
+    assert stored["spec"]["trainer"]["numNodes"] == 1
+    (warning,) = sizing.warnings
+    assert warning.startswith(
+        "vramgate: resized 4 -> 2 GPUs (policy Resize): 4 GPUs do not fit now;"
+    )
+    assert "needs 45.49 GiB per GPU on 2 GPUs with FSDP; placed on n0" in warning
+    assert warning.endswith(f"spec.trainer.resourcesPerNode[{GPU}] 4 -> 2")
+
+
+def test_a_count_no_node_has_is_sized_to_one_that_does() -> None:
+    """One pod takes all its GPUs on one node: 4 on a cluster of 2-GPU nodes never fit."""
+    obj = trainjob(per_node="4", parts=("limits", "requests"))
+    sizing = size(obj, cluster([80, 80], [80, 80]))
+    assert asked(applied(obj, sizing)) == {"limits": {GPU: "2"}, "requests": {GPU: "2"}}
+    assert "4 GPUs can never fit this cluster" in sizing.warnings[0]
+
+
+def test_a_trainjob_without_the_annotation_passes_untouched() -> None:
+    obj = trainjob()
+    del obj["metadata"]["annotations"][SPEC_ANNOTATION]
+    assert size(obj, cluster([80, 80], allocated=2)) == Sizing()
+    obj["metadata"].pop("annotations")
+    assert size(obj, None) == Sizing()
+
+
+def test_a_count_that_fits_now_is_left_as_it_is() -> None:
+    assert size(trainjob(per_node=2), cluster([80, 80, 80, 80])) == Sizing(gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("obj", "field"),
+    [
+        (trainjob(spec="model: [unclosed"),
+         f"metadata.annotations[{SPEC_ANNOTATION}]: must be YAML"),
+        (trainjob(spec={**FULL, "resources": {"gpus": 2}}),
+         "resources may set only minGPUs and maxGPUs here"),
+        (trainjob(spec={**FULL, "template": {}}), "the TrainJob's spec.trainer's"),
+        (trainjob(spec={**FULL, "method": "Partial"}),
+         f"metadata.annotations[{SPEC_ANNOTATION}].method: unsupported value 'Partial'"),
+        (trainjob(spec={**QLORA, "lora": {"rank": 0}}),
+         f"metadata.annotations[{SPEC_ANNOTATION}].lora.rank: must be greater than or equal"),
+        (trainjob(spec={**FULL, "resources": {"maxGPUs": 2}}),
+         f"spec.trainer (numNodes x spec.trainer.resourcesPerNode[{GPU}]): must be between "
+         "minGPUs (1) and maxGPUs (2), got 4"),
+        (trainjob(policy="resize"),
+         f"metadata.annotations[{POLICY_ANNOTATION}]: unsupported value 'resize'; allowed: "
+         "Enforce, Resize"),
+    ],
+    ids=["not-yaml", "gpus-in-annotation", "template-in-annotation", "method", "lora-rank",
+         "outside-its-bounds", "policy"],
+)  # fmt: skip
+def test_an_invalid_annotation_is_refused_naming_the_field(obj: dict[str, Any], field: str) -> None:
+    """As the FineTuneJob validating webhook refuses an invalid spec, and the Kueue check
+    rejects the annotation: the trainer cannot change once the TrainJob exists."""
+    sizing = size(obj, cluster([80, 80, 80, 80]))
+    assert sizing.refusal is not None and sizing.refusal.startswith("vramgate: ")
+    assert field in sizing.refusal
+    assert not sizing.patch and sizing.gpus is None
+
+
+def test_a_trainjob_that_never_fits_is_refused_with_the_numbers() -> None:
+    """Full needs at least 2 GPUs of 80 GiB, and each node has 1."""
+    sizing = size(trainjob(per_node=1), cluster([80], [80]))
+    assert sizing.refusal is not None and not sizing.patch
+    assert sizing.refusal.startswith(
+        "vramgate: InsufficientVRAM: no count in [1, 2] fits even when the cluster is empty: it "
+        "needs 86.09 GiB per GPU on 1 GPU"
+    )
+    assert sizing.refusal.endswith(
+        "a TrainJob of one node runs one pod, and the matching nodes have at most 1 GPU each"
+    )
+    enforced = size(trainjob(per_node=4, policy=None), cluster([80, 80]))
+    assert enforced.refusal is not None and "InsufficientGPUs" in enforced.refusal
+
+
+def test_enforce_changes_nothing_and_warns_when_it_does_not_fit_now() -> None:
+    sizing = size(trainjob(policy="Enforce"), cluster([80, 80, 80, 80], allocated=2))
+    assert sizing.patch == () and sizing.refusal is None
+    (warning,) = sizing.warnings
+    assert warning.startswith("vramgate: does not fit now (policy Enforce): needs 23.76 GiB")
+    assert size(trainjob(policy=None), cluster([80, 80, 80, 80])) == Sizing(gpus=4)
+
+
+def test_resize_keeps_a_count_that_fits_the_empty_cluster_when_none_fits_now() -> None:
+    """Every GPU is another pod's now: no count fits, and 4 can once they are free."""
+    sizing = size(trainjob(), cluster([80, 80, 80, 80], allocated=4))
+    assert sizing.patch == () and sizing.gpus == 4
+    assert sizing.warnings[0].startswith("vramgate: does not fit now (policy Resize)")
+
+
+def test_a_count_that_never_fits_goes_to_the_nearest_that_can_even_if_none_fits_now() -> None:
+    obj = trainjob(per_node=8)
+    sizing = size(obj, cluster([80, 80, 80, 80], allocated=4))
+    assert asked(applied(obj, sizing)) == {"limits": {GPU: 4}}
+    assert sizing.warnings[0] == (
+        "vramgate: 8 GPUs can never fit this cluster; the nearest count that can is 4 "
+        f"(23.76 GiB each with FSDP), and none fits now: spec.trainer.resourcesPerNode[{GPU}] "
+        "8 -> 4"
+    )
+
+
+def test_the_bounds_of_the_annotation_limit_the_resize() -> None:
+    """minGPUs 4: 2 would fit now, but the job may not run on fewer than 4."""
+    obj = trainjob(spec={**FULL, "resources": {"minGPUs": 4}})
+    sizing = size(obj, cluster([80, 80, 80, 80], allocated=2))
+    assert sizing.patch == () and "does not fit now" in sizing.warnings[0]
+
+
+def test_counts_are_numnodes_times_the_gpus_per_node() -> None:
+    """2 nodes x 4 GPUs: 8 asked; the nodes have 2 GPUs each, so 2 x 2, numNodes kept, and
+    numProcPerNode, one process per GPU, follows the GPUs."""
+    obj = trainjob(nodes=2, per_node=4, numProcPerNode=4)
+    sizing = size(obj, cluster([80, 80], [80, 80], [80, 80]))
+    stored = applied(obj, sizing)
+    assert stored["spec"]["trainer"] == {
+        "numNodes": 2, "resourcesPerNode": {"limits": {GPU: 2}}, "numProcPerNode": 2,
+    }  # fmt: skip
+    assert stored["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "8"
+    assert sizing.warnings[0].endswith(
+        f"resourcesPerNode[{GPU}] 4 -> 2 on each of 2 nodes, numProcPerNode 4 -> 2"
+    )
+
+
+def test_a_count_that_numnodes_does_not_divide_is_never_chosen() -> None:
+    """3 nodes of one free GPU each, 3 x 2 asked: QLoRA fits on 5, 4, 3...; only 3 (3 x 1)
+    is a multiple of numNodes with each pod's GPUs on one node."""
+    obj = trainjob(nodes=3, per_node=2, spec=QLORA)
+    sizing = size(obj, cluster([80], [80], [80]))
+    assert sizing.gpus == 3
+    assert asked(applied(obj, sizing)) == {"limits": {GPU: 1}}
+
+
+def test_a_placement_that_splits_a_pod_across_nodes_does_not_count() -> None:
+    """2 nodes x 2 GPUs asked on 4 one-GPU nodes: 4 GPUs fit by memory, but no node holds a
+    pod's 2; nor does any count that 2 divides."""
+    obj = trainjob(nodes=2, per_node=2, spec=QLORA, policy="Enforce")
+    sizing = size(obj, cluster([80], [80], [80], [80]))
+    assert sizing.patch == () and sizing.refusal is None
+    assert "with each pod's GPUs on one node" in sizing.warnings[0]
+
+
+def test_numprocpernode_other_than_the_gpus_is_left_alone() -> None:
+    obj = trainjob(per_node=4, numProcPerNode=1)
+    sizing = size(obj, cluster([80, 80, 80, 80], allocated=2))
+    assert applied(obj, sizing)["spec"]["trainer"]["numProcPerNode"] == 1
+
+
+@pytest.mark.parametrize(
+    ("obj", "why"),
+    [
+        (trainjob(nodes=None), "spec.trainer.numNodes is not set"),
+        (trainjob(parts=()), f"spec.trainer.resourcesPerNode[{GPU}] is not set"),
+        (trainjob(per_node="500m"), "must be one whole number of at least 1, got limits 500m"),
+        (trainjob(spec={"model": {"configMapRef": {"name": "cfg"}}, "method": "Full"}),
+         "a model in a ConfigMap is read by the operator only"),
+        (trainjob(spec={**FULL, "estimator": {"profile": "Trace"}}), "profile Trace"),
+    ],
+    ids=["numnodes-from-the-runtime", "gpus-from-the-runtime", "fraction", "configmap", "trace"],
+)  # fmt: skip
+def test_what_cannot_be_sized_here_is_allowed_with_a_warning(obj: dict[str, Any], why: str) -> None:
+    sizing = size(obj, cluster([80, 80, 80, 80], allocated=2))
+    assert sizing.refusal is None and sizing.patch == ()
+    (warning,) = sizing.warnings
+    assert warning.startswith("vramgate: not sized: ") and why in warning
+
+
+def test_before_the_operator_has_seen_a_gpu_nothing_is_sized() -> None:
+    for seen in (None, cluster()):
+        sizing = size(trainjob(), seen)
+        assert sizing.patch == () and sizing.refusal is None
+        assert sizing.warnings[0].startswith("vramgate: not sized: the operator has")
+
+
+def test_its_runtime_patches_choose_the_nodes_of_its_trainer_pods() -> None:
+    """The nodeSelector and tolerations the TrainJob's runtimePatches give the trainer's
+    replicated job (`node`): the 4 free GPUs elsewhere do not count."""
+    obj = trainjob()
+    pod = {"nodeSelector": {"pool": "a"}, "tolerations": [{"key": "x", "operator": "Exists"}]}
+    other = {"nodeSelector": {"pool": "b"}}
+    obj["spec"]["runtimePatches"] = [{"manager": "me", "trainingRuntimeSpec": {"template": {
+        "spec": {"replicatedJobs": [
+            {"name": "dataset-initializer", "template": {"spec": {"template": {"spec": other}}}},
+            {"name": "node", "template": {"spec": {"template": {"spec": pod}}}},
+        ]}}}}]  # fmt: skip
+    constraints = pod_constraints(obj)
+    assert constraints.node_selector == (("pool", "a"),) and len(constraints.tolerations) == 1
+    nodes = view(
+        node("a0", [80, 80], labels={"pool": "a"}),
+        node("b0", [80, 80, 80, 80], labels={"pool": "b"}),
+        settings=DEVICE_PLUGIN,
+    )
+    assert size(obj, nodes).gpus == 2
+    assert pod_constraints(trainjob()).node_selector == ()
