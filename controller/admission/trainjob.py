@@ -54,7 +54,14 @@ from controller.api.enums import AdmissionPolicy
 from controller.base.units import format_gib
 from controller.decision import Decision, JobRequest, Outcome, decide
 from controller.decision.decide import resize_counts
-from controller.estimator import MAX_GPUS, Estimate, Profile, SpecError, SpecErrors
+from controller.estimator import (
+    MAX_GPUS,
+    Estimate,
+    Parallelism,
+    Profile,
+    SpecError,
+    SpecErrors,
+)
 from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural
@@ -160,6 +167,19 @@ def _size(
     except SpecError as error:
         raise _Refused(str(_on_trainjob(error))) from None
     notes = tuple(f"vramgate: {_in_annotation(w)}" for w in plan.warnings)
+    if shape.nodes > 1 and plan.parallelism is Parallelism.DEVICE_MAP:
+        raise _NotSized(
+            "parallelism DeviceMap with spec.trainer.numNodes > 1: each pod loads a model of "
+            "its own over its own GPUs, which vramgate does not estimate"
+        )
+    if shape.nodes > 1 and plan.admission_policy is AdmissionPolicy.RESIZE:
+        # The packer places k nodes x g GPUs as it finds best, not numNodes pods of whole
+        # GPUs each: a count it found could need more GPUs than asked. Checked as asked.
+        notes += (
+            f"vramgate: {POLICY_ANNOTATION} Resize sizes TrainJobs of one node; this one of "
+            f"{shape.nodes} (spec.trainer.numNodes) is checked as it asks",
+        )
+        plan = replace(plan, admission_policy=AdmissionPolicy.ENFORCE)
     if view is None:
         raise _NotSized("the operator has not read its GPU inventory yet")
     meta = trainjob.get("metadata") or {}
@@ -265,8 +285,11 @@ def _never(decision: Decision, shape: Shape, counts: list[int]) -> str:
     """The refusal of a TrainJob no count of which ever fits: the decision's numbers, or,
     where only a count that numNodes does not divide would, that."""
     if decision.outcome is Outcome.REJECT:
-        # The decision core words a job pinned to one node as the Kueue Workload it was.
+        # The decision core words a job pinned to one node as the Kueue Workload it was, and
+        # its advice in a FineTuneJob's fields.
         said = decision.message.replace(_KUEUE_ONE_NODE, "a TrainJob of one node runs one pod")
+        said = said.replace("spec.resources.gpus", f"spec.trainer (numNodes x {_GPUS_PATH})")
+        said = said.replace("admissionPolicy Resize", f"{POLICY_ANNOTATION}: Resize")
         return f"{decision.reason}: {said}"
     return (
         f"{cond.REASON_INSUFFICIENT_VRAM}: no count of GPUs that spec.trainer.numNodes "

@@ -197,28 +197,32 @@ def test_the_bounds_of_the_annotation_limit_the_resize() -> None:
     assert sizing.patch == () and "does not fit now" in sizing.warnings[0]
 
 
-def test_counts_are_numnodes_times_the_gpus_per_node() -> None:
-    """2 nodes x 4 GPUs: 8 asked; the nodes have 2 GPUs each, so 2 x 2, numNodes kept, and
-    numProcPerNode, one process per GPU, follows the GPUs."""
-    obj = trainjob(nodes=2, per_node=4, numProcPerNode=4)
-    sizing = size(obj, cluster([80, 80], [80, 80], [80, 80]))
-    stored = applied(obj, sizing)
-    assert stored["spec"]["trainer"] == {
-        "numNodes": 2, "resourcesPerNode": {"limits": {GPU: 2}}, "numProcPerNode": 2,
-    }  # fmt: skip
-    assert stored["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "8"
-    assert sizing.warnings[0].endswith(
-        f"resourcesPerNode[{GPU}] 4 -> 2 on each of 2 nodes, numProcPerNode 4 -> 2"
+def test_a_trainjob_of_several_nodes_is_checked_as_it_asks_never_resized() -> None:
+    """3 nodes x 2 GPUs on three 3-GPU nodes: the packer's best layout (2 nodes x 3) splits
+    the pods, and a count it found could need more GPUs than asked (6 -> 9): several nodes
+    are checked as asked, and said so."""
+    obj = trainjob(nodes=3, per_node=2, spec=QLORA, numProcPerNode=2)
+    sizing = size(obj, cluster([80, 80, 80], [80, 80, 80], [80, 80, 80]))
+    assert sizing.patch == () and sizing.refusal is None
+    assert sizing.warnings[0] == (
+        f"vramgate: {POLICY_ANNOTATION} Resize sizes TrainJobs of one node; this one of 3 "
+        "(spec.trainer.numNodes) is checked as it asks"
     )
 
 
-def test_a_count_that_numnodes_does_not_divide_is_never_chosen() -> None:
-    """3 nodes of one free GPU each, 3 x 2 asked: QLoRA fits on 5, 4, 3...; only 3 (3 x 1)
-    is a multiple of numNodes with each pod's GPUs on one node."""
-    obj = trainjob(nodes=3, per_node=2, spec=QLORA)
-    sizing = size(obj, cluster([80], [80], [80]))
-    assert sizing.gpus == 3
-    assert asked(applied(obj, sizing)) == {"limits": {GPU: 1}}
+def test_a_device_map_over_several_nodes_is_not_sized() -> None:
+    obj = trainjob(nodes=2, per_node=1, spec={**FULL, "parallelism": "DeviceMap"})
+    sizing = size(obj, cluster([80], [80]))
+    assert sizing.patch == () and sizing.refusal is None
+    assert sizing.warnings[0].startswith("vramgate: not sized: parallelism DeviceMap")
+
+
+def test_a_refusal_speaks_of_the_trainjobs_fields() -> None:
+    sizing = size(trainjob(per_node=1, policy="Enforce"), cluster([80, 80]))
+    assert sizing.refusal is not None
+    assert "spec.resources.gpus" not in sizing.refusal
+    assert "admissionPolicy" not in sizing.refusal
+    assert f"{POLICY_ANNOTATION}: Resize" in sizing.refusal
 
 
 def test_a_placement_that_splits_a_pod_across_nodes_does_not_count() -> None:
