@@ -100,13 +100,10 @@ def test_a_trace_job_is_traced_off_the_loop_kept_in_status_and_not_traced_again(
     for name in FORMULA_JOBS:  # applied right after it
         create(api_client, namespace, finetunejob(name))
 
-    # Every formula job is estimated and decided while the trace job is still Tracing.
-    seen: list[str] = []
-
+    # Every formula job is estimated and decided while the trace job is still Tracing (read
+    # right after: its Tracing status may land a moment after the formula jobs' decisions,
+    # which do not wait for it).
     def formula_jobs_decided() -> bool:
-        found = condition(get(api_client, namespace, "traced"), "Estimated")
-        if found is not None and found["reason"] == "Tracing":
-            seen.append(found["message"])
         return all(
             (condition(get(api_client, namespace, name), "Admitted") or {}).get("reason")
             == "NoTemplate"
@@ -122,7 +119,6 @@ def test_a_trace_job_is_traced_off_the_loop_kept_in_status_and_not_traced_again(
         f"the trace ended before the formula jobs were decided ({decided_s:.1f} s)"
     )
     assert TRACING.fullmatch(estimated["message"]), estimated["message"]
-    assert seen, "Tracing was seen while the formula jobs were being decided"
     admitted = condition(during, "Admitted")
     assert admitted is not None and (admitted["status"], admitted["reason"]) == (
         "Unknown", "Tracing",
