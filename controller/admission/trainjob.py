@@ -42,6 +42,7 @@ the free memory at that moment, with the estimator and decision core of FineTune
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -192,6 +193,60 @@ def _size(
         raise _NotSized("the operator has seen no GPU yet")
     found = _decide(request, shape, view, where)
     return replace(found, warnings=(*notes, *found.warnings))
+
+
+def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
+    """A TrainJob resized at its create whose manifest is applied again: its trainer asks
+    again for the count asked at create (`REQUESTED_GPUS_ANNOTATION`), which the API server
+    would refuse (spec.trainer is immutable). The stored count, and numProcPerNode with it,
+    is kept, as a FineTuneJob's is (the FineTuneJob webhook's `_as_at_create`); an update that
+    changes anything else of the trainer is left for the API server to refuse."""
+    asked = ((old.get("metadata") or {}).get("annotations") or {}).get(REQUESTED_GPUS_ANNOTATION)
+    stored = (old.get("spec") or {}).get("trainer")
+    trainer = (new.get("spec") or {}).get("trainer")
+    if (
+        not isinstance(asked, str)
+        or not isinstance(stored, Mapping)
+        or not isinstance(trainer, Mapping)
+        or trainer == stored
+    ):
+        return Sizing()
+    try:
+        before, now = read_shape(old), read_shape(new)
+    except _NotSized:
+        return Sizing()
+    if str(now.gpus) != asked or now.nodes != before.nodes or now.parts != before.parts:
+        return Sizing()
+    kept = copy.deepcopy(dict(trainer))
+    for part in now.parts:
+        kept["resourcesPerNode"][part][GPU_RESOURCE] = stored["resourcesPerNode"][part][
+            GPU_RESOURCE
+        ]
+    if "numProcPerNode" in stored:
+        kept["numProcPerNode"] = stored["numProcPerNode"]
+    if kept != stored:
+        return Sizing()  # more than the count asked again: the API server says what
+    base = "/spec/trainer"
+    ops = [
+        {"op": "replace", "path": f"{base}/resourcesPerNode/{part}/{_pointer(GPU_RESOURCE)}",
+         "value": stored["resourcesPerNode"][part][GPU_RESOURCE]}
+        for part in now.parts
+    ]  # fmt: skip
+    if "numProcPerNode" in stored and trainer.get("numProcPerNode") != stored["numProcPerNode"]:
+        op = "replace" if "numProcPerNode" in trainer else "add"
+        ops.append({"op": op, "path": f"{base}/numProcPerNode", "value": stored["numProcPerNode"]})
+    annotations = (new.get("metadata") or {}).get("annotations")
+    if not isinstance(annotations, Mapping):
+        ops.append({"op": "add", "path": "/metadata/annotations",
+                    "value": {REQUESTED_GPUS_ANNOTATION: asked}})  # fmt: skip
+    elif annotations.get(REQUESTED_GPUS_ANNOTATION) != asked:
+        path = f"/metadata/annotations/{_pointer(REQUESTED_GPUS_ANNOTATION)}"
+        ops.append({"op": "add", "path": path, "value": asked})
+    said = (
+        f"vramgate: {asked} GPUs asked again; spec.trainer keeps the {before.gpus} it was sized "
+        "to at create (it is immutable): delete and create the TrainJob to size it again"
+    )
+    return Sizing(tuple(ops), (said,), gpus=before.gpus)
 
 
 def read_shape(trainjob: Mapping[str, Any]) -> Shape:

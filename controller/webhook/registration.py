@@ -12,7 +12,8 @@ certificate files), and deleted at a clean exit if they still call this server, 
 sends the API server to a port nobody serves. The webhooks keep kopf's names
 (`validate-finetunejob.<config name>`), which the API server quotes in a refusal. With
 `trainJobSizing`, the mutating configuration has a second webhook, `mutate-trainjob`: a
-TrainJob's CREATE, when it carries the annotation `vramgate.dev/finetune`.
+TrainJob's CREATE, when it carries the annotation `vramgate.dev/finetune`, and the UPDATE of
+one it resized (its manifest applied again keeps the count it was sized to).
 
 Needs, cluster-wide: validatingwebhookconfigurations and mutatingwebhookconfigurations
 get, create, update and delete (local runs use an administrator's kubeconfig).
@@ -56,11 +57,18 @@ MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
         },
     ],
     # A TrainJob that says its training: every other one is none of vramgate's business.
+    # An UPDATE only of one it resized at create (its manifest applied again).
     MUTATE_TRAINJOB_HANDLER: [
         {
             "name": "says-its-training",
             "expression": "has(object.metadata.annotations) && "
             f"'{SPEC_ANNOTATION}' in object.metadata.annotations",
+        },
+        {
+            "name": "created-or-resized",
+            "expression": "request.operation == 'CREATE' || (oldObject != null && "
+            "has(oldObject.metadata.annotations) && "
+            f"'{REQUESTED_GPUS_ANNOTATION}' in oldObject.metadata.annotations)",
         },
     ],
 }
@@ -68,8 +76,13 @@ MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
 _RULES = {
     VALIDATE_HANDLER: (GROUP, VERSION, PLURAL, ["CREATE", "UPDATE"]),
     MUTATE_HANDLER: (GROUP, VERSION, PLURAL, ["CREATE", "UPDATE"]),
-    # Its trainer is immutable once created: sized at CREATE or never.
-    MUTATE_TRAINJOB_HANDLER: (trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL, ["CREATE"]),
+    # Its trainer is immutable once created: sized at CREATE, its size kept at an UPDATE.
+    MUTATE_TRAINJOB_HANDLER: (
+        trainjob.GROUP,
+        trainjob.VERSION,
+        trainjob.PLURAL,
+        ["CREATE", "UPDATE"],
+    ),
 }
 #: The handler each kind of configuration calls.
 _HANDLERS = {

@@ -42,6 +42,7 @@ import kopf
 from aiohttp import web
 
 from controller.admission import trainjob
+from controller.admission.trainjob import restore
 from controller.api.base import GROUP, REQUESTED_GPUS_ANNOTATION
 from controller.api.finetunejob import PLURAL
 from controller.base.errors import DeploymentError
@@ -310,9 +311,14 @@ async def _size(
     warnings: list[str],
     response: dict[str, Any],
 ) -> None:
-    if payload.get("operation") != "CREATE":
-        return  # its trainer is immutable once created
-    found = await trainjobs.sizing(obj, warnings)
+    if payload.get("operation") == "UPDATE":  # its manifest applied again, after a resize
+        old = payload.get("oldObject")
+        found = restore(old if isinstance(old, Mapping) else {}, obj)
+        warnings.extend(found.warnings)
+    elif payload.get("operation") == "CREATE":
+        found = await trainjobs.sizing(obj, warnings)
+    else:
+        return
     if found.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(found.patch).encode()).decode("ascii")

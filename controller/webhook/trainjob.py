@@ -1,8 +1,10 @@
 """The TrainJob webhook (operator setting `trainJobSizing`): Kubeflow Trainer's TrainJobs
 sized at create, the one time their trainer may change (`controller.admission.trainjob`).
 
-Mutating, CREATE only, called for a TrainJob that carries the annotation
-`vramgate.dev/finetune` (the configurations' matchConditions). Its view is the caches'
+Mutating, called for a TrainJob's CREATE when it carries the annotation
+`vramgate.dev/finetune`, and for the UPDATE of one it resized, whose manifest applied again
+asks for the count asked at create (`restore` keeps the stored one; the configurations'
+matchConditions). Its view is the caches'
 cluster at most `VIEW_MAX_AGE_S` old: a TrainJob is sized on the free memory now, which
 the FineTuneJob webhooks' view, rebuilt only when a node's GPUs or readiness change, does
 not follow. It fails open like the others (`ignore_failures`; the review server answers
@@ -17,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from controller.admission.trainjob import Sizing, size
+from controller.admission.trainjob import Sizing, restore, size
 from controller.packing.view import ClusterView
 from controller.webhook.admission import ALLOWED, DENIED, ERROR
 from controller.webhook.validating import INVALID
@@ -63,13 +65,21 @@ class TrainJobWebhook:
         patch: kopf.Patch,
         warnings: list[str] | None = None,
         operation: str | None = None,
+        old: Mapping[str, Any] | None = None,
         **_: Any,
     ) -> None:
         """kopf's mutating handler: `sizing`'s operations written into kopf's patch (the
-        review server answers with them as they are)."""
-        if operation not in (None, "CREATE"):
+        review server answers with them as they are); on an UPDATE, `restore`'s."""
+        if operation == "UPDATE":
+            found = restore(old or {}, body)
+            if warnings is not None:
+                warnings.extend(found.warnings)
+            ops = found.patch
+        elif operation in (None, "CREATE"):
+            ops = (await self.sizing(body, warnings)).patch
+        else:
             return
-        for op in (await self.sizing(body, warnings)).patch:
+        for op in ops:
             *parents, leaf = [_unescape(p) for p in op["path"].strip("/").split("/")]
             into: Any = patch
             for key in parents:

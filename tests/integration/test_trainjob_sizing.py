@@ -117,6 +117,13 @@ def test_a_trainjob_asking_4_gpus_where_2_fit_now_is_created_asking_2(
     assert obj["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 2}}
     assert obj["spec"]["trainer"]["numNodes"] == 1
     assert obj["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "4"
+    # The manifest applied again (GitOps) asks for 4 again: spec.trainer is immutable, and
+    # the count it was sized to is kept instead of the update being refused.
+    again = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=body)
+    assert again.returncode == 0, again.stderr
+    assert "keeps the 2 it was sized to at create" in again.stderr
+    kept = stored(api_client, namespace, "llama-full")
+    assert kept["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 2}}
 
 
 def test_a_trainjob_without_the_annotation_is_untouched_and_an_invalid_one_refused(

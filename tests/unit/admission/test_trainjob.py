@@ -14,7 +14,13 @@ import pytest
 import yaml
 
 from controller.admission.kueue import SPEC_ANNOTATION, read_spec
-from controller.admission.trainjob import POLICY_ANNOTATION, Sizing, pod_constraints, size
+from controller.admission.trainjob import (
+    POLICY_ANNOTATION,
+    Sizing,
+    pod_constraints,
+    restore,
+    size,
+)
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
 from controller.packing.inventory import PackingSettings
 from controller.packing.view import ClusterView
@@ -286,3 +292,23 @@ def test_its_runtime_patches_choose_the_nodes_of_its_trainer_pods() -> None:
     )
     assert size(obj, nodes).gpus == 2
     assert pod_constraints(trainjob()).node_selector == ()
+
+
+def test_its_manifest_applied_again_keeps_the_count_it_was_sized_to() -> None:
+    obj = trainjob(per_node=4, numProcPerNode=4)
+    stored = applied(obj, size(obj, cluster([80, 80, 80, 80], allocated=2)))
+    assert stored["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 2}}
+    found = restore(stored, obj)  # the manifest, asking for 4 again
+    kept = applied(obj, found)
+    assert kept["spec"]["trainer"] == stored["spec"]["trainer"]
+    assert kept["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "4"
+    assert "keeps the 2 it was sized to at create" in found.warnings[0]
+
+
+def test_an_update_that_changes_more_than_the_count_is_left_to_the_api_server() -> None:
+    obj = trainjob(per_node=4)
+    stored = applied(obj, size(obj, cluster([80, 80, 80, 80], allocated=2)))
+    other = trainjob(nodes=2, per_node=2)  # 4 GPUs again, in another shape
+    assert restore(stored, other) == Sizing()
+    assert restore(stored, trainjob(per_node=3)) == Sizing()  # not the count asked
+    assert restore(obj, obj) == Sizing()  # never resized: nothing to keep

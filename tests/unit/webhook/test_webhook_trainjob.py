@@ -135,7 +135,8 @@ def test_a_managed_operator_registers_the_trainjob_webhook_only_with_trainjob_si
                                          "caBundle": "Y2E="}  # fmt: skip
     assert trainjobs["rules"] == [{"apiGroups": ["trainer.kubeflow.org"],
                                    "apiVersions": ["v1alpha1"], "resources": ["trainjobs"],
-                                   "operations": ["CREATE"], "scope": "Namespaced"}]  # fmt: skip
+                                   "operations": ["CREATE", "UPDATE"],
+                                   "scope": "Namespaced"}]  # fmt: skip
     assert trainjobs["matchConditions"] == MATCH_CONDITIONS[MUTATE_TRAINJOB_HANDLER]
     assert SPEC_ANNOTATION in trainjobs["matchConditions"][0]["expression"]
     assert trainjobs["failurePolicy"] == "Ignore" and trainjobs["reinvocationPolicy"] == "Never"
