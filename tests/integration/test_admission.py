@@ -862,8 +862,12 @@ def test_deleting_a_running_jobs_workload_stops_it_for_good_and_frees_its_gpu(
     )  # fmt: skip
     assert failed["reason"] == "WorkloadDeleted"
     assert "delete this FineTuneJob and apply it again" in failed["message"]
-    events = {e.reason for e in events_for(api_client, namespace, "stoppable")}
-    assert "WorkloadDeleted" in events, events
+    # The Event goes out once the status write has landed: a moment after the condition.
+    wait_until(
+        lambda: "WorkloadDeleted" in {
+            e.reason for e in events_for(api_client, namespace, "stoppable")},
+        timeout=DEADLINE_S, what="the WorkloadDeleted Event",
+    )  # fmt: skip
     admitted(api_client, namespace, "behind", "True", "Fits", timeout=90)  # the GPU is free
     admitting.await_passes()  # no Job of the stopped job comes back
     again = _read_job(api_client, namespace, "stoppable")
