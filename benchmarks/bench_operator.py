@@ -18,6 +18,8 @@ import json
 import os
 import re
 import ssl
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -391,14 +393,25 @@ def keep_fresh(api: client.ApiClient, names: list[str], stop: threading.Event) -
                 raise
 
 
-def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -> dict[str, Any]:
+def bench_decisions(
+    jobs: int, nodes: int, clients: int, webhook: bool = True, kopf_floor: bool = False
+) -> dict[str, Any]:
+    """With `kopf_floor`, `benchmarks.kopf_floor` watches beside the operator (the same
+    watches, handlers that do nothing): its CPU over the same part is kopf's own share."""
     with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp:
         cluster, api, operator = start(Path(tmp), webhook=webhook)
         stop = threading.Event()
+        floor: subprocess.Popen[bytes] | None = None
         try:
+            if kopf_floor:
+                floor = subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.kopf_floor"],
+                    env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
             names = gpu_nodes(cluster, api, nodes)
             threading.Thread(target=keep_fresh, args=(api, names, stop), daemon=True).start()
             time.sleep(3)  # the operator's caches hold the nodes
+            floor_before = 0.0 if floor is None else cpu_seconds(floor.pid)
             objects = client.CustomObjectsApi(api)
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
             assert operator.proc is not None
@@ -417,6 +430,7 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
+            floor_cpu = None if floor is None else cpu_seconds(floor.pid) - floor_before
             own_spent = own_cpu_spent(own_before, own_cpu(own))
             programs = cpu_spent(programs_before, cpu_by_process())
             requests = {k: int(v - requests_before.get(k, 0.0))
@@ -438,11 +452,18 @@ def bench_decisions(jobs: int, nodes: int, clients: int, webhook: bool = True) -
                     "created_s": round(created, 2), "all_decided_s": round(total, 2),
                     "decided_after_last_create_s": round(total - created, 2),
                     "operator_cpu_s": round(operator_cpu, 1),
+                    "operator_ms_per_job": round(1000 * operator_cpu / jobs, 1),
+                    **({} if floor_cpu is None else {
+                        "kopf_floor_cpu_s": round(floor_cpu, 1),
+                        "kopf_floor_ms_per_job": round(1000 * floor_cpu / jobs, 1)}),
                     "per_second": round(jobs / total, 1), "admitted": admitted,
                     "cpu_s_own": own_spent, "cpu_s_by_program": programs,
                     "api_requests": requests}  # fmt: skip
         finally:
             stop.set()
+            if floor is not None:
+                floor.terminate()
+                floor.wait(timeout=30)
             operator.stop()
             cluster.stop()
 
@@ -613,6 +634,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["decisions", "webhook", "memory", "floor"])
     parser.add_argument("--no-webhook", action="store_true",
                         help="decisions without the webhooks (creation speed alone)")  # fmt: skip
+    parser.add_argument("--kopf-floor", action="store_true",
+                        help="decisions with benchmarks.kopf_floor watching beside the "
+                             "operator: kopf's own CPU for the same events")  # fmt: skip
     parser.add_argument("--operator-arg", action="append", default=[],
                         help="pass this flag to the operator too (repeat)")  # fmt: skip
     args = parser.parse_args()
@@ -621,7 +645,11 @@ def main() -> None:
     results: dict[str, Any] = {}
     if args.only in (None, "decisions"):
         results["decisions"] = bench_decisions(
-            args.jobs, args.nodes, args.clients, webhook=not args.no_webhook
+            args.jobs,
+            args.nodes,
+            args.clients,
+            webhook=not args.no_webhook,
+            kopf_floor=args.kopf_floor,
         )
         print(json.dumps(results["decisions"]), flush=True)
     if args.only in (None, "floor"):

@@ -180,7 +180,10 @@ class Kube:
         body: object = None,
         query: Sequence[tuple[str, str]] = (),
         content: str | None = None,
+        decode: bool = True,
     ) -> Any:
+        """The answer's JSON (None without `decode`: a write whose answer is not read skips
+        decoding the whole object it returns)."""
         response = self._request(method, path, body, query, content=content)
         data = response.read()
         if response.status == 409:
@@ -189,7 +192,7 @@ class Kube:
             raise Gone(_message(data, response.reason))
         if not 200 <= response.status < 300:
             raise ApiError(response.status, _message(data, response.reason))
-        return json.loads(data or b"null")
+        return json.loads(data or b"null") if decode else None
 
     def create_dry_run(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create `obj` with `dryRun=All`: decoded, defaulted, validated and admitted (the
@@ -232,7 +235,7 @@ class Kube:
             {"op": "test", "path": "/status/workloadRef/name", "value": workload},
             {"op": "add", "path": "/status/workloadRef/uid", "value": uid},
         ]
-        self._call("PATCH", path, ops, content="application/json-patch+json")
+        self._call("PATCH", path, ops, content="application/json-patch+json", decode=False)
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         prefix, plural = _KINDS[(obj["apiVersion"], obj["kind"])]

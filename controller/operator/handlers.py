@@ -75,7 +75,7 @@ def register(
 
     def wake_on(
         resource: tuple[str, ...],
-        relevant: Callable[[Mapping[str, Any]], Any],
+        relevant: Callable[[Mapping[str, Any]], Any] | None,
         inventory: Callable[[Mapping[str, Any]], Any] | None = None,
         **only: Any,
     ) -> None:
@@ -91,6 +91,9 @@ def register(
                     scheduler.inventory_changed()
                 scheduler.wake()
                 return
+            if relevant is None:  # every event is a change
+                scheduler.wake()
+                return
             digest = _digest(relevant(body))
             if digests.get(key) != digest:
                 digests[key] = digest
@@ -103,8 +106,9 @@ def register(
 
         kopf.on.event(*resource, id=f"wake-{resource[-1]}", registry=registry, **only)(on_event)
 
-    wake_on((GROUP, VERSION, PLURAL), lambda body: [body.get("metadata"), body.get("spec"),
-                                                    body.get("status")])  # fmt: skip
+    # Every FineTuneJob event wakes it: a digest of its whole body (the resourceVersion
+    # included) would differ on each one anyway, and cost a JSON dump per event.
+    wake_on((GROUP, VERSION, PLURAL), None)
     wake_on((GROUP, VERSION, GPUNODE_PLURAL), _gpunode_relevant, inventory=_gpunode_capacity)
     wake_on(("v1", "nodes"), caches.slim_node, inventory=caches.slim_node)
     wake_on(("v1", "pods"), _pod_relevant, when=caches.gpu_or_job_pod)

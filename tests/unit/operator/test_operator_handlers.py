@@ -502,3 +502,27 @@ def test_kopf_builds_no_diff_base_for_the_handlers_that_do_not_read_one(sched: S
     registry: Any = build_registry(OperatorOptions(), sched, None)
     assert registry._changing.get_all_handlers() == []
     assert registry._spawning.get_all_handlers() == []
+
+
+def test_the_kopf_floor_benchmark_watches_what_the_operator_watches(sched: Scheduler) -> None:
+    """`benchmarks.kopf_floor` prices kopf's share of the operator's CPU only while its
+    watches are the operator's: the same resources, label filters and `when` filters, one
+    index and one event handler each."""
+    from benchmarks import kopf_floor
+
+    def watches(handlers_: list[Any]) -> set[tuple[Any, ...]]:
+        return {
+            (h.selector.group or "", h.selector.version, h.selector.any_name,
+             tuple(sorted((h.labels or {}).items(), key=str)), h.when)
+            for h in handlers_
+        }  # fmt: skip
+
+    operator: Any = kopf.OperatorRegistry()
+    handlers.register(operator, sched, webhooks=False)
+    floor: Any = kopf_floor.registry()
+    assert watches(floor._indexing.get_all_handlers()) == watches(
+        operator._indexing.get_all_handlers()
+    )
+    assert watches(floor._watching.get_all_handlers()) == watches(
+        operator._watching.get_all_handlers()
+    )
