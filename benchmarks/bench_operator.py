@@ -533,6 +533,7 @@ def bench_webhook(rate: int, seconds: int, nodes: int) -> dict[str, Any]:
             wait_until(all_called, timeout=60, interval=0.5, what="all four webhooks called")
             time.sleep(3)
             before = webhook_histograms(cluster)
+            load_before = os.getloadavg()[0]
             bodies = [job(f"w{i:05d}", policy="Resize") for i in range(rate * seconds)]
             began = time.monotonic()
             errors = create_at_once(api, bodies, 16, rate=rate, dry_run=True)
@@ -540,7 +541,11 @@ def bench_webhook(rate: int, seconds: int, nodes: int) -> dict[str, Any]:
             elapsed = time.monotonic() - began
             after = webhook_histograms(cluster)
             result: dict[str, Any] = {"requests": sent, "errors": errors,
-                                      "achieved_per_s": round(sent / elapsed, 1)}  # fmt: skip
+                                      "achieved_per_s": round(sent / elapsed, 1),
+                                      # The machine's 1-minute load, before and after: a
+                                      # shared machine's other work delays both webhooks.
+                                      "load_1m": [round(load_before, 2),
+                                                  round(os.getloadavg()[0], 2)]}  # fmt: skip
             own = operator_webhook_histogram(operator.metrics_port)
             for (name,), h in own.items():
                 result[f"operator_{name}"] = {
