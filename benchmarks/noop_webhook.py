@@ -23,7 +23,9 @@ import logging
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from controller.kube import api_client
 from controller.webhook.certs import ensure_serving_cert
@@ -53,7 +55,7 @@ class NoopServer(ReviewServer):
         }
 
 
-def _unused(**_: Any) -> Any:
+async def _unused(request: Any, **_: Any) -> Any:
     raise AssertionError("ReviewServer answers its reviews itself")
 
 
@@ -65,7 +67,7 @@ async def serve(server: NoopServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:
-        async for config in server(_unused):
+        async for config in server(cast(kopf.WebhookFn, _unused)):
             print(f"{READY} {config['url']}", flush=True)
     except asyncio.CancelledError:
         pass
