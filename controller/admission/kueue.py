@@ -338,12 +338,13 @@ def read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
 def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of
-    FineTuneJob spec fields). The job's own fields are checked by the spec translation, as a
-    FineTuneJob's are."""
+    FineTuneJob spec fields, GPU podSets whose annotations say different trainings). Its GPUs
+    are those of every GPU podSet; its node selection is the first GPU podSet's. The job's
+    own fields are checked by the spec translation, as a FineTuneJob's are."""
     sets = gpu_pod_sets(workload)
     if not sets:
         raise CheckProblem(f"spec.podSets: no podSet asks for {GPU_RESOURCE}")
-    spec: dict[str, Any] | None = None
+    specs: dict[str, dict[str, Any]] = {}
     for name, _, _, template in sets:
         raw = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
         if raw is None:
@@ -351,8 +352,14 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
         read, problem = _read_spec(raw)
         if problem is not None:
             raise CheckProblem(f"podSet {name}: metadata.annotations[{SPEC_ANNOTATION}]: {problem}")
-        spec = copy.deepcopy(read)
-        break
+        specs[name] = read
+    if any(read != next(iter(specs.values())) for read in specs.values()):
+        raise CheckProblem(
+            f"podSet {', '.join(specs)}: metadata.annotations[{SPEC_ANNOTATION}] must say the "
+            "same training on every podSet that carries it: a Workload's GPU podSets are "
+            "checked as one training (its ranks) on one node"
+        )
+    spec = copy.deepcopy(next(iter(specs.values()))) if specs else None
     if spec is None:
         names = ", ".join(name for name, _, _, _ in sets)
         raise CheckProblem(
