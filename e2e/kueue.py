@@ -23,7 +23,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,12 +81,19 @@ def crd_dir() -> Path:
     return module_dir(MODULE) / "config" / "components" / "crd" / "bases"
 
 
-def integration_crds() -> list[Path]:
-    """The CRDs of the job kinds in `FRAMEWORKS` besides batch Jobs, from the pinned modules:
-    JobSet's and Kubeflow Trainer's (``e2e/trainer.py``), and the Training Operator's
-    PyTorchJob. Only the APIs: no controller runs them, so no pods are made from them."""
-    operator = module_dir(TRAINING_OPERATOR_MODULE) / "manifests" / "base" / "crds"
-    return [*trainer.crd_files(), operator / "kubeflow.org_pytorchjobs.yaml"]
+def integration_crds(frameworks: Iterable[str] = FRAMEWORKS) -> list[Path]:
+    """The CRDs of the job kinds of `frameworks` besides batch Jobs, from the pinned modules:
+    JobSet's and Kubeflow Trainer's together (``e2e/trainer.py``: a TrainJob runs as a
+    JobSet), the Training Operator's PyTorchJob. Only the APIs: no controller runs them, so
+    no pods are made from them."""
+    wanted = set(frameworks)
+    found = []
+    if wanted & {"jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"}:
+        found += trainer.crd_files()
+    if "kubeflow.org/pytorchjob" in wanted:
+        operator = module_dir(TRAINING_OPERATOR_MODULE) / "manifests" / "base" / "crds"
+        found.append(operator / "kubeflow.org_pytorchjobs.yaml")
+    return found
 
 
 def _copy(source: Path, target: Path, *, private: bool = False) -> None:
@@ -191,7 +198,7 @@ class Kueue:
         the Workload CRD is too large for the last-applied annotation) and wait until they are
         Established. The integrations' stay installed until the cluster stops: Kueue's
         informers would outlive them."""
-        files = [str(crd_dir()), *(str(path) for path in integration_crds())]
+        files = [str(crd_dir()), *(str(path) for path in integration_crds(self.frameworks))]
         args = [arg for path in files for arg in ("-f", path)]
         self._kubectl("apply", "--server-side", "--force-conflicts", *args)
         self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *args)
