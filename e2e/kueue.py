@@ -8,8 +8,9 @@ Go module proxy like the control plane's (``python -m e2e.build kueue``), its CR
 from the same module in Go's module cache, and it runs as a process beside the
 components, its log and command line in the cluster's state dir.
 
-How it runs here: no Deployment and no webhooks registered (so a Job must be created
-suspended, with the ``kueue.x-k8s.io/queue-name`` label, for Kueue to manage it), its own
+How it runs here: no Deployment and no webhooks registered (so a Job, JobSet, PyTorchJob or
+TrainJob must be created suspended, with the ``kueue.x-k8s.io/queue-name`` label, for Kueue to
+manage it; a TrainJob also with the runtime patch Kueue's webhook would add), its own
 certificate management off (the webhook server gets a cert from the cluster's CA), leader
 election off, no visibility API server, every listener on 127.0.0.1 on ports chosen free.
 """
@@ -22,7 +23,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from e2e import trainer
 from e2e.build import ensure_binaries, module_dir
 from e2e.cluster import Cluster
 from e2e.components import LOOPBACK
@@ -43,9 +45,20 @@ CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 #: The Kueue API the tests use (the CRDs' storage version).
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-#: Job integrations. Kubeflow Trainer's CRDs are not installed here: Kueue starts anyway and
-#: sets up its TrainJob controller once the TrainJob API appears.
-FRAMEWORKS = ("batch/job", "trainer.kubeflow.org/trainjob")
+#: Job integrations: the kinds whose Workloads vramgate's check is tested on. Their CRDs
+#: (`integration_crds`) are installed before Kueue starts: Kueue would start anyway and set up
+#: an integration's controller once its API appears, but only after a backoff of up to two
+#: minutes, and its TrainJob controller watches JobSets (without their API its caches never
+#: sync and the manager exits).
+FRAMEWORKS = (
+    "batch/job",
+    "jobset.x-k8s.io/jobset",
+    "kubeflow.org/pytorchjob",
+    "trainer.kubeflow.org/trainjob",
+)
+#: Kubeflow Training Operator (v1: PyTorchJob, deprecated for Trainer v2), the version Kueue
+#: v0.17.0 requires: only its PyTorchJob CRD is installed, no controller.
+TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 #: VisibilityOnDemand (beta, on by default) starts an aggregated API server that needs an
 #: APIService and its own port; AdmissionGatedBy (alpha, off) holds a Workload's admission
 #: while its ``kueue.x-k8s.io/admission-gated-by`` annotation names a gate.
@@ -66,6 +79,21 @@ class KueueError(Exception):
 def crd_dir() -> Path:
     """The folder of Kueue's CRDs (``config/components/crd/bases`` of the pinned module)."""
     return module_dir(MODULE) / "config" / "components" / "crd" / "bases"
+
+
+def integration_crds(frameworks: Iterable[str] = FRAMEWORKS) -> list[Path]:
+    """The CRDs of the job kinds of `frameworks` besides batch Jobs, from the pinned modules:
+    JobSet's and Kubeflow Trainer's together (``e2e/trainer.py``: a TrainJob runs as a
+    JobSet), the Training Operator's PyTorchJob. Only the APIs: no controller runs them, so
+    no pods are made from them."""
+    wanted = set(frameworks)
+    found = []
+    if wanted & {"jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"}:
+        found += trainer.crd_files()
+    if "kubeflow.org/pytorchjob" in wanted:
+        operator = module_dir(TRAINING_OPERATOR_MODULE) / "manifests" / "base" / "crds"
+        found.append(operator / "kubeflow.org_pytorchjobs.yaml")
+    return found
 
 
 def _copy(source: Path, target: Path, *, private: bool = False) -> None:
@@ -166,11 +194,14 @@ class Kueue:
     # -- what it runs with -----------------------------------------------------------
 
     def install_crds(self) -> None:
-        """Apply Kueue's CRDs (server-side: the Workload CRD is too large for the
-        last-applied annotation) and wait until they are Established."""
-        crds = str(crd_dir())
-        self._kubectl("apply", "--server-side", "--force-conflicts", "-f", crds)
-        self._kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
+        """Apply Kueue's CRDs and those of its integrations (`integration_crds`; server-side:
+        the Workload CRD is too large for the last-applied annotation) and wait until they are
+        Established. The integrations' stay installed until the cluster stops: Kueue's
+        informers would outlive them."""
+        files = [str(crd_dir()), *(str(path) for path in integration_crds(self.frameworks))]
+        args = [arg for path in files for arg in ("-f", path)]
+        self._kubectl("apply", "--server-side", "--force-conflicts", *args)
+        self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *args)
 
     def config(self) -> dict[str, Any]:
         """Kueue's ``Configuration`` (apis/config/v1beta2)."""

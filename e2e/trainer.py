@@ -6,9 +6,9 @@ or webhooks. Without them nothing checks that the runtime a TrainJob names exist
 JobSet is made. The CRDs come from the pinned modules (``e2e/versions.json``) in Go's module
 cache, as Kueue's do (``e2e/kueue.py``): Trainer's, and JobSet's, the API a TrainJob runs as.
 
-Why JobSet's too: Kueue (``e2e/kueue.py``), where it runs in the same cluster, starts its
-TrainJob integration once the TrainJob API appears, and that controller watches JobSets;
-without their API its caches never sync and Kueue's manager exits two minutes later. The
+Why JobSet's too: Kueue's TrainJob integration watches JobSets; without their API its
+caches never sync and Kueue's manager exits two minutes later. Kueue (``e2e/kueue.py``)
+installs these CRDs itself before it starts (`crd_files`, with its other integrations'). The
 CRDs stay installed until the cluster stops, for the same reason: Kueue's informers would
 outlive them.
 """

@@ -7,12 +7,17 @@ ClusterQueue; vramgate answers the checks whose `spec.controllerName` is `CONTRO
 the same decision core, the same inventory and one ledger with its own FineTuneJobs:
 
 * **Request.** A Workload whose check is Pending once its quota is reserved becomes a
-  FineTuneJob-shaped job (`check_job`): its spec is the FineTuneJob spec fields that the pod
-  template of its GPU podSet carries in the annotation `SPEC_ANNOTATION` (model, method, lora,
-  training, estimator, parallelism); its GPUs are what the podSets ask (pods x
-  `nvidia.com/gpu`), never resized (a check cannot change resources: policy Enforce); its
-  template is the podSet's, so node selectors, affinity and tolerations are those its pods
-  will have. The pass decides these jobs in one queue with the FineTuneJobs, on one snapshot.
+  FineTuneJob-shaped job (`check_job`), whatever kind made it (a batch Job, a JobSet, a
+  PyTorchJob, a TrainJob, a FineTuneJob's Job: Kueue's podSets are all it reads). Its GPU
+  podSets (those whose pods ask for `nvidia.com/gpu`) are taken as the ranks of one training:
+  its spec is the FineTuneJob spec fields (model, method, lora, training, estimator,
+  parallelism) that their pod templates carry in the annotation `SPEC_ANNOTATION` (one of them
+  at least; where several do, the same training, or it is Rejected); its GPUs are what they
+  ask (pods x `nvidia.com/gpu`, each podSet's count as Kueue admitted it), never resized (a
+  check cannot change resources: policy Enforce); its template is the first GPU podSet's, so
+  node selectors, affinity and tolerations are those its pods will have. A podSet without GPUs
+  (a JobSet's initializer, a launcher) is neither counted nor pinned. The pass decides these
+  jobs in one queue with the FineTuneJobs, on one snapshot.
 * **Answer** (`check_state`): admitted -> `Ready` with podSetUpdates that pin each GPU podSet
   to the chosen node (`kubernetes.io/hostname`), label its pods with the Workload's uid (so
   their usage is read against its reservation) and carry the placement and the GPUs' UUIDs as
@@ -34,12 +39,23 @@ the same decision core, the same inventory and one ledger with its own FineTuneJ
   Kueue sets a check back to Pending when it evicts the Workload (a preemption): the hold
   ends with it.
 
-A Workload's pods are pinned by one nodeSelector per podSet, so a Workload is placed on one
-node (`NodeConstraints.one_node`): one larger than every node is Rejected. Its node selection
-is its pod template's and the ResourceFlavors Kueue assigned it (their nodeLabels and
-tolerations, which Kueue adds to its pods), so the node chosen is one its pods may run on.
-Its rank is Kueue's (`spec.priority`). GPUs are counted as `nvidia.com/gpu` requests: the
-check needs the devicePlugin GPU mode.
+A Workload's pods are pinned by one nodeSelector per podSet (a podSetUpdate is the podSet's,
+not a pod's), so a Workload is placed on one node (`NodeConstraints.one_node`): every pod of
+every GPU podSet goes there, a podSet of N pods of g GPUs needs N x g GPUs of that node, and a
+Workload larger than every node is Rejected even where several nodes together would hold it
+(Kubernetes would spread its pods, but vramgate could then neither pin them nor know which
+GPUs each holds: its ledger would be wrong). The placement's UUIDs are on every pod of it. Its
+node selection is its pod template's and the ResourceFlavors Kueue assigned it (their
+nodeLabels and tolerations, which Kueue adds to its pods), so the node chosen is one its pods
+may run on. Its rank is Kueue's (`spec.priority`). GPUs are counted as `nvidia.com/gpu`
+requests: the check needs the devicePlugin GPU mode.
+
+Where the annotation goes, by kind (each tested with the real Kueue v0.17, whose integration
+for the kind must be enabled): a batch Job's pod template; a JobSet's GPU replicatedJobs' pod
+templates; a PyTorchJob's Master and Worker templates; a TrainJob's trainer pod template
+through a runtime patch of the user's own (`spec.runtimePatches`, any manager but Kueue's: the
+podSets are the JobSet that its runtime makes), or the runtime's own template; not the
+TrainJob's metadata, which only the create-time sizing of `admission.trainjob` reads.
 """
 
 from __future__ import annotations
@@ -338,12 +354,13 @@ def read_spec(raw: object) -> tuple[dict[str, Any], str | None]:
 def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> dict[str, Any]:
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of
-    FineTuneJob spec fields). The job's own fields are checked by the spec translation, as a
-    FineTuneJob's are."""
+    FineTuneJob spec fields, GPU podSets whose annotations say different trainings). Its GPUs
+    are those of every GPU podSet; its node selection is the first GPU podSet's. The job's
+    own fields are checked by the spec translation, as a FineTuneJob's are."""
     sets = gpu_pod_sets(workload)
     if not sets:
         raise CheckProblem(f"spec.podSets: no podSet asks for {GPU_RESOURCE}")
-    spec: dict[str, Any] | None = None
+    specs: dict[str, dict[str, Any]] = {}
     for name, _, _, template in sets:
         raw = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
         if raw is None:
@@ -351,8 +368,14 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
         read, problem = _read_spec(raw)
         if problem is not None:
             raise CheckProblem(f"podSet {name}: metadata.annotations[{SPEC_ANNOTATION}]: {problem}")
-        spec = copy.deepcopy(read)
-        break
+        specs[name] = read
+    if any(read != next(iter(specs.values())) for read in specs.values()):
+        raise CheckProblem(
+            f"podSet {', '.join(specs)}: metadata.annotations[{SPEC_ANNOTATION}] must say the "
+            "same training on every podSet that carries it: a Workload's GPU podSets are "
+            "checked as one training (its ranks) on one node"
+        )
+    spec = copy.deepcopy(next(iter(specs.values()))) if specs else None
     if spec is None:
         names = ", ".join(name for name, _, _, _ in sets)
         raise CheckProblem(

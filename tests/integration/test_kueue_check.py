@@ -8,6 +8,11 @@ admits it (Ready: pinned to the node chosen), asks again later (Retry) or gives 
 own GPU product, which its Jobs select, so tests sharing the operator never see each
 other's GPUs.
 
+The other kinds whose Workloads the check answers (JobSet, PyTorchJob, TrainJob) have one
+test each of Ready and pinned, and a JobSet one of Rejected (a podSet of several pods runs on
+one node): only their CRDs are installed (e2e/kueue.py), so Kueue starts them but no
+controller makes their pods.
+
 Reference job (calibrated profile): Llama-3.1-8B QLoRA r=16 needs 11.64 GiB on one GPU; Full
 needs 86.09 GiB.
 """
@@ -137,13 +142,45 @@ def submit(api: client.ApiClient, body: dict[str, Any]) -> None:
     client.BatchV1Api(api).create_namespaced_job(body["metadata"]["namespace"], body)
 
 
+#: The job kinds besides batch Jobs whose Workloads the check answers: (group, version, plural).
+KINDS = {
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+}
+
+
+def read(objects: Kueued, namespace: str, name: str, kind: str = "Job") -> dict[str, Any]:
+    """The job `name` of `kind` (a batch Job or one of `KINDS`)."""
+    if kind == "Job":
+        return objects.read_job(namespace, name)
+    group, version, plural = KINDS[kind]
+    found: dict[str, Any] = objects.custom.get_namespaced_custom_object(
+        group, version, namespace, plural, name
+    )
+    return found
+
+
+def create_of(objects: Kueued, body: dict[str, Any]) -> None:
+    """Create `body`, a job of one of `KINDS`."""
+    group, version, plural = KINDS[body["kind"]]
+    objects.custom.create_namespaced_custom_object(
+        group, version, body["metadata"]["namespace"], plural, body
+    )
+
+
 def answered(
-    objects: Kueued, namespace: str, name: str, state: str, timeout: float = TIMEOUT_S
+    objects: Kueued,
+    namespace: str,
+    name: str,
+    state: str,
+    timeout: float = TIMEOUT_S,
+    kind: str = "Job",
 ) -> dict[str, Any]:
-    """The Workload of Job `name` once vramgate's check on it is `state`."""
+    """The Workload of the job `name` (of `kind`) once vramgate's check on it is `state`."""
 
     def found() -> dict[str, Any] | None:
-        job = objects.read_job(namespace, name)
+        job = read(objects, namespace, name, kind)
         workload = objects.workload_of(job)
         for entry in (workload.get("status") or {}).get("admissionChecks") or []:
             if entry["name"].startswith(CHECK) and entry.get("state") == state:
@@ -438,3 +475,200 @@ def test_a_finetunejob_with_a_queue_name_runs_through_kueue_and_vramgates_check(
         and c["status"] == "True",
         timeout=TIMEOUT_S, what="Running=True",
     )  # fmt: skip
+
+
+# -- other job kinds: one Workload of several podSets ----------------------------------------
+
+
+def gpu_template(
+    nodes: Gpus,
+    per_pod: int = 1,
+    finetune: dict[str, Any] | None = QLORA,
+    container: str = "trainer",
+) -> dict[str, Any]:
+    """A pod template selecting `nodes`' nodes, asking for `per_pod` GPUs, its training said
+    in the annotation vramgate reads."""
+    annotations = {check.SPEC_ANNOTATION: yaml.safe_dump(finetune)} if finetune else {}
+    return {
+        "metadata": {"annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": dict(nodes.selector),
+            "containers": [{"name": container, "image": "trainer:v1",
+                            "resources": {"limits": {"nvidia.com/gpu": str(per_pod)}}}],
+        },
+    }  # fmt: skip
+
+
+def replicated_job(name: str, pods: int, template: dict[str, Any]) -> dict[str, Any]:
+    spec = {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template}
+    return {"name": name, "replicas": 1, "template": {"spec": spec}}
+
+
+def jobset(namespace: str, name: str, queue: str, nodes: Gpus, pods: int) -> dict[str, Any]:
+    """A suspended JobSet in `queue`: a CPU-only initializer of one pod, then a trainer of
+    `pods` pods of one GPU each, whose template carries the annotation."""
+    init = {"name": "init", "image": "init:v1", "resources": {"requests": {"cpu": "1"}}}
+    initializer = {"spec": {"restartPolicy": "Never", "containers": [init]}}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_NAME_LABEL: queue}},
+        "spec": {"suspend": True, "replicatedJobs": [
+            replicated_job("initializer", 1, initializer),
+            replicated_job("trainer", pods, gpu_template(nodes)),
+        ]},
+    }  # fmt: skip
+
+
+def test_a_jobset_is_ready_with_only_its_gpu_podset_pinned_all_its_pods_on_one_node(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    # The trainer's two pods of one GPU each (FSDP over two GPUs: 14.13 GiB on each): on one
+    # node of two GPUs, the tightest (one nodeSelector per podSet pins them together).
+    (one,) = gpus.add([80])
+    tight, roomy = gpus.add([16, 16], [80, 80])
+    create_of(objects, jobset(namespace, "js", local, gpus, pods=2))
+    workload = answered(objects, namespace, "js", check.READY, kind="JobSet")
+    assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [
+        ("initializer", 1), ("trainer", 2)]  # fmt: skip
+    (update,) = entry_of(workload)["podSetUpdates"]  # the initializer asks no GPU: not pinned
+    assert update["name"] == "trainer"
+    assert update["nodeSelector"] == {check.HOSTNAME_LABEL: tight}
+    placement = json.loads(update["annotations"][check.PLACEMENT_ANNOTATION])
+    assert [(p["node"], p["gpuIndices"]) for p in placement["nodes"]] == [(tight, [0, 1])]
+    # Kueue starts the JobSet with the updates in the trainer's pod template only.
+    started = wait_until(
+        lambda: (j := read(objects, namespace, "js", "JobSet"))["spec"].get("suspend") is False
+        and j, timeout=TIMEOUT_S, what="Kueue to start the JobSet")  # fmt: skip
+    initializer, trainer = (r["template"]["spec"]["template"] for r in
+                            started["spec"]["replicatedJobs"])  # fmt: skip
+    assert trainer["spec"]["nodeSelector"][check.HOSTNAME_LABEL] == tight
+    assert trainer["metadata"]["labels"][check.WORKLOAD_UID_LABEL] == workload["metadata"]["uid"]
+    assert check.PLACEMENT_ANNOTATION in trainer["metadata"]["annotations"]
+    assert check.HOSTNAME_LABEL not in (initializer["spec"].get("nodeSelector") or {})
+    assert check.WORKLOAD_UID_LABEL not in (initializer.get("metadata") or {}).get("labels", {})
+    del one, roomy
+
+
+def test_a_jobset_whose_gpu_podset_no_node_holds_is_rejected_though_two_nodes_would(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    gpus.add([80], [80])  # two pods of one GPU would fit, one on each: not pinnable so
+    create_of(objects, jobset(namespace, "wide", local, gpus, pods=2))
+    said = wait_until(
+        lambda: [e for e in events_for(api_client, namespace, "wide") if e.type == "Warning"],
+        timeout=TIMEOUT_S, what="a Warning Event on the JobSet")[0]  # fmt: skip
+    assert said.reason == "InsufficientGPUs"
+    assert "a Kueue Workload runs on one node" in said.message
+    # Rejected: Kueue deactivates the Workload, and the JobSet stays suspended.
+    wait_until(
+        lambda: objects.workload_of(read(objects, namespace, "wide", "JobSet"))["spec"].get(
+            "active") is False,
+        timeout=TIMEOUT_S, what="Kueue to deactivate the Workload",
+    )  # fmt: skip
+    assert read(objects, namespace, "wide", "JobSet")["spec"]["suspend"] is True
+
+
+def test_a_pytorchjob_is_ready_with_its_master_and_worker_pinned_to_one_node(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    (small,) = gpus.add([80])
+    (node,) = gpus.add([80, 80])  # master and worker: one GPU each, on one node
+    replica = {"replicas": 1, "restartPolicy": "Never",
+               "template": gpu_template(gpus, container="pytorch")}  # fmt: skip
+    create_of(objects, {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pt", "namespace": namespace, "labels": {QUEUE_NAME_LABEL: local}},
+        "spec": {"runPolicy": {"suspend": True},
+                 "pytorchReplicaSpecs": {"Master": replica, "Worker": replica}},
+    })  # fmt: skip
+    workload = answered(objects, namespace, "pt", check.READY, kind="PyTorchJob")
+    updates = {u["name"]: u for u in entry_of(workload)["podSetUpdates"]}
+    assert set(updates) == {"master", "worker"}
+    assert {u["nodeSelector"][check.HOSTNAME_LABEL] for u in updates.values()} == {node}
+    placement = json.loads(updates["worker"]["annotations"][check.PLACEMENT_ANNOTATION])
+    assert [(p["node"], p["gpuIndices"]) for p in placement["nodes"]] == [(node, [0, 1])]
+    started = wait_until(
+        lambda: (j := read(objects, namespace, "pt", "PyTorchJob"))["spec"]["runPolicy"]
+        .get("suspend") is False and j,
+        timeout=TIMEOUT_S, what="Kueue to start the PyTorchJob",
+    )  # fmt: skip
+    for spec in started["spec"]["pytorchReplicaSpecs"].values():
+        assert spec["template"]["spec"]["nodeSelector"][check.HOSTNAME_LABEL] == node
+    del small
+
+
+def test_a_trainjob_is_ready_and_its_trainer_pinned_through_kueues_runtime_patch(
+    queue: tuple[Kueued, str],
+    api_client: client.ApiClient,
+    namespace: str,
+    gpus: Gpus,  # noqa: F811
+) -> None:
+    objects, local = queue
+    small, node = gpus.add([10], [80])
+    runtime = f"torch-{namespace}"
+    trainer = replicated_job("node", 1, gpu_template(gpus, finetune=None, container="node"))
+    trainer["template"]["metadata"] = {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
+                                                  "trainer"}}  # fmt: skip
+    objects.custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1",
+        "clustertrainingruntimes", {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": runtime},
+            "spec": {"mlPolicy": {"numNodes": 1, "torch": {}},
+                     "template": {"spec": {"replicatedJobs": [trainer]}}},
+        })  # fmt: skip
+    try:
+        # Without Kueue's webhook, the TrainJob carries the empty runtime patch Kueue writes
+        # its podSetUpdates into; the training is said in a patch of the user's.
+        said = {"template": {"metadata": {"annotations": {
+            check.SPEC_ANNOTATION: yaml.safe_dump(QLORA)}}}}  # fmt: skip
+        create_of(objects, {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": "tj", "namespace": namespace,
+                         "labels": {QUEUE_NAME_LABEL: local}},
+            "spec": {
+                "suspend": True,
+                "runtimeRef": {"name": runtime, "apiGroup": "trainer.kubeflow.org",
+                               "kind": "ClusterTrainingRuntime"},
+                "runtimePatches": [
+                    {"manager": "kueue.x-k8s.io/manager",
+                     "trainingRuntimeSpec": {"template": {"spec": {}}}},
+                    {"manager": "example.com/team",
+                     "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                         {"name": "node", "template": {"spec": said}}]}}}},
+                ],
+            },
+        })  # fmt: skip
+        workload = answered(objects, namespace, "tj", check.READY, kind="TrainJob")
+        (update,) = entry_of(workload)["podSetUpdates"]
+        assert update["name"] == "node"
+        assert update["nodeSelector"] == {check.HOSTNAME_LABEL: node}
+        started = wait_until(
+            lambda: (j := read(objects, namespace, "tj", "TrainJob"))["spec"].get("suspend")
+            is False and j, timeout=TIMEOUT_S, what="Kueue to start the TrainJob")  # fmt: skip
+        (patch,) = [p for p in started["spec"]["runtimePatches"]
+                    if p["manager"] == "kueue.x-k8s.io/manager"]  # fmt: skip
+        (pinned,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod = pinned["template"]["spec"]["template"]
+        assert pod["spec"]["nodeSelector"] == {check.HOSTNAME_LABEL: node}
+        assert pod["metadata"]["labels"][check.WORKLOAD_UID_LABEL] == workload["metadata"]["uid"]
+    finally:
+        objects.custom.delete_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", runtime
+        )
+    del small

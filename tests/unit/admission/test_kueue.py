@@ -481,3 +481,52 @@ def test_only_a_batch_job_is_resized() -> None:
         apiVersion="jobset.x-k8s.io/v1alpha2", kind="JobSet"
     )
     assert not kueue.to_resize(wl)
+
+
+# -- Workloads of several podSets (JobSet, PyTorchJob, TrainJob) -----------------------------
+
+
+def pod_set(name: str, count: int, gpus: int, annotation: str | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c", "resources": {"requests": {"cpu": "1"}}}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": str(gpus)}
+    template: dict[str, Any] = {"metadata": {}, "spec": {"containers": [container]}}
+    if annotation is not None:
+        template["metadata"]["annotations"] = {kueue.SPEC_ANNOTATION: annotation}
+    return {"name": name, "count": count, "template": template}
+
+
+def with_pod_sets(*pod_sets: dict[str, Any]) -> dict[str, Any]:
+    wl = workload("w")
+    wl["spec"]["podSets"] = list(pod_sets)
+    return wl
+
+
+def test_a_cpu_podset_is_neither_counted_nor_pinned_and_a_gpu_podsets_pods_share_a_node() -> None:
+    # A JobSet: a CPU-only initializer, then a trainer of two pods of one GPU each.
+    wl = with_pod_sets(pod_set("initializer", 1, 0), pod_set("trainer", 2, 1, FINETUNE))
+    assert kueue.check_job(wl)["spec"]["resources"] == {"gpus": 2}
+    objects = with_kueue(cluster(gpus={"n1": [80], "n2": [80, 80]}), wl)
+    (update,) = answers(decide(objects))["w"].entry["podSetUpdates"]
+    assert update["name"] == "trainer"
+    assert update["nodeSelector"] == {kueue.HOSTNAME_LABEL: "host-n2"}
+
+
+def test_gpu_podsets_are_one_training_said_once_or_alike_and_pinned_together() -> None:
+    # A PyTorchJob: its master and worker are ranks of one training, whichever says it.
+    wl = with_pod_sets(pod_set("master", 1, 1), pod_set("worker", 1, 1, FINETUNE))
+    assert kueue.check_job(wl)["spec"]["resources"] == {"gpus": 2}
+    objects = with_kueue(cluster(gpus={"n1": [80, 80]}), wl)
+    updates = answers(decide(objects))["w"].entry["podSetUpdates"]
+    assert [u["name"] for u in updates] == ["master", "worker"]
+    assert {u["nodeSelector"][kueue.HOSTNAME_LABEL] for u in updates} == {"host-n1"}
+    same = with_pod_sets(
+        pod_set("master", 1, 1, FINETUNE),
+        pod_set("worker", 1, 1, "{method: QLoRA, lora: {rank: 16}, model: {preset: llama-3.1-8b}}"),
+    )
+    assert kueue.check_job(same)["spec"]["method"] == "QLoRA"  # the same spec, written apart
+    other = with_pod_sets(
+        pod_set("master", 1, 1, FINETUNE), pod_set("worker", 1, 1, FINETUNE + "training: {}\n")
+    )
+    with pytest.raises(kueue.CheckProblem, match=r"podSet master, worker: .* must say the same"):
+        kueue.check_job(other)
