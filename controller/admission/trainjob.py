@@ -9,21 +9,34 @@ the free memory at that moment, with the estimator and decision core of FineTune
 * **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
   spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
   lora, training, estimator, parallelism, and `resources.minGPUs` / `maxGPUs`, the bounds of a
-  resize). Without it a TrainJob passes untouched.
+  resize), or `POLICY_ANNOTATION` alone: asking for a policy is asking to be sized, and the
+  rest is read from the TrainJob and its runtime. Without either a TrainJob passes untouched:
+  a cluster's TrainJobs are not vramgate's unless their authors say so.
 * **Policy**: the annotation `POLICY_ANNOTATION`, `Resize` or `Enforce` (the default), the
   words of a FineTuneJob's `spec.admissionPolicy`. A policy of its own, not implied by the
   bounds: a TrainJob that says only its model still gets the never-fits refusal and the
   does-not-fit-now warning, and one that says Resize may keep the default bounds.
+* **Its runtime** (`trainer_runtime`, from the operator's cache; None where it is not cached
+  yet): where the annotation says no model or no method, the model is the TrainJob's
+  `spec.initializer.model.storageUri` or the runtime's model initializer's, and torchtune's
+  config and overrides say the method and settings; the annotation's fields win, `training`
+  and `lora` field by field. A warning says what was read and from where whenever the
+  answer says anything. What was read, not written, is never a reason to refuse: a value
+  out of range, a model no preset names, LoRA without a rank, a runtime not cached yet, a
+  trainer that says no method: allowed with a warning.
 * **GPUs**: `spec.trainer.numNodes` x `resourcesPerNode` `nvidia.com/gpu` (limits, else
-  requests; both rewritten where both are set). numNodes stays: a count chosen is a multiple
-  of it, each node taking count / numNodes, and `numProcPerNode`, where it equals the GPUs
-  per node, follows them. A TrainJob that leaves either to its runtime is not sized (the
-  runtime is not read): allowed with a warning saying what to set.
+  requests; both rewritten where both are set), each the runtime's where the TrainJob leaves
+  it to it (`mlPolicy.numNodes`, the trainer container's resources: a TrainJob's
+  resourcesPerNode replaces them whole). numNodes stays: a count chosen is a multiple of it,
+  each node taking count / numNodes, and `numProcPerNode`, where it equals the GPUs per node,
+  follows them. A resize writes what was the runtime's into `spec.trainer` (numNodes, and
+  the runtime's resources whole with the new count), so the count holds whatever Trainer
+  merges.
 * **Where**: each trainer node is one pod, so one node takes all of a pod's GPUs: numNodes 1
   is placed on one node (`NodeConstraints.one_node`), and with more only a placement whose
   every node holds whole pods counts. The pods' nodeSelector, required node affinity and
-  tolerations are those the TrainJob's own `spec.runtimePatches` give the trainer's
-  replicated job (`TRAINER_JOB`); the runtime's template is not read.
+  tolerations are the runtime's trainer pod's, then those the TrainJob's own
+  `spec.runtimePatches` give the trainer's replicated job (`TRAINER_JOB`).
 * **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
   fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
   `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
