@@ -267,7 +267,8 @@ def _training(
         if key not in fields:
             raise _NotSized(_unread(trainjob, reading, key, runtime))
     if fields["method"] == "Full":
-        fields.pop("lora", None) if "lora" in taken else None
+        if "lora" in taken:  # torchtune's LoRA overrides on a full fine-tune: nothing to price
+            del fields["lora"]
     elif not ((fields.get("lora") or {}).get("rank")) and "method" in taken:
         raise _NotSized(
             f"method {fields['method']} read from its torchtune config, but no LoRA rank: add "
