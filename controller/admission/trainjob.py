@@ -9,21 +9,34 @@ the free memory at that moment, with the estimator and decision core of FineTune
 * **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
   spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
   lora, training, estimator, parallelism, and `resources.minGPUs` / `maxGPUs`, the bounds of a
-  resize). Without it a TrainJob passes untouched.
+  resize), or `POLICY_ANNOTATION` alone: asking for a policy is asking to be sized, and the
+  rest is read from the TrainJob and its runtime. Without either a TrainJob passes untouched:
+  a cluster's TrainJobs are not vramgate's unless their authors say so.
 * **Policy**: the annotation `POLICY_ANNOTATION`, `Resize` or `Enforce` (the default), the
   words of a FineTuneJob's `spec.admissionPolicy`. A policy of its own, not implied by the
   bounds: a TrainJob that says only its model still gets the never-fits refusal and the
   does-not-fit-now warning, and one that says Resize may keep the default bounds.
+* **Its runtime** (`trainer_runtime`, from the operator's cache; None where it is not cached
+  yet): where the annotation says no model or no method, the model is the TrainJob's
+  `spec.initializer.model.storageUri` or the runtime's model initializer's, and torchtune's
+  config and overrides say the method and settings; the annotation's fields win, `training`
+  and `lora` field by field. A warning says what was read and from where whenever the
+  answer says anything. What was read, not written, is never a reason to refuse: a value
+  out of range, a model no preset names, LoRA without a rank, a runtime not cached yet, a
+  trainer that says no method: allowed with a warning.
 * **GPUs**: `spec.trainer.numNodes` x `resourcesPerNode` `nvidia.com/gpu` (limits, else
-  requests; both rewritten where both are set). numNodes stays: a count chosen is a multiple
-  of it, each node taking count / numNodes, and `numProcPerNode`, where it equals the GPUs
-  per node, follows them. A TrainJob that leaves either to its runtime is not sized (the
-  runtime is not read): allowed with a warning saying what to set.
+  requests; both rewritten where both are set), each the runtime's where the TrainJob leaves
+  it to it (`mlPolicy.numNodes`, the trainer container's resources: a TrainJob's
+  resourcesPerNode replaces them whole). numNodes stays: a count chosen is a multiple of it,
+  each node taking count / numNodes, and `numProcPerNode`, where it equals the GPUs per node,
+  follows them. A resize writes what was the runtime's into `spec.trainer` (numNodes, and
+  the runtime's resources whole with the new count), so the count holds whatever Trainer
+  merges.
 * **Where**: each trainer node is one pod, so one node takes all of a pod's GPUs: numNodes 1
   is placed on one node (`NodeConstraints.one_node`), and with more only a placement whose
   every node holds whole pods counts. The pods' nodeSelector, required node affinity and
-  tolerations are those the TrainJob's own `spec.runtimePatches` give the trainer's
-  replicated job (`TRAINER_JOB`); the runtime's template is not read.
+  tolerations are the runtime's trainer pod's, then those the TrainJob's own
+  `spec.runtimePatches` give the trainer's replicated job (`TRAINER_JOB`).
 * **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
   fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
   `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
@@ -47,8 +60,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.admission import trainer_runtime as runtimes
 from controller.admission.cluster import job_request
 from controller.admission.kueue import SPEC_ANNOTATION, read_spec
+from controller.admission.trainer_runtime import TRAINER_JOB, Reading, RuntimeRef
 from controller.api import conditions as cond
 from controller.api.base import GPU_RESOURCE, REQUESTED_GPUS_ANNOTATION
 from controller.api.enums import AdmissionPolicy
@@ -58,6 +73,7 @@ from controller.decision.decide import resize_counts
 from controller.estimator import (
     MAX_GPUS,
     Estimate,
+    Method,
     Parallelism,
     Profile,
     SpecError,
@@ -74,8 +90,6 @@ PLURAL = "trainjobs"
 #: On a TrainJob: `Resize` or `Enforce` (the default), as a FineTuneJob's admissionPolicy.
 POLICY_ANNOTATION = "vramgate.dev/admission-policy"
 POLICIES = (AdmissionPolicy.ENFORCE.value, AdmissionPolicy.RESIZE.value)
-#: The replicated job of a Trainer runtime's JobSet that runs the trainer's nodes.
-TRAINER_JOB = "node"
 _GPUS_PATH = f"spec.trainer.resourcesPerNode[{GPU_RESOURCE}]"
 _KUEUE_ONE_NODE = "a Kueue Workload runs on one node"
 
@@ -91,6 +105,12 @@ class Shape:
     parts: tuple[str, ...]
     raw: object
     proc_per_node: object = None
+    #: Read from the runtime, so a resize writes them into spec.trainer: numNodes (None:
+    #: the TrainJob's), the trainer container's resources (None: resourcesPerNode's), and
+    #: whether the TrainJob has a spec.trainer at all.
+    runtime_nodes: int | None = None
+    runtime_resources: Mapping[str, Any] | None = None
+    has_trainer: bool = True
 
     @property
     def gpus(self) -> int:
@@ -121,14 +141,20 @@ Estimator = Callable[[JobPlan], Estimate]
 
 
 def size(
-    trainjob: Mapping[str, Any], view: ClusterView | None, estimator: Estimator = estimate_plan
+    trainjob: Mapping[str, Any],
+    view: ClusterView | None,
+    estimator: Estimator = estimate_plan,
+    *,
+    runtime: Mapping[str, Any] | None = None,
 ) -> Sizing:
-    """What the mutating webhook does with a TrainJob being created (see the module)."""
+    """What the mutating webhook does with a TrainJob being created (see the module);
+    `runtime`: the runtime it names (`trainer_runtime.runtime_ref`) as the operator caches
+    it, None where it is not in the cache."""
     annotations = (trainjob.get("metadata") or {}).get("annotations") or {}
-    if SPEC_ANNOTATION not in annotations:
+    if SPEC_ANNOTATION not in annotations and POLICY_ANNOTATION not in annotations:
         return Sizing()
     try:
-        return _size(trainjob, annotations, view, estimator)
+        return _size(trainjob, annotations, view, estimator, runtime)
     except _NotSized as why:
         return Sizing(warnings=(f"vramgate: not sized: {why}",))
     except _Refused as why:
@@ -140,18 +166,24 @@ def _size(
     annotations: Mapping[str, Any],
     view: ClusterView | None,
     estimator: Estimator,
+    runtime: Mapping[str, Any] | None,
 ) -> Sizing:
-    fields, problem = read_spec(annotations[SPEC_ANNOTATION])
-    if problem is not None:
-        said = problem.replace("the podSet's", "the TrainJob's spec.trainer's")
-        raise _Refused(f"metadata.annotations[{SPEC_ANNOTATION}]: {said}")
+    said: dict[str, Any] = {}
+    if SPEC_ANNOTATION in annotations:
+        said, problem = read_spec(annotations[SPEC_ANNOTATION])
+        if problem is not None:
+            problem = problem.replace("the podSet's", "the TrainJob's spec.trainer's")
+            raise _Refused(f"metadata.annotations[{SPEC_ANNOTATION}]: {problem}")
     policy = annotations.get(POLICY_ANNOTATION, AdmissionPolicy.ENFORCE.value)
     if policy not in POLICIES:
         raise _Refused(
             f"metadata.annotations[{POLICY_ANNOTATION}]: unsupported value {policy!r}; "
             f"allowed: {', '.join(POLICIES)}"
         )
-    shape = read_shape(trainjob)
+    fields, read_from, sources = _training(trainjob, said, runtime)
+    shape = read_shape(trainjob, runtime)
+    if shape.runtime_nodes is not None or shape.runtime_resources is not None:
+        sources += (f"{shape.nodes} node(s) x {shape.per_node} GPUs (the runtime's trainer)",)
     spec = {**fields, "admissionPolicy": policy}
     spec["resources"] = {**(fields.get("resources") or {}), "gpus": shape.gpus}
     if config_map_ref(spec) is not None:
@@ -159,6 +191,9 @@ def _size(
     if (spec.get("estimator") or {}).get("profile") in (Profile.TRACE.api, Profile.TRACE.value):
         raise _NotSized("profile Trace takes seconds, more than a webhook may")
     plan, errors = translate(spec, generic="defer")
+    guessed = [e for e in errors if _was_read(e.field, read_from)]
+    if guessed:  # what was read, not written, is no reason to refuse the TrainJob
+        raise _NotSized(f"{_read_as(guessed[0].field)}: {guessed[0].message}")
     if errors:
         raise _Refused(str(SpecErrors([_on_trainjob(e) for e in errors])))
     if plan is None:
@@ -186,13 +221,93 @@ def _size(
     meta = trainjob.get("metadata") or {}
     request = replace(
         job_request({"metadata": meta, "spec": spec}, plan, estimate),
-        constraints=replace(pod_constraints(trainjob), one_node=shape.nodes == 1),
+        constraints=replace(pod_constraints(trainjob, runtime), one_node=shape.nodes == 1),
     )
     where = view.select(request.selector, request.constraints)
     if where.gpus == 0 and view.select({}).gpus == 0:
         raise _NotSized("the operator has seen no GPU yet")
     found = _decide(request, shape, view, where)
+    if sources and (found.warnings or found.refusal or found.patch or notes):
+        ref = runtimes.runtime_ref(trainjob)
+        told = f"read from the TrainJob and its runtime ({ref}): {'; '.join(sources)}"
+        if found.refusal is not None:
+            return replace(found, refusal=f"{found.refusal} ({told})")
+        notes = (f"vramgate: {told}; {SPEC_ANNOTATION} overrides any of them", *notes)
     return replace(found, warnings=(*notes, *found.warnings))
+
+
+def _training(
+    trainjob: Mapping[str, Any], said: Mapping[str, Any], runtime: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], frozenset[str], tuple[str, ...]]:
+    """The FineTuneJob spec fields the TrainJob trains with: the annotation's, and where it
+    does not say its model or method, what the TrainJob and its runtime say
+    (`trainer_runtime.read`), the annotation's fields winning one by one (`training` and
+    `lora` field by field). Also the fields taken from the reading (paths below `spec.`),
+    and where each came from."""
+    if "model" in said and "method" in said:
+        return dict(said), frozenset(), ()
+    methods = [m.api for m in Method]
+    if "method" in said and said["method"] not in methods:  # wrong whatever the runtime says
+        raise _Refused(
+            f"metadata.annotations[{SPEC_ANNOTATION}].method: unsupported value "
+            f"{said['method']!r}; allowed: {', '.join(methods)}"
+        )
+    reading = runtimes.read(trainjob, runtime)
+    fields = dict(said)
+    taken: set[str] = set()
+    for key, value in reading.fields.items():
+        if key not in fields:
+            fields[key] = value
+            taken.add(key)
+        elif key in ("training", "lora") and isinstance(fields[key], Mapping):
+            mine = dict(fields[key])
+            fields[key] = {**value, **mine}
+            taken |= {f"{key}.{k}" for k in value if k not in mine}
+    for key in ("model", "method"):
+        if key not in fields:
+            raise _NotSized(_unread(trainjob, reading, key, runtime))
+    if fields["method"] == "Full":
+        if "lora" in taken:  # torchtune's LoRA overrides on a full fine-tune: nothing to price
+            del fields["lora"]
+    elif not ((fields.get("lora") or {}).get("rank")) and "method" in taken:
+        raise _NotSized(
+            f"method {fields['method']} read from its torchtune config, but no LoRA rank: add "
+            f"model.lora_rank=<r> to spec.trainer.args, or lora.rank to {SPEC_ANNOTATION}"
+        )
+    said_where = tuple(
+        text for key, text in reading.sources
+        if key in taken or any(t.startswith(f"{key}.") for t in taken)
+    )  # fmt: skip
+    return fields, frozenset(taken), (*said_where, *reading.notes)
+
+
+def _unread(
+    trainjob: Mapping[str, Any], reading: Reading, key: str, runtime: Mapping[str, Any] | None
+) -> str:
+    why = reading.unread.get(key, f"no {key}")
+    if runtime is None:
+        why += f" ({_no_runtime(runtimes.runtime_ref(trainjob))})"
+    return f"{why}; say it in {SPEC_ANNOTATION}"
+
+
+def _no_runtime(ref: RuntimeRef | None) -> str:
+    if ref is None:
+        return "spec.runtimeRef names no Trainer runtime"
+    return (
+        f"its runtime {ref} is not in the operator's cache: it does not exist, or was "
+        "created a moment ago"
+    )
+
+
+def _was_read(path: str, read_from: frozenset[str]) -> bool:
+    """Whether the field at `path` (`spec.training.sequenceLength`) is one `_training` took
+    from the reading (`training`, or `training.sequenceLength`)."""
+    parts = path.removeprefix("spec.").split(".")
+    return any(".".join(parts[:i]) in read_from for i in range(1, len(parts) + 1))
+
+
+def _read_as(path: str) -> str:
+    return f"{path.removeprefix('spec.')} (read from the TrainJob and its runtime)"
 
 
 def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
@@ -249,45 +364,63 @@ def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
     return Sizing(tuple(ops), (said,), gpus=before.gpus)
 
 
-def read_shape(trainjob: Mapping[str, Any]) -> Shape:
-    """numNodes x the GPUs per node the TrainJob's trainer asks for; _NotSized where it
-    leaves them to its runtime or says them in a way no pod could use."""
-    trainer = (trainjob.get("spec") or {}).get("trainer") or {}
-    nodes = trainer.get("numNodes")
+def read_shape(trainjob: Mapping[str, Any], runtime: Mapping[str, Any] | None = None) -> Shape:
+    """numNodes x the GPUs per node the TrainJob's trainer asks for, its runtime's where it
+    leaves them to it (None: not at hand); _NotSized where they cannot be known or are
+    said in a way no pod could use."""
+    trainer = (trainjob.get("spec") or {}).get("trainer")
+    has_trainer = isinstance(trainer, Mapping)
+    trainer = trainer if isinstance(trainer, Mapping) else {}
+    nodes, from_runtime = trainer.get("numNodes"), None
     if nodes is None:
-        raise _NotSized("spec.trainer.numNodes is not set (its runtime's is not read): set it")
+        if runtime is None:
+            ref = runtimes.runtime_ref(trainjob)
+            raise _NotSized(f"spec.trainer.numNodes is not set and {_no_runtime(ref)}")
+        nodes = runtimes.runtime_nodes(runtime)
     if type(nodes) is not int or nodes < 1:
-        raise _NotSized(f"spec.trainer.numNodes must be a whole number of at least 1, got {nodes}")
-    resources = trainer.get("resourcesPerNode") or {}
-    said = {
-        part: (resources.get(part) or {}).get(GPU_RESOURCE)
-        for part in ("limits", "requests")
-        if (resources.get(part) or {}).get(GPU_RESOURCE) is not None
-    }
+        where = "spec.trainer.numNodes" if from_runtime is None else "its runtime's numNodes"
+        raise _NotSized(f"{where} must be a whole number of at least 1, got {nodes}")
+    if trainer.get("numNodes") is None:
+        from_runtime = nodes
+    resources, container = trainer.get("resourcesPerNode"), None
+    if resources is None:  # a TrainJob's resourcesPerNode replaces the container's whole
+        if runtime is None:
+            ref = runtimes.runtime_ref(trainjob)
+            raise _NotSized(f"{_GPUS_PATH} is not set and {_no_runtime(ref)}")
+        container = runtimes.trainer_container(runtime).get("resources") or {}
+        resources = container
+    said = runtimes.gpus_of(resources if isinstance(resources, Mapping) else {})
     if not said:
-        raise _NotSized(
-            f"{_GPUS_PATH} is not set (its runtime's is not read): set it in limits or requests"
-        )
+        where = "" if container is None else " nor in its runtime's trainer container"
+        raise _NotSized(f"{_GPUS_PATH} is not set{where}: set it in limits or requests")
     counts = {_whole(v) for v in said.values()}
     (count,) = counts if len(counts) == 1 else (None,)
     if count is None or count < 1:
         shown = ", ".join(f"{part} {value}" for part, value in said.items())
         raise _NotSized(f"{_GPUS_PATH} must be one whole number of at least 1, got {shown}")
     raw = said.get("limits", said.get("requests"))
-    return Shape(nodes, count, tuple(said), raw, trainer.get("numProcPerNode"))
+    return Shape(
+        nodes, count, tuple(said), raw, trainer.get("numProcPerNode"),
+        runtime_nodes=from_runtime, runtime_resources=container, has_trainer=has_trainer,
+    )  # fmt: skip
 
 
-def pod_constraints(trainjob: Mapping[str, Any]) -> NodeConstraints:
-    """Where the trainer's pods may run, as far as the TrainJob says: the nodeSelector,
-    affinity and tolerations its `spec.runtimePatches` give the replicated job
-    `TRAINER_JOB`, in the patches' order (selectors merged, the last affinity, every
-    toleration)."""
+def pod_constraints(
+    trainjob: Mapping[str, Any], runtime: Mapping[str, Any] | None = None
+) -> NodeConstraints:
+    """Where the trainer's pods may run: the nodeSelector, affinity and tolerations of the
+    runtime's replicated job `TRAINER_JOB` (None: not at hand), then those the TrainJob's
+    `spec.runtimePatches` give it, in the patches' order (selectors merged, the last
+    affinity, every toleration)."""
     selector: dict[str, Any] = {}
     affinity: Any = None
     tolerations: list[Any] = []
-    for patch in _list((trainjob.get("spec") or {}).get("runtimePatches")):
-        jobs = _at(patch, "trainingRuntimeSpec", "template", "spec").get("replicatedJobs")
-        for job in _list(jobs):
+    specs = [(runtime or {}).get("spec") or {}] + [
+        _at(patch, "trainingRuntimeSpec")
+        for patch in _list((trainjob.get("spec") or {}).get("runtimePatches"))
+    ]
+    for spec in specs:
+        for job in _list(_at(spec, "template", "spec").get("replicatedJobs")):
             if job.get("name") != TRAINER_JOB:
                 continue
             pod = _at(job, "template", "spec", "template", "spec")
@@ -357,12 +490,32 @@ def _resized(shape: Shape, n: int, said: str) -> Sizing:
     """The patch that makes the TrainJob ask for n GPUs, and its warning."""
     per_node = n // shape.nodes
     value: object = per_node if type(shape.raw) is int else str(per_node)
-    base = "/spec/trainer/resourcesPerNode"
-    ops = [
-        {"op": "replace", "path": f"{base}/{part}/{_pointer(GPU_RESOURCE)}", "value": value}
-        for part in shape.parts
-    ]
+    ops: list[dict[str, Any]] = []
     change = f"{_GPUS_PATH} {shape.per_node} -> {per_node}"
+    if shape.runtime_resources is None:
+        base = "/spec/trainer/resourcesPerNode"
+        ops += [
+            {"op": "replace", "path": f"{base}/{part}/{_pointer(GPU_RESOURCE)}", "value": value}
+            for part in shape.parts
+        ]
+    else:  # the runtime's resources whole, as the TrainJob's replace them whole
+        change += " (set from its runtime's trainer resources)"
+    set_from_runtime: dict[str, Any] = {}
+    if shape.runtime_nodes is not None:
+        set_from_runtime["numNodes"] = shape.runtime_nodes
+        change += f", numNodes {shape.runtime_nodes} (set from its runtime's)"
+    if shape.runtime_resources is not None:
+        resources = copy.deepcopy(dict(shape.runtime_resources))
+        for part in shape.parts:
+            resources[part] = {**resources[part], GPU_RESOURCE: value}
+        set_from_runtime["resourcesPerNode"] = resources
+    if not shape.has_trainer:
+        ops.append({"op": "add", "path": "/spec/trainer", "value": set_from_runtime})
+    else:
+        ops += [
+            {"op": "add", "path": f"/spec/trainer/{key}", "value": value}
+            for key, value in set_from_runtime.items()
+        ]
     if shape.nodes > 1:
         change += f" on each of {shape.nodes} nodes"
     proc = shape.proc_per_node

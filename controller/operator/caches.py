@@ -10,7 +10,9 @@ without their specs beyond GPU requests, FineTuneJobs whole (their spec is what 
 
 Pods indexed are those that hold GPUs (an `nvidia.com/gpu` request: the device plugin's
 slots) or belong to a FineTuneJob (`JOB_LABEL`: their state and their GPU usage).
-PriorityClasses (a handful in any cluster) rank the jobs in the queue.
+PriorityClasses (a handful in any cluster) rank the jobs in the queue. With `trainJobSizing`,
+Kubeflow Trainer's runtimes (ClusterTrainingRuntimes, TrainingRuntimes: a handful per cluster)
+are what the TrainJob webhook reads of the runtime a TrainJob leaves its training to.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, cast
 import kopf
 
 from controller.admission import kueue
+from controller.admission import trainer_runtime as runtimes
 from controller.admission.cluster import (
     SCHEDULING_GROUP,
     ClusterObjects,
@@ -46,8 +49,15 @@ KUEUE_WORKLOADS = "vramgate_kueue_workloads"
 ADMISSION_CHECKS = "vramgate_admission_checks"
 RESOURCE_FLAVORS = "vramgate_resource_flavors"
 INDEXES = (FINETUNEJOBS, GPUNODES, NODES, PODS, WORKLOADS, PRIORITY_CLASSES, LEARNED)
+CLUSTER_TRAINING_RUNTIMES = "vramgate_clustertrainingruntimes"
+TRAINING_RUNTIMES = "vramgate_trainingruntimes"
 #: Registered with `kueueAdmissionCheck` only: without Kueue's CRDs there is nothing to watch.
 KUEUE_INDEXES = (KUEUE_WORKLOADS, ADMISSION_CHECKS, RESOURCE_FLAVORS)
+#: Registered with `trainJobSizing` only: Trainer's runtimes, by name (`namespace/name` for
+#: the namespaced kind), as `trainer_runtime.slim` keeps them.
+TRAINER_INDEXES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES)
+CLUSTER_TRAINING_RUNTIME_RESOURCE = (runtimes.GROUP, "v1alpha1", runtimes.CLUSTER_PLURAL)
+TRAINING_RUNTIME_RESOURCE = (runtimes.GROUP, "v1alpha1", runtimes.NAMESPACED_PLURAL)
 #: Kueue's Workloads and AdmissionChecks: (group, version, plural).
 KUEUE_WORKLOAD_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "workloads")
 ADMISSION_CHECK_RESOURCE = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, "admissionchecks")
@@ -333,8 +343,11 @@ def _owner_uid(body: Mapping[str, Any]) -> str | None:
     return None if ref is None else str(ref.get("uid"))
 
 
-def register(registry: kopf.OperatorRegistry, with_kueue: bool = False) -> None:
-    """The seven indexes (ten `with_kueue`), under the ids `Caches.of` reads them by.
+def register(
+    registry: kopf.OperatorRegistry, with_kueue: bool = False, with_trainer: bool = False
+) -> None:
+    """The seven indexes (three more `with_kueue`, two `with_trainer`), under the ids
+    `Caches.of` reads them by.
 
     Coroutines, so kopf calls them on its event loop: a plain function is run in kopf's
     thread pool, two thread hops per watch event for a fraction of a millisecond's work."""
@@ -382,6 +395,19 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool = False) -> None:
         kopf.index(*RESOURCE_FLAVOR_RESOURCE, id=RESOURCE_FLAVORS, registry=registry)(
             by_name(slim_resource_flavor)
         )
+    if with_trainer:
+
+        async def training_runtimes(
+            namespace: str, name: str, body: kopf.Body, **_: Any
+        ) -> dict[str, Any]:
+            return {f"{namespace}/{name}": compact(runtimes.slim(body))}
+
+        kopf.index(
+            *CLUSTER_TRAINING_RUNTIME_RESOURCE, id=CLUSTER_TRAINING_RUNTIMES, registry=registry
+        )(by_name(lambda body: compact(runtimes.slim(body))))
+        kopf.index(*TRAINING_RUNTIME_RESOURCE, id=TRAINING_RUNTIMES, registry=registry)(
+            cast(Any, training_runtimes)
+        )
 
 
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
@@ -403,10 +429,23 @@ class Caches:
     kueue_workloads: Mapping[Any, Any] = field(default_factory=dict)
     admission_checks: Mapping[Any, Any] = field(default_factory=dict)
     resource_flavors: Mapping[Any, Any] = field(default_factory=dict)
+    cluster_training_runtimes: Mapping[Any, Any] = field(default_factory=dict)
+    training_runtimes: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Caches:
-        return cls(*(kwargs[name] for name in INDEXES), *(kwargs.get(n, {}) for n in KUEUE_INDEXES))
+        return cls(
+            *(kwargs[name] for name in INDEXES),
+            *(kwargs.get(n, {}) for n in (*KUEUE_INDEXES, *TRAINER_INDEXES)),
+        )
+
+    def runtime(self, ref: runtimes.RuntimeRef) -> Mapping[str, Any] | None:
+        """The Trainer runtime `ref` names, as cached (`trainer_runtime.slim`); None where
+        it is not (yet) in the cache."""
+        index = self.training_runtimes if ref.namespace else self.cluster_training_runtimes
+        for found in index.get(ref.key, ()):
+            return cast(Mapping[str, Any], found)
+        return None
 
     def objects(
         self, jobs: Iterable[Mapping[str, Any]] | None = None

@@ -28,6 +28,7 @@ import kopf
 
 from controller.admission import kueue, trainjob
 from controller.admission.kueue import CONTROLLER
+from controller.admission.trainer_runtime import RuntimeRef
 from controller.api.base import GROUP, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
@@ -59,14 +60,18 @@ def register(
     *,
     webhooks: bool,
     background: Callable[[], list[Any]] = list,
+    trainjobs: bool = False,
 ) -> AdmissionWebhook | None:
     """Register the caches, the wake-ups and (when asked) the webhooks in `registry`.
     `background` gives the coroutines to run for the operator's lifetime (the scheduler's
     loop, the leader election). Returns the webhooks, which the review server answers with
     (`controller.webhook.server`); kopf's registration of them names the paths (the
-    configurations are the chart's, or `controller.webhook.registration`'s)."""
+    configurations are the chart's, or `controller.webhook.registration`'s). `trainjobs`:
+    the TrainJob webhook will be registered (`register_trainjobs`), and the caches keep
+    Trainer's runtimes for it."""
     with_kueue = scheduler.options.kueue
-    caches.register(registry, with_kueue=with_kueue)
+    # Trainer's runtimes, which the TrainJob webhook reads (register_trainjobs).
+    caches.register(registry, with_kueue=with_kueue, with_trainer=trainjobs)
     #: Object uid (unique across resources) -> digest of what a decision reads of it: a
     #: 20-byte digest per object, of up to 15,000 objects; and of the inventory's GPUNodes
     #: and Nodes, the digest of what the webhook's view reads (`inventory`).
@@ -179,10 +184,16 @@ def register_trainjobs(registry: kopf.OperatorRegistry, scheduler: Scheduler) ->
     """The TrainJob webhook (`trainJobSizing`): kopf's registration names its path (the
     configurations are the chart's, or `controller.webhook.registration`'s); the review
     server answers with the returned webhook. Nothing watches TrainJobs: each is sized once,
-    at its create, and holds nothing in vramgate's ledger."""
+    at its create, and holds nothing in vramgate's ledger; the runtimes they name are read
+    from the caches (`register` indexes them with trainJobSizing)."""
+
+    def runtime(ref: RuntimeRef) -> Mapping[str, Any] | None:
+        return None if scheduler.caches is None else scheduler.caches.runtime(ref)
+
     hook = TrainJobWebhook(
         functools.partial(scheduler.current_view, max_age_s=VIEW_MAX_AGE_S),
         scheduler.metrics.observe_webhook,
+        runtime,
     )
     # Fails open as the FineTuneJob ones: a down operator must not block Trainer's users.
     kopf.on.mutate(

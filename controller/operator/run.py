@@ -112,18 +112,20 @@ def build_registry(
     def background() -> list[Any]:
         return [scheduler.run(), memory.trim_every()] + ([] if leader is None else [leader.run()])
 
+    trainjobs = options.train_job_sizing and options.webhook is not WebhookMode.OFF
     hook = handlers.register(
         registry,
         scheduler,
         webhooks=options.webhook is not WebhookMode.OFF,
         background=background,
+        trainjobs=trainjobs,
     )
     if isinstance(server, ReviewServer):
         server.hook = hook
-    if options.train_job_sizing and options.webhook is not WebhookMode.OFF:
-        trainjobs = handlers.register_trainjobs(registry, scheduler)
+    if trainjobs:
+        sizer = handlers.register_trainjobs(registry, scheduler)
         if isinstance(server, ReviewServer):
-            server.trainjobs = trainjobs
+            server.trainjobs = sizer
     return registry
 
 

@@ -12,8 +12,9 @@ certificate files), and deleted at a clean exit if they still call this server, 
 sends the API server to a port nobody serves. The webhooks keep kopf's names
 (`validate-finetunejob.<config name>`), which the API server quotes in a refusal. With
 `trainJobSizing`, the mutating configuration has a second webhook, `mutate-trainjob`: a
-TrainJob's CREATE, when it carries the annotation `vramgate.dev/finetune`, and the UPDATE of
-one it resized (its manifest applied again keeps the count it was sized to).
+TrainJob's CREATE, when it carries the annotation `vramgate.dev/finetune` or
+`vramgate.dev/admission-policy` (its runtime then says its training), and the UPDATE of one
+it resized (its manifest applied again keeps the count it was sized to).
 
 Needs, cluster-wide: validatingwebhookconfigurations and mutatingwebhookconfigurations
 get, create, update and delete (local runs use an administrator's kubeconfig).
@@ -56,13 +57,15 @@ MATCH_CONDITIONS: dict[str, list[dict[str, str]]] = {
             f"'{REQUESTED_GPUS_ANNOTATION}' in object.metadata.annotations)",
         },
     ],
-    # A TrainJob that says its training: every other one is none of vramgate's business.
+    # A TrainJob that says its training, or asks for a policy (its runtime says the rest):
+    # every other one is none of vramgate's business.
     # An UPDATE only of one it resized at create (its manifest applied again).
     MUTATE_TRAINJOB_HANDLER: [
         {
             "name": "says-its-training",
             "expression": "has(object.metadata.annotations) && "
-            f"'{SPEC_ANNOTATION}' in object.metadata.annotations",
+            f"('{SPEC_ANNOTATION}' in object.metadata.annotations || "
+            f"'{trainjob.POLICY_ANNOTATION}' in object.metadata.annotations)",
         },
         {
             "name": "created-or-resized",

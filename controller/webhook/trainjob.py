@@ -2,13 +2,15 @@
 sized at create, the one time their trainer may change (`controller.admission.trainjob`).
 
 Mutating, called for a TrainJob's CREATE when it carries the annotation
-`vramgate.dev/finetune`, and for the UPDATE of one it resized, whose manifest applied again
-asks for the count asked at create (`restore` keeps the stored one; the configurations'
-matchConditions). Its view is the caches'
-cluster at most `VIEW_MAX_AGE_S` old: a TrainJob is sized on the free memory now, which
-the FineTuneJob webhooks' view, rebuilt only when a node's GPUs or readiness change, does
-not follow. It fails open like the others (`ignore_failures`; the review server answers
-500 on an error, and the configuration's failurePolicy is Ignore).
+`vramgate.dev/finetune` or `vramgate.dev/admission-policy`, and for the UPDATE of one it
+resized, whose manifest applied again asks for the count asked at create (`restore` keeps the
+stored one; the configurations' matchConditions). Its view is the caches' cluster at most
+`VIEW_MAX_AGE_S` old: a TrainJob is sized on the free memory now, which the FineTuneJob
+webhooks' view, rebuilt only when a node's GPUs or readiness change, does not follow. The
+runtime the TrainJob names comes from the caches too (`runtime`: None where it is not in
+them, and the TrainJob is then sized only as far as it says its training itself). It fails
+open like the others (`ignore_failures`; the review server answers 500 on an error, and the
+configuration's failurePolicy is Ignore).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from controller.admission.trainer_runtime import RuntimeRef, runtime_ref
 from controller.admission.trainjob import Sizing, restore, size
 from controller.packing.view import ClusterView
 from controller.webhook.admission import ALLOWED, DENIED, ERROR
@@ -35,20 +38,28 @@ def _ignore(webhook: str, result: str, seconds: float) -> None:
     pass
 
 
+def _no_runtime(ref: RuntimeRef) -> Mapping[str, Any] | None:
+    return None
+
+
 class TrainJobWebhook:
     def __init__(
         self,
         view: Callable[[], Awaitable[ClusterView | None]],
         observe: Callable[[str, str, float], None] = _ignore,
+        runtime: Callable[[RuntimeRef], Mapping[str, Any] | None] = _no_runtime,
     ) -> None:
         self.view = view
         self.observe = observe
+        self.runtime = runtime
 
     async def sizing(self, body: Mapping[str, Any], warnings: list[str] | None = None) -> Sizing:
         """The TrainJob's sizing; kopf.AdmissionError (422) when it is refused."""
         started, result = time.perf_counter(), ERROR
         try:
-            found = size(body, await self.view())
+            ref = runtime_ref(body)
+            found = size(body, await self.view(),
+                         runtime=None if ref is None else self.runtime(ref))  # fmt: skip
             if warnings is not None:
                 warnings.extend(found.warnings)
             if found.refusal is not None:

@@ -490,6 +490,26 @@ def test_trainer_sizing_renders_the_trainjob_webhook_and_the_config_when_enabled
     config = operator_config(objects)
     assert config["trainJobSizing"] is True
     assert _load_operator_settings(config, tmp_path).train_job_sizing is True
+    # Read rights on Trainer's runtimes, which the operator caches: ClusterTrainingRuntimes
+    # cluster-wide, TrainingRuntimes where the jobs are watched.
+    read = {"get", "list", "watch"}
+    cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
+    assert _trainer_rights(cluster_role) == {
+        "clustertrainingruntimes": read, **({} if namespaces else {"trainingruntimes": read})
+    }  # fmt: skip
+    for listed_in in namespaces:
+        role = next(r for r in find(objects, "Role")
+                    if r["metadata"]["name"] == f"{FULLNAME}-operator-jobs"
+                    and r["metadata"]["namespace"] == listed_in)  # fmt: skip
+        assert _trainer_rights(role) == {"trainingruntimes": read}
+
+
+def _trainer_rights(role: dict[str, Any]) -> dict[str, set[str]]:
+    return {
+        resource: set(rule["verbs"])
+        for rule in role["rules"] if "trainer.kubeflow.org" in rule["apiGroups"]
+        for resource in rule["resources"]
+    }  # fmt: skip
 
 
 def test_trainer_sizing_renders_none_of_it_when_disabled_by_default(tmp_path: Path) -> None:
@@ -499,6 +519,7 @@ def test_trainer_sizing_renders_none_of_it_when_disabled_by_default(tmp_path: Pa
     config = operator_config(objects)
     assert config["trainJobSizing"] is False
     assert _load_operator_settings(config, tmp_path).train_job_sizing is False
+    assert _trainer_rights(one(objects, "ClusterRole", f"{FULLNAME}-operator")) == {}
 
 
 @pytest.mark.parametrize(

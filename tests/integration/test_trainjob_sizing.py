@@ -71,8 +71,10 @@ def sizing(
         forget_webhook_configs(api_client, WEBHOOK_CONFIG)
 
 
-def trainjob(name: str, nodes: Gpus, per_node: int, spec: str | None = FULL) -> dict[str, Any]:
-    annotations = {POLICY_ANNOTATION: "Resize"}
+def trainjob(
+    name: str, nodes: Gpus, per_node: int, spec: str | None = FULL, policy: str | None = "Resize"
+) -> dict[str, Any]:
+    annotations = {} if policy is None else {POLICY_ANNOTATION: policy}
     if spec is not None:
         annotations[SPEC_ANNOTATION] = spec
     on_the_tests_nodes = {"nodeSelector": nodes.selector}
@@ -131,12 +133,12 @@ def test_a_trainjob_without_the_annotation_is_untouched_and_an_invalid_one_refus
     api_client: client.ApiClient,
 ) -> None:  # fmt: skip
     gpus.add([80, 80])
-    plain = json.dumps(trainjob("plain", gpus, per_node=4, spec=None))
+    plain = json.dumps(trainjob("plain", gpus, per_node=4, spec=None, policy=None))
     done = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=plain)
     assert done.returncode == 0 and "vramgate" not in done.stderr, done.stderr
     obj = stored(api_client, namespace, "plain")
     assert obj["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 4}}
-    assert REQUESTED_GPUS_ANNOTATION not in obj["metadata"]["annotations"]
+    assert REQUESTED_GPUS_ANNOTATION not in (obj["metadata"].get("annotations") or {})
 
     lora = "model: {preset: llama-3.1-8b}\nmethod: LoRA\nlora: {rank: 0}\n"
     invalid = json.dumps(trainjob("invalid", gpus, per_node=2, spec=lora))
@@ -146,3 +148,66 @@ def test_a_trainjob_without_the_annotation_is_untouched_and_an_invalid_one_refus
     assert f"metadata.annotations[{SPEC_ANNOTATION}].lora.rank: must be greater than" in (
         done.stderr
     )
+
+
+def test_a_trainjob_naming_only_its_runtime_is_sized_from_it(
+    sizing: OperatorProcess, cluster: Cluster, namespace: str, gpus: Gpus,  # noqa: F811
+    api_client: client.ApiClient,
+) -> None:  # fmt: skip
+    """A ClusterTrainingRuntime in the shape of Trainer's built-in torchtune-llama3.2-1b (its
+    model initializer's STORAGE_URI, `tune run ... --config llama3_2/1B_full`, 2 GPUs on 1
+    node), placed on the test's nodes; a TrainJob naming it with only the Resize annotation
+    is sized from it once the operator has cached it: one of the node's two GPUs is held,
+    so it is created asking 1, written into the spec.trainer it left to its runtime."""
+    gpus.add([80, 80], held={0: [1]})
+    name = f"vramgate-tests-{namespace}"  # cluster-scoped: one per test namespace
+    node = {"name": "node", "image": "trainer", "resources": {"limits": {GPU: 2}},
+            "command": ["tune", "run", "full_finetune_distributed", "--config",
+                        "llama3_2/1B_full", "output_dir=/workspace/output"]}  # fmt: skip
+    model = {
+        "name": "model-initializer",
+        "image": "initializer",
+        "env": [{"name": "STORAGE_URI", "value": "hf://meta-llama/Llama-3.2-1B-Instruct"}],
+    }
+    ancestor = "trainer.kubeflow.org/trainjob-ancestor-step"
+
+    def job(job_name: str, step: str, container: dict[str, Any], **pod: Any) -> dict[str, Any]:
+        return {"name": job_name, "template": {
+            "metadata": {"labels": {ancestor: step}},
+            "spec": {"template": {"spec": {"containers": [container], **pod}}}}}  # fmt: skip
+
+    runtime = {
+        "apiVersion": trainer.API_VERSION, "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name},
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {
+            "replicatedJobs": [job("model-initializer", "model-initializer", model),
+                               job("node", "trainer", node, nodeSelector=gpus.selector)]}}},
+    }  # fmt: skip
+    done = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(runtime))
+    assert done.returncode == 0, done.stderr
+    try:
+        body = {"apiVersion": trainer.API_VERSION, "kind": "TrainJob",
+                "metadata": {"name": "tune", "annotations": {POLICY_ANNOTATION: "Resize"}},
+                "spec": {"runtimeRef": {"name": name}}}  # fmt: skip
+        created: list[str] = []
+
+        def sized() -> bool:  # the operator's cache sees the runtime a moment after its create
+            done = cluster.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+            assert done.returncode == 0, done.stderr
+            if "is not in the operator's cache" not in done.stderr:
+                created.append(done.stderr)
+                return True
+            cluster.kubectl("delete", "trainjob", "tune", "-n", namespace, "--wait=true")
+            return False
+
+        wait_until(sized, timeout=DEADLINE_S, what="the runtime in the operator's cache")
+        (said,) = created
+        assert f"read from the TrainJob and its runtime (ClusterTrainingRuntime {name})" in said
+        assert "model llama-3.2-1b from hf://meta-llama/Llama-3.2-1B-Instruct" in said
+        assert "method Full (torchtune config llama3_2/1B_full)" in said
+        assert "resized 2 -> 1 GPUs (policy Resize): 2 GPUs do not fit now" in said, said
+        obj = stored(api_client, namespace, "tune")
+        assert obj["spec"]["trainer"] == {"numNodes": 1, "resourcesPerNode": {"limits": {GPU: 1}}}
+        assert obj["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "2"
+    finally:
+        cluster.kubectl("delete", "clustertrainingruntime", name, "--ignore-not-found")

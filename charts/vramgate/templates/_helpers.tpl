@@ -216,6 +216,13 @@ namespaceSelector:
   resources: ["resourceclaims", "resourceclaimtemplates"]
   verbs: ["get", "create", "delete"]
 {{- end }}
+{{- if .Values.trainer.sizing.enabled }}
+# trainer.sizing: the TrainingRuntimes (namespaced) TrainJobs name, cached for the TrainJob
+# webhook (read only).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainingruntimes"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
 # A job's model config from the ConfigMap it names (spec.model.configMapRef), read by
 # name: get only, no list or watch of ConfigMaps.
 - apiGroups: [""]

@@ -7,6 +7,8 @@ with FSDP, 23.76 GiB on 4: on 80 GiB GPUs it needs at least 2.
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -22,6 +24,7 @@ from controller.admission.trainjob import (
     size,
 )
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
+from controller.jobs.spec import estimate_plan
 from controller.packing.inventory import PackingSettings
 from controller.packing.view import ClusterView
 from tests.unit.builders.packing import node, view
@@ -112,9 +115,14 @@ def test_a_count_no_node_has_is_sized_to_one_that_does() -> None:
     assert "4 GPUs can never fit this cluster" in sizing.warnings[0]
 
 
-def test_a_trainjob_without_the_annotation_passes_untouched() -> None:
+def test_a_trainjob_without_either_annotation_passes_untouched() -> None:
+    """Opt in: vramgate.dev/finetune, or vramgate.dev/admission-policy alone (its runtime
+    then says its training); a TrainJob with neither is none of vramgate's business."""
     obj = trainjob()
     del obj["metadata"]["annotations"][SPEC_ANNOTATION]
+    only_policy = size(obj, cluster([80, 80], allocated=2))
+    assert only_policy.warnings[0].startswith("vramgate: not sized: no model")
+    del obj["metadata"]["annotations"][POLICY_ANNOTATION]
     assert size(obj, cluster([80, 80], allocated=2)) == Sizing()
     obj["metadata"].pop("annotations")
     assert size(obj, None) == Sizing()
@@ -312,3 +320,123 @@ def test_an_update_that_changes_more_than_the_count_is_left_to_the_api_server() 
     assert restore(stored, other) == Sizing()
     assert restore(stored, trainjob(per_node=3)) == Sizing()  # not the count asked
     assert restore(obj, obj) == Sizing()  # never resized: nothing to keep
+
+
+# -- the runtime: what a TrainJob leaves to it (controller.admission.trainer_runtime) --------
+
+RUNTIME = yaml.safe_load(
+    (Path(__file__).parent / "data" / "torchtune_llama3_2_1b.yaml").read_text()
+)  # 1 node x 2 GPUs, hf://meta-llama/Llama-3.2-1B-Instruct, torchtune llama3_2/1B_full
+
+
+def named(policy: str = "Resize", spec: Any = None, **fields: Any) -> dict[str, Any]:
+    """A TrainJob that names the built-in runtime and leaves it the rest."""
+    annotations = {POLICY_ANNOTATION: policy}
+    if spec is not None:
+        annotations[SPEC_ANNOTATION] = yaml.safe_dump(spec)
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "tune", "namespace": "ml", "annotations": annotations},
+        "spec": {"runtimeRef": {"name": "torchtune-llama3.2-1b"}, **fields},
+    }
+
+
+def test_a_trainjob_naming_only_its_runtime_is_sized_from_it_and_the_patch_says_its_trainer() -> (
+    None
+):
+    """Llama 3.2 1B Full needs 14.49 GiB on 1 GPU: the runtime's 2 do not fit where one of the
+    node's two GPUs is another pod's; the patch writes numNodes and resourcesPerNode, which
+    the TrainJob left to its runtime."""
+    obj = named()
+    sizing = size(obj, cluster([80, 80], allocated=1), runtime=RUNTIME)
+    assert sizing.refusal is None and sizing.gpus == 1
+    stored = applied(obj, sizing)
+    assert stored["spec"]["trainer"] == {"numNodes": 1, "resourcesPerNode": {"limits": {GPU: 1}}}
+    assert stored["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "2"
+    told, resized = sizing.warnings
+    assert told.startswith(
+        "vramgate: read from the TrainJob and its runtime (ClusterTrainingRuntime "
+        "torchtune-llama3.2-1b): model llama-3.2-1b from hf://meta-llama/Llama-3.2-1B-Instruct"
+    )
+    assert "method Full (torchtune config llama3_2/1B_full)" in told
+    assert "1 node(s) x 2 GPUs (the runtime's trainer)" in told
+    assert told.endswith(f"{SPEC_ANNOTATION} overrides any of them")
+    assert "needs 14.49 GiB per GPU on 1 GPU with FSDP" in resized
+    assert resized.endswith("(set from its runtime's trainer resources), numNodes 1 (set from "
+                            "its runtime's)")  # fmt: skip
+    assert size(obj, cluster([80, 80]), runtime=RUNTIME) == Sizing(gpus=2)  # fits: silent
+
+
+def test_the_runtimes_other_resources_are_kept_in_the_resources_per_node_written() -> None:
+    """A TrainJob's resourcesPerNode replaces its runtime container's whole (Trainer's
+    trainingruntime.go): the CPU and memory the runtime asks for go with the GPUs."""
+    runtime = copy.deepcopy(RUNTIME)
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][2]
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {GPU: "2", "memory": "64Gi"}, "requests": {"cpu": "8", GPU: "2"}
+    }  # fmt: skip
+    obj = named(trainer={"numNodes": 1, "args": ["batch_size=2"]})
+    sizing = size(obj, cluster([80, 80], allocated=1), runtime=runtime)
+    trainer = applied(obj, sizing)["spec"]["trainer"]
+    assert trainer == {
+        "numNodes": 1,
+        "args": ["batch_size=2"],
+        "resourcesPerNode": {"limits": {GPU: "1", "memory": "64Gi"},
+                             "requests": {"cpu": "8", GPU: "1"}},
+    }  # fmt: skip
+    assert sizing.patch[0]["path"] == "/spec/trainer/resourcesPerNode"
+
+
+def test_the_annotation_wins_over_the_runtime_field_by_field() -> None:
+    """The annotation's model (8B: 45.49 GiB per GPU on 2, 86.09 on 1) is estimated on the
+    runtime's 2 GPUs; its training fields merge over the torchtune overrides read."""
+    obj = named(spec={"model": {"preset": "llama-3.1-8b"}, "training": {"sequenceLength": 512}},
+                trainer={"command": ["tune", "run"], "args": ["batch_size=4"]})  # fmt: skip
+    seen: list[Any] = []
+
+    def estimator(plan: Any) -> Any:
+        seen.append(plan)
+        return estimate_plan(plan)
+
+    sizing = size(obj, cluster([80, 80], allocated=1), estimator, runtime=RUNTIME)
+    (plan,) = seen
+    assert (plan.settings.batch, plan.settings.seq_len, plan.model) == (4, 512, "llama-3.1-8b")
+    assert sizing.patch == () and sizing.gpus == 2  # 1 GPU can never hold it: kept, warned
+    assert "needs 45.49 GiB per GPU on 2 GPUs" in sizing.warnings[-1]
+    assert "model llama-3.2-1b" not in sizing.warnings[0]
+    assert "method Full (torchtune config chosen by Trainer" in sizing.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("obj", "runtime", "why"),
+    [
+        (named(), None, "its runtime ClusterTrainingRuntime torchtune-llama3.2-1b is not in the "
+                        "operator's cache"),
+        (named(trainer={"command": ["tune", "run"], "args": ["model.lora_attn_modules=[q_proj]"]}),
+         RUNTIME, "method LoRA read from its torchtune config, but no LoRA rank: add "
+                  "model.lora_rank=<r>"),
+        (named(trainer={"args": ["tokenizer.max_seq_len=99999999"]}), RUNTIME,
+         "training.sequenceLength (read from the TrainJob and its runtime): must be"),
+        (named(initializer={"model": {"storageUri": "hf://someone/Private-7B"}}), RUNTIME,
+         "is no bundled preset"),
+    ],
+    ids=["runtime-not-cached", "lora-without-rank", "read-setting-out-of-range", "unknown-model"],
+)  # fmt: skip
+def test_what_the_runtime_cannot_tell_is_allowed_with_a_warning_never_refused(
+    obj: dict[str, Any], runtime: Any, why: str
+) -> None:
+    sizing = size(obj, cluster([80, 80], allocated=1), runtime=runtime)
+    assert sizing.refusal is None and sizing.patch == ()
+    (warning,) = sizing.warnings
+    assert warning.startswith("vramgate: not sized: ") and why in warning, warning
+
+
+def test_a_trainjob_that_never_fits_on_what_its_runtime_says_is_refused_saying_so() -> None:
+    obj = named(
+        policy="Enforce", initializer={"model": {"storageUri": "hf://meta-llama/Llama-3.1-405B"}}
+    )
+    sizing = size(obj, cluster([80, 80]), runtime=RUNTIME)
+    assert sizing.refusal is not None and sizing.refusal.startswith("vramgate: InsufficientVRAM")
+    assert "(read from the TrainJob and its runtime (ClusterTrainingRuntime " in sizing.refusal
+    assert "model llama-3.1-405b from hf://meta-llama/Llama-3.1-405B" in sizing.refusal

@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import kopf
 import pytest
+import yaml
 from aiohttp import web
 
 from controller.admission.kueue import SPEC_ANNOTATION
+from controller.admission.trainer_runtime import RuntimeRef
 from controller.admission.trainjob import POLICY_ANNOTATION
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
+from controller.packing.inventory import PackingSettings
 from controller.packing.view import ClusterView
 from controller.webhook.registration import (
     MATCH_CONDITIONS,
@@ -27,11 +31,13 @@ from controller.webhook.registration import (
 )
 from controller.webhook.server import answer
 from controller.webhook.trainjob import TRAINJOB, TrainJobWebhook
+from tests.unit.builders.packing import node, view
 from tests.unit.builders.webhook import cluster, hook
 
 RESOURCE = {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"}
 FULL = "model: {preset: llama-3.1-8b}\nmethod: Full\n"
 GPU = "nvidia.com/gpu"
+DATA = Path(__file__).parents[1] / "admission" / "data"
 
 
 def trainjob(per_node: int = 8, spec: str = FULL, policy: str = "Resize") -> dict[str, Any]:
@@ -141,3 +147,36 @@ def test_a_managed_operator_registers_the_trainjob_webhook_only_with_trainjob_si
     assert SPEC_ANNOTATION in trainjobs["matchConditions"][0]["expression"]
     assert trainjobs["failurePolicy"] == "Ignore" and trainjobs["reinvocationPolicy"] == "Never"
     assert trainjobs["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
+
+
+def test_the_runtime_a_trainjob_names_is_looked_up_and_its_trainer_written_by_kopfs_patch() -> None:
+    """Only the policy annotation: the model, method and GPUs are its runtime's (the
+    built-in torchtune-llama3.2-1b: 2 GPUs, where one of the node's two is another pod's),
+    looked up by the TrainJob's runtimeRef."""
+    runtime = yaml.safe_load((DATA / "torchtune_llama3_2_1b.yaml").read_text())
+    asked: list[RuntimeRef] = []
+
+    def lookup(ref: RuntimeRef) -> dict[str, Any] | None:
+        asked.append(ref)
+        return runtime
+
+    async def current() -> ClusterView | None:
+        return view(node("n0", [80, 80], gpu_allocatable=2, gpu_allocated=1),
+                    settings=PackingSettings())  # fmt: skip
+
+    obj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": "tune", "namespace": "ml",
+                        "annotations": {POLICY_ANNOTATION: "Resize"}},
+           "spec": {"runtimeRef": {"name": "torchtune-llama3.2-1b"}}}  # fmt: skip
+    patch, warnings = kopf.Patch(), []
+    hook = TrainJobWebhook(current, runtime=lookup)
+    asyncio.run(hook.mutate(body=obj, patch=patch, warnings=warnings, operation="CREATE"))
+    assert asked == [RuntimeRef("ClusterTrainingRuntime", "torchtune-llama3.2-1b")]
+    stored = jsonpatch.apply_patch(obj, patch.as_json_patch(obj))
+    assert stored["spec"]["trainer"] == {"numNodes": 1, "resourcesPerNode": {"limits": {GPU: 1}}}
+    assert len(warnings) == 2 and "torchtune-llama3.2-1b" in warnings[0]
+
+
+def test_the_policy_annotation_alone_calls_the_webhook() -> None:
+    (says, _) = MATCH_CONDITIONS[MUTATE_TRAINJOB_HANDLER]
+    assert f"'{POLICY_ANNOTATION}' in object.metadata.annotations" in says["expression"]

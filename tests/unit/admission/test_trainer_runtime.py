@@ -1,0 +1,189 @@
+"""What a TrainJob and its Trainer runtime say of its training (`trainer_runtime`), read from
+the shape of Trainer v2.2.0's built-in runtime torchtune-llama3.2-1b (data/, copied as it is)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.admission import trainer_runtime as runtimes
+from controller.admission.trainer_runtime import RuntimeRef, read, runtime_ref, slim
+from controller.admission.trainjob import pod_constraints
+
+BUILTIN = yaml.safe_load(
+    (Path(__file__).parent / "data" / "torchtune_llama3_2_1b.yaml").read_text()
+)
+GPU = "nvidia.com/gpu"
+
+
+def trainjob(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "tune", "namespace": "ml"},
+        "spec": {"runtimeRef": {"name": "torchtune-llama3.2-1b"}, **spec},
+    }
+
+
+def tune_run(*args: str) -> dict[str, Any]:
+    """A TrainJob whose command is `tune run` alone: Trainer picks the recipe and config."""
+    return trainjob(trainer={"command": ["tune", "run"], "args": list(args)})
+
+
+def test_the_builtin_torchtune_runtime_says_its_model_method_and_gpus() -> None:
+    reading = read(trainjob(), BUILTIN)
+    assert reading.fields == {
+        "model": {"preset": "llama-3.2-1b"},  # hf://meta-llama/Llama-3.2-1B-Instruct
+        "method": "Full",  # --config llama3_2/1B_full
+        "training": {"framework": "torchtune"},
+    }
+    assert reading.unread == {}
+    (_, model), (_, method), (_, overrides) = reading.sources
+    assert "hf://meta-llama/Llama-3.2-1B-Instruct (the runtime's model-initializer " in model
+    assert "read as its base model" in model
+    assert method == "method Full (torchtune config llama3_2/1B_full)"
+    assert "the FineTuneJob defaults stand in" in overrides
+    assert runtimes.runtime_nodes(BUILTIN) == 1
+    assert runtimes.trainer_container(BUILTIN)["resources"] == {"limits": {GPU: 2}}
+
+
+def test_the_cached_copy_reads_as_the_runtime_does_and_keeps_no_more() -> None:
+    placed = copy.deepcopy(BUILTIN)
+    node = placed["spec"]["template"]["spec"]["replicatedJobs"][2]
+    node["template"]["spec"]["template"]["spec"]["nodeSelector"] = {"gpu": "a100"}
+    kept = slim(placed)
+    for job in (trainjob(), tune_run("model.lora_attn_modules=[q_proj]", "model.lora_rank=8")):
+        assert read(job, kept) == read(job, placed)
+    assert runtimes.trainer_container(kept) == {
+        "name": "node",
+        "command": node["template"]["spec"]["template"]["spec"]["containers"][0]["command"],
+        "resources": {"limits": {GPU: 2}},
+        "env": [],
+    }
+    assert pod_constraints(trainjob(), kept) == pod_constraints(trainjob(), placed)
+    assert pod_constraints(trainjob(), kept).node_selector == (("gpu", "a100"),)
+    assert "image" not in str(kept) and "dataset-initializer" not in str(kept)
+
+
+def test_the_trainjobs_own_storage_uri_wins_over_the_runtimes() -> None:
+    job = trainjob(initializer={"model": {"storageUri": "hf://Qwen/Qwen2.5-1.5B-Instruct"}})
+    assert read(job, BUILTIN).fields["model"] == {"preset": "qwen2.5-1.5b"}
+    assert "(spec.initializer.model.storageUri;" in read(job, BUILTIN).sources[0][1]
+    exact = trainjob(initializer={"model": {"storageUri": "hf://meta-llama/Llama-3.2-3B"}})
+    assert read(exact, BUILTIN).sources[0][1].endswith("(spec.initializer.model.storageUri)")
+
+
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        ("s3://bucket/llama", "is not a Hugging Face model (hf://)"),
+        ("hf://someone/Unknown-7B-Instruct", "is no bundled preset"),
+    ],
+)
+def test_a_model_no_preset_names_is_not_read(uri: str, why: str) -> None:
+    reading = read(trainjob(initializer={"model": {"storageUri": uri}}), BUILTIN)
+    assert "model" not in reading.fields
+    assert reading.unread["model"].startswith(f"model {uri} (spec.initializer.model.storageUri)")
+    assert why in reading.unread["model"]
+
+
+def test_tune_run_alone_is_read_as_trainer_picks_its_config_with_the_overrides() -> None:
+    reading = read(
+        tune_run(
+            "model.lora_attn_modules=['q_proj','v_proj','output_proj']",
+            "model.apply_lora_to_mlp=True",
+            "model.lora_rank=16",
+            "batch_size=8",
+            "tokenizer.max_seq_len=4096",
+            "dataset.max_seq_len=1024",
+            "enable_activation_checkpointing=False",
+            "gradient_accumulation_steps=4",
+            "dtype=fp32",
+        ),
+        BUILTIN,
+    )
+    assert reading.fields["method"] == "LoRA"
+    assert reading.fields["lora"] == {
+        "rank": 16,
+        "targetModules": ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    }
+    assert reading.fields["training"] == {
+        "framework": "torchtune",
+        "microBatchSize": 8,
+        "sequenceLength": 1024,  # the smaller of the two
+        "gradientCheckpointing": "Off",
+        "gradientAccumulationSteps": 4,
+        "precision": "FP32",
+    }
+    assert "chosen by Trainer from spec.trainer.args" in reading.sources[1][1]
+
+
+@pytest.mark.parametrize(
+    ("args", "method"),
+    [
+        ((), "Full"),
+        (("model.lora_attn_modules=[q_proj]",), "LoRA"),
+        (("model.lora_attn_modules=[q_proj]", "model.quantize_base=True"), "QLoRA"),
+        (("model.lora_attn_modules=[q_proj]", "model.use_dora=True"), "LoRA"),
+        # Trainer picks its LoRA config for DoRA (isUseQLoraFinetune), whose base the
+        # override still quantizes: QDoRA, priced as QLoRA.
+        (("model.lora_attn_modules=[q_proj]", "model.quantize_base=True",
+          "model.use_dora=True"), "QLoRA"),
+        (("model.lora_attn_modules=[q_proj]", "model.quantize_base=False"), "LoRA"),
+    ],
+    ids=["full", "lora", "qlora", "dora", "qdora", "quantize-base-false"],
+)  # fmt: skip
+def test_trainer_picks_the_method_from_the_args(args: tuple[str, ...], method: str) -> None:
+    assert read(tune_run(*args), BUILTIN).fields["method"] == method
+
+
+@pytest.mark.parametrize(
+    ("config", "method"),
+    [
+        ("llama3_2/1B_lora_single_device", "LoRA"),
+        ("llama3_2/3B_qlora_single_device", "QLoRA"),
+        ("llama3_3/70B_full_multinode", "Full"),
+        ("llama3_2/1B_custom", None),
+    ],
+)
+def test_the_runtimes_config_name_says_the_method(config: str, method: str | None) -> None:
+    runtime = copy.deepcopy(BUILTIN)
+    container = runtimes.trainer_container(runtime)
+    command = container["command"]  # type: ignore[index]
+    command[command.index("--config") + 1] = config
+    reading = read(trainjob(), runtime)
+    assert reading.fields.get("method") == method
+    if method is None:
+        assert reading.unread["method"] == f"torchtune config {config}: no method in its name"
+
+
+def test_a_trainer_that_is_not_torchtune_says_no_method() -> None:
+    runtime = copy.deepcopy(BUILTIN)
+    runtimes.trainer_container(runtime)["command"][:] = ["torchrun", "train.py"]  # type: ignore[index]
+    reading = read(trainjob(), runtime)
+    assert "method" not in reading.fields and "training" not in reading.fields
+    assert "not torchtune" in reading.unread["method"]
+    assert reading.fields["model"] == {"preset": "llama-3.2-1b"}
+
+
+def test_an_override_that_cannot_be_read_is_said_and_skipped() -> None:
+    reading = read(tune_run("batch_size=lots", "dtype=int8"), BUILTIN)
+    assert "microBatchSize" not in reading.fields["training"]
+    assert reading.notes == (
+        "batch_size=lots: not a whole number; not read",
+        "dtype=int8: a dtype of bf16, fp16 or fp32; not read",
+    )
+
+
+def test_the_runtime_a_trainjob_names() -> None:
+    assert runtime_ref(trainjob()) == RuntimeRef("ClusterTrainingRuntime", "torchtune-llama3.2-1b")
+    named = trainjob()
+    named["spec"]["runtimeRef"] = {"name": "mine", "kind": "TrainingRuntime"}
+    assert runtime_ref(named) == RuntimeRef("TrainingRuntime", "mine", "ml")
+    assert runtime_ref(named).key == "ml/mine"  # type: ignore[union-attr]
+    named["spec"]["runtimeRef"]["apiGroup"] = "example.com"
+    assert runtime_ref(named) is None
