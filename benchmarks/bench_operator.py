@@ -409,14 +409,23 @@ def bench_decisions(
         stop = threading.Event()
         floor: subprocess.Popen[bytes] | None = None
         try:
+            floor_log = Path(tmp) / "kopf-floor.log"
             if kopf_floor:
-                floor = subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.kopf_floor"],
-                    env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
+                with floor_log.open("wb") as out:
+                    floor = subprocess.Popen(
+                        [sys.executable, "-m", "benchmarks.kopf_floor"], cwd=REPO,
+                        env={**cluster.env(), "PYTHONUNBUFFERED": "1"},
+                        stdout=out, stderr=subprocess.STDOUT,
+                    )  # fmt: skip
+
+            def floor_alive() -> None:  # a dead one's /proc entry reads as a floor of ~0
+                if floor is not None and floor.poll() is not None:
+                    raise RuntimeError(f"the kopf floor exited:\n{floor_log.read_text()[-4000:]}")
+
             names = gpu_nodes(cluster, api, nodes)
             threading.Thread(target=keep_fresh, args=(api, names, stop), daemon=True).start()
             time.sleep(3)  # the operator's caches hold the nodes
+            floor_alive()
             floor_before = 0.0 if floor is None else cpu_seconds(floor.pid)
             objects = client.CustomObjectsApi(api)
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
@@ -436,6 +445,7 @@ def bench_decisions(
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
+            floor_alive()
             floor_cpu = None if floor is None else cpu_seconds(floor.pid) - floor_before
             own_spent = own_cpu_spent(own_before, own_cpu(own))
             programs = cpu_spent(programs_before, cpu_by_process())
@@ -469,7 +479,10 @@ def bench_decisions(
             stop.set()
             if floor is not None:
                 floor.terminate()
-                floor.wait(timeout=30)
+                try:
+                    floor.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    floor.kill()
             operator.stop()
             cluster.stop()
 
@@ -680,6 +693,8 @@ def main() -> None:
     parser.add_argument("--operator-arg", action="append", default=[],
                         help="pass this flag to the operator too (repeat)")  # fmt: skip
     args = parser.parse_args()
+    if args.kopf_floor and args.only not in (None, "decisions"):
+        parser.error("--kopf-floor: only with the decisions part (no --only, or --only decisions)")
     global OPERATOR_ARGS
     OPERATOR_ARGS = tuple(args.operator_arg)
     results: dict[str, Any] = {}

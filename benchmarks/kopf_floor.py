@@ -15,6 +15,7 @@ per resource; not the Kueue ones), each handler returning at once.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any, cast
 
@@ -25,7 +26,8 @@ from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
 from controller.api.learnedcorrection import PLURAL as LEARNED_PLURAL
 from controller.operator import caches
-from controller.operator.run import NoDiffBase
+from controller.operator.run import operator_settings
+from controller.operator.settings import OperatorOptions, WebhookMode
 
 #: (resource, the keyword filters kopf gets): the operator's watches, as `caches` names them.
 WATCHES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
@@ -58,17 +60,14 @@ def registry() -> kopf.OperatorRegistry:
 
 
 def settings() -> kopf.OperatorSettings:
-    """The operator's kopf settings (`controller.operator.run.operator_settings`), no
-    webhook."""
-    out = kopf.OperatorSettings()
-    out.posting.level = logging.WARNING
-    out.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    out.persistence.diffbase_storage = NoDiffBase()
-    return out
+    """The operator's own kopf settings, without its webhook server."""
+    return operator_settings(OperatorOptions(webhook=WebhookMode.OFF))
 
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
+    gc.collect()  # as the operator does (run.py): no full collections over its imports
+    gc.freeze()
     kopf.run(registry=registry(), settings=settings(), clusterwide=True, standalone=True)
     return 0
 

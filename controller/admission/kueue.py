@@ -15,9 +15,10 @@ the same decision core, the same inventory and one ledger with its own FineTuneJ
   at least; where several do, the same training, or it is Rejected); its GPUs are what they
   ask (pods x `nvidia.com/gpu`, each podSet's count as Kueue admitted it), never resized (a
   check cannot change resources: policy Enforce); its template is the first GPU podSet's, so
-  node selectors, affinity and tolerations are those its pods will have. A podSet without GPUs
-  (a JobSet's initializer, a launcher) is neither counted nor pinned. The pass decides these
-  jobs in one queue with the FineTuneJobs, on one snapshot.
+  node selectors, affinity and tolerations are those its pods will have (GPU podSets that
+  select different nodes are Rejected: pinned together, one of them could not run). A podSet
+  without GPUs (a JobSet's initializer, a launcher) is neither counted nor pinned. The pass
+  decides these jobs in one queue with the FineTuneJobs, on one snapshot.
 * **Answer** (`check_state`): admitted -> `Ready` with podSetUpdates that pin each GPU podSet
   to the chosen node (`kubernetes.io/hostname`), label its pods with the Workload's uid (so
   their usage is read against its reservation) and carry the placement and the GPUs' UUIDs as
@@ -355,7 +356,7 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
     """The Workload as a FineTuneJob-shaped job admission decides; CheckProblem when it
     cannot be read (no GPU podSet, no annotation, an annotation that is not a mapping of
     FineTuneJob spec fields, GPU podSets whose annotations say different trainings). Its GPUs
-    are those of every GPU podSet; its node selection is the first GPU podSet's. The job's
+    are those of every GPU podSet; its node selection theirs, which must agree. The job's
     own fields are checked by the spec translation, as a FineTuneJob's are."""
     sets = gpu_pod_sets(workload)
     if not sets:
@@ -387,7 +388,15 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
     gpus = sum(pods * per_pod for _, pods, per_pod, _ in sets)
     spec["resources"] = {**(spec.get("resources") or {}), "gpus": gpus}
     spec["admissionPolicy"] = "Resize" if gated(workload) else "Enforce"
-    spec["template"] = _flavored(sets[0][3], sets[0][0], workload, flavors or {})
+    templates = {name: _flavored(template, name, workload, flavors or {})
+                 for name, _, _, template in sets}  # fmt: skip
+    if len({_node_selection(t) for t in templates.values()}) > 1:
+        raise CheckProblem(
+            f"podSet {', '.join(templates)}: must select the same nodes (nodeSelector, node "
+            "affinity, tolerations and the flavors Kueue assigned): a Workload's GPU podSets "
+            "are pinned to one node"
+        )
+    spec["template"] = templates[sets[0][0]]
     return {
         "apiVersion": "vramgate.dev/v1alpha1",
         "kind": "FineTuneJob",
@@ -398,6 +407,18 @@ def check_job(workload: Mapping[str, Any], flavors: Flavors | None = None) -> di
         },
         "spec": spec,
     }
+
+
+def _node_selection(template: Mapping[str, Any]) -> str:
+    """What of a pod template says which nodes its pods may run on, as one comparable text:
+    podSets pinned together must agree on it, or one of them is pinned where it cannot run."""
+    pod = template.get("spec") or {}
+    tolerations = sorted(json.dumps(t, sort_keys=True) for t in pod.get("tolerations") or [])
+    return json.dumps(
+        [pod.get("nodeSelector") or {}, (pod.get("affinity") or {}).get("nodeAffinity"),
+         tolerations],
+        sort_keys=True,
+    )  # fmt: skip
 
 
 def placement_of(decision: Decision) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def register(
         inventory: Callable[[Mapping[str, Any]], Any] | None = None,
         **only: Any,
     ) -> None:
+        assert relevant is not None or inventory is None, "an inventory needs a digest"
+
         # A coroutine: kopf runs a plain function in its thread pool, and the scheduler's
         # wake-up (an asyncio.Event) may only be set on the loop.
         async def on_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:

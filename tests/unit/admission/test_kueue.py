@@ -526,7 +526,26 @@ def test_gpu_podsets_are_one_training_said_once_or_alike_and_pinned_together() -
     )
     assert kueue.check_job(same)["spec"]["method"] == "QLoRA"  # the same spec, written apart
     other = with_pod_sets(
-        pod_set("master", 1, 1, FINETUNE), pod_set("worker", 1, 1, FINETUNE + "training: {}\n")
+        pod_set("master", 1, 1, FINETUNE),
+        pod_set("worker", 1, 1, FINETUNE.replace("rank: 16", "rank: 64")),
     )
     with pytest.raises(kueue.CheckProblem, match=r"podSet master, worker: .* must say the same"):
         kueue.check_job(other)
+
+
+def test_gpu_podsets_that_select_different_nodes_are_rejected_not_pinned_to_one() -> None:
+    # Pinned together, the worker (pool b) could never run on the master's node (pool a),
+    # while its memory stayed held in the ledger.
+    master, worker = pod_set("master", 1, 1, FINETUNE), pod_set("worker", 1, 1)
+    master["template"]["spec"]["nodeSelector"] = {"pool": "a"}
+    worker["template"]["spec"]["nodeSelector"] = {"pool": "b"}
+    with pytest.raises(kueue.CheckProblem, match=r"podSet master, worker: must select the same"):
+        kueue.check_job(with_pod_sets(master, worker))
+    worker["template"]["spec"]["nodeSelector"] = {"pool": "a"}
+    master["template"]["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    with pytest.raises(kueue.CheckProblem, match=r"must select the same nodes"):
+        kueue.check_job(with_pod_sets(master, worker))
+    worker["template"]["spec"]["tolerations"] = [{"operator": "Exists", "key": "gpu"}]
+    assert kueue.check_job(with_pod_sets(master, worker))["spec"]["template"]["spec"][
+        "nodeSelector"
+    ] == {"pool": "a"}  # the same selection, written apart
