@@ -42,6 +42,7 @@ from benchmarks.bench_operator import (
     CRDS,
     PRODUCT,
     DecidedWatch,
+    KopfFloor,
     api_requests,
     bench_decisions,
     bench_floor,
@@ -200,14 +201,22 @@ def queues(api: client.ApiClient, gpus: int, with_check: bool) -> None:
 
 
 def bench_kueue(
-    jobs: int, nodes: int, clients: int, with_check: bool, retry_seconds: int
+    jobs: int,
+    nodes: int,
+    clients: int,
+    with_check: bool,
+    retry_seconds: int,
+    kopf_floor: bool = False,
 ) -> dict[str, Any]:
+    """With `kopf_floor` (and the check), `benchmarks.kopf_floor --kueue` watches beside the
+    operator: kopf's own CPU for the same events."""
     mode = "kueue-check" if with_check else "kueue"
     with tempfile.TemporaryDirectory(prefix=f"bench-{mode}-") as tmp:
         cluster = Cluster(Path(tmp) / "cluster")
         cluster.start()
         stop = threading.Event()
         operator: OperatorProcess | None = None
+        floor: KopfFloor | None = None
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
             cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
@@ -222,6 +231,8 @@ def bench_kueue(
                     "--kueue-retry-seconds", str(retry_seconds),
                     *bench_operator.OPERATOR_ARGS))  # fmt: skip
                 operator.start(webhook=False)
+                if kopf_floor:
+                    floor = KopfFloor(cluster, Path(tmp), kueue=True)
             queues(api, jobs, with_check)  # with the check: Active once the operator says so
             time.sleep(3)  # the operator's caches hold the nodes
             bodies = [batch_job(f"j{i:04d}", with_check) for i in range(jobs)]
@@ -230,6 +241,7 @@ def bench_kueue(
                 more["operator"] = operator.proc.pid
             own = own_processes(cluster, **more)
             own_before = own_cpu(own)
+            floor_before = 0.0 if floor is None else floor.cpu_seconds()
             programs_before = cpu_by_process()
             requests_before = api_requests(cluster)
             seen = WorkloadWatch(api, "default")
@@ -242,6 +254,7 @@ def bench_kueue(
             seen.stop()
             timeline = seen.timeline(began)
             own_spent = own_cpu_spent(own_before, own_cpu(own))
+            floor_cpu = None if floor is None else round(floor.cpu_seconds() - floor_before, 1)
             programs = cpu_spent(programs_before, cpu_by_process())
             requests = {k: int(v - requests_before.get(k, 0.0))
                         for k, v in api_requests(cluster).items()}  # fmt: skip
@@ -255,10 +268,13 @@ def bench_kueue(
                     "admitted": len(seen.admitted), "decided": len(seen.decided),
                     "timeline": timeline,
                     "operator_cpu_s": own_spent.get("operator", 0.0),
+                    **({} if floor_cpu is None else {"kopf_floor_cpu_s": floor_cpu}),
                     "cpu_s_own": own_spent, "cpu_s_by_program": programs,
                     "api_requests": requests}  # fmt: skip
         finally:
             stop.set()
+            if floor is not None:
+                floor.stop()
             if operator is not None:
                 operator.stop()
             cluster.stop()
@@ -283,6 +299,11 @@ def row(name: str, result: dict[str, Any]) -> dict[str, Any]:
         "kueue_cpu_s": own.get("kueue"),
         "operator_cpu_s": operator,
         "operator_ms_per_job": per_job,
+        "kopf_floor_ms_per_job": (
+            round(1000 * result["kopf_floor_cpu_s"] / decided, 1)
+            if "kopf_floor_cpu_s" in result and decided
+            else None
+        ),
         "client_cpu_s": own.get("client"),
         "other_cpu_s": round(machine - sum(own.values()), 1),
     }
@@ -311,9 +332,11 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         return "-" if value is None else str(value)
 
     head = ["mode", "jobs", "admitted", "decided", "seconds", "API server CPU s", "Kueue CPU s",
-            "operator CPU s", "operator ms/job", "client CPU s", "other CPU s"]  # fmt: skip
+            "operator CPU s", "operator ms/job", "kopf floor ms/job", "client CPU s",
+            "other CPU s"]  # fmt: skip
     keys = ["mode", "jobs", "admitted", "decided", "seconds", "apiserver_cpu_s", "kueue_cpu_s",
-            "operator_cpu_s", "operator_ms_per_job", "client_cpu_s", "other_cpu_s"]  # fmt: skip
+            "operator_cpu_s", "operator_ms_per_job", "kopf_floor_ms_per_job", "client_cpu_s",
+            "other_cpu_s"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     lines += ["| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows.values()]
     lines += ["", "| ratio | measured | target | met |", "|---|---:|---:|---|"]
@@ -337,6 +360,9 @@ def main() -> None:
                         help="run this mode (repeat for several; all four by default)")  # fmt: skip
     parser.add_argument("--kueue-retry-seconds", type=int, default=check.DEFAULT_RETRY_SECONDS,
                         help="the operator's wait that Kueue is told with a Retry")  # fmt: skip
+    parser.add_argument("--kopf-floor", action="store_true",
+                        help="decisions and kueue-check with benchmarks.kopf_floor watching "
+                             "beside the operator: kopf's own CPU for the same events")  # fmt: skip
     parser.add_argument("--operator-arg", action="append", default=[],
                         help="pass this flag to the operator too (repeat)")  # fmt: skip
     args = parser.parse_args()
@@ -347,10 +373,12 @@ def main() -> None:
         if mode == "floor":
             result = bench_floor(args.jobs, args.clients)
         elif mode == "decisions":
-            result = bench_decisions(args.jobs, args.nodes, args.clients)
+            result = bench_decisions(
+                args.jobs, args.nodes, args.clients, kopf_floor=args.kopf_floor
+            )
         else:
             result = bench_kueue(args.jobs, args.nodes, args.clients, mode == "kueue-check",
-                                 args.kueue_retry_seconds)  # fmt: skip
+                                 args.kueue_retry_seconds, kopf_floor=args.kopf_floor)  # fmt: skip
         print(json.dumps({"mode": mode} | result), flush=True)
         rows[mode] = row(mode, result)
     print(f"\n{args.jobs} jobs, {args.nodes} kwok nodes x 8 GPUs, {args.clients} clients; "

@@ -407,26 +407,14 @@ def bench_decisions(
     with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp:
         cluster, api, operator = start(Path(tmp), webhook=webhook)
         stop = threading.Event()
-        floor: subprocess.Popen[bytes] | None = None
+        floor: KopfFloor | None = None
         try:
-            floor_log = Path(tmp) / "kopf-floor.log"
             if kopf_floor:
-                with floor_log.open("wb") as out:
-                    floor = subprocess.Popen(
-                        [sys.executable, "-m", "benchmarks.kopf_floor"], cwd=REPO,
-                        env={**cluster.env(), "PYTHONUNBUFFERED": "1"},
-                        stdout=out, stderr=subprocess.STDOUT,
-                    )  # fmt: skip
-
-            def floor_alive() -> None:  # a dead one's /proc entry reads as a floor of ~0
-                if floor is not None and floor.poll() is not None:
-                    raise RuntimeError(f"the kopf floor exited:\n{floor_log.read_text()[-4000:]}")
-
+                floor = KopfFloor(cluster, Path(tmp))
             names = gpu_nodes(cluster, api, nodes)
             threading.Thread(target=keep_fresh, args=(api, names, stop), daemon=True).start()
             time.sleep(3)  # the operator's caches hold the nodes
-            floor_alive()
-            floor_before = 0.0 if floor is None else cpu_seconds(floor.pid)
+            floor_before = 0.0 if floor is None else floor.cpu_seconds()
             objects = client.CustomObjectsApi(api)
             bodies = [job(f"j{i:04d}", gpus=1 + i % 2) for i in range(jobs)]
             assert operator.proc is not None
@@ -445,8 +433,7 @@ def bench_decisions(
             seen.stop()
             assert decided(api, "default")[0] == jobs, "the watch and a fresh list agree"
             operator_cpu = cpu_seconds(operator.proc.pid) - cpu_before
-            floor_alive()
-            floor_cpu = None if floor is None else cpu_seconds(floor.pid) - floor_before
+            floor_cpu = None if floor is None else floor.cpu_seconds() - floor_before
             own_spent = own_cpu_spent(own_before, own_cpu(own))
             programs = cpu_spent(programs_before, cpu_by_process())
             requests = {k: int(v - requests_before.get(k, 0.0))
@@ -478,11 +465,7 @@ def bench_decisions(
         finally:
             stop.set()
             if floor is not None:
-                floor.terminate()
-                try:
-                    floor.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    floor.kill()
+                floor.stop()
             operator.stop()
             cluster.stop()
 
@@ -499,6 +482,33 @@ def operator_webhook_histogram(port: int) -> dict[tuple[str, ...], Histogram]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     return histograms(text, "vramgate_webhook_request_duration_seconds", ("webhook",))
+
+
+class KopfFloor:
+    """`benchmarks.kopf_floor` running beside the operator on `cluster` (its output in
+    `workdir/kopf-floor.log`): what kopf alone spends on the operator's watches."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, kueue: bool = False) -> None:
+        self.log_path = workdir / "kopf-floor.log"
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.kopf_floor", *(["--kueue"] if kueue else [])],
+                cwd=REPO, env={**cluster.env(), "PYTHONUNBUFFERED": "1"},
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def cpu_seconds(self) -> float:
+        """Its CPU so far; a dead one fails the run (its /proc entry would read as ~0)."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the kopf floor exited:\n{self.log_path.read_text()[-4000:]}")
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 class NoopWebhookProcess:

@@ -1,7 +1,7 @@
 """kopf's own cost of the operator's watches: a process that watches what the operator
 watches, with the same filters and kopf settings, and whose handlers do nothing.
 
-    python -m benchmarks.kopf_floor      # $KUBECONFIG's cluster, until stopped
+    python -m benchmarks.kopf_floor [--kueue]   # $KUBECONFIG's cluster, until stopped
 
 Why: "operator CPU per decided job" mixes vramgate's work (estimates, passes, writes,
 webhooks) with what kopf spends receiving every watch event (decoding it, building a cause,
@@ -10,11 +10,13 @@ calling an index and an event handler). Run beside the operator through a decisi
 resources pays for the same event stream: the part no change inside vramgate's handlers can
 remove. The registry mirrors `controller.operator.caches.register` and
 `controller.operator.handlers.register` (resource, filter, one index and one event handler
-per resource; not the Kueue ones), each handler returning at once.
+per resource; with `--kueue`, those of `--kueue-admission-check` too, as `bench_kueue
+--kopf-floor` runs it), each handler returning at once.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 from typing import Any, cast
@@ -39,9 +41,15 @@ WATCHES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (caches.PRIORITY_CLASS_RESOURCE, {}),
     ((GROUP, VERSION, LEARNED_PLURAL), {}),
 ]
+#: The Kueue check's watches (AdmissionChecks have a second event handler: `activate`).
+KUEUE_WATCHES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (caches.KUEUE_WORKLOAD_RESOURCE, {}),
+    (caches.ADMISSION_CHECK_RESOURCE, {}),
+    (caches.RESOURCE_FLAVOR_RESOURCE, {}),
+]
 
 
-def registry() -> kopf.OperatorRegistry:
+def registry(with_kueue: bool = False) -> kopf.OperatorRegistry:
     """One no-op index and one no-op event handler per watched resource."""
     out = kopf.OperatorRegistry()
     kopf.on.login(registry=out)(kopf.login_via_client)
@@ -52,10 +60,13 @@ def registry() -> kopf.OperatorRegistry:
     async def event(**_: Any) -> None:
         return None
 
-    for resource, only in WATCHES:
+    for resource, only in WATCHES + (KUEUE_WATCHES if with_kueue else []):
         name = resource[-1]
         kopf.index(*resource, id=f"floor-{name}", registry=out, **only)(cast(Any, index))
         kopf.on.event(*resource, id=f"floor-wake-{name}", registry=out, **only)(event)
+    if with_kueue:
+        resource = caches.ADMISSION_CHECK_RESOURCE
+        kopf.on.event(*resource, id="floor-activate", registry=out)(event)
     return out
 
 
@@ -64,11 +75,14 @@ def settings() -> kopf.OperatorSettings:
     return operator_settings(OperatorOptions(webhook=WebhookMode.OFF))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kueue", action="store_true", help="the Kueue check's watches too")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     gc.collect()  # as the operator does (run.py): no full collections over its imports
     gc.freeze()
-    kopf.run(registry=registry(), settings=settings(), clusterwide=True, standalone=True)
+    kopf.run(registry=registry(args.kueue), settings=settings(), clusterwide=True, standalone=True)
     return 0
 
 

@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -534,12 +535,14 @@ def test_the_kopf_floor_benchmark_watches_what_the_operator_watches(sched: Sched
             key=lambda w: (w[2], str(w[3]), id(w[4])),
         )  # fmt: skip
 
-    operator: Any = kopf.OperatorRegistry()
-    handlers.register(operator, sched, webhooks=False)
-    floor: Any = kopf_floor.registry()
-    assert watches(floor._indexing.get_all_handlers()) == watches(
-        operator._indexing.get_all_handlers()
-    )
-    assert watches(floor._watching.get_all_handlers()) == watches(
-        operator._watching.get_all_handlers()
-    )
+    for with_kueue in (False, True):
+        sched.options = replace(sched.options, kueue=with_kueue)
+        operator: Any = kopf.OperatorRegistry()
+        handlers.register(operator, sched, webhooks=False)
+        floor: Any = kopf_floor.registry(with_kueue)
+        assert watches(floor._indexing.get_all_handlers()) == watches(
+            operator._indexing.get_all_handlers()
+        ), with_kueue
+        assert watches(floor._watching.get_all_handlers()) == watches(
+            operator._watching.get_all_handlers()
+        ), with_kueue
