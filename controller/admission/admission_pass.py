@@ -131,6 +131,9 @@ class PassInput:
     #: and how it corrects a waiting job's per-GPU figure.
     learned: Mapping[str, KeyRecord] = field(default_factory=dict)
     learning: LearningSettings = field(default_factory=LearningSettings)
+    #: Each template image string's latest reported digest (`learned.image_digests`): what a
+    #: waiting job's key names its image by. None: built by the pass from `objects.jobs`.
+    image_digests: Mapping[str, str] | None = None
     #: How long Kueue waits before it asks again about a Workload that waits for memory.
     kueue_retry_seconds: int = kueue.DEFAULT_RETRY_SECONDS
     #: Workloads not to decide nor size this pass (the scheduler's: an answer refused for
@@ -229,6 +232,8 @@ class PassOutput:
 
 def admission_pass(inp: PassInput) -> PassOutput:
     out = PassOutput()
+    if inp.image_digests is None:  # from the jobs as the caches hold them, as a plan reads
+        inp = replace(inp, image_digests=learned.image_digests(inp.objects.jobs.values()))
     jobs = dict(inp.objects.jobs)
     drafts: dict[str, _Draft] = {}
 
@@ -1001,22 +1006,32 @@ def _observe(
     if peaks:  # kept until a pass sees the job finished: its end's write may fail
         out.peaks[uid] = peaks
     before = draft.current.get("observed")
+    # The trainer image's digest: written once, with the write that first sees a pod report
+    # it (its Running, mostly), so that it outlives the pods and the operator.
+    image = observed.image_seen(before)
+    fresh = None
+    if image is None:
+        digest = observed.reported_digest(draft.job.get("spec") or {}, inp.job_pods.get(key, ()))
+        fresh = image = None if digest is None else observed.ImageSeen(digest, inp.now)
 
     def write_observed() -> None:
-        draft.status["observed"] = observed.status(
-            peaks, observed.peak_since(before, peaks, inp.now)
-        )
+        since = observed.peak_since(before, peaks, inp.now) if peaks else None
+        draft.status["observed"] = observed.status(peaks, since, image)
         draft.urgent = True
 
     # A running job's peaks written before `peakSince` existed get it now, once: the wait
     # for a steady peak starts here.
     dated = not running or not written or observed.steady_since(before) is not None
-    if peaks and (draft.urgent or ended is not None or observed.due(written, peaks) or not dated):
+    if fresh is not None or (
+        peaks and (draft.urgent or ended is not None or observed.due(written, peaks) or not dated)
+    ):
         write_observed()
     elif running and peaks and ended is None:
         taught = learned.running_sample(
             draft.status,
-            learned.job_key(draft.job, draft.status.get("estimate") or {}),
+            learned.sample_key(
+                draft.job, draft.status.get("estimate") or {}, draft.status.get("observed")
+            ),
             observed.highest(peaks.values()),
             inp.now,
             inp.learning,
@@ -1029,7 +1044,7 @@ def _observe(
         taught = learned.sample(
             status,
             ended,
-            learned.job_key(draft.job, status.get("estimate") or {}),
+            learned.sample_key(draft.job, status.get("estimate") or {}, status.get("observed")),
             observed.highest(peaks.values()),
             inp.now,
         )
@@ -1112,7 +1127,9 @@ def _correction(
 ) -> Correction:
     """What was learned of jobs like `job`, on its figure at `gpus` (`learned.corrected`).
     Worked out on every pass while it waits: a key that learned meanwhile moves its figure."""
-    return learned.corrected(job, plan, est, gpus, inp.learned, inp.learning, view, inp.now)
+    return learned.corrected(
+        job, plan, est, gpus, inp.learned, inp.learning, view, inp.now, inp.image_digests
+    )
 
 
 #: Template checks by (uid, generation, mode): a waiting job's template is checked once, not

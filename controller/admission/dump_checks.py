@@ -150,9 +150,17 @@ class _Placement(_Shape):
     perGpuBytes: Count | None = None
 
 
+class _Observed(_Shape):
+    """What a waiting job's learned key reads of the jobs that ran (`learned.image_digests`)."""
+
+    imageDigest: str | None = None
+    imageDigestTime: AwareDatetime | None = None
+
+
 class _JobStatus(_Shape):
     conditions: list[_Condition] | None = None
     placement: _Placement | None = None
+    observed: _Observed | None = None
 
 
 class _FineTuneJob(_Shape):

@@ -23,6 +23,27 @@ corrections and the key objects to write out. Pure: the scheduler hands in what 
 
 Anything else (a host OOMKilled, a failure of the trainer's own) teaches nothing.
 
+**The image in a key** (`controller.learning.keys`) is the trainer image's digest wherever
+one is known, so that a moved tag does not mix two images' samples and two tags of one image
+share theirs:
+
+* A sample is filed under the digest the job's pods reported (`status.observed.imageDigest`,
+  `sample_key`), else under the template's image string.
+* A job not yet running has no pod to ask (`job_key`, `image_digests`): it is keyed by the
+  digest most recently reported by a job of the same template image string (the latest
+  `imageDigestTime` among the jobs the caches hold, rebuilt each pass: no extra reads, and
+  `vramgate plan` reads the same statuses from its dump); else by the digest its template
+  pins (`name@sha256:...`); else by the string itself (a tag never run here: the coarser keys
+  still apply through the ladder). A reported digest goes before the pin because it is the
+  runtime's name for what the pin gave, the name the samples are filed under (Docker reports
+  a locally built image by its config digest, not its repository digest).
+* **A tag that moves**: the next job of the tag is keyed by the old digest until a pod of the
+  new image reports; until then it gets the old image's correction, where the old image's
+  finest key has k samples, else the coarser keys'. Acceptable: a new build of one trainer
+  mostly allocates as the old one did (the reason the image is the first field the ladder
+  drops), its own samples start the new digest's key from its first job, and an OOM of it is
+  filed under the new digest, which its re-run is keyed by once that pod reported.
+
 **Counted once.** The sample goes into the job's own status with its end, atomically. The
 leader then files each job's sample under every key of its ladder whose object has not counted
 the job (`countedUIDs`, the latest `MAX_COUNTED_UIDS`, plus `countedThrough`: any sample taken
@@ -59,6 +80,7 @@ from controller.learning import (
     Policy,
     Source,
     correct,
+    image_digest,
     record_oom,
     record_steady,
 )
@@ -80,13 +102,32 @@ SAID = (Source.LEARNED, Source.PINNED, Source.OUT_OF_MEMORY)
 # -- a job's key and its correction ---------------------------------------------------------
 
 
-def job_key(job: Mapping[str, Any], estimate: Mapping[str, Any]) -> JobKey:
-    """The job's finest key, from its spec and `estimate` (its `status.estimate`: the profile
-    that made the prediction and the parallelism it assumes). The family is config.json's
-    model_type as read without I/O (`observed.spec_family`; a model in a ConfigMap is `*`:
-    such jobs share the coarser keys). The image is the trainer container's as the template
-    names it (a digest where the user pins one): the same string at admission and at the end."""
+def job_key(
+    job: Mapping[str, Any],
+    estimate: Mapping[str, Any],
+    digests: Mapping[str, str] | None = None,
+) -> JobKey:
+    """The finest key a job is corrected by before it runs, from its spec and `estimate` (its
+    `status.estimate`: the profile that made the prediction and the parallelism it assumes).
+    The family is config.json's model_type as read without I/O (`observed.spec_family`; a
+    model in a ConfigMap is `*`: such jobs share the coarser keys). The image is
+    `admission_image` of `digests` (`image_digests` of the jobs the pass sees)."""
     spec = job.get("spec") or {}
+    return _key(spec, estimate, admission_image(spec, digests or {}))
+
+
+def sample_key(
+    job: Mapping[str, Any], estimate: Mapping[str, Any], observed_status: object
+) -> JobKey:
+    """The key a job's sample is filed under: `job_key`'s fields, the image the digest its
+    pods reported (`status.observed.imageDigest`, `observed_status`), else the template's
+    image string."""
+    spec = job.get("spec") or {}
+    seen = observed.image_seen(observed_status)
+    return _key(spec, estimate, seen.digest if seen is not None else _image(spec))
+
+
+def _key(spec: Mapping[str, Any], estimate: Mapping[str, Any], image: str | None) -> JobKey:
     training = spec.get("training") if isinstance(spec.get("training"), Mapping) else {}
     family = observed.spec_family(spec)
     return JobKey.of(
@@ -95,7 +136,7 @@ def job_key(job: Mapping[str, Any], estimate: Mapping[str, Any]) -> JobKey:
         parallelism=_clean(estimate.get("parallelism")),
         profile=_clean(estimate.get("profile")),
         framework=_clean((training or {}).get("framework")),
-        image=_image(spec),
+        image=image,
     )
 
 
@@ -104,13 +145,36 @@ def _clean(value: object) -> str | None:
 
 
 def _image(spec: Mapping[str, Any]) -> str | None:
-    template = spec.get("template")
-    if not isinstance(template, Mapping):
+    """The trainer container's image as the template names it."""
+    trainer = observed.trainer_container(spec)
+    return None if trainer is None else _clean(trainer.get("image"))
+
+
+def admission_image(spec: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """A job's image before its pods report one (module docstring): the digest last reported
+    for its template's image string, else the digest the string pins, else the string."""
+    image = _image(spec)
+    if image is None:
         return None
-    containers = (template.get("spec") or {}).get("containers") or []
-    if not containers or not isinstance(containers[0], Mapping):
-        return None
-    return _clean(containers[0].get("image"))
+    return digests.get(image) or image_digest(image) or image
+
+
+def image_digests(jobs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each template image string's digest as most recently reported (the latest
+    `status.observed.imageDigestTime` of the jobs that name it; the larger digest on a tie,
+    so every replica and `vramgate plan` read one answer): what a tag means now."""
+    latest: dict[str, tuple[datetime, str]] = {}
+    for job in jobs:
+        seen = observed.image_seen((job.get("status") or {}).get("observed"))
+        if seen is None:
+            continue
+        image = _image(job.get("spec") or {})
+        if image is None:
+            continue
+        found = (seen.at, seen.digest)
+        if image not in latest or found > latest[image]:
+            latest[image] = found
+    return {image: digest for image, (_, digest) in latest.items()}
 
 
 def job_policy(spec: Mapping[str, Any]) -> Policy | None:
@@ -139,15 +203,16 @@ def corrected(
     settings: LearningSettings,
     view: ClusterView | None = None,
     now: datetime | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> Correction:
     """What was learned of jobs like `job`, applied to its estimator's figure at `gpus`:
     the one rule the operator's pass and `vramgate plan` share, so a plan on a dump decides
-    on the operator's figures.
+    on the operator's figures. `digests`: `image_digests` of the jobs seen (the job's key).
 
     A margin must not refuse a job its own estimate fits: a figure raised past what the
     largest matching GPU holds (empty, less headroom; `view`) is capped there (`capped`),
     unless it was raised after a job like it ran out of memory, whose need it is."""
-    key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
+    key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api}, digests)
     figure = est.per_gpu_bytes(gpus, plan.parallelism)
     found = correction(figure, key, records, settings, job.get("spec") or {}, now)
     if view is None or found.per_gpu_bytes <= figure:

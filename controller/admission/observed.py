@@ -14,13 +14,19 @@ per job would cost the API server more than the job's own pods. A peak is writte
 grew by more than `GROWTH_BYTES` or `GROWTH_PERCENT` (whichever is larger), when a GPU is seen
 for the first time, and along with any other write of the job's status (its end among them),
 so the figure written last is exact.
+
+**The trainer image's digest.** The first of the job's pods whose trainer container (the
+template's first, matched by name) reports an `imageID` gives `status.observed.imageDigest`
+(`reported_digest`), written once, with the write that records the pod running: what the
+job's learned sample is filed under, and what a later job of the same template image is
+keyed by (`controller.admission.learned`), across restarts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from controller.admission.cluster import parse_time
@@ -28,6 +34,7 @@ from controller.api.finetunejob import ObservedGpu, ObservedStatus
 from controller.base.units import MIB, format_gib
 from controller.estimator import SpecError, load_preset
 from controller.jobs.spec import config_map_ref
+from controller.learning import image_digest
 
 #: A peak is rewritten once it grew by more than this or `GROWTH_PERCENT`, whichever is larger:
 #: 256 MiB is below any estimate's resolution worth reading, 5 % keeps a 70 GiB job's writes
@@ -156,9 +163,19 @@ def _time(value: object) -> datetime | None:
     return at if at is None or at.tzinfo is not None else None  # no zone: not comparable
 
 
-def status(peaks: Peaks, since: datetime | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ImageSeen:
+    """The trainer image's digest a job's pods reported, and when it was first read."""
+
+    digest: str
+    at: datetime
+
+
+def status(
+    peaks: Peaks, since: datetime | None = None, image: ImageSeen | None = None
+) -> dict[str, Any]:
     """`status.observed` of `peaks`, GPUs in node and index order, their highest peak last
-    grown at `since`."""
+    grown at `since`, and the trainer image's digest where a pod reported it."""
     top = highest(peaks.values())
     return ObservedStatus(
         peak_bytes=top,
@@ -168,7 +185,52 @@ def status(peaks: Peaks, since: datetime | None = None) -> dict[str, Any]:
             ObservedGpu(node=p.node, index=p.index, uuid=p.uuid, peak_bytes=p.peak_bytes)
             for p in sorted(peaks.values(), key=lambda p: (p.node, p.index, p.uuid))
         ],
+        image_digest=None if image is None else image.digest,
+        image_digest_time=None if image is None else image.at,
     ).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def trainer_container(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The trainer container: the template's first (the one vramgate sizes), or None."""
+    template = spec.get("template") if isinstance(spec, Mapping) else None
+    if not isinstance(template, Mapping):
+        return None
+    containers = (template.get("spec") or {}).get("containers") or []
+    return containers[0] if containers and isinstance(containers[0], Mapping) else None
+
+
+def reported_digest(spec: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The digest of the trainer image the job's pods report (the trainer container's
+    `status.containerStatuses[].imageID`, normalized by `image_digest`), from the first pod
+    by name that reports one; None before any does (a pod still pulling, a runtime that
+    says none). Pods of one job that report two digests (a tag moved between two nodes'
+    pulls) ran two images; the first one names the job, as well as any."""
+    trainer = trainer_container(spec)
+    name = None if trainer is None else trainer.get("name")
+    if not name:
+        return None
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name") or "")):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            if isinstance(container, Mapping) and container.get("name") == name:
+                found = image_digest(container.get("imageID"))
+                if found is not None:
+                    return found
+    return None
+
+
+def image_seen(observed: object) -> ImageSeen | None:
+    """`status.observed.imageDigest` and its time, as written (None: none yet, or edited by
+    hand into something that is no digest; a digest without a readable time counts as seen
+    at the epoch, the oldest)."""
+    if not isinstance(observed, Mapping):
+        return None
+    digest = image_digest(observed.get("imageDigest"))
+    if digest is None:
+        return None
+    return ImageSeen(digest, _time(observed.get("imageDigestTime")) or _EPOCH)
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def spec_family(spec: Mapping[str, Any]) -> str:

@@ -701,6 +701,20 @@ class ObservedStatus(ApiModel):
             "x-kubernetes-list-map-keys": ["uuid"],
         },
     )
+    image_digest: str | None = Field(
+        None,
+        max_length=135,
+        description="imageDigest is the digest of the trainer image the job's pods run "
+        "(sha256:<hex>), as the first of them to report it said (the trainer container's "
+        "status.containerStatuses[].imageID); absent until a pod reports one. The job's "
+        "learned sample is filed under it, and a job whose template names the same image "
+        "by tag is admitted as a job of the digest reported last. Written once.",
+    )
+    image_digest_time: datetime | None = Field(
+        None,
+        description="imageDigestTime is when the operator first read imageDigest off the "
+        "job's pods: of the jobs of one template image, the latest says what its tag is now.",
+    )
 
 
 class FineTuneJobStatus(ApiModel):

@@ -229,11 +229,22 @@ def _corrected(
     """Each job's estimate with what the dump's LearnedCorrections teach applied, by the
     operator's own rule (`learned.corrected`): a plan decides on the figures it would."""
     records = learned.records(learned.key_states(objects.learned.values(), settings))
+    # What each tag's jobs reported last (the dump's status.observed), as the operator's pass
+    # builds it from its caches: a waiting job's key names its image by it.
+    digests = learned.image_digests(objects.jobs.values())
     out = []
     for job in jobs:
         plan = plans[job.key]
         found = learned.corrected(
-            objects.jobs[job.key], plan, job.estimate, plan.gpus, records, settings, view, now
+            objects.jobs[job.key],
+            plan,
+            job.estimate,
+            plan.gpus,
+            records,
+            settings,
+            view,
+            now,
+            digests,
         )
         estimate = replace(job.estimate, correction_percent=found.factor_percent)
         out.append(replace(job, estimate=estimate))

@@ -13,7 +13,7 @@ admission asks `correct` for each job's figure.
 
 from controller.learning.correction import Correction, Source, correct
 from controller.learning.histogram import DecayingHistogram, RatioScale
-from controller.learning.keys import ANY, JobKey
+from controller.learning.keys import ANY, JobKey, image_digest
 from controller.learning.record import (
     KeyRecord,
     Records,
@@ -36,6 +36,7 @@ __all__ = [
     "Records",
     "Source",
     "correct",
+    "image_digest",
     "oom_need_bytes",
     "pin",
     "record_oom",

@@ -8,7 +8,8 @@ A key names six things that decide how far a job's real peak strays from its pre
     parallelism  DDP, FSDP, DeviceMap
     profile      the estimator profile that made the prediction (calibrated, analytic ...)
     framework    the trainer (transformers, torchtune, trl ...)
-    image        the trainer image's digest, where the pod reports one
+    image        the trainer image: its digest where known (`image_digest`), else the
+                 template's image string (a tag)
 
 **Fallback order** (`JobKey.ladder`), finest first; a job's correction comes from the first
 key with at least k samples:
@@ -22,12 +23,22 @@ key with at least k samples:
 The profile and the method are never dropped. A ratio is relative to one profile's figure, so
 ratios of two profiles do not mix; and Full and LoRA jobs differ by the optimizer states of the
 whole model, the estimate's largest term, so one method's error says little of the other's.
-A field vramgate does not know (no image digest, a model read from a ConfigMap) is `ANY` from
-the start: those jobs share the coarser key rather than a key of their own.
+A field vramgate does not know (a model read from a ConfigMap, a template without a
+container) is `ANY` from the start: those jobs share the coarser key rather than a key of
+their own.
+
+**The image is named by digest** (`sha256:<hex>`), not by tag: a tag moves (`trainer:v1`
+pushed again is another image, whose samples must not mix with the old one's), and two tags
+of one image (`trainer:v1`, `trainer:latest`) are one trainer, whose samples belong
+together. Only a pod knows which image its tag gave it (`status.containerStatuses[].imageID`),
+so `controller.admission.learned` files a sample under the digest the job's pods reported,
+and keys a job not yet running by the digest its template pins, or the one most recently
+reported for its image string; it falls back to the string itself where no digest is known.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -37,6 +48,24 @@ ANY = "*"
 FIELDS = ("family", "method", "parallelism", "profile", "framework", "image")
 #: What each fallback step drops, in order (see the module's docstring).
 DROP_ORDER = ("image", "framework", "parallelism", "family")
+
+#: A content digest at the end of an image reference: after `@` (`repo@sha256:...`, a pod's
+#: `docker-pullable://repo@sha256:...`), after `://` (`docker://sha256:...`), or alone.
+_DIGEST = re.compile(r"(?:^|@|://)((?:sha256:[0-9a-f]{64})|(?:sha512:[0-9a-f]{128}))$")
+
+
+def image_digest(reference: object) -> str | None:
+    """The content digest an image reference names, as `sha256:<hex>` (OCI's sha512 kept as
+    it is), or None where it names none (a tag, "", not a string).
+
+    Every spelling a pod's `imageID` or a template's image takes reads the same:
+    `docker.io/library/trainer@sha256:<hex>` (containerd, CRI-O),
+    `docker-pullable://trainer@sha256:<hex>` and `docker://sha256:<hex>` (Docker),
+    `sha256:<hex>`, and a template's pin `trainer:v1@sha256:<hex>`."""
+    if not isinstance(reference, str):
+        return None
+    found = _DIGEST.search(reference.strip().lower())
+    return found.group(1) if found is not None else None
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -37,6 +37,7 @@ from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL
 from controller.api.learnedcorrection import PLURAL as LEARNED_PLURAL
+from controller.learning import image_digest
 
 FINETUNEJOBS = "vramgate_finetunejobs"
 GPUNODES = "vramgate_gpunodes"
@@ -170,11 +171,34 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             "initContainers": [gpu_only(c) for c in spec.get("initContainers") or []],
         },
         "status": {
-            key: status[key]
-            for key in ("phase", "reason", "message", "conditions", "containerStatuses")
-            if key in status
+            **{
+                key: status[key]
+                for key in ("phase", "reason", "message", "conditions")
+                if key in status
+            },
+            "containerStatuses": [
+                slim_container_status(c)
+                for c in status.get("containerStatuses") or []
+                if isinstance(c, Mapping)
+            ],
         },
     }
+
+
+def slim_container_status(container: Mapping[str, Any]) -> dict[str, Any]:
+    """A container's status as admission reads it: its name and states (why it waits, how
+    it ended: `controller.workload.state`) and its image's digest alone (the trainer's is
+    the job's learned key: `observed.reported_digest`), shared. The rest (image, containerID,
+    resources, volume mounts) is the kubelet's."""
+    kept: dict[str, Any] = {
+        key: container[key] for key in ("state", "lastState") if key in container
+    }
+    if isinstance(container.get("name"), str):
+        kept["name"] = intern(container["name"])
+    digest = image_digest(container.get("imageID"))
+    if digest is not None:
+        kept["imageID"] = intern(digest)
+    return kept
 
 
 def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,9 @@ runs on a simulated node of its own (kwok); the test writes its GPUNode as the a
 with the pod's bytes on its GPU, then ends the pod itself (Succeeded, or Failed with a CUDA
 out-of-memory message, as a trainer's termination message says it), so each job's peak and
 end are the test's to choose. The jobs of one kind differ from the other kinds by their
-trainer image only: the finest key (`controller.learning.keys`) tells them apart.
+trainer image only: the finest key (`controller.learning.keys`) tells them apart. The low
+jobs' pods report their image's digest at their end (kwok's report none), so the low kind is
+learned by digest and its next job, which names the tag, is keyed by the digest reported.
 """
 
 from __future__ import annotations
@@ -89,10 +91,17 @@ def running_pod(api: client.ApiClient, namespace: str, name: str) -> Any:
 
 
 def run_to_end(
-    api: client.ApiClient, namespace: str, nodes: Gpus, name: str, used: float, oom: bool = False
+    api: client.ApiClient,
+    namespace: str,
+    nodes: Gpus,
+    name: str,
+    used: float,
+    oom: bool = False,
+    image_id: str = "",
 ) -> None:
     """Job `name`, admitted: its pod uses `used` x the prediction on its GPU as the agent
-    reports it, then ends (Succeeded, or Failed of a CUDA OOM)."""
+    reports it, then ends (Succeeded, or Failed of a CUDA OOM), its trainer container
+    reporting `image_id` (kwok's pods report none while they run)."""
     placed = admitted(api, namespace, name, "True")["status"]["placement"]["nodes"][0]
     node, index = placed["node"], placed["gpuIndices"][0]
     pod = running_pod(api, namespace, name)
@@ -113,7 +122,7 @@ def run_to_end(
     core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
         "phase": phase,
         "containerStatuses": [{
-            "name": "trainer", "image": "trainer", "imageID": "", "ready": False,
+            "name": "trainer", "image": "trainer", "imageID": image_id, "ready": False,
             "restartCount": 0,
             "state": {"terminated": {**state, "startedAt": now, "finishedAt": now}},
         }],
@@ -167,12 +176,19 @@ def test_reservations_follow_what_jobs_like_them_used_across_a_restart_a_failove
     for name, image, _ in taught:
         create(api_client, namespace, trained(name, gpus, image))
     create(api_client, namespace, trained("dies", gpus, oom))
-    for name, _, used in taught:
-        run_to_end(api_client, namespace, gpus, name, used)
+    # The low jobs' pods report their image's digest (as containerd spells it); the others none.
+    digest = "sha256:" + "1" * 64
+    for name, image, used in taught:
+        reported = f"docker.io/library/trainer-{namespace}@{digest}" if image == low else ""
+        run_to_end(api_client, namespace, gpus, name, used, image_id=reported)
     run_to_end(api_client, namespace, gpus, "dies", 0.9, oom=True)
 
     samples = {name: learned_sample(api_client, namespace, name) for name, _, _ in taught}
     assert samples["low-0"]["kind"] == "Steady"
+    # Filed under the digest the pod reported, not the tag; without a digest, under the tag.
+    assert get(api_client, namespace, "low-0")["status"]["observed"]["imageDigest"] == digest
+    assert JobKey.parse(samples["low-0"]["key"]).image == digest
+    assert JobKey.parse(samples["high-0"]["key"]).image == high
     assert samples["low-0"]["predictedBytes"] == QLORA_BYTES
     died = learned_sample(api_client, namespace, "dies")
     assert died["kind"] == "OutOfMemory"
@@ -181,7 +197,9 @@ def test_reservations_follow_what_jobs_like_them_used_across_a_restart_a_failove
     key_object(api_client, samples["high-0"]["key"], K)
     assert lows["status"]["source"] == "Learned" and lows["status"]["p95Ratio"] < "1.00"
 
-    # The next jobs of each kind: lower, but not below what the 0.7 x jobs used; higher.
+    # The next jobs of each kind: lower, but not below what the 0.7 x jobs used; higher. The
+    # next low job names the tag: it is keyed by the digest the low jobs reported (the coarser
+    # key, which mixes the low and high jobs, would raise it).
     gpus.add(*[[80]] * 5)
     create(api_client, namespace, trained("next-low", gpus, low))
     create(api_client, namespace, trained("next-high", gpus, high))

@@ -226,6 +226,8 @@ def _broken(item: int, path: str, value: Any) -> dict[str, Any]:
         (2, "status.placement.perGpuBytes", "big", "status.placement.perGpuBytes: Input"),
         (2, "status.conditions", ["x"], "status.conditions[0]: Input should be a valid dict"),
         (2, "metadata.creationTimestamp", "now", "metadata.creationTimestamp: Input should be"),
+        (2, "status.observed", {"imageDigestTime": "now"},
+         "status.observed.imageDigestTime: Input should be"),
         (3, "metadata.labels", ["a"], "Pod running-0: metadata.labels: Input should be a valid"),
         (3, "spec.containers[0].resources.limits", "one",
          "Pod running-0: spec.containers[0].resources.limits: must be a map of resource names"),
@@ -1049,6 +1051,72 @@ def test_plan_reads_learned_corrections_from_a_dump_and_decides_on_the_operators
     _, unlearned, _ = run(capsys, "--cluster", write(tmp_path, "d.yaml", dump), "--json",
                           "--learning-policy", "off")  # fmt: skip
     assert decisions(unlearned)[0]["per_gpu_bytes"] == predicted
+
+
+def test_plan_keys_a_tag_by_the_digest_the_dumps_jobs_reported_as_the_operator_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from controller.admission import learned
+    from controller.admission.admission_pass import Estimated, PassInput, admission_pass
+    from controller.admission.cluster import ClusterObjects
+    from controller.decision import AdmissionSettings
+    from controller.jobs.spec import estimate_plan, translate
+    from controller.learning import LearningSettings
+
+    digest = "sha256:" + "d" * 64
+    node, gpunode = _kubectl_dump(0)["items"][:2]
+    template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:low"}]}}
+    meta = {"name": "next", "namespace": "team", "uid": "uid-next", "generation": 1,
+            "resourceVersion": "7", "creationTimestamp": "2026-12-01T09:00:00Z"}  # fmt: skip
+    job = dict(LLAMA_QLORA, metadata=meta, spec={**LLAMA_QLORA["spec"], "template": template})
+    # A job of the same tag that ran and ended: its status says which image its pods ran.
+    ran = dict(job, metadata={**meta, "name": "ran", "uid": "uid-ran"}, status={
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "Succeeded",
+                        "lastTransitionTime": "2026-12-01T08:00:00Z"}],
+        "observed": {"peakBytes": 0, "peak": "0.00 GiB", "gpus": [], "imageDigest": digest,
+                     "imageDigestTime": "2026-12-01T07:00:00Z"},
+    })  # fmt: skip
+    plan, _ = translate(dict(job["spec"]), None)
+    assert plan is not None
+    est = estimate_plan(plan)
+    key = learned.job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api})
+    key = replace(key, image=digest)
+    predicted = est.per_gpu_bytes(plan.gpus, plan.parallelism)
+    at = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    settings = LearningSettings(min_samples=3)
+    taught = [learned.Sample(f"u{i}", key, "Steady", int(0.7 * predicted), predicted, predicted, at)
+              for i in range(3)]  # fmt: skip
+    (state,) = [s for s in learned.file_samples({}, taught, settings).values() if s.key == key]
+    obj, status = learned.key_object(state, settings, at)
+    finest = {**obj, "status": status}  # the digest's key alone: no coarser key to fall to
+    dump = {"kind": "List", "items": [node, gpunode, ran, job, finest]}
+
+    code, out, err = run(capsys, "--cluster", write(tmp_path, "dump.yaml", dump), "--json",
+                         "--learning-min-samples", "3")  # fmt: skip
+    assert code == 0, err
+    (decided,) = decisions(out)
+    objects = ClusterObjects()
+    for item in dump["items"]:
+        objects.add(item, "dump")
+    operator = admission_pass(
+        PassInput(
+            objects=objects, workloads={}, job_pods={},
+            estimates={"team/next": Estimated(1, plan=plan, estimate=est)},
+            settings=AdmissionSettings(), now=datetime(2026, 12, 1, 10, tzinfo=UTC),
+            learned=learned.records(learned.key_states([finest], settings)), learning=settings,
+        )
+    )  # fmt: skip
+    (write_,) = [w for w in operator.writes if w.key == "team/next"]
+    reserved = write_.patch["placement"]["perGpuBytes"]
+    assert decided["per_gpu_bytes"] == reserved < predicted, "plan decides as the operator"
+    # Without the job that reported the digest, the tag is a key of its own: nothing learned.
+    dump["items"].remove(ran)
+    _, alone, _ = run(capsys, "--cluster", write(tmp_path, "d.yaml", dump), "--json",
+                      "--learning-min-samples", "3")  # fmt: skip
+    assert decisions(alone)[0]["per_gpu_bytes"] == predicted
 
 
 # -- traced estimates the operator kept in status ---------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.operator import memory
-from controller.operator.caches import compact, slim_gpunode, slim_job
+from controller.operator.caches import compact, slim_gpunode, slim_job, slim_pod
 
 JOB = json.dumps({
     "metadata": {"name": "j1", "namespace": "team-a",
@@ -41,6 +41,27 @@ def test_the_slim_caches_hold_compacted_copies() -> None:
     node = {"metadata": {"name": "gpu-7"}, "status": {"gpus": [{"product": "NVIDIA H100"}]}}
     first, second = slim_gpunode(json.loads(json.dumps(node))), slim_gpunode(node)
     assert first["status"]["gpus"][0]["product"] is second["status"]["gpus"][0]["product"]
+
+
+def test_a_cached_pods_container_statuses_keep_their_states_and_only_the_images_digest() -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    terminated = {"exitCode": 1, "reason": "Error", "message": "CUDA out of memory"}
+    pod = {
+        "metadata": {"name": "p", "uid": "u"},
+        "status": {"phase": "Failed", "containerStatuses": [{
+            "name": "trainer", "image": "docker.io/library/trainer:v1",
+            "imageID": f"docker.io/library/trainer@{digest}", "containerID": "containerd://ab",
+            "ready": False, "restartCount": 0, "started": False,
+            "state": {"terminated": terminated}, "lastState": {},
+            "volumeMounts": [{"name": "token", "mountPath": "/var/run/secrets"}],
+        }, {"name": "sidecar", "imageID": "", "state": {"running": {}}}]},
+    }  # fmt: skip
+    one, two = slim_pod(json.loads(json.dumps(pod))), slim_pod(pod)
+    trainer, sidecar = one["status"]["containerStatuses"]
+    assert trainer == {"name": "trainer", "imageID": digest,
+                       "state": {"terminated": terminated}, "lastState": {}}  # fmt: skip
+    assert sidecar == {"name": "sidecar", "state": {"running": {}}}, "no digest: no imageID"
+    assert trainer["imageID"] is two["status"]["containerStatuses"][0]["imageID"], "shared"
 
 
 def _rss_mib() -> float:
