@@ -176,11 +176,13 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 for key in ("phase", "reason", "message", "conditions")
                 if key in status
             },
-            "containerStatuses": [
-                slim_container_status(c)
-                for c in status.get("containerStatuses") or []
-                if isinstance(c, Mapping)
-            ],
+            # An init container's too: one that cannot pull or keeps failing is why the
+            # pod waits or failed (`controller.workload.state`).
+            **{
+                key: [slim_container_status(c) for c in status[key] if isinstance(c, Mapping)]
+                for key in ("initContainerStatuses", "containerStatuses")
+                if isinstance(status.get(key), list)
+            },
         },
     }
 

@@ -12,6 +12,7 @@ import pytest
 
 from controller.operator import memory
 from controller.operator.caches import compact, slim_gpunode, slim_job, slim_pod
+from controller.workload.state import workload_state
 
 JOB = json.dumps({
     "metadata": {"name": "j1", "namespace": "team-a",
@@ -62,6 +63,25 @@ def test_a_cached_pods_container_statuses_keep_their_states_and_only_the_images_
                        "state": {"terminated": terminated}, "lastState": {}}  # fmt: skip
     assert sidecar == {"name": "sidecar", "state": {"running": {}}}, "no digest: no imageID"
     assert trainer["imageID"] is two["status"]["containerStatuses"][0]["imageID"], "shared"
+
+
+def test_a_cached_pods_init_container_that_cannot_pull_is_why_its_workload_waits() -> None:
+    """The cache keeps init containers' statuses: `workload_state` reads them, and without
+    them a pod stuck on its init container's image said only that it was starting."""
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "fetch:v9"'}
+    pod = {
+        "metadata": {"name": "w-0", "uid": "u"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "trainer"}]},
+        "status": {"phase": "Pending",
+                   "initContainerStatuses": [{"name": "fetch", "imageID": "",
+                                              "state": {"waiting": waiting}}],
+                   "containerStatuses": [{"name": "trainer",
+                                          "state": {"waiting": {"reason": "PodInitializing"}}}]},
+    }  # fmt: skip
+    job = {"metadata": {"name": "w"}, "spec": {"completions": 1, "backoffLimit": 0}}
+    state = workload_state(job, [slim_pod(pod)])
+    assert state.reason == "ImagePullBackOff", state
+    assert "fetch:v9" in state.message
 
 
 def _rss_mib() -> float:
