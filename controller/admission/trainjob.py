@@ -316,23 +316,26 @@ def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
     """A TrainJob resized at its create whose manifest is applied again: its trainer asks
     again for the count asked at create (`REQUESTED_GPUS_ANNOTATION`), which the API server
     would refuse (spec.trainer is immutable). The stored count, and numProcPerNode with it,
-    is kept, as a FineTuneJob's is (the FineTuneJob webhook's `_as_at_create`); an update that
-    changes anything else of the trainer is left for the API server to refuse."""
+    is kept, as a FineTuneJob's is (the FineTuneJob webhook's `_as_at_create`); so are the
+    numNodes and resourcesPerNode the webhook wrote from its runtime, where the manifest,
+    which never said them, leaves them out (`trainer_runtime.refill`: a server-side apply
+    drops what its manager no longer says). An update that changes anything else of the
+    trainer is left for the API server to refuse."""
     asked = ((old.get("metadata") or {}).get("annotations") or {}).get(REQUESTED_GPUS_ANNOTATION)
     stored = (old.get("spec") or {}).get("trainer")
     trainer = (new.get("spec") or {}).get("trainer")
-    if (
-        not isinstance(asked, str)
-        or not isinstance(stored, Mapping)
-        or not isinstance(trainer, Mapping)
-        or trainer == stored
-    ):
+    if not isinstance(asked, str) or not isinstance(stored, Mapping):
+        return Sizing()
+    ops, trainer = runtimes.refill(stored, trainer, new.get("spec"))
+    if not isinstance(trainer, Mapping) or (trainer == stored and not ops):
         return Sizing()
     try:
-        before, now = read_shape(old), read_shape(new)
+        before, now = read_shape(old), read_shape({"spec": {"trainer": trainer}})
     except _NotSized:
         return Sizing()
-    if str(now.gpus) != asked or now.nodes != before.nodes or now.parts != before.parts:
+    if trainer != stored and (
+        str(now.gpus) != asked or now.nodes != before.nodes or now.parts != before.parts
+    ):
         return Sizing()
     kept = copy.deepcopy(dict(trainer))
     for part in now.parts:
@@ -344,11 +347,11 @@ def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
     if kept != stored:
         return Sizing()  # more than the count asked again: the API server says what
     base = "/spec/trainer"
-    ops = [
-        {"op": "replace", "path": f"{base}/resourcesPerNode/{part}/{_pointer(GPU_RESOURCE)}",
-         "value": stored["resourcesPerNode"][part][GPU_RESOURCE]}
-        for part in now.parts
-    ]  # fmt: skip
+    for part in now.parts:
+        count = stored["resourcesPerNode"][part][GPU_RESOURCE]
+        if trainer["resourcesPerNode"][part][GPU_RESOURCE] != count:
+            path = f"{base}/resourcesPerNode/{part}/{_pointer(GPU_RESOURCE)}"
+            ops.append({"op": "replace", "path": path, "value": count})
     if "numProcPerNode" in stored and trainer.get("numProcPerNode") != stored["numProcPerNode"]:
         op = "replace" if "numProcPerNode" in trainer else "add"
         ops.append({"op": op, "path": f"{base}/numProcPerNode", "value": stored["numProcPerNode"]})

@@ -513,6 +513,31 @@ def test_hostile_shapes_get_an_answer_never_an_exception(obj: Any, runtime: Any)
             assert sizing.warnings or sizing.patch or sizing.gpus, sizing
 
 
+@pytest.mark.parametrize(
+    "trainer",
+    [None, {}, {"args": ["batch_size=2"]}, {"numNodes": 1}],
+    ids=["no-trainer", "empty-trainer", "trainer-without-them", "trainer-without-resources"],
+)
+def test_a_manifest_applied_again_keeps_the_trainer_written_from_its_runtime(
+    trainer: dict[str, Any] | None,
+) -> None:
+    """The webhook wrote numNodes and resourcesPerNode from the runtime at create; the
+    manifest, which never said them, applied again (a server-side apply drops them) gets
+    them back rather than a refusal of the immutable spec.trainer."""
+    obj = named() if trainer is None else named(trainer=trainer)
+    stored = applied(obj, size(obj, cluster([80, 80], allocated=1), runtime=RUNTIME))
+    assert stored["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 1}}
+    found = restore(stored, obj)
+    kept = applied(obj, found)
+    assert kept["spec"]["trainer"] == stored["spec"]["trainer"]
+    assert kept["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "2"
+    assert "keeps the 1 it was sized to at create" in found.warnings[0]
+    assert restore(stored, stored) == Sizing()  # nothing lacks, nothing changed
+    other = copy.deepcopy(obj)
+    other["spec"]["trainer"] = {**(trainer or {}), "args": ["batch_size=64"]}
+    assert restore(stored, other) == Sizing()  # more than what was written: the API server's
+
+
 def test_a_runtime_numnodes_that_cannot_be_read_is_named_as_the_runtimes() -> None:
     runtime = copy.deepcopy(RUNTIME)
     runtime["spec"]["mlPolicy"]["numNodes"] = 0
