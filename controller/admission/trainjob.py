@@ -35,8 +35,9 @@ the free memory at that moment, with the estimator and decision core of FineTune
 * **Where**: each trainer node is one pod, so one node takes all of a pod's GPUs: numNodes 1
   is placed on one node (`NodeConstraints.one_node`), and with more only a placement whose
   every node holds whole pods counts. The pods' nodeSelector, required node affinity and
-  tolerations are the runtime's trainer pod's, then those the TrainJob's own
-  `spec.runtimePatches` give the trainer's replicated job (`TRAINER_JOB`).
+  tolerations are the runtime's trainer pod's with the TrainJob's own `spec.runtimePatches`
+  merged in as Trainer merges them (`trainer_runtime.placement`: a patch's tolerations
+  replace the runtime's, its affinity and nodeSelector merge field by field, key by key).
 * **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
   fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
   `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
@@ -63,7 +64,7 @@ from typing import Any
 from controller.admission import trainer_runtime as runtimes
 from controller.admission.cluster import job_request
 from controller.admission.kueue import SPEC_ANNOTATION, read_spec
-from controller.admission.trainer_runtime import TRAINER_JOB, Reading, RuntimeRef
+from controller.admission.trainer_runtime import Reading, RuntimeRef
 from controller.api import conditions as cond
 from controller.api.base import GPU_RESOURCE, REQUESTED_GPUS_ANNOTATION
 from controller.api.enums import AdmissionPolicy
@@ -188,7 +189,7 @@ def _size(
     spec["resources"] = {**(fields.get("resources") or {}), "gpus": shape.gpus}
     if config_map_ref(spec) is not None:
         raise _NotSized("a model in a ConfigMap is read by the operator only")
-    if (spec.get("estimator") or {}).get("profile") in (Profile.TRACE.api, Profile.TRACE.value):
+    if _at(spec, "estimator").get("profile") in (Profile.TRACE.api, Profile.TRACE.value):
         raise _NotSized("profile Trace takes seconds, more than a webhook may")
     plan, errors = translate(spec, generic="defer")
     guessed = [e for e in errors if _was_read(e.field, read_from)]
@@ -266,10 +267,11 @@ def _training(
     for key in ("model", "method"):
         if key not in fields:
             raise _NotSized(_unread(trainjob, reading, key, runtime))
+    lora = fields.get("lora") or {}  # not a mapping: the annotation's, which translate refuses
     if fields["method"] == "Full":
         if "lora" in taken:  # torchtune's LoRA overrides on a full fine-tune: nothing to price
             del fields["lora"]
-    elif not ((fields.get("lora") or {}).get("rank")) and "method" in taken:
+    elif "method" in taken and isinstance(lora, Mapping) and not lora.get("rank"):
         raise _NotSized(
             f"method {fields['method']} read from its torchtune config, but no LoRA rank: add "
             f"model.lora_rank=<r> to spec.trainer.args, or lora.rank to {SPEC_ANNOTATION}"
@@ -314,23 +316,26 @@ def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
     """A TrainJob resized at its create whose manifest is applied again: its trainer asks
     again for the count asked at create (`REQUESTED_GPUS_ANNOTATION`), which the API server
     would refuse (spec.trainer is immutable). The stored count, and numProcPerNode with it,
-    is kept, as a FineTuneJob's is (the FineTuneJob webhook's `_as_at_create`); an update that
-    changes anything else of the trainer is left for the API server to refuse."""
+    is kept, as a FineTuneJob's is (the FineTuneJob webhook's `_as_at_create`); so are the
+    numNodes and resourcesPerNode the webhook wrote from its runtime, where the manifest,
+    which never said them, leaves them out (`trainer_runtime.refill`: a server-side apply
+    drops what its manager no longer says). An update that changes anything else of the
+    trainer is left for the API server to refuse."""
     asked = ((old.get("metadata") or {}).get("annotations") or {}).get(REQUESTED_GPUS_ANNOTATION)
     stored = (old.get("spec") or {}).get("trainer")
     trainer = (new.get("spec") or {}).get("trainer")
-    if (
-        not isinstance(asked, str)
-        or not isinstance(stored, Mapping)
-        or not isinstance(trainer, Mapping)
-        or trainer == stored
-    ):
+    if not isinstance(asked, str) or not isinstance(stored, Mapping):
+        return Sizing()
+    ops, trainer = runtimes.refill(stored, trainer, new.get("spec"))
+    if not isinstance(trainer, Mapping) or (trainer == stored and not ops):
         return Sizing()
     try:
-        before, now = read_shape(old), read_shape(new)
+        before, now = read_shape(old), read_shape({"spec": {"trainer": trainer}})
     except _NotSized:
         return Sizing()
-    if str(now.gpus) != asked or now.nodes != before.nodes or now.parts != before.parts:
+    if trainer != stored and (
+        str(now.gpus) != asked or now.nodes != before.nodes or now.parts != before.parts
+    ):
         return Sizing()
     kept = copy.deepcopy(dict(trainer))
     for part in now.parts:
@@ -342,11 +347,11 @@ def restore(old: Mapping[str, Any], new: Mapping[str, Any]) -> Sizing:
     if kept != stored:
         return Sizing()  # more than the count asked again: the API server says what
     base = "/spec/trainer"
-    ops = [
-        {"op": "replace", "path": f"{base}/resourcesPerNode/{part}/{_pointer(GPU_RESOURCE)}",
-         "value": stored["resourcesPerNode"][part][GPU_RESOURCE]}
-        for part in now.parts
-    ]  # fmt: skip
+    for part in now.parts:
+        count = stored["resourcesPerNode"][part][GPU_RESOURCE]
+        if trainer["resourcesPerNode"][part][GPU_RESOURCE] != count:
+            path = f"{base}/resourcesPerNode/{part}/{_pointer(GPU_RESOURCE)}"
+            ops.append({"op": "replace", "path": path, "value": count})
     if "numProcPerNode" in stored and trainer.get("numProcPerNode") != stored["numProcPerNode"]:
         op = "replace" if "numProcPerNode" in trainer else "add"
         ops.append({"op": op, "path": f"{base}/numProcPerNode", "value": stored["numProcPerNode"]})
@@ -371,17 +376,16 @@ def read_shape(trainjob: Mapping[str, Any], runtime: Mapping[str, Any] | None = 
     trainer = (trainjob.get("spec") or {}).get("trainer")
     has_trainer = isinstance(trainer, Mapping)
     trainer = trainer if isinstance(trainer, Mapping) else {}
-    nodes, from_runtime = trainer.get("numNodes"), None
+    nodes, where = trainer.get("numNodes"), "spec.trainer.numNodes"
     if nodes is None:
         if runtime is None:
             ref = runtimes.runtime_ref(trainjob)
             raise _NotSized(f"spec.trainer.numNodes is not set and {_no_runtime(ref)}")
-        nodes = runtimes.runtime_nodes(runtime)
+        nodes, said_at = runtimes.runtime_nodes(runtime)
+        where = f"its runtime's {said_at}"
     if type(nodes) is not int or nodes < 1:
-        where = "spec.trainer.numNodes" if from_runtime is None else "its runtime's numNodes"
-        raise _NotSized(f"{where} must be a whole number of at least 1, got {nodes}")
-    if trainer.get("numNodes") is None:
-        from_runtime = nodes
+        raise _NotSized(f"{where} must be a whole number of at least 1, got {nodes!r}")
+    from_runtime = nodes if trainer.get("numNodes") is None else None
     resources, container = trainer.get("resourcesPerNode"), None
     if resources is None:  # a TrainJob's resourcesPerNode replaces the container's whole
         if runtime is None:
@@ -408,27 +412,10 @@ def read_shape(trainjob: Mapping[str, Any], runtime: Mapping[str, Any] | None = 
 def pod_constraints(
     trainjob: Mapping[str, Any], runtime: Mapping[str, Any] | None = None
 ) -> NodeConstraints:
-    """Where the trainer's pods may run: the nodeSelector, affinity and tolerations of the
-    runtime's replicated job `TRAINER_JOB` (None: not at hand), then those the TrainJob's
-    `spec.runtimePatches` give it, in the patches' order (selectors merged, the last
-    affinity, every toleration)."""
-    selector: dict[str, Any] = {}
-    affinity: Any = None
-    tolerations: list[Any] = []
-    specs = [(runtime or {}).get("spec") or {}] + [
-        _at(patch, "trainingRuntimeSpec")
-        for patch in _list((trainjob.get("spec") or {}).get("runtimePatches"))
-    ]
-    for spec in specs:
-        for job in _list(_at(spec, "template", "spec").get("replicatedJobs")):
-            if job.get("name") != TRAINER_JOB:
-                continue
-            pod = _at(job, "template", "spec", "template", "spec")
-            selector.update(_at(pod, "nodeSelector"))
-            affinity = pod.get("affinity", affinity)
-            tolerations += _list(pod.get("tolerations"))
-    pod_spec = {"nodeSelector": selector, "affinity": affinity, "tolerations": tolerations}
-    return from_pod_template({"spec": pod_spec})
+    """Where the trainer's pods may run: the runtime's trainer pod's nodeSelector, affinity
+    and tolerations (None: not at hand) with the TrainJob's `spec.runtimePatches` merged in
+    as Trainer merges them (`trainer_runtime.placement`)."""
+    return from_pod_template({"spec": runtimes.placement(trainjob, runtime)})
 
 
 def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selection) -> Sizing:
@@ -566,7 +553,3 @@ def _at(obj: object, *keys: str) -> Mapping[str, Any]:
     for key in keys:
         obj = obj.get(key) if isinstance(obj, Mapping) else None
     return obj if isinstance(obj, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []

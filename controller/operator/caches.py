@@ -436,6 +436,10 @@ def register(
         )
 
 
+#: How many times `Caches.runtime` reads a store that kopf's loop changes under it.
+_RUNTIME_READS = 3
+
+
 def _values(index: Mapping[Any, Any]) -> Iterator[Any]:
     for store in index.values():
         yield from store
@@ -467,10 +471,20 @@ class Caches:
 
     def runtime(self, ref: runtimes.RuntimeRef) -> Mapping[str, Any] | None:
         """The Trainer runtime `ref` names, as cached (`trainer_runtime.slim`); None where
-        it is not (yet) in the cache."""
+        it is not (yet) in the cache.
+
+        Called on the review server's thread while kopf's loop may change the index: a
+        lookup is a read of two dicts (the index's, its store's), which kopf changes only by
+        setting or deleting a key (each cached value is a new object, never changed in
+        place). Iterating a store while kopf adds or drops one of its values raises
+        RuntimeError: read again (`_RUNTIME_READS` times), then None (the TrainJob is then
+        sized as with a runtime not cached yet, and its warning says so)."""
         index = self.training_runtimes if ref.namespace else self.cluster_training_runtimes
-        for found in index.get(ref.key, ()):
-            return cast(Mapping[str, Any], found)
+        for _ in range(_RUNTIME_READS):
+            try:
+                return cast(Mapping[str, Any] | None, next(iter(index.get(ref.key, ())), None))
+            except RuntimeError:  # changed size during iteration: kopf's loop wrote it
+                continue
         return None
 
     def objects(

@@ -47,7 +47,7 @@ def test_the_builtin_torchtune_runtime_says_its_model_method_and_gpus() -> None:
     assert "read as its base model" in model
     assert method == "method Full (torchtune config llama3_2/1B_full)"
     assert "the FineTuneJob defaults stand in" in overrides
-    assert runtimes.runtime_nodes(BUILTIN) == 1
+    assert runtimes.runtime_nodes(BUILTIN) == (1, "spec.mlPolicy.numNodes")
     assert runtimes.trainer_container(BUILTIN)["resources"] == {"limits": {GPU: 2}}
 
 
@@ -187,3 +187,184 @@ def test_the_runtime_a_trainjob_names() -> None:
     assert runtime_ref(named).key == "ml/mine"  # type: ignore[union-attr]
     named["spec"]["runtimeRef"]["apiGroup"] = "example.com"
     assert runtime_ref(named) is None
+
+
+def _node_job(runtime: dict[str, Any]) -> dict[str, Any]:
+    job: dict[str, Any] = runtime["spec"]["template"]["spec"]["replicatedJobs"][2]
+    return job
+
+
+def _node_pod(runtime: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = _node_job(runtime)["template"]["spec"]["template"]["spec"]
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("args", "method"),
+    [
+        # Trainer picks its QLoRA config (the key is in an arg); the value says nothing.
+        (("model.lora_attn_modules=[q_proj]", "model.quantize_base=yes"), "QLoRA"),
+        (("model.lora_attn_modules=[q_proj]", "model.quantize_base="), "QLoRA"),
+    ],
+)
+def test_a_quantize_base_that_is_no_bool_is_not_read_and_said(
+    args: tuple[str, ...], method: str
+) -> None:
+    reading = read(tune_run(*args), BUILTIN)
+    assert reading.fields["method"] == method
+    value = args[-1].partition("=")[2]
+    assert reading.notes == (f"model.quantize_base={value}: not True or False; not read",)
+    runtime = copy.deepcopy(BUILTIN)  # a LoRA config: the unread value leaves it LoRA
+    command = runtimes.trainer_container(runtime)["command"]  # type: ignore[index]
+    command[command.index("--config") + 1] = "llama3_2/1B_lora"
+    assert read(trainjob(trainer={"args": [args[-1]]}), runtime).fields["method"] == "LoRA"
+
+
+def test_quantize_base_is_named_among_the_overrides_read() -> None:
+    reading = read(tune_run("model.lora_attn_modules=[q_proj]", "model.quantize_base=False"),
+                   BUILTIN)  # fmt: skip
+    assert "model.quantize_base=False" in dict(reading.sources)["training"]
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [{"command": 5}, {"command": True}, {"command": ["tune", 1]}, {"args": 3},
+     {"command": ["tune", "run"], "args": False}, {"args": ["batch_size=2", None]}],
+)  # fmt: skip
+def test_a_command_or_args_that_is_no_list_of_strings_says_no_method(
+    trainer: dict[str, Any],
+) -> None:
+    reading = read(trainjob(trainer=trainer), BUILTIN)
+    assert reading.unread["method"] == (
+        "no method: the trainer's command and args must be lists of strings"
+    )
+    assert reading.fields["model"] == {"preset": "llama-3.2-1b"}
+
+
+def test_the_trainer_is_the_job_labelled_trainer_whatever_its_name() -> None:
+    """Trainer finds the trainer's and the model initializer's jobs by their ancestor label
+    (builder.go, FindPodSetByAncestor), not by name."""
+    renamed = copy.deepcopy(BUILTIN)
+    _node_job(renamed)["name"] = "trainer-node"
+    assert read(trainjob(), renamed) == read(trainjob(), BUILTIN)
+    assert runtimes.trainer_container(slim(renamed))["resources"] == {"limits": {GPU: 2}}
+    unlabelled = copy.deepcopy(BUILTIN)
+    for job in unlabelled["spec"]["template"]["spec"]["replicatedJobs"]:
+        del job["template"]["metadata"]
+    assert runtimes.trainer_container(unlabelled) == {}  # a job named node is not enough
+    assert "model" not in read(trainjob(), unlabelled).fields
+    assert slim(unlabelled)["spec"]["template"]["spec"]["replicatedJobs"] == []
+
+
+def test_trainer_picks_a_config_only_for_the_trainjobs_own_tune_run() -> None:
+    """Trainer's Torch plugin appends a recipe and config only where the TrainJob's own
+    command is `tune run` (torch.go), picking from the TrainJob's own args, and on more than
+    one node always its full multi-node config (torchtune.go getRecipeAndConfig)."""
+    runtime = copy.deepcopy(BUILTIN)  # the runtime's command alone: nothing appended
+    runtimes.trainer_container(runtime)["command"][:] = ["tune", "run"]  # type: ignore[index]
+    reading = read(trainjob(trainer={"args": ["model.lora_attn_modules=[q_proj]"]}), runtime)
+    assert reading.unread["method"] == "torchtune config (none): no method in its name"
+    lora = "model.lora_attn_modules=[q_proj]"
+    runtimes.trainer_container(runtime)["args"] = [lora, "model.lora_rank=8"]  # type: ignore[index]
+    picked = read(trainjob(trainer={"command": ["tune", "run"]}), runtime)
+    assert picked.fields["method"] == "Full"  # the runtime's args run, but are not picked from
+    assert picked.fields["lora"] == {"rank": 8, "targetModules": ["q_proj"]}
+    two_nodes = trainjob(trainer={"command": ["tune", "run"], "args": [lora], "numNodes": 2})
+    assert read(two_nodes, BUILTIN).fields["method"] == "Full"
+    plain = copy.deepcopy(BUILTIN)
+    del plain["spec"]["mlPolicy"]["torch"]  # no Torch plugin: `tune run` runs as it is
+    assert "method" not in read(tune_run(lora), plain).fields
+    assert "method" not in read(tune_run(lora), slim(plain)).fields
+    assert read(tune_run(lora), slim(BUILTIN)).fields["method"] == "LoRA"
+
+
+def test_a_storage_uri_in_the_trainjobs_model_env_wins_over_its_storage_uri() -> None:
+    """Trainer's builder upserts STORAGE_URI from storageUri, then the model's env over it."""
+    job = trainjob(initializer={"model": {
+        "storageUri": "hf://meta-llama/Llama-3.2-3B",
+        "env": [{"name": "STORAGE_URI", "value": "hf://meta-llama/Llama-3.2-1B"},
+                {"name": "STORAGE_URI", "value": "hf://Qwen/Qwen2.5-1.5B-Instruct"}],
+    }})  # fmt: skip
+    reading = read(job, BUILTIN)
+    assert reading.fields["model"] == {"preset": "qwen2.5-1.5b"}
+    assert "(spec.initializer.model.env STORAGE_URI;" in reading.sources[0][1]
+    secret = trainjob(initializer={"model": {"env": [{"name": "STORAGE_URI", "valueFrom": {}}]}})
+    assert read(secret, BUILTIN).unread["model"] == (
+        "no model: spec.initializer.model.env STORAGE_URI has no value here (valueFrom)"
+    )
+
+
+def test_without_an_ml_policy_the_trainers_pods_are_its_jobs_parallelism() -> None:
+    """trainingruntime.go: a job labelled trainer counts mlPolicy.numNodes only where the
+    runtime has an mlPolicy; else, as any job, its parallelism (default 1)."""
+    runtime = copy.deepcopy(BUILTIN)
+    del runtime["spec"]["mlPolicy"]
+    path = "spec.template.spec.replicatedJobs[node].template.spec.parallelism"
+    assert runtimes.runtime_nodes(runtime) == (1, path)
+    _node_job(runtime)["template"]["spec"]["parallelism"] = 3
+    assert runtimes.runtime_nodes(runtime) == (3, path)
+    assert runtimes.runtime_nodes(slim(runtime)) == (3, path)
+    assert runtimes.runtime_nodes(slim(BUILTIN)) == (1, "spec.mlPolicy.numNodes")
+
+
+def _patched(*pods: dict[str, Any], name: str = "node") -> dict[str, Any]:
+    """A TrainJob whose runtimePatches give the replicated job `name` these pod specs."""
+    patches = [
+        {"manager": f"m{i}", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": name, "template": {"spec": {"template": {"spec": pod}}}}]}}}}
+        for i, pod in enumerate(pods)
+    ]  # fmt: skip
+    return trainjob(runtimePatches=patches)
+
+
+def _term(key: str) -> dict[str, Any]:
+    return {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": key, "operator": "Exists"}]}]}  # fmt: skip
+
+
+def test_runtime_patches_merge_into_the_trainers_pod_as_trainers_strategic_merge_patch() -> None:
+    """A PodSpec's tolerations have no patch strategy: a patch's replace the runtime's. Its
+    affinity is merged field by field (a required node affinity replaced whole, the pod
+    anti-affinity kept), its nodeSelector key by key; an empty list is no value."""
+    runtime = copy.deepcopy(BUILTIN)
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}
+    _node_pod(runtime).update(
+        nodeSelector={"pool": "a", "gpu": "a100"},
+        tolerations=[{"key": "runtime", "operator": "Exists"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                   _term("runtime")},
+                  "podAntiAffinity": anti},
+    )  # fmt: skip
+    preferred = [{"weight": 1, "preference": {"matchExpressions": []}}]
+    job = _patched(
+        {"nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "first", "operator": "Exists"}],
+         "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                                       preferred}}},
+        {"tolerations": [{"key": "second", "operator": "Exists"}], "nodeSelector": {"disk": "ssd"},
+         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                       _term("patch")}}},
+        {"tolerations": []},
+    )  # fmt: skip
+    for cached in (runtime, slim(runtime)):
+        pod = runtimes.placement(job, cached)
+        assert pod["tolerations"] == [{"key": "second", "operator": "Exists"}]
+        assert pod["nodeSelector"] == {"pool": "a", "gpu": "h100", "disk": "ssd"}
+        assert pod["affinity"] == {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": _term("patch"),
+                             "preferredDuringSchedulingIgnoredDuringExecution": preferred},
+            "podAntiAffinity": anti,
+        }  # fmt: skip
+        constraints = pod_constraints(job, cached)
+        assert [t.key for t in constraints.tolerations] == ["second"]
+        assert [r.key for term in constraints.terms for r in term] == ["patch"]
+
+
+def test_a_runtime_patch_applies_to_the_job_of_the_trainers_name() -> None:
+    """Trainer matches a patch to a replicated job by name: the trainer's, whatever it is."""
+    renamed = copy.deepcopy(BUILTIN)
+    _node_job(renamed)["name"] = "trainer-node"
+    pool = {"nodeSelector": {"pool": "b"}}
+    assert runtimes.placement(_patched(pool, name="trainer-node"), renamed) == pool
+    assert runtimes.placement(_patched(pool, name="node"), renamed) == {}
+    assert runtimes.placement(_patched(pool, name="model-initializer"), BUILTIN) == {}
+    assert runtimes.placement(_patched(pool), None) == pool  # not at hand: Trainer's `node`

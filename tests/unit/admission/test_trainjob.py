@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from controller.admission.kueue import SPEC_ANNOTATION, read_spec
+from controller.admission.trainer_runtime import slim
 from controller.admission.trainjob import (
     POLICY_ANNOTATION,
     Sizing,
@@ -440,3 +441,108 @@ def test_a_trainjob_that_never_fits_on_what_its_runtime_says_is_refused_saying_s
     assert sizing.refusal is not None and sizing.refusal.startswith("vramgate: InsufficientVRAM")
     assert "(read from the TrainJob and its runtime (ClusterTrainingRuntime " in sizing.refusal
     assert "model llama-3.1-405b from hf://meta-llama/Llama-3.1-405B" in sizing.refusal
+
+
+def _hostile_runtime(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """The built-in runtime with the value at `path` (keys and list indexes) replaced."""
+    runtime = copy.deepcopy(RUNTIME)
+    into: Any = runtime
+    for key in path[:-1]:
+        into = into[key]
+    into[path[-1]] = value
+    return runtime
+
+
+_JOBS = ("spec", "template", "spec", "replicatedJobs")
+_NODE_POD = (*_JOBS, 2, "template", "spec", "template", "spec")
+_NODE = (*_NODE_POD, "containers", 0)
+
+
+@pytest.mark.parametrize(
+    ("obj", "runtime"),
+    [
+        (named(trainer={"command": ["tune", "run"],
+                        "args": ["model.lora_attn_modules=[q_proj]", "model.lora_rank=8",
+                                 "model.quantize_base=yes"]}), RUNTIME),
+        (named(trainer={"command": 5}), RUNTIME),
+        (named(trainer={"command": ["tune", "run"], "args": True}), RUNTIME),
+        (named(trainer={"command": ["tune", 7]}), RUNTIME),
+        (named(spec={"method": "LoRA", "lora": 5}), RUNTIME),
+        (named(spec={"method": "LoRA", "lora": [1]}, trainer={"numNodes": 1}), None),
+        (named(spec={"training": 3, "estimator": "x"}), RUNTIME),
+        (named(trainer={"numNodes": "2"}), RUNTIME),
+        (named(trainer={"numNodes": -1, "resourcesPerNode": {"limits": {GPU: -2}}}), RUNTIME),
+        (named(trainer=[1, 2]), RUNTIME),
+        (named(trainer={"resourcesPerNode": "lots"}), RUNTIME),
+        (named(initializer={"model": {"storageUri": 5, "env": "STORAGE_URI"}}), RUNTIME),
+        (named(initializer={"model": {"env": [{"name": "STORAGE_URI", "valueFrom": {}}]}}),
+         RUNTIME),
+        (named(runtimePatches=[{"trainingRuntimeSpec": {"template": {"spec": {
+            "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+                "tolerations": "all", "affinity": [1], "nodeSelector": 5}}}}}]}}}}, 3, "x"]),
+         RUNTIME),
+        (named(), _hostile_runtime(("spec", "template"), [])),
+        (named(), _hostile_runtime(("spec", "template", "spec"), "jobs")),
+        (named(), _hostile_runtime(_JOBS, {"node": {}})),
+        (named(), _hostile_runtime((*_JOBS, 2, "template"), 7)),
+        (named(), _hostile_runtime((*_NODE_POD, "containers"), {"name": "node"})),
+        (named(), _hostile_runtime((*_NODE_POD, "tolerations"), "all")),
+        (named(), _hostile_runtime((*_NODE_POD, "affinity"), {"nodeAffinity": [1]})),
+        (named(), _hostile_runtime((*_JOBS, 1, "template", "spec", "template", "spec",
+                                    "containers", 0, "env"), {"STORAGE_URI": "x"})),
+        (named(), _hostile_runtime((*_NODE, "resources"), ["limits"])),
+        (named(), _hostile_runtime((*_NODE, "resources", "limits", GPU), "-2")),
+        (named(), _hostile_runtime((*_NODE, "command"), "tune run")),
+        (named(), _hostile_runtime(("spec", "mlPolicy"), {"numNodes": "two"})),
+        (named(), _hostile_runtime(("spec", "mlPolicy"), {"numNodes": -3})),
+        (named(), _hostile_runtime(("spec", "mlPolicy"), 5)),
+        (named(), _hostile_runtime(("spec",), None)),
+    ],
+)  # fmt: skip
+def test_hostile_shapes_get_an_answer_never_an_exception(obj: Any, runtime: Any) -> None:
+    """A mutating webhook sees the object before its schema is checked, and a runtime is
+    whatever was applied: every field may have any type. The answer is always one: allowed
+    (with a warning where it could not be sized), or a one-line refusal of the annotation's
+    own fields."""
+    for cached in (runtime, None if runtime is None else slim(runtime)):
+        sizing = size(obj, cluster([80, 80], allocated=1), runtime=cached)
+        if sizing.refusal is not None:
+            assert "\n" not in sizing.refusal
+            assert sizing.refusal.startswith(f"vramgate: metadata.annotations[{SPEC_ANNOTATION}]")
+        else:
+            assert sizing.warnings or sizing.patch or sizing.gpus, sizing
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [None, {}, {"args": ["batch_size=2"]}, {"numNodes": 1}],
+    ids=["no-trainer", "empty-trainer", "trainer-without-them", "trainer-without-resources"],
+)
+def test_a_manifest_applied_again_keeps_the_trainer_written_from_its_runtime(
+    trainer: dict[str, Any] | None,
+) -> None:
+    """The webhook wrote numNodes and resourcesPerNode from the runtime at create; the
+    manifest, which never said them, applied again (a server-side apply drops them) gets
+    them back rather than a refusal of the immutable spec.trainer."""
+    obj = named() if trainer is None else named(trainer=trainer)
+    stored = applied(obj, size(obj, cluster([80, 80], allocated=1), runtime=RUNTIME))
+    assert stored["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 1}}
+    found = restore(stored, obj)
+    kept = applied(obj, found)
+    assert kept["spec"]["trainer"] == stored["spec"]["trainer"]
+    assert kept["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "2"
+    assert "keeps the 1 it was sized to at create" in found.warnings[0]
+    assert restore(stored, stored) == Sizing()  # nothing lacks, nothing changed
+    other = copy.deepcopy(obj)
+    other["spec"]["trainer"] = {**(trainer or {}), "args": ["batch_size=64"]}
+    assert restore(stored, other) == Sizing()  # more than what was written: the API server's
+
+
+def test_a_runtime_numnodes_that_cannot_be_read_is_named_as_the_runtimes() -> None:
+    runtime = copy.deepcopy(RUNTIME)
+    runtime["spec"]["mlPolicy"]["numNodes"] = 0
+    (warning,) = size(named(), cluster([80, 80]), runtime=runtime).warnings
+    assert warning == (
+        "vramgate: not sized: its runtime's spec.mlPolicy.numNodes must be a whole number of "
+        "at least 1, got 0"
+    )
