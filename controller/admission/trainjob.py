@@ -140,10 +140,12 @@ class Sizing:
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """The GPUs a sizing counted on: the placement found now, and the bytes per GPU."""
+    """The GPUs a sizing counted on: the placement found now, the bytes per GPU, and the
+    TrainJob's pods (numNodes) that will take them."""
 
     placement: tuple[NodeGpus, ...]
     per_gpu_bytes: int
+    pods: int = 1
 
 
 class _NotSized(Exception):
@@ -456,7 +458,7 @@ def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selecti
     for n in counts:  # the selection's `pods`: only placements of whole pods per node
         placed = view.place_now(est, parallelism, n, where)
         if placed is not None:
-            counted = Counted(view.node_gpus(placed), placed.per_gpu_bytes)
+            counted = Counted(view.node_gpus(placed), placed.per_gpu_bytes, shape.nodes)
             if n == asked:
                 return Sizing(gpus=asked, counted=counted)
             at_n = decide(replace(request, gpus=n, policy=AdmissionPolicy.ENFORCE), view)

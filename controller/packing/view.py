@@ -15,8 +15,8 @@ hold may fit some day, and only what no state of the cluster holds is rejected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from controller.estimator import Estimate, Parallelism
@@ -27,6 +27,7 @@ from controller.packing.inventory import (
     NodeGpus,
     NodeState,
     PackingSettings,
+    Reservation,
     Snapshot,
     Taint,
     placeable,
@@ -96,6 +97,17 @@ class ClusterView:
         #: What this pass charged and held in `now`, by node name, replayed onto `resting`
         #: when it is built: (node, GPU positions, bytes each holds or None for a hold).
         self._changes: list[tuple[str, tuple[int, ...], tuple[int, ...] | None]] = []
+
+    def with_reservations(self, extra: Iterable[Reservation]) -> ClusterView:
+        """This cluster with `extra` charged too (holds made after it was built), leaving
+        out those whose job it charges already; itself where none is new. A new view: this
+        one may be read by others meanwhile, and is never changed."""
+        have = {r.job for r in self._snapshot.reservations}
+        new = tuple(r for r in extra if r.job not in have)
+        if not new:
+            return self
+        charged = replace(self._snapshot, reservations=(*self._snapshot.reservations, *new))
+        return ClusterView(charged, self._settings)
 
     @cached_property
     def empty(self) -> FreeIndex:
