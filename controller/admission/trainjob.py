@@ -2,9 +2,14 @@
 and the JSON patch it answers with.
 
 Why at create: a TrainJob's `spec.trainer` is immutable (trainer.kubeflow.org/v1alpha1,
-Trainer v2), so its GPUs can be chosen only in the request that creates it. vramgate holds
-nothing for a TrainJob (its pods' use is read from the GPUs, as any pod's); it sizes it on
-the free memory at that moment, with the estimator and decision core of FineTuneJobs.
+Trainer v2), so its GPUs can be chosen only in the request that creates it. vramgate sizes it
+on the free memory at that moment, with the estimator and decision core of FineTuneJobs, and
+says where it fits (`Sizing.counted`); the webhook then holds those GPUs a short while
+(`controller.admission.holds`: until its pods' memory shows, or `trainJobHoldSeconds`), so
+the next TrainJob, and the scheduling pass's FineTuneJobs, are not sized onto the same
+memory. Once its pods run, their use is read from the GPUs, as any pod's. Holds live in the
+operator's memory only: a restarted operator forgets them, and at worst one burst is sized
+on stale free memory, as before holds existed.
 
 * **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
   spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
