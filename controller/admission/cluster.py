@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from controller.admission import kueue
+from controller.admission import holds, kueue
 from controller.admission.compact import CompactProblem, compact_nodes
 from controller.admission.dump_checks import object_problem
+from controller.admission.holds import Hold
 from controller.admission.priority import Priorities
 from controller.api.base import (
     COUNT_LABEL,
@@ -87,6 +88,9 @@ class ClusterObjects:
     kueue_checks: frozenset[str] = frozenset()
     #: Kueue's ResourceFlavors by name: the node labels and tolerations of a Workload's.
     kueue_flavors: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: What the TrainJob webhook promised TrainJobs it sized a moment ago (`holds`): charged
+    #: as reservations until their pods' memory shows in the readings.
+    holds: tuple[Hold, ...] = ()
 
     def add(self, obj: Mapping[str, Any], where: str) -> None:
         """One object (a `List` adds its items); unknown kinds are ignored."""
@@ -446,6 +450,8 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
                 f"node {node.name}", "is described twice (a GPUNode or GPU Node, and nodes:)"
             )
     compact = [replace(node, heartbeat=now) for node in objects.compact]
+    if objects.holds:  # until their pods' memory shows in the readings
+        reservations += holds.charged(objects.holds, live, nodes + compact)[0]
     return Snapshot(tuple(nodes + compact), tuple(reservations), now)
 
 

@@ -2,9 +2,14 @@
 and the JSON patch it answers with.
 
 Why at create: a TrainJob's `spec.trainer` is immutable (trainer.kubeflow.org/v1alpha1,
-Trainer v2), so its GPUs can be chosen only in the request that creates it. vramgate holds
-nothing for a TrainJob (its pods' use is read from the GPUs, as any pod's); it sizes it on
-the free memory at that moment, with the estimator and decision core of FineTuneJobs.
+Trainer v2), so its GPUs can be chosen only in the request that creates it. vramgate sizes it
+on the free memory at that moment, with the estimator and decision core of FineTuneJobs, and
+says where it fits (`Sizing.counted`); the webhook then holds those GPUs a short while
+(`controller.admission.holds`: until its pods' memory shows, or `trainJobHoldSeconds`), so
+the next TrainJob, and the scheduling pass's FineTuneJobs, are not sized onto the same
+memory. Once its pods run, their use is read from the GPUs, as any pod's. Holds live in the
+operator's memory only: a restarted operator forgets them, and at worst one burst is sized
+on stale free memory, as before holds existed.
 
 * **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
   spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
@@ -33,11 +38,16 @@ the free memory at that moment, with the estimator and decision core of FineTune
   the runtime's resources whole with the new count), so the count holds whatever Trainer
   merges.
 * **Where**: each trainer node is one pod, so one node takes all of a pod's GPUs: numNodes 1
-  is placed on one node (`NodeConstraints.one_node`), and with more only a placement whose
-  every node holds whole pods counts. The pods' nodeSelector, required node affinity and
-  tolerations are the runtime's trainer pod's with the TrainJob's own `spec.runtimePatches`
-  merged in as Trainer merges them (`trainer_runtime.placement`: a patch's tolerations
-  replace the runtime's, its affinity and nodeSelector merge field by field, key by key).
+  is placed on one node (`NodeConstraints.one_node`), and with more the packer is asked for
+  numNodes pods of count / numNodes GPUs (`NodeConstraints.pods`): only layouts of k nodes x
+  g GPUs whose g holds whole pods, so a resize keeps numNodes and changes the GPUs per node
+  (a count numNodes does not divide is never tried). The packer gives every node of a
+  layout the same g, so pods spread unevenly (two on one node, one on another) are not
+  found: such a TrainJob may be told it does not fit when it would. The pods' nodeSelector,
+  required node affinity and tolerations are the runtime's trainer pod's with the TrainJob's
+  own `spec.runtimePatches` merged in as Trainer merges them (`trainer_runtime.placement`: a
+  patch's tolerations replace the runtime's, its affinity and nodeSelector merge field by
+  field, key by key).
 * **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
   fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
   `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
@@ -83,6 +93,7 @@ from controller.estimator import (
 from controller.jobs.spec import JobPlan, config_map_ref, estimate_plan, translate
 from controller.packing.constraints import NodeConstraints, from_pod_template
 from controller.packing.fit import plural
+from controller.packing.inventory import NodeGpus
 from controller.packing.view import ClusterView, Selection
 
 GROUP = "trainer.kubeflow.org"
@@ -128,6 +139,19 @@ class Sizing:
     warnings: tuple[str, ...] = ()
     refusal: str | None = None
     gpus: int | None = None
+    #: Where it fits now at `gpus`, which the webhook holds for it a while (`holds`); None
+    #: where it was not placed (not sized, refused, or it does not fit now).
+    counted: Counted | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The GPUs a sizing counted on: the placement found now, the bytes per GPU, and the
+    TrainJob's pods (numNodes) that will take them."""
+
+    placement: tuple[NodeGpus, ...]
+    per_gpu_bytes: int
+    pods: int = 1
 
 
 class _NotSized(Exception):
@@ -209,20 +233,18 @@ def _size(
             "parallelism DeviceMap with spec.trainer.numNodes > 1: each pod loads a model of "
             "its own over its own GPUs, which vramgate does not estimate"
         )
-    if shape.nodes > 1 and plan.admission_policy is AdmissionPolicy.RESIZE:
-        # The packer places k nodes x g GPUs as it finds best, not numNodes pods of whole
-        # GPUs each: a count it found could need more GPUs than asked. Checked as asked.
-        notes += (
-            f"vramgate: {POLICY_ANNOTATION} Resize sizes TrainJobs of one node; this one of "
-            f"{shape.nodes} (spec.trainer.numNodes) is checked as it asks",
-        )
-        plan = replace(plan, admission_policy=AdmissionPolicy.ENFORCE)
     if view is None:
         raise _NotSized("the operator has not read its GPU inventory yet")
     meta = trainjob.get("metadata") or {}
     request = replace(
         job_request({"metadata": meta, "spec": spec}, plan, estimate),
-        constraints=replace(pod_constraints(trainjob, runtime), one_node=shape.nodes == 1),
+        # Each trainer node is one pod, whole on its node: numNodes pods of count / numNodes
+        # GPUs each, whatever count is tried (one node for numNodes 1, as a Kueue pod set).
+        constraints=replace(
+            pod_constraints(trainjob, runtime),
+            one_node=shape.nodes == 1,
+            pods=shape.nodes if shape.nodes > 1 else 0,
+        ),
     )
     where = view.select(request.selector, request.constraints)
     if where.gpus == 0 and view.select({}).gpus == 0:
@@ -425,28 +447,24 @@ def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selecti
     if request.policy is AdmissionPolicy.RESIZE:
         high = min(request.max_gpus or MAX_GPUS, where.gpus)
         counts = [n for n in resize_counts(asked, request.min_gpus, high) if n % shape.nodes == 0]
-    for n in counts:
+    for n in counts:  # the selection's `pods`: only placements of whole pods per node
         placed = view.place_now(est, parallelism, n, where)
-        if placed is not None and all(len(g) % (n // shape.nodes) == 0 for _, g in placed.parts):
+        if placed is not None:
+            counted = Counted(view.node_gpus(placed), placed.per_gpu_bytes, shape.nodes)
             if n == asked:
-                return Sizing(gpus=asked)
+                return Sizing(gpus=asked, counted=counted)
             at_n = decide(replace(request, gpus=n, policy=AdmissionPolicy.ENFORCE), view)
             never = not view.fits_empty(est, parallelism, asked, where)
             why = "can never fit this cluster" if never else "do not fit now"
             said = f"resized {asked} -> {n} GPUs (policy Resize): {plural(asked)} {why}"
-            return _resized(shape, n, f"{said}; {at_n.message}")
+            return replace(_resized(shape, n, f"{said}; {at_n.message}"), counted=counted)
     decision = decide(request, view, nodes_waited_for=False)
     empty = next((n for n in counts if view.fits_empty(est, parallelism, n, where)), None)
     if empty is None:
-        return Sizing(refusal=f"vramgate: {_never(decision, shape, counts)}")
+        widest = view.widest_empty(where)
+        return Sizing(refusal=f"vramgate: {_never(decision, shape, counts, widest)}")
     if empty == asked:
-        why = decision.message
-        if decision.admitted:  # at a count, or in a shape, that its pods cannot use
-            why = (
-                f"no count that spec.trainer.numNodes ({shape.nodes}) divides fits now with "
-                "each pod's GPUs on one node"
-            )
-        said = f"vramgate: does not fit now (policy {request.policy.value}): {why}"
+        said = f"vramgate: does not fit now (policy {request.policy.value}): {decision.message}"
         return Sizing(warnings=(said,), gpus=asked)
     each = format_gib(est.per_gpu_bytes(empty, parallelism))
     said = (
@@ -456,9 +474,16 @@ def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selecti
     return _resized(shape, empty, said)
 
 
-def _never(decision: Decision, shape: Shape, counts: list[int]) -> str:
+def _never(decision: Decision, shape: Shape, counts: list[int], widest: int) -> str:
     """The refusal of a TrainJob no count of which ever fits: the decision's numbers, or,
     where only a count that numNodes does not divide would, that."""
+    if decision.reason == cond.REASON_INSUFFICIENT_GPUS and shape.nodes > 1:
+        # The decision core says k nodes x g GPUs; a TrainJob's GPUs are numNodes pods.
+        return (
+            f"{decision.reason}: needs {shape.nodes} pods of {shape.per_node} GPUs, each pod "
+            f"on one node (spec.trainer.numNodes x {_GPUS_PATH}); the matching nodes have at "
+            f"most {plural(widest)} each, so no such placement exists"
+        )
     if decision.outcome is Outcome.REJECT:
         # The decision core words a job pinned to one node as the Kueue Workload it was, and
         # its advice in a FineTuneJob's fields.

@@ -43,7 +43,7 @@ from controller.webhook.registration import (
     MUTATE_TRAINJOB_HANDLER,
     VALIDATE_HANDLER,
 )
-from controller.webhook.trainjob import VIEW_MAX_AGE_S, TrainJobWebhook
+from controller.webhook.trainjob import VIEW_MAX_AGE_S, TrainJobHolds, TrainJobWebhook
 
 __all__ = [
     "MUTATE_HANDLER",
@@ -182,20 +182,27 @@ def register(
     return hook
 
 
-def register_trainjobs(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> TrainJobWebhook:
+def register_trainjobs(
+    registry: kopf.OperatorRegistry, scheduler: Scheduler, hold_s: float = 0
+) -> TrainJobWebhook:
     """The TrainJob webhook (`trainJobSizing`): kopf's registration names its path (the
     configurations are the chart's, or `controller.webhook.registration`'s); the review
     server answers with the returned webhook. Nothing watches TrainJobs: each is sized once,
-    at its create, and holds nothing in vramgate's ledger; the runtimes they name are read
-    from the caches (`register` indexes them with trainJobSizing)."""
+    at its create, and what it was sized onto is held for `hold_s` seconds at most
+    (`trainJobHoldSeconds`; 0: nothing held) in a ledger of this process's memory, which
+    the scheduler's passes charge too; the runtimes they name are read from the caches
+    (`register` indexes them with trainJobSizing)."""
 
     def runtime(ref: RuntimeRef) -> Mapping[str, Any] | None:
         return None if scheduler.caches is None else scheduler.caches.runtime(ref)
 
+    held = None if hold_s <= 0 else TrainJobHolds(hold_s, scheduler.clock.monotonic)
+    scheduler.holds = held
     hook = TrainJobWebhook(
         functools.partial(scheduler.current_view, max_age_s=VIEW_MAX_AGE_S),
         scheduler.metrics.observe_webhook,
         runtime,
+        held,
     )
     # Fails open as the FineTuneJob ones: a down operator must not block Trainer's users.
     kopf.on.mutate(

@@ -123,7 +123,7 @@ def build_registry(
     if isinstance(server, ReviewServer):
         server.hook = hook
     if trainjobs:
-        sizer = handlers.register_trainjobs(registry, scheduler)
+        sizer = handlers.register_trainjobs(registry, scheduler, options.train_job_hold_s)
         if isinstance(server, ReviewServer):
             server.trainjobs = sizer
     return registry

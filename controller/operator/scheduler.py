@@ -64,7 +64,7 @@ from typing import Any, cast
 import kopf
 
 from controller.admission import admission_pass as admission
-from controller.admission import kueue, learned, observed
+from controller.admission import holds, kueue, learned, observed
 from controller.admission import status as status_rules
 from controller.admission.cluster import (
     ClusterObjects,
@@ -98,6 +98,7 @@ from controller.operator.leader import Leader
 from controller.operator.metrics import ESTIMATE_SOURCES, OperatorMetrics
 from controller.operator.settings import DEFAULTS
 from controller.packing.view import ClusterView
+from controller.webhook.trainjob import TrainJobHolds
 from controller.workload import Remains
 
 log = logging.getLogger("vramgate.scheduler")
@@ -179,6 +180,10 @@ class Scheduler:
         #: move time instead of waiting for it.
         self.clock = clock or SystemClock()
         self.caches: Caches | None = None
+        #: What the TrainJob webhook holds for TrainJobs it sized a moment ago (None: no
+        #: TrainJob sizing, or no holds): charged in every pass and view, so a FineTuneJob
+        #: does not take memory just promised to a TrainJob (`controller.admission.holds`).
+        self.holds: TrainJobHolds | None = None
         self._context = contextvars.copy_context()
         self._wake = asyncio.Event()
         self._estimator = ThreadPoolExecutor(options.estimate_workers, "vramgate-estimate")
@@ -314,10 +319,14 @@ class Scheduler:
                 return self._view[2]
             built_at = self.clock.monotonic()  # before the caches are read
             objects, _, _ = self.caches.objects()  # on the loop: the caches are its
+            objects.holds = () if self.holds is None else self.holds.active()
             now, packing = self.now(), self.options.admission.packing
 
             def build() -> ClusterView:
-                view = ClusterView(snapshot(objects, now), packing)
+                taken = snapshot(objects, now)
+                if self.holds is not None and objects.holds:  # their pods' memory shows
+                    self.holds.end(holds.charged(objects.holds, objects.pods, taken.nodes)[1])
+                view = ClusterView(taken, packing)
                 view.empty  # noqa: B018 - built here, not on the event loop
                 return view
 
@@ -381,6 +390,7 @@ class Scheduler:
             listed = [slim_job(job) for job in fetched]
             self._fresh.clear()
         objects, workloads, job_pods = self.caches.objects(listed)
+        objects.holds = () if self.holds is None else self.holds.active()
         if relist and objects.kueue_checks:  # Ready answers the cache may not have yet
             fetched_workloads = await loop.run_in_executor(
                 self._writer, self.kube.list_kueue_workloads, self.options.namespaces

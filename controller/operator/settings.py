@@ -202,6 +202,17 @@ class OperatorSettings(AdmissionConfig):
         "trainer may change, in the mutating webhook; off by default, since most clusters do "
         "not run Kubeflow Trainer.",
     )
+    train_job_hold_seconds: int = Field(
+        120,
+        ge=0,
+        le=3600,
+        description="how long at most the TrainJob webhook holds the GPU memory a TrainJob was "
+        "sized onto at its create, for the TrainJobs sized after it and the FineTuneJobs "
+        "admitted meanwhile (0: none held); a hold ends sooner once its pods' memory shows "
+        "in the GPUNodes. 120 s: long enough for a TrainJob's JobSet, pods and CUDA contexts "
+        "to start, short enough that a TrainJob refused or deleted after its create holds "
+        "nothing for long.",
+    )
     log_level: LogLevel = Field(
         "info",
         description="info: decisions and problems; verbose: each handler call; debug: "
@@ -261,6 +272,7 @@ class OperatorSettings(AdmissionConfig):
             kueue_admission_check=self.kueue_admission_check,
             kueue_retry_seconds=self.kueue_retry_seconds,
             train_job_sizing=self.train_job_sizing,
+            train_job_hold_s=self.train_job_hold_seconds,
         )
 
 
@@ -310,6 +322,8 @@ class OperatorOptions:
     kueue_retry_seconds: int = DEFAULTS.kueue_retry_seconds
     #: Size TrainJobs at create in the mutating webhook (`controller.webhook.trainjob`).
     train_job_sizing: bool = DEFAULTS.train_job_sizing
+    #: How long a TrainJob's hold lasts at most (`controller.webhook.trainjob.TrainJobHolds`).
+    train_job_hold_s: float = DEFAULTS.train_job_hold_seconds
 
     @property
     def liveness(self) -> str:

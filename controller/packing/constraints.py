@@ -94,6 +94,10 @@ class NodeConstraints:
     #: Its pods are pinned by one nodeSelector (a Kueue Workload's podSetUpdates): a job of
     #: several pods must still run on one node.
     one_node: bool = False
+    #: Its GPUs are split evenly over this many pods, each on one node (a TrainJob's
+    #: numNodes): a count it does not divide has no placement, and a node takes whole pods
+    #: only (its GPU count a multiple of the pod's). 0: the workload's own pods, any shape.
+    pods: int = 0
 
     def admits(self, node: NodeState, tolerated: Iterable[Toleration] = ()) -> bool:
         return self.selects(node) and not self.repelled_by(node, tolerated)

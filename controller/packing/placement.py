@@ -12,7 +12,9 @@ the status use too. Then:
    one pod's environment), as k nodes x g GPUs with the same g on every node
    (torchrun starts the same number of processes per node), fewest nodes first: g runs from
    the largest count a node has down to 1 over the divisors of n, and for each g the k
-   tightest nodes are taken.
+   tightest nodes are taken. A job that comes as pods of its own shape (`pods`: a TrainJob's
+   numNodes pods of n / numNodes GPUs each) takes only a g that holds a whole number of its
+   pods, so no pod is split across nodes (a pod's GPUs are one node's).
 3. **Device map: one node,** seed 1's rule on that node's GPUs taken most free first (the
    first holds the LM head and its logits, every further one counts at 85 % towards the
    pool and must hold its share); the tightest node that passes.
@@ -73,16 +75,21 @@ class Placed:
 
 
 def shapes(
-    n: int, max_per_node: int, parallelism: Parallelism, one_node: bool = False
+    n: int, max_per_node: int, parallelism: Parallelism, one_node: bool = False, pods: int = 0
 ) -> Iterator[tuple[int, int]]:
     """(nodes, GPUs per node) for n GPUs, fewest nodes first; only (1, n) for a device map or
-    `one_node` (visibleDevices), none when no node has n GPUs."""
+    `one_node` (visibleDevices), none when no node has n GPUs. With `pods` (n GPUs as that
+    many equal pods, each whole on a node: a TrainJob's numNodes), only shapes whose nodes
+    take whole pods, and none for a count `pods` does not divide."""
+    if pods and n % pods:
+        return
     if parallelism is Parallelism.DEVICE_MAP or one_node:
-        if n <= max_per_node:
+        if n <= max_per_node:  # every pod on the one node: whole pods
             yield 1, n
         return
+    per_pod = n // pods if pods else 1
     for g in range(min(n, max_per_node), 0, -1):
-        if n % g == 0:
+        if n % g == 0 and g % per_pod == 0:
             yield n // g, g
 
 
@@ -93,15 +100,17 @@ def place(
     n: int,
     ok: NodeFilter,
     one_node: bool = False,
+    pods: int = 0,
 ) -> Placed | None:
     """The best-fit placement of the job on n GPUs, or None if none holds it now; on one
-    node where the index (visibleDevices) or the job (`one_node`) says so."""
+    node where the index (visibleDevices) or the job (`one_node`) says so, whole `pods` on
+    each node where the job comes as that many pods (`shapes`)."""
     need = estimate.per_gpu_bytes(n, parallelism)
     if parallelism is Parallelism.DEVICE_MAP and n > 1:
         return _device_map(index, estimate, n, ok)
     if index.count_gpus(need) < n:
         return None  # fewer GPUs hold the need than the job takes: no shape can work
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node, pods):
         if index.count_nodes(g, need) < k:
             continue
         nodes = list(islice(index.nodes_fitting(g, need, ok), k))
@@ -118,10 +127,11 @@ def place_by_count(
     n: int,
     ok: NodeFilter,
     one_node: bool = False,
+    pods: int = 0,
 ) -> Placed | None:
     """n GPUs with the most free memory, whatever the need (policy Advise, and the GPUs a
     starving job is closest to fitting)."""
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node, pods):
         nodes = list(islice(index.nodes_by_free(g, ok), k))
         if len(nodes) == k:
             parts = tuple((pos, tuple(index.by_count(pos, g))) for pos in nodes)
@@ -136,14 +146,15 @@ def closest(
     n: int,
     ok: NodeFilter,
     one_node: bool = False,
+    pods: int = 0,
 ) -> Placed | None:
     """The GPUs a waiting job is closest to fitting: n GPUs with the most free memory, or,
     where fewer are open (whole GPUs still in use), the open GPUs of the nodes that have the
     most of them, so that a starving job keeps each GPU that frees up."""
-    placed = place_by_count(index, estimate, parallelism, n, ok, one_node)
+    placed = place_by_count(index, estimate, parallelism, n, ok, one_node, pods)
     if placed is not None:
         return placed
-    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node):
+    for k, g in shapes(n, index.max_gpus, parallelism, index.one_node or one_node, pods):
         ranked = sorted(
             (-len(open_gpus), -sum(slot.free for _, slot in open_gpus), pos)
             for pos in range(len(index.nodes))

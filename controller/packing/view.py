@@ -15,8 +15,8 @@ hold may fit some day, and only what no state of the cluster holds is rejected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from controller.estimator import Estimate, Parallelism
@@ -27,6 +27,7 @@ from controller.packing.inventory import (
     NodeGpus,
     NodeState,
     PackingSettings,
+    Reservation,
     Snapshot,
     Taint,
     placeable,
@@ -57,6 +58,8 @@ class Selection:
     names: frozenset[str] | None = None
     #: The job must run on one node (`NodeConstraints.one_node`), whatever the GPU mode.
     one_node: bool = False
+    #: Its GPUs come as this many equal pods, whole on their nodes (`NodeConstraints.pods`).
+    pods: int = 0
 
 
 #: Distinct (selector, constraints) a view keeps: templates repeat, but a long-lived view
@@ -94,6 +97,17 @@ class ClusterView:
         #: What this pass charged and held in `now`, by node name, replayed onto `resting`
         #: when it is built: (node, GPU positions, bytes each holds or None for a hold).
         self._changes: list[tuple[str, tuple[int, ...], tuple[int, ...] | None]] = []
+
+    def with_reservations(self, extra: Iterable[Reservation]) -> ClusterView:
+        """This cluster with `extra` charged too (holds made after it was built), leaving
+        out those whose job it charges already; itself where none is new. A new view: this
+        one may be read by others meanwhile, and is never changed."""
+        have = {r.job for r in self._snapshot.reservations}
+        new = tuple(r for r in extra if r.job not in have)
+        if not new:
+            return self
+        charged = replace(self._snapshot, reservations=(*self._snapshot.reservations, *new))
+        return ClusterView(charged, self._settings)
 
     @cached_property
     def empty(self) -> FreeIndex:
@@ -162,17 +176,21 @@ class ClusterView:
         products = tuple(sorted({gpu.product for gpu in gpus if gpu.product}))
         resting = self._resting(matched, repelled)
         one_node = constraints is not None and constraints.one_node
+        pods = 0 if constraints is None else constraints.pods
         if len(matched) == len(self._snapshot.nodes) and not repelled:
             return Selection(
-                _everywhere, _everywhere, len(gpus), products, resting, one_node=one_node
-            )
+                _everywhere, _everywhere, len(gpus), products, resting, one_node=one_node,
+                pods=pods,
+            )  # fmt: skip
         names = frozenset(node.name for node in matched)
         now = {self.now.position[n] for n in names - repelled.keys() if n in self.now.position}
 
         def in_empty(pos: int) -> bool:
             return self.empty.nodes[pos].name in names
 
-        return Selection(now.__contains__, in_empty, len(gpus), products, resting, names, one_node)
+        return Selection(
+            now.__contains__, in_empty, len(gpus), products, resting, names, one_node, pods
+        )
 
     def _resting(
         self, matched: list[NodeState], repelled: Mapping[str, Taint]
@@ -193,12 +211,15 @@ class ClusterView:
     def place_now(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> Placed | None:
-        return place(self.now, estimate, parallelism, n, where.now, where.one_node)
+        return place(self.now, estimate, parallelism, n, where.now, where.one_node, where.pods)
 
     def fits_empty(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> bool:
-        return place(self.empty, estimate, parallelism, n, where.empty, where.one_node) is not None
+        return (
+            place(self.empty, estimate, parallelism, n, where.empty, where.one_node, where.pods)
+            is not None
+        )
 
     def shapes_empty(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
@@ -206,7 +227,9 @@ class ClusterView:
         """Whether the empty cluster has n GPUs in a shape the parallelism can use (one node
         for a device map and with visibleDevices; otherwise k nodes x g GPUs for DDP and
         FSDP), whatever their memory."""
-        found = place_by_count(self.empty, estimate, parallelism, n, where.empty, where.one_node)
+        found = place_by_count(
+            self.empty, estimate, parallelism, n, where.empty, where.one_node, where.pods
+        )
         return found is not None
 
     def widest_empty(self, where: Selection) -> int:
@@ -217,7 +240,9 @@ class ClusterView:
     def place_by_count(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> Placed | None:
-        return place_by_count(self.now, estimate, parallelism, n, where.now, where.one_node)
+        return place_by_count(
+            self.now, estimate, parallelism, n, where.now, where.one_node, where.pods
+        )
 
     def place_resting(
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
@@ -231,7 +256,7 @@ class ClusterView:
         def matching(pos: int) -> bool:
             return names is None or index.nodes[pos].name in names
 
-        return place(index, estimate, parallelism, n, matching, where.one_node)
+        return place(index, estimate, parallelism, n, matching, where.one_node, where.pods)
 
     def resting_nodes(self, placed: Placed, where: Selection) -> tuple[tuple[str, str], ...]:
         """(node, why) for each node of a `place_resting` placement that takes no work now."""
@@ -257,7 +282,7 @@ class ClusterView:
         self, estimate: Estimate, parallelism: Parallelism, n: int, where: Selection
     ) -> None:
         """Keep the GPUs a starving job is closest to fitting from later jobs of this pass."""
-        held = closest(self.now, estimate, parallelism, n, where.now, where.one_node)
+        held = closest(self.now, estimate, parallelism, n, where.now, where.one_node, where.pods)
         for pos, gpus in held.parts if held else ():
             self.now.hold(pos, gpus)
             self._log(self.now.nodes[pos].name, gpus, None)

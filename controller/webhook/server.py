@@ -321,7 +321,11 @@ async def _size(
         found = restore(old if isinstance(old, Mapping) else {}, obj)
         warnings.extend(found.warnings)
     elif payload.get("operation") == "CREATE":
-        found = await trainjobs.sizing(obj, warnings)
+        namespace = payload.get("namespace")
+        found = await trainjobs.sizing(
+            obj, warnings, dry_run=payload.get("dryRun") is True,
+            namespace=namespace if isinstance(namespace, str) else None,
+        )  # fmt: skip
     else:
         return
     if found.patch:

@@ -11,16 +11,31 @@ runtime the TrainJob names comes from the caches too (`runtime`: None where it i
 them, and the TrainJob is then sized only as far as it says its training itself). It fails
 open like the others (`ignore_failures`; the review server answers 500 on an error, and the
 configuration's failurePolicy is Ignore).
+
+**Holds** (`TrainJobHolds`, operator setting `trainJobHoldSeconds`): a TrainJob create it
+sizes onto GPUs that fit now, unless a dry run, leaves a hold on them (`controller.admission.
+holds`) that the next TrainJob's sizing and the scheduling pass charge, so TrainJobs created
+in the same second are not all sized onto the same free memory. The review server answers
+on a thread of its own, and concurrently: the view is awaited outside the ledger's lock, and
+the holds charged, the sizing and the new hold are one step under it, so two creates never
+both count on memory neither has held yet. The ledger is this replica's memory only: with
+several replicas behind the webhook's Service, creates of one burst that reach different
+replicas do not see each other's holds, and the scheduling pass (the leader's) sees only its
+own replica's. A hold is kept from a create the API server then refuses (a later webhook, a
+name taken) until it expires: the safe side, for `trainJobHoldSeconds`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import kopf
 
+from controller.admission import holds
+from controller.admission.holds import Hold
 from controller.admission.trainer_runtime import RuntimeRef, runtime_ref
 from controller.admission.trainjob import Sizing, restore, size
 from controller.packing.view import ClusterView
@@ -42,24 +57,93 @@ def _no_runtime(ref: RuntimeRef) -> Mapping[str, Any] | None:
     return None
 
 
+class TrainJobHolds:
+    """The ledger of holds (`controller.admission.holds`), by hold job name: what sized
+    TrainJob creates counted on, for `hold_s` seconds of `clock` at most. Thread-safe: the
+    review server's thread adds and reads, kopf's loop reads and ends."""
+
+    def __init__(self, hold_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hold_s = hold_s
+        self.clock = clock
+        #: Held around a sizing and its hold (`TrainJobWebhook.sizing`): reentrant, so the
+        #: methods below may be called under it.
+        self.lock = threading.RLock()
+        self._holds: dict[str, Hold] = {}
+        self._serial = 0
+
+    def active(self) -> tuple[Hold, ...]:
+        """The holds not expired now; the expired ones are forgotten."""
+        with self.lock:
+            kept = holds.live(self._holds.values(), self.clock())
+            if len(kept) != len(self._holds):
+                self._holds = {hold.job: hold for hold in kept}
+            return kept
+
+    def add(self, body: Mapping[str, Any], found: Sizing, namespace: str | None = None) -> Hold:
+        """A hold on what `found` counted on (its `counted`), for the TrainJob `body`."""
+        assert found.counted is not None
+        meta = body.get("metadata") or {}
+        with self.lock:
+            self._serial += 1
+            hold = Hold(
+                namespace=str(meta.get("namespace") or namespace or "default"),
+                name=str(meta.get("name") or ""),
+                placement=found.counted.placement,
+                per_gpu_bytes=found.counted.per_gpu_bytes,
+                pods=found.counted.pods,
+                expires_s=self.clock() + self.hold_s,
+                serial=self._serial,
+                uid=meta.get("uid") or None,
+            )
+            self._holds[hold.job] = hold
+            return hold
+
+    def end(self, jobs: Iterable[str]) -> None:
+        """Forget the holds of these jobs (their pods' memory shows in the readings)."""
+        with self.lock:
+            for job in jobs:
+                self._holds.pop(job, None)
+
+
 class TrainJobWebhook:
     def __init__(
         self,
         view: Callable[[], Awaitable[ClusterView | None]],
         observe: Callable[[str, str, float], None] = _ignore,
         runtime: Callable[[RuntimeRef], Mapping[str, Any] | None] = _no_runtime,
+        holds: TrainJobHolds | None = None,
     ) -> None:
         self.view = view
         self.observe = observe
         self.runtime = runtime
+        #: None: nothing held (`trainJobHoldSeconds` 0).
+        self.holds = holds
 
-    async def sizing(self, body: Mapping[str, Any], warnings: list[str] | None = None) -> Sizing:
-        """The TrainJob's sizing; kopf.AdmissionError (422) when it is refused."""
+    async def sizing(
+        self,
+        body: Mapping[str, Any],
+        warnings: list[str] | None = None,
+        *,
+        dry_run: bool = False,
+        namespace: str | None = None,
+    ) -> Sizing:
+        """The TrainJob's sizing; kopf.AdmissionError (422) when it is refused. Sized onto
+        GPUs that fit now, and not a dry run: those GPUs held (`TrainJobHolds`)."""
         started, result = time.perf_counter(), ERROR
         try:
             ref = runtime_ref(body)
-            found = size(body, await self.view(),
-                         runtime=None if ref is None else self.runtime(ref))  # fmt: skip
+            runtime = None if ref is None else self.runtime(ref)
+            view = await self.view()
+            if self.holds is None:
+                found = size(body, view, runtime=runtime)
+            else:
+                with self.holds.lock:  # charged, sized and held as one step
+                    if view is not None:
+                        held = [holds.reservation(h) for h in self.holds.active()]
+                        view = view.with_reservations(held)
+                    found = size(body, view, runtime=runtime)
+                    if found.counted is not None and found.refusal is None and not dry_run:
+                        self.holds.add(body, found, namespace)
             if warnings is not None:
                 warnings.extend(found.warnings)
             if found.refusal is not None:
@@ -77,6 +161,7 @@ class TrainJobWebhook:
         warnings: list[str] | None = None,
         operation: str | None = None,
         old: Mapping[str, Any] | None = None,
+        dryrun: bool = False,
         **_: Any,
     ) -> None:
         """kopf's mutating handler: `sizing`'s operations written into kopf's patch (the
@@ -87,7 +172,7 @@ class TrainJobWebhook:
                 warnings.extend(found.warnings)
             ops = found.patch
         elif operation in (None, "CREATE"):
-            ops = (await self.sizing(body, warnings)).patch
+            ops = (await self.sizing(body, warnings, dry_run=dryrun)).patch
         else:
             return
         for op in ops:

@@ -489,7 +489,9 @@ def test_trainer_sizing_renders_the_trainjob_webhook_and_the_config_when_enabled
     assert validating["rules"][0]["resources"] == ["finetunejobs"]
     config = operator_config(objects)
     assert config["trainJobSizing"] is True
-    assert _load_operator_settings(config, tmp_path).train_job_sizing is True
+    assert config["trainJobHoldSeconds"] == 120  # the chart's default is the operator's
+    loaded = _load_operator_settings(config, tmp_path)
+    assert loaded.train_job_sizing is True and loaded.train_job_hold_seconds == 120
     # Read rights on Trainer's runtimes, which the operator caches: ClusterTrainingRuntimes
     # cluster-wide, TrainingRuntimes where the jobs are watched.
     read = {"get", "list", "watch"}
@@ -538,6 +540,19 @@ def test_trainer_sizing_without_what_it_needs_fails_in_one_line(
     assert done.returncode != 0
     (line,) = [x for x in done.stderr.splitlines() if words[0] in x]
     assert all(w in line for w in words) and "execution error" in line, line
+
+
+def test_trainer_sizing_hold_seconds_reach_the_operator_and_are_bounded(tmp_path: Path) -> None:
+    objects = render(
+        "--set", "trainer.sizing.enabled=true", "--set", "trainer.sizing.holdSeconds=0"
+    )
+    config = operator_config(objects)
+    assert config["trainJobHoldSeconds"] == 0  # 0: nothing held
+    assert _load_operator_settings(config, tmp_path).train_job_hold_seconds == 0
+    done = helm("template", RELEASE, str(CHART), "--set", "trainer.sizing.holdSeconds=3601")
+    assert done.returncode != 0 and "holdSeconds" in done.stderr, done.stderr
+    done = helm("template", RELEASE, str(CHART), "--set", "trainer.sizing.holdSeconds=-1")
+    assert done.returncode != 0 and "holdSeconds" in done.stderr, done.stderr
 
 
 def test_trainer_sizing_is_set_in_the_trainer_block_only() -> None:

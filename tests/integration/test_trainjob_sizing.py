@@ -128,6 +128,32 @@ def test_a_trainjob_asking_4_gpus_where_2_fit_now_is_created_asking_2(
     assert kept["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 2}}
 
 
+def test_trainjobs_created_back_to_back_are_not_sized_onto_the_same_gpus(
+    sizing: OperatorProcess, cluster: Cluster, namespace: str, gpus: Gpus,  # noqa: F811
+    api_client: client.ApiClient,
+) -> None:  # fmt: skip
+    """One node of four free 80 GiB GPUs: the first TrainJob asks 2 (45.49 GiB each), which
+    fit, and are held; the second, created right after, asks 4, which the same free memory
+    would fit too (23.76 GiB each), but 2 are the first's: it is resized to the other 2.
+    Nothing runs either (no Trainer controller): only the hold tells the second."""
+    gpus.add([80, 80, 80, 80])
+    first = json.dumps(trainjob("first", gpus, per_node=2))
+    done = cluster.kubectl("create", "-n", namespace, "-f", "-", stdin=first)
+    assert done.returncode == 0 and "vramgate" not in done.stderr, done.stderr
+    second = json.dumps(trainjob("second", gpus, per_node=4))
+    done = cluster.kubectl("create", "-n", namespace, "-f", "-", stdin=second)
+    assert done.returncode == 0, done.stderr
+    assert "Warning: vramgate: resized 4 -> 2 GPUs (policy Resize): 4 GPUs do not fit now" in (
+        done.stderr
+    )
+    obj = stored(api_client, namespace, "second")
+    assert obj["spec"]["trainer"]["resourcesPerNode"] == {"limits": {GPU: 2}}
+    assert obj["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "4"
+    assert stored(api_client, namespace, "first")["spec"]["trainer"]["resourcesPerNode"] == {
+        "limits": {GPU: 2}
+    }  # fmt: skip
+
+
 def test_a_trainjob_without_the_annotation_is_untouched_and_an_invalid_one_refused(
     sizing: OperatorProcess, cluster: Cluster, namespace: str, gpus: Gpus,  # noqa: F811
     api_client: client.ApiClient,

@@ -146,6 +146,7 @@ set each).
 {{- $_ = set $config "kueueAdmissionCheck" .Values.kueue.admissionCheck.enabled }}
 {{- $_ = set $config "kueueRetrySeconds" (int .Values.kueue.admissionCheck.retrySeconds) }}
 {{- $_ = set $config "trainJobSizing" .Values.trainer.sizing.enabled }}
+{{- $_ = set $config "trainJobHoldSeconds" (int .Values.trainer.sizing.holdSeconds) }}
 {{- toYaml $config }}
 {{- end }}
 

@@ -8,6 +8,7 @@ with FSDP, 23.76 GiB on 4: on 80 GiB GPUs it needs at least 2.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,17 @@ from controller.admission.kueue import SPEC_ANNOTATION, read_spec
 from controller.admission.trainer_runtime import slim
 from controller.admission.trainjob import (
     POLICY_ANNOTATION,
+    Counted,
     Sizing,
     pod_constraints,
     restore,
     size,
 )
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
+from controller.estimator import Parallelism
 from controller.jobs.spec import estimate_plan
-from controller.packing.inventory import PackingSettings
+from controller.packing.inventory import NodeGpus, PackingSettings
+from controller.packing.placement import shapes
 from controller.packing.view import ClusterView
 from tests.unit.builders.packing import node, view
 
@@ -72,9 +76,23 @@ def cluster(*frees: list[float], allocated: int = 0, **labels: str) -> ClusterVi
     )  # fmt: skip
 
 
+def open_gpus(*counts: int) -> ClusterView:
+    """One node of four 80 GiB GPUs per count, that many of them not given to other pods."""
+    return view(
+        *(node(f"n{i}", [80] * 4, gpu_allocatable=4, gpu_allocated=4 - c)
+          for i, c in enumerate(counts)),
+        settings=DEVICE_PLUGIN,
+    )  # fmt: skip
+
+
 def applied(obj: dict[str, Any], sizing: Sizing) -> dict[str, Any]:
     """The TrainJob as the API server stores it after the patch."""
     return jsonpatch.apply_patch(obj, list(sizing.patch))
+
+
+def uncounted(sizing: Sizing) -> Sizing:
+    """The answer without where it counted (`Sizing.counted`, what the webhook holds)."""
+    return replace(sizing, counted=None)
 
 
 def asked(obj: dict[str, Any]) -> dict[str, Any]:
@@ -129,8 +147,11 @@ def test_a_trainjob_without_either_annotation_passes_untouched() -> None:
     assert size(obj, None) == Sizing()
 
 
-def test_a_count_that_fits_now_is_left_as_it_is() -> None:
-    assert size(trainjob(per_node=2), cluster([80, 80, 80, 80])) == Sizing(gpus=2)
+def test_a_count_that_fits_now_is_left_as_it_is_and_says_where_it_counted() -> None:
+    sizing = size(trainjob(per_node=2), cluster([80, 80, 80, 80]))
+    assert uncounted(sizing) == Sizing(gpus=2)
+    # What the webhook holds for it: the GPUs it fits on now, at its per-GPU figure.
+    assert sizing.counted == Counted((NodeGpus("n0", (0, 1), ("n0-0", "n0-1")),), 48841659274)
 
 
 @pytest.mark.parametrize(
@@ -184,7 +205,7 @@ def test_enforce_changes_nothing_and_warns_when_it_does_not_fit_now() -> None:
     assert sizing.patch == () and sizing.refusal is None
     (warning,) = sizing.warnings
     assert warning.startswith("vramgate: does not fit now (policy Enforce): needs 23.76 GiB")
-    assert size(trainjob(policy=None), cluster([80, 80, 80, 80])) == Sizing(gpus=4)
+    assert uncounted(size(trainjob(policy=None), cluster([80, 80, 80, 80]))) == Sizing(gpus=4)
 
 
 def test_resize_keeps_a_count_that_fits_the_empty_cluster_when_none_fits_now() -> None:
@@ -212,17 +233,45 @@ def test_the_bounds_of_the_annotation_limit_the_resize() -> None:
     assert sizing.patch == () and "does not fit now" in sizing.warnings[0]
 
 
-def test_a_trainjob_of_several_nodes_is_checked_as_it_asks_never_resized() -> None:
-    """3 nodes x 2 GPUs on three 3-GPU nodes: the packer's best layout (2 nodes x 3) splits
-    the pods, and a count it found could need more GPUs than asked (6 -> 9): several nodes
-    are checked as asked, and said so."""
-    obj = trainjob(nodes=3, per_node=2, spec=QLORA, numProcPerNode=2)
-    sizing = size(obj, cluster([80, 80, 80], [80, 80, 80], [80, 80, 80]))
-    assert sizing.patch == () and sizing.refusal is None
-    assert sizing.warnings[0] == (
-        f"vramgate: {POLICY_ANNOTATION} Resize sizes TrainJobs of one node; this one of 3 "
-        "(spec.trainer.numNodes) is checked as it asks"
-    )
+def test_a_trainjob_of_several_nodes_is_resized_keeping_its_nodes_and_whole_pods() -> None:
+    """3 nodes x 4 GPUs (QLoRA, small) on three 4-GPU nodes whose GPUs 2 and 3 are other
+    pods': 12 does not fit now, nor do 11 to 7 (no whole pods of 11 / 3, 10 / 3 ..., and
+    9 = 3 x 3 has no node with 3 open GPUs), 6 = 3 pods of 2 does, one on each node."""
+    obj = trainjob(nodes=3, per_node=4, spec=QLORA, numProcPerNode=4)
+    sizing = size(obj, open_gpus(2, 2, 2))
+    assert sizing.refusal is None and sizing.gpus == 6
+    stored = applied(obj, sizing)
+    assert stored["spec"]["trainer"]["numNodes"] == 3
+    assert asked(stored) == {"limits": {GPU: 2}}
+    assert stored["spec"]["trainer"]["numProcPerNode"] == 2
+    assert stored["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "12"
+    (warning,) = sizing.warnings
+    assert warning.startswith("vramgate: resized 12 -> 6 GPUs (policy Resize): 12 GPUs do not")
+    assert warning.endswith(f"spec.trainer.resourcesPerNode[{GPU}] 4 -> 2 on each of 3 nodes, "
+                            "numProcPerNode 4 -> 2")  # fmt: skip
+    assert sizing.counted is not None
+    assert [len(part.indices) for part in sizing.counted.placement] == [2, 2, 2]
+
+
+def test_the_packers_fewest_nodes_layout_that_splits_a_pod_is_not_the_only_one_tried() -> None:
+    """3 nodes x 2 GPUs on nodes with 3, 3 and 2 open GPUs: the packer's fewest-nodes
+    layout of 6 GPUs is 2 nodes x 3, which splits a pod; asked for whole pods it finds 3 x 2
+    (before, the TrainJob was told it does not fit now)."""
+    obj = trainjob(nodes=3, per_node=2, spec=QLORA, policy="Enforce")
+    sizing = size(obj, open_gpus(3, 3, 2))
+    assert uncounted(sizing) == Sizing(gpus=6)
+    assert sizing.counted is not None
+    placed = {part.node: len(part.indices) for part in sizing.counted.placement}
+    assert placed == {"n0": 2, "n1": 2, "n2": 2}
+
+
+def test_shapes_of_whole_pods() -> None:
+    """The packer's shapes for n GPUs as `pods` equal pods: whole pods on every node."""
+    assert list(shapes(12, 8, Parallelism.FSDP, pods=3)) == [(3, 4)]
+    assert list(shapes(12, 12, Parallelism.FSDP, pods=3)) == [(1, 12), (3, 4)]
+    assert list(shapes(8, 8, Parallelism.DDP, pods=2)) == [(1, 8), (2, 4)]
+    assert list(shapes(6, 8, Parallelism.FSDP, pods=4)) == []  # 4 does not divide 6
+    assert list(shapes(6, 8, Parallelism.FSDP)) == [(1, 6), (2, 3), (3, 2), (6, 1)]
 
 
 def test_a_device_map_over_several_nodes_is_not_sized() -> None:
@@ -240,13 +289,17 @@ def test_a_refusal_speaks_of_the_trainjobs_fields() -> None:
     assert f"{POLICY_ANNOTATION}: Resize" in sizing.refusal
 
 
-def test_a_placement_that_splits_a_pod_across_nodes_does_not_count() -> None:
-    """2 nodes x 2 GPUs asked on 4 one-GPU nodes: 4 GPUs fit by memory, but no node holds a
-    pod's 2; nor does any count that 2 divides."""
+def test_a_trainjob_whose_pods_no_node_can_hold_is_refused() -> None:
+    """2 nodes x 2 GPUs asked on 4 one-GPU nodes: 4 GPUs fit by memory, but no node ever
+    holds a pod's 2 (nor one of any count that 2 divides): refused, saying so."""
     obj = trainjob(nodes=2, per_node=2, spec=QLORA, policy="Enforce")
     sizing = size(obj, cluster([80], [80], [80], [80]))
-    assert sizing.patch == () and sizing.refusal is None
-    assert "with each pod's GPUs on one node" in sizing.warnings[0]
+    assert sizing.patch == ()
+    assert sizing.refusal == (
+        "vramgate: InsufficientGPUs: needs 2 pods of 2 GPUs, each pod on one node "
+        f"(spec.trainer.numNodes x spec.trainer.resourcesPerNode[{GPU}]); the matching nodes "
+        "have at most 1 GPU each, so no such placement exists"
+    )
 
 
 def test_numprocpernode_other_than_the_gpus_is_left_alone() -> None:
@@ -366,7 +419,7 @@ def test_a_trainjob_naming_only_its_runtime_is_sized_from_it_and_the_patch_says_
     assert "needs 14.49 GiB per GPU on 1 GPU with FSDP" in resized
     assert resized.endswith("(set from its runtime's trainer resources), numNodes 1 (set from "
                             "its runtime's)")  # fmt: skip
-    assert size(obj, cluster([80, 80]), runtime=RUNTIME) == Sizing(gpus=2)  # fits: silent
+    assert uncounted(size(obj, cluster([80, 80]), runtime=RUNTIME)) == Sizing(gpus=2)  # silent
 
 
 def test_the_runtimes_other_resources_are_kept_in_the_resources_per_node_written() -> None:

@@ -65,6 +65,7 @@ SAMPLES: dict[str, tuple[str, Any, Any]] = {
     "kueue_admission_check": ("true", True, True),
     "kueue_retry_seconds": ("120", 120, 120),
     "train_job_sizing": ("true", True, True),
+    "train_job_hold_seconds": ("30", 30, 30),
     "log_level": ("debug", "debug", "debug"),
 }
 
@@ -99,7 +100,7 @@ def test_the_config_keys_are_the_contracts() -> None:
         "leaderElection "
         "leaseNamespace "
         "leaseName identity metricsAddr metricsPort probeAddr probePort logLevel "
-        "kueueAdmissionCheck kueueRetrySeconds trainJobSizing"
+        "kueueAdmissionCheck kueueRetrySeconds trainJobSizing trainJobHoldSeconds"
     )
     assert sorted(LOADER.key(n) for n in OperatorSettings.model_fields) == sorted(keys.split())
 

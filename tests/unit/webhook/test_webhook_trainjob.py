@@ -30,7 +30,7 @@ from controller.webhook.registration import (
     configurations,
 )
 from controller.webhook.server import answer
-from controller.webhook.trainjob import TRAINJOB, TrainJobWebhook
+from controller.webhook.trainjob import TRAINJOB, TrainJobHolds, TrainJobWebhook
 from tests.unit.builders.packing import node, view
 from tests.unit.builders.webhook import cluster, hook
 
@@ -180,3 +180,102 @@ def test_the_runtime_a_trainjob_names_is_looked_up_and_its_trainer_written_by_ko
 def test_the_policy_annotation_alone_calls_the_webhook() -> None:
     (says, _) = MATCH_CONDITIONS[MUTATE_TRAINJOB_HANDLER]
     assert f"'{POLICY_ANNOTATION}' in object.metadata.annotations" in says["expression"]
+
+
+# -- holds: TrainJobs created together are not sized onto the same memory ------------------
+
+
+def four_gpus() -> ClusterView:
+    """One node of four 80 GiB GPUs, none given to a pod (the device plugin's slots)."""
+    return view(node("n0", [80, 80, 80, 80], gpu_allocatable=4), settings=PackingSettings())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def holding(base: ClusterView, clock: Clock | None = None) -> TrainJobWebhook:
+    async def current() -> ClusterView | None:
+        await asyncio.sleep(0)  # as the operator's, which hops to kopf's loop: others run
+        return base
+
+    return TrainJobWebhook(current, holds=TrainJobHolds(120, clock or Clock()))
+
+
+def create(obj: dict[str, Any], trainjobs: TrainJobWebhook, dry_run: bool = False) -> Any:
+    request = review(obj)
+    request["request"]["dryRun"] = dry_run
+    return ask(request, trainjobs)["response"]
+
+
+def named(name: str, per_node: int) -> dict[str, Any]:
+    obj = trainjob(per_node=per_node)
+    obj["metadata"]["name"] = name
+    return obj
+
+
+def test_a_second_create_is_sized_on_what_the_first_left_free() -> None:
+    """The first asks 2 of the node's 4 GPUs, which fit: held. The second asks 4, which the
+    same view fits too (23.76 GiB each), but 2 are held: resized to the other 2."""
+    sizer = holding(four_gpus())
+    first = create(named("first", 2), sizer)
+    assert first["allowed"] is True and "patch" not in first
+    second = create(named("second", 4), sizer)
+    assert second["allowed"] is True and second["patchType"] == "JSONPatch"
+    assert second["warnings"][0].startswith("vramgate: resized 4 -> 2 GPUs (policy Resize): 4 "
+                                            "GPUs do not fit now")  # fmt: skip
+    assert sizer.holds is not None
+    one, two = sizer.holds.active()
+    assert (one.name, two.name) == ("first", "second") and one.namespace == "ml"
+    used = [set(h.placement[0].uuids) for h in (one, two)]
+    assert used[0].isdisjoint(used[1]) and len(used[0] | used[1]) == 4
+    # A third finds nothing free now: it stays as asked, with the does-not-fit warning.
+    third = create(named("third", 2), sizer)
+    assert third["warnings"][0].startswith("vramgate: does not fit now (policy Resize)")
+    assert len(sizer.holds.active()) == 2
+
+
+def test_a_dry_run_holds_nothing() -> None:
+    sizer = holding(four_gpus())
+    assert "patch" not in create(named("dry", 2), sizer, dry_run=True)
+    assert sizer.holds is not None and sizer.holds.active() == ()
+    assert "patch" not in create(named("real", 4), sizer)  # all 4 still free
+
+
+def test_a_hold_is_gone_after_its_seconds() -> None:
+    clock = Clock()
+    sizer = holding(four_gpus(), clock)
+    create(named("first", 4), sizer)
+    assert create(named("second", 4), sizer)["warnings"][0].startswith("vramgate: does not fit now")
+    clock.now += 120  # the first's hold expires at its create + 120 s exactly
+    assert "warnings" not in create(named("third", 4), sizer)
+
+
+def test_holds_made_concurrently_never_share_gpus() -> None:
+    """Creates answered concurrently on the server's loop each await the view, then charge,
+    size and hold under the ledger's lock."""
+    sizer = holding(four_gpus())
+
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(
+            answer(hook(cluster()), MUTATE_TRAINJOB_HANDLER, review(named(f"j{i}", 1)), sizer)
+            for i in range(6)
+        ))  # fmt: skip
+
+    asyncio.run(burst())
+    assert sizer.holds is not None
+    held = [uuid for h in sizer.holds.active() for uuid in h.placement[0].uuids]
+    assert len(held) == 4 and len(set(held)) == 4  # 4 held once each; 2 did not fit now
+
+
+def test_kopfs_handler_holds_nothing_for_a_dry_run() -> None:
+    sizer = holding(four_gpus())
+    asyncio.run(sizer.mutate(body=named("dry", 2), patch=kopf.Patch(), operation="CREATE",
+                             dryrun=True))  # fmt: skip
+    assert sizer.holds is not None and sizer.holds.active() == ()
+    asyncio.run(sizer.mutate(body=named("real", 2), patch=kopf.Patch(), operation="CREATE"))
+    assert [h.name for h in sizer.holds.active()] == ["real"]

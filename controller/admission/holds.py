@@ -1,0 +1,142 @@
+"""Short holds on the GPU memory a TrainJob was sized onto at its create: data in, data out.
+
+A TrainJob is sized on the free memory the GPUs report (`controller.admission.trainjob`), and
+its pods take that memory only seconds to minutes later. Without a hold, TrainJobs created
+together (a sweep, a pipeline's burst) are each sized on the same free memory and all count
+on the same GPUs. So the TrainJob webhook (`controller.webhook.trainjob`) records what each
+sized create counted on (`Hold`: the placement found, the bytes per GPU, its pods) in a
+ledger the next sizing charges as reservations (`reservation`), and so does the operator's
+scheduling pass: a FineTuneJob does not take memory just promised to a TrainJob.
+
+A hold ends, whichever comes first:
+
+* when every one of its pods (numNodes of them, found by the JobSet name Trainer gives
+  them, `JOBSET_LABEL`, the TrainJob's own name) has its memory in a GPUNode's readings
+  (`settled`): from then the readings count it, as any pod's. Until then a pod already
+  scheduled has its `nvidia.com/gpu` counted with its node's (`Reservation.allocated_gpus`),
+  so a node's slots are never counted twice;
+* when it expires (`live`): the operator's `trainJobHoldSeconds` after the create, for
+  a TrainJob refused after the webhook answered, deleted, or whose pods never start, or
+  whose name is not known at the create (`generateName`: its pods cannot be found).
+
+A hold is charged on the GPUs the sizing found, in full until its pods' memory shows. The
+kube-scheduler, not vramgate, places a TrainJob's pods: they may run on other GPUs, and the
+held ones then stay charged until the pods' memory shows elsewhere or the hold expires. That
+is the safe side for a short while.
+
+Why only in memory: a hold lives seconds to a couple of minutes, and the TrainJob itself,
+not vramgate, owns its GPUs once its pods run. A restarted operator forgets its holds: at
+worst one burst of TrainJobs is sized on stale free memory, as without holds, and each is
+still checked by the kube-scheduler's GPU count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.packing.inventory import NodeGpus, NodeState, Reservation
+
+#: The label JobSet gives a JobSet's pods, with the JobSet's name; Trainer names a
+#: TrainJob's JobSet after the TrainJob.
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+#: A hold's job name in the ledger of reservations: never a FineTuneJob's (`namespace/name`).
+JOB_PREFIX = "trainjob-hold:"
+_FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What a sized TrainJob create counted on: `per_gpu_bytes` on each GPU of `placement`,
+    for `pods` pods (numNodes), until `expires_s` (the ledger's clock, in seconds).
+    `namespace`/`name` find its pods (`name` "" where the create said only generateName);
+    `serial` tells apart two holds of one name (a TrainJob deleted and created again)."""
+
+    namespace: str
+    name: str
+    placement: tuple[NodeGpus, ...]
+    per_gpu_bytes: int
+    pods: int
+    expires_s: float
+    serial: int = 0
+    uid: str | None = None
+
+    @property
+    def job(self) -> str:
+        """Its name as a reservation's job: unique in the ledger."""
+        return f"{JOB_PREFIX}{self.namespace}/{self.name or '?'}#{self.serial}"
+
+
+def live(holds: Iterable[Hold], now_s: float) -> tuple[Hold, ...]:
+    """The holds not yet expired at `now_s`: one expires at its `expires_s` exactly."""
+    return tuple(hold for hold in holds if now_s < hold.expires_s)
+
+
+def pods_of(hold: Hold, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The hold's TrainJob's pods that have not finished (its JobSet's, in its namespace)."""
+    if not hold.name:
+        return []
+    found = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (
+            meta.get("namespace") == hold.namespace
+            and (meta.get("labels") or {}).get(JOBSET_LABEL) == hold.name
+            and (pod.get("status") or {}).get("phase") not in _FINISHED
+        ):
+            found.append(pod)
+    return found
+
+
+def read_pods(nodes: Iterable[NodeState]) -> frozenset[str]:
+    """The uids of the pods whose memory the GPUNodes' readings show."""
+    return frozenset(uid for node in nodes for gpu in node.gpus for uid in gpu.pod_used_bytes)
+
+
+def settled(hold: Hold, pods: Iterable[Mapping[str, Any]], read: frozenset[str]) -> bool:
+    """Whether every pod of the hold has its memory in the readings (`read_pods`): the
+    readings count its TrainJob from now on, and the hold has ended."""
+    own = pods_of(hold, pods)
+    uids = {str((pod.get("metadata") or {}).get("uid")) for pod in own}
+    return len(own) >= hold.pods and uids <= read
+
+
+def reservation(hold: Hold, pods: Iterable[Mapping[str, Any]] = ()) -> Reservation:
+    """The hold as the packer charges it: its placement at its bytes per GPU, with the pods
+    of its TrainJob known (`pods_of`), whose GPUs their nodes already count."""
+    own = pods_of(hold, pods)
+    allocated: dict[str, int] = {}
+    for pod in own:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            allocated[node] = allocated.get(node, 0) + _gpus(pod)
+    uids = frozenset(str((pod.get("metadata") or {}).get("uid")) for pod in own)
+    return Reservation(hold.job, hold.placement, hold.per_gpu_bytes, uids, allocated)
+
+
+def charged(
+    holds: Iterable[Hold], pods: Iterable[Mapping[str, Any]], nodes: Iterable[NodeState]
+) -> tuple[list[Reservation], frozenset[str]]:
+    """The reservations of the holds not `settled`, and the jobs of those that are."""
+    pods, read = list(pods), read_pods(nodes)
+    kept, ended = [], set()
+    for hold in holds:
+        if settled(hold, pods, read):
+            ended.add(hold.job)
+        else:
+            kept.append(reservation(hold, pods))
+    return kept, frozenset(ended)
+
+
+def _gpus(pod: Mapping[str, Any]) -> int:
+    """nvidia.com/gpu of a trainer pod: its containers' limits, else requests."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (resources.get(part) or {}).get("nvidia.com/gpu")
+            if value is not None:
+                total += int(value) if str(value).isdigit() else 0
+                break
+    return total
