@@ -16,6 +16,8 @@
                        server would have
     kueue.py           Kueue Workloads as admission reads them (the AdmissionCheck, Resize)
     trainjob.py        a TrainJob read as a FineTuneJob and sized at create: the patch
+    holds.py           the short holds on what a sized TrainJob counted on, and their end
+    pods.py            what admission reads of a pod: finished or not, its nvidia.com/gpu
 
 Pure: plain data in, plain data out; no Kubernetes client, no kopf, no HTTP. The operator
 (`controller.operator`) and `vramgate plan` (`controller.cli`) both decide through it.

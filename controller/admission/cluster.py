@@ -16,8 +16,7 @@ A compact cluster description (`nodes:` with their GPUs' memory, `compact.py`) s
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from controller.admission import holds, kueue
 from controller.admission.compact import CompactProblem, compact_nodes
 from controller.admission.dump_checks import object_problem
 from controller.admission.holds import Hold
+from controller.admission.pods import live_pods, pod_gpus, quantity
 from controller.admission.priority import Priorities
 from controller.api.base import (
     COUNT_LABEL,
@@ -53,8 +53,6 @@ from controller.packing.inventory import (
     Snapshot,
     Taint,
 )
-
-_FINISHED = {"Succeeded", "Failed"}
 
 
 class ClusterError(PermanentError, ValueError):
@@ -225,7 +223,7 @@ def node_state(
         cordoned=bool(spec.get("unschedulable")),
         agent_ready=agent is not None and agent.get("status") == "True",
         heartbeat=heartbeat,
-        gpu_allocatable=_quantity((node_status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        gpu_allocatable=quantity((node_status.get("allocatable") or {}).get(GPU_RESOURCE)),
         gpu_allocated=allocated,
         taints=tuple(
             Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
@@ -240,7 +238,7 @@ def unreported_node_state(name: str, node: Mapping[str, Any], allocated: int) ->
     Node says it has (`gpu_count`), as large as GPU feature discovery's label says (unknown
     without one), with no UUID and no free memory: no agent read them."""
     labels = (node.get("metadata") or {}).get("labels") or {}
-    mib = _quantity(labels.get(MEMORY_LABEL))
+    mib = quantity(labels.get(MEMORY_LABEL))
     product = str(labels.get(PRODUCT_LABEL) or "")
     gpus = tuple(
         GpuDevice("", i, product, None if not mib else mib * MIB, None)
@@ -255,9 +253,9 @@ def gpu_count(node: Mapping[str, Any]) -> int:
     status = node.get("status") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
     said = (
-        _quantity((status.get("capacity") or {}).get(GPU_RESOURCE)),
-        _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
-        _quantity(labels.get(COUNT_LABEL)),
+        quantity((status.get("capacity") or {}).get(GPU_RESOURCE)),
+        quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        quantity(labels.get(COUNT_LABEL)),
     )
     return max((n for n in said if n is not None), default=0)
 
@@ -296,41 +294,6 @@ def parse_time(value: object) -> datetime | None:
     if isinstance(value, str) and value:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     return None
-
-
-_QUANTITY = re.compile(r"^\d+$")
-
-
-def _quantity(value: object) -> int | None:
-    """A whole-number resource quantity (`"8"`); None when absent or not whole."""
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and _QUANTITY.match(value):
-        return int(value)
-    return None
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """nvidia.com/gpu a pod holds: the most of its init containers, or the sum of the rest."""
-    spec = pod.get("spec") or {}
-
-    def requested(container: Mapping[str, Any]) -> int:
-        resources = container.get("resources") or {}
-        for part in ("limits", "requests"):
-            amount = _quantity((resources.get(part) or {}).get(GPU_RESOURCE))
-            if amount is not None:
-                return amount
-        return 0
-
-    main = sum(requested(c) for c in spec.get("containers") or [])
-    init = max((requested(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
-
-
-def _live_pods(pods: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") not in _FINISHED:
-            yield pod
 
 
 def has_template(job: Mapping[str, Any]) -> bool:
@@ -414,7 +377,7 @@ def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Re
 
 def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
     """The packer's snapshot of these objects. `now` judges heartbeats (None: never stale)."""
-    live = list(_live_pods(objects.pods))
+    live = list(live_pods(objects.pods))
     allocated: dict[str, int] = {}
     for pod in live:
         node = (pod.get("spec") or {}).get("nodeName")

@@ -11,23 +11,35 @@ scheduling pass: a FineTuneJob does not take memory just promised to a TrainJob.
 A hold ends, whichever comes first:
 
 * when every one of its pods (numNodes of them, found by the JobSet name Trainer gives
-  them, `JOBSET_LABEL`, the TrainJob's own name) has its memory in a GPUNode's readings
-  (`settled`): from then the readings count it, as any pod's. Until then a pod already
-  scheduled has its `nvidia.com/gpu` counted with its node's (`Reservation.allocated_gpus`),
-  so a node's slots are never counted twice;
+  them, `JOBSET_LABEL`, the TrainJob's own name; not pods being deleted, which are a
+  former TrainJob's of that name) has its memory in a GPUNode's readings (`settled`): from
+  then the readings count it, as any pod's. Until then a pod already scheduled has its
+  `nvidia.com/gpu` counted with its node's (`Reservation.allocated_gpus`), so a node's
+  slots are never counted twice;
+* when the same TrainJob (namespace and name) is sized again: a create the API server
+  refused after the webhook answered (Trainer's own validation, a name already taken, the
+  API server calling the webhook again) leaves a hold that the next create of that name
+  replaces, and that create is never sized against its own earlier hold;
 * when it expires (`live`): the operator's `trainJobHoldSeconds` after the create, for
   a TrainJob refused after the webhook answered, deleted, or whose pods never start, or
-  whose name is not known at the create (`generateName`: its pods cannot be found).
+  whose name is not known at the create (`generateName`: its pods cannot be found). A
+  runtime with initializers (Trainer's dataset and model initializers, which the trainer
+  job waits for) starts the GPU pods only after the download, often minutes later: the
+  default, 600 s, leaves them that time.
 
 A hold is charged on the GPUs the sizing found, in full until its pods' memory shows. The
 kube-scheduler, not vramgate, places a TrainJob's pods: they may run on other GPUs, and the
 held ones then stay charged until the pods' memory shows elsewhere or the hold expires. That
 is the safe side for a short while.
 
-Why only in memory: a hold lives seconds to a couple of minutes, and the TrainJob itself,
-not vramgate, owns its GPUs once its pods run. A restarted operator forgets its holds: at
-worst one burst of TrainJobs is sized on stale free memory, as without holds, and each is
-still checked by the kube-scheduler's GPU count.
+Why only in memory: a hold lives seconds to minutes, and the TrainJob itself, not vramgate,
+owns its GPUs once its pods run. A restarted operator forgets its holds: at worst one burst
+of TrainJobs is sized on stale free memory, as without holds, and each is still checked by
+the kube-scheduler's GPU count. Each replica keeps its own holds (the chart runs 2): a burst's
+creates spread over the replicas behind the webhook's Service, each replica holds only what
+it sized, so creates that reach different replicas may be sized onto the same memory; and
+only the leader's holds (the replica that runs the scheduling pass) keep FineTuneJobs off
+held memory.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.admission.pods import finished, pod_gpus
 from controller.packing.inventory import NodeGpus, NodeState, Reservation
 
 #: The label JobSet gives a JobSet's pods, with the JobSet's name; Trainer names a
@@ -43,7 +56,6 @@ from controller.packing.inventory import NodeGpus, NodeState, Reservation
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 #: A hold's job name in the ledger of reservations: never a FineTuneJob's (`namespace/name`).
 JOB_PREFIX = "trainjob-hold:"
-_FINISHED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +63,8 @@ class Hold:
     """What a sized TrainJob create counted on: `per_gpu_bytes` on each GPU of `placement`,
     for `pods` pods (numNodes), until `expires_s` (the ledger's clock, in seconds).
     `namespace`/`name` find its pods (`name` "" where the create said only generateName);
-    `serial` tells apart two holds of one name (a TrainJob deleted and created again)."""
+    `serial` tells apart two holds of one name in the reservations' ledger. (No uid: a
+    TrainJob's is given after mutating admission, so the webhook never sees it.)"""
 
     namespace: str
     name: str
@@ -60,7 +73,6 @@ class Hold:
     pods: int
     expires_s: float
     serial: int = 0
-    uid: str | None = None
 
     @property
     def job(self) -> str:
@@ -74,7 +86,11 @@ def live(holds: Iterable[Hold], now_s: float) -> tuple[Hold, ...]:
 
 
 def pods_of(hold: Hold, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The hold's TrainJob's pods that have not finished (its JobSet's, in its namespace)."""
+    """The hold's TrainJob's pods (its JobSet's, in its namespace) that have not finished
+    and are not being deleted: a TrainJob deleted and created again under its name has its
+    first one's pods terminating a while, which are not the new one's and must not settle
+    its hold. (A pod's creationTimestamp would tell them apart too, but the caches' slim pod
+    does not keep it, and a hold's clock is monotonic, not the API server's.)"""
     if not hold.name:
         return []
     found = []
@@ -83,7 +99,8 @@ def pods_of(hold: Hold, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, 
         if (
             meta.get("namespace") == hold.namespace
             and (meta.get("labels") or {}).get(JOBSET_LABEL) == hold.name
-            and (pod.get("status") or {}).get("phase") not in _FINISHED
+            and not meta.get("deletionTimestamp")
+            and not finished(pod)
         ):
             found.append(pod)
     return found
@@ -110,7 +127,7 @@ def reservation(hold: Hold, pods: Iterable[Mapping[str, Any]] = ()) -> Reservati
     for pod in own:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
-            allocated[node] = allocated.get(node, 0) + _gpus(pod)
+            allocated[node] = allocated.get(node, 0) + pod_gpus(pod)
     uids = frozenset(str((pod.get("metadata") or {}).get("uid")) for pod in own)
     return Reservation(hold.job, hold.placement, hold.per_gpu_bytes, uids, allocated)
 
@@ -127,16 +144,3 @@ def charged(
         else:
             kept.append(reservation(hold, pods))
     return kept, frozenset(ended)
-
-
-def _gpus(pod: Mapping[str, Any]) -> int:
-    """nvidia.com/gpu of a trainer pod: its containers' limits, else requests."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        for part in ("limits", "requests"):
-            value = (resources.get(part) or {}).get("nvidia.com/gpu")
-            if value is not None:
-                total += int(value) if str(value).isdigit() else 0
-                break
-    return total

@@ -201,7 +201,7 @@ def _requested(container: Any) -> int:
 
 def _gpus(template: Mapping[str, Any]) -> int:
     """nvidia.com/gpu one pod of `template` holds: the sum of its containers, or the most of
-    its init containers (as `cluster.pod_gpus` counts a pod)."""
+    its init containers (as `pods.pod_gpus` counts a pod)."""
     spec = template.get("spec") or {}
     main = sum(_requested(c) for c in spec.get("containers") or [])
     init = max((_requested(c) for c in spec.get("initContainers") or []), default=0)

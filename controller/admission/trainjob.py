@@ -9,7 +9,9 @@ says where it fits (`Sizing.counted`); the webhook then holds those GPUs a short
 the next TrainJob, and the scheduling pass's FineTuneJobs, are not sized onto the same
 memory. Once its pods run, their use is read from the GPUs, as any pod's. Holds live in the
 operator's memory only: a restarted operator forgets them, and at worst one burst is sized
-on stale free memory, as before holds existed.
+on stale free memory, as before holds existed. Each replica holds only what it sized (the
+chart runs 2, and a burst's creates spread over both), and only the leader's holds keep the
+scheduling pass's FineTuneJobs off that memory.
 
 * **Opt in**: the annotation `SPEC_ANNOTATION` on the TrainJob's metadata, the FineTuneJob
   spec fields as YAML, read by the Kueue check's reader (`kueue.read_spec`: model, method,
@@ -43,11 +45,13 @@ on stale free memory, as before holds existed.
   g GPUs whose g holds whole pods, so a resize keeps numNodes and changes the GPUs per node
   (a count numNodes does not divide is never tried). The packer gives every node of a
   layout the same g, so pods spread unevenly (two on one node, one on another) are not
-  found: such a TrainJob may be told it does not fit when it would. The pods' nodeSelector,
-  required node affinity and tolerations are the runtime's trainer pod's with the TrainJob's
-  own `spec.runtimePatches` merged in as Trainer merges them (`trainer_runtime.placement`: a
-  patch's tolerations replace the runtime's, its affinity and nodeSelector merge field by
-  field, key by key).
+  found: a TrainJob that would fit only so is refused (422, "no layout of whole pods with
+  the same number of pods on every node exists"), or under Resize resized to a count that
+  fits evenly where one does, though the kube-scheduler could place it as asked. The pods'
+  nodeSelector, required node affinity and tolerations are the runtime's trainer pod's with
+  the TrainJob's own `spec.runtimePatches` merged in as Trainer merges them
+  (`trainer_runtime.placement`: a patch's tolerations replace the runtime's, its affinity
+  and nodeSelector merge field by field, key by key).
 * **Answer** (`size`): Resize: the count nearest the one asked, within the bounds, that
   fits now (ties to the larger), with a warning kubectl prints, and the count asked kept in
   `REQUESTED_GPUS_ANNOTATION`; none fits now: a count that can never fit is rewritten to
@@ -462,7 +466,7 @@ def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selecti
     empty = next((n for n in counts if view.fits_empty(est, parallelism, n, where)), None)
     if empty is None:
         widest = view.widest_empty(where)
-        return Sizing(refusal=f"vramgate: {_never(decision, shape, counts, widest)}")
+        return Sizing(refusal=f"vramgate: {_never(decision, shape, counts, widest, where.gpus)}")
     if empty == asked:
         said = f"vramgate: does not fit now (policy {request.policy.value}): {decision.message}"
         return Sizing(warnings=(said,), gpus=asked)
@@ -474,15 +478,32 @@ def _decide(request: JobRequest, shape: Shape, view: ClusterView, where: Selecti
     return _resized(shape, empty, said)
 
 
-def _never(decision: Decision, shape: Shape, counts: list[int], widest: int) -> str:
+def _never(decision: Decision, shape: Shape, counts: list[int], widest: int, matching: int) -> str:
     """The refusal of a TrainJob no count of which ever fits: the decision's numbers, or,
-    where only a count that numNodes does not divide would, that."""
-    if decision.reason == cond.REASON_INSUFFICIENT_GPUS and shape.nodes > 1:
+    where only a count that numNodes does not divide would, that. Where the decision found
+    no layout (InsufficientGPUs with enough matching GPUs), said in pods, the TrainJob's
+    terms: no node holds one pod (`widest`, the most GPUs a matching node has), or the
+    pods fit only unevenly, which vramgate does not place."""
+    if (
+        decision.reason == cond.REASON_INSUFFICIENT_GPUS
+        and shape.nodes > 1
+        and (widest < shape.per_node or matching >= shape.gpus)
+    ):
         # The decision core says k nodes x g GPUs; a TrainJob's GPUs are numNodes pods.
+        asked = (
+            f"needs {shape.nodes} pods of {shape.per_node} GPUs, each pod on one node "
+            f"(spec.trainer.numNodes x {_GPUS_PATH})"
+        )
+        if widest < shape.per_node:
+            return (
+                f"{decision.reason}: {asked}; the matching nodes have at most "
+                f"{plural(widest)} each, so no such placement exists"
+            )
         return (
-            f"{decision.reason}: needs {shape.nodes} pods of {shape.per_node} GPUs, each pod "
-            f"on one node (spec.trainer.numNodes x {_GPUS_PATH}); the matching nodes have at "
-            f"most {plural(widest)} each, so no such placement exists"
+            f"{decision.reason}: no layout of whole pods with the same number of pods on every "
+            f"node exists: {asked}, and the {matching} matching GPUs are on nodes of at most "
+            f"{plural(widest)} each; vramgate does not place a TrainJob's pods unevenly (more "
+            "on one node than on another)"
         )
     if decision.outcome is Outcome.REJECT:
         # The decision core words a job pinned to one node as the Kueue Workload it was, and

@@ -30,9 +30,9 @@ from controller.admission.cluster import (
     SCHEDULING_GROUP,
     ClusterObjects,
     job_key,
-    pod_gpus,
     pods_by_job,
 )
+from controller.admission.pods import pod_gpus
 from controller.api.base import GPU_RESOURCE, GROUP, JOB_LABEL, VERSION
 from controller.api.finetunejob import PLURAL
 from controller.api.gpunode import PLURAL as GPUNODE_PLURAL

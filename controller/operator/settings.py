@@ -203,15 +203,17 @@ class OperatorSettings(AdmissionConfig):
         "not run Kubeflow Trainer.",
     )
     train_job_hold_seconds: int = Field(
-        120,
+        600,
         ge=0,
         le=3600,
         description="how long at most the TrainJob webhook holds the GPU memory a TrainJob was "
         "sized onto at its create, for the TrainJobs sized after it and the FineTuneJobs "
         "admitted meanwhile (0: none held); a hold ends sooner once its pods' memory shows "
-        "in the GPUNodes. 120 s: long enough for a TrainJob's JobSet, pods and CUDA contexts "
-        "to start, short enough that a TrainJob refused or deleted after its create holds "
-        "nothing for long.",
+        "in the GPUNodes. 600 s: a runtime's dataset and model initializers run before its "
+        "trainer, whose GPU pods start only after the download, often minutes after the "
+        "create; short enough that a TrainJob refused or deleted after its create holds "
+        "nothing for long. Each replica holds only what it sized; only the leader's holds "
+        "keep FineTuneJobs off that memory.",
     )
     log_level: LogLevel = Field(
         "info",

@@ -13,16 +13,24 @@ open like the others (`ignore_failures`; the review server answers 500 on an err
 configuration's failurePolicy is Ignore).
 
 **Holds** (`TrainJobHolds`, operator setting `trainJobHoldSeconds`): a TrainJob create it
-sizes onto GPUs that fit now, unless a dry run, leaves a hold on them (`controller.admission.
-holds`) that the next TrainJob's sizing and the scheduling pass charge, so TrainJobs created
-in the same second are not all sized onto the same free memory. The review server answers
-on a thread of its own, and concurrently: the view is awaited outside the ledger's lock, and
-the holds charged, the sizing and the new hold are one step under it, so two creates never
-both count on memory neither has held yet. The ledger is this replica's memory only: with
-several replicas behind the webhook's Service, creates of one burst that reach different
-replicas do not see each other's holds, and the scheduling pass (the leader's) sees only its
-own replica's. A hold is kept from a create the API server then refuses (a later webhook, a
-name taken) until it expires: the safe side, for `trainJobHoldSeconds`.
+sizes onto GPUs that fit now, unless a dry run or suspended (`spec.suspend`: Kueue starts
+it, maybe much later, and it could not use a hold until then), leaves a hold on them
+(`controller.admission.holds`) that the next TrainJob's sizing and the scheduling pass
+charge, so TrainJobs created in the same second are not all sized onto the same free
+memory. A create of a name already held (the same TrainJob again, after the API server
+refused it or called the webhook twice) is sized without that hold, and its hold replaces
+it. The review server answers on a thread of its own, and concurrently: the view is awaited
+outside any lock, and the holds charged, the sizing and the new hold are one step under the
+sizing lock, which only the review server takes, so two creates never both count on memory
+neither has held yet. The ledger's own lock guards its dict only, for microseconds, so kopf's
+loop (the scheduling pass, the view) never waits on a sizing.
+
+The ledger is this replica's memory only, and the chart runs 2 replicas: the creates of a
+burst spread over both, each replica holds only what it sized, so two creates that reach
+different replicas may be sized onto the same memory; and the scheduling pass (the
+leader's) charges only the leader's holds, so a FineTuneJob may be admitted onto memory
+the other replica holds. A hold is kept from a create the API server then refuses (a later
+webhook, a name taken) until it expires, or until the same name is sized again.
 """
 
 from __future__ import annotations
@@ -57,6 +65,12 @@ def _no_runtime(ref: RuntimeRef) -> Mapping[str, Any] | None:
     return None
 
 
+def held_key(body: Mapping[str, Any], namespace: str | None = None) -> tuple[str, str]:
+    """The (namespace, name) a TrainJob's hold is known by; name "" for a generateName."""
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or namespace or "default"), str(meta.get("name") or "")
+
+
 class TrainJobHolds:
     """The ledger of holds (`controller.admission.holds`), by hold job name: what sized
     TrainJob creates counted on, for `hold_s` seconds of `clock` at most. Thread-safe: the
@@ -65,42 +79,51 @@ class TrainJobHolds:
     def __init__(self, hold_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.hold_s = hold_s
         self.clock = clock
-        #: Held around a sizing and its hold (`TrainJobWebhook.sizing`): reentrant, so the
-        #: methods below may be called under it.
-        self.lock = threading.RLock()
+        #: Held by the review server around a sizing and its hold (`TrainJobWebhook.sizing`),
+        #: for as long as a sizing takes (up to a second on a large cluster). Never taken on
+        #: kopf's loop: the methods below do not take it.
+        self.sizing_lock = threading.Lock()
+        #: Guards `_holds` and `_serial` only, for microseconds at a time.
+        self._lock = threading.Lock()
         self._holds: dict[str, Hold] = {}
         self._serial = 0
 
     def active(self) -> tuple[Hold, ...]:
         """The holds not expired now; the expired ones are forgotten."""
-        with self.lock:
+        with self._lock:
             kept = holds.live(self._holds.values(), self.clock())
             if len(kept) != len(self._holds):
                 self._holds = {hold.job: hold for hold in kept}
             return kept
 
     def add(self, body: Mapping[str, Any], found: Sizing, namespace: str | None = None) -> Hold:
-        """A hold on what `found` counted on (its `counted`), for the TrainJob `body`."""
+        """A hold on what `found` counted on (its `counted`), for the TrainJob `body`; it
+        replaces any hold of the same namespace and name (that TrainJob's create again)."""
         assert found.counted is not None
-        meta = body.get("metadata") or {}
-        with self.lock:
+        where, name = held_key(body, namespace)
+        with self._lock:
+            if name:
+                self._holds = {
+                    job: hold
+                    for job, hold in self._holds.items()
+                    if (hold.namespace, hold.name) != (where, name)
+                }
             self._serial += 1
             hold = Hold(
-                namespace=str(meta.get("namespace") or namespace or "default"),
-                name=str(meta.get("name") or ""),
+                namespace=where,
+                name=name,
                 placement=found.counted.placement,
                 per_gpu_bytes=found.counted.per_gpu_bytes,
                 pods=found.counted.pods,
                 expires_s=self.clock() + self.hold_s,
                 serial=self._serial,
-                uid=meta.get("uid") or None,
             )
             self._holds[hold.job] = hold
             return hold
 
     def end(self, jobs: Iterable[str]) -> None:
         """Forget the holds of these jobs (their pods' memory shows in the readings)."""
-        with self.lock:
+        with self._lock:
             for job in jobs:
                 self._holds.pop(job, None)
 
@@ -128,7 +151,8 @@ class TrainJobWebhook:
         namespace: str | None = None,
     ) -> Sizing:
         """The TrainJob's sizing; kopf.AdmissionError (422) when it is refused. Sized onto
-        GPUs that fit now, and not a dry run: those GPUs held (`TrainJobHolds`)."""
+        GPUs that fit now, not a dry run and not suspended: those GPUs held
+        (`TrainJobHolds`)."""
         started, result = time.perf_counter(), ERROR
         try:
             ref = runtime_ref(body)
@@ -137,12 +161,22 @@ class TrainJobWebhook:
             if self.holds is None:
                 found = size(body, view, runtime=runtime)
             else:
-                with self.holds.lock:  # charged, sized and held as one step
-                    if view is not None:
-                        held = [holds.reservation(h) for h in self.holds.active()]
+                own = held_key(body, namespace)
+                with self.holds.sizing_lock:  # charged, sized and held as one step
+                    if view is not None:  # not its own earlier hold: it is that create again
+                        held = [
+                            holds.reservation(h)
+                            for h in self.holds.active()
+                            if not own[1] or (h.namespace, h.name) != own
+                        ]
                         view = view.with_reservations(held)
                     found = size(body, view, runtime=runtime)
-                    if found.counted is not None and found.refusal is None and not dry_run:
+                    if (
+                        found.counted is not None
+                        and found.refusal is None
+                        and not dry_run
+                        and not _suspended(body)
+                    ):
                         self.holds.add(body, found, namespace)
             if warnings is not None:
                 warnings.extend(found.warnings)
@@ -181,6 +215,11 @@ class TrainJobWebhook:
             for key in parents:
                 into = into.setdefault(key, {})
             into[leaf] = op["value"]
+
+
+def _suspended(body: Mapping[str, Any]) -> bool:
+    """`spec.suspend: true`: Kueue (or its author) starts it later, so it holds nothing now."""
+    return (body.get("spec") or {}).get("suspend") is True
 
 
 def _unescape(segment: str) -> str:

@@ -489,9 +489,9 @@ def test_trainer_sizing_renders_the_trainjob_webhook_and_the_config_when_enabled
     assert validating["rules"][0]["resources"] == ["finetunejobs"]
     config = operator_config(objects)
     assert config["trainJobSizing"] is True
-    assert config["trainJobHoldSeconds"] == 120  # the chart's default is the operator's
+    assert config["trainJobHoldSeconds"] == 600  # the chart's default is the operator's
     loaded = _load_operator_settings(config, tmp_path)
-    assert loaded.train_job_sizing is True and loaded.train_job_hold_seconds == 120
+    assert loaded.train_job_sizing is True and loaded.train_job_hold_seconds == 600
     # Read rights on Trainer's runtimes, which the operator caches: ClusterTrainingRuntimes
     # cluster-wide, TrainingRuntimes where the jobs are watched.
     read = {"get", "list", "watch"}

@@ -31,6 +31,7 @@ from controller.admission.admission_pass import (
 )
 from controller.admission.cluster import ClusterObjects
 from controller.admission.failures import failure_of
+from controller.admission.holds import Hold
 from controller.admission.observed import GROWTH_BYTES
 from controller.api import conditions as cond
 from controller.api.base import JOB_LABEL
@@ -155,6 +156,20 @@ def test_an_admitted_job_holds_its_gpus_against_a_new_one() -> None:
     del unplaced["status"]["placement"]  # no placement, no hold: the ledger is the status
     out = run(cluster(unplaced, b, gpus={"n1": [80, 24, 40]}), estimates={"ns/b": estimated(b)})
     assert placed_on(status_after(out, "ns/b")) == [("n1", [1])]
+
+
+def test_a_trainjob_hold_keeps_a_finetunejob_off_the_gpu_it_holds() -> None:
+    """A TrainJob sized a moment ago holds n1's GPU 1 (`ClusterObjects.holds`, as the
+    scheduler's pass sets them); its pods have not started, so the agent still reads it
+    free. The pass charges the hold: the FineTuneJob takes GPU 2, as if GPU 1 were taken."""
+    b = ftj("b", minute=5)
+    objects = cluster(b, gpus={"n1": [80, 24, 40]})
+    objects.holds = (
+        Hold("ml", "llama", (NodeGpus("n1", (1,), ("GPU-n1-1",)),), 20 * GIB, 1, 1e9, 1),
+    )
+    assert placed_on(status_after(run(objects), "ns/b")) == [("n1", [2])]
+    objects.holds = ()  # no hold: the tightest GPU that holds it, GPU 1
+    assert placed_on(status_after(run(objects), "ns/b")) == [("n1", [1])]
 
 
 @pytest.mark.parametrize("generation", [None, 1], ids=["absent", "older generation"])

@@ -8,6 +8,7 @@ from typing import Any
 from controller.admission import holds
 from controller.admission.cluster import ClusterObjects, snapshot
 from controller.admission.holds import JOBSET_LABEL, Hold
+from controller.admission.pods import pod_gpus
 from controller.base.units import GIB
 from controller.packing.inventory import GpuDevice, NodeGpus, NodeState, PackingSettings
 from tests.unit.builders.packing import frees, node, view
@@ -95,3 +96,35 @@ def test_a_holds_job_is_never_a_finetunejobs_key() -> None:
     so a TrainJob created again under its name holds apart from its first."""
     assert hold().job == "trainjob-hold:ml/llama#1"
     assert hold(serial=2).job != hold().job
+
+
+def test_a_terminating_pod_of_a_former_trainjob_of_that_name_is_not_the_holds() -> None:
+    """A TrainJob deleted and created again under its name: the first one's pods terminate a
+    while (deletionTimestamp set), with their memory still read. They neither settle the new
+    hold nor are counted as its scheduled pods."""
+    old = pod("old")
+    old["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    assert holds.pods_of(hold(), [old]) == []
+    assert not holds.settled(hold(), [old], frozenset({"old"}))
+    assert holds.reservation(hold(), [old]).allocated_gpus == {}
+    assert holds.settled(hold(), [old, pod("new")], frozenset({"old", "new"}))
+
+
+def test_a_holds_pod_counts_its_gpus_as_the_snapshot_counts_a_pods() -> None:
+    """One rule for a pod's nvidia.com/gpu (`pods.pod_gpus`: the most of its init containers,
+    or the sum of the rest), so the hold's scheduled pod takes off what its node counts."""
+    bigger_init = pod("p1", gpus=2)
+    bigger_init["spec"]["initContainers"] = [
+        {"name": "init", "resources": {"requests": {"nvidia.com/gpu": "4"}}}
+    ]
+    assert pod_gpus(bigger_init) == 4
+    assert holds.reservation(hold(), [bigger_init]).allocated_gpus == {"n0": 4}
+
+
+def test_a_view_with_holds_shares_the_empty_index_already_built() -> None:
+    """Reservations do not change the empty cluster: charging holds rebuilds `now` only."""
+    base = view(node("n0", [80, 80, 80, 80], gpu_allocatable=4), settings=DEVICE_PLUGIN)
+    empty = base.empty
+    charged = base.with_reservations([holds.reservation(hold())])
+    assert charged.empty is empty
+    assert charged.now is not base.now

@@ -302,6 +302,33 @@ def test_a_trainjob_whose_pods_no_node_can_hold_is_refused() -> None:
     )
 
 
+def test_a_trainjob_whose_pods_fit_only_unevenly_is_refused_saying_so() -> None:
+    """3 nodes x 2 GPUs on two 4-GPU nodes: 2 pods on one node and 1 on the other would
+    fit, but vramgate places the same number of pods on every node: refused, and the message
+    does not say that no node holds a pod (each holds two)."""
+    obj = trainjob(nodes=3, per_node=2, spec=QLORA, policy="Enforce")
+    sizing = size(obj, cluster([80] * 4, [80] * 4))
+    assert sizing.refusal == (
+        "vramgate: InsufficientGPUs: no layout of whole pods with the same number of pods on "
+        "every node exists: needs 3 pods of 2 GPUs, each pod on one node "
+        f"(spec.trainer.numNodes x spec.trainer.resourcesPerNode[{GPU}]), and the 8 matching "
+        "GPUs are on nodes of at most 4 GPUs each; vramgate does not place a TrainJob's pods "
+        "unevenly (more on one node than on another)"
+    )
+
+
+def test_a_trainjob_asking_more_gpus_than_the_cluster_has_is_told_the_count() -> None:
+    """4 nodes x 2 GPUs on three 2-GPU nodes: each node holds a pod, but the cluster has 6
+    GPUs, not 8: the decision's own numbers."""
+    obj = trainjob(nodes=4, per_node=2, spec=QLORA, policy="Enforce")
+    sizing = size(obj, cluster([80, 80], [80, 80], [80, 80]))
+    assert sizing.refusal is not None
+    assert sizing.refusal.startswith(
+        "vramgate: InsufficientGPUs: requests 8 GPUs; the cluster has 6 matching GPUs"
+    )
+    assert "no such placement" not in sizing.refusal
+
+
 def test_numprocpernode_other_than_the_gpus_is_left_alone() -> None:
     obj = trainjob(per_node=4, numProcPerNode=1)
     sizing = size(obj, cluster([80, 80, 80, 80], allocated=2))

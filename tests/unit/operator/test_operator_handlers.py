@@ -486,7 +486,8 @@ def test_trainjob_sizing_registers_its_webhook_and_hands_it_to_the_server(
 ) -> None:
     """Only with trainJobSizing: a mutating webhook on TrainJobs, CREATE only (their trainer is
     immutable), failing open; the review server answers with it. No watch: a TrainJob is
-    sized once and holds nothing."""
+    sized once, at its create; what it was sized onto is held a short while in a ledger
+    the scheduler shares (below)."""
     server = ReviewServer(addr="127.0.0.1", insecure=True)
     registry: Any = build_registry(OperatorOptions(train_job_sizing=True), sched, None, server)
     hooks = {h.id: h for h in registry._webhooks.get_all_handlers()}
@@ -506,6 +507,24 @@ def test_trainjob_sizing_registers_its_webhook_and_hands_it_to_the_server(
         h.id for h in registry._webhooks.get_all_handlers()
     }
     assert plain.trainjobs is None
+
+
+def test_trainjob_holds_are_one_ledger_of_the_webhook_and_the_scheduler(
+    sched: Scheduler,
+) -> None:
+    """trainJobHoldSeconds reaches the ledger the review server's webhook adds to and the
+    scheduler's passes and views charge: the same object, on the scheduler's clock; 0: none."""
+    server = ReviewServer(addr="127.0.0.1", insecure=True)
+    options = OperatorOptions(train_job_sizing=True, train_job_hold_s=45)
+    build_registry(options, sched, None, server)
+    assert server.trainjobs is not None and server.trainjobs.holds is not None
+    assert server.trainjobs.holds is sched.holds and sched.holds.hold_s == 45
+    assert sched.holds.clock == sched.clock.monotonic
+
+    server = ReviewServer(addr="127.0.0.1", insecure=True)
+    build_registry(replace(options, train_job_hold_s=0), sched, None, server)
+    assert server.trainjobs is not None and server.trainjobs.holds is None
+    assert sched.holds is None
 
 
 def test_kopf_builds_no_diff_base_for_the_handlers_that_do_not_read_one(sched: Scheduler) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,56 @@ def test_kopfs_handler_holds_nothing_for_a_dry_run() -> None:
     assert sizer.holds is not None and sizer.holds.active() == ()
     asyncio.run(sizer.mutate(body=named("real", 2), patch=kopf.Patch(), operation="CREATE"))
     assert [h.name for h in sizer.holds.active()] == ["real"]
+
+
+def test_a_create_of_the_same_name_again_is_sized_as_the_first_was() -> None:
+    """The API server refused the first create after the webhook answered (Trainer's own
+    validation, a name taken, or it called the webhook again): the second create of that
+    name is the same TrainJob, sized without its own earlier hold, which it replaces."""
+    sizer = holding(four_gpus())
+    first = create(named("llama", 4), sizer)
+    again = create(named("llama", 4), sizer)
+    assert first == again and "warnings" not in again and "patch" not in again
+    assert sizer.holds is not None
+    (held,) = sizer.holds.active()
+    assert held.name == "llama" and len(held.placement[0].uuids) == 4
+    # Another name is still sized on what that hold leaves: nothing.
+    other = create(named("other", 4), sizer)
+    assert other["warnings"][0].startswith("vramgate: does not fit now")
+
+
+def test_the_ledger_answers_kopfs_loop_while_a_sizing_holds_its_lock() -> None:
+    """A sizing on a large cluster takes up to a second under the sizing lock; the scheduler's
+    pass and view read the ledger meanwhile (`active`, `end`), on kopf's loop: they never
+    wait for it."""
+    ledger = TrainJobHolds(120, Clock())
+    taken, release = threading.Event(), threading.Event()
+
+    def sizing() -> None:
+        with ledger.sizing_lock:
+            taken.set()
+            release.wait(10)
+
+    other = threading.Thread(target=sizing)
+    other.start()
+    try:
+        assert taken.wait(5)
+        answered: list[object] = []
+        reader = threading.Thread(target=lambda: answered.append((ledger.active(), ledger.end([]))))
+        reader.start()
+        reader.join(1)
+        assert answered == [((), None)], "active() waited for the sizing lock"
+    finally:
+        release.set()
+        other.join(5)
+
+
+def test_a_suspended_trainjob_holds_nothing() -> None:
+    """spec.suspend: true (Kueue starts it, maybe much later): sized, but it could not use
+    a hold until it starts, so the next create is sized on the whole node."""
+    sizer = holding(four_gpus())
+    suspended = named("queued", 4)
+    suspended["spec"]["suspend"] = True
+    assert "warnings" not in create(suspended, sizer)
+    assert sizer.holds is not None and sizer.holds.active() == ()
+    assert "warnings" not in create(named("next", 4), sizer)
