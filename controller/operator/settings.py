@@ -198,7 +198,8 @@ class OperatorSettings(AdmissionConfig):
     train_job_sizing: bool = Field(
         False,
         description="size Kubeflow Trainer's TrainJobs (trainer.kubeflow.org/v1alpha1) that "
-        "carry the annotation vramgate.dev/finetune when they are created, the one time their "
+        "carry the annotation vramgate.dev/finetune or vramgate.dev/admission-policy when they "
+        "are created, the one time their "
         "trainer may change, in the mutating webhook; off by default, since most clusters do "
         "not run Kubeflow Trainer.",
     )

@@ -15,7 +15,7 @@ hold may fit some day, and only what no state of the cluster holds is rejected.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -98,17 +98,22 @@ class ClusterView:
         #: when it is built: (node, GPU positions, bytes each holds or None for a hold).
         self._changes: list[tuple[str, tuple[int, ...], tuple[int, ...] | None]] = []
 
-    def with_reservations(self, extra: Iterable[Reservation]) -> ClusterView:
+    def with_reservations(
+        self, extra: Iterable[Reservation], without: Collection[str] = ()
+    ) -> ClusterView:
         """This cluster with `extra` charged too (holds made after it was built), leaving
-        out those whose job it charges already; itself where none is new. A new view: this
-        one may be read by others meanwhile, and is never changed. Its `empty` index, where
-        built, is shared: reservations do not change the empty cluster, and it is only read
-        (about half of what a view costs to build)."""
-        have = {r.job for r in self._snapshot.reservations}
-        new = tuple(r for r in extra if r.job not in have)
-        if not new:
+        out those whose job it charges already, and with the reservations of the jobs
+        `without` taken off (a create's own earlier hold, charged when the view was built);
+        itself where nothing changes. A new view: this one may be read by others meanwhile,
+        and is never changed. Its `empty` index, where built, is shared: reservations do not
+        change the empty cluster, and it is only read (about half of what a view costs to
+        build)."""
+        kept = tuple(r for r in self._snapshot.reservations if r.job not in without)
+        have = {r.job for r in kept}
+        new = tuple(r for r in extra if r.job not in have and r.job not in without)
+        if not new and len(kept) == len(self._snapshot.reservations):
             return self
-        charged = replace(self._snapshot, reservations=(*self._snapshot.reservations, *new))
+        charged = replace(self._snapshot, reservations=(*kept, *new))
         view = ClusterView(charged, self._settings)
         if "empty" in self.__dict__:  # cached_property: built already
             view.__dict__["empty"] = self.__dict__["empty"]

@@ -164,12 +164,11 @@ class TrainJobWebhook:
                 own = held_key(body, namespace)
                 with self.holds.sizing_lock:  # charged, sized and held as one step
                     if view is not None:  # not its own earlier hold: it is that create again
-                        held = [
-                            holds.reservation(h)
-                            for h in self.holds.active()
-                            if not own[1] or (h.namespace, h.name) != own
-                        ]
-                        view = view.with_reservations(held)
+                        active = self.holds.active()
+                        mine = {h.job for h in active if own[1] and (h.namespace, h.name) == own}
+                        held = [holds.reservation(h) for h in active if h.job not in mine]
+                        # The view may charge it already (built after it was made).
+                        view = view.with_reservations(held, without=mine)
                     found = size(body, view, runtime=runtime)
                     if (
                         found.counted is not None

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from controller.admission import holds
 from controller.admission.kueue import SPEC_ANNOTATION
 from controller.admission.trainer_runtime import RuntimeRef
 from controller.admission.trainjob import POLICY_ANNOTATION
@@ -295,6 +296,27 @@ def test_a_create_of_the_same_name_again_is_sized_as_the_first_was() -> None:
     assert held.name == "llama" and len(held.placement[0].uuids) == 4
     # Another name is still sized on what that hold leaves: nothing.
     other = create(named("other", 4), sizer)
+    assert other["warnings"][0].startswith("vramgate: does not fit now")
+
+
+def test_a_create_again_is_not_charged_its_own_hold_by_a_view_built_after_it() -> None:
+    """The operator's view is rebuilt from the caches with every active hold charged (a
+    second later, or after an inventory change): the same TrainJob created again must find
+    its own earlier hold taken off that view too, not only left out of the new charges."""
+    base = four_gpus()
+    sizer = holding(base)
+    first = create(named("llama", 4), sizer)
+    assert sizer.holds is not None
+    (held,) = sizer.holds.active()
+    rebuilt = base.with_reservations([holds.reservation(held)])  # as the next build charges it
+
+    async def current() -> ClusterView | None:
+        return rebuilt
+
+    sizer.view = current
+    again = create(named("llama", 4), sizer)
+    assert again == first and "warnings" not in again, again
+    other = create(named("other", 4), sizer)  # another name: still charged
     assert other["warnings"][0].startswith("vramgate: does not fit now")
 
 
