@@ -11,9 +11,12 @@ profile's per-GPU figure at the run's own statistic (`benchmarks.accuracy.report
 the accuracy report computes it). Per trainer framework (the runs' `framework`), a lognormal
 is fitted to those ratios (mu, sigma = mean, standard deviation of ln ratio). The ratios of
 the set are between *configurations* (other models, lengths, methods), so they are drawn once
-per kind of job: a kind is one run of the set (its model family, method, parallelism, GPU
-count and calibrated per-GPU prediction), a trainer image (one of `IMAGES_PER_FRAMEWORK`) and a
-bias drawn from its framework's lognormal. Each job of a kind then peaks at
+per configuration: a kind of job is one run of the set (its model family, method,
+parallelism, GPU count and calibrated per-GPU prediction) with a trainer image (one of
+`IMAGES_PER_FRAMEWORK`), keyed by that run as its `config` (the operator's `config_digest`
+of the job's spec tells apart what decides memory but not the GPU count; the set's runs
+differ in more than their count) and a bias drawn from its framework's lognormal; kinds that
+picked the same run and image are one configuration and share it. Each job of a kind peaks at
 prediction x bias x a jitter (lognormal, sigma `JITTER`, 2 %: repeated runs of one
 configuration differ by the data's lengths, not by the allocator, which is deterministic for
 the same shapes; an assumption, not a measurement).
@@ -167,12 +170,17 @@ def validation_set() -> tuple[list[Fit], list[RunKind]]:
 def make_kinds(
     rng: random.Random, fits: list[Fit], runs: list[RunKind], truth: str = "lognormal"
 ) -> list[Kind]:
-    """`KINDS` kinds of job, each a run of the set; its bias drawn from its framework's
-    lognormal (`truth` "lognormal") or the run's own measured / predicted ("runs")."""
+    """`KINDS` kinds of job, each a run of the set with one of its framework's images; its
+    bias drawn from its framework's lognormal (`truth` "lognormal") or the run's own
+    measured / predicted ("runs"). Two kinds that picked the same run and image are one
+    configuration (the key's `config`): they share their bias, as the same job run again
+    would."""
     by_framework = {f.framework: f for f in fits}
     kinds = []
+    drawn: dict[tuple[int, str], float] = {}
     for _ in range(KINDS):
-        family, method, parallelism, framework, gpus, predicted, ratio = rng.choice(runs)
+        index = rng.randrange(len(runs))
+        family, method, parallelism, framework, gpus, predicted, ratio = runs[index]
         fit = by_framework[framework]
         image = f"sha256:{framework}-{rng.randrange(IMAGES_PER_FRAMEWORK)}"
         key = JobKey.of(
@@ -182,9 +190,10 @@ def make_kinds(
             profile="calibrated",
             framework=framework,
             image=image,
+            config=f"run{index}",
         )
-        drawn = rng.lognormvariate(fit.mu, fit.sigma)  # drawn either way: one random stream
-        bias = drawn if truth == "lognormal" else ratio
+        bias = rng.lognormvariate(fit.mu, fit.sigma)  # drawn either way: one random stream
+        bias = drawn.setdefault((index, image), bias if truth == "lognormal" else ratio)
         kinds.append(Kind(key, gpus, predicted, bias))
     return kinds
 

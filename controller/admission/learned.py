@@ -70,8 +70,9 @@ from controller.api.enums import EstimateCorrection
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.base.units import format_gib
 from controller.estimator import Estimate
-from controller.jobs.spec import JobPlan
+from controller.jobs.spec import JobPlan, config_digest
 from controller.learning import (
+    ANY,
     Correction,
     DecayingHistogram,
     JobKey,
@@ -85,6 +86,7 @@ from controller.learning import (
     record_steady,
 )
 from controller.learning.histogram import format_time
+from controller.learning.keys import FIELDS
 from controller.packing.view import ClusterView
 
 STEADY = "Steady"
@@ -108,7 +110,8 @@ def job_key(
     digests: Mapping[str, str] | None = None,
 ) -> JobKey:
     """The finest key a job is corrected by before it runs, from its spec and `estimate` (its
-    `status.estimate`: the profile that made the prediction and the parallelism it assumes).
+    `status.estimate`: the profile that made the prediction, the parallelism it assumes and
+    the configuration it was made of, `config_digest`; the spec's digest where it has none).
     The family is config.json's model_type as read without I/O (`observed.spec_family`; a
     model in a ConfigMap is `*`: such jobs share the coarser keys). The image is
     `admission_image` of `digests` (`image_digests` of the jobs the pass sees)."""
@@ -121,7 +124,8 @@ def sample_key(
 ) -> JobKey:
     """The key a job's sample is filed under: `job_key`'s fields, the image the digest its
     pods reported (`status.observed.imageDigest`, `observed_status`), else the template's
-    image string."""
+    image string. The configuration is the one its estimate was made of
+    (`status.estimate.config`): a spec edited while the job runs is not what ran."""
     spec = job.get("spec") or {}
     seen = observed.image_seen(observed_status)
     return _key(spec, estimate, seen.digest if seen is not None else _image(spec))
@@ -137,6 +141,7 @@ def _key(spec: Mapping[str, Any], estimate: Mapping[str, Any], image: str | None
         profile=_clean(estimate.get("profile")),
         framework=_clean((training or {}).get("framework")),
         image=image,
+        config=_clean(estimate.get("config")) or config_digest(spec),
     )
 
 
@@ -212,7 +217,8 @@ def corrected(
     A margin must not refuse a job its own estimate fits: a figure raised past what the
     largest matching GPU holds (empty, less headroom; `view`) is capped there (`capped`),
     unless it was raised after a job like it ran out of memory, whose need it is."""
-    key = job_key(job, {"profile": est.profile, "parallelism": plan.parallelism.api}, digests)
+    made_of = {"profile": est.profile, "parallelism": plan.parallelism.api, "config": plan.config}
+    key = job_key(job, made_of, digests)
     figure = est.per_gpu_bytes(gpus, plan.parallelism)
     found = correction(figure, key, records, settings, job.get("spec") or {}, now)
     if view is None or found.per_gpu_bytes <= figure:
@@ -307,7 +313,7 @@ def key_state(obj: Mapping[str, Any], settings: LearningSettings) -> KeyState | 
     )
 
 
-_KEY_FIELDS = ("family", "method", "parallelism", "profile", "framework", "image")
+_KEY_FIELDS = FIELDS
 
 
 def key_states(
@@ -654,7 +660,11 @@ KEY_LABELS = _KEY_FIELDS
 
 def gauges(states: Mapping[str, KeyState], settings: LearningSettings) -> tuple[Gauge, ...]:
     """What each key learned, for Prometheus: its samples, its p95 ratio (the alert's:
-    above 1.0 the estimator under-predicts that kind of job) and the correction it yields."""
+    above 1.0 the estimator under-predicts that kind of job) and the correction it yields.
+
+    A key naming a configuration has series only once it answers for its jobs (k samples, a
+    pin or an OOM raise): every configuration a cluster ever ran is a key, and a series (or
+    an alert) per configuration seen once or twice says nothing its kind's key does not."""
     samples = Gauge(
         "vramgate_learned_samples",
         "Jobs a LearnedCorrection key learned from (every sample ever filed, before decay).",
@@ -675,6 +685,14 @@ def gauges(states: Mapping[str, KeyState], settings: LearningSettings) -> tuple[
     for state in sorted(states.values(), key=lambda s: s.key.name):
         values = tuple(getattr(state.key, f) for f in KEY_LABELS)
         histogram = state.record.histogram
+        record = state.record
+        if (
+            state.key.config != ANY
+            and histogram.samples < settings.min_samples
+            and record.pinned_percent is None
+            and record.oom_factor_percent is None
+        ):
+            continue
         samples.add(values, float(histogram.samples))
         ratio = histogram.percentile(0.95)
         if ratio is not None:

@@ -106,6 +106,7 @@ def estimate_status(
             nvml_bytes=levels.nvml,
         ),
         correction=CorrectionStatus.model_validate(correction) if correction else None,
+        config=plan.config or None,
         digest=stored.digest if stored else None,
         traced=stored.traced if stored else None,
     ).model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -601,6 +601,14 @@ class EstimateStatus(ApiModel):
         "applies to perGpuBytes (the estimator's own figure): the factor, where it came from, "
         "and the figure reserved. Absent when learning has nothing to say (off, too few jobs).",
     )
+    config: str | None = Field(
+        default=None,
+        max_length=63,
+        description="config names the configuration the estimate was made of: 12 hex digits "
+        "of the SHA-256 of the spec's model, method, lora, training, parallelism and "
+        "estimator, defaults filled. Jobs of one configuration learn their correction "
+        "together (LearnedCorrection spec.config).",
+    )
     digest: str | None = Field(
         default=None,
         min_length=64,

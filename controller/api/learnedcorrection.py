@@ -59,6 +59,15 @@ class LearnedCorrectionSpec(ApiModel):
         max_length=253,
         description=_key_field("image", "the trainer image (by digest where the pod reports it)"),
     )
+    config: str = Field(
+        ANY,
+        max_length=63,
+        description=_key_field(
+            "config",
+            "the job's configuration: 12 hex digits of the SHA-256 of what in its spec decides "
+            "its memory (model, method, lora, training, parallelism, estimator)",
+        ),
+    )
     pinned_percent: int | None = Field(
         None,
         ge=1,
@@ -76,7 +85,13 @@ class LearnedCorrectionSpec(ApiModel):
 
     def key(self) -> JobKey:
         return JobKey(
-            self.family, self.method, self.parallelism, self.profile, self.framework, self.image
+            self.family,
+            self.method,
+            self.parallelism,
+            self.profile,
+            self.framework,
+            self.image,
+            self.config,
         )
 
 

@@ -169,6 +169,8 @@ class JobPlan:
     priority: int = 0
     #: spec.priorityClassName, the PriorityClass whose value orders the queue; None: unset.
     priority_class_name: str | None = None
+    #: The job's configuration, as the learning loop keys it (`config_digest`).
+    config: str = ""
 
 
 def config_map_ref(spec: Mapping[str, Any]) -> ConfigMapKey | None:
@@ -264,8 +266,60 @@ def translate(
     if shape is not None:
         said = (f"{_in_spec(path)}: {message}" for path, message in shape.config_warnings)
         warnings = (*said, *context_warnings(shape, settings, SPEC_PATHS))
-    plan = JobPlan(model=model_name, shape=shape, settings=settings, warnings=warnings, **placement)
+    plan = JobPlan(
+        model=model_name,
+        shape=shape,
+        settings=settings,
+        warnings=warnings,
+        config=config_digest(spec),
+        **placement,
+    )
     return plan, []
+
+
+#: The parts of a FineTuneJob's spec that decide its memory, and so its configuration as the
+#: learning loop keys it (`controller.learning.keys`). Not the GPU count: a job resized to
+#: other counts is the same configuration, and its per-GPU ratio is what is learned; not the
+#: template (its image is a key field of its own, the rest is placement).
+CONFIG_FIELDS = ("model", "method", "lora", "training", "parallelism", "estimator")
+
+
+def config_digest(spec: Mapping[str, Any]) -> str:
+    """The configuration's key field: 12 hex digits of the SHA-256 of `CONFIG_FIELDS` with
+    every default filled (FineTuneJobSpec's, the CRD's own), as canonical JSON. So a job file
+    as written (`vramgate plan`), the object the API server stored with its defaults, and
+    either one on another replica name one configuration. A ConfigMap's model is named by its
+    reference, not its content.
+
+    Cached by the SHA-256 of the fields' own text (a pass asks for every waiting job's, each
+    pass; an inline config.json can be large, so the text itself is not kept)."""
+    parts = {f: spec.get(f) for f in CONFIG_FIELDS}
+    raw = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    seen = hashlib.sha256(raw.encode()).digest()
+    found = _CONFIG_DIGESTS.get(seen)
+    if found is None:
+        if len(_CONFIG_DIGESTS) >= _CONFIG_DIGESTS_KEPT:
+            _CONFIG_DIGESTS.clear()
+        found = _CONFIG_DIGESTS[seen] = _normal_digest(parts)
+    return found
+
+
+#: Raw text's SHA-256 -> configuration digest; emptied when full (a dict of 32-byte keys).
+_CONFIG_DIGESTS: dict[bytes, str] = {}
+_CONFIG_DIGESTS_KEPT = 8192
+
+
+def _normal_digest(parts: Mapping[str, Any]) -> str:
+    try:
+        spec = FineTuneJobSpec.model_validate({k: v for k, v in parts.items() if v is not None})
+    except ValueError:
+        normal: Mapping[str, Any] = parts  # not a valid spec (no plan is made of it): as is
+    else:
+        normal = spec.model_dump(
+            mode="json", by_alias=True, exclude_none=True, include=set(CONFIG_FIELDS)
+        )
+    text = json.dumps(normal, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def estimate_plan(plan: JobPlan) -> Estimate:

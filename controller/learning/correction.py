@@ -29,7 +29,7 @@ from typing import Any
 
 from controller.base.units import format_gib
 from controller.learning.keys import ANY, JobKey
-from controller.learning.record import Records
+from controller.learning.record import KeyRecord, Records, own_keys
 from controller.learning.settings import LearningSettings, Policy
 
 #: The share of `min_samples` whose weight must be left at `now` for a key to answer: k
@@ -119,7 +119,7 @@ def correct(
     if policy is Policy.OFF:
         return made(100, Source.OFF, None, 0, "learning is off")
     ladder = key.ladder()
-    own = records.get(key.name)
+    own = _own_record(records, key)
     oom = own.oom_factor_percent if own is not None else None
     for rung in ladder:
         record = records.get(rung.name)
@@ -175,3 +175,17 @@ def correct(
         notes.append(f"raiseOnly keeps {learned / 100:.2f} from lowering it")
     how = f"learned from {n} jobs like it ({', '.join(notes)})"
     return made(percent, Source.LEARNED, chosen.key.name, n, how)
+
+
+def _own_record(records: Records, key: JobKey) -> KeyRecord | None:
+    """The record whose OOM raise is the job's own: its key's. A key naming a configuration
+    whose record has no raise also takes the raise of the same key without it, where OOMs
+    were filed before keys named configurations (`record.own_keys`)."""
+    own = records.get(key.name)
+    if own is not None and own.oom_factor_percent is not None:
+        return own
+    for older in own_keys(key)[1:]:
+        found = records.get(older.name)
+        if found is not None and found.oom_factor_percent is not None:
+            return found
+    return own

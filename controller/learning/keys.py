@@ -1,8 +1,12 @@
 """What makes two jobs alike enough to learn from each other, and the coarser kinds a job
 falls back to while its own kind has too few samples.
 
-A key names six things that decide how far a job's real peak strays from its prediction:
+A key names seven things that decide how far a job's real peak strays from its prediction:
 
+    config       the job's own configuration: a digest of what in its spec decides its
+                 memory (model, method, adapters, training settings, parallelism,
+                 estimator; `controller.admission.learned.config_digest`): the same job
+                 run again, VPA's unit
     family       config.json's model_type (llama, qwen2, mistral ...)
     method       Full, LoRA, QLoRA
     parallelism  DDP, FSDP, DeviceMap
@@ -14,11 +18,20 @@ A key names six things that decide how far a job's real peak strays from its pre
 **Fallback order** (`JobKey.ladder`), finest first; a job's correction comes from the first
 key with at least k samples:
 
-    1. family, method, parallelism, profile, framework, image
-    2. drop the image        (one trainer's versions mostly allocate alike)
-    3. drop the framework    (frameworks differ in loss and checkpointing, less than models)
-    4. drop the parallelism  (FSDP's gathers and DDP's buckets are in the estimate already)
-    5. drop the family       (what is left: one method under one profile)
+    1. config, family, method, parallelism, profile, framework, image
+    2. drop the config       (other models, lengths and batches of the same kind)
+    3. drop the image        (one trainer's versions mostly allocate alike)
+    4. drop the framework    (frameworks differ in loss and checkpointing, less than models)
+    5. drop the parallelism  (FSDP's gathers and DDP's buckets are in the estimate already)
+    6. drop the family       (what is left: one method under one profile)
+
+**Why the configuration comes first.** The estimator's error is a property of a
+configuration far more than of a family: two Llama LoRA jobs of other lengths and batches
+stray from their estimates by different amounts (activations' share of the peak differs), while
+one configuration run again (a new learning rate, new data of the same shape) strays alike
+each time. A key of the family alone mixes them, and its p95 must cover the worst of them; the
+configuration's own key, once it has k samples, needs only its own spread. A configuration
+seen fewer than k times falls back to the family's key, as before.
 
 The profile and the method are never dropped. A ratio is relative to one profile's figure, so
 ratios of two profiles do not mix; and Full and LoRA jobs differ by the optimizer states of the
@@ -45,9 +58,12 @@ from dataclasses import dataclass, fields, replace
 #: A field left out of a key: any value matches.
 ANY = "*"
 #: The fields of a key, in the order its name writes them.
-FIELDS = ("family", "method", "parallelism", "profile", "framework", "image")
+FIELDS = ("family", "method", "parallelism", "profile", "framework", "image", "config")
+#: The fields every key name writes; `config` is written only where it is not `ANY`, so the
+#: keys (and `LearnedCorrection` names) filed before it existed read back unchanged.
+NAMED_ALWAYS = FIELDS[:-1]
 #: What each fallback step drops, in order (see the module's docstring).
-DROP_ORDER = ("image", "framework", "parallelism", "family")
+DROP_ORDER = ("config", "image", "framework", "parallelism", "family")
 
 #: A content digest at the end of an image reference: after `@` (`repo@sha256:...`, a pod's
 #: `docker-pullable://repo@sha256:...`), after `://` (`docker://sha256:...`), or alone.
@@ -79,6 +95,7 @@ class JobKey:
     profile: str = ANY
     framework: str = ANY
     image: str = ANY
+    config: str = ANY
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -107,19 +124,29 @@ class JobKey:
 
     @property
     def name(self) -> str:
-        """The canonical name: `family=llama,method=LoRA,...,image=*`; what a store files the
-        key under, and what `parse` reads back."""
-        return ",".join(f"{f}={getattr(self, f)}" for f in FIELDS)
+        """The canonical name: `family=llama,method=LoRA,...,image=*` (and `,config=...` where
+        the key names one); what a store files the key under, and what `parse` reads back."""
+        return ",".join(
+            f"{f}={getattr(self, f)}"
+            for f in FIELDS
+            if f in NAMED_ALWAYS or getattr(self, f) != ANY
+        )
 
     @classmethod
     def parse(cls, name: str) -> JobKey:
         pairs: Mapping[str, str] = dict(
             part.split("=", 1) for part in name.split(",") if "=" in part
         )
-        if set(pairs) != set(FIELDS):
-            raise ValueError(f"key {name!r}: must name {', '.join(FIELDS)}")
+        if not set(NAMED_ALWAYS) <= set(pairs) <= set(FIELDS):
+            raise ValueError(
+                f"key {name!r}: must name {', '.join(NAMED_ALWAYS)} (and may name config)"
+            )
         return cls(**pairs)
 
     def describe(self) -> str:
-        """The fields it names, for people: `llama LoRA FSDP calibrated transformers`."""
-        return " ".join(v for v in (getattr(self, f) for f in FIELDS) if v != ANY) or "any job"
+        """The fields it names, for people: `llama LoRA FSDP calibrated transformers` (and
+        `config 3f2a...` where it names a configuration)."""
+        words = [getattr(self, f) for f in NAMED_ALWAYS if getattr(self, f) != ANY]
+        if self.config != ANY:
+            words.append(f"config {self.config}")
+        return " ".join(words) or "any job"

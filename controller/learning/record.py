@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.learning.histogram import DecayingHistogram
-from controller.learning.keys import JobKey
+from controller.learning.keys import ANY, JobKey
 from controller.learning.settings import LearningSettings
 
 
@@ -73,6 +73,16 @@ class KeyRecord:
 Records = Mapping[str, KeyRecord]
 
 
+def own_keys(key: JobKey) -> tuple[JobKey, ...]:
+    """The keys whose OOM raise is a job's own: its key, and for a key naming a
+    configuration, the same key without it, which OOMs were filed under before keys named
+    configurations. A steady sample clears the raise of both; the correction reads the
+    second where the first has none."""
+    if key.config == ANY:
+        return (key,)
+    return (key, replace(key, config=ANY))
+
+
 def _record(records: Records, key: JobKey, settings: LearningSettings) -> KeyRecord:
     found = records.get(key.name)
     if found is not None:
@@ -105,7 +115,7 @@ def record_steady(
     for rung in key.ladder():
         record = _record(records, rung, settings)
         record = replace(record, histogram=record.histogram.add(ratio, at))
-        if rung == key and clears_oom:
+        if rung in own_keys(key) and clears_oom:
             record = replace(record, oom_factor_percent=None)
         changed[rung.name] = record
     return changed
@@ -132,7 +142,7 @@ def record_oom(
 ) -> dict[str, KeyRecord]:
     """The record an OOM-killed job changes: its own key's, with its need as a sample and
     raised to at least that need at once. The coarser keys of its ladder are left alone: the
-    need is a bound (capacity x 1.2), not a measurement, and one image's OOM filed under a
+    need is a bound (capacity x 1.2), not a measurement, and one configuration's OOM filed under a
     family-wide key would lift every job of that family to the clamp."""
     need = oom_need_bytes(reserved_bytes, available_bytes, observed_bytes, settings)
     ratio = _ratio(need, predicted_bytes)

@@ -15,6 +15,7 @@ from controller.admission import learned
 from controller.admission.admission_pass import PassInput, admission_pass
 from controller.api import conditions as cond
 from controller.api.base import JOB_LABEL
+from controller.api.finetunejob import FineTuneJobSpec
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.decision import AdmissionSettings
 from controller.learning import JobKey, LearningSettings, Policy
@@ -459,6 +460,44 @@ def test_after_k_jobs_that_used_more_the_next_is_reserved_more() -> None:
     assert reserved(decide(nxt, objects), "next") >= int(1.2 * own_figure(nxt))
 
 
+def test_each_configuration_learns_its_own_ratio_and_a_new_one_falls_back_to_its_kind() -> None:
+    """Rank 16 used 0.7 x, rank 32 used 1.2 x: one kind (llama QLoRA), two configurations.
+    Each configuration's next job follows its own; a third, unseen, the kind's p95."""
+    lower = [with_uid(ended("a", 0.7), f"a{i}") for i in range(3)]
+    higher = [with_uid(ended("b", 1.2, lora={"rank": 32}), f"b{i}") for i in range(3)]
+    objects = learn(lower + higher)
+    nxt = ftj("next")
+    own = own_figure(nxt)
+    assert int(0.7 * own) <= reserved(decide(nxt, objects), "next") < int(0.8 * own)
+    more = ftj("more", lora={"rank": 32})
+    assert reserved(decide(more, objects), "more") >= int(1.2 * own_figure(more))
+    new = ftj("new", lora={"rank": 64})
+    out = decide(new, objects)
+    assert reserved(out, "new") >= int(1.2 * own_figure(new)), "the kind's p95 covers both"
+    message = condition(status_after(out, "ns/new"), cond.ESTIMATED)["message"]
+    assert "learned from 6 jobs like it" in message
+
+
+def test_a_configuration_is_what_in_the_spec_decides_memory() -> None:
+    spec = ftj("a")["spec"]
+    digest = learned.config_digest(spec)
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    same = {**spec, "resources": {"gpus": 4}, "template": {}, "admissionPolicy": "Resize"}
+    assert learned.config_digest(same) == digest, "placement and GPU count are not memory"
+    reordered = dict(reversed(list(spec.items())))
+    assert learned.config_digest(reordered) == digest
+    # As the API server stores it, every default filled: a job file as written (`vramgate
+    # plan`) and the stored object are one configuration.
+    stored = FineTuneJobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+    assert stored["training"] and stored["parallelism"] == "FSDP"
+    assert learned.config_digest(stored) == digest
+    for change in ({"lora": {"rank": 32}}, {"training": {"batchSize": 2}}, {"method": "LoRA"},
+                   {"model": {"preset": "qwen2.5-7b"}}, {"parallelism": "DDP"}):  # fmt: skip
+        assert learned.config_digest({**spec, **change}) != digest, change
+    key = learned.job_key(ftj("a"), {"profile": "calibrated", "parallelism": "FSDP"})
+    assert key.config == digest and key.ladder()[1].config == "*"
+
+
 def test_raise_only_never_lowers_and_off_keeps_the_estimate() -> None:
     objects = learn([with_uid(ended("a", 0.7), f"u{i}") for i in range(3)])
     for spelled in ("RaiseOnly", "Off"):
@@ -541,7 +580,19 @@ def test_each_key_is_a_series_of_its_samples_its_p95_ratio_and_its_correction() 
     states = learned.key_states(objects.values(), SETTINGS)
     samples, p95, factor = learned.gauges(states, SETTINGS)
     assert samples.labels == p95.labels == ("family", "method", "parallelism", "profile",
-                                            "framework", "image")  # fmt: skip
+                                            "framework", "image", "config")  # fmt: skip
     assert len(samples.samples) == len(states) and {v for _, v in samples.samples} == {3.0}
     assert all(1.2 <= v < 1.3 for _, v in p95.samples), "the upper end of 1.2's bucket"
     assert all(v == pytest.approx(1.2 * 1.05, abs=0.07) for _, v in factor.samples)
+
+
+def test_a_configuration_has_series_only_once_it_answers_for_its_jobs() -> None:
+    objects = learn([with_uid(ended("a", 1.2), f"u{i}") for i in range(2)])
+    states = learned.key_states(objects.values(), SETTINGS)
+    config = learned.job_key(ftj("a"), {"profile": "calibrated", "parallelism": "FSDP"}).config
+    samples, _, _ = learned.gauges(states, SETTINGS)
+    series = {labels[-1] for labels, _ in samples.samples}  # config, the last label
+    assert series == {"*"} and len(samples.samples) == len(states) - 1, "2 of k = 3 samples"
+    objects = learn([with_uid(ended("a", 1.2), "u2")], list(objects.values()))
+    samples, _, _ = learned.gauges(learned.key_states(objects.values(), SETTINGS), SETTINGS)
+    assert {labels[-1] for labels, _ in samples.samples} == {"*", config}

@@ -232,3 +232,21 @@ def test_a_key_whose_samples_weigh_nothing_gives_way_to_a_coarser_one() -> None:
     result = correct(ESTIMATE, KEY, records, SETTINGS)
     assert result.source is Source.LEARNED
     assert result.key == KEY.ladder()[2].name
+
+
+def test_an_oom_filed_before_keys_named_configurations_still_raises_its_rerun() -> None:
+    """OOMs filed under the key without a configuration (before keys named one) raise a job
+    of that key whatever its configuration, until a success there clears it; a
+    configuration's own raise is its own."""
+    legacy = record_oom({}, KEY, 20 * GIB, 20 * GIB, 0, ESTIMATE, T0, SETTINGS)
+    configured = replace(KEY, config="3f2a9c0d1e2b")
+    rerun = correct(ESTIMATE, configured, legacy, SETTINGS)
+    assert (rerun.source, rerun.factor_percent) == (Source.OUT_OF_MEMORY, 120)
+    cleared = legacy | record_steady(legacy, configured, 22 * GIB, ESTIMATE, T0, SETTINGS)
+    assert cleared[KEY.name].oom_factor_percent is None
+    assert correct(ESTIMATE, configured, cleared, SETTINGS).source is Source.TOO_FEW
+    # A configuration's OOM is filed under it alone: another configuration is not raised.
+    own = record_oom({}, configured, 20 * GIB, 20 * GIB, 0, ESTIMATE, T0, SETTINGS)
+    assert set(own) == {configured.name}
+    other = replace(KEY, config="0000aaaa1111")
+    assert correct(ESTIMATE, other, own, SETTINGS).source is Source.TOO_FEW

@@ -53,3 +53,26 @@ def test_a_digest_is_a_valid_key_field_and_the_first_one_the_ladder_drops() -> N
     key = JobKey.of(family="llama", method="LoRA", profile="calibrated", image=DIGEST)
     assert JobKey.parse(key.name) == key
     assert key.ladder()[1].image == ANY
+
+
+def test_the_configuration_is_the_finest_rung_and_the_first_the_ladder_drops() -> None:
+    key = JobKey.of(family="llama", method="LoRA", profile="calibrated", image=DIGEST,
+                    config="3f2a9c0d1e2b")  # fmt: skip
+    ladder = key.ladder()
+    assert ladder[0] == key and ladder[1] == JobKey.of(
+        family="llama", method="LoRA", profile="calibrated", image=DIGEST
+    )
+    assert ladder[2].image == ANY and all(r.config == ANY for r in ladder[1:])
+    assert JobKey.parse(key.name) == key
+    assert key.name.endswith(",config=3f2a9c0d1e2b")
+    assert key.describe() == f"llama LoRA calibrated {DIGEST} config 3f2a9c0d1e2b"
+
+
+def test_a_key_without_a_configuration_keeps_the_name_it_had_before_there_was_one() -> None:
+    """Keys filed before the configuration existed (their LearnedCorrections are named from
+    these names) read back as the same key and name."""
+    old = "family=llama,method=LoRA,parallelism=FSDP,profile=calibrated,framework=trl,image=*"
+    key = JobKey.parse(old)
+    assert key.config == ANY and key.name == old
+    with pytest.raises(ValueError, match="must name family"):
+        JobKey.parse("family=llama,method=LoRA,config=abc")
