@@ -109,13 +109,17 @@ def record_steady(
 ) -> dict[str, KeyRecord]:
     """The records a steady job changes (every key of its ladder), by key name: the caller
     writes these and keeps the rest. Clears an OOM raise on the job's own key, unless
-    `clears_oom` is false (a job still running, which may yet run out of memory)."""
+    `clears_oom` is false (a job still running, which may yet run out of memory), or the
+    job used more than the clamp lets a learned factor reach (`max_factor_percent`): then
+    it succeeded only because it was raised past the clamp, and the clamped factor its next
+    run would get without the raise is one it has just shown too small."""
     ratio = _ratio(observed_bytes, predicted_bytes)
+    clears = clears_oom and ratio * 100 <= settings.max_factor_percent
     changed = {}
     for rung in key.ladder():
         record = _record(records, rung, settings)
         record = replace(record, histogram=record.histogram.add(ratio, at))
-        if rung in own_keys(key) and clears_oom:
+        if rung in own_keys(key) and clears:
             record = replace(record, oom_factor_percent=None)
         changed[rung.name] = record
     return changed

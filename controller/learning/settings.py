@@ -35,7 +35,8 @@ class LearningSettings:
       step's peak repeats far more exactly than a service's load, so a smaller margin.
     * `min_factor_percent` 60, `max_factor_percent` 150: however skewed the samples, learning
       moves a figure by at most that much; past it the estimator is wrong in a way a person
-      should look at (the alert on a key's p95 says so).
+      should look at (the alert on a key's p95 says so). An OOM is not a sample to be wary
+      of: its raise goes past the clamp, and stays while the configuration's jobs need it.
     * `steady_seconds` 900: a running job whose observed peak has not grown for 15 minutes
       is past its first optimizer steps (the step that allocates the optimizer states comes
       within a few minutes of the first batch), so it teaches while it runs rather than only

@@ -250,3 +250,20 @@ def test_an_oom_filed_before_keys_named_configurations_still_raises_its_rerun() 
     assert set(own) == {configured.name}
     other = replace(KEY, config="0000aaaa1111")
     assert correct(ESTIMATE, other, own, SETTINGS).source is Source.TOO_FEW
+
+
+def test_a_success_that_needed_more_than_the_clamp_keeps_its_oom_raise() -> None:
+    """A kind that needs 1.6 x its estimate: the clamp (1.5) alone would run it out of memory
+    every other time, raised after each OOM and lowered after each success. A success past
+    the clamp keeps the raise; one within it clears the raise."""
+    records = steady({}, KEY, [1.6] * 8)
+    clamped = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert (clamped.source, clamped.factor_percent) == (Source.LEARNED, 150)
+    records |= record_oom(records, KEY, clamped.per_gpu_bytes, clamped.per_gpu_bytes, 0,
+                          ESTIMATE, T0, SETTINGS)  # fmt: skip
+    raised = correct(ESTIMATE, KEY, records, SETTINGS)
+    assert raised.source is Source.OUT_OF_MEMORY and raised.factor_percent == 180
+    records |= record_steady(records, KEY, round(ESTIMATE * 1.6), ESTIMATE, T0, SETTINGS)
+    assert correct(ESTIMATE, KEY, records, SETTINGS).factor_percent == 180, "kept"
+    records |= record_steady(records, KEY, round(ESTIMATE * 1.2), ESTIMATE, T0, SETTINGS)
+    assert records[KEY.name].oom_factor_percent is None, "within the clamp: cleared"
