@@ -318,8 +318,21 @@ def _normal_digest(parts: Mapping[str, Any]) -> str:
         normal = spec.model_dump(
             mode="json", by_alias=True, exclude_none=True, include=set(CONFIG_FIELDS)
         )
-    text = json.dumps(normal, sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps(_whole(normal), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _whole(value: Any) -> Any:
+    """Whole floats as ints, all the way down: an inline config.json's `500000.0` is read as
+    a float from a job file but stored as `500000` by the API server (JSON has one number
+    type), and the two must name one configuration."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_whole(v) for v in value]
+    return value
 
 
 def estimate_plan(plan: JobPlan) -> Estimate:

@@ -22,7 +22,7 @@ and the one-line message's numbers multiply out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -121,6 +121,7 @@ def correct(
     ladder = key.ladder()
     own = _own_record(records, key)
     oom = own.oom_factor_percent if own is not None else None
+    own_name = own.key.name if own is not None else key.name  # where a reset would clear it
     for rung in ladder:
         record = records.get(rung.name)
         if record is not None and record.pinned_percent is not None:
@@ -129,7 +130,7 @@ def correct(
             if oom is not None and oom > record.pinned_percent:
                 # the pin ran a job like it out of memory: its re-run is raised at once
                 how += f", raised from {record.pinned_percent / 100:.2f} after an OOM"
-                return made(oom, Source.OUT_OF_MEMORY, key.name, samples, how)
+                return made(oom, Source.OUT_OF_MEMORY, own_name, samples, how)
             return made(record.pinned_percent, Source.PINNED, rung.name, samples, how)
 
     floor = 100 if policy is Policy.RAISE_ONLY else 0
@@ -160,7 +161,7 @@ def correct(
     if own is not None and oom is not None and (learned is None or oom > learned):
         how = "after a job like it ran out of GPU memory"
         samples = own.histogram.samples
-        return made(max(oom, floor), Source.OUT_OF_MEMORY, key.name, samples, how)
+        return made(max(oom, floor), Source.OUT_OF_MEMORY, own_name, samples, how)
     if chosen is None or learned is None:
         finest = next((records[r.name] for r in ladder if r.name in records), None)
         have = finest.histogram.samples if finest is not None else 0
@@ -189,3 +190,24 @@ def _own_record(records: Records, key: JobKey) -> KeyRecord | None:
         if found is not None and found.oom_factor_percent is not None:
             return found
     return own
+
+
+def without_raise_covers(
+    records: Records, key: JobKey, ratio: float, settings: LearningSettings
+) -> bool:
+    """Whether a job of `key` would get at least `ratio` x its estimate from `records` with
+    its own OOM raise taken away (policy adjust): what a success must show before its raise
+    may go. A configuration that needs more than its kind's p95 (it falls back there below k
+    samples), or than the clamp, would otherwise run out of memory every other run: raised
+    after each OOM, lowered after each success."""
+    cleared = dict(records)
+    for own in own_keys(key):
+        found = records.get(own.name)
+        if found is not None and found.oom_factor_percent is not None:
+            cleared[own.name] = replace(found, oom_factor_percent=None)
+    adjust = replace(settings, policy=Policy.ADJUST)
+    return correct(_RATIO_REFERENCE, key, cleared, adjust).factor_percent >= ratio * 100
+
+
+#: The figure `without_raise_covers` works on: factors are whole percents, any figure will do.
+_RATIO_REFERENCE = 1 << 30

@@ -108,20 +108,32 @@ def record_steady(
     clears_oom: bool = True,
 ) -> dict[str, KeyRecord]:
     """The records a steady job changes (every key of its ladder), by key name: the caller
-    writes these and keeps the rest. Clears an OOM raise on the job's own key, unless
-    `clears_oom` is false (a job still running, which may yet run out of memory), or the
-    job used more than the clamp lets a learned factor reach (`max_factor_percent`): then
-    it succeeded only because it was raised past the clamp, and the clamped factor its next
-    run would get without the raise is one it has just shown too small."""
+    writes these and keeps the rest.
+
+    The job's own OOM raise (`own_keys`) is cleared where what the job would get without it
+    covers what it used (`correction.without_raise_covers`); else the raise is set to what
+    it used x (1 + margin), the measured need in place of the OOM's bound. Not by a job
+    still running (`clears_oom` false), which may yet run out of memory."""
+    # Imported here: `correction` builds on this module's records.
+    from controller.learning.correction import without_raise_covers
+
     ratio = _ratio(observed_bytes, predicted_bytes)
-    clears = clears_oom and ratio * 100 <= settings.max_factor_percent
     changed = {}
     for rung in key.ladder():
         record = _record(records, rung, settings)
-        record = replace(record, histogram=record.histogram.add(ratio, at))
-        if rung in own_keys(key) and clears:
-            record = replace(record, oom_factor_percent=None)
-        changed[rung.name] = record
+        changed[rung.name] = replace(record, histogram=record.histogram.add(ratio, at))
+    if not clears_oom:
+        return changed
+    raised = [k for k in own_keys(key) if changed[k.name].oom_factor_percent is not None]
+    if not raised:
+        return changed
+    updated = {**records, **changed}
+    if without_raise_covers(updated, key, ratio, settings):
+        need = None
+    else:
+        need = math.ceil(ratio * (100 + settings.margin_percent) - 1e-9)
+    for own in raised:
+        changed[own.name] = replace(changed[own.name], oom_factor_percent=need)
     return changed
 
 

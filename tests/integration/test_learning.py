@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.api.base import GROUP, JOB_LABEL, VERSION
 from controller.api.learnedcorrection import PLURAL as LEARNED
 from controller.api.learnedcorrection import object_name
+from controller.jobs.spec import config_digest
 from controller.learning import JobKey
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
@@ -189,6 +190,12 @@ def test_reservations_follow_what_jobs_like_them_used_across_a_restart_a_failove
     assert get(api_client, namespace, "low-0")["status"]["observed"]["imageDigest"] == digest
     assert JobKey.parse(samples["low-0"]["key"]).image == digest
     assert JobKey.parse(samples["high-0"]["key"]).image == high
+    # The finest key is the configuration the estimate was made of; one spec, one digest.
+    configs = {get(api_client, namespace, n)["status"]["estimate"]["config"] for n, _, _ in taught}
+    assert len(configs) == 1 and JobKey.parse(samples["low-0"]["key"]).config in configs
+    # ... and the manifest as written (what `vramgate plan` reads) names the same one as the
+    # object the API server stored with its defaults.
+    assert config_digest(trained("x", gpus, low)["spec"]) in configs
     assert samples["low-0"]["predictedBytes"] == QLORA_BYTES
     died = learned_sample(api_client, namespace, "dies")
     assert died["kind"] == "OutOfMemory"

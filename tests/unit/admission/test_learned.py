@@ -491,6 +491,13 @@ def test_a_configuration_is_what_in_the_spec_decides_memory() -> None:
     stored = FineTuneJobSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
     assert stored["training"] and stored["parallelism"] == "FSDP"
     assert learned.config_digest(stored) == digest
+    # An inline config.json read from YAML keeps 500000.0; the API server stores 500000.
+    inline = {**spec, "model": {"config": {"model_type": "llama", "rope_theta": 500000.0}}}
+    as_stored = {**spec, "model": {"config": {"model_type": "llama", "rope_theta": 500000}}}
+    assert learned.config_digest(inline) == learned.config_digest(as_stored)
+    assert learned.config_digest(inline) != learned.config_digest(
+        {**spec, "model": {"config": {"model_type": "llama", "rope_theta": 500000.5}}}
+    )
     for change in ({"lora": {"rank": 32}}, {"training": {"batchSize": 2}}, {"method": "LoRA"},
                    {"model": {"preset": "qwen2.5-7b"}}, {"parallelism": "DDP"}):  # fmt: skip
         assert learned.config_digest({**spec, **change}) != digest, change
