@@ -193,20 +193,21 @@ def _own_record(records: Records, key: JobKey) -> KeyRecord | None:
 
 
 def without_raise_covers(
-    records: Records, key: JobKey, ratio: float, settings: LearningSettings
+    records: Records, key: JobKey, ratio: float, settings: LearningSettings, now: datetime
 ) -> bool:
-    """Whether a job of `key` would get at least `ratio` x its estimate from `records` with
-    its own OOM raise taken away (policy adjust): what a success must show before its raise
-    may go. A configuration that needs more than its kind's p95 (it falls back there below k
-    samples), or than the clamp, would otherwise run out of memory every other run: raised
-    after each OOM, lowered after each success."""
+    """Whether a job of `key` would get at least `ratio` x its estimate from `records` at
+    `now` with its own OOM raise taken away (policy adjust): what a success must show before
+    its raise may go. A configuration that needs more than its kind's p95 (it falls back
+    there below k samples), or than the clamp, would otherwise run out of memory every other
+    run: raised after each OOM, lowered after each success."""
     cleared = dict(records)
     for own in own_keys(key):
         found = records.get(own.name)
         if found is not None and found.oom_factor_percent is not None:
             cleared[own.name] = replace(found, oom_factor_percent=None)
     adjust = replace(settings, policy=Policy.ADJUST)
-    return correct(_RATIO_REFERENCE, key, cleared, adjust).factor_percent >= ratio * 100
+    factor = correct(_RATIO_REFERENCE, key, cleared, adjust, now=now).factor_percent
+    return factor >= ratio * 100 - 1e-6  # a figure is whole bytes: a hair over its factor
 
 
 #: The figure `without_raise_covers` works on: factors are whole percents, any figure will do.

@@ -110,10 +110,13 @@ def record_steady(
     """The records a steady job changes (every key of its ladder), by key name: the caller
     writes these and keeps the rest.
 
-    The job's own OOM raise (`own_keys`) is cleared where what the job would get without it
-    covers what it used (`correction.without_raise_covers`); else the raise is set to what
-    it used x (1 + margin), the measured need in place of the OOM's bound. Not by a job
-    still running (`clears_oom` false), which may yet run out of memory."""
+    The job's own OOM raise (`own_keys`) is cleared where what a job of its key got without
+    it, as the records stood (`correction.without_raise_covers`, decayed to `at`), covers what
+    this one used. Else the raise stays, at its value, and on the job's own key only (a raise
+    filed under the key without a configuration is shared by every configuration of the
+    kind). Not by a job still running (`clears_oom` false), which may yet run out of memory.
+    The records as they stood, not with this sample: a job's end replaces its running
+    sample, which they may already hold, and one job must not count twice."""
     # Imported here: `correction` builds on this module's records.
     from controller.learning.correction import without_raise_covers
 
@@ -124,16 +127,17 @@ def record_steady(
         changed[rung.name] = replace(record, histogram=record.histogram.add(ratio, at))
     if not clears_oom:
         return changed
-    raised = [k for k in own_keys(key) if changed[k.name].oom_factor_percent is not None]
-    if not raised:
+    raises = [
+        raise_to
+        for k in own_keys(key)
+        if (raise_to := changed[k.name].oom_factor_percent) is not None
+    ]
+    if not raises:
         return changed
-    updated = {**records, **changed}
-    if without_raise_covers(updated, key, ratio, settings):
-        need = None
-    else:
-        need = math.ceil(ratio * (100 + settings.margin_percent) - 1e-9)
-    for own in raised:
-        changed[own.name] = replace(changed[own.name], oom_factor_percent=need)
+    kept = None if without_raise_covers(records, key, ratio, settings, at) else max(raises)
+    for own in own_keys(key):
+        changed[own.name] = replace(changed[own.name], oom_factor_percent=None)
+    changed[key.name] = replace(changed[key.name], oom_factor_percent=kept)
     return changed
 
 

@@ -244,9 +244,11 @@ def test_an_oom_filed_before_keys_named_configurations_still_raises_its_rerun() 
     assert (rerun.source, rerun.factor_percent) == (Source.OUT_OF_MEMORY, 120)
     assert rerun.key == KEY.name, "names the key a reset would clear it on"
     # A success at 1.1 x: without the raise the job would get its estimate (too few samples),
-    # which it has just shown too small: the raise becomes its need, 1.1 x 1.05.
+    # which it has just shown too small: the raise stays, on its configuration alone (the
+    # key without one is every configuration's).
     kept = legacy | record_steady(legacy, configured, 22 * GIB, ESTIMATE, T0, SETTINGS)
-    assert kept[KEY.name].oom_factor_percent == 116
+    assert kept[KEY.name].oom_factor_percent is None
+    assert kept[configured.name].oom_factor_percent == 120
     # At 0.9 x the estimate covers it: the raise goes.
     cleared = legacy | record_steady(legacy, configured, 18 * GIB, ESTIMATE, T0, SETTINGS)
     assert cleared[KEY.name].oom_factor_percent is None
@@ -261,7 +263,7 @@ def test_an_oom_filed_before_keys_named_configurations_still_raises_its_rerun() 
 def test_a_success_that_needed_more_than_the_clamp_keeps_a_raise() -> None:
     """A kind that needs 1.6 x its estimate: the clamp (1.5) alone would run it out of memory
     every other time, raised after each OOM and lowered after each success. A success past
-    the clamp keeps a raise, at what it used x (1 + margin); one within it clears the raise."""
+    the clamp keeps the raise; one within it clears the raise."""
     records = steady({}, KEY, [1.6] * 8)
     clamped = correct(ESTIMATE, KEY, records, SETTINGS)
     assert (clamped.source, clamped.factor_percent) == (Source.LEARNED, 150)
@@ -270,7 +272,7 @@ def test_a_success_that_needed_more_than_the_clamp_keeps_a_raise() -> None:
     raised = correct(ESTIMATE, KEY, records, SETTINGS)
     assert raised.source is Source.OUT_OF_MEMORY and raised.factor_percent == 180
     records |= record_steady(records, KEY, round(ESTIMATE * 1.6), ESTIMATE, T0, SETTINGS)
-    assert correct(ESTIMATE, KEY, records, SETTINGS).factor_percent == 168, "1.6 x 1.05"
+    assert correct(ESTIMATE, KEY, records, SETTINGS).factor_percent == 180, "kept"
     records |= record_steady(records, KEY, round(ESTIMATE * 1.2), ESTIMATE, T0, SETTINGS)
     assert records[KEY.name].oom_factor_percent is None, "within the clamp: cleared"
 
@@ -278,7 +280,7 @@ def test_a_success_that_needed_more_than_the_clamp_keeps_a_raise() -> None:
 def test_a_success_above_its_kinds_p95_keeps_a_raise_until_its_own_key_covers_it() -> None:
     """A configuration that needs 1.3 x, in a kind whose jobs use 1.0 x: below k samples of
     its own it falls back to the kind's p95 (about 1.05), which a success at 1.3 x shows too small;
-    the raise stays (at 1.3 x 1.05) until its own key answers and covers it."""
+    the raise stays until its own key answers and covers it."""
     kind = steady({}, key_with(image="sha256:bb"), [1.0] * 8)  # the kind: image-less key
     configured = replace(KEY, config="3f2a9c0d1e2b")
     first = correct(ESTIMATE, configured, kind, SETTINGS)
@@ -303,3 +305,22 @@ def test_a_pin_that_covers_a_success_clears_the_raise_under_it() -> None:
     records |= record_steady(records, KEY, round(ESTIMATE * 1.6), ESTIMATE, T0, SETTINGS)
     found = correct(ESTIMATE, KEY, records, SETTINGS)
     assert (found.source, found.factor_percent) == (Source.PINNED, 170)
+
+
+def test_whether_a_success_is_covered_is_read_at_its_time_with_old_samples_decayed() -> None:
+    """Its own key's samples are a year old (they weigh nothing now): a job of it gets the
+    kind's p95, which a success at 1.3 x exceeds, so the raise stays."""
+    kind = steady({}, key_with(image="sha256:bb"), [1.0] * 8)
+    configured = replace(KEY, config="3f2a9c0d1e2b")
+    year_ago = T0 - timedelta(days=365)
+    records = dict(kind)
+    for i in range(SETTINGS.min_samples):
+        at = year_ago + timedelta(hours=i)
+        records |= record_steady(records, configured, round(ESTIMATE * 1.3), ESTIMATE, at,
+                                 SETTINGS)  # fmt: skip
+    records |= record_oom(records, configured, ESTIMATE, ESTIMATE, 0, ESTIMATE, T0, SETTINGS)
+    now = T0 + timedelta(hours=10)
+    records |= record_steady(records, configured, round(ESTIMATE * 1.3), ESTIMATE, now,
+                             SETTINGS)  # fmt: skip
+    assert records[configured.name].oom_factor_percent is not None
+    assert correct(ESTIMATE, configured, records, SETTINGS, now=now).factor_percent >= 130
