@@ -57,7 +57,7 @@ cleared only by a job of its key that succeeded after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -87,6 +87,7 @@ from controller.learning import (
 )
 from controller.learning.histogram import format_time
 from controller.learning.keys import FIELDS
+from controller.learning.record import own_keys
 from controller.packing.view import ClusterView
 
 STEADY = "Steady"
@@ -546,6 +547,7 @@ def file_samples(
                     s.at,
                     settings,
                     clears_oom=not s.running,
+                    judged_on=_without_the_job(records, s, todo, holds),
                 )
             else:
                 continue
@@ -570,6 +572,34 @@ def file_samples(
         start = states.get(name) or KeyState(records[name].key, records[name])
         state = replace(start, record=records[name], counted=(*start.counted, *uids))
         out[name] = _bounded(state, times)
+    return out
+
+
+def _without_the_job(
+    records: Mapping[str, KeyRecord],
+    s: Sample,
+    todo: list[JobKey],
+    holds: Callable[[str, tuple[str, int, int, datetime]], bool],
+) -> Mapping[str, KeyRecord]:
+    """`records` without `s`'s job in them, for `record_steady` to judge its OOM raise on:
+    the running sample it replaces taken out where a key holds it, and `s` itself where a
+    key counted it already (a rebuilt key's coarser keys). Only for a job whose key holds a
+    raise: else nothing is judged."""
+    own = [records.get(k.name) for k in own_keys(s.key)]
+    if s.running or not any(r is not None and r.oom_factor_percent for r in own):
+        return records
+    out = dict(records)
+    for rung in s.key.ladder():
+        found = out.get(rung.name)
+        if found is None:
+            continue
+        histogram = found.histogram
+        if s.replaces is not None and holds(rung.name, s.replaces):
+            _, observed, predicted, at = s.replaces
+            histogram = histogram.remove(observed / predicted, at)
+        if rung not in todo:
+            histogram = histogram.remove(s.observed_bytes / s.predicted_bytes, s.at)
+        out[rung.name] = replace(found, histogram=histogram)
     return out
 
 

@@ -106,17 +106,21 @@ def record_steady(
     at: datetime,
     settings: LearningSettings,
     clears_oom: bool = True,
+    judged_on: Records | None = None,
 ) -> dict[str, KeyRecord]:
     """The records a steady job changes (every key of its ladder), by key name: the caller
     writes these and keeps the rest.
 
     The job's own OOM raise (`own_keys`) is cleared where what a job of its key got without
-    it, as the records stood (`correction.without_raise_covers`, decayed to `at`), covers what
-    this one used. Else the raise stays, at its value, and on the job's own key only (a raise
-    filed under the key without a configuration is shared by every configuration of the
-    kind). Not by a job still running (`clears_oom` false), which may yet run out of memory.
-    The records as they stood, not with this sample: a job's end replaces its running
-    sample, which they may already hold, and one job must not count twice."""
+    it (`correction.without_raise_covers`, decayed to `at`) covers what this one used. Else
+    the raise stays, at least at what it used, and on the job's own key only (a raise filed
+    under the key without a configuration is shared by every configuration of the kind). Not
+    by a job still running (`clears_oom` false), which may yet run out of memory.
+
+    Judged on the records without this job: `records` as they stood, or `judged_on` where
+    the caller knows better (a job's end replaces its running sample, which `records` hold;
+    a rebuilt key's coarser keys have counted this very sample already). A job must not
+    cover itself."""
     # Imported here: `correction` builds on this module's records.
     from controller.learning.correction import without_raise_covers
 
@@ -134,7 +138,11 @@ def record_steady(
     ]
     if not raises:
         return changed
-    kept = None if without_raise_covers(records, key, ratio, settings, at) else max(raises)
+    judged = records if judged_on is None else judged_on
+    if without_raise_covers(judged, key, ratio, settings, at):
+        kept = None
+    else:  # never lowered; at least what it used (which fit its GPU)
+        kept = max(*raises, math.ceil(ratio * 100 - 1e-9))
     for own in own_keys(key):
         changed[own.name] = replace(changed[own.name], oom_factor_percent=None)
     changed[key.name] = replace(changed[key.name], oom_factor_percent=kept)

@@ -169,9 +169,9 @@ def test_a_sample_is_written_once_and_never_rewritten() -> None:
 class Running:
     """Job `name`, admitted and running, its pod seen on n1's GPU 0 at each pass's `now`."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, **spec: Any) -> None:
         self.name = name
-        self.job, _ = admitted(name)
+        self.job, _ = admitted(name, **spec)
         self.predicted = self.job["status"]["estimate"]["perGpuLevels"]["nvmlBytes"]
         self.peaks: Mapping[str, Any] = {}
 
@@ -337,6 +337,36 @@ def test_a_running_sample_does_not_clear_its_keys_oom_raise() -> None:
     job.step(40, 0.6, end="Complete")
     ended_status = learn([job.job], list(objects.values()))[finest]["status"]
     assert ended_status.get("oomFactorPercent") is None, "its success clears it"
+
+
+def test_a_success_its_kind_would_not_cover_keeps_the_raise_through_its_running_sample():
+    """Rank 32 needs 1.3 x; its kind (rank 16 jobs) uses 1.0 x. After its OOM, a job of it
+    runs at 1.3 x and succeeds: its running sample, filed first, must not count towards
+    covering its own end, so the raise stays; nor, in a rebuild of its deleted key, its own
+    sample the coarser keys counted already."""
+    kind = [with_uid(ended("k", 1.0), f"k{i}") for i in range(3)]
+    dead = ended("dead", 0.9, failed=True, lora={"rank": 32})
+    objects = learn([*kind, dead])
+    job = Running("b", lora={"rank": 32})
+    job.step(0, 1.3)
+    job.step(15, 1.3)
+    finest = object_name(JobKey.parse(job.sample["key"]))  # type: ignore[index]
+    assert objects[finest]["status"]["oomFactorPercent"]
+    objects = learn([job.job], list(objects.values()))  # the running sample
+    job.step(40, 1.3, end="Complete")
+    objects = learn([job.job], list(objects.values()))  # its end, in place of it
+    assert (objects[finest]["status"].get("oomFactorPercent") or 0) >= 130, "kept, >= 1.3 x"
+
+    # A job of it that ended without a running sample, filed, then its key deleted and
+    # rebuilt: the coarser keys have counted it already, and it must not cover itself there.
+    other = with_uid(ended("z", 1.3, lora={"rank": 32}), "uid-z")  # filed after uid-dead
+    objects = learn([*kind, dead])
+    objects = learn([other], list(objects.values()))
+    kept = objects[finest]["status"].get("oomFactorPercent") or 0
+    assert kept >= 130
+    rebuilt = {n: o for n, o in objects.items() if n != finest}
+    again = learn([*kind, dead, other], list(rebuilt.values()))
+    assert again[finest]["status"].get("oomFactorPercent") == kept, "a rebuild reads the same"
 
 
 def test_peaks_written_before_peak_since_existed_get_it_once() -> None:
