@@ -594,11 +594,12 @@ def _without_the_job(
         if found is None:
             continue
         histogram = found.histogram
-        if s.replaces is not None and holds(rung.name, s.replaces):
+        if rung not in todo:
+            # counted it already: its running sample, if any, was replaced there then
+            histogram = histogram.remove(s.observed_bytes / s.predicted_bytes, s.at)
+        elif s.replaces is not None and holds(rung.name, s.replaces):
             _, observed, predicted, at = s.replaces
             histogram = histogram.remove(observed / predicted, at)
-        if rung not in todo:
-            histogram = histogram.remove(s.observed_bytes / s.predicted_bytes, s.at)
         out[rung.name] = replace(found, histogram=histogram)
     return out
 

@@ -113,9 +113,9 @@ def record_steady(
 
     The job's own OOM raise (`own_keys`) is cleared where what a job of its key got without
     it (`correction.without_raise_covers`, decayed to `at`) covers what this one used. Else
-    the raise stays, at least at what it used, and on the job's own key only (a raise filed
-    under the key without a configuration is shared by every configuration of the kind). Not
-    by a job still running (`clears_oom` false), which may yet run out of memory.
+    the raise stays, at least at what it used (whole percent), and on the job's own key only
+    (a raise filed under the key without a configuration is every configuration's). Not by
+    a job still running (`clears_oom` false), which may yet run out of memory.
 
     Judged on the records without this job: `records` as they stood, or `judged_on` where
     the caller knows better (a job's end replaces its running sample, which `records` hold;
@@ -141,8 +141,9 @@ def record_steady(
     judged = records if judged_on is None else judged_on
     if without_raise_covers(judged, key, ratio, settings, at):
         kept = None
-    else:  # never lowered; at least what it used (which fit its GPU)
-        kept = max(*raises, math.ceil(ratio * 100 - 1e-9))
+    else:  # never lowered; at least what it used, to the whole percent below (a figure
+        # past what it used could pass the GPU it fit, and no job of the key would fit)
+        kept = max(*raises, math.floor(ratio * 100 + 1e-9))
     for own in own_keys(key):
         changed[own.name] = replace(changed[own.name], oom_factor_percent=None)
     changed[key.name] = replace(changed[key.name], oom_factor_percent=kept)
