@@ -339,6 +339,22 @@ def test_a_running_sample_does_not_clear_its_keys_oom_raise() -> None:
     assert ended_status.get("oomFactorPercent") is None, "its success clears it"
 
 
+def run_then_end(
+    objects: Mapping[str, Mapping[str, Any]], running: float, end: float, **spec: Any
+) -> tuple[dict[str, dict[str, Any]], Running, str]:
+    """Job "b" of `spec` runs at `running` x its prediction long enough to file a running
+    sample, then ends at `end` x: the key objects after each pass's filing, the job, and
+    its finest key's object name."""
+    job = Running("b", **spec)
+    job.step(0, running)
+    job.step(15, running)
+    assert job.sample is not None
+    finest = object_name(JobKey.parse(job.sample["key"]))
+    filed = learn([job.job], list(objects.values()))  # the running sample
+    job.step(40, end, end="Complete")
+    return learn([job.job], list(filed.values())), job, finest  # its end, in its place
+
+
 def test_a_success_its_kind_would_not_cover_keeps_the_raise_through_its_running_sample():
     """Rank 32 needs 1.3 x; its kind (rank 16 jobs) uses 1.0 x. After its OOM, a job of it
     runs at 1.3 x and succeeds: its running sample, filed first, must not count towards
@@ -347,14 +363,7 @@ def test_a_success_its_kind_would_not_cover_keeps_the_raise_through_its_running_
     kind = [with_uid(ended("k", 1.0), f"k{i}") for i in range(3)]
     dead = ended("dead", 0.9, failed=True, lora={"rank": 32})
     objects = learn([*kind, dead])
-    job = Running("b", lora={"rank": 32})
-    job.step(0, 1.3)
-    job.step(15, 1.3)
-    finest = object_name(JobKey.parse(job.sample["key"]))  # type: ignore[index]
-    assert objects[finest]["status"]["oomFactorPercent"]
-    objects = learn([job.job], list(objects.values()))  # the running sample
-    job.step(40, 1.3, end="Complete")
-    objects = learn([job.job], list(objects.values()))  # its end, in place of it
+    objects, _, finest = run_then_end(objects, 1.3, 1.3, lora={"rank": 32})
     assert (objects[finest]["status"].get("oomFactorPercent") or 0) >= 129, "kept, at what it used"
 
     # A job of it that ended without a running sample, filed, then its key deleted and
@@ -378,13 +387,7 @@ def test_a_rebuild_judges_a_raise_as_filing_did_when_the_job_had_a_running_sampl
     kind.append(with_uid(ended("h", 1.3), "k19"))
     dead = ended("dead", 0.9, failed=True, lora={"rank": 32})
     objects = learn([*kind, dead])
-    job = Running("b", lora={"rank": 32})
-    job.step(0, 1.0)
-    job.step(15, 1.0)
-    finest = object_name(JobKey.parse(job.sample["key"]))  # type: ignore[index]
-    objects = learn([job.job], list(objects.values()))
-    job.step(40, 1.3, end="Complete")
-    objects = learn([job.job], list(objects.values()))
+    objects, job, finest = run_then_end(objects, 1.0, 1.3, lora={"rank": 32})
     kept = objects[finest]["status"].get("oomFactorPercent")
     assert kept is not None
     rebuilt = {n: o for n, o in objects.items() if n != finest}
