@@ -5,7 +5,7 @@ A key names seven things that decide how far a job's real peak strays from its p
 
     config       the job's own configuration: a digest of what in its spec decides its
                  memory (model, method, adapters, training settings, parallelism,
-                 estimator; `controller.admission.learned.config_digest`): the same job
+                 estimator; `controller.jobs.spec.config_digest`): the same job
                  run again, VPA's unit
     family       config.json's model_type (llama, qwen2, mistral ...)
     method       Full, LoRA, QLoRA
