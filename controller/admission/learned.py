@@ -277,7 +277,7 @@ def key_state(obj: Mapping[str, Any], settings: LearningSettings) -> KeyState | 
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     try:
-        key = JobKey(**{f: str(spec.get(f) or "*") for f in _KEY_FIELDS})
+        key = JobKey(**{f: str(spec.get(f) or "*") for f in FIELDS})
     except (TypeError, ValueError):
         return None
     reset_at = _time(spec.get("resetAt"))
@@ -312,9 +312,6 @@ def key_state(obj: Mapping[str, Any], settings: LearningSettings) -> KeyState | 
         meta.get("resourceVersion"),
         exists=True,
     )
-
-
-_KEY_FIELDS = FIELDS
 
 
 def key_states(
@@ -634,7 +631,7 @@ def key_object(
         "apiVersion": "vramgate.dev/v1alpha1",
         "kind": "LearnedCorrection",
         "metadata": {"name": object_name(key)},
-        "spec": {f: getattr(key, f) for f in _KEY_FIELDS},
+        "spec": {f: getattr(key, f) for f in FIELDS},
     }
     return obj, key_status(state, settings, now)
 
@@ -686,7 +683,7 @@ def key_status(state: KeyState, settings: LearningSettings, now: datetime) -> di
 
 
 #: The label names of a key's series: its fields (`*` where it matches any).
-KEY_LABELS = _KEY_FIELDS
+KEY_LABELS = FIELDS
 
 
 def gauges(states: Mapping[str, KeyState], settings: LearningSettings) -> tuple[Gauge, ...]:

@@ -76,8 +76,8 @@ Records = Mapping[str, KeyRecord]
 def own_keys(key: JobKey) -> tuple[JobKey, ...]:
     """The keys whose OOM raise is a job's own: its key, and for a key naming a
     configuration, the same key without it, which OOMs were filed under before keys named
-    configurations. A steady sample clears the raise of both; the correction reads the
-    second where the first has none."""
+    configurations. A success settles the raise of both (`record_steady`: cleared, or kept
+    on the first alone); the correction reads the second where the first has none."""
     if key.config == ANY:
         return (key,)
     return (key, replace(key, config=ANY))
