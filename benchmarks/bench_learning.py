@@ -26,10 +26,12 @@ there does a reservation smaller than a GPU matter). Jobs arrive as a Poisson pr
 rate that offers `LOAD` of the cluster's memory in true peaks; kinds are picked with Zipf
 popularity (s = 1: a few kinds run often, most rarely); durations are lognormal, median 2 h,
 sigma 1 (mean 3.3 h). Admission is first-fit in arrival order with backfill: the first node
-with the job's GPU count of GPUs whose unreserved memory holds its per-GPU reservation, GPUs
-taken in index order. A figure above a GPU (a margin or an OOM's bump on a large job) takes
-the whole GPU instead; only a job that died of OOM with its GPUs to itself, which showed it
-needs more than a GPU, is rejected.
+with the job's GPU count of GPUs whose free memory holds its per-GPU reservation, GPUs taken
+in index order. Free is the operator's effective free (`controller.packing.inventory`): a GPU
+less, per job on it, what it reserved or what it uses, whichever is more (NVML counts a
+running job's memory; one that uses more than it reserved holds that much). A figure above
+a GPU (a margin or an OOM's bump on a large job) takes the whole GPU instead; only a job that
+died of OOM with its GPUs to itself, which showed it needs more than a GPU, is rejected.
 
 **OOM rule.** A job's pods hold their true peak from their first steps to the end (PyTorch's
 caching allocator keeps what it reached). A job OOMs when, on one of its GPUs, its true peak is
@@ -233,8 +235,10 @@ def simulate(
 ) -> Result:
     """One run of the stream. `policy` OFF reserves the calibrated figure; `static_percent`
     reserves it x a fixed percent for every job (a cluster-wide margin, no learning)."""
-    reserved = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     held = [[0] * GPUS_PER_NODE for _ in range(NODES)]
+    # What admission charges a GPU (the operator's effective free, `packing.inventory`): a
+    # running job's memory as NVML reports it or what it reserved, whichever is more.
+    charged = [[0] * GPUS_PER_NODE for _ in range(NODES)]
     records: dict[str, KeyRecord] = {}
     filed = 0  # samples filed so far: a queued job's figure from fewer is stale
     result = Result()
@@ -274,9 +278,7 @@ def simulate(
 
     def place(job: Job) -> list[tuple[int, int]] | None:
         for n in range(NODES):
-            free = [
-                g for g in range(GPUS_PER_NODE) if GPU_BYTES - reserved[n][g] >= job.reservation
-            ]
+            free = [g for g in range(GPUS_PER_NODE) if GPU_BYTES - charged[n][g] >= job.reservation]
             if len(free) >= job.kind.gpus:
                 return [(n, g) for g in free[: job.kind.gpus]]
         return None
@@ -304,21 +306,23 @@ def simulate(
     def start(job: Job, where: list[tuple[int, int]], now: float) -> None:
         job.gpus, job.started = where, now
         for n, g in where:
-            reserved[n][g] += job.reservation
+            charged[n][g] += job.reservation
         room = min(GPU_BYTES - held[n][g] for n, g in where)
         if job.true_peak > room:
             push(now + OOM_AFTER_SECONDS / 3600, "oom", job)
             return
         for n, g in where:
             held[n][g] += job.true_peak
+            charged[n][g] += max(0, job.true_peak - job.reservation)
         push(now + STEADY_AFTER_SECONDS / 3600, "steady", job)
         push(now + job.duration, "finish", job)
 
     def release(job: Job, holding: bool) -> None:
         for n, g in job.gpus:
-            reserved[n][g] -= job.reservation
+            charged[n][g] -= job.reservation
             if holding:
                 held[n][g] -= job.true_peak
+                charged[n][g] -= max(0, job.true_peak - job.reservation)
 
     for job in jobs:
         push(job.arrival, "arrive", job)

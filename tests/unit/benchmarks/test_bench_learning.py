@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.bench_learning import Job, make_jobs, make_kinds, simulate, validation_set
-from controller.learning import LearningSettings, Policy
+from benchmarks.bench_learning import Job, Kind, make_jobs, make_kinds, simulate, validation_set
+from controller.base.units import GIB
+from controller.learning import JobKey, LearningSettings, Policy
 
 
 def run(policy: Policy, seed: int = 3) -> tuple[float, int, int]:
@@ -29,3 +30,16 @@ def test_seeded_and_learning_cuts_ooms() -> None:
     assert run(Policy.OFF) == off
     assert on[1] < off[1]
     assert on[0] > 0 and off[2] > 0
+
+
+def test_admission_charges_what_a_running_job_uses_past_its_reservation() -> None:
+    """As the operator's effective free does (`packing.inventory`): a job that uses more than
+    it reserved holds its GPU's memory as NVML reports it, so the next job goes elsewhere
+    instead of dying there of an OOM its neighbour caused."""
+    key = JobKey.of(family="llama", method="LoRA", parallelism="DDP", profile="calibrated")
+    over = Kind(key, 1, 40 * GIB, 1.75)  # reserves 40 GiB, uses 70
+    fits = Kind(key, 1, 30 * GIB, 1.0)
+    jobs = [Job(0, over, 0.0, 10.0, 70 * GIB), Job(1, fits, 1.0, 1.0, 30 * GIB)]
+    result = simulate(jobs, Policy.OFF, LearningSettings())
+    assert result.ooms == 0
+    assert len(result.waits) == 2
