@@ -37,8 +37,10 @@ died of OOM with its GPUs to itself, which showed it needs more than a GPU, is r
 caching allocator keeps what it reached). A job OOMs when, on one of its GPUs, its true peak is
 more than the GPU's memory less what the jobs already running there hold: the physical rule,
 so a job that under-reserved survives where its neighbours left room. It dies
-`OOM_AFTER_SECONDS` after it started, its reservation held until then, and is queued again
-(creation-time order) with its figure recomputed, at most `MAX_OOMS` times.
+`OOM_AFTER_SECONDS` after it started, its reservation held until then, having reached the room
+its GPU had at its start (what its OOM files: neighbours that ended since freed memory it
+never reached), and is queued again (creation-time order) with its figure recomputed, at most
+`MAX_OOMS` times.
 
 **Learning.** A job past its first steps (`STEADY_AFTER_SECONDS`, the operator's
 `learningSteadySeconds`) files observed / predicted;
@@ -130,6 +132,7 @@ class Job:
     reservation: int = 0
     ooms: int = 0
     died_alone: bool = False  # an OOM with nothing else on its GPUs
+    room: int = 0  # the least a GPU of its run had left when it started: all it could reach
     learned_at: int = 0  # how many samples were filed when its figure was computed
     started: float = 0.0
     gpus: list[tuple[int, int]] = field(default_factory=list)
@@ -307,7 +310,7 @@ def simulate(
         job.gpus, job.started = where, now
         for n, g in where:
             charged[n][g] += job.reservation
-        room = min(GPU_BYTES - held[n][g] for n, g in where)
+        job.room = room = min(GPU_BYTES - held[n][g] for n, g in where)
         if job.true_peak > room:
             push(now + OOM_AFTER_SECONDS / 3600, "oom", job)
             return
@@ -347,7 +350,9 @@ def simulate(
             result.ooms += 1
             result.ooms_past_gpu += job.true_peak > GPU_BYTES
             job.ooms += 1
-            room = min(GPU_BYTES - held[n][g] for n, g in job.gpus)
+            # What it had when it died: the room at its start (neighbours that ended in the
+            # minutes since freed memory it never reached).
+            room = job.room
             job.died_alone = job.died_alone or room == GPU_BYTES
             records |= record_oom(
                 records,
