@@ -53,6 +53,14 @@ write refused) and files nothing twice. A key object deleted (a reset) is rebuil
 jobs still in the API that carry a sample; `spec.resetAt` rebuilds it from the samples taken
 since (`countedThrough` = resetAt). Samples are filed oldest first, so an OOM's raise is
 cleared only by a job of its key that succeeded after it.
+
+**Forgotten.** A key naming a configuration is one object per configuration a cluster ever
+ran; one that no job has taught for `FORGET_AFTER_HALF_LIVES` half-lives, that no person
+pinned and that holds no OOM raise answers for nothing its kind's keys do not (its samples
+weigh 1/256 of a new one's), and the leader deletes it (`forgotten`), as VPA's recommender
+drops an aggregation whose last sample is older than its aggregation window. The jobs still
+in the API that taught it do not make it again: a key is not created from samples that
+weigh nothing now (`file_samples`).
 """
 
 from __future__ import annotations
@@ -100,6 +108,10 @@ POLICIES = {
 }
 #: Sources whose correction is said in the Estimated condition (the others change nothing).
 SAID = (Source.LEARNED, Source.PINNED, Source.OUT_OF_MEMORY)
+
+#: Half-lives without a sample after which a configuration's key is deleted (`forgotten`): 16
+#: weeks at the default 14 days.
+FORGET_AFTER_HALF_LIVES = 8
 
 
 # -- a job's key and its correction ---------------------------------------------------------
@@ -493,13 +505,18 @@ def samples_of(jobs: Iterable[Mapping[str, Any]]) -> list[Sample]:
 
 
 def file_samples(
-    states: Mapping[str, KeyState], found: Iterable[Sample], settings: LearningSettings
+    states: Mapping[str, KeyState],
+    found: Iterable[Sample],
+    settings: LearningSettings,
+    now: datetime | None = None,
 ) -> dict[str, KeyState]:
     """The key states that change when every sample in `found` not counted yet is filed under
     each key of its ladder that has not counted it (module docstring), by key name.
 
     Linear in the samples: records and counted uids are kept as they change, not rebuilt
-    per sample (a rebuilt key refiles every job still in the API at once)."""
+    per sample (a rebuilt key refiles every job still in the API at once). With `now`, a
+    configuration's key that does not exist is not made of samples that `forgotten` would
+    delete at once."""
     records = {name: st.record for name, st in states.items()}
     counted: dict[str, set[str]] = {}  # per key name, built on first use
     added: dict[str, list[str]] = {}
@@ -567,9 +584,47 @@ def file_samples(
     out = {}
     for name, uids in added.items():
         start = states.get(name) or KeyState(records[name].key, records[name])
-        state = replace(start, record=records[name], counted=(*start.counted, *uids))
+        record = records[name]
+        if not start.exists and now is not None and _forgettable(record) and _idle(record, now):
+            continue  # old samples of a forgotten configuration: not a key to make again
+        state = replace(start, record=record, counted=(*start.counted, *uids))
         out[name] = _bounded(state, times)
     return out
+
+
+def forgotten(states: Mapping[str, KeyState], now: datetime) -> list[KeyState]:
+    """The configurations' keys to delete (module docstring): no sample for
+    `FORGET_AFTER_HALF_LIVES` half-lives, no pin, no OOM raise."""
+    found = [
+        state
+        for state in states.values()
+        if state.exists
+        and state.resource_version is not None
+        and _forgettable(state.record)
+        and _idle(state.record, now)
+    ]
+    return sorted(found, key=lambda state: state.key.name)
+
+
+def _forgettable(record: KeyRecord) -> bool:
+    """A configuration's key that nobody pinned and no OOM raised: what it learned is in its
+    kind's keys too."""
+    return (
+        record.key.config != ANY
+        and record.pinned_percent is None
+        and record.oom_factor_percent is None
+    )
+
+
+def _idle(record: KeyRecord, now: datetime) -> bool:
+    """No sample for `FORGET_AFTER_HALF_LIVES` half-lives. A histogram's reference is its
+    latest sample's time rounded down to a whole half-life (`histogram.add` moves it to each
+    newer sample's), so that sample is less than a half-life after it."""
+    histogram = record.histogram
+    if histogram.reference is None:
+        return False  # no sample at all: a person's object, or one reset
+    idle = (now - histogram.reference).total_seconds() / histogram.half_life_seconds
+    return idle >= FORGET_AFTER_HALF_LIVES + 1
 
 
 def _without_the_job(

@@ -172,7 +172,9 @@ LEARNEDCORRECTION = CrdInfo(
     scope="Cluster",
     description="LearnedCorrection holds what admission learned of one kind of job: a "
     "decaying histogram of observed / predicted per-GPU peaks, and the correction it yields "
-    "for a new job's per-GPU figure. Delete it to reset it; set spec.pinnedPercent to pin one.",
+    "for a new job's per-GPU figure. Delete it to reset it; set spec.pinnedPercent to pin one. "
+    "One naming a configuration that no job taught for 8 half-lives, unpinned and without an "
+    "OOM raise, is deleted by the operator.",
     spec=learnedcorrection.LearnedCorrectionSpec,
     status=learnedcorrection.LearnedCorrectionStatus,
     spec_description="spec names the kind of job (* for any), and optionally a correction "

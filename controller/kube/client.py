@@ -289,6 +289,13 @@ class Kube:
         path = f"/apis/{GROUP}/{VERSION}/{LEARNED_PLURAL}/{name}/status"
         return dict(self._call("PATCH", path, body))
 
+    def delete_learned(self, name: str, resource_version: str) -> None:
+        """Delete a LearnedCorrection only if it is still at `resource_version` (409 if a
+        sample was filed into it since); gone already is fine."""
+        body = {"preconditions": {"resourceVersion": resource_version}}
+        with contextlib.suppress(Gone):
+            self._call("DELETE", f"/apis/{GROUP}/{VERSION}/{LEARNED_PLURAL}/{name}", body)
+
     def apply_check(
         self,
         namespace: str,

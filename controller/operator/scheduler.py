@@ -77,6 +77,7 @@ from controller.admission.failures import Failure, failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
 from controller.admission.traced import NotReadBack, read_back
 from controller.api import conditions as cond
+from controller.api.learnedcorrection import object_name
 from controller.base.backoff import Backoff
 from controller.base.clock import Clock, SystemClock
 from controller.decision import AdmissionSettings
@@ -262,6 +263,8 @@ class Scheduler:
         #: LearnedCorrection name -> (resourceVersion the write started from, None for a
         #: create; the object it wrote; monotonic time of the write): `_learned_objects`.
         self._fresh_learned: dict[str, tuple[str | None, dict[str, Any], float]] = {}
+        #: LearnedCorrection name -> the resourceVersion this replica deleted it at (forgotten).
+        self._forgetting: dict[str, str] = {}
         #: Uids of jobs whose samples are counted under every key of their ladder, valid
         #: while the keys (their names and resets) are `_learned_signature` (`_learn`).
         self._counted_uids: set[str] = set()
@@ -469,6 +472,7 @@ class Scheduler:
         await self._resize(out.resizes)
         left = replace(objects, jobs={**objects.jobs, **landed})
         keys = {**keys, **await self._learn(left.jobs.values(), keys)}
+        keys = await self._forget(keys)
         learned_gauges = learned.gauges(keys, self.options.learning)
         uids = {_uid(job) for job in left.jobs.values()}
         for uid in [u for u in self._families if u not in uids]:
@@ -526,14 +530,15 @@ class Scheduler:
             return {}
         loop = asyncio.get_running_loop()
 
+        now = self.now()
+
         def file() -> dict[str, learned.KeyState]:  # a rebuild files thousands: not on the loop
-            return learned.file_samples(keys, learned.samples_of(todo), settings)
+            return learned.file_samples(keys, learned.samples_of(todo), settings, now)
 
         changed = await loop.run_in_executor(self._decider, file)
         if not changed:
             self._counted_uids.update(learned.sample_id(job) for job in todo)
             return {}
-        now = self.now()
 
         async def write(state: learned.KeyState) -> None:
             obj, _ = learned.key_object(state, settings, now)
@@ -562,6 +567,35 @@ class Scheduler:
         await asyncio.gather(*(write(state) for state in changed.values()))
         self.wake()  # a key that learned corrects the jobs still waiting
         return changed
+
+    async def _forget(self, keys: Mapping[str, learned.KeyState]) -> dict[str, learned.KeyState]:
+        """Delete the configurations' keys no job has taught for long (`learned.forgotten`),
+        each at the resourceVersion it was judged at; the keys without them."""
+        found = learned.forgotten(keys, self.now())
+        if not found:
+            return dict(keys)
+        loop = asyncio.get_running_loop()
+        gone = set()
+        for state in found:
+            name = object_name(state.key)
+            version = str(state.resource_version)
+            if self._forgetting.get(name) == version:
+                gone.add(state.key.name)  # deleted already; the cache has not caught up
+                continue
+            try:
+                await loop.run_in_executor(self._writer, self.kube.delete_learned, name, version)
+            except Conflict:  # taught since it was read: judged again on the next pass
+                continue
+            except Exception:
+                log.exception("cannot delete forgotten learned correction %s", name)
+                continue
+            log.info("forgot learned correction %s (no sample for long)", name)
+            self._forgetting[name] = version
+            gone.add(state.key.name)
+        cached = {str(obj["metadata"]["name"]) for obj in self._learned_objects()}
+        for name in [n for n in self._forgetting if n not in cached]:
+            del self._forgetting[name]  # the cache saw it go
+        return {name: state for name, state in keys.items() if name not in gone}
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

@@ -13,19 +13,22 @@ learned by digest and its next job, which names the tag, is keyed by the digest 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller.admission import learned
 from controller.api.base import GROUP, JOB_LABEL, VERSION
 from controller.api.learnedcorrection import PLURAL as LEARNED
 from controller.api.learnedcorrection import object_name
 from controller.jobs.spec import config_digest
-from controller.learning import JobKey
+from controller.learning import JobKey, LearningSettings, record_steady
 from e2e.cluster import Cluster
 from e2e.wait import wait_until
 from tests.integration.gpunodes import GIB, gpu_status, publish
@@ -255,3 +258,46 @@ def test_reservations_follow_what_jobs_like_them_used_across_a_restart_a_failove
         standby.stop()
         if operator.proc is None:
             operator.start(webhook=True)
+
+
+def test_a_configuration_no_job_taught_for_long_is_forgotten_but_a_pinned_one_stays(
+    operator: OperatorProcess, api_client: client.ApiClient
+) -> None:
+    """Two configurations' LearnedCorrections whose only sample is 200 days old (over 8
+    half-lives of 14 days), as the leader wrote them then: it deletes the one nobody pinned
+    and keeps the one a person pinned."""
+    objects = client.CustomObjectsApi(api_client)
+    settings = LearningSettings()
+    then = datetime.now(UTC) - timedelta(days=200)
+    names = []
+    for config, pinned in (("0123456789ab", None), ("ba9876543210", 90)):
+        key = JobKey.of(family="llama", method="LoRA", parallelism="DDP", profile="calibrated",
+                        framework="trl", image="sha256:forgotten", config=config)  # fmt: skip
+        record = record_steady({}, key, 7 * GIB, 10 * GIB, then, settings)[key.name]
+        obj, status = learned.key_object(learned.KeyState(key, record), settings, then)
+        if pinned is not None:
+            obj["spec"]["pinnedPercent"] = pinned
+        objects.create_cluster_custom_object(GROUP, VERSION, LEARNED, obj)
+        name = obj["metadata"]["name"]
+        objects.patch_cluster_custom_object_status(
+            GROUP, VERSION, LEARNED, name, {"status": status}
+        )
+        names.append(name)
+    forgotten, kept = names
+
+    def gone() -> bool:
+        try:
+            objects.get_cluster_custom_object(GROUP, VERSION, LEARNED, forgotten)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    try:
+        wait_until(gone, timeout=DEADLINE_S, what=f"{forgotten} to be forgotten")
+        time.sleep(3)  # a pass or more (resync 2 s) after: the pinned one is still there
+        pinned = objects.get_cluster_custom_object(GROUP, VERSION, LEARNED, kept)
+        assert pinned["spec"]["pinnedPercent"] == 90
+        assert "forgot learned correction" in operator.log_since_start()
+    finally:
+        with contextlib.suppress(ApiException):
+            objects.delete_cluster_custom_object(GROUP, VERSION, LEARNED, kept)

@@ -19,6 +19,7 @@ from controller.api.finetunejob import FineTuneJobSpec
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.decision import AdmissionSettings
 from controller.learning import JobKey, LearningSettings, Policy
+from controller.learning.histogram import format_time
 from tests.unit.builders.admission import (
     GIB,
     NOW,
@@ -447,6 +448,40 @@ def test_a_deleted_key_is_rebuilt_from_the_jobs_that_carry_their_sample() -> Non
     rebuilt = learn(jobs, list(lost.values()))
     assert rebuilt[finest]["status"]["histogram"] == objects[finest]["status"]["histogram"]
     assert all(rebuilt[k] == lost[k] for k in lost), "the other keys counted them already"
+
+
+def test_a_configuration_no_job_taught_for_8_half_lives_is_forgotten_and_not_made_again():
+    jobs = [with_uid(ended("a", 0.7), f"uid-{i}") for i in range(3)]
+    objects = learn(jobs)
+    key = JobKey.parse(jobs[0]["status"]["learnedSample"]["key"])
+    assert key.config != "*"
+    states = learned.key_states(objects.values(), SETTINGS)
+    half_life = timedelta(seconds=SETTINGS.half_life_seconds)
+    # Its latest sample is at NOW; its histogram's reference a whole half-life at or before.
+    assert learned.forgotten(states, NOW + 8 * half_life) == []
+    later = NOW + (learned.FORGET_AFTER_HALF_LIVES + 1) * half_life
+    assert [s.key for s in learned.forgotten(states, later)] == [key], "its kind's keys stay"
+    # The jobs still in the API do not make it again; a job of it taught now does.
+    left = {n: st for n, st in states.items() if n != key.name}
+    again = learned.file_samples(left, learned.samples_of(jobs), SETTINGS, later)
+    assert again == {}
+    fresh = with_uid(ended("a", 0.7), "uid-new")
+    fresh["status"]["learnedSample"]["time"] = format_time(later)
+    made = learned.file_samples(left, learned.samples_of([*jobs, fresh]), SETTINGS, later)
+    assert key.name in made and made[key.name].record.histogram.samples == 4
+
+
+def test_a_pinned_or_raised_configuration_is_never_forgotten() -> None:
+    half_life = timedelta(seconds=SETTINGS.half_life_seconds)
+    later = NOW + 20 * half_life
+    oom = learn([ended("b", 0.9, failed=True)])
+    raised = learned.key_states(oom.values(), SETTINGS)
+    assert any(st.record.oom_factor_percent for st in raised.values())
+    assert learned.forgotten(raised, later) == []
+    objects = learn([ended("a", 0.7)])
+    finest = object_name(JobKey.parse(ended("a", 0.7)["status"]["learnedSample"]["key"]))
+    objects[finest]["spec"]["pinnedPercent"] = 90
+    assert learned.forgotten(learned.key_states(objects.values(), SETTINGS), later) == []
 
 
 def test_the_histogram_reads_back_exactly_from_its_status() -> None:
