@@ -606,8 +606,8 @@ class EstimateStatus(ApiModel):
         max_length=63,
         description="config names the configuration the estimate was made of: 12 hex digits "
         "of the SHA-256 of the spec's model, method, lora, training, parallelism and "
-        "estimator, defaults filled. Jobs of one configuration learn their correction "
-        "together (LearnedCorrection spec.config).",
+        "estimator, defaults filled (a ConfigMap's model as the config.json it held). Jobs of "
+        "one configuration learn their correction together (LearnedCorrection spec.config).",
     )
     digest: str | None = Field(
         default=None,

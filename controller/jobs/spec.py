@@ -271,10 +271,21 @@ def translate(
         shape=shape,
         settings=settings,
         warnings=warnings,
-        config=config_digest(spec),
+        config=config_digest(_as_configured(spec, config_map_config)),
         **placement,
     )
     return plan, []
+
+
+def _as_configured(
+    spec: Mapping[str, Any], config_map_config: Mapping[str, Any] | None
+) -> Mapping[str, Any]:
+    """The spec as its configuration digest reads it: a ConfigMap's model as the config.json
+    read from it, inline. The same model inline or from a ConfigMap is one configuration; a
+    ConfigMap edited to hold another model is another."""
+    if config_map_config is None or config_map_ref(spec) is None:
+        return spec
+    return {**spec, "model": {"config": dict(config_map_config)}}
 
 
 #: The parts of a FineTuneJob's spec that decide its memory, and so its configuration as the
@@ -288,8 +299,8 @@ def config_digest(spec: Mapping[str, Any]) -> str:
     """The configuration's key field: 12 hex digits of the SHA-256 of `CONFIG_FIELDS` with
     every default filled (FineTuneJobSpec's, the CRD's own), as canonical JSON. So a job file
     as written (`vramgate plan`), the object the API server stored with its defaults, and
-    either one on another replica name one configuration. A ConfigMap's model is named by its
-    reference, not its content.
+    either one on another replica name one configuration. A ConfigMap's model is read as the
+    config.json it holds where the caller read it (`translate`), else by its reference.
 
     Cached by the SHA-256 of the fields' own text (a pass asks for every waiting job's, each
     pass; an inline config.json can be large, so the text itself is not kept)."""

@@ -18,6 +18,7 @@ from controller.api.base import JOB_LABEL
 from controller.api.finetunejob import FineTuneJobSpec
 from controller.api.learnedcorrection import MAX_COUNTED_UIDS, object_name
 from controller.decision import AdmissionSettings
+from controller.jobs.spec import translate
 from controller.learning import JobKey, LearningSettings, Policy
 from controller.learning.histogram import format_time
 from tests.unit.builders.admission import (
@@ -594,6 +595,22 @@ def test_a_configuration_is_what_in_the_spec_decides_memory() -> None:
         assert learned.config_digest({**spec, **change}) != digest, change
     key = learned.job_key(ftj("a"), {"profile": "calibrated", "parallelism": "FSDP"})
     assert key.config == digest and key.ladder()[1].config == "*"
+
+
+def test_a_configmaps_model_is_the_configuration_of_the_config_json_it_holds() -> None:
+    """The plan's digest (what the estimate and its samples carry) reads the ConfigMap's
+    content: as the same config.json inline, and another once the ConfigMap is edited."""
+    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+              "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "vocab_size": 32000}  # fmt: skip
+    spec = ftj("a")["spec"]
+    by_ref = {**spec, "model": {"configMapRef": {"name": "tiny", "key": "config.json"}}}
+    inline, _ = translate({**spec, "model": {"config": config}})
+    read, _ = translate(by_ref, config_map_config=config)
+    edited, _ = translate(by_ref, config_map_config={**config, "num_hidden_layers": 24})
+    assert inline is not None and read is not None and edited is not None
+    assert read.config == inline.config
+    assert edited.config != read.config
 
 
 def test_raise_only_never_lowers_and_off_keeps_the_estimate() -> None:
