@@ -19,6 +19,7 @@ error found here that a schema can state.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -299,8 +300,9 @@ def config_digest(spec: Mapping[str, Any]) -> str:
     """The configuration's key field: 12 hex digits of the SHA-256 of `CONFIG_FIELDS` with
     every default filled (FineTuneJobSpec's, the CRD's own), as canonical JSON. So a job file
     as written (`vramgate plan`), the object the API server stored with its defaults, and
-    either one on another replica name one configuration. A ConfigMap's model is read as the
-    config.json it holds where the caller read it (`translate`), else by its reference.
+    either one on another replica name one configuration. A preset is read by its own name
+    (its repo id names the same one); a ConfigMap's model as the config.json it holds where
+    the caller read it (`translate`), else by its reference.
 
     Cached by the SHA-256 of the fields' own text (a pass asks for every waiting job's, each
     pass; an inline config.json can be large, so the text itself is not kept)."""
@@ -321,6 +323,11 @@ _CONFIG_DIGESTS_KEPT = 8192
 
 
 def _normal_digest(parts: Mapping[str, Any]) -> str:
+    model = parts.get("model")
+    if isinstance(model, Mapping) and isinstance(model.get("preset"), str):
+        # A preset by its own name, not its repo id nor another case of either.
+        with contextlib.suppress(SpecError):
+            parts = {**parts, "model": {**model, "preset": load_preset(model["preset"]).name}}
     try:
         spec = FineTuneJobSpec.model_validate({k: v for k, v in parts.items() if v is not None})
     except ValueError:

@@ -597,7 +597,7 @@ def test_a_configuration_is_what_in_the_spec_decides_memory() -> None:
     assert key.config == digest and key.ladder()[1].config == "*"
 
 
-def test_a_configmaps_model_is_the_configuration_of_the_config_json_it_holds() -> None:
+def test_a_model_is_one_configuration_however_it_is_named() -> None:
     """The plan's digest (what the estimate and its samples carry) reads the ConfigMap's
     content: as the same config.json inline, and another once the ConfigMap is edited."""
     config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
@@ -611,6 +611,10 @@ def test_a_configmaps_model_is_the_configuration_of_the_config_json_it_holds() -
     assert inline is not None and read is not None and edited is not None
     assert read.config == inline.config
     assert edited.config != read.config
+    # A preset by its name, its repo id or another case of either: one configuration.
+    named = [translate({**spec, "model": {"preset": p}})[0]
+             for p in ("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "LLAMA-3.1-8B")]  # fmt: skip
+    assert len({p.config for p in named if p is not None}) == 1 and None not in named
 
 
 def test_raise_only_never_lowers_and_off_keeps_the_estimate() -> None:
