@@ -55,12 +55,12 @@ since (`countedThrough` = resetAt). Samples are filed oldest first, so an OOM's 
 cleared only by a job of its key that succeeded after it.
 
 **Forgotten.** A key naming a configuration is one object per configuration a cluster ever
-ran; one that no job has taught for `FORGET_AFTER_HALF_LIVES` half-lives, that no person
-pinned and that holds no OOM raise answers for nothing its kind's keys do not (its samples
-weigh 1/256 of a new one's), and the leader deletes it (`forgotten`), as VPA's recommender
-drops an aggregation whose last sample is older than its aggregation window. The jobs still
-in the API that taught it do not make it again: a key is not created from samples that
-weigh nothing now (`file_samples`).
+ran; one that no job has taught for `FORGET_AFTER_HALF_LIVES` half-lives (to the next whole
+half-life), that no person pinned and that holds no OOM raise answers for nothing its kind's
+keys do not (its samples weigh at most 1/256 of a new one's), and the leader deletes it
+(`forgotten`), as VPA's recommender drops an aggregation whose last sample is older than its
+aggregation window. The jobs still in the API that taught it do not make it again: a
+configuration's key is not created of samples that old (`file_samples`).
 """
 
 from __future__ import annotations
@@ -585,8 +585,11 @@ def file_samples(
     for name, uids in added.items():
         start = states.get(name) or KeyState(records[name].key, records[name])
         record = records[name]
-        if not start.exists and now is not None and _forgettable(record) and _idle(record, now):
-            continue  # old samples of a forgotten configuration: not a key to make again
+        if not start.exists and now is not None and record.key.config != ANY and _idle(record, now):
+            # Old samples of a forgotten configuration: not a key to make again (not even
+            # for an OOM's raise, which the success that cleared it may no longer be here to
+            # clear again).
+            continue
         state = replace(start, record=record, counted=(*start.counted, *uids))
         out[name] = _bounded(state, times)
     return out

@@ -134,6 +134,11 @@ CHECK_REFUSED_S = 60.0
 #: until the cache catches up or this many seconds pass (then the cache is right: a person
 #: deleted it, say).
 LEARNED_FRESH_S = 30.0
+#: Forgotten LearnedCorrections deleted per pass at most: the first pass after an upgrade
+#: may find every old configuration's key, and admission must not wait on thousands.
+FORGET_PER_PASS = 50
+#: After a delete refused by RBAC, the time until the next try (one warning an hour).
+FORGET_DENIED_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,7 @@ class Scheduler:
         self._fresh_learned: dict[str, tuple[str | None, dict[str, Any], float]] = {}
         #: LearnedCorrection name -> the resourceVersion this replica deleted it at (forgotten).
         self._forgetting: dict[str, str] = {}
+        self._forget_after = 0.0  # monotonic: no deletes before (denied by RBAC)
         #: Uids of jobs whose samples are counted under every key of their ladder, valid
         #: while the keys (their names and resets) are `_learned_signature` (`_learn`).
         self._counted_uids: set[str] = set()
@@ -496,6 +502,11 @@ class Scheduler:
         found: dict[str, Mapping[str, Any]] = {}
         for obj in self.caches.learned_objects():
             found[str(obj["metadata"]["name"])] = obj
+        for name, version in list(self._forgetting.items()):
+            if name not in found:
+                del self._forgetting[name]  # the cache saw it go
+            elif found[name]["metadata"].get("resourceVersion") == version:
+                del found[name]  # deleted (`_forget`); the cache has not caught up
         for name, (before, after, at) in list(self._fresh_learned.items()):
             cached = found.get(name)
             version = None if cached is None else cached["metadata"].get("resourceVersion")
@@ -570,32 +581,34 @@ class Scheduler:
 
     async def _forget(self, keys: Mapping[str, learned.KeyState]) -> dict[str, learned.KeyState]:
         """Delete the configurations' keys no job has taught for long (`learned.forgotten`),
-        each at the resourceVersion it was judged at; the keys without them."""
-        found = learned.forgotten(keys, self.now())
-        if not found:
+        at most `FORGET_PER_PASS` a pass, each at the resourceVersion it was judged at; the
+        keys without those deleted."""
+        if self.clock.monotonic() < self._forget_after:
             return dict(keys)
+        found = learned.forgotten(keys, self.now())[:FORGET_PER_PASS]
         loop = asyncio.get_running_loop()
-        gone = set()
-        for state in found:
-            name = object_name(state.key)
-            version = str(state.resource_version)
-            if self._forgetting.get(name) == version:
-                gone.add(state.key.name)  # deleted already; the cache has not caught up
-                continue
+
+        async def delete(state: learned.KeyState) -> str | None:
+            name, version = object_name(state.key), str(state.resource_version)
             try:
                 await loop.run_in_executor(self._writer, self.kube.delete_learned, name, version)
-            except Conflict:  # taught since it was read: judged again on the next pass
-                continue
+            except Conflict:  # written since it was read (this pass's own filing, or another
+                return None  # replica's): judged again on the next pass
+            except ApiError as error:
+                if error.status == 403:  # RBAC without delete: say so once an hour
+                    self._forget_after = self.clock.monotonic() + FORGET_DENIED_S
+                log.warning("cannot delete forgotten learned correction %s: %s", name, error)
+                return None
             except Exception:
                 log.exception("cannot delete forgotten learned correction %s", name)
-                continue
+                return None
             log.info("forgot learned correction %s (no sample for long)", name)
             self._forgetting[name] = version
-            gone.add(state.key.name)
-        cached = {str(obj["metadata"]["name"]) for obj in self._learned_objects()}
-        for name in [n for n in self._forgetting if n not in cached]:
-            del self._forgetting[name]  # the cache saw it go
-        return {name: state for name, state in keys.items() if name not in gone}
+            self._fresh_learned.pop(name, None)
+            return state.key.name
+
+        deleted = set(await asyncio.gather(*(delete(state) for state in found)))
+        return {name: state for name, state in keys.items() if name not in deleted}
 
     def _decide(self, inp: admission.PassInput) -> admission.PassOutput:
         started = time.perf_counter()

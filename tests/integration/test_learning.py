@@ -299,5 +299,6 @@ def test_a_configuration_no_job_taught_for_long_is_forgotten_but_a_pinned_one_st
         assert pinned["spec"]["pinnedPercent"] == 90
         assert "forgot learned correction" in operator.log_since_start()
     finally:
-        with contextlib.suppress(ApiException):
-            objects.delete_cluster_custom_object(GROUP, VERSION, LEARNED, kept)
+        for name in names:
+            with contextlib.suppress(ApiException):
+                objects.delete_cluster_custom_object(GROUP, VERSION, LEARNED, name)

@@ -472,6 +472,20 @@ def test_a_configuration_no_job_taught_for_8_half_lives_is_forgotten_and_not_mad
     assert key.name in made and made[key.name].record.histogram.samples == 4
 
 
+def test_a_forgotten_configuration_is_not_made_again_of_an_old_oom() -> None:
+    """Its OOM's raise was cleared by a success; the success's job left the API, the OOM's
+    did not: the rebuild must not bring the raise back (it would never be forgotten)."""
+    died = ended("b", 0.9, failed=True)
+    key = JobKey.parse(died["status"]["learnedSample"]["key"])
+    objects = learn([died])
+    left = {n: st for n, st in learned.key_states(objects.values(), SETTINGS).items()
+            if n != key.name}  # fmt: skip
+    half_life = timedelta(seconds=SETTINGS.half_life_seconds)
+    later = NOW + (learned.FORGET_AFTER_HALF_LIVES + 1) * half_life
+    assert key.name in learned.file_samples(left, learned.samples_of([died]), SETTINGS, NOW)
+    assert learned.file_samples(left, learned.samples_of([died]), SETTINGS, later) == {}
+
+
 def test_a_pinned_or_raised_configuration_is_never_forgotten() -> None:
     half_life = timedelta(seconds=SETTINGS.half_life_seconds)
     later = NOW + 20 * half_life
