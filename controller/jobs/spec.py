@@ -286,7 +286,7 @@ def _as_configured(
     ConfigMap edited to hold another model is another."""
     if config_map_config is None or config_map_ref(spec) is None:
         return spec
-    return {**spec, "model": {"config": dict(config_map_config)}}
+    return {**spec, "model": {"config": _whole(config_map_config)}}  # plain dicts, all down
 
 
 #: The parts of a FineTuneJob's spec that decide its memory, and so its configuration as the
