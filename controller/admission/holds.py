@@ -20,12 +20,17 @@ A hold ends, whichever comes first:
   refused after the webhook answered (Trainer's own validation, a name already taken, the
   API server calling the webhook again) leaves a hold that the next create of that name
   replaces, and that create is never sized against its own earlier hold;
+* when its TrainJob is not there (`looked_up`): the webhook labels each TrainJob it holds
+  for with the hold's token (`HOLD_LABEL`), and the operator lists them by that label
+  `CHECK_AFTER_S` after the create and every few seconds after: a TrainJob the API server
+  refused after the webhook answered, or deleted since, ends its hold. The same listing
+  names the hold of a TrainJob created with `generateName` (the webhook sees no name), so
+  its pods are found as any other's;
 * when it expires (`live`): the operator's `trainJobHoldSeconds` after the create, for
-  a TrainJob refused after the webhook answered, deleted, or whose pods never start, or
-  whose name is not known at the create (`generateName`: its pods cannot be found). A
-  runtime with initializers (Trainer's dataset and model initializers, which the trainer
-  job waits for) starts the GPU pods only after the download, often minutes later: the
-  default, 600 s, leaves them that time.
+  a TrainJob whose pods never start, or while the listing cannot be made. A runtime with
+  initializers (Trainer's dataset and model initializers, which the trainer job waits for)
+  starts the GPU pods only after the download, often minutes later: the default, 600 s,
+  leaves them that time.
 
 A hold is charged on the GPUs the sizing found, in full until its pods' memory shows. The
 kube-scheduler, not vramgate, places a TrainJob's pods: they may run on other GPUs, and the
@@ -56,6 +61,12 @@ from controller.packing.inventory import NodeGpus, NodeState, Reservation
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 #: A hold's job name in the ledger of reservations: never a FineTuneJob's (`namespace/name`).
 JOB_PREFIX = "trainjob-hold:"
+#: The label the webhook gives a TrainJob it holds GPUs for: the hold's token.
+HOLD_LABEL = "vramgate.dev/hold"
+#: Seconds after a hold is made before its TrainJob is looked for: the API server stores the
+#: create after the webhook answers, and under a burst that can take seconds. A hold ended
+#: too early lets the next TrainJob be sized onto its memory: the unsafe side, so long.
+CHECK_AFTER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,8 @@ class Hold:
     """What a sized TrainJob create counted on: `per_gpu_bytes` on each GPU of `placement`,
     for `pods` pods (numNodes), until `expires_s` (the ledger's clock, in seconds).
     `namespace`/`name` find its pods (`name` "" where the create said only generateName);
-    `serial` tells apart two holds of one name in the reservations' ledger. (No uid: a
+    `serial` tells apart two holds of one name in the reservations' ledger; `token` is the
+    `HOLD_LABEL` value its TrainJob carries, `made_s` when it was made. (No uid: a
     TrainJob's is given after mutating admission, so the webhook never sees it.)"""
 
     namespace: str
@@ -73,6 +85,8 @@ class Hold:
     pods: int
     expires_s: float
     serial: int = 0
+    token: str = ""
+    made_s: float = 0.0
 
     @property
     def job(self) -> str:
@@ -83,6 +97,26 @@ class Hold:
 def live(holds: Iterable[Hold], now_s: float) -> tuple[Hold, ...]:
     """The holds not yet expired at `now_s`: one expires at its `expires_s` exactly."""
     return tuple(hold for hold in holds if now_s < hold.expires_s)
+
+
+def due(holds: Iterable[Hold], now_s: float) -> list[Hold]:
+    """The holds whose TrainJob is to be looked for now: labelled, made `CHECK_AFTER_S` ago."""
+    return [hold for hold in holds if hold.token and now_s - hold.made_s >= CHECK_AFTER_S]
+
+
+def looked_up(looked: Iterable[Hold], found: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """What the listing of TrainJobs by `HOLD_LABEL` says of the holds `looked` for (`due`):
+    `found` maps a token to the name of the TrainJob that carries it (not being deleted).
+    Returns the jobs of the holds whose TrainJob is not there (refused, deleted: they end),
+    and, by job, the name of a `generateName` hold's TrainJob."""
+    gone, named = [], {}
+    for hold in looked:
+        name = found.get(hold.token)
+        if name is None:
+            gone.append(hold.job)
+        elif not hold.name:
+            named[hold.job] = name
+    return gone, named
 
 
 def pods_of(hold: Hold, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

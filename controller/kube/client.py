@@ -34,6 +34,8 @@ DRY_RUN_TIMEOUT_S = (2.0, 2.5)
 
 #: Kueue's API, whose AdmissionChecks vramgate answers (`controller.admission.kueue`).
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+#: Kubeflow Trainer's API, whose TrainJobs the TrainJob webhook sizes and holds GPUs for.
+TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 #: The field manager of vramgate's entries in Kueue's objects (server-side apply).
 CHECK_MANAGER = "vramgate-check"
 APPLY = "application/apply-patch+yaml"
@@ -382,6 +384,20 @@ class Kube:
         for path in paths or [f"{base}/workloads"]:
             items.extend(self._call("GET", path).get("items") or [])
         return items
+
+    def held_trainjobs(self, namespace: str, label: str, tokens: Sequence[str]) -> dict[str, str]:
+        """The TrainJobs of `namespace` whose `label` is one of `tokens`, and not being
+        deleted: their names by token (`controller.admission.holds.looked_up`)."""
+        path = f"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/namespaces/{namespace}/trainjobs"
+        selector = f"{label} in ({','.join(sorted(set(tokens)))})"
+        items = self._call("GET", path, query=[("labelSelector", selector)]).get("items") or []
+        found = {}
+        for item in items:
+            meta = item.get("metadata") or {}
+            token = (meta.get("labels") or {}).get(label)
+            if token and not meta.get("deletionTimestamp"):
+                found[str(token)] = str(meta.get("name"))
+        return found
 
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API

@@ -110,7 +110,9 @@ def build_registry(
     kopf.on.login(registry=registry)(kopf.login_via_client)
 
     def background() -> list[Any]:
-        return [scheduler.run(), memory.trim_every()] + ([] if leader is None else [leader.run()])
+        return [scheduler.run(), memory.trim_every(), scheduler.check_holds()] + (
+            [] if leader is None else [leader.run()]
+        )
 
     trainjobs = options.train_job_sizing and options.webhook is not WebhookMode.OFF
     hook = handlers.register(

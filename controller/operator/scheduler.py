@@ -134,6 +134,8 @@ CHECK_REFUSED_S = 60.0
 #: until the cache catches up or this many seconds pass (then the cache is right: a person
 #: deleted it, say).
 LEARNED_FRESH_S = 30.0
+#: How often each replica looks for the TrainJobs of its holds (`check_holds`).
+HOLD_CHECK_S = 10.0
 #: Forgotten LearnedCorrections deleted per pass at most: the first pass after an upgrade
 #: may find every old configuration's key, and admission must not wait on thousands.
 FORGET_PER_PASS = 50
@@ -502,10 +504,10 @@ class Scheduler:
         found: dict[str, Mapping[str, Any]] = {}
         for obj in self.caches.learned_objects():
             found[str(obj["metadata"]["name"])] = obj
-        for name, version in list(self._forgetting.items()):
+        for name, deleted_at in list(self._forgetting.items()):
             if name not in found:
                 del self._forgetting[name]  # the cache saw it go
-            elif found[name]["metadata"].get("resourceVersion") == version:
+            elif found[name]["metadata"].get("resourceVersion") == deleted_at:
                 del found[name]  # deleted (`_forget`); the cache has not caught up
         for name, (before, after, at) in list(self._fresh_learned.items()):
             cached = found.get(name)
@@ -578,6 +580,43 @@ class Scheduler:
         await asyncio.gather(*(write(state) for state in changed.values()))
         self.wake()  # a key that learned corrects the jobs still waiting
         return changed
+
+    async def check_holds(self) -> None:
+        """Every `HOLD_CHECK_S`, end the TrainJob holds whose TrainJob is not there (the API
+        server refused its create after the webhook answered, or it was deleted) and name
+        those made with generateName (`controller.admission.holds.looked_up`). Each replica
+        checks its own holds, leader or not: they are its memory."""
+        while self.holds is not None:
+            await asyncio.sleep(HOLD_CHECK_S)
+            await self.look_for_held()
+
+    async def look_for_held(self) -> list[str]:
+        """One look of `check_holds`; the jobs of the holds it ended."""
+        if self.holds is None:
+            return []
+        loop = asyncio.get_running_loop()
+        by_namespace: dict[str, list[holds.Hold]] = {}
+        for hold in holds.due(self.holds.active(), self.clock.monotonic()):
+            by_namespace.setdefault(hold.namespace, []).append(hold)
+        gone: list[str] = []
+        for namespace, held in by_namespace.items():
+            tokens = [hold.token for hold in held]
+            try:
+                found = await loop.run_in_executor(
+                    self._writer, self.kube.held_trainjobs, namespace, holds.HOLD_LABEL, tokens
+                )
+            except Exception as error:  # they expire meanwhile, as before the check
+                log.warning("cannot list the TrainJobs held in %s: %s", namespace, error)
+                continue
+            ended, named = holds.looked_up(held, found)
+            self.holds.end(ended)
+            self.holds.name(named)
+            gone.extend(ended)
+        if gone:
+            log.info("ended %d TrainJob holds: their TrainJobs are not there", len(gone))
+            self._view = None  # the webhook's next sizing must not charge them
+            self.wake()
+        return gone
 
     async def _forget(self, keys: Mapping[str, learned.KeyState]) -> dict[str, learned.KeyState]:
         """Delete the configurations' keys no job has taught for long (`learned.forgotten`),

@@ -29,15 +29,20 @@ The ledger is this replica's memory only, and the chart runs 2 replicas: the cre
 burst spread over both, each replica holds only what it sized, so two creates that reach
 different replicas may be sized onto the same memory; and the scheduling pass (the
 leader's) charges only the leader's holds, so a FineTuneJob may be admitted onto memory
-the other replica holds. A hold is kept from a create the API server then refuses (a later
-webhook, a name taken) until it expires, or until the same name is sized again.
+the other replica holds. The TrainJob is labelled with its hold's token
+(`holds.HOLD_LABEL`): a create the API server then refuses (a later webhook, a name taken),
+or a TrainJob deleted before its pods run, ends its hold once the operator's listing by that
+label finds nothing (`Scheduler.check_holds`), and a `generateName` create's hold is named
+by it.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -87,6 +92,9 @@ class TrainJobHolds:
         self._lock = threading.Lock()
         self._holds: dict[str, Hold] = {}
         self._serial = 0
+        #: Tells this process's tokens (`HOLD_LABEL`) from another replica's, or a former
+        #: process's whose TrainJobs still carry theirs.
+        self._prefix = secrets.token_hex(4)
 
     def active(self) -> tuple[Hold, ...]:
         """The holds not expired now; the expired ones are forgotten."""
@@ -109,17 +117,30 @@ class TrainJobHolds:
                     if (hold.namespace, hold.name) != (where, name)
                 }
             self._serial += 1
+            now = self.clock()
             hold = Hold(
                 namespace=where,
                 name=name,
                 placement=found.counted.placement,
                 per_gpu_bytes=found.counted.per_gpu_bytes,
                 pods=found.counted.pods,
-                expires_s=self.clock() + self.hold_s,
+                expires_s=now + self.hold_s,
                 serial=self._serial,
+                token=f"{self._prefix}-{self._serial}",
+                made_s=now,
             )
             self._holds[hold.job] = hold
             return hold
+
+    def name(self, named: Mapping[str, str]) -> None:
+        """Give the holds of these jobs their TrainJob's name (created with generateName,
+        found by its label: `holds.looked_up`), so their pods are found."""
+        with self._lock:
+            for job, name in named.items():
+                hold = self._holds.pop(job, None)
+                if hold is not None:
+                    renamed = replace(hold, name=name)
+                    self._holds[renamed.job] = renamed
 
     def end(self, jobs: Iterable[str]) -> None:
         """Forget the holds of these jobs (their pods' memory shows in the readings)."""
@@ -176,7 +197,8 @@ class TrainJobWebhook:
                         and not dry_run
                         and not _suspended(body)
                     ):
-                        self.holds.add(body, found, namespace)
+                        hold = self.holds.add(body, found, namespace)
+                        found = replace(found, patch=(*found.patch, _label(body, hold.token)))
             if warnings is not None:
                 warnings.extend(found.warnings)
             if found.refusal is not None:
@@ -214,6 +236,15 @@ class TrainJobWebhook:
             for key in parents:
                 into = into.setdefault(key, {})
             into[leaf] = op["value"]
+
+
+def _label(body: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The JSON Patch operation that labels the TrainJob with its hold's token."""
+    labels = (body.get("metadata") or {}).get("labels")
+    if isinstance(labels, Mapping):
+        path = "/metadata/labels/" + holds.HOLD_LABEL.replace("~", "~0").replace("/", "~1")
+        return {"op": "add", "path": path, "value": token}
+    return {"op": "add", "path": "/metadata/labels", "value": {holds.HOLD_LABEL: token}}
 
 
 def _suspended(body: Mapping[str, Any]) -> bool:

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from controller.admission import holds
+from controller.admission.holds import HOLD_LABEL
 from controller.admission.kueue import SPEC_ANNOTATION
 from controller.admission.trainjob import POLICY_ANNOTATION
 from controller.api.base import REQUESTED_GPUS_ANNOTATION
@@ -237,3 +239,41 @@ def test_a_trainjob_naming_only_its_runtime_is_sized_from_it(
         assert obj["metadata"]["annotations"][REQUESTED_GPUS_ANNOTATION] == "2"
     finally:
         cluster.kubectl("delete", "clustertrainingruntime", name, "--ignore-not-found")
+
+
+def test_the_holds_of_deleted_trainjobs_end_and_a_generated_name_is_found(
+    sizing: OperatorProcess, cluster: Cluster, namespace: str, gpus: Gpus,  # noqa: F811
+    api_client: client.ApiClient,
+) -> None:  # fmt: skip
+    """Two TrainJobs take the node's four GPUs, one named, one with generateName; each is
+    labelled with its hold's token. Deleted before any pod runs (no Trainer controller
+    here), their holds end once the operator's listing by that label finds nothing (about
+    `holds.CHECK_AFTER_S` after the create), long before their 600 s: four fit again."""
+    gpus.add([80, 80, 80, 80])
+    named_job = trainjob("named", gpus, per_node=2)
+    generated = trainjob("", gpus, per_node=2)
+    generated["metadata"] = {"generateName": "sweep-",
+                             "annotations": generated["metadata"]["annotations"]}  # fmt: skip
+    made = []
+    for body in (named_job, generated):
+        done = cluster.kubectl("create", "-n", namespace, "-o", "name", "-f", "-",
+                               stdin=json.dumps(body))  # fmt: skip
+        assert done.returncode == 0 and "vramgate" not in done.stderr, done.stderr
+        made.append(done.stdout.strip().split("/")[-1])
+    assert made[0] == "named" and made[1].startswith("sweep-")
+    tokens = {stored(api_client, namespace, n)["metadata"]["labels"][HOLD_LABEL] for n in made}
+    assert len(tokens) == 2
+
+    def asking_four() -> str:
+        body = json.dumps(trainjob("probe", gpus, per_node=4))
+        done = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                               stdin=body)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert "does not fit now" in asking_four(), "the two holds take all four GPUs"
+    done = cluster.kubectl("delete", "trainjob", *made, "-n", namespace, "--wait=true")
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: "vramgate" not in asking_four(),
+               timeout=holds.CHECK_AFTER_S + DEADLINE_S, what="the holds to end")  # fmt: skip
+    assert "TrainJob holds: their TrainJobs are not there" in sizing.log_since_start()

@@ -219,10 +219,14 @@ namespaceSelector:
 {{- end }}
 {{- if .Values.trainer.sizing.enabled }}
 # trainer.sizing: the TrainingRuntimes (namespaced) TrainJobs name, cached for the TrainJob
-# webhook (read only).
+# webhook (read only); and the TrainJobs it sized, listed by their hold's label to end the
+# holds of those deleted or never made.
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
   verbs: ["get", "list", "watch"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["list"]
 {{- end }}
 # A job's model config from the ConfigMap it names (spec.model.configMapRef), read by
 # name: get only, no list or watch of ConfigMaps.

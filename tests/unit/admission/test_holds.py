@@ -3,6 +3,7 @@ reservation the packer charges, and the end once its pods' memory shows."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from controller.admission import holds
@@ -128,3 +129,19 @@ def test_a_view_with_holds_shares_the_empty_index_already_built() -> None:
     charged = base.with_reservations([holds.reservation(hold())])
     assert charged.empty is empty
     assert charged.now is not base.now
+
+
+def test_a_hold_is_looked_for_once_its_create_had_time_to_be_stored() -> None:
+    made = replace(hold(), token="ab12-1", made_s=100.0)
+    assert holds.due([made, hold()], 100.0 + holds.CHECK_AFTER_S - 1) == []
+    assert holds.due([made, hold()], 100.0 + holds.CHECK_AFTER_S) == [made], "unlabelled: not"
+
+
+def test_a_hold_whose_trainjob_is_not_there_ends_and_a_generated_name_is_learned() -> None:
+    there = replace(hold(name="llama", serial=1), token="t-1")
+    refused = replace(hold(name="other", serial=2), token="t-2")
+    generated = replace(hold(name="", serial=3), token="t-3")
+    found = {"t-1": "llama", "t-3": "sweep-x7k2p"}
+    gone, named = holds.looked_up([there, refused, generated], found)
+    assert gone == [refused.job]
+    assert named == {generated.job: "sweep-x7k2p"}

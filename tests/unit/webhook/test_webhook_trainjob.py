@@ -214,6 +214,22 @@ def create(obj: dict[str, Any], trainjobs: TrainJobWebhook, dry_run: bool = Fals
     return ask(request, trainjobs)["response"]
 
 
+def ops(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+
+
+def hold_label(response: dict[str, Any]) -> str | None:
+    """The token the answer labels the TrainJob with (its hold's), or None."""
+    found = [op["value"] for op in ops(response) if op["path"] == "/metadata/labels"]
+    return found[0][holds.HOLD_LABEL] if found else None
+
+
+def sized(response: dict[str, Any]) -> tuple[Any, ...]:
+    """The answer but for its hold's label: what two sizings alike have alike."""
+    kept = [op for op in ops(response) if op["path"] != "/metadata/labels"]
+    return response["allowed"], response.get("warnings"), kept
+
+
 def named(name: str, per_node: int) -> dict[str, Any]:
     obj = trainjob(per_node=per_node)
     obj["metadata"]["name"] = name
@@ -225,7 +241,7 @@ def test_a_second_create_is_sized_on_what_the_first_left_free() -> None:
     same view fits too (23.76 GiB each), but 2 are held: resized to the other 2."""
     sizer = holding(four_gpus())
     first = create(named("first", 2), sizer)
-    assert first["allowed"] is True and "patch" not in first
+    assert sized(first) == (True, None, []), "as asked; only labelled with its hold"
     second = create(named("second", 4), sizer)
     assert second["allowed"] is True and second["patchType"] == "JSONPatch"
     assert second["warnings"][0].startswith("vramgate: resized 4 -> 2 GPUs (policy Resize): 4 "
@@ -233,6 +249,8 @@ def test_a_second_create_is_sized_on_what_the_first_left_free() -> None:
     assert sizer.holds is not None
     one, two = sizer.holds.active()
     assert (one.name, two.name) == ("first", "second") and one.namespace == "ml"
+    assert (hold_label(first), hold_label(second)) == (one.token, two.token)
+    assert one.token != two.token
     used = [set(h.placement[0].uuids) for h in (one, two)]
     assert used[0].isdisjoint(used[1]) and len(used[0] | used[1]) == 4
     # A third finds nothing free now: it stays as asked, with the does-not-fit warning.
@@ -243,9 +261,9 @@ def test_a_second_create_is_sized_on_what_the_first_left_free() -> None:
 
 def test_a_dry_run_holds_nothing() -> None:
     sizer = holding(four_gpus())
-    assert "patch" not in create(named("dry", 2), sizer, dry_run=True)
+    assert "patch" not in create(named("dry", 2), sizer, dry_run=True), "nor labelled"
     assert sizer.holds is not None and sizer.holds.active() == ()
-    assert "patch" not in create(named("real", 4), sizer)  # all 4 still free
+    assert sized(create(named("real", 4), sizer)) == (True, None, [])  # all 4 still free
 
 
 def test_a_hold_is_gone_after_its_seconds() -> None:
@@ -290,7 +308,7 @@ def test_a_create_of_the_same_name_again_is_sized_as_the_first_was() -> None:
     sizer = holding(four_gpus())
     first = create(named("llama", 4), sizer)
     again = create(named("llama", 4), sizer)
-    assert first == again and "warnings" not in again and "patch" not in again
+    assert sized(first) == sized(again) == (True, None, [])
     assert sizer.holds is not None
     (held,) = sizer.holds.active()
     assert held.name == "llama" and len(held.placement[0].uuids) == 4
@@ -315,7 +333,7 @@ def test_a_create_again_is_not_charged_its_own_hold_by_a_view_built_after_it() -
 
     sizer.view = current
     again = create(named("llama", 4), sizer)
-    assert again == first and "warnings" not in again, again
+    assert sized(again) == sized(first) == (True, None, []), again
     other = create(named("other", 4), sizer)  # another name: still charged
     assert other["warnings"][0].startswith("vramgate: does not fit now")
 
@@ -355,3 +373,26 @@ def test_a_suspended_trainjob_holds_nothing() -> None:
     assert "warnings" not in create(suspended, sizer)
     assert sizer.holds is not None and sizer.holds.active() == ()
     assert "warnings" not in create(named("next", 4), sizer)
+
+
+def test_the_trainjob_is_labelled_with_its_holds_token_beside_its_own_labels() -> None:
+    """The label is how the operator finds the TrainJob of a hold (`holds.looked_up`): added
+    beside labels it has, and written by kopf's handler too; a generateName create's hold
+    has no name until the operator's listing gives it one (`TrainJobHolds.name`)."""
+    sizer = holding(four_gpus())
+    body = named("labelled", 2)
+    body["metadata"]["labels"] = {"team": "nlp"}
+    answered = create(body, sizer)
+    stored = jsonpatch.apply_patch(body, ops(answered))
+    assert sizer.holds is not None
+    (held,) = sizer.holds.active()
+    assert stored["metadata"]["labels"] == {"team": "nlp", holds.HOLD_LABEL: held.token}
+    patch = kopf.Patch()
+    generated = trainjob(per_node=2)
+    generated["metadata"] = {"generateName": "sweep-", "namespace": "ml",
+                             "annotations": generated["metadata"]["annotations"]}  # fmt: skip
+    asyncio.run(sizer.mutate(body=generated, patch=patch, operation="CREATE"))
+    unnamed = next(h for h in sizer.holds.active() if not h.name)
+    assert patch["metadata"]["labels"] == {holds.HOLD_LABEL: unnamed.token}
+    sizer.holds.name({unnamed.job: "sweep-x7k2p"})
+    assert sorted(h.name for h in sizer.holds.active()) == ["labelled", "sweep-x7k2p"]

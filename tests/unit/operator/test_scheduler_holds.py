@@ -1,0 +1,82 @@
+"""Each replica looks for the TrainJobs of its holds by their label: one not there (refused
+after the webhook answered, or deleted) ends its hold; a generateName one names it. Against
+a Kube that lists by label as the API server does, or cannot be reached."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from controller.admission import holds
+from controller.admission.trainjob import Counted, Sizing
+from controller.base.clock import FakeClock
+from controller.operator.scheduler import Scheduler, SchedulerOptions
+from controller.packing.inventory import NodeGpus
+from controller.webhook.trainjob import TrainJobHolds
+
+
+class ListingKube:
+    def __init__(self, stored: dict[str, dict[str, str]], fail: bool = False) -> None:
+        self.stored = stored  # namespace -> token -> name
+        self.fail = fail
+        self.asked: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def held_trainjobs(self, namespace: str, label: str, tokens: list[str]) -> dict[str, str]:
+        self.asked.append((namespace, label, tuple(tokens)))
+        if self.fail:
+            raise OSError("connection refused")
+        return {t: n for t, n in self.stored.get(namespace, {}).items() if t in tokens}
+
+
+def sized(name: str) -> dict[str, Any]:
+    meta = {"namespace": "ml", "name": name} if name else {"namespace": "ml", "generateName": "s-"}
+    return {"metadata": meta}
+
+
+def look(kube: ListingKube, made: list[str], after_s: float) -> tuple[list[str], TrainJobHolds]:
+    """Holds made for TrainJobs named `made` ("" for a generateName), looked for `after_s`
+    later: the holds' jobs it ended, and the ledger."""
+    clock = FakeClock()
+    sched = Scheduler(cast(Any, kube), SchedulerOptions(), clock=clock)
+    ledger = TrainJobHolds(600, clock.monotonic)
+    counted = Counted((NodeGpus("n0", (0,), ("n0-0",)),), 1 << 30, 1)
+    for name in made:
+        ledger.add(sized(name), Sizing(counted=counted))
+    sched.holds = ledger
+    clock.advance(after_s)
+
+    async def main() -> list[str]:
+        try:
+            return await sched.look_for_held()
+        finally:
+            await sched.close()
+
+    return asyncio.run(main()), ledger
+
+
+def test_trainjobs_not_there_end_their_holds_in_one_listing_per_namespace() -> None:
+    kube = ListingKube({"ml": {}})
+    ended, ledger = look(kube, ["refused", "deleted", ""], holds.CHECK_AFTER_S)
+    (asked,) = kube.asked
+    assert asked[0] == "ml" and asked[1] == holds.HOLD_LABEL and len(set(asked[2])) == 3
+    assert len(ended) == 3 and ledger.active() == (), "none of them is there"
+
+
+def test_the_listing_keeps_those_there_and_names_a_generated_one() -> None:
+    class Answer(ListingKube):
+        def held_trainjobs(self, namespace: str, label: str, tokens: list[str]) -> dict[str, str]:
+            super().held_trainjobs(namespace, label, tokens)
+            return {tokens[0]: "there", tokens[2]: "s-x7k2p"}  # "refused" is not there
+
+    ended, ledger = look(Answer({}), ["there", "refused", ""], holds.CHECK_AFTER_S)
+    assert [h.name for h in ledger.active()] == ["there", "s-x7k2p"]
+    assert len(ended) == 1 and "refused" in ended[0]
+
+
+def test_nothing_is_looked_for_too_soon_and_an_unreachable_api_ends_nothing() -> None:
+    early = ListingKube({})
+    ended, ledger = look(early, ["young"], holds.CHECK_AFTER_S - 1)
+    assert (early.asked, ended, len(ledger.active())) == ([], [], 1)
+    down = ListingKube({}, fail=True)
+    ended, ledger = look(down, ["kept"], holds.CHECK_AFTER_S)
+    assert len(down.asked) == 1 and ended == [] and len(ledger.active()) == 1
