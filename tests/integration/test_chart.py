@@ -493,17 +493,19 @@ def test_trainer_sizing_renders_the_trainjob_webhook_and_the_config_when_enabled
     loaded = _load_operator_settings(config, tmp_path)
     assert loaded.train_job_sizing is True and loaded.train_job_hold_seconds == 600
     # Read rights on Trainer's runtimes, which the operator caches: ClusterTrainingRuntimes
-    # cluster-wide, TrainingRuntimes where the jobs are watched.
+    # cluster-wide, TrainingRuntimes where the jobs are watched; and a list of the TrainJobs
+    # there, by their hold's label (controller.admission.holds.looked_up).
     read = {"get", "list", "watch"}
+    where_jobs = {"trainingruntimes": read, "trainjobs": {"list"}}
     cluster_role = one(objects, "ClusterRole", f"{FULLNAME}-operator")
     assert _trainer_rights(cluster_role) == {
-        "clustertrainingruntimes": read, **({} if namespaces else {"trainingruntimes": read})
+        "clustertrainingruntimes": read, **({} if namespaces else where_jobs)
     }  # fmt: skip
     for listed_in in namespaces:
         role = next(r for r in find(objects, "Role")
                     if r["metadata"]["name"] == f"{FULLNAME}-operator-jobs"
                     and r["metadata"]["namespace"] == listed_in)  # fmt: skip
-        assert _trainer_rights(role) == {"trainingruntimes": read}
+        assert _trainer_rights(role) == where_jobs
 
 
 def _trainer_rights(role: dict[str, Any]) -> dict[str, set[str]]:
@@ -1389,6 +1391,8 @@ OPERATOR_CAN = [
     ("watch", "learnedcorrections.vramgate.dev"),
     ("create", "learnedcorrections.vramgate.dev"),
     ("patch", "learnedcorrections.vramgate.dev", "--subresource=status"),
+    # a configuration's key no job taught for 8 half-lives (controller.admission.learned)
+    ("delete", "learnedcorrections.vramgate.dev"),
     ("watch", "pods", "-A"),
     ("get", "nodes"),
     ("watch", "priorityclasses.scheduling.k8s.io"),
@@ -1419,7 +1423,6 @@ OPERATOR_CANNOT = [
     ("patch", "gpunodes.vramgate.dev", "--subresource=status"),
     # A key's spec (its pin, its reset) is a person's.
     ("patch", "learnedcorrections.vramgate.dev"),
-    ("delete", "learnedcorrections.vramgate.dev"),
     ("patch", "nodes"),
     ("create", "priorityclasses.scheduling.k8s.io"),
     ("list", "configmaps", "-A"),
