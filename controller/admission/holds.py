@@ -22,10 +22,12 @@ A hold ends, whichever comes first:
   replaces, and that create is never sized against its own earlier hold;
 * when its TrainJob is not there (`looked_up`): the webhook labels each TrainJob it holds
   for with the hold's token (`HOLD_LABEL`), and the operator lists them by that label
-  `CHECK_AFTER_S` after the create and every few seconds after: a TrainJob the API server
-  refused after the webhook answered, or deleted since, ends its hold. The same listing
-  names the hold of a TrainJob created with `generateName` (the webhook sees no name), so
-  its pods are found as any other's;
+  `CHECK_AFTER_S` after the create and every few seconds after, then looks for a named one
+  whose label it did not find by its name (replaced or applied server-side without the
+  label, or the first of two creates of one name): a TrainJob the API server refused after
+  the webhook answered, or deleted since, ends its hold. The listing also names the hold of
+  a TrainJob created with `generateName` (the webhook sees no name), so its pods are found
+  as any other's; one that lost its label before then is taken for gone;
 * when it expires (`live`): the operator's `trainJobHoldSeconds` after the create, for
   a TrainJob whose pods never start, or while the listing cannot be made. A runtime with
   initializers (Trainer's dataset and model initializers, which the trainer job waits for)

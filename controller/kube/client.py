@@ -399,6 +399,15 @@ class Kube:
                 found[str(token)] = str(meta.get("name"))
         return found
 
+    def trainjob_exists(self, namespace: str, name: str) -> bool:
+        """Whether the TrainJob `name` is there (and not being deleted)."""
+        path = f"/apis/{TRAINER_GROUP}/{TRAINER_VERSION}/namespaces/{namespace}/trainjobs/{name}"
+        try:
+            found = self._call("GET", path)
+        except Gone:
+            return False
+        return not (found.get("metadata") or {}).get("deletionTimestamp")
+
     def list_jobs(self, namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Every FineTuneJob of `namespaces` (none: of every namespace), read from the API
         server now (not from a cache). Per namespace when named, since an operator confined

@@ -134,8 +134,10 @@ CHECK_REFUSED_S = 60.0
 #: until the cache catches up or this many seconds pass (then the cache is right: a person
 #: deleted it, say).
 LEARNED_FRESH_S = 30.0
-#: How often each replica looks for the TrainJobs of its holds (`check_holds`).
+#: How often each replica looks for the TrainJobs of its holds (`check_holds`), and how
+#: many tokens one listing's label selector names (its URL stays short).
 HOLD_CHECK_S = 10.0
+HOLD_TOKENS_PER_LIST = 100
 #: Forgotten LearnedCorrections deleted per pass at most: the first pass after an upgrade
 #: may find every old configuration's key, and admission must not wait on thousands.
 FORGET_PER_PASS = 50
@@ -504,10 +506,10 @@ class Scheduler:
         found: dict[str, Mapping[str, Any]] = {}
         for obj in self.caches.learned_objects():
             found[str(obj["metadata"]["name"])] = obj
-        for name, deleted_at in list(self._forgetting.items()):
+        for name, deleted_version in list(self._forgetting.items()):
             if name not in found:
                 del self._forgetting[name]  # the cache saw it go
-            elif found[name]["metadata"].get("resourceVersion") == deleted_at:
+            elif found[name]["metadata"].get("resourceVersion") == deleted_version:
                 del found[name]  # deleted (`_forget`); the cache has not caught up
         for name, (before, after, at) in list(self._fresh_learned.items()):
             cached = found.get(name)
@@ -588,10 +590,18 @@ class Scheduler:
         checks its own holds, leader or not: they are its memory."""
         while self.holds is not None:
             await asyncio.sleep(HOLD_CHECK_S)
-            await self.look_for_held()
+            try:
+                await self.look_for_held()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop the checks: the holds expire meanwhile
+                log.exception("looking for the TrainJobs of the holds failed")
 
     async def look_for_held(self) -> list[str]:
-        """One look of `check_holds`; the jobs of the holds it ended."""
+        """One look of `check_holds`; the jobs of the holds it ended. A named hold whose
+        token no TrainJob carries is looked for by its name before it ends: the TrainJob may
+        have lost the label (replaced, or applied server-side without it), or be the first
+        of two creates of that name, whose hold the second's replaced."""
         if self.holds is None:
             return []
         loop = asyncio.get_running_loop()
@@ -600,22 +610,31 @@ class Scheduler:
             by_namespace.setdefault(hold.namespace, []).append(hold)
         gone: list[str] = []
         for namespace, held in by_namespace.items():
-            tokens = [hold.token for hold in held]
+            found: dict[str, str] = {}
             try:
-                found = await loop.run_in_executor(
-                    self._writer, self.kube.held_trainjobs, namespace, holds.HOLD_LABEL, tokens
-                )
+                for start in range(0, len(held), HOLD_TOKENS_PER_LIST):
+                    tokens = [hold.token for hold in held[start : start + HOLD_TOKENS_PER_LIST]]
+                    found |= await loop.run_in_executor(
+                        self._writer, self.kube.held_trainjobs, namespace, holds.HOLD_LABEL, tokens
+                    )
+                missing, named = holds.looked_up(held, found)
+                by_job = {hold.job: hold for hold in held}
+                ended = []
+                for job in missing:
+                    name = by_job[job].name
+                    if not name or not await loop.run_in_executor(
+                        self._writer, self.kube.trainjob_exists, namespace, name
+                    ):
+                        ended.append(job)
             except Exception as error:  # they expire meanwhile, as before the check
                 log.warning("cannot list the TrainJobs held in %s: %s", namespace, error)
                 continue
-            ended, named = holds.looked_up(held, found)
             self.holds.end(ended)
             self.holds.name(named)
             gone.extend(ended)
         if gone:
             log.info("ended %d TrainJob holds: their TrainJobs are not there", len(gone))
-            self._view = None  # the webhook's next sizing must not charge them
-            self.wake()
+            self.inventory_changed()  # no view charges them from now, even one being built
         return gone
 
     async def _forget(self, keys: Mapping[str, learned.KeyState]) -> dict[str, learned.KeyState]:

@@ -143,7 +143,8 @@ class TrainJobHolds:
                     self._holds[renamed.job] = renamed
 
     def end(self, jobs: Iterable[str]) -> None:
-        """Forget the holds of these jobs (their pods' memory shows in the readings)."""
+        """Forget the holds of these jobs (their pods' memory shows in the readings, or
+        their TrainJob is not there)."""
         with self._lock:
             for job in jobs:
                 self._holds.pop(job, None)

@@ -16,16 +16,27 @@ from controller.webhook.trainjob import TrainJobHolds
 
 
 class ListingKube:
-    def __init__(self, stored: dict[str, dict[str, str]], fail: bool = False) -> None:
+    def __init__(
+        self,
+        stored: dict[str, dict[str, str]],
+        fail: bool = False,
+        unlabelled: tuple[str, ...] = (),
+    ) -> None:
         self.stored = stored  # namespace -> token -> name
         self.fail = fail
+        self.unlabelled = unlabelled  # names there without the label
         self.asked: list[tuple[str, str, tuple[str, ...]]] = []
+        self.got: list[str] = []
 
     def held_trainjobs(self, namespace: str, label: str, tokens: list[str]) -> dict[str, str]:
         self.asked.append((namespace, label, tuple(tokens)))
         if self.fail:
             raise OSError("connection refused")
         return {t: n for t, n in self.stored.get(namespace, {}).items() if t in tokens}
+
+    def trainjob_exists(self, namespace: str, name: str) -> bool:
+        self.got.append(name)
+        return name in self.unlabelled
 
 
 def sized(name: str) -> dict[str, Any]:
@@ -37,6 +48,7 @@ def look(kube: ListingKube, made: list[str], after_s: float) -> tuple[list[str],
     """Holds made for TrainJobs named `made` ("" for a generateName), looked for `after_s`
     later: the holds' jobs it ended, and the ledger."""
     clock = FakeClock()
+    clock.advance(1000)  # holds made well after the clock's start
     sched = Scheduler(cast(Any, kube), SchedulerOptions(), clock=clock)
     ledger = TrainJobHolds(600, clock.monotonic)
     counted = Counted((NodeGpus("n0", (0,), ("n0-0",)),), 1 << 30, 1)
@@ -60,6 +72,16 @@ def test_trainjobs_not_there_end_their_holds_in_one_listing_per_namespace() -> N
     (asked,) = kube.asked
     assert asked[0] == "ml" and asked[1] == holds.HOLD_LABEL and len(set(asked[2])) == 3
     assert len(ended) == 3 and ledger.active() == (), "none of them is there"
+    assert kube.got == ["refused", "deleted"], "a named one is looked for by name first"
+
+
+def test_a_named_trainjob_that_lost_its_label_keeps_its_hold() -> None:
+    """Replaced (PUT) or applied server-side without the label, or the first of two creates
+    of its name (the second's hold, another token, replaced the first's): still there."""
+    kube = ListingKube({"ml": {}}, unlabelled=("relabelled",))
+    ended, ledger = look(kube, ["relabelled", ""], holds.CHECK_AFTER_S)
+    assert [h.name for h in ledger.active()] == ["relabelled"]
+    assert len(ended) == 1 and "?" in ended[0], "a generateName one without its label: gone"
 
 
 def test_the_listing_keeps_those_there_and_names_a_generated_one() -> None:
