@@ -544,7 +544,6 @@ class Scheduler:
         if not todo:
             return {}
         loop = asyncio.get_running_loop()
-
         now = self.now()
 
         def file() -> dict[str, learned.KeyState]:  # a rebuild files thousands: not on the loop

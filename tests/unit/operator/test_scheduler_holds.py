@@ -44,9 +44,11 @@ def sized(name: str) -> dict[str, Any]:
     return {"metadata": meta}
 
 
-def look(kube: ListingKube, made: list[str], after_s: float) -> tuple[list[str], TrainJobHolds]:
+def look(
+    kube: ListingKube, made: list[str], after_s: float, seen: list[Scheduler] | None = None
+) -> tuple[list[str], TrainJobHolds]:
     """Holds made for TrainJobs named `made` ("" for a generateName), looked for `after_s`
-    later: the holds' jobs it ended, and the ledger."""
+    later: the holds' jobs it ended, and the ledger (the scheduler into `seen`)."""
     clock = FakeClock()
     clock.advance(1000)  # holds made well after the clock's start
     sched = Scheduler(cast(Any, kube), SchedulerOptions(), clock=clock)
@@ -56,6 +58,8 @@ def look(kube: ListingKube, made: list[str], after_s: float) -> tuple[list[str],
         ledger.add(sized(name), Sizing(counted=counted))
     sched.holds = ledger
     clock.advance(after_s)
+    if seen is not None:
+        seen.append(sched)
 
     async def main() -> list[str]:
         try:
@@ -68,10 +72,14 @@ def look(kube: ListingKube, made: list[str], after_s: float) -> tuple[list[str],
 
 def test_trainjobs_not_there_end_their_holds_in_one_listing_per_namespace() -> None:
     kube = ListingKube({"ml": {}})
-    ended, ledger = look(kube, ["refused", "deleted", ""], holds.CHECK_AFTER_S)
+    seen: list[Scheduler] = []
+    ended, ledger = look(kube, ["refused", "deleted", ""], holds.CHECK_AFTER_S, seen)
     (asked,) = kube.asked
     assert asked[0] == "ml" and asked[1] == holds.HOLD_LABEL and len(set(asked[2])) == 3
     assert len(ended) == 3 and ledger.active() == (), "none of them is there"
+    (sched,) = seen
+    assert sched._inventory == 1, "no view, cached or being built, charges them any more"
+    assert sched._wake.is_set(), "the pass decides on the memory they held"
     assert kube.got == ["refused", "deleted"], "a named one is looked for by name first"
 
 
@@ -82,6 +90,14 @@ def test_a_named_trainjob_that_lost_its_label_keeps_its_hold() -> None:
     ended, ledger = look(kube, ["relabelled", ""], holds.CHECK_AFTER_S)
     assert [h.name for h in ledger.active()] == ["relabelled"]
     assert len(ended) == 1 and "?" in ended[0], "a generateName one without its label: gone"
+
+
+def test_two_ledgers_never_give_the_same_token() -> None:
+    """Two replicas, or a restarted process, each with their own serials from 1: the label
+    must still tell their holds apart."""
+    counted = Counted((NodeGpus("n0", (0,), ("n0-0",)),), 1 << 30, 1)
+    one, two = (TrainJobHolds(600).add(sized("a"), Sizing(counted=counted)) for _ in range(2))
+    assert one.serial == two.serial and one.token != two.token
 
 
 def test_the_listing_keeps_those_there_and_names_a_generated_one() -> None:
