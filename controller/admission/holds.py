@@ -109,8 +109,9 @@ def due(holds: Iterable[Hold], now_s: float) -> list[Hold]:
 def looked_up(looked: Iterable[Hold], found: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """What the listing of TrainJobs by `HOLD_LABEL` says of the holds `looked` for (`due`):
     `found` maps a token to the name of the TrainJob that carries it (not being deleted).
-    Returns the jobs of the holds whose TrainJob is not there (refused, deleted: they end),
-    and, by job, the name of a `generateName` hold's TrainJob."""
+    Returns the jobs of the holds no TrainJob carries the token of (a named one is then
+    looked for by its name before it ends: `Scheduler.look_for_held`), and, by job, the
+    name of a `generateName` hold's TrainJob."""
     gone, named = [], {}
     for hold in looked:
         name = found.get(hold.token)

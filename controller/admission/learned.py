@@ -110,7 +110,7 @@ POLICIES = {
 SAID = (Source.LEARNED, Source.PINNED, Source.OUT_OF_MEMORY)
 
 #: Half-lives without a sample after which a configuration's key is deleted (`forgotten`): 16
-#: weeks at the default 14 days.
+#: to 18 weeks at the default 14 days (the last sample's time is known to a half-life).
 FORGET_AFTER_HALF_LIVES = 8
 
 

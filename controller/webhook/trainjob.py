@@ -32,8 +32,8 @@ leader's) charges only the leader's holds, so a FineTuneJob may be admitted onto
 the other replica holds. The TrainJob is labelled with its hold's token
 (`holds.HOLD_LABEL`): a create the API server then refuses (a later webhook, a name taken),
 or a TrainJob deleted before its pods run, ends its hold once the operator's listing by that
-label finds nothing (`Scheduler.check_holds`), and a `generateName` create's hold is named
-by it.
+label, and for a named one a look by its name, finds nothing (`Scheduler.check_holds`), and
+a `generateName` create's hold is named by the listing.
 """
 
 from __future__ import annotations
