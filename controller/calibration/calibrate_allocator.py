@@ -14,6 +14,11 @@ and with `--write` stores each group's median share in calibration.json's `alloc
 section, with the spread it came from (the samples' minimum and maximum) so a reader sees how
 far one share reaches.
 
+A family read generically (no hand reading) is charged the shares of real-size models
+instead (`--real-size`: hand-read models of 3 to 30 B traced at their whole depth, one GPU;
+`real_size` in the section), which follow models of its sizes; the hand-read families keep
+the small models' shares, to which their pinned figures were fitted.
+
 A rank of a data-parallel job reserves differently from the same job on one GPU: FSDP2's
 all-gather and reduce-scatter buffers live on streams of their own, whose cached blocks the
 compute stream never reuses, and DDP's gradient buckets stay allocated across the step. So
@@ -43,10 +48,37 @@ from controller.estimator import (
     load_shape,
     static_bytes,
 )
+from controller.estimator.calibrated import backward_transient
 from controller.estimator.settings import Parallelism
 
 PRESETS = ("qwen2.5-0.5b", "llama-3.2-1b")
 SIZES = ((1, 2048), (4, 2048))
+#: Hand-read models of 3 to 30 B, traced at their whole depth on one GPU for the shares of a
+#: family read generically (`real_size` in the section; `calibrated.allocator_share`). The
+#: small models' shares above are not theirs: a 0.5-1 B model's reserve under full
+#: fine-tuning is mostly its embedding's optimizer state, larger than any block the backward
+#: cached (16 % of what it holds beyond its weights; 0.5-21 % at 3-30 B, median 2-3 %), and
+#: its adapters' reserve is the smaller (24 % against about 35 %). The hand-read families
+#: keep the small models' shares: their figures are pinned (the seed figures, the Unsloth
+#: comparison).
+REAL_SIZE_PRESETS = (
+    "llama-3.2-3b",
+    "qwen2.5-3b",
+    "phi-3-mini-4k",
+    "qwen3-4b",
+    "gemma-3-4b",
+    "mistral-7b-v0.3",
+    "olmo-2-7b",
+    "qwen2.5-7b",
+    "llama-3.1-8b",
+    "qwen3-8b",
+    "yi-1.5-9b",
+    "gemma-2-9b",
+    "mistral-nemo-12b",
+    "phi-4",
+    "qwen2.5-14b",
+    "qwen3-30b-a3b",
+)
 METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
 #: The spreads traced beyond one GPU, (parallelism, world size): FSDP2 on a small and a
@@ -72,21 +104,25 @@ def rank_share(reserved: int, peak: int, weights: int, parallelism: str, world_s
     return (reserved - peak) / (peak - own)
 
 
-def tasks() -> list[Task]:
-    spreads = (("", 1), *((p.value, n) for p, n in SPREADS))
+def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> list[Task]:
+    """The runs to trace: the small models on one GPU and at each spread, or (`real_size`)
+    the real-size models on one GPU."""
+    spreads = (("", 1),) if real_size else (("", 1), *((p.value, n) for p, n in SPREADS))
+    presets = REAL_SIZE_PRESETS if real_size else PRESETS
     return [
         (method.value, gc.value, preset, batch, seq, parallelism, world_size)
         for parallelism, world_size in spreads
-        for method in METHODS
+        for method in methods
         for gc in CHECKPOINTING
-        for preset in PRESETS
+        for preset in presets
         for batch, seq in SIZES
     ]
 
 
-def trace_one(task: Task) -> tuple[Task, int, int, int]:
+def trace_one(task: Task) -> tuple[Task, int, int, int, int]:
     """Trace one run (one GPU, or one rank at its world size): its tensor peak, the
-    allocator replay's reserved peak, and the whole model's weights."""
+    allocator replay's reserved peak, the whole model's weights, and what calibrated's
+    backward holds beyond its static part (`calibrated.backward_transient`)."""
     from controller.trace.distributed import Distributed, trace_distributed_run
     from controller.trace.run import trace_run
 
@@ -104,24 +140,32 @@ def trace_one(task: Task) -> tuple[Task, int, int, int]:
         result = trace_distributed_run(config, settings, spread).result
     else:
         result = trace_run(config, settings)
-    weights = static_bytes(load_shape(preset), settings).weights
-    return task, result.peak, result.reserved, weights
+    shape = load_shape(preset)
+    weights = static_bytes(shape, settings).weights
+    return task, result.peak, result.reserved, weights, backward_transient(shape, settings)
 
 
-def measure(workers: int) -> dict[str, dict[str, list[float]]]:
-    """Shares by spread ("" one GPU, else "fsdp" / "ddp") and group."""
+def measure(
+    workers: int, real_size: bool = False, methods: tuple[Method, ...] = METHODS
+) -> dict[str, dict[str, list[float]]]:
+    """Shares by spread ("" one GPU, else "fsdp" / "ddp") and group; with `real_size`, full
+    fine-tuning's on the backward's transient bytes as well ("backward")."""
     shares: dict[str, dict[str, list[float]]] = {}
+    runs = tasks(real_size, methods)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for task, peak, reserved, weights in pool.map(trace_one, tasks()):
+        for task, peak, reserved, weights, transient in pool.map(trace_one, runs):
             method, gc, preset, batch, seq, parallelism, world_size = task
             key = group_key(
                 Method.parse(method, "method"), Checkpointing.parse(gc, "gradient_checkpointing")
             )
             share = rank_share(reserved, peak, weights, parallelism, world_size)
             shares.setdefault(parallelism, {}).setdefault(key, []).append(share)
+            if real_size and method == Method.FULL.value:
+                backward = (reserved - peak) / max(transient, 1)
+                shares.setdefault("backward", {}).setdefault(key, []).append(backward)
             spread = f"{parallelism or 'one'}@{world_size}"
             print(
-                f"{spread:7} {key:10} {preset:14} b={batch} s={seq}: peak "
+                f"{spread:7} {key:10} {preset:16} b={batch} s={seq}: peak "
                 f"{peak / 2**30:7.3f} GiB, reserved {reserved / 2**30:7.3f} GiB, "
                 f"share {share:+.3f}",
                 flush=True,
@@ -165,16 +209,58 @@ def section(shares: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     }
 
 
+def real_size_section(
+    shares: dict[str, dict[str, list[float]]], before: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The `real_size` part of the section: the one-GPU groups of the real-size models'
+    adapters (`groups`) and full fine-tuning's share of its backward (`backward`). Groups
+    not measured this time are kept from `before`."""
+    before = before or {}
+    adapters = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
+    return {
+        "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU, "
+        "charged to a family read generically (python -m "
+        "controller.calibration.calibrate_allocator --real-size). `groups`: LoRA and QLoRA, "
+        "the same share as above. `backward`: full fine-tuning, (reserved - tensor peak) / "
+        "what calibrated's backward holds beyond the weights, optimizer state and gradients "
+        "(calibrated.backward_transient), median per checkpointing",
+        "presets": list(REAL_SIZE_PRESETS),
+        "sizes": [list(s) for s in SIZES],
+        "groups": before.get("groups", {}) | summary(adapters),
+        "backward": before.get("backward", {}) | summary(shares.get("backward", {})),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="store the shares")
+    parser.add_argument(
+        "--real-size",
+        action="store_true",
+        help="measure only the real-size models' one-GPU shares (`real_size`), about 20 "
+        "minutes on 2 cores (192 traces)",
+    )
+    parser.add_argument(
+        "--methods", default="full,lora,qlora", help="with --real-size: the methods traced"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    allocator = section(measure(args.workers))
-    print(json.dumps(allocator, indent=2))
+    methods = tuple(Method.parse(m, "--methods") for m in args.methods.split(","))
+    path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
+    data = json.loads(path.read_text())
+    if args.real_size:
+        allocator = dict(data["allocator"])
+        allocator["real_size"] = real_size_section(
+            measure(args.workers, real_size=True, methods=methods),
+            allocator.get("real_size"),
+        )
+        print(json.dumps(allocator["real_size"], indent=2))
+    else:
+        allocator = section(measure(args.workers))
+        if "real_size" in data.get("allocator", {}):  # measured apart (--real-size)
+            allocator["real_size"] = data["allocator"]["real_size"]
+        print(json.dumps(allocator, indent=2))
     if args.write:
-        path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
-        data = json.loads(path.read_text())
         data["allocator"] = allocator
         path.write_text(json.dumps(data, indent=1) + "\n")
 
