@@ -57,10 +57,10 @@ SIZES = ((1, 2048), (4, 2048))
 #: family read generically (`real_size` in the section; `calibrated.allocator_share`). The
 #: small models' shares above are not theirs: a 0.5-1 B model's reserve under full
 #: fine-tuning is mostly its embedding's optimizer state, larger than any block the backward
-#: cached (16 % of what it holds beyond its weights; 0.5-21 % at 3-30 B, median 2-3 %), and
-#: its adapters' reserve is the smaller (24 % against about 35 %). The hand-read families
-#: keep the small models' shares: their figures are pinned (the seed figures, the Unsloth
-#: comparison).
+#: cached (16 % of what it holds beyond its weights; 0.5-21 % at 3-30 B and batch 1), and
+#: its adapters' reserve is the smaller (24 % against 29-31 %, checkpointing on). The
+#: hand-read families keep the small models' shares: their figures are pinned (the seed
+#: figures, the Unsloth comparison).
 REAL_SIZE_PRESETS = (
     "llama-3.2-3b",
     "qwen2.5-3b",
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument(
         "--real-size",
         action="store_true",
-        help="measure only the real-size models' one-GPU shares (`real_size`), about 20 "
+        help="measure only the real-size models' one-GPU shares (`real_size`), about 30 "
         "minutes on 2 cores (192 traces)",
     )
     parser.add_argument(
