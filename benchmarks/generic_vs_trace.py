@@ -1,7 +1,8 @@
 """The calibrated profile's figure for a family read generically against the trace's, per level.
 
     python -m benchmarks.generic_vs_trace [PRESET ...] [--layers 0] [--seq-len 2048]
-        [--methods full,lora,qlora] [--traces FILE] [--components] [--markdown]
+        [--batch 1] [--checkpointing on] [--methods full,lora,qlora] [--traces FILE]
+        [--components] [--markdown]
 
 For each preset whose family no hand reading reads (every such bundled preset by default),
 full fine-tuning, LoRA and QLoRA at the default settings (batch 1, 2,048 tokens, gradient
@@ -33,7 +34,7 @@ from typing import Any
 
 from benchmarks.comparison import error, spread
 from controller.base.units import MIB
-from controller.estimator import Method, Profile, TrainingSettings
+from controller.estimator import Checkpointing, Method, Profile, TrainingSettings
 from controller.estimator.presets import load_preset, preset_names, read_by_hand
 from controller.jobs.profiles import estimate, read_shape
 
@@ -65,9 +66,15 @@ def config_of(preset: str, layers: int) -> dict[str, Any]:
     return config
 
 
-def settings_for(method: Method, seq_len: int) -> TrainingSettings:
+def settings_for(
+    method: Method, seq_len: int, batch: int = 1, checkpointing: str = "on"
+) -> TrainingSettings:
     return TrainingSettings(
-        method=method, rank=None if method is Method.FULL else 16, seq_len=seq_len
+        method=method,
+        rank=None if method is Method.FULL else 16,
+        seq_len=seq_len,
+        batch=batch,
+        gradient_checkpointing=Checkpointing.parse(checkpointing, "--checkpointing"),
     )
 
 
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=0, help="decoder layers; 0: all")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--methods", default="full,lora,qlora")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--checkpointing", default="on", choices=("on", "off"))
     parser.add_argument("--traces", type=Path, help="JSON file keeping the traced figures")
     parser.add_argument("--components", action="store_true", help="print the components")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -127,8 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         config = config_of(preset, args.layers)
         for name in args.methods.split(","):
-            settings = settings_for(METHODS[name], args.seq_len)
+            settings = settings_for(METHODS[name], args.seq_len, args.batch, args.checkpointing)
             key = f"{preset}/{name}/{args.layers or 'all'}/{args.seq_len}"
+            if (args.batch, args.checkpointing) != (1, "on"):  # the defaults keep their keys
+                key += f"/b{args.batch}/gc-{args.checkpointing}"
             calibrated = figures(config, settings, Profile.CALIBRATED)
             traced = store.get(key, config, settings)
             if isinstance(traced, str):  # calibrated's figures alone, and why
@@ -155,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                     theirs = traced.components.get(part, 0)
                     print(f"    {part:28s} {mine / MIB:10.1f} / {theirs / MIB:10.1f} MiB")
     print(
-        f"MiB on one GPU, {args.layers or 'all'} layers, {args.seq_len} tokens: "
+        f"MiB on one GPU, {args.layers or 'all'} layers, {args.seq_len} tokens, batch "
+        f"{args.batch}, checkpointing {args.checkpointing}: "
         "calibrated / trace (calibrated's error)"
     )
     for level, values in errors.items():

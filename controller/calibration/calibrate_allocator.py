@@ -1,6 +1,7 @@
 """Measure what the caching allocator reserves beyond the tensors' peak, for `calibrated`.
 
     python -m controller.calibration.calibrate_allocator [--write] [--workers N]
+        [--real-size [--methods full,lora,qlora]]
 
 The trace replays each run's allocations and frees through the allocator model
 (`controller.allocator`) and reports the reserved peak; `calibrated` cannot replay (it has no
@@ -15,9 +16,10 @@ section, with the spread it came from (the samples' minimum and maximum) so a re
 far one share reaches.
 
 A family read generically (no hand reading) is charged the shares of real-size models
-instead (`--real-size`: hand-read models of 3 to 30 B traced at their whole depth, one GPU;
-`real_size` in the section), which follow models of its sizes; the hand-read families keep
-the small models' shares, to which their pinned figures were fitted.
+instead, with checkpointing on (`--real-size`: hand-read models of 3 to 30 B traced at
+their whole depth, one GPU; `real_size` in the section): its adapters that share, its full
+fine-tuning a share of what its backward holds (`calibrated.backward_share`). The hand-read
+families keep the small models' shares, to which their pinned figures were fitted.
 
 A rank of a data-parallel job reserves differently from the same job on one GPU: FSDP2's
 all-gather and reduce-scatter buffers live on streams of their own, whose cached blocks the
@@ -109,11 +111,14 @@ def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> lis
     the real-size models on one GPU."""
     spreads = (("", 1),) if real_size else (("", 1), *((p.value, n) for p, n in SPREADS))
     presets = REAL_SIZE_PRESETS if real_size else PRESETS
+    # Real size, checkpointing on only: off, the generic reading measured further from the
+    # trace with the real-size shares than with the small models' (calibrated keeps those).
+    checkpointing = (Checkpointing.ON,) if real_size else CHECKPOINTING
     return [
         (method.value, gc.value, preset, batch, seq, parallelism, world_size)
         for parallelism, world_size in spreads
         for method in methods
-        for gc in CHECKPOINTING
+        for gc in checkpointing
         for preset in presets
         for batch, seq in SIZES
     ]
@@ -121,8 +126,9 @@ def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> lis
 
 def trace_one(task: Task) -> tuple[Task, int, int, int, int]:
     """Trace one run (one GPU, or one rank at its world size): its tensor peak, the
-    allocator replay's reserved peak, the whole model's weights, and what calibrated's
-    backward holds beyond its static part (`calibrated.backward_transient`)."""
+    allocator replay's reserved peak, the whole model's weights, and, for a full
+    fine-tuning on one GPU, what calibrated's backward holds beyond its static part as the
+    generic reading prices it (`calibrated.backward_transient`; 0 for the rest)."""
     from controller.trace.distributed import Distributed, trace_distributed_run
     from controller.trace.run import trace_run
 
@@ -142,7 +148,9 @@ def trace_one(task: Task) -> tuple[Task, int, int, int, int]:
         result = trace_run(config, settings)
     shape = load_shape(preset)
     weights = static_bytes(shape, settings).weights
-    return task, result.peak, result.reserved, weights, backward_transient(shape, settings)
+    full = settings.method is Method.FULL and not parallelism
+    transient = backward_transient(shape, settings) if full else 0
+    return task, result.peak, result.reserved, weights, transient
 
 
 def measure(
@@ -160,8 +168,8 @@ def measure(
             )
             share = rank_share(reserved, peak, weights, parallelism, world_size)
             shares.setdefault(parallelism, {}).setdefault(key, []).append(share)
-            if real_size and method == Method.FULL.value:
-                backward = (reserved - peak) / max(transient, 1)
+            if real_size and transient > 0:
+                backward = (reserved - peak) / transient
                 shares.setdefault("backward", {}).setdefault(key, []).append(backward)
             spread = f"{parallelism or 'one'}@{world_size}"
             print(
@@ -218,12 +226,12 @@ def real_size_section(
     before = before or {}
     adapters = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
     return {
-        "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU, "
-        "charged to a family read generically (python -m "
+        "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU with "
+        "checkpointing on, charged to a family read generically (python -m "
         "controller.calibration.calibrate_allocator --real-size). `groups`: LoRA and QLoRA, "
         "the same share as above. `backward`: full fine-tuning, (reserved - tensor peak) / "
         "what calibrated's backward holds beyond the weights, optimizer state and gradients "
-        "(calibrated.backward_transient), median per checkpointing",
+        "as the generic reading prices it (calibrated.backward_transient), the median",
         "presets": list(REAL_SIZE_PRESETS),
         "sizes": [list(s) for s in SIZES],
         "groups": before.get("groups", {}) | summary(adapters),
@@ -237,8 +245,8 @@ def main() -> None:
     parser.add_argument(
         "--real-size",
         action="store_true",
-        help="measure only the real-size models' one-GPU shares (`real_size`), about 30 "
-        "minutes on 2 cores (192 traces)",
+        help="measure only the real-size models' one-GPU shares (`real_size`), about 15 "
+        "minutes on 2 cores for the three methods (96 traces)",
     )
     parser.add_argument(
         "--methods", default="full,lora,qlora", help="with --real-size: the methods traced"
@@ -246,10 +254,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     methods = tuple(Method.parse(m, "--methods") for m in args.methods.split(","))
+    if methods != METHODS and not args.real_size:
+        parser.error("--methods: only with --real-size (the small models' run traces all)")
     path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
     data = json.loads(path.read_text())
     if args.real_size:
-        allocator = dict(data["allocator"])
+        allocator = dict(data.get("allocator", {}))
         allocator["real_size"] = real_size_section(
             measure(args.workers, real_size=True, methods=methods),
             allocator.get("real_size"),

@@ -70,6 +70,7 @@ refused (UNFITTED_HYBRID), and so are stacks of layer types or ends a fit never 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from fractions import Fraction
 from functools import cache
 from importlib import resources
@@ -406,12 +407,14 @@ def allocator_share(
     share stands.
 
     `real_size`: the one-GPU share of hand-read models of 3 to 30 B traced at their whole
-    depth (`real_size` in the section), charged to a family read generically; the small
-    models' share where the file has none. Traced at real size, full fine-tuning reserves
-    far less of what it holds beyond the weights than a 0.5-1 B model, whose embedding's
-    optimizer state outgrows every cached block, and adapters more; with the small models'
-    shares the generic reading was 4-12 % over the trace for full fine-tuning and up to
-    10 % under for QLoRA."""
+    depth with checkpointing on (`real_size` in the section), charged to a family read
+    generically; the small models' share where the file has none (checkpointing off, and
+    full fine-tuning, which goes by `backward_share`). With checkpointing on, real-size
+    adapters reserve more of what they hold beyond the weights than a 0.5-1 B model's (29-31
+    % against 24 %): with the small models' share the generic reading was up to 10 % under
+    the trace for QLoRA. With it off they reserved less (5-6 % against 10 %), and the
+    generic reading, measured, went further under: it keeps the small models' share there.
+    A rank of FSDP2 or DDP keeps its `parallel` share whatever the family."""
     section = calibration().get("allocator", {})
     if parallelism:
         section = section.get("parallel", {}).get(parallelism, {})
@@ -427,16 +430,17 @@ def allocator_share(
 @cache
 def backward_share(gc: str) -> tuple[int, int] | None:
     """What a real-size full fine-tuning reserves, as a share of what its backward holds
-    beyond the weights, the optimizer state and the gradients (`backward_transient`): the
-    `real_size` section's `backward` group, charged to a family read generically. None where
-    the file has none.
+    beyond the weights, the optimizer state and the gradients as the generic reading prices
+    it (`backward_transient`): the `real_size` section's `backward` group, charged to a
+    family read generically on one GPU. None where the file has none (checkpointing off:
+    not measured).
 
     Full fine-tuning peaks at the optimizer step, and what the allocator cannot reuse there
     is what the backward cached: activation blocks smaller than the step's states and
     scratch. It grows with the batch as the activations do, while the step's own tensors do
-    not: traced at real size, the reserve was 0.5-21 % of what the step holds beyond the
-    weights at batch 1 and up to 53 % at batch 4, but 13-105 % of the backward's transient
-    bytes, most of them near 90 %."""
+    not: traced at real size with checkpointing on, the reserve was 0.5-21 % of what the
+    step holds beyond the weights at batch 1 and up to 53 % at batch 4, so no share of that
+    is right at both."""
     entry = calibration().get("allocator", {}).get("real_size", {}).get("backward", {})
     found = entry.get(f"full/{gc}")
     if found is None:
@@ -445,11 +449,21 @@ def backward_share(gc: str) -> tuple[int, int] | None:
     return share.numerator, share.denominator
 
 
+#: A model type no hand reading reads: `backward_transient` prices a hand-read model with it
+#: as the generic reading would (the fit `GENERIC_FITS` names, not its family's).
+AS_GENERIC = "vramgate-generic"
+
+
 def backward_transient(shape: ModelShape, settings: TrainingSettings) -> int:
-    """The most a moment before the optimizer step holds beyond the weights, the optimizer
-    state and the gradients it keeps (`Estimate.moments` without the constants): the
-    activations and working memory the backward leaves cached. For the allocator's
-    calibration; `estimate` reads the same from its own splits."""
+    """The most a fitted moment before the optimizer step holds beyond the weights, the
+    optimizer state and the gradients it keeps (`Estimate.moments` without the constants),
+    with the shape priced as the generic reading prices it: the activations and working
+    memory the backward leaves cached, by the fit a generic family is priced with (the
+    dense one keeps the loss's backward). For the allocator's calibration on hand-read
+    models; `estimate` reads the same from its own splits. Which moments a fit keeps is the
+    fit's: after `calibrate` refits one, `calibrate_allocator --real-size` measures again."""
+    if shape.model_type in FAMILIES:
+        shape = replace(shape, model_type=AS_GENERIC)
     est = estimate(shape, settings)
     hybrid = _hybrid_family(shape)
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
@@ -629,12 +643,12 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if in_backward and at_step:
         gradients, scratch = static.largest_gradient, static.largest_scratch
     backward = backward_share(gc) if generic and settings.method is Method.FULL else None
-    if backward is not None:  # the backward's cache, charged as a share of the peak's
+    if backward is not None and best > weights + paged:  # the backward's cache, as a share
         transient = max(
             (r for m, (_, r) in zip(moments, splits, strict=False) if not m[1]), default=0
         )
         slack = transient * backward[0] // backward[1]
-        share = (slack, max(1, best - weights - paged))
+        share = (slack, best - weights - paged)  # of the peak's, for the per-GPU figures
     elif share[0] < 0:  # no measured share: the flat slack on the whole peak
         slack = overheads.slack_bytes(best)
     else:

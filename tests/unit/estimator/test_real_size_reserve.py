@@ -19,6 +19,7 @@ from controller.calibration import calibrate_allocator
 from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, load_shape
 from controller.estimator.model.families import FAMILIES
 from controller.estimator.result import Estimate
+from controller.estimator.settings import Parallelism
 
 LLAMA = load_shape("llama-3.1-8b")
 GENERIC = replace(LLAMA, model_type="phi")  # a type no hand reading reads
@@ -60,38 +61,55 @@ def test_a_hand_read_family_keeps_the_small_models_share(key: str) -> None:
     assert Fraction(*est.reserve_share) == share
 
 
-@pytest.mark.parametrize("key", ["lora/on", "qlora/off"])
-def test_a_generic_family_s_adapters_are_charged_the_real_size_share(key: str) -> None:
-    hand = calibrated.estimate(LLAMA, SETTINGS[key])
-    generic = calibrated.estimate(GENERIC, SETTINGS[key])
+@pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
+def test_a_generic_family_s_adapters_are_charged_the_real_size_share(method: Method) -> None:
+    settings = TrainingSettings(method=method, rank=16)
+    key = f"{method.value}/on"
+    hand = calibrated.estimate(LLAMA, settings)
+    generic = calibrated.estimate(GENERIC, settings)
     small, real = _share(key, False), _share(key, True)
     assert small != real  # the data file tells them apart, so the checks below can fail
     slack = _beyond_weights(generic) * real.numerator // real.denominator
     assert generic.components["allocator_slack"] == slack
-    assert Fraction(*generic.reserve_share) == real
     others = {k: v for k, v in generic.components.items() if k != "allocator_slack"}
     assert others == {k: v for k, v in hand.components.items() if k != "allocator_slack"}
 
 
-@pytest.mark.parametrize("gc", [Checkpointing.ON, Checkpointing.OFF])
-@pytest.mark.parametrize("batch", [1, 4])
-def test_a_generic_full_fine_tuning_is_charged_a_share_of_its_backward(
-    gc: Checkpointing, batch: int
+@pytest.mark.parametrize("method", list(Method))
+def test_without_checkpointing_a_generic_family_keeps_the_small_models_share(
+    method: Method,
 ) -> None:
     settings = TrainingSettings(
-        method=Method.FULL, rank=None, gradient_checkpointing=gc, batch=batch
+        method=method,
+        rank=None if method is Method.FULL else 16,
+        gradient_checkpointing=Checkpointing.OFF,
     )
     generic = calibrated.estimate(GENERIC, settings)
+    small = _share(f"{method.value}/off", False)
+    slack = _beyond_weights(generic) * small.numerator // small.denominator
+    assert generic.components["allocator_slack"] == slack
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_generic_full_fine_tuning_is_charged_a_share_of_its_backward(batch: int) -> None:
+    settings = TrainingSettings(method=Method.FULL, rank=None, batch=batch)
+    generic = calibrated.estimate(GENERIC, settings)
     hand = calibrated.estimate(LLAMA, settings)
-    transient = calibrated.backward_transient(GENERIC, settings)
-    # what the backward holds beyond the static part: the step's peak holds more
-    assert 0 < transient < _beyond_weights(generic)
-    share = _backward_share(f"full/{'on' if gc is Checkpointing.ON else 'off'}")
+    # what the calibration measured the share against: the hand-read model priced as the
+    # generic reading prices it
+    transient = calibrated.backward_transient(LLAMA, settings)
+    assert transient == calibrated.backward_transient(GENERIC, settings)
+    assert 0 < transient < _beyond_weights(generic)  # the step holds more
+    share = _backward_share("full/on")
     slack = transient * share.numerator // share.denominator
     assert generic.components["allocator_slack"] == slack
-    # the share of the peak's beyond-weights that gives the same bytes on one GPU
-    assert Fraction(*generic.reserve_share) == Fraction(slack, _beyond_weights(generic))
     assert generic.total_bytes - slack == hand.total_bytes - hand.components["allocator_slack"]
+    # a device map's GPUs carry the same reserve in proportion to what each holds
+    pairs = ((generic.sharded_bytes, generic.replicated_bytes), *generic.moments)
+    held = max(s // 2 + r for s, r in pairs)
+    tensors = held - generic.fixed_bytes - generic.resident_bytes // 2
+    expected = held + tensors * slack // _beyond_weights(generic)
+    assert generic.per_gpu_bytes(2, Parallelism.DEVICE_MAP) == expected
 
 
 def test_the_backward_grows_with_the_batch_as_the_step_does_not() -> None:
@@ -164,3 +182,20 @@ def test_the_real_size_models_are_hand_read_and_apart_from_the_small_ones() -> N
     presets = calibrate_allocator.REAL_SIZE_PRESETS
     assert all(read_by_hand(load_preset(name)) for name in presets)
     assert not set(presets) & set(calibrate_allocator.PRESETS)
+
+
+def test_the_real_size_run_traces_checkpointing_on_on_one_gpu() -> None:
+    runs = calibrate_allocator.tasks(real_size=True, methods=(Method.FULL,))
+    assert {(method, gc, parallelism) for method, gc, _, _, _, parallelism, _ in runs} == {
+        ("full", "on", "")
+    }
+    assert len(runs) == len(calibrate_allocator.REAL_SIZE_PRESETS) * len(calibrate_allocator.SIZES)
+
+
+def test_methods_without_real_size_are_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["calibrate_allocator", "--methods", "full"])
+    with pytest.raises(SystemExit):
+        calibrate_allocator.main()
+    assert "--methods: only with --real-size" in capsys.readouterr().err
