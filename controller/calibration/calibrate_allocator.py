@@ -217,6 +217,11 @@ def section(shares: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     }
 
 
+def _on(groups: dict[str, Any]) -> dict[str, Any]:
+    """The groups with checkpointing on (the only ones the real-size run measures)."""
+    return {key: value for key, value in groups.items() if key.endswith("/on")}
+
+
 def real_size_section(
     shares: dict[str, dict[str, list[float]]], before: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -234,8 +239,8 @@ def real_size_section(
         "as the generic reading prices it (calibrated.backward_transient), the median",
         "presets": list(REAL_SIZE_PRESETS),
         "sizes": [list(s) for s in SIZES],
-        "groups": before.get("groups", {}) | summary(adapters),
-        "backward": before.get("backward", {}) | summary(shares.get("backward", {})),
+        "groups": _on(before.get("groups", {})) | summary(adapters),
+        "backward": _on(before.get("backward", {})) | summary(shares.get("backward", {})),
     }
 
 
@@ -254,7 +259,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     methods = tuple(Method.parse(m, "--methods") for m in args.methods.split(","))
-    if methods != METHODS and not args.real_size:
+    if set(methods) != set(METHODS) and not args.real_size:
         parser.error("--methods: only with --real-size (the small models' run traces all)")
     path = Path(str(resources.files("controller.estimator").joinpath("calibration.json")))
     data = json.loads(path.read_text())

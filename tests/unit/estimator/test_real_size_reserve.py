@@ -151,10 +151,14 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
         "": {"full/on": [0.01, 0.3, 0.02], "lora/on": [0.3, 0.4, 0.2]},
         "backward": {"full/on": [0.9, 0.5, 0.8]},
     }
-    kept = {"groups": {"qlora/on": {"share": 0.33}}, "backward": {"full/off": {"share": 0.7}}}
+    kept = {
+        "groups": {"qlora/on": {"share": 0.33}, "qlora/off": {"share": 0.05}},
+        "backward": {"full/off": {"share": 0.7}},
+    }
     part = calibrate_allocator.real_size_section(shares, kept)
     assert part["presets"] == list(calibrate_allocator.REAL_SIZE_PRESETS)
     assert "full/on" not in part["groups"]  # full fine-tuning goes by its backward
+    assert "qlora/off" not in part["groups"] and "full/off" not in part["backward"]
     data: dict[str, Any] = {
         "allocator": {"groups": {"full/on": {"share": 0.16}}, "real_size": part}
     }
@@ -173,7 +177,7 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
     assert Fraction(*lora) == Fraction("0.3")  # the median
     assert Fraction(*qlora) == Fraction("0.33")  # kept: not measured this time
     assert Fraction(*full) == Fraction("0.16")  # no real-size group: the small models'
-    assert backward == (Fraction("0.8").as_integer_ratio(), Fraction("0.7").as_integer_ratio())
+    assert backward == (Fraction("0.8").as_integer_ratio(), None)
 
 
 def test_the_real_size_models_are_hand_read_and_apart_from_the_small_ones() -> None:
@@ -199,3 +203,35 @@ def test_methods_without_real_size_are_refused(
     with pytest.raises(SystemExit):
         calibrate_allocator.main()
     assert "--methods: only with --real-size" in capsys.readouterr().err
+
+
+def test_the_backward_is_priced_with_the_fit_a_generic_family_gets() -> None:
+    """Gemma-2's own fit keeps other moments than the dense generic one (Llama's): the
+    calibration must measure the share on what the generic reading multiplies it by."""
+    gemma = load_shape("gemma-2-9b")
+    settings = TrainingSettings(method=Method.FULL, rank=None)
+    as_generic = calibrated.backward_transient(gemma, settings)
+    assert as_generic == calibrated.backward_transient(replace(gemma, model_type="phi"), settings)
+    own = calibrated.estimate(gemma, settings)
+    moments = calibrated._moments(calibrated._fit_of(gemma, settings), Method.FULL, "on", "sdpa")
+    by_own_fit = max(
+        r - own.fixed_bytes for m, (_, r) in zip(moments, own.moments, strict=False) if not m[1]
+    )
+    assert by_own_fit != as_generic
+
+
+def test_the_backward_is_for_full_fine_tuning_only() -> None:
+    with pytest.raises(ValueError, match="full fine-tuning only"):
+        calibrated.backward_transient(LLAMA, SETTINGS["lora/on"])
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_generic_moe_is_never_charged_less_than_the_small_models_share(batch: int) -> None:
+    moe = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
+    settings = TrainingSettings(method=Method.FULL, rank=None, batch=batch)
+    est = calibrated.estimate(moe, settings)
+    backward, small = _backward_share("full/on"), _share("full/on", False)
+    by_backward = calibrated.backward_transient(moe, settings) * backward.numerator
+    by_backward //= backward.denominator
+    by_peak = _beyond_weights(est) * small.numerator // small.denominator
+    assert est.components["allocator_slack"] == max(by_backward, by_peak)
