@@ -444,7 +444,8 @@ def backward_share(gc: str) -> tuple[int, int] | None:
     scratch. It grows with the batch as the activations do, while the step's own tensors do
     not: traced at real size with checkpointing on, the reserve was 0.5-21 % of what the
     step holds beyond the weights at batch 1 and up to 53 % at batch 4, so no share of that
-    is right at both."""
+    is right at both. An MoE is charged at least the small models' share of the peak
+    (`estimate`): the fit that prices it has a backward that does not follow the batch."""
     entry = calibration().get("allocator", {}).get("real_size", {}).get("backward", {})
     found = entry.get(f"full/{gc}") if gc == "on" else None
     if found is None:
