@@ -659,7 +659,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         slack = transient * backward[0] // backward[1]
         if shape.dims.num_experts > 1 and share[0] >= 0:
             # An MoE read generically is priced with the gpt_oss fit, whose backward grows
-            # 1.3 x from batch 1 to 4 where four hand-read MoEs' traced reserve grew 5-8 x:
+            # 1.3 x from batch 1 to 4 where four hand-read MoEs' traced reserve grew 5-9 x:
             # never less than the small models' share of the peak.
             slack = max(slack, (best - weights - paged) * share[0] // share[1])
         share = (slack, best - weights - paged)  # of the peak's, for the per-GPU figures
