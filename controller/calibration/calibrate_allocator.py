@@ -15,11 +15,14 @@ and with `--write` stores each group's median share in calibration.json's `alloc
 section, with the spread it came from (the samples' minimum and maximum) so a reader sees how
 far one share reaches.
 
-A family read generically (no hand reading) is charged the shares of real-size models
+A family read generically (no hand reading) is charged what real-size models reserve
 instead, with checkpointing on (`--real-size`: hand-read models of 3 to 30 B traced at
-their whole depth, one GPU; `real_size` in the section): its adapters that share, its full
-fine-tuning a share of what its backward holds (`calibrated.backward_share`). The hand-read
-families keep the small models' shares, to which their pinned figures were fitted.
+their whole depth, one GPU; `real_size` in the section): a dense model's adapters the
+least-squares fit of those runs' reserve to bytes per logit, per parameter of the model and
+per token x hidden unit (`adapters`; `calibrated.adapter_reserve`), an MoE's adapters their
+median share, its full fine-tuning a share of what its backward holds
+(`calibrated.backward_share`). The hand-read families keep the small models' shares, to
+which their pinned figures were fitted.
 
 A rank of a data-parallel job reserves differently from the same job on one GPU: FSDP2's
 all-gather and reduce-scatter buffers live on streams of their own, whose cached blocks the
@@ -51,6 +54,7 @@ from controller.estimator import (
     static_bytes,
 )
 from controller.estimator.calibrated import backward_transient
+from controller.estimator.model.shape import ModelShape
 from controller.estimator.settings import Parallelism
 
 PRESETS = ("qwen2.5-0.5b", "llama-3.2-1b")
@@ -91,6 +95,9 @@ SPREADS = ((Parallelism.FSDP, 2), (Parallelism.FSDP, 8), (Parallelism.DDP, 2))
 #: One traced run: (method, checkpointing, preset, batch, sequence, parallelism value or ""
 #: for one GPU, world size).
 Task = tuple[str, str, str, int, int, str, int]
+#: An adapter run's features for the `adapters` fit: (logits, the model's parameters,
+#: tokens x hidden size).
+Features = tuple[int, int, int]
 
 
 def group_key(method: Method, gc: Checkpointing) -> str:
@@ -124,11 +131,12 @@ def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> lis
     ]
 
 
-def trace_one(task: Task) -> tuple[Task, int, int, int, int]:
+def trace_one(task: Task) -> tuple[Task, int, int, int, int, Features | None]:
     """Trace one run (one GPU, or one rank at its world size): its tensor peak, the
-    allocator replay's reserved peak, the whole model's weights, and, for a full
-    fine-tuning on one GPU, what calibrated's backward holds beyond its static part as the
-    generic reading prices it (`calibrated.backward_transient`; 0 for the rest)."""
+    allocator replay's reserved peak, the whole model's weights, for a full fine-tuning on
+    one GPU what calibrated's backward holds beyond its static part as the generic reading
+    prices it (`calibrated.backward_transient`; 0 for the rest), and for the adapters of a
+    dense model on one GPU the `adapters` fit's features (`adapter_features`)."""
     from controller.trace.distributed import Distributed, trace_distributed_run
     from controller.trace.run import trace_run
 
@@ -150,18 +158,58 @@ def trace_one(task: Task) -> tuple[Task, int, int, int, int]:
     weights = static_bytes(shape, settings).weights
     full = settings.method is Method.FULL and not parallelism
     transient = backward_transient(shape, settings) if full else 0
-    return task, result.peak, result.reserved, weights, transient
+    dense = shape.dims.num_experts <= 1
+    features = adapter_features(shape, settings) if dense and not full and not parallelism else None
+    return task, result.peak, result.reserved, weights, transient, features
+
+
+def adapter_features(shape: ModelShape, settings: TrainingSettings) -> Features:
+    """What `calibrated.adapter_reserve` multiplies: the loss's logits (tokens x vocabulary),
+    the model's parameters, and tokens x hidden size."""
+    tokens = settings.batch * settings.lm_seq_len
+    parameters = static_bytes(shape, settings).total_params
+    return tokens * shape.vocab_size, parameters, tokens * shape.hidden_size
+
+
+def adapter_fit(samples: list[tuple[int, Features]]) -> dict[str, Any]:
+    """The least-squares (reserved - tensor peak) = a x logits + b x the model's parameters +
+    c x tokens x hidden over the real-size adapter runs, no constant term (a job with none
+    of these reserves nothing), and how far its runs fall from it in MiB."""
+    import numpy as np  # the trace extra's, as torch is
+
+    x = np.array([features for _, features in samples], dtype=float)
+    y = np.array([reserve for reserve, _ in samples], dtype=float)
+    coefficients = np.linalg.lstsq(x, y, rcond=None)[0]
+    a, b, c = (float(f"{v:.6g}") for v in coefficients)
+    if min(a, b, c) < 0:  # each term is bytes the allocator caches: none can take any away
+        raise ValueError(
+            f"adapters fit: a negative term ({a} per logit, {b} per parameter, {c} per token "
+            "x hidden unit): the runs do not follow the fit's terms; not written"
+        )
+    misses = [(a * f[0] + b * f[1] + c * f[2] - r) / 2**20 for r, f in samples]
+    return {
+        "per_logit": a,
+        "per_model_param": b,
+        "per_token_hidden": c,
+        "samples": len(samples),
+        "under_mib": round(-min(misses)),
+        "over_mib": round(max(misses)),
+    }
 
 
 def measure(
-    workers: int, real_size: bool = False, methods: tuple[Method, ...] = METHODS
+    workers: int,
+    real_size: bool = False,
+    methods: tuple[Method, ...] = METHODS,
+    adapters: list[tuple[int, Features]] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Shares by spread ("" one GPU, else "fsdp" / "ddp") and group; with `real_size`, full
-    fine-tuning's on the backward's transient bytes as well ("backward")."""
+    fine-tuning's on the backward's transient bytes as well ("backward"), and each dense
+    model's adapter run (reserve, features) appended to `adapters`."""
     shares: dict[str, dict[str, list[float]]] = {}
     runs = tasks(real_size, methods)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for task, peak, reserved, weights, transient in pool.map(trace_one, runs):
+        for task, peak, reserved, weights, transient, features in pool.map(trace_one, runs):
             method, gc, preset, batch, seq, parallelism, world_size = task
             key = group_key(
                 Method.parse(method, "method"), Checkpointing.parse(gc, "gradient_checkpointing")
@@ -171,6 +219,8 @@ def measure(
             if real_size and transient > 0:
                 backward = (reserved - peak) / transient
                 shares.setdefault("backward", {}).setdefault(key, []).append(backward)
+            if real_size and features is not None and adapters is not None:
+                adapters.append((reserved - peak, features))
             spread = f"{parallelism or 'one'}@{world_size}"
             print(
                 f"{spread:7} {key:10} {preset:16} b={batch} s={seq}: peak "
@@ -223,24 +273,32 @@ def _on(groups: dict[str, Any]) -> dict[str, Any]:
 
 
 def real_size_section(
-    shares: dict[str, dict[str, list[float]]], before: dict[str, Any] | None = None
+    shares: dict[str, dict[str, list[float]]],
+    before: dict[str, Any] | None = None,
+    adapters: list[tuple[int, Features]] | None = None,
 ) -> dict[str, Any]:
     """The `real_size` part of the section: the one-GPU groups of the real-size models'
-    adapters (`groups`) and full fine-tuning's share of its backward (`backward`). Groups
-    not measured this time are kept from `before`."""
+    adapters (`groups`), full fine-tuning's share of its backward (`backward`) and the dense
+    models' adapter fit (`adapters`, from the (reserve, features) runs). What was not
+    measured this time is kept from `before`."""
     before = before or {}
-    adapters = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
+    fit = {"on": adapter_fit(adapters)} if adapters else dict(before.get("adapters", {}))
+    groups = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
     return {
         "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU with "
         "checkpointing on, charged to a family read generically (python -m "
         "controller.calibration.calibrate_allocator --real-size). `groups`: LoRA and QLoRA, "
         "the same share as above. `backward`: full fine-tuning, (reserved - tensor peak) / "
         "what calibrated's backward holds beyond the weights, optimizer state and gradients "
-        "as the generic reading prices it (calibrated.backward_transient), the median",
+        "as the generic reading prices it (calibrated.backward_transient), the median. "
+        "`adapters`: LoRA and QLoRA of the dense models, (reserved - tensor peak) fitted by "
+        "least squares to bytes per logit, per parameter of the model and per token x hidden "
+        "unit (calibrated.adapter_reserve), with the runs' worst misses in MiB",
         "presets": list(REAL_SIZE_PRESETS),
         "sizes": [list(s) for s in SIZES],
-        "groups": _on(before.get("groups", {})) | summary(adapters),
+        "groups": _on(before.get("groups", {})) | summary(groups),
         "backward": _on(before.get("backward", {})) | summary(shares.get("backward", {})),
+        "adapters": fit,
     }
 
 
@@ -265,9 +323,13 @@ def main() -> None:
     data = json.loads(path.read_text())
     if args.real_size:
         allocator = dict(data.get("allocator", {}))
+        # The fit is of LoRA and QLoRA together: refitted only when both were traced.
+        adapters: list[tuple[int, Features]] = []
+        both = {Method.LORA, Method.QLORA} <= set(methods)
         allocator["real_size"] = real_size_section(
-            measure(args.workers, real_size=True, methods=methods),
+            measure(args.workers, real_size=True, methods=methods, adapters=adapters),
             allocator.get("real_size"),
+            adapters if both else None,
         )
         print(json.dumps(allocator["real_size"], indent=2))
     else:

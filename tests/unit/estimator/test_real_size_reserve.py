@@ -1,10 +1,12 @@
-"""A family read generically is charged the allocator share of real-size models; a hand-read
+"""A family read generically is charged the allocator reserve of real-size models; a hand-read
 family keeps the small models' share its pinned figures were fitted with.
 
 The same Llama shape is priced twice, once as itself and once under a model type no hand
 reading reads (the generic reading prices a dense model with the Llama fit, so every
 component but the reserve is the same): the reserve must be each group's share of what the
-GPU holds beyond its weights, read from the data file here and written out again.
+GPU holds beyond its weights, or for a dense model's adapters the real-size fit's bytes per
+logit, parameter of the model and token x hidden unit, read from the data file here and
+written out again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from controller.calibration import calibrate_allocator
 from controller.estimator import Checkpointing, Method, TrainingSettings, calibrated, load_shape
 from controller.estimator.model.families import FAMILIES
 from controller.estimator.result import Estimate
-from controller.estimator.settings import Parallelism
+from controller.estimator.settings import (
+    KbitPreparation,
+    Loss,
+    Parallelism,
+    Precision,
+    Switches,
+)
 
 LLAMA = load_shape("llama-3.1-8b")
 GENERIC = replace(LLAMA, model_type="phi")  # a type no hand reading reads
@@ -61,18 +69,122 @@ def test_a_hand_read_family_keeps_the_small_models_share(key: str) -> None:
     assert Fraction(*est.reserve_share) == share
 
 
+def _adapter_fit() -> dict[str, float]:
+    return dict(calibrated.calibration()["allocator"]["real_size"]["adapters"]["on"])
+
+
+def _fitted_reserve(settings: TrainingSettings, shape: Any = LLAMA) -> int:
+    fit = _adapter_fit()
+    tokens = settings.batch * settings.lm_seq_len
+    parameters = calibrated.static_bytes(shape, settings).total_params
+    return round(
+        fit["per_logit"] * tokens * shape.vocab_size
+        + fit["per_model_param"] * parameters
+        + fit["per_token_hidden"] * tokens * shape.hidden_size
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
-def test_a_generic_family_s_adapters_are_charged_the_real_size_share(method: Method) -> None:
-    settings = TrainingSettings(method=method, rank=16)
-    key = f"{method.value}/on"
+def test_a_generic_dense_family_s_adapters_are_charged_the_real_size_fit(
+    method: Method, batch: int
+) -> None:
+    settings = TrainingSettings(method=method, rank=16, batch=batch)
     hand = calibrated.estimate(LLAMA, settings)
     generic = calibrated.estimate(GENERIC, settings)
-    small, real = _share(key, False), _share(key, True)
-    assert small != real  # the data file tells them apart, so the checks below can fail
-    slack = _beyond_weights(generic) * real.numerator // real.denominator
+    slack = _fitted_reserve(settings)
+    assert slack > 0
     assert generic.components["allocator_slack"] == slack
+    assert generic.reserve_share == (slack, _beyond_weights(generic))
+    real = _share(f"{method.value}/on", True)
+    by_share = _beyond_weights(generic) * real.numerator // real.denominator
+    assert slack != by_share  # not the share it was charged before, so the check can fail
     others = {k: v for k, v in generic.components.items() if k != "allocator_slack"}
     assert others == {k: v for k, v in hand.components.items() if k != "allocator_slack"}
+
+
+def test_the_adapters_reserve_follows_the_tokens_not_the_rank() -> None:
+    """The fit's terms move the reserve where a share of the peak did not: four times the
+    tokens add the logits' and hidden states' terms three times over. A higher rank adds
+    only what the rank adds to the model's parameters: traced, the reserve did not grow with
+    it (Granite-3.3-8B LoRA 1,372 MiB at rank 16, 1,299 at 64), where a share of the peak,
+    which holds the adapters' states, would."""
+    fit = _adapter_fit()
+    one, four = (TrainingSettings(method=Method.QLORA, rank=16, batch=b) for b in (1, 4))
+    grown = calibrated.estimate(GENERIC, four).components["allocator_slack"]
+    grown -= calibrated.estimate(GENERIC, one).components["allocator_slack"]
+    tokens = 3 * one.lm_seq_len
+    per_token = fit["per_logit"] * LLAMA.vocab_size + fit["per_token_hidden"] * LLAMA.hidden_size
+    assert abs(grown - tokens * per_token) <= 1
+    wide = TrainingSettings(method=Method.QLORA, rank=64)
+    added = calibrated.estimate(GENERIC, wide).components["allocator_slack"]
+    added -= calibrated.estimate(GENERIC, one).components["allocator_slack"]
+    more = calibrated.static_bytes(LLAMA, wide).total_params
+    more -= calibrated.static_bytes(LLAMA, one).total_params
+    assert more > 0 and abs(added - fit["per_model_param"] * more) <= 1
+    assert added < calibrated.static_bytes(LLAMA, wide).optimizer // 100
+
+
+def test_image_tokens_count_as_the_language_model_s_tokens() -> None:
+    """A vision-language job's image tokens run through the language model beside its text
+    (`lm_seq_len`): they make logits and hidden states as text tokens do."""
+    text = TrainingSettings(method=Method.QLORA, rank=16, seq_len=2048)
+    mixed = TrainingSettings(method=Method.QLORA, rank=16, seq_len=1024, image_tokens=1024)
+    assert mixed.lm_seq_len == text.lm_seq_len
+    slack = calibrated.estimate(GENERIC, mixed).components["allocator_slack"]
+    assert slack == _fitted_reserve(mixed) == calibrated.estimate(GENERIC, text).components[
+        "allocator_slack"
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param({"switches": Switches(loss=Loss.CHUNKED)}, id="chunked-loss"),
+        pytest.param({"fused_loss": True}, id="fused-loss"),
+        pytest.param({"precision": Precision.FP32}, id="fp32"),
+        pytest.param(
+            {"switches": Switches(kbit_preparation=KbitPreparation.UPCAST_NON_QUANTIZED)},
+            id="upcast",
+        ),
+        pytest.param({"modules_to_save": ("lm_head",)}, id="modules-to-save"),
+        pytest.param({"rank": calibrated.ADAPTER_FIT_MAX_RANK * 2}, id="rank-128"),
+    ],
+)
+def test_adapters_the_fit_did_not_measure_keep_the_real_size_share(case: dict[str, Any]) -> None:
+    """The fit's runs had the plain loss, 16-bit training, the default switches, no
+    `modules_to_save` and rank 16: a chunked or fused loss holds no whole fp32 logits to
+    cache, fp32 and an upcast double what the hidden-state term counts, and the step of a
+    saved LM head or a high rank allocates states far larger than the runs' adapters'."""
+    settings = TrainingSettings(**({"method": Method.LORA, "rank": 16} | case))
+    generic = calibrated.estimate(GENERIC, settings)
+    real = _share("lora/on", True)
+    slack = _beyond_weights(generic) * real.numerator // real.denominator
+    assert generic.components["allocator_slack"] == slack
+
+
+@pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
+def test_a_generic_moe_s_adapters_keep_the_real_size_share(method: Method) -> None:
+    """The fit's runs are the dense models': an MoE's experts cache blocks of their own."""
+    moe = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
+    settings = TrainingSettings(method=method, rank=16)
+    est = calibrated.estimate(moe, settings)
+    small, real = _share(f"{method.value}/on", False), _share(f"{method.value}/on", True)
+    assert small != real  # the data file tells them apart, so the check below can fail
+    assert est.components["allocator_slack"] == _beyond_weights(est) * real.numerator // (
+        real.denominator
+    )
+
+
+def test_a_device_map_spreads_the_fitted_reserve_as_each_gpu_holds() -> None:
+    settings = TrainingSettings(method=Method.QLORA, rank=16)
+    generic = calibrated.estimate(GENERIC, settings)
+    slack = generic.components["allocator_slack"]
+    pairs = ((generic.sharded_bytes, generic.replicated_bytes), *generic.moments)
+    held = max(s // 2 + r for s, r in pairs)
+    tensors = held - generic.fixed_bytes - generic.resident_bytes // 2
+    expected = held + tensors * slack // _beyond_weights(generic)
+    assert generic.per_gpu_bytes(2, Parallelism.DEVICE_MAP) == expected
 
 
 @pytest.mark.parametrize("method", list(Method))
@@ -133,6 +245,7 @@ def test_a_file_without_real_size_shares_charges_the_small_models_share(
     monkeypatch.setattr(calibrated, "calibration", lambda: data)
     calibrated.allocator_share.cache_clear()
     calibrated.backward_share.cache_clear()
+    calibrated.adapter_reserve.cache_clear()
     try:
         lora = calibrated.estimate(GENERIC, SETTINGS["lora/on"])
         full = calibrated.estimate(GENERIC, SETTINGS["full/on"])
@@ -140,6 +253,7 @@ def test_a_file_without_real_size_shares_charges_the_small_models_share(
         monkeypatch.undo()
         calibrated.allocator_share.cache_clear()
         calibrated.backward_share.cache_clear()
+        calibrated.adapter_reserve.cache_clear()
     assert Fraction(*lora.reserve_share) == _share("lora/on", False)
     assert Fraction(*full.reserve_share) == _share("full/on", False)
 
@@ -155,7 +269,24 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
         "groups": {"qlora/on": {"share": 0.33}, "qlora/off": {"share": 0.05}},
         "backward": {"full/off": {"share": 0.7}},
     }
-    part = calibrate_allocator.real_size_section(shares, kept)
+    # runs reserving exactly 2.5 B per logit, 0.05 per parameter, 60 per token x
+    # hidden unit, but one: the fit recovers the rule and says how far that run is from it
+    features = [
+        (2048 * 49_155, 8_200_000_000, 2048 * 4096),
+        (8192 * 128_256, 3_100_000_000, 8192 * 2048),
+        (2048 * 32_000, 12_000_000_000, 2048 * 5120),
+        (4096 * 151_936, 7_600_000_000, 4096 * 3584),
+    ]
+    runs = [(round(2.5 * f[0] + 0.05 * f[1] + 60 * f[2]), f) for f in features]
+    odd = (4096 * 50_000, 9_000_000_000, 4096 * 4096)
+    runs.append((round(2.5 * odd[0] + 0.05 * odd[1] + 60 * odd[2]) + (64 << 20), odd))
+    part = calibrate_allocator.real_size_section(shares, kept, runs[:-1])
+    fit = part["adapters"]["on"]
+    assert (fit["per_logit"], fit["per_model_param"], fit["per_token_hidden"]) == (2.5, 0.05, 60)
+    assert (fit["samples"], fit["under_mib"], fit["over_mib"]) == (4, 0, 0)
+    off = calibrate_allocator.real_size_section(shares, kept, runs)["adapters"]["on"]
+    assert off["samples"] == 5 and off["under_mib"] > 0 and off["over_mib"] > 0
+    assert calibrate_allocator.real_size_section(shares, part)["adapters"] == part["adapters"]
     assert part["presets"] == list(calibrate_allocator.REAL_SIZE_PRESETS)
     assert "full/on" not in part["groups"]  # full fine-tuning goes by its backward
     assert "qlora/off" not in part["groups"] and "full/off" not in part["backward"]
@@ -165,19 +296,23 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
     monkeypatch.setattr(calibrated, "calibration", lambda: data)
     calibrated.allocator_share.cache_clear()
     calibrated.backward_share.cache_clear()
+    calibrated.adapter_reserve.cache_clear()
     try:
         lora = calibrated.allocator_share(Method.LORA, "on", "", True)
         qlora = calibrated.allocator_share(Method.QLORA, "on", "", True)
         full = calibrated.allocator_share(Method.FULL, "on", "", True)
         backward = calibrated.backward_share("on"), calibrated.backward_share("off")
+        adapters = calibrated.adapter_reserve("on"), calibrated.adapter_reserve("off")
     finally:
         monkeypatch.undo()
         calibrated.allocator_share.cache_clear()
         calibrated.backward_share.cache_clear()
+        calibrated.adapter_reserve.cache_clear()
     assert Fraction(*lora) == Fraction("0.3")  # the median
     assert Fraction(*qlora) == Fraction("0.33")  # kept: not measured this time
     assert Fraction(*full) == Fraction("0.16")  # no real-size group: the small models'
     assert backward == (Fraction("0.8").as_integer_ratio(), None)
+    assert adapters == ((2.5, 0.05, 60.0), None)
 
 
 def test_the_real_size_models_are_hand_read_and_apart_from_the_small_ones() -> None:
@@ -235,3 +370,27 @@ def test_a_generic_moe_is_never_charged_less_than_the_small_models_share(batch: 
     by_backward //= backward.denominator
     by_peak = _beyond_weights(est) * small.numerator // small.denominator
     assert est.components["allocator_slack"] == max(by_backward, by_peak)
+
+
+def test_a_fit_that_would_take_bytes_away_charges_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = dict(calibrated.calibration())
+    fit = {"per_logit": -50.0, "per_model_param": 0.05, "per_token_hidden": 60.0}
+    allocator = dict(data["allocator"])
+    allocator["real_size"] = dict(allocator["real_size"]) | {"adapters": {"on": fit}}
+    data["allocator"] = allocator
+    monkeypatch.setattr(calibrated, "calibration", lambda: data)
+    calibrated.adapter_reserve.cache_clear()
+    try:
+        est = calibrated.estimate(GENERIC, TrainingSettings(method=Method.LORA, rank=16))
+    finally:
+        monkeypatch.undo()
+        calibrated.adapter_reserve.cache_clear()
+    assert est.components["allocator_slack"] == 0
+    assert est.reserve_share == (0, _beyond_weights(est))
+
+
+def test_the_script_refuses_a_fit_with_a_negative_term() -> None:
+    features = [(1000, 10, 100), (2000, 10, 100), (3000, 10, 100), (1000, 20, 300)]
+    runs = [(10**6 - 100 * f[0], f) for f in features]  # less reserve as the logits grow
+    with pytest.raises(ValueError, match="negative term"):
+        calibrate_allocator.adapter_fit(runs)
