@@ -85,6 +85,12 @@ REAL_SIZE_PRESETS = (
     "qwen2.5-14b",
     "qwen3-30b-a3b",
 )
+#: Hand-read MoEs traced at real size for full fine-tuning only, for the bytes per logit a
+#: generic MoE's full fine-tuning is charged (`moe_full`; `calibrated.moe_full_reserve`):
+#: their reserve grew 5-9 x from batch 1 to 4, as their logits do, where the backward the
+#: generic MoE fit prices grew 1.3 x. Only Qwen3-30B-A3B is among the presets above, whose
+#: shares these would move.
+REAL_SIZE_MOES = ("qwen3-30b-a3b", "ernie-4.5-21b-a3b", "gpt-oss-20b", "mixtral-8x7b")
 METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 CHECKPOINTING = (Checkpointing.ON, Checkpointing.OFF)
 #: The spreads traced beyond one GPU, (parallelism, world size): FSDP2 on a small and a
@@ -121,7 +127,7 @@ def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> lis
     # Real size, checkpointing on only: off, the generic reading measured further from the
     # trace with the real-size shares than with the small models' (calibrated keeps those).
     checkpointing = (Checkpointing.ON,) if real_size else CHECKPOINTING
-    return [
+    runs = [
         (method.value, gc.value, preset, batch, seq, parallelism, world_size)
         for parallelism, world_size in spreads
         for method in methods
@@ -129,14 +135,19 @@ def tasks(real_size: bool = False, methods: tuple[Method, ...] = METHODS) -> lis
         for preset in presets
         for batch, seq in SIZES
     ]
+    if real_size and Method.FULL in methods:
+        moes = [preset for preset in REAL_SIZE_MOES if preset not in presets]
+        on = Checkpointing.ON.value
+        runs += [("full", on, preset, b, seq, "", 1) for preset in moes for b, seq in SIZES]
+    return runs
 
 
 def trace_one(task: Task) -> tuple[Task, int, int, int, int, Features | None]:
     """Trace one run (one GPU, or one rank at its world size): its tensor peak, the
     allocator replay's reserved peak, the whole model's weights, for a full fine-tuning on
     one GPU what calibrated's backward holds beyond its static part as the generic reading
-    prices it (`calibrated.backward_transient`; 0 for the rest), and for the adapters of a
-    dense model on one GPU the `adapters` fit's features (`adapter_features`)."""
+    prices it (`calibrated.backward_transient`; 0 for the rest), and on one GPU the fits'
+    features (`adapter_features`)."""
     from controller.trace.distributed import Distributed, trace_distributed_run
     from controller.trace.run import trace_run
 
@@ -158,8 +169,7 @@ def trace_one(task: Task) -> tuple[Task, int, int, int, int, Features | None]:
     weights = static_bytes(shape, settings).weights
     full = settings.method is Method.FULL and not parallelism
     transient = backward_transient(shape, settings) if full else 0
-    dense = shape.dims.num_experts <= 1
-    features = adapter_features(shape, settings) if dense and not full and not parallelism else None
+    features = adapter_features(shape, settings) if not parallelism else None
     return task, result.peak, result.reserved, weights, transient, features
 
 
@@ -197,20 +207,43 @@ def adapter_fit(samples: list[tuple[int, Features]]) -> dict[str, Any]:
     }
 
 
+def moe_full_fit(samples: list[tuple[int, Features]]) -> dict[str, Any]:
+    """The least-squares (reserved - tensor peak) = a x logits over the MoEs' full
+    fine-tuning runs (through the origin: a = sum(xy) / sum(x^2)), and how far its runs
+    fall from it in MiB."""
+    logits = [features[0] for _, features in samples]
+    a = sum(x * r for x, (r, _) in zip(logits, samples, strict=True)) / sum(x * x for x in logits)
+    a = float(f"{a:.6g}")
+    misses = [(a * x - r) / 2**20 for x, (r, _) in zip(logits, samples, strict=True)]
+    return {
+        "per_logit": a,
+        "samples": len(samples),
+        "under_mib": round(-min(misses)),
+        "over_mib": round(max(misses)),
+    }
+
+
 def measure(
     workers: int,
     real_size: bool = False,
     methods: tuple[Method, ...] = METHODS,
     adapters: list[tuple[int, Features]] | None = None,
+    moes: list[tuple[int, Features]] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Shares by spread ("" one GPU, else "fsdp" / "ddp") and group; with `real_size`, full
-    fine-tuning's on the backward's transient bytes as well ("backward"), and each dense
-    model's adapter run (reserve, features) appended to `adapters`."""
+    fine-tuning's on the backward's transient bytes as well ("backward"), each dense
+    model's adapter run (reserve, features) appended to `adapters` and each MoE's full
+    fine-tuning to `moes`. The MoEs traced for `moes` alone leave the shares as they are."""
     shares: dict[str, dict[str, list[float]]] = {}
     runs = tasks(real_size, methods)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for task, peak, reserved, weights, transient, features in pool.map(trace_one, runs):
             method, gc, preset, batch, seq, parallelism, world_size = task
+            moe, full = preset in REAL_SIZE_MOES, method == Method.FULL.value
+            if real_size and features is not None and moes is not None and moe and full:
+                moes.append((reserved - peak, features))
+            if real_size and preset not in REAL_SIZE_PRESETS:
+                continue  # traced for the MoE fit only
             key = group_key(
                 Method.parse(method, "method"), Checkpointing.parse(gc, "gradient_checkpointing")
             )
@@ -219,7 +252,8 @@ def measure(
             if real_size and transient > 0:
                 backward = (reserved - peak) / transient
                 shares.setdefault("backward", {}).setdefault(key, []).append(backward)
-            if real_size and features is not None and adapters is not None:
+            adapter = not full and not moe
+            if real_size and features is not None and adapters is not None and adapter:
                 adapters.append((reserved - peak, features))
             spread = f"{parallelism or 'one'}@{world_size}"
             print(
@@ -276,13 +310,16 @@ def real_size_section(
     shares: dict[str, dict[str, list[float]]],
     before: dict[str, Any] | None = None,
     adapters: list[tuple[int, Features]] | None = None,
+    moes: list[tuple[int, Features]] | None = None,
 ) -> dict[str, Any]:
     """The `real_size` part of the section: the one-GPU groups of the real-size models'
-    adapters (`groups`), full fine-tuning's share of its backward (`backward`) and the dense
-    models' adapter fit (`adapters`, from the (reserve, features) runs). What was not
-    measured this time is kept from `before`."""
+    adapters (`groups`), full fine-tuning's share of its backward (`backward`), the dense
+    models' adapter fit (`adapters`) and the MoEs' full fine-tuning fit (`moe_full`), each
+    fit from its (reserve, features) runs. What was not measured this time is kept from
+    `before`."""
     before = before or {}
     fit = {"on": adapter_fit(adapters)} if adapters else dict(before.get("adapters", {}))
+    moe_fit = {"on": moe_full_fit(moes)} if moes else dict(before.get("moe_full", {}))
     groups = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
     return {
         "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU with "
@@ -293,12 +330,15 @@ def real_size_section(
         "as the generic reading prices it (calibrated.backward_transient), the median. "
         "`adapters`: LoRA and QLoRA of the dense models, (reserved - tensor peak) fitted by "
         "least squares to bytes per logit, per parameter of the model and per token x hidden "
-        "unit (calibrated.adapter_reserve), with the runs' worst misses in MiB",
+        "unit (calibrated.adapter_reserve), with the runs' worst misses in MiB. `moe_full`: "
+        "full fine-tuning of the MoEs listed there, (reserved - tensor peak) fitted to bytes "
+        "per logit (calibrated.moe_full_reserve)",
         "presets": list(REAL_SIZE_PRESETS),
         "sizes": [list(s) for s in SIZES],
         "groups": _on(before.get("groups", {})) | summary(groups),
         "backward": _on(before.get("backward", {})) | summary(shares.get("backward", {})),
         "adapters": fit,
+        "moe_full": moe_fit | ({"presets": list(REAL_SIZE_MOES)} if moes else {}),
     }
 
 
@@ -325,11 +365,13 @@ def main() -> None:
         allocator = dict(data.get("allocator", {}))
         # The fit is of LoRA and QLoRA together: refitted only when both were traced.
         adapters: list[tuple[int, Features]] = []
+        moes: list[tuple[int, Features]] = []
         both = {Method.LORA, Method.QLORA} <= set(methods)
         allocator["real_size"] = real_size_section(
-            measure(args.workers, real_size=True, methods=methods, adapters=adapters),
+            measure(args.workers, real_size=True, methods=methods, adapters=adapters, moes=moes),
             allocator.get("real_size"),
             adapters if both else None,
+            moes,
         )
         print(json.dumps(allocator["real_size"], indent=2))
     else:

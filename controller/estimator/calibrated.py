@@ -447,8 +447,8 @@ def backward_share(gc: str) -> tuple[int, int] | None:
     scratch. It grows with the batch as the activations do, while the step's own tensors do
     not: traced at real size with checkpointing on, the reserve was 0.5-21 % of what the
     step holds beyond the weights at batch 1 and up to 53 % at batch 4, so no share of that
-    is right at both. An MoE is charged at least the small models' share of the peak
-    (`estimate`): the fit that prices it has a backward that does not follow the batch."""
+    is right at both. Not an MoE's: the fit that prices it has a backward that does not
+    follow the batch, and it goes by `moe_full_reserve`."""
     entry = calibration().get("allocator", {}).get("real_size", {}).get("backward", {})
     found = entry.get(f"full/{gc}") if gc == "on" else None
     if found is None:
@@ -486,6 +486,25 @@ def adapter_reserve(gc: str) -> tuple[float, float, float] | None:
         float(found["per_model_param"]),
         float(found["per_token_hidden"]),
     )
+
+
+@cache
+def moe_full_reserve(gc: str) -> float | None:
+    """What a real-size MoE's full fine-tuning reserves beyond its tensor peak, in bytes per
+    logit: the `real_size` section's `moe_full` fit over hand-read MoEs, charged to an MoE
+    read generically on one GPU with checkpointing on, the plain loss, 16-bit training and
+    the default switches (elsewhere at least the small models' share of the peak). None
+    where the file has none.
+
+    The generic MoE is priced with the gpt_oss fit, whose backward grows 1.3 x from batch 1
+    to 4 where the traced MoEs' reserve grew 5-9 x, as their logits do: a share of that
+    backward under-charged Granite-3.1-3B-A800M at batch 4 (-8.8 %), and a share of the
+    peak, which holds the optimizer state, over-charged both generic MoEs at batch 1 (+11
+    to +12 %)."""
+    if gc != "on":
+        return None
+    found = calibration().get("allocator", {}).get("real_size", {}).get("moe_full", {}).get("on")
+    return None if found is None else float(found["per_logit"])
 
 
 #: The highest LoRA rank `adapter_reserve` is charged at: its runs had rank 16, and at 64 the
@@ -691,17 +710,16 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if in_backward and at_step:
         gradients, scratch = static.largest_gradient, static.largest_scratch
     backward = backward_share(gc) if generic and settings.method is Method.FULL else None
-    # The adapters' fit only for jobs like the runs it was fitted to (`adapter_reserve`):
-    # outside them the share, which grows with what the step holds.
+    # The fits only for jobs like the runs they were fitted to (`adapter_reserve`,
+    # `moe_full_reserve`): outside them the shares, which grow with what the step holds.
+    as_fitted = not switched and settings.loss is _PLAIN and widen == 1
     adapters = (
         adapter_reserve(gc)
         if generic
         and settings.is_adapter
         and not hybrid
         and shape.dims.num_experts <= 1
-        and not switched
-        and settings.loss is _PLAIN
-        and widen == 1
+        and as_fitted
         and not settings.modules_to_save
         and (settings.rank or 0) <= ADAPTER_FIT_MAX_RANK
         else None
@@ -711,7 +729,11 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
             (r for m, (_, r) in zip(moments, splits, strict=False) if not m[1]), default=0
         )
         slack = transient * backward[0] // backward[1]
-        if shape.dims.num_experts > 1 and share[0] >= 0:
+        moe = shape.dims.num_experts > 1
+        per_logit = moe_full_reserve(gc) if moe and as_fitted and not hybrid else None
+        if per_logit is not None:  # its reserve follows its logits, not its fit's backward
+            slack = round(per_logit * settings.batch * settings.lm_seq_len * shape.vocab_size)
+        elif moe and share[0] >= 0:
             # An MoE read generically is priced with the gpt_oss fit, whose backward grows
             # 1.3 x from batch 1 to 4 where four hand-read MoEs' traced reserve grew 5-9 x:
             # never less than the small models' share of the peak.

@@ -132,9 +132,11 @@ def test_image_tokens_count_as_the_language_model_s_tokens() -> None:
     mixed = TrainingSettings(method=Method.QLORA, rank=16, seq_len=1024, image_tokens=1024)
     assert mixed.lm_seq_len == text.lm_seq_len
     slack = calibrated.estimate(GENERIC, mixed).components["allocator_slack"]
-    assert slack == _fitted_reserve(mixed) == calibrated.estimate(GENERIC, text).components[
-        "allocator_slack"
-    ]
+    assert (
+        slack
+        == _fitted_reserve(mixed)
+        == calibrated.estimate(GENERIC, text).components["allocator_slack"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -246,6 +248,7 @@ def test_a_file_without_real_size_shares_charges_the_small_models_share(
     calibrated.allocator_share.cache_clear()
     calibrated.backward_share.cache_clear()
     calibrated.adapter_reserve.cache_clear()
+    calibrated.moe_full_reserve.cache_clear()
     try:
         lora = calibrated.estimate(GENERIC, SETTINGS["lora/on"])
         full = calibrated.estimate(GENERIC, SETTINGS["full/on"])
@@ -254,6 +257,7 @@ def test_a_file_without_real_size_shares_charges_the_small_models_share(
         calibrated.allocator_share.cache_clear()
         calibrated.backward_share.cache_clear()
         calibrated.adapter_reserve.cache_clear()
+        calibrated.moe_full_reserve.cache_clear()
     assert Fraction(*lora.reserve_share) == _share("lora/on", False)
     assert Fraction(*full.reserve_share) == _share("full/on", False)
 
@@ -287,6 +291,12 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
     off = calibrate_allocator.real_size_section(shares, kept, runs)["adapters"]["on"]
     assert off["samples"] == 5 and off["under_mib"] > 0 and off["over_mib"] > 0
     assert calibrate_allocator.real_size_section(shares, part)["adapters"] == part["adapters"]
+    moes = [(round(11.5 * f[0]), f) for f in features]
+    moe_fit = calibrate_allocator.real_size_section(shares, kept, None, moes)["moe_full"]
+    assert moe_fit["on"]["per_logit"] == 11.5 and moe_fit["on"]["samples"] == 4
+    assert moe_fit["presets"] == list(calibrate_allocator.REAL_SIZE_MOES)
+    kept_fit = calibrate_allocator.real_size_section(shares, {"moe_full": moe_fit})["moe_full"]
+    assert kept_fit == moe_fit
     assert part["presets"] == list(calibrate_allocator.REAL_SIZE_PRESETS)
     assert "full/on" not in part["groups"]  # full fine-tuning goes by its backward
     assert "qlora/off" not in part["groups"] and "full/off" not in part["backward"]
@@ -297,6 +307,7 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
     calibrated.allocator_share.cache_clear()
     calibrated.backward_share.cache_clear()
     calibrated.adapter_reserve.cache_clear()
+    calibrated.moe_full_reserve.cache_clear()
     try:
         lora = calibrated.allocator_share(Method.LORA, "on", "", True)
         qlora = calibrated.allocator_share(Method.QLORA, "on", "", True)
@@ -308,6 +319,7 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
         calibrated.allocator_share.cache_clear()
         calibrated.backward_share.cache_clear()
         calibrated.adapter_reserve.cache_clear()
+        calibrated.moe_full_reserve.cache_clear()
     assert Fraction(*lora) == Fraction("0.3")  # the median
     assert Fraction(*qlora) == Fraction("0.33")  # kept: not measured this time
     assert Fraction(*full) == Fraction("0.16")  # no real-size group: the small models'
@@ -328,7 +340,21 @@ def test_the_real_size_run_traces_checkpointing_on_on_one_gpu() -> None:
     assert {(method, gc, parallelism) for method, gc, _, _, _, parallelism, _ in runs} == {
         ("full", "on", "")
     }
-    assert len(runs) == len(calibrate_allocator.REAL_SIZE_PRESETS) * len(calibrate_allocator.SIZES)
+    traced = set(calibrate_allocator.REAL_SIZE_PRESETS) | set(calibrate_allocator.REAL_SIZE_MOES)
+    assert {preset for _, _, preset, _, _, _, _ in runs} == traced
+    assert len(runs) == len(traced) * len(calibrate_allocator.SIZES)
+    adapters = calibrate_allocator.tasks(real_size=True, methods=(Method.LORA,))
+    assert {preset for _, _, preset, _, _, _, _ in adapters} == set(
+        calibrate_allocator.REAL_SIZE_PRESETS
+    )
+
+
+def test_every_real_size_moe_is_kept_out_of_the_dense_adapters_fit() -> None:
+    """`measure` tells an MoE by its name in REAL_SIZE_MOES: every real-size preset with
+    experts must be there, or its adapters would enter the dense models' fit."""
+    moes = {p for p in calibrate_allocator.REAL_SIZE_PRESETS if load_shape(p).dims.num_experts > 1}
+    assert moes and moes <= set(calibrate_allocator.REAL_SIZE_MOES)
+    assert all(load_shape(p).dims.num_experts > 1 for p in calibrate_allocator.REAL_SIZE_MOES)
 
 
 def test_methods_without_real_size_are_refused(
@@ -360,10 +386,42 @@ def test_the_backward_is_for_full_fine_tuning_only() -> None:
         calibrated.backward_transient(LLAMA, SETTINGS["lora/on"])
 
 
+MOE = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
+
+
 @pytest.mark.parametrize("batch", [1, 4])
-def test_a_generic_moe_is_never_charged_less_than_the_small_models_share(batch: int) -> None:
-    moe = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
+def test_a_generic_moe_s_full_fine_tuning_is_charged_per_logit(batch: int) -> None:
     settings = TrainingSettings(method=Method.FULL, rank=None, batch=batch)
+    est = calibrated.estimate(MOE, settings)
+    fit = calibrated.calibration()["allocator"]["real_size"]["moe_full"]["on"]
+    logits = batch * settings.lm_seq_len * MOE.vocab_size
+    assert est.components["allocator_slack"] == round(fit["per_logit"] * logits) > 0
+    assert est.reserve_share == (est.components["allocator_slack"], _beyond_weights(est))
+    small = _share("full/on", False)  # the floor it was charged before, far above at batch 1
+    if batch == 1:
+        assert est.components["allocator_slack"] < _beyond_weights(est) * small.numerator // (
+            small.denominator
+        )
+
+
+def test_a_hand_read_moe_keeps_the_small_models_share() -> None:
+    """The MoE fit is a generic MoE's: a hand-read one keeps the share its figures are
+    pinned to (a dense generic family's full fine-tuning keeps its backward's share: above)."""
+    settings = TrainingSettings(method=Method.FULL, rank=None)
+    hand = calibrated.estimate(load_shape("qwen3-30b-a3b"), settings)
+    assert Fraction(*hand.reserve_share) == _share("full/on", False)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_generic_moe_the_fit_did_not_measure_is_never_charged_less_than_the_small_models_share(
+    batch: int,
+) -> None:
+    """A chunked loss holds no whole fp32 logits: the per-logit fit is not its, and the
+    backward's share stands with the small models' share of the peak as its floor."""
+    moe = MOE
+    settings = TrainingSettings(
+        method=Method.FULL, rank=None, batch=batch, switches=Switches(loss=Loss.CHUNKED)
+    )
     est = calibrated.estimate(moe, settings)
     backward, small = _backward_share("full/on"), _share("full/on", False)
     by_backward = calibrated.backward_transient(moe, settings) * backward.numerator
