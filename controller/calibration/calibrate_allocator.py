@@ -16,13 +16,14 @@ section, with the spread it came from (the samples' minimum and maximum) so a re
 far one share reaches.
 
 A family read generically (no hand reading) is charged what real-size models reserve
-instead, with checkpointing on (`--real-size`: hand-read models of 3 to 30 B traced at
+instead, with checkpointing on (`--real-size`: hand-read models of 3 to 47 B traced at
 their whole depth, one GPU; `real_size` in the section): a dense model's adapters the
 least-squares fit of those runs' reserve to bytes per logit, per parameter of the model and
 per token x hidden unit (`adapters`; `calibrated.adapter_reserve`), an MoE's adapters their
 median share, its full fine-tuning a share of what its backward holds
-(`calibrated.backward_share`). The hand-read families keep the small models' shares, to
-which their pinned figures were fitted.
+(`calibrated.backward_share`), an MoE's full fine-tuning bytes per logit fitted to four
+hand-read MoEs' runs (`moe_full`; `calibrated.moe_full_reserve`). The hand-read families
+keep the small models' shares, to which their pinned figures were fitted.
 
 A rank of a data-parallel job reserves differently from the same job on one GPU: FSDP2's
 all-gather and reduce-scatter buffers live on streams of their own, whose cached blocks the
@@ -87,7 +88,7 @@ REAL_SIZE_PRESETS = (
 )
 #: Hand-read MoEs traced at real size for full fine-tuning only, for the bytes per logit a
 #: generic MoE's full fine-tuning is charged (`moe_full`; `calibrated.moe_full_reserve`):
-#: their reserve grew 5-9 x from batch 1 to 4, as their logits do, where the backward the
+#: their reserve grew 5-9 x from batch 1 to 4 and their logits 4 x, where the backward the
 #: generic MoE fit prices grew 1.3 x. Only Qwen3-30B-A3B is among the presets above, whose
 #: shares these would move.
 REAL_SIZE_MOES = ("qwen3-30b-a3b", "ernie-4.5-21b-a3b", "gpt-oss-20b", "mixtral-8x7b")
@@ -101,8 +102,8 @@ SPREADS = ((Parallelism.FSDP, 2), (Parallelism.FSDP, 8), (Parallelism.DDP, 2))
 #: One traced run: (method, checkpointing, preset, batch, sequence, parallelism value or ""
 #: for one GPU, world size).
 Task = tuple[str, str, str, int, int, str, int]
-#: An adapter run's features for the `adapters` fit: (logits, the model's parameters,
-#: tokens x hidden size).
+#: A one-GPU run's features for the fits: (logits, the model's parameters, tokens x hidden
+#: size); `adapters` reads all three, `moe_full` the logits.
 Features = tuple[int, int, int]
 
 
@@ -242,8 +243,13 @@ def measure(
             moe, full = preset in REAL_SIZE_MOES, method == Method.FULL.value
             if real_size and features is not None and moes is not None and moe and full:
                 moes.append((reserved - peak, features))
-            if real_size and preset not in REAL_SIZE_PRESETS:
-                continue  # traced for the MoE fit only
+            if real_size and preset not in REAL_SIZE_PRESETS:  # traced for the MoE fit only
+                print(
+                    f"one@1   moe-fit    {preset:16} b={batch} s={seq}: peak "
+                    f"{peak / 2**30:7.3f} GiB, reserved {reserved / 2**30:7.3f} GiB",
+                    flush=True,
+                )
+                continue
             key = group_key(
                 Method.parse(method, "method"), Checkpointing.parse(gc, "gradient_checkpointing")
             )
@@ -322,7 +328,7 @@ def real_size_section(
     moe_fit = {"on": moe_full_fit(moes)} if moes else dict(before.get("moe_full", {}))
     groups = {k: v for k, v in shares.get("", {}).items() if not k.startswith("full/")}
     return {
-        "what": "hand-read models of 3 to 30 B traced at their whole depth on one GPU with "
+        "what": "hand-read models of 3 to 47 B traced at their whole depth on one GPU with "
         "checkpointing on, charged to a family read generically (python -m "
         "controller.calibration.calibrate_allocator --real-size). `groups`: LoRA and QLoRA, "
         "the same share as above. `backward`: full fine-tuning, (reserved - tensor peak) / "
@@ -349,7 +355,8 @@ def main() -> None:
         "--real-size",
         action="store_true",
         help="measure only the real-size models' one-GPU shares (`real_size`), about 15 "
-        "minutes on 2 cores for the three methods (96 traces)",
+        "minutes on 2 cores for the three methods (102 traces: full fine-tuning adds three "
+        "MoEs for `moe_full`)",
     )
     parser.add_argument(
         "--methods", default="full,lora,qlora", help="with --real-size: the methods traced"

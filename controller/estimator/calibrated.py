@@ -92,6 +92,7 @@ from controller.estimator.settings import (
     Loss,
     Method,
     Offloading,
+    Optimizer,
     Parallelism,
     Precision,
     TrainingSettings,
@@ -135,6 +136,8 @@ FAMILY_ALIASES = {
 # Enum members bound once: under Python 3.11 reading one off its class costs ~0.1 us.
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _PLAIN, _CPU = Loss.FUSED, Loss.CHUNKED, Loss.PLAIN, Offloading.CPU
+_ON, _ADAMW, _NO_OFFLOAD = Checkpointing.ON, Optimizer.ADAMW, Offloading.NONE
+_NO_KBIT = KbitPreparation.NONE
 _FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
@@ -447,8 +450,9 @@ def backward_share(gc: str) -> tuple[int, int] | None:
     scratch. It grows with the batch as the activations do, while the step's own tensors do
     not: traced at real size with checkpointing on, the reserve was 0.5-21 % of what the
     step holds beyond the weights at batch 1 and up to 53 % at batch 4, so no share of that
-    is right at both. Not an MoE's: the fit that prices it has a backward that does not
-    follow the batch, and it goes by `moe_full_reserve`."""
+    is right at both. An MoE set up as the real-size runs were goes by `moe_full_reserve`
+    instead (the fit that prices it has a backward that does not follow the batch); any
+    other is charged at least the small models' share of the peak (`estimate`)."""
     entry = calibration().get("allocator", {}).get("real_size", {}).get("backward", {})
     found = entry.get(f"full/{gc}") if gc == "on" else None
     if found is None:
@@ -462,9 +466,9 @@ def adapter_reserve(gc: str) -> tuple[float, float, float] | None:
     """What a real-size LoRA or QLoRA of a dense family reserves beyond its tensor peak, as
     (bytes per logit, per parameter of the model, per token x hidden unit): the `real_size`
     section's `adapters` fit, charged to a family read generically on one GPU with
-    checkpointing on, as its runs were set up: a dense stack, the plain loss, 16-bit
-    training, the trainer's default switches, no `modules_to_save` and a rank up to
-    `ADAPTER_FIT_MAX_RANK` (elsewhere `allocator_share`). None where the file has none.
+    checkpointing on, as its runs were set up (`_as_fitted`; a dense, not a hybrid, stack,
+    no `modules_to_save`, a rank up to `ADAPTER_FIT_MAX_RANK`; elsewhere
+    `allocator_share`). None where the file has none.
 
     A share of the peak cannot follow it. That peak is the loss (the 16-bit logits and two
     fp32 copies); the reserved one comes later, when the backward has cached a block of
@@ -488,19 +492,45 @@ def adapter_reserve(gc: str) -> tuple[float, float, float] | None:
     )
 
 
+def _as_fitted(settings: TrainingSettings, widen: int, accumulating: bool) -> bool:
+    """Whether a job is set up as the real-size runs the fits (`adapter_reserve`,
+    `moe_full_reserve`) were traced with: checkpointing on (not Unsloth's), the plain loss,
+    16-bit training, AdamW, no gradient accumulation, and no switch that changes one GPU's
+    step (FSDP's version and the load path do not: a framework preset that sets only those,
+    as Hugging Face's, Axolotl's and LLaMA-Factory's do, is as fitted)."""
+    switches = settings.switches
+    return (
+        settings.gradient_checkpointing is _ON
+        and settings.loss is _PLAIN
+        and widen == 1
+        and settings.optimizer is _ADAMW
+        and not accumulating
+        and (
+            switches is DEFAULT_SWITCHES
+            or not (
+                switches.compile
+                or switches.optimizer_in_backward
+                or switches.activation_offloading is not _NO_OFFLOAD
+                or switches.kbit_preparation is not _NO_KBIT
+            )
+        )
+    )
+
+
 @cache
 def moe_full_reserve(gc: str) -> float | None:
     """What a real-size MoE's full fine-tuning reserves beyond its tensor peak, in bytes per
     logit: the `real_size` section's `moe_full` fit over hand-read MoEs, charged to an MoE
-    read generically on one GPU with checkpointing on, the plain loss, 16-bit training and
-    the default switches (elsewhere at least the small models' share of the peak). None
-    where the file has none.
+    read generically on one GPU set up as they were traced (`_as_fitted`; elsewhere its
+    backward's share, at least the small models' share of the peak). None where the file
+    has none.
 
     The generic MoE is priced with the gpt_oss fit, whose backward grows 1.3 x from batch 1
-    to 4 where the traced MoEs' reserve grew 5-9 x, as their logits do: a share of that
+    to 4 where the traced MoEs' reserve grew 5-9 x, its logits 4 x: a share of that
     backward under-charged Granite-3.1-3B-A800M at batch 4 (-8.8 %), and a share of the
     peak, which holds the optimizer state, over-charged both generic MoEs at batch 1 (+11
-    to +12 %)."""
+    to +12 %). Not the larger of the fit and the backward's share: Mixtral-8x7B reserved 409
+    MiB at batch 1, below the fit's 673, where its backward's share is 4.9 GiB."""
     if gc != "on":
         return None
     found = calibration().get("allocator", {}).get("real_size", {}).get("moe_full", {}).get("on")
@@ -712,14 +742,13 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     backward = backward_share(gc) if generic and settings.method is Method.FULL else None
     # The fits only for jobs like the runs they were fitted to (`adapter_reserve`,
     # `moe_full_reserve`): outside them the shares, which grow with what the step holds.
-    as_fitted = not switched and settings.loss is _PLAIN and widen == 1
+    as_fitted = generic and _as_fitted(settings, widen, accumulating)
     adapters = (
         adapter_reserve(gc)
-        if generic
+        if as_fitted
         and settings.is_adapter
         and not hybrid
         and shape.dims.num_experts <= 1
-        and as_fitted
         and not settings.modules_to_save
         and (settings.rank or 0) <= ADAPTER_FIT_MAX_RANK
         else None
@@ -732,7 +761,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         moe = shape.dims.num_experts > 1
         per_logit = moe_full_reserve(gc) if moe and as_fitted and not hybrid else None
         if per_logit is not None:  # its reserve follows its logits, not its fit's backward
-            slack = round(per_logit * settings.batch * settings.lm_seq_len * shape.vocab_size)
+            logits = settings.batch * settings.lm_seq_len * shape.vocab_size
+            slack = max(0, round(per_logit * logits))
         elif moe and share[0] >= 0:
             # An MoE read generically is priced with the gpt_oss fit, whose backward grows
             # 1.3 x from batch 1 to 4 where four hand-read MoEs' traced reserve grew 5-9 x:

@@ -22,8 +22,12 @@ from controller.estimator import Checkpointing, Method, TrainingSettings, calibr
 from controller.estimator.model.families import FAMILIES
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
+    DEFAULT_SWITCHES,
     KbitPreparation,
+    LoadPath,
     Loss,
+    Offloading,
+    Optimizer,
     Parallelism,
     Precision,
     Switches,
@@ -31,6 +35,7 @@ from controller.estimator.settings import (
 
 LLAMA = load_shape("llama-3.1-8b")
 GENERIC = replace(LLAMA, model_type="phi")  # a type no hand reading reads
+MOE = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
 SETTINGS = {
     "full/on": TrainingSettings(method=Method.FULL, rank=None),
     "lora/on": TrainingSettings(method=Method.LORA, rank=16),
@@ -146,23 +151,54 @@ def test_image_tokens_count_as_the_language_model_s_tokens() -> None:
         pytest.param({"fused_loss": True}, id="fused-loss"),
         pytest.param({"precision": Precision.FP32}, id="fp32"),
         pytest.param(
-            {"switches": Switches(kbit_preparation=KbitPreparation.UPCAST_NON_QUANTIZED)},
+            {
+                "method": Method.QLORA,
+                "switches": Switches(kbit_preparation=KbitPreparation.UPCAST_NON_QUANTIZED),
+            },
             id="upcast",
         ),
+        pytest.param({"switches": Switches(compile=True)}, id="compile"),
+        pytest.param({"switches": Switches(activation_offloading=Offloading.CPU)}, id="offload"),
         pytest.param({"modules_to_save": ("lm_head",)}, id="modules-to-save"),
         pytest.param({"rank": calibrated.ADAPTER_FIT_MAX_RANK * 2}, id="rank-128"),
+        pytest.param({"optimizer": Optimizer.ADAMW_8BIT}, id="adamw-8bit"),
+        pytest.param({"gradient_accumulation": 4}, id="accumulation"),
+        pytest.param({"gradient_checkpointing": Checkpointing.UNSLOTH}, id="unsloth"),
     ],
 )
 def test_adapters_the_fit_did_not_measure_keep_the_real_size_share(case: dict[str, Any]) -> None:
-    """The fit's runs had the plain loss, 16-bit training, the default switches, no
-    `modules_to_save` and rank 16: a chunked or fused loss holds no whole fp32 logits to
-    cache, fp32 and an upcast double what the hidden-state term counts, and the step of a
-    saved LM head or a high rank allocates states far larger than the runs' adapters'."""
+    """The fit's runs had checkpointing on, the plain loss, 16-bit training, AdamW, no
+    accumulation, the default switches, no `modules_to_save` and rank 16: a chunked or
+    fused loss holds no whole fp32 logits to cache, fp32 and an upcast double what the
+    hidden-state term counts, a saved LM head or a high rank allocates states far larger
+    than the runs' adapters', and the rest change what the step caches in ways not traced."""
     settings = TrainingSettings(**({"method": Method.LORA, "rank": 16} | case))
     generic = calibrated.estimate(GENERIC, settings)
-    real = _share("lora/on", True)
+    real = _share(f"{settings.method.value}/on", True)
     slack = _beyond_weights(generic) * real.numerator // real.denominator
     assert generic.components["allocator_slack"] == slack
+    assert slack != _fitted_reserve(settings)  # so the check above can fail
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [
+        pytest.param(Switches(), id="equal-to-the-defaults"),
+        pytest.param(Switches(fsdp_version=1), id="huggingface-preset"),
+        pytest.param(Switches(load_path=LoadPath.WHOLE_MODEL_PER_RANK), id="load-path"),
+    ],
+)
+def test_switches_that_leave_one_gpu_s_step_alone_keep_the_fits(switches: Switches) -> None:
+    """Hugging Face's, Axolotl's and LLaMA-Factory's presets differ from the defaults only
+    in FSDP's version, which one GPU never runs: the fits the defaults get are theirs."""
+    adapters = TrainingSettings(method=Method.QLORA, rank=16, switches=switches)
+    assert switches is not DEFAULT_SWITCHES
+    est = calibrated.estimate(GENERIC, adapters)
+    assert est.components["allocator_slack"] == _fitted_reserve(adapters)
+    full = TrainingSettings(method=Method.FULL, rank=None, switches=switches)
+    default = calibrated.estimate(MOE, TrainingSettings(method=Method.FULL, rank=None))
+    moe = calibrated.estimate(MOE, full)
+    assert moe.components["allocator_slack"] == default.components["allocator_slack"]
 
 
 @pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
@@ -386,9 +422,6 @@ def test_the_backward_is_for_full_fine_tuning_only() -> None:
         calibrated.backward_transient(LLAMA, SETTINGS["lora/on"])
 
 
-MOE = replace(load_shape("qwen3-30b-a3b"), model_type="phi")
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 def test_a_generic_moe_s_full_fine_tuning_is_charged_per_logit(batch: int) -> None:
     settings = TrainingSettings(method=Method.FULL, rank=None, batch=batch)
@@ -452,3 +485,47 @@ def test_the_script_refuses_a_fit_with_a_negative_term() -> None:
     runs = [(10**6 - 100 * f[0], f) for f in features]  # less reserve as the logits grow
     with pytest.raises(ValueError, match="negative term"):
         calibrate_allocator.adapter_fit(runs)
+
+
+class _InProcess:
+    """The part of ProcessPoolExecutor `measure` uses, in this process: a fake `trace_one`
+    patched here would not reach a worker process."""
+
+    def __init__(self, max_workers: int) -> None:
+        del max_workers
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Any, items: Any) -> Any:
+        return map(fn, items)
+
+
+def test_measure_routes_each_real_size_run_to_its_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MoEs traced for `moe_full` alone stay out of the shares; Qwen3-30B-A3B, a
+    real-size preset and an MoE, is in the shares and the MoE fit but not the dense
+    adapters' fit; every dense adapter run is in that fit."""
+
+    def fake(task: calibrate_allocator.Task) -> tuple[Any, ...]:
+        method, _, _, batch, _, _, _ = task
+        features = (batch * 1000, 7, batch * 10)
+        transient = 100 if method == "full" else 0
+        return task, 1000, 1100, 500, transient, features
+
+    monkeypatch.setattr(calibrate_allocator, "trace_one", fake)
+    monkeypatch.setattr(calibrate_allocator, "ProcessPoolExecutor", _InProcess)
+    adapters: list[Any] = []
+    moes: list[Any] = []
+    methods = (Method.FULL, Method.LORA, Method.QLORA)
+    shares = calibrate_allocator.measure(1, True, methods, adapters, moes)
+    sizes = len(calibrate_allocator.SIZES)
+    presets = calibrate_allocator.REAL_SIZE_PRESETS
+    in_both = set(presets) & set(calibrate_allocator.REAL_SIZE_MOES)
+    assert in_both == {"qwen3-30b-a3b"}
+    assert len(shares[""]["full/on"]) == len(shares["backward"]["full/on"]) == len(presets) * sizes
+    assert len(shares[""]["lora/on"]) == len(presets) * sizes
+    assert len(moes) == len(calibrate_allocator.REAL_SIZE_MOES) * sizes
+    assert len(adapters) == 2 * (len(presets) - len(in_both)) * sizes
