@@ -137,7 +137,6 @@ FAMILY_ALIASES = {
 _OFF, _EAGER, _FP32 = Checkpointing.OFF, Attention.EAGER, Precision.FP32
 _FUSED, _CHUNKED, _PLAIN, _CPU = Loss.FUSED, Loss.CHUNKED, Loss.PLAIN, Offloading.CPU
 _ON, _ADAMW, _NO_OFFLOAD = Checkpointing.ON, Optimizer.ADAMW, Offloading.NONE
-_NO_KBIT = KbitPreparation.NONE
 _FP32_BYTES = 4
 #: The logits feature's place in the once-per-step vector, uniform and hybrid.
 _LOGITS = LOCAL_FEATURES.index("t*V")
@@ -412,10 +411,9 @@ def allocator_share(
     `real_size`: the one-GPU share of hand-read models of 3 to 30 B traced at their whole
     depth with checkpointing on (`real_size` in the section), charged to a family read
     generically; the small models' share where the file has none (checkpointing off, and
-    full fine-tuning, which goes by `backward_share`). A dense model's adapters set up as
-    the fit's runs were go by `adapter_reserve` instead: this share is an MoE's, a hybrid
-    stack's, and that of adapters the fit did not measure (a chunked or fused loss, fp32,
-    the trainer's switches, `modules_to_save`, a rank above 64). With checkpointing on, real-size
+    full fine-tuning, which goes by `backward_share`). A dense model's adapters go by
+    `adapter_reserve` instead (set up otherwise than its runs, the larger of the two): this
+    share alone is an MoE's and a hybrid stack's. With checkpointing on, real-size
     adapters reserve more of what they hold beyond the weights than a 0.5-1 B model's (29-31
     % against 24 %): with the small models' share the generic reading was up to 10 % under
     the trace for QLoRA. With it off they reserved less (5-6 % against 10 %), and the
@@ -466,14 +464,15 @@ def adapter_reserve(gc: str) -> tuple[float, float, float] | None:
     """What a real-size LoRA or QLoRA of a dense family reserves beyond its tensor peak, as
     (bytes per logit, per parameter of the model, per token x hidden unit): the `real_size`
     section's `adapters` fit, charged to a family read generically on one GPU with
-    checkpointing on, as its runs were set up (`_as_fitted`; a dense, not a hybrid, stack,
-    no `modules_to_save`, a rank up to `ADAPTER_FIT_MAX_RANK`; elsewhere
-    `allocator_share`). None where the file has none.
+    checkpointing on and a dense, not a hybrid, stack; set up otherwise than its runs were
+    (`_as_fitted`, `modules_to_save`, a rank above `ADAPTER_FIT_MAX_RANK`), the larger of it
+    and `allocator_share`: its terms do not depend on what differs, the share grows with the
+    states. None where the file has none.
 
     A share of the peak cannot follow it. That peak is the loss (the 16-bit logits and two
     fp32 copies); the reserved one comes later, when the backward has cached a block of
     each size it made (the logits' chain, the recomputed layers' hidden-state sized
-    tensors) and the optimizer step adds the adapters' states beside them. Traced at 3-30 B,
+    tensors) and the optimizer step adds the adapters' states beside them. Traced at 3-14 B,
     the 15 dense models reserved 20-66 % of what the peak holds beyond the weights, the
     most where a small vocabulary sits beside many wide layers, and one share (their median
     with the MoE's runs: `allocator_share`) left Granite-3.3-8B, Phi-2 and Pythia-6.9B
@@ -492,12 +491,14 @@ def adapter_reserve(gc: str) -> tuple[float, float, float] | None:
     )
 
 
-def _as_fitted(settings: TrainingSettings, widen: int, accumulating: bool) -> bool:
+def _as_fitted(settings: TrainingSettings, widen: int, accumulating: bool, upcast: int) -> bool:
     """Whether a job is set up as the real-size runs the fits (`adapter_reserve`,
     `moe_full_reserve`) were traced with: checkpointing on (not Unsloth's), the plain loss,
     16-bit training, AdamW, no gradient accumulation, and no switch that changes one GPU's
-    step (FSDP's version and the load path do not: a framework preset that sets only those,
-    as Hugging Face's, Axolotl's and LLaMA-Factory's do, is as fitted)."""
+    step. FSDP's version and the load path do not (a framework preset that sets only those,
+    as Hugging Face's, Axolotl's and LLaMA-Factory's do, is as fitted), nor does `compile`
+    (not priced: every estimate is of the eager step) or a k-bit preparation that upcasts
+    nothing (`upcast`: its bytes)."""
     switches = settings.switches
     return (
         settings.gradient_checkpointing is _ON
@@ -505,13 +506,11 @@ def _as_fitted(settings: TrainingSettings, widen: int, accumulating: bool) -> bo
         and widen == 1
         and settings.optimizer is _ADAMW
         and not accumulating
+        and not upcast
         and (
             switches is DEFAULT_SWITCHES
             or not (
-                switches.compile
-                or switches.optimizer_in_backward
-                or switches.activation_offloading is not _NO_OFFLOAD
-                or switches.kbit_preparation is not _NO_KBIT
+                switches.optimizer_in_backward or switches.activation_offloading is not _NO_OFFLOAD
             )
         )
     )
@@ -742,16 +741,12 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     backward = backward_share(gc) if generic and settings.method is Method.FULL else None
     # The fits only for jobs like the runs they were fitted to (`adapter_reserve`,
     # `moe_full_reserve`): outside them the shares, which grow with what the step holds.
-    as_fitted = generic and _as_fitted(settings, widen, accumulating)
-    adapters = (
-        adapter_reserve(gc)
-        if as_fitted
-        and settings.is_adapter
-        and not hybrid
-        and shape.dims.num_experts <= 1
-        and not settings.modules_to_save
-        and (settings.rank or 0) <= ADAPTER_FIT_MAX_RANK
-        else None
+    as_fitted = generic and _as_fitted(settings, widen, accumulating, upcast)
+    dense_adapters = generic and settings.is_adapter and not hybrid and shape.dims.num_experts <= 1
+    adapters = adapter_reserve(gc) if dense_adapters else None
+    # Set up otherwise, the larger of the fit and the share: neither was measured there.
+    adapters_fitted = (
+        as_fitted and not settings.modules_to_save and (settings.rank or 0) <= ADAPTER_FIT_MAX_RANK
     )
     if backward is not None and best > weights + paged:  # the backward's cache, as a share
         transient = max(
@@ -783,6 +778,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
                 + per_hidden * tokens * shape.hidden_size
             ),
         )
+        if not adapters_fitted and share[0] >= 0:
+            slack = max(slack, (best - weights - paged) * share[0] // share[1])
         share = (slack, best - weights - paged)
     elif share[0] < 0:  # no measured share: the flat slack on the whole peak
         slack = overheads.slack_bytes(best)
