@@ -64,6 +64,18 @@ def _backward_share(key: str) -> Fraction:
     return Fraction(str(section[key]["share"]))
 
 
+def _reread() -> None:
+    """Forget what calibrated read from the data file, after `calibration` is patched or
+    restored."""
+    for read in (
+        calibrated.allocator_share,
+        calibrated.backward_share,
+        calibrated.adapter_reserve,
+        calibrated.moe_full_reserve,
+    ):
+        read.cache_clear()
+
+
 def _beyond_weights(est: Estimate) -> int:
     return est.sharded_bytes + est.replicated_bytes - est.fixed_bytes - est.resident_bytes
 
@@ -306,19 +318,13 @@ def test_a_file_without_real_size_shares_charges_the_small_models_share(
     data = dict(calibrated.calibration())
     data["allocator"] = {k: v for k, v in data["allocator"].items() if k != "real_size"}
     monkeypatch.setattr(calibrated, "calibration", lambda: data)
-    calibrated.allocator_share.cache_clear()
-    calibrated.backward_share.cache_clear()
-    calibrated.adapter_reserve.cache_clear()
-    calibrated.moe_full_reserve.cache_clear()
+    _reread()
     try:
         lora = calibrated.estimate(GENERIC, SETTINGS["lora/on"])
         full = calibrated.estimate(GENERIC, SETTINGS["full/on"])
     finally:
         monkeypatch.undo()
-        calibrated.allocator_share.cache_clear()
-        calibrated.backward_share.cache_clear()
-        calibrated.adapter_reserve.cache_clear()
-        calibrated.moe_full_reserve.cache_clear()
+        _reread()
     assert Fraction(*lora.reserve_share) == _share("lora/on", False)
     assert Fraction(*full.reserve_share) == _share("full/on", False)
 
@@ -365,10 +371,7 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
         "allocator": {"groups": {"full/on": {"share": 0.16}}, "real_size": part}
     }
     monkeypatch.setattr(calibrated, "calibration", lambda: data)
-    calibrated.allocator_share.cache_clear()
-    calibrated.backward_share.cache_clear()
-    calibrated.adapter_reserve.cache_clear()
-    calibrated.moe_full_reserve.cache_clear()
+    _reread()
     try:
         lora = calibrated.allocator_share(Method.LORA, "on", "", True)
         qlora = calibrated.allocator_share(Method.QLORA, "on", "", True)
@@ -377,10 +380,7 @@ def test_the_scripts_real_size_part_is_what_calibrated_reads(
         adapters = calibrated.adapter_reserve("on"), calibrated.adapter_reserve("off")
     finally:
         monkeypatch.undo()
-        calibrated.allocator_share.cache_clear()
-        calibrated.backward_share.cache_clear()
-        calibrated.adapter_reserve.cache_clear()
-        calibrated.moe_full_reserve.cache_clear()
+        _reread()
     assert Fraction(*lora) == Fraction("0.3")  # the median
     assert Fraction(*qlora) == Fraction("0.33")  # kept: not measured this time
     assert Fraction(*full) == Fraction("0.16")  # no real-size group: the small models'
@@ -496,12 +496,12 @@ def test_a_fit_that_would_take_bytes_away_charges_none(monkeypatch: pytest.Monke
     allocator["real_size"] = dict(allocator["real_size"]) | {"adapters": {"on": fit}}
     data["allocator"] = allocator
     monkeypatch.setattr(calibrated, "calibration", lambda: data)
-    calibrated.adapter_reserve.cache_clear()
+    _reread()
     try:
         est = calibrated.estimate(GENERIC, TrainingSettings(method=Method.LORA, rank=16))
     finally:
         monkeypatch.undo()
-        calibrated.adapter_reserve.cache_clear()
+        _reread()
     assert est.components["allocator_slack"] == 0
     assert est.reserve_share == (0, _beyond_weights(est))
 
