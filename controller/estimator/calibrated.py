@@ -536,8 +536,9 @@ def moe_full_reserve(gc: str) -> float | None:
     return None if found is None else float(found["per_logit"])
 
 
-#: The highest LoRA rank `adapter_reserve` is charged at: its runs had rank 16, and at 64 the
-#: traced reserve was the same within 400 MiB (four generic families); above, the share.
+#: The highest LoRA rank `adapter_reserve` is charged alone at: its runs had rank 16, and at
+#: 64 the traced reserve was the same within 400 MiB (four generic families); above, the
+#: larger of it and the share, which grows with the adapters' states.
 ADAPTER_FIT_MAX_RANK = 64
 
 
@@ -662,7 +663,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     best_key, best, best_dynamic = "", -1, 0
     gc = "off" if settings.gradient_checkpointing is _OFF else "on"
     # A family read generically has no pinned figures: it is charged the real-size share
-    # (full fine-tuning: `backward_share`; a dense model's adapters: `adapter_reserve`).
+    # (full fine-tuning: `backward_share`, an MoE's `moe_full_reserve`; a dense model's
+    # adapters: `adapter_reserve`).
     generic = shape.model_type not in FAMILIES
     share = allocator_share(settings.method, gc, "", generic)
     fsdp_share = allocator_share(settings.method, gc, "fsdp")
@@ -739,8 +741,8 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
     if in_backward and at_step:
         gradients, scratch = static.largest_gradient, static.largest_scratch
     backward = backward_share(gc) if generic and settings.method is Method.FULL else None
-    # The fits only for jobs like the runs they were fitted to (`adapter_reserve`,
-    # `moe_full_reserve`): outside them the shares, which grow with what the step holds.
+    # The fits are charged alone to jobs set up as their runs were (`adapter_reserve`,
+    # `moe_full_reserve`); outside them the shares, which grow with what the step holds.
     as_fitted = generic and _as_fitted(settings, widen, accumulating, upcast)
     dense_adapters = generic and settings.is_adapter and not hybrid and shape.dims.num_experts <= 1
     adapters = adapter_reserve(gc) if dense_adapters else None
