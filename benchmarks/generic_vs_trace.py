@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     presets = args.presets or generic_presets()
     store = TraceStore(args.traces)
     errors: dict[str, list[float]] = {level: [] for level in LEVELS}
+    by_family: dict[str, list[float]] = {}  # each preset's NVML errors, for the target's count
     rows: list[list[str]] = []
     for preset in presets:
         config = config_of(preset, args.layers)
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
                 pair = (calibrated.levels[level], traced.levels[level])
                 e = error(pair)
                 errors[level].append(e)
+                if level == "nvml":
+                    by_family.setdefault(preset, []).append(e)
                 cells.append(f"{level} {pair[0] / MIB:9.0f} / {pair[1] / MIB:9.0f} ({e:+6.1%})")
                 row.append(f"{pair[0] / MIB:,.0f} / {pair[1] / MIB:,.0f} ({e:+.1%})")
             row.append(f"{traced.seconds:.0f}")
@@ -176,6 +179,21 @@ def main(argv: list[str] | None = None) -> None:
                 f"{level}: {len(values)} runs; {spread(values)}; "
                 f"within 5 %: {sum(abs(v) <= 0.05 for v in values)}"
             )
+    methods = len(args.methods.split(","))
+    inside = [
+        preset
+        for preset, values in by_family.items()
+        if len(values) == methods and all(abs(v) <= 0.05 for v in values)
+    ]
+    print(
+        f"families with every method within 5 % at the NVML level: {len(inside)} of "
+        f"{len(presets)}"
+        + (
+            f" (out: {', '.join(sorted(set(presets) - set(inside)))})"
+            if len(inside) < len(presets)
+            else ""
+        )
+    )
     if args.markdown:
         print()
         print("| preset | method | allocated MiB | reserved MiB | NVML MiB | trace s |")
