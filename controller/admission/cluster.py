@@ -377,6 +377,15 @@ def reservation(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Re
 
 def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
     """The packer's snapshot of these objects. `now` judges heartbeats (None: never stale)."""
+    return snapshot_and_settled(objects, now)[0]
+
+
+def snapshot_and_settled(
+    objects: ClusterObjects, now: datetime | None
+) -> tuple[Snapshot, frozenset[str]]:
+    """`snapshot`, and the jobs of the holds it no longer charges (`holds.settled`: their
+    pods' memory shows in the readings), which the operator ends: one pass over the holds
+    and the readings for both."""
     live = list(live_pods(objects.pods))
     allocated: dict[str, int] = {}
     for pod in live:
@@ -413,9 +422,11 @@ def snapshot(objects: ClusterObjects, now: datetime | None) -> Snapshot:
                 f"node {node.name}", "is described twice (a GPUNode or GPU Node, and nodes:)"
             )
     compact = [replace(node, heartbeat=now) for node in objects.compact]
+    settled: frozenset[str] = frozenset()
     if objects.holds:  # until their pods' memory shows in the readings
-        reservations += holds.charged(objects.holds, live, nodes + compact)[0]
-    return Snapshot(tuple(nodes + compact), tuple(reservations), now)
+        kept, settled = holds.charged(objects.holds, live, nodes + compact)
+        reservations += kept
+    return Snapshot(tuple(nodes + compact), tuple(reservations), now), settled
 
 
 def pending_jobs(objects: ClusterObjects) -> dict[str, Mapping[str, Any]]:

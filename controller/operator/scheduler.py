@@ -71,7 +71,7 @@ from controller.admission.cluster import (
     finished,
     parse_time,
     reservation,
-    snapshot,
+    snapshot_and_settled,
 )
 from controller.admission.failures import Failure, failure_of
 from controller.admission.metric_view import Gauge, accuracy_series, metric_view
@@ -336,9 +336,9 @@ class Scheduler:
             now, packing = self.now(), self.options.admission.packing
 
             def build() -> ClusterView:
-                taken = snapshot(objects, now)
-                if self.holds is not None and objects.holds:  # their pods' memory shows
-                    self.holds.end(holds.charged(objects.holds, objects.pods, taken.nodes)[1])
+                taken, settled = snapshot_and_settled(objects, now)
+                if self.holds is not None and settled:  # their pods' memory shows
+                    self.holds.end(settled)
                 view = ClusterView(taken, packing)
                 view.empty  # noqa: B018 - built here, not on the event loop
                 return view

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from controller.admission import holds
-from controller.admission.cluster import ClusterObjects, snapshot
+from controller.admission.cluster import ClusterObjects, snapshot, snapshot_and_settled
 from controller.admission.holds import JOBSET_LABEL, Hold
 from controller.admission.pods import pod_gpus
 from controller.base.units import GIB
@@ -90,6 +90,12 @@ def test_the_snapshot_charges_the_holds_until_their_pods_memory_shows() -> None:
     assert charged.job == hold().job and charged.pod_uids == frozenset({"p9"})
     kept, ended = holds.charged([hold()], [pod("p1")], taken.nodes)
     assert kept == [] and ended == frozenset({hold().job})
+    # The operator ends the settled holds from the same pass that builds its snapshot.
+    objects.pods = [pod("p1")]
+    assert snapshot_and_settled(objects, None) == (taken, frozenset({hold().job}))
+    objects.pods = [pod("p9")]
+    waiting, settled = snapshot_and_settled(objects, None)
+    assert settled == frozenset() and [r.job for r in waiting.reservations] == [hold().job]
 
 
 def test_a_holds_job_is_never_a_finetunejobs_key() -> None:

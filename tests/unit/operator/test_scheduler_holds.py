@@ -5,14 +5,17 @@ a Kube that lists by label as the API server does, or cannot be reached."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any, cast
 
 from controller.admission import holds
+from controller.admission.cluster import ClusterObjects
 from controller.admission.trainjob import Counted, Sizing
 from controller.base.clock import FakeClock
 from controller.operator.scheduler import Scheduler, SchedulerOptions
-from controller.packing.inventory import NodeGpus
+from controller.packing.inventory import GpuDevice, NodeGpus, NodeState
 from controller.webhook.trainjob import TrainJobHolds
+from tests.unit.builders.packing import frees
 
 
 class ListingKube:
@@ -118,3 +121,47 @@ def test_nothing_is_looked_for_too_soon_and_an_unreachable_api_ends_nothing() ->
     down = ListingKube({}, fail=True)
     ended, ledger = look(down, ["kept"], holds.CHECK_AFTER_S)
     assert len(down.asked) == 1 and ended == [] and len(ledger.active()) == 1
+
+
+class OneNodeCaches:
+    """A node whose GPU 0 reads the memory of pod `read` (if any) and the pods given."""
+
+    def __init__(self, pods: list[dict[str, Any]], read: str | None) -> None:
+        self.pods, self.read = pods, read
+
+    def objects(self) -> tuple[ClusterObjects, dict[str, Any], dict[str, Any]]:
+        used = {self.read: 20 << 30} if self.read else {}
+        gpu = GpuDevice("n0-0", 0, "H100", 80 << 30, (60 if used else 80) << 30, used)
+        objects = ClusterObjects()
+        objects.compact.append(NodeState("n0", (gpu,)))
+        objects.pods = list(self.pods)
+        return objects, {}, {}
+
+
+def trainjob_pod(uid: str, name: str) -> dict[str, Any]:
+    labels = {holds.JOBSET_LABEL: name}
+    return {"metadata": {"uid": uid, "namespace": "ml", "labels": labels},
+            "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}}  # fmt: skip
+
+
+def test_building_a_view_ends_the_holds_whose_pods_memory_shows_and_charges_the_rest() -> None:
+    """One pass over the holds and the readings: the view charges the hold whose pod is not
+    read yet, and the ledger drops the one whose pod's memory the node reports."""
+    counted = Counted((NodeGpus("n0", (0,), ("n0-0",)),), 1 << 30, 1)
+    ledger = TrainJobHolds(600)
+    read, waiting = (ledger.add(sized(n), Sizing(counted=counted)) for n in ("read", "waiting"))
+    caches = OneNodeCaches([trainjob_pod("p1", "read"), trainjob_pod("p2", "waiting")], "p1")
+    sched = Scheduler(cast(Any, ListingKube({})), SchedulerOptions())
+    sched.holds = ledger
+
+    async def main() -> Any:
+        sched.attach(cast(Any, caches), contextvars.copy_context())
+        try:
+            return await sched.current_view()
+        finally:
+            await sched.close()
+
+    view = asyncio.run(main())
+    assert [h.job for h in ledger.active()] == [waiting.job], "the read one's hold ended"
+    # 60 GiB free as read (the read pod's 20 in it), less the waiting hold's 1 GiB only.
+    assert frees(view) == {"n0-0": 59.0} and read.job != waiting.job
