@@ -11,8 +11,8 @@ figures are each node's least free such GPU, and the messages say so.
 from __future__ import annotations
 
 from controller.decision.types import Decision, JobRequest, Outcome
-from controller.estimator import MAX_GPUS, Parallelism
-from controller.packing.fit import gib, plural
+from controller.estimator import Parallelism
+from controller.packing.fit import fewest_fsdp_gpus, gib, plural
 from controller.packing.placement import Placed
 from controller.packing.view import ClusterView, Selection
 
@@ -233,20 +233,7 @@ def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) 
 
 def _fsdp_count(job: JobRequest, largest: int) -> int | None:
     """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
-    est = job.estimate
-    limit = int(largest / est.margin)
-    pairs = est.fsdp_pairs
-    if any(replicated >= limit for _, replicated in pairs):
-        return None  # what one moment holds whole on every GPU: no count divides it
-    # Each moment's own fewest, the largest of them: where the search starts.
-    n = max(max(1, -(-sharded // (limit - replicated))) for sharded, replicated in pairs)
-    # Bounded: what each GPU holds besides its share (NCCL's buffers, the allocator's reserve
-    # on it) can keep every count above `largest` where the test above lets it through.
-    while est.per_gpu_bytes(n, Parallelism.FSDP) > largest:
-        if n >= MAX_GPUS:
-            return None
-        n += 1
-    return n
+    return fewest_fsdp_gpus(job.estimate, largest)
 
 
 def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.base.units import GIB
-from controller.estimator import Estimate, Parallelism
+from controller.estimator import MAX_GPUS, Estimate, Parallelism
 
 FURTHER_GPU_SHARE = Fraction(85, 100)
 
@@ -100,6 +100,38 @@ def holds(estimate: Estimate, parallelism: Parallelism, frees_desc: Sequence[int
     if parallelism is Parallelism.DEVICE_MAP:
         return device_map_holds(estimate, frees_desc)
     return frees_desc[-1] >= estimate.per_gpu_bytes(n, parallelism)
+
+
+def fewest_fsdp_gpus(estimate: Estimate, largest: int) -> int | None:
+    """The fewest GPUs of `largest` free bytes each that hold the job with FSDP (up to
+    MAX_GPUS), if any. From two GPUs on, the rule's per-GPU figure does not grow with the
+    count (each moment's share shrinks; what every GPU holds whole, its reserve on that and
+    NCCL's buffers stay), so the count is bisected from the bound the tensors alone set: the
+    allocator's reserve is no fixed factor of them, and counting up from a bound that
+    assumed one could start past the fewest. One GPU holds no FSDP overhead, and a count the
+    trace measured is its own figure: both are asked outright."""
+
+    def fits(n: int) -> bool:
+        return estimate.per_gpu_bytes(n, Parallelism.FSDP) <= largest
+
+    if fits(1):
+        return 1
+    traced = sorted(
+        count
+        for value, count, _ in estimate.traced_per_gpu
+        if value == Parallelism.FSDP.value and 2 <= count <= MAX_GPUS and fits(count)
+    )
+    pairs = estimate.fsdp_pairs
+    found = None
+    if all(replicated < largest for _, replicated in pairs) and fits(MAX_GPUS):
+        low = max(2, *(sharded // (largest - replicated + 1) + 1 for sharded, replicated in pairs))
+        low = min(low, MAX_GPUS)
+        high = MAX_GPUS  # fits; everything below `low` does not
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if fits(middle) else (middle + 1, high)
+        found = high
+    return min([*traced[:1], *([found] if found else [])], default=None)
 
 
 def smallest_count(
@@ -178,11 +210,12 @@ def _why_not(
     else:
         per_gpu = estimate.per_gpu_bytes(gpus, parallelism)
         need = f"needs {gib(per_gpu)} per GPU on {plural(gpus)} with {mode}"
-        replicated = int(estimate.most_replicated_bytes * estimate.margin)
-        if parallelism is Parallelism.FSDP and replicated >= largest:
+        if parallelism is Parallelism.FSDP and fewest_fsdp_gpus(estimate, largest) is None:
+            floor = estimate.per_gpu_bytes(MAX_GPUS, parallelism)
             return (
-                f"no number of GPUs fits: activations alone need {gib(replicated)} per GPU, "
-                f"and the largest GPU has {gib(largest)}"
+                f"no number of GPUs fits: what FSDP does not divide (activations, buffers) "
+                f"needs {gib(floor)} per GPU even on {MAX_GPUS:,}, and the largest GPU has "
+                f"{gib(largest)}"
             )
         held = frees_desc[gpus - 1] if gpus <= len(frees_desc) else 0
         why = (

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controller.base.units import GIB, MIB
 from controller.decision.explain import _fsdp_count
 from controller.decision.types import JobRequest
-from controller.estimator import Estimate, Parallelism
+from controller.estimator import (
+    MAX_GPUS,
+    Estimate,
+    Method,
+    Parallelism,
+    Profile,
+    TrainingSettings,
+    load_shape,
+)
+from controller.jobs.profiles import estimate
 
 
 def test_a_count_search_that_no_count_satisfies_gives_up() -> None:
@@ -27,3 +38,26 @@ def test_a_count_search_that_no_count_satisfies_gives_up() -> None:
     # with room for a share, the fewest count that leaves it
     # 10 GiB / 160 is 64 MiB, one byte over the room: 161
     assert _fsdp_count(job, largest + 64 * MIB) == 161
+
+
+@pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b", "mixtral-8x7b"])
+@pytest.mark.parametrize("method", [Method.FULL, Method.LORA, Method.QLORA])
+def test_the_fewest_count_is_the_one_counting_up_finds(preset: str, method: Method) -> None:
+    """The allocator's reserve is a share of what a GPU holds beyond its weights, not the
+    profile's one-GPU margin on all of it: a search started from a bound that assumed the
+    margin said 2 GPUs of 16 GiB hold Llama-3.1-8B QLoRA, where one does."""
+    rank = None if method is Method.FULL else 16
+    est = estimate(
+        load_shape(preset), TrainingSettings(method=method, rank=rank, profile=Profile.CALIBRATED)
+    )
+    job = JobRequest(key="ns/j", estimate=est, parallelism=Parallelism.FSDP, gpus=1)
+    for largest in (10 * GIB, 16 * GIB, 24 * GIB, 48 * GIB, 80 * GIB):
+        counted = next(
+            (
+                n
+                for n in range(1, MAX_GPUS + 1)
+                if est.per_gpu_bytes(n, Parallelism.FSDP) <= largest
+            ),
+            None,
+        )
+        assert _fsdp_count(job, largest) == counted, f"{largest // GIB} GiB"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from controller.estimator import (
+    MAX_GPUS,
     Method,
     Parallelism,
     TrainingSettings,
     parse_config,
 )
 from controller.jobs.profiles import estimate
-from controller.packing.fit import fit
+from controller.packing.fit import fit, gib
 from tests.unit.conftest import GIB, LLAMA_31_8B
 
 LLAMA = parse_config(LLAMA_31_8B)
@@ -50,7 +51,10 @@ def test_no_number_of_gpus_fits_when_activations_exceed_a_card() -> None:
     huge = estimate(LLAMA, TrainingSettings(method=Method.FULL, rank=None, seq_len=131072, batch=8))
     result = fit(huge, [80 * 10**9] * 64, Parallelism.FSDP, gpus=64)
     assert not result.fits and result.min_gpus is None
-    assert result.reason.startswith("no number of GPUs fits: activations alone need")
+    floor = gib(huge.per_gpu_bytes(MAX_GPUS, Parallelism.FSDP))
+    assert result.reason.startswith(
+        f"no number of GPUs fits: what FSDP does not divide (activations, buffers) needs {floor}"
+    )
 
 
 def test_an_unfitting_count_says_which_count_would_fit() -> None:
