@@ -42,6 +42,7 @@ NEW_FAMILIES = (
     "starcoder2",
     "cohere",
     "smollm3",
+    "exaone4",  # three sliding-window layers to one global, norms after each sublayer
     "qwen2_5_vl",
 )
 HAND_READ = ("llama", "qwen2", "olmo2")
