@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--components", action="store_true", help="print the components")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args(argv)
-    presets = args.presets or generic_presets()
+    presets = list(dict.fromkeys(args.presets)) or generic_presets()  # each once
     store = TraceStore(args.traces)
     errors: dict[str, list[float]] = {level: [] for level in LEVELS}
     by_family: dict[str, list[float]] = {}  # each preset's NVML errors, for the target's count
@@ -179,20 +179,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"{level}: {len(values)} runs; {spread(values)}; "
                 f"within 5 %: {sum(abs(v) <= 0.05 for v in values)}"
             )
-    methods = len(args.methods.split(","))
+    methods = args.methods.split(",")
+    refused = sorted(set(presets) - set(by_family))  # no trace to compare with
     inside = [
         preset
         for preset, values in by_family.items()
-        if len(values) == methods and all(abs(v) <= 0.05 for v in values)
+        if len(values) == len(methods) and all(abs(v) <= 0.05 for v in values)
     ]
+    out = sorted(set(by_family) - set(inside))
     print(
-        f"families with every method within 5 % at the NVML level: {len(inside)} of "
-        f"{len(presets)}"
-        + (
-            f" (out: {', '.join(sorted(set(presets) - set(inside)))})"
-            if len(inside) < len(presets)
-            else ""
-        )
+        f"presets with {', '.join(methods)} all within 5 % at the NVML "
+        f"level: {len(inside)} of {len(by_family)} traced"
+        + (f"; out: {', '.join(out)}" if out else "")
+        + (f"; trace refused: {', '.join(refused)}" if refused else "")
     )
     if args.markdown:
         print()
