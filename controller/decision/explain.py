@@ -191,7 +191,8 @@ def never_fits(
         if enough:
             note = _one_node_note(view, at, enough)
             but = f", but {note}" if note else ""
-            hint = f" (at least {enough} GPUs of that size would hold it with FSDP{but})"
+            with_fsdp = " with FSDP" if enough > 1 else ""
+            hint = f" (at least {plural(enough)} of that size would hold it{with_fsdp}{but})"
     return f"needs {need(job, job.gpus)}; {largest}, even when the cluster is empty{hint}"
 
 

@@ -104,34 +104,37 @@ def holds(estimate: Estimate, parallelism: Parallelism, frees_desc: Sequence[int
 
 def fewest_fsdp_gpus(estimate: Estimate, largest: int) -> int | None:
     """The fewest GPUs of `largest` free bytes each that hold the job with FSDP (up to
-    MAX_GPUS), if any. From two GPUs on, the rule's per-GPU figure does not grow with the
-    count (each moment's share shrinks; what every GPU holds whole, its reserve on that and
-    NCCL's buffers stay), so the count is bisected from the bound the tensors alone set: the
-    allocator's reserve is no fixed factor of them, and counting up from a bound that
-    assumed one could start past the fewest. One GPU holds no FSDP overhead, and a count the
-    trace measured is its own figure: both are asked outright."""
+    MAX_GPUS), if any: counted up from the bound the tensors alone set. The allocator's
+    reserve is no fixed factor of them (a share of what a GPU holds beyond its weights), so
+    a bound that assumed the one-GPU margin could start past the fewest; and the need is not
+    monotone in the count (a load moment that holds the whole model on every rank grows
+    with it, a count the trace measured is its own figure), so nothing is bisected. One GPU
+    holds no FSDP overhead and is asked first."""
 
     def fits(n: int) -> bool:
         return estimate.per_gpu_bytes(n, Parallelism.FSDP) <= largest
 
     if fits(1):
         return 1
-    traced = sorted(
-        count
-        for value, count, _ in estimate.traced_per_gpu
-        if value == Parallelism.FSDP.value and 2 <= count <= MAX_GPUS and fits(count)
+    traced = min(
+        (
+            count
+            for value, count, _ in estimate.traced_per_gpu
+            if value == Parallelism.FSDP.value and 2 <= count <= MAX_GPUS and fits(count)
+        ),
+        default=None,
     )
+    # What the rule's tensors may reach before the correction (`Estimate._corrected`) takes
+    # the figure over `largest`; each moment needs sharded // n + replicated of it.
+    room = largest * 100 // estimate.correction_percent
     pairs = estimate.fsdp_pairs
-    found = None
-    if all(replicated < largest for _, replicated in pairs) and fits(MAX_GPUS):
-        low = max(2, *(sharded // (largest - replicated + 1) + 1 for sharded, replicated in pairs))
-        low = min(low, MAX_GPUS)
-        high = MAX_GPUS  # fits; everything below `low` does not
-        while low < high:
-            middle = (low + high) // 2
-            low, high = (low, middle) if fits(middle) else (middle + 1, high)
-        found = high
-    return min([*traced[:1], *([found] if found else [])], default=None)
+    if any(replicated > room for _, replicated in pairs):
+        return traced  # what every GPU holds whole at one moment: no count divides it
+    low = max(2, *(sharded // (room - replicated + 1) + 1 for sharded, replicated in pairs))
+    for n in range(low, min(traced or MAX_GPUS + 1, MAX_GPUS + 1)):
+        if fits(n):
+            return n
+    return traced
 
 
 def smallest_count(
@@ -211,11 +214,12 @@ def _why_not(
         per_gpu = estimate.per_gpu_bytes(gpus, parallelism)
         need = f"needs {gib(per_gpu)} per GPU on {plural(gpus)} with {mode}"
         if parallelism is Parallelism.FSDP and fewest_fsdp_gpus(estimate, largest) is None:
-            floor = estimate.per_gpu_bytes(MAX_GPUS, parallelism)
+            most = estimate.per_gpu_bytes(MAX_GPUS, parallelism)
+            whole = estimate.undivided_bytes(MAX_GPUS)
             return (
-                f"no number of GPUs fits: what FSDP does not divide (activations, buffers) "
-                f"needs {gib(floor)} per GPU even on {MAX_GPUS:,}, and the largest GPU has "
-                f"{gib(largest)}"
+                f"no number of GPUs fits: even on {MAX_GPUS:,} GPUs each needs {gib(most)}, "
+                f"{gib(whole)} of it what FSDP does not divide (activations, buffers), and the "
+                f"largest GPU has {gib(largest)}"
             )
         held = frees_desc[gpus - 1] if gpus <= len(frees_desc) else 0
         why = (

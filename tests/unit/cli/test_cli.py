@@ -138,7 +138,7 @@ def test_human_output_has_a_breakdown_and_a_fit_answer(
     assert "per GPU on 1 GPU: 101.42 GiB does not fit one 80GB GPU: needs 101.42 GiB" in out
     assert out.endswith("(2 GPUs would fit with FSDP, 52.06 GiB each)")
     out = human(capsys, *FULL_8B, "--gpu-memory", "24GiB", "--seq-len", "131072", "--batch", "8")
-    assert "no number of 24GiB GPUs fits: what FSDP does not divide (activations, buffers)" in out
+    assert "no number of 24GiB GPUs fits: even on 4,096 GPUs each needs" in out
 
 
 def test_one_per_gpu_figure_for_the_count_asked(capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,9 +51,11 @@ def test_no_number_of_gpus_fits_when_activations_exceed_a_card() -> None:
     huge = estimate(LLAMA, TrainingSettings(method=Method.FULL, rank=None, seq_len=131072, batch=8))
     result = fit(huge, [80 * 10**9] * 64, Parallelism.FSDP, gpus=64)
     assert not result.fits and result.min_gpus is None
-    floor = gib(huge.per_gpu_bytes(MAX_GPUS, Parallelism.FSDP))
+    most = gib(huge.per_gpu_bytes(MAX_GPUS, Parallelism.FSDP))
+    whole = gib(huge.undivided_bytes(MAX_GPUS))
     assert result.reason.startswith(
-        f"no number of GPUs fits: what FSDP does not divide (activations, buffers) needs {floor}"
+        f"no number of GPUs fits: even on 4,096 GPUs each needs {most}, {whole} of it what "
+        "FSDP does not divide (activations, buffers)"
     )
 
 
