@@ -28,7 +28,6 @@ from controller.estimator.model import (
     skip_module_matches,
     skip_module_matches_text,
 )
-from controller.estimator.model.families import FAMILIES
 from controller.estimator.model.tower import tower_from_json, with_tower
 from controller.estimator.presets import load_preset, preset_names
 from controller.estimator.result import Estimate
@@ -139,17 +138,6 @@ def check_against_model(
                 where["method"],
                 "full fine-tuning needs a 16-bit checkpoint; this model is pre-quantised to "
                 "4-bit (use lora or qlora)",
-            )
-        )
-    if settings.profile is Profile.UNSLOTH and shape.model_type not in FAMILIES:
-        # Its formula is written in Llama-style dimensions: for a family read generically it
-        # would count parameters the model does not have (a 2-layer Granite-MoE: 1.20B of
-        # 2.56B), and the shape's own counts do not fit its calibrated terms.
-        errors.append(
-            SpecError(
-                where["profile"],
-                "unsloth prices the families vramgate reads by hand only (Llama-style "
-                f"formula); use analytic, calibrated or trace for {shape.model_type}",
             )
         )
     if settings.image_tokens and not shape.has_vision_tower:

@@ -10,7 +10,8 @@ MLA (DeepSeek) uses its low-rank projection shapes. Byte figures agree with the 
 implementation exactly; fractions are floored once per component, as it does.
 
 Where seed 1 is silent this profile extends it, each noted where it happens: the optimizer
-names outside its table, and `modules_to_save`.
+names outside its table, `modules_to_save`, and a family read generically (no hand reading
+of its dimensions: `_generic_view`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from controller.estimator.model import (
     layer_mlp_size,
     skip_module_matches_text,
 )
+from controller.estimator.model.families import FAMILIES
 from controller.estimator.module_paths import name_part, part_path
 from controller.estimator.result import Estimate
 from controller.estimator.settings import (
@@ -354,6 +356,8 @@ def _view(shape: ModelShape) -> _View:
     cached = _VIEW.get(shape)
     if cached is not None:
         return cached
+    if shape.model_type not in FAMILIES:
+        return _VIEW.put(shape, _generic_view(shape))
     d = shape.dims
     h, n = d.hidden_size, d.num_layers
     by_key: dict[tuple[object, ...], dict[str, int]] = {}
@@ -386,6 +390,39 @@ def _view(shape: ModelShape) -> _View:
         layer_size_counts=tuple(Counter(_activation_sizes(d, i) for i in range(n)).items()),
     )
     return _VIEW.put(shape, view)
+
+
+def _generic_view(shape: ModelShape) -> _View:
+    """A family read generically (an extension of seed 1, which writes its terms in the
+    dimensions of the families it names): the weights split as the built model's own
+    inventory splits them, the linears and expert stacks QLoRA holds in 4 bits (as
+    `storage` and the trace hold them: not a router, nor a linear bitsandbytes keeps 16-bit)
+    against every other parameter (norms, biases, embeddings, head: the count is exact,
+    where seed 1's Llama terms would count a Granite-MoE's 2.56 B as 1.20 B); the
+    activation term is seed 1's over each
+    layer's attention and MLP widths as the generic dimensions give them (`_activation_sizes`).
+    A layer that mixes tokens without attention (a state space's) is priced as attention, as
+    the analytic profile prices it; the trace profile measures it."""
+    quantizable = sum(
+        lin.weight_params * count
+        for layer, count in shape.layer_counts
+        for lin in layer.linears
+        if not (lin.kept_16bit or lin.name == "router")
+    )
+    quantizable += sum(
+        lin.weight_params
+        for lin in (*shape.outer_linears, *shape.frozen_linears)
+        if not lin.kept_16bit
+    )
+    d = shape.dims
+    return _View(
+        quantizable=quantizable,
+        non_quantizable=shape.total_params - quantizable,
+        skipped=0,  # the inventory's own split keeps what bitsandbytes keeps 16-bit
+        layer_size_counts=tuple(
+            Counter(_activation_sizes(d, i) for i in range(d.num_layers)).items()
+        ),
+    )
 
 
 def _module_elements(d: ArchDims, layers: list[dict[str, int]]) -> dict[str, int]:
@@ -511,6 +548,8 @@ def lora_params_per_rank(shape: ModelShape, targets: tuple[str, ...]) -> int:
     cached = _LORA.get(shape, targets)
     if cached is not None:
         return cached
+    if shape.model_type not in FAMILIES:  # read generically: PEFT's own count (an extension)
+        return _LORA.put(shape, shape.lora_params_per_rank(targets), targets)
     d = shape.dims
     if d.mamba1 is not None or d.deltanet is not None:
         # Jamba, Qwen3-Next: seed 1's table over the standard blocks with attention only

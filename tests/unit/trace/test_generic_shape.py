@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import fields, replace
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from tests.unit.trace_support import require_trace_extra
 
 require_trace_extra()
 
-from controller.estimator import Profile, SpecError, TrainingSettings  # noqa: E402
+from controller.estimator import Profile, SpecError, TrainingSettings, load_shape  # noqa: E402
 from controller.estimator.errors import UnreadFamily  # noqa: E402
 from controller.estimator.model import ArchDims, parse_config  # noqa: E402
 from controller.estimator.model.generic import (  # noqa: E402
@@ -240,19 +241,49 @@ def test_a_preset_of_such_a_family_is_read_generically_and_deferred_by_the_webho
     assert deferred is not None and deferred.shape is None and not errors
 
 
-def test_unsloth_refuses_a_generic_shape_and_names_the_profile_field() -> None:
-    # Its Llama-style formula would count 344M parameters for this 2-layer Phi (310M built).
-    shape = read_shape(_config("phi"), prefix="model.config")
-    with pytest.raises(SpecError) as caught:
-        estimate(shape, TrainingSettings(method=Method.LORA, rank=RANK, profile=Profile.UNSLOTH))
-    message = str(caught.value)
-    assert message.startswith("estimator.profile: unsloth ") and "\n" not in message
-    assert "phi" in message and "calibrated or trace" in message
-    # a hand-read family keeps its unsloth estimate; the other formulas price the generic one
-    hand = read_shape(_config("llama"))
-    assert estimate(hand, TrainingSettings(profile=Profile.UNSLOTH)).total_bytes > 0
-    for profile in (Profile.ANALYTIC, Profile.CALIBRATED):
-        assert estimate(shape, TrainingSettings(profile=profile)).total_bytes > 0
+@pytest.mark.parametrize("model_type", NEW_FAMILIES)
+def test_unsloth_prices_a_generic_shape_from_its_own_inventory(model_type: str) -> None:
+    """Seed 1's terms in the built model's counts: every parameter once (its Llama terms
+    would count a 2-layer Phi's 310M as 344M), the linears and stacks QLoRA packs to 4 bits
+    as the inventory says, PEFT's own adapter count."""
+    shape = read_shape(_config(model_type), prefix="model.config")
+    full = estimate(shape, TrainingSettings(method=Method.FULL, profile=Profile.UNSLOTH))
+    assert full.total_params == shape.total_params == full.trainable_params
+    assert full.components["weights"] == 2 * shape.total_params
+    lora = TrainingSettings(method=Method.LORA, rank=RANK, profile=Profile.UNSLOTH)
+    adapters = estimate(shape, lora)
+    assert adapters.trainable_params == RANK * shape.lora_params_per_rank(("all-linear",))
+    qlora = estimate(shape, replace(lora, method=Method.QLORA))
+    packed = sum(
+        lin.weight_params * count
+        for layer, count in shape.layer_counts
+        for lin in layer.linears
+        if not (lin.kept_16bit or lin.name == "router")
+    ) + sum(
+        lin.weight_params
+        for lin in (*shape.outer_linears, *shape.frozen_linears)
+        if not lin.kept_16bit
+    )
+    saved = packed * 2 - int(Fraction(packed * 2) / Fraction(16, 5))  # seed 1's NF4 factor
+    assert adapters.components["weights"] - qlora.components["weights"] in (saved, saved + 1)
+
+
+@pytest.mark.parametrize("preset", ["llama-3.1-8b", "qwen2.5-7b", "gemma-2-9b"])
+def test_unsloth_reads_a_dense_family_generically_as_its_hand_reading_does(preset: str) -> None:
+    """A hand-read dense family's config read from the built model instead (its type
+    renamed, so nothing hand-written applies): the same figure in every method, but for what
+    seed 1's terms leave out and the inventory counts (biases, a third and fourth norm per
+    layer, the final norm: Qwen2.5-7B's q/k/v biases are 1.5 MiB of 87 GiB)."""
+    from controller.estimator.presets import load_preset
+
+    config = load_preset(preset).config_dict()
+    generic = shape_from_inventory(read_inventory(config), config)
+    generic = replace(generic, model_type=f"generic_{generic.model_type}", memo={})
+    hand = load_shape(preset)
+    for method, rank in ((Method.FULL, None), (Method.LORA, 16), (Method.QLORA, 16)):
+        settings = TrainingSettings(method=method, rank=rank, profile=Profile.UNSLOTH)
+        mine, theirs = estimate(generic, settings).total_bytes, estimate(hand, settings).total_bytes
+        assert abs(mine - theirs) < theirs // 10_000, (method, mine - theirs)
 
 
 def test_the_webhook_refuses_a_type_transformers_does_not_build_without_building(
