@@ -125,12 +125,17 @@ def fewest_fsdp_gpus(estimate: Estimate, largest: int) -> int | None:
         default=None,
     )
     # What the rule's tensors may reach before the correction (`Estimate._corrected`) takes
-    # the figure over `largest`; each moment needs sharded // n + replicated of it.
-    room = largest * 100 // estimate.correction_percent
+    # the figure over `largest`, NCCL's buffers on every rank aside; each moment needs
+    # sharded // n + replicated of it, and a reserve of at least nothing.
+    room = largest * 100 // estimate.correction_percent - estimate.comm_bytes
     pairs = estimate.fsdp_pairs
     if any(replicated > room for _, replicated in pairs):
         return traced  # what every GPU holds whole at one moment: no count divides it
     low = max(2, *(sharded // (room - replicated + 1) + 1 for sharded, replicated in pairs))
+    if not estimate.load_moment and not fits(MAX_GPUS):
+        # Without a load moment the rule does not grow with the count (each moment's share
+        # shrinks, the rest stays): none fits if the most does not, and the walk is skipped.
+        return traced
     for n in range(low, min(traced or MAX_GPUS + 1, MAX_GPUS + 1)):
         if fits(n):
             return n
