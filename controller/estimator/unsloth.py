@@ -92,6 +92,8 @@ class _View:
     skipped: int
     # Distinct per-layer (q+k+v width, MLP width) pairs and how many layers have each.
     layer_size_counts: tuple[tuple[tuple[int, int], int], ...]
+    # Of the weights, a vision tower read generically: frozen, never trained (VISION_NOTE).
+    frozen: int = 0
 
 
 def _structured(d: ArchDims) -> bool:
@@ -419,6 +421,7 @@ def _generic_view(shape: ModelShape) -> _View:
         quantizable=quantizable,
         non_quantizable=shape.total_params - quantizable,
         skipped=0,  # the inventory's own split keeps what bitsandbytes keeps 16-bit
+        frozen=sum(lin.params for lin in shape.frozen_linears) + shape.frozen_params,
         layer_size_counts=tuple(
             Counter(_activation_sizes(d, i) for i in range(d.num_layers)).items()
         ),
@@ -698,12 +701,15 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         # Extension: modules_to_save train a full copy of the embeddings / LM head (PEFT),
         # charged like adapter parameters.
         for module in settings.modules_to_save:
-            if module == "embed_tokens" or not shape.dims.tie_word_embeddings:
+            if shape.model_type not in FAMILIES:  # read generically: the module's own count
+                lora += shape.embedding_params if module == "embed_tokens" else 0
+                lora += 0 if module == "embed_tokens" else shape.lm_head_params
+            elif module == "embed_tokens" or not shape.dims.tie_word_embeddings:
                 lora += shape.dims.vocab_size * shape.dims.hidden_size
         trainable = lora
         lora_bytes = lora * 2
     else:
-        trainable = view.quantizable + view.non_quantizable
+        trainable = view.quantizable + view.non_quantizable - view.frozen
         lora_bytes = 0
 
     optimizer = trainable * OPTIMIZER_BYTES[settings.optimizer]

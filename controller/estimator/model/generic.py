@@ -80,7 +80,8 @@ HANDOFF_NOTE = (
     "{model_type} is read generically from the model transformers builds, and its "
     "{mixers} layers mix tokens without softmax attention (a state space, a recurrence, a "
     "linear attention or a convolution), which no calibrated fit prices: the calibrated "
-    "profile hands its jobs to the trace profile"
+    "profile hands its jobs to the trace profile (analytic and unsloth price those layers "
+    "as attention)"
 )
 
 #: The first path component of a layer's MLP (or MoE) module: never its token mixer.

@@ -248,11 +248,16 @@ def test_unsloth_prices_a_generic_shape_from_its_own_inventory(model_type: str) 
     as the inventory says, PEFT's own adapter count."""
     shape = read_shape(_config(model_type), prefix="model.config")
     full = estimate(shape, TrainingSettings(method=Method.FULL, profile=Profile.UNSLOTH))
-    assert full.total_params == shape.total_params == full.trainable_params
+    frozen = sum(lin.params for lin in shape.frozen_linears) + shape.frozen_params
+    assert (frozen > 0) == (model_type == "qwen2_5_vl"), "a vision tower, frozen"
+    assert full.total_params == shape.total_params == full.trainable_params + frozen
     assert full.components["weights"] == 2 * shape.total_params
     lora = TrainingSettings(method=Method.LORA, rank=RANK, profile=Profile.UNSLOTH)
     adapters = estimate(shape, lora)
     assert adapters.trainable_params == RANK * shape.lora_params_per_rank(("all-linear",))
+    head = estimate(shape, replace(lora, modules_to_save=("lm_head",)))
+    copied = 0 if shape.dims.tie_word_embeddings else shape.lm_head_params
+    assert head.trainable_params - adapters.trainable_params == copied
     qlora = estimate(shape, replace(lora, method=Method.QLORA))
     packed = sum(
         lin.weight_params * count
