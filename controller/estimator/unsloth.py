@@ -702,8 +702,7 @@ def estimate(shape: ModelShape, settings: TrainingSettings) -> Estimate:
         # charged like adapter parameters.
         for module in settings.modules_to_save:
             if shape.model_type not in FAMILIES:  # read generically: the module's own count
-                lora += shape.embedding_params if module == "embed_tokens" else 0
-                lora += 0 if module == "embed_tokens" else shape.lm_head_params
+                lora += shape.embedding_params if module == "embed_tokens" else shape.lm_head_params
             elif module == "embed_tokens" or not shape.dims.tie_word_embeddings:
                 lora += shape.dims.vocab_size * shape.dims.hidden_size
         trainable = lora
