@@ -187,7 +187,7 @@ def never_fits(
         return f"needs {need(job, job.gpus)}; {largest}, but even when the cluster is empty {apart}"
     hint = ""
     if empty and job.parallelism is Parallelism.FSDP:
-        enough = _fsdp_count(job, empty[0])
+        enough = fewest_fsdp_gpus(job.estimate, empty[0])
         if enough:
             note = _one_node_note(view, at, enough)
             but = f", but {note}" if note else ""
@@ -230,11 +230,6 @@ def _one_node_note(view: ClusterView, at: Selection, n: int, why: bool = False) 
         f"GPU mode visibleDevices keeps a job on one node{because}, and the matching nodes "
         f"have at most {plural(widest)} each"
     )
-
-
-def _fsdp_count(job: JobRequest, largest: int) -> int | None:
-    """The fewest GPUs of `largest` free bytes each that hold the job with FSDP, if any."""
-    return fewest_fsdp_gpus(job.estimate, largest)
 
 
 def no_matching_gpu(job: JobRequest, view: ClusterView) -> str:

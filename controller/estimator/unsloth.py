@@ -401,10 +401,10 @@ def _generic_view(shape: ModelShape) -> _View:
     `storage` and the trace hold them: not a router, nor a linear bitsandbytes keeps 16-bit)
     against every other parameter (norms, biases, embeddings, head: the count is exact,
     where seed 1's Llama terms would count a Granite-MoE's 2.56 B as 1.20 B); the
-    activation term is seed 1's over each
-    layer's attention and MLP widths as the generic dimensions give them (`_activation_sizes`).
-    A layer that mixes tokens without attention (a state space's) is priced as attention, as
-    the analytic profile prices it; the trace profile measures it."""
+    activation term is seed 1's over each layer's attention and MLP widths as the generic
+    dimensions give them (`_activation_sizes`). A layer that mixes tokens without attention
+    (a state space's) is priced as attention, as the analytic profile prices it; the trace
+    profile measures it."""
     quantizable = sum(
         lin.weight_params * count
         for layer, count in shape.layer_counts

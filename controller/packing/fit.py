@@ -131,11 +131,11 @@ def fewest_fsdp_gpus(estimate: Estimate, largest: int) -> int | None:
     pairs = estimate.fsdp_pairs
     if any(replicated > room for _, replicated in pairs):
         return traced  # what every GPU holds whole at one moment: no count divides it
-    low = max(2, *(sharded // (room - replicated + 1) + 1 for sharded, replicated in pairs))
     if not estimate.load_moment and not fits(MAX_GPUS):
         # Without a load moment the rule does not grow with the count (each moment's share
         # shrinks, the rest stays): none fits if the most does not, and the walk is skipped.
         return traced
+    low = max(2, *(sharded // (room - replicated + 1) + 1 for sharded, replicated in pairs))
     for n in range(low, min(traced or MAX_GPUS + 1, MAX_GPUS + 1)):
         if fits(n):
             return n

@@ -7,8 +7,6 @@ from dataclasses import replace
 import pytest
 
 from controller.base.units import GIB, MIB
-from controller.decision.explain import _fsdp_count
-from controller.decision.types import JobRequest
 from controller.estimator import (
     DEFAULT_SWITCHES,
     MAX_GPUS,
@@ -22,6 +20,7 @@ from controller.estimator import (
     load_shape,
 )
 from controller.jobs.profiles import estimate
+from controller.packing.fit import fewest_fsdp_gpus
 
 
 def test_a_count_search_that_no_count_satisfies_gives_up() -> None:
@@ -38,11 +37,10 @@ def test_a_count_search_that_no_count_satisfies_gives_up() -> None:
         comm_bytes=256 * MIB,
     )
     largest = 2 * GIB + 256 * MIB - 1  # the undivided part fits, with the buffers it does not
-    job = JobRequest(key="ns/j", estimate=est, parallelism=Parallelism.FSDP, gpus=1)
-    assert _fsdp_count(job, largest) is None
+    assert fewest_fsdp_gpus(est, largest) is None
     # with room for a share, the fewest count that leaves it
     # 10 GiB / 160 is 64 MiB, one byte over the room: 161
-    assert _fsdp_count(job, largest + 64 * MIB) == 161
+    assert fewest_fsdp_gpus(est, largest + 64 * MIB) == 161
 
 
 def _counted_up(est: Estimate, largest: int) -> int | None:
@@ -72,9 +70,8 @@ def test_the_fewest_count_is_the_one_counting_up_finds(
     est = estimate(load_shape(preset), settings)
     if case == "corrected 0.6x":  # a learned correction below 1 (controller.learning)
         est = replace(est, correction_percent=60)
-    job = JobRequest(key="ns/j", estimate=est, parallelism=FSDP, gpus=1)
     for largest in (10 * GIB, 16 * GIB, 19 * GIB, 24 * GIB, 45 * GIB, 48 * GIB, 80 * GIB):
-        assert _fsdp_count(job, largest) == _counted_up(est, largest), f"{largest // GIB} GiB"
+        assert fewest_fsdp_gpus(est, largest) == _counted_up(est, largest), f"{largest // GIB} GiB"
 
 
 def test_a_count_the_trace_measured_is_its_own_figure() -> None:
@@ -89,6 +86,5 @@ def test_a_count_the_trace_measured_is_its_own_figure() -> None:
         replicated_bytes=2 * GIB,
         traced_per_gpu=(("fsdp", 5, 99 * GIB), ("fsdp", 3, 20 * GIB)),
     )
-    job = JobRequest(key="ns/j", estimate=est, parallelism=FSDP, gpus=1)
-    assert _fsdp_count(job, 30 * GIB) == 3 == _counted_up(est, 30 * GIB)
-    assert _fsdp_count(job, 19 * GIB) == _counted_up(est, 19 * GIB) == 6
+    assert fewest_fsdp_gpus(est, 30 * GIB) == 3 == _counted_up(est, 30 * GIB)
+    assert fewest_fsdp_gpus(est, 19 * GIB) == _counted_up(est, 19 * GIB) == 6
